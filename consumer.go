@@ -1,0 +1,467 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults applied by [NewConsumer] to zero Config fields.
+const (
+	// DefaultRetentionWindow is how long processed message IDs are kept.
+	DefaultRetentionWindow = 7 * 24 * time.Hour
+	// DefaultPurgeInterval is the period of the background purge loop.
+	DefaultPurgeInterval = time.Hour
+	// DefaultPurgeBatchSize is the most rows one purge DELETE removes.
+	DefaultPurgeBatchSize = 1000
+)
+
+// finishTimeout bounds a rollback run after the caller's context ended.
+const finishTimeout = 10 * time.Second
+
+// MismatchPolicy says what to do with a message whose ID was processed with
+// another payload fingerprint.
+type MismatchPolicy uint8
+
+const (
+	// RejectMismatch (the default) gives the outcome FingerprintMismatch
+	// with an error matching ErrFingerprintMismatch: not acked as done,
+	// dead-lettered by the broker adapters.
+	RejectMismatch MismatchPolicy = iota
+	// AcceptMismatchAsDuplicate gives the outcome Duplicate with
+	// Outcome.MismatchAccepted set: the message is acked and not processed.
+	AcceptMismatchAsDuplicate
+)
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config struct {
+	// Name identifies the consumer: a processed message is keyed by
+	// (Name, message ID), so two consumers of one event each process it
+	// once. Mandatory, 1 to 255 bytes, and never derived from code: renaming
+	// a Go type must not reset deduplication.
+	Name string
+	// Fingerprinter computes payload fingerprints. Defaults to
+	// SHA256Fingerprint (raw bytes); JSONFingerprint is the canonical-JSON option.
+	Fingerprinter Fingerprinter
+	// MaxIDLength is the longest message ID accepted, in bytes. Defaults to
+	// DefaultMaxIDLength (255); it may be lower, never higher, since the
+	// stores' columns hold 255 bytes.
+	MaxIDLength int
+	// MismatchPolicy is the fingerprint mismatch policy. Defaults to RejectMismatch.
+	MismatchPolicy MismatchPolicy
+	// RetentionWindow is how long processed IDs are kept, counted back from
+	// the consumer's newest record. Make it longer than the broker's longest
+	// redelivery horizon. Defaults to DefaultRetentionWindow (7 days).
+	RetentionWindow time.Duration
+	// PurgeInterval is the period of the background purge loop started by
+	// NewConsumer and stopped by Close, with 10% jitter. Defaults to
+	// DefaultPurgeInterval (1 hour); a negative value disables the loop.
+	PurgeInterval time.Duration
+	// PurgeBatchSize is the most rows one purge DELETE removes. Defaults to
+	// DefaultPurgeBatchSize (1000).
+	PurgeBatchSize int
+	// Logger receives the background loop's messages. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Fingerprinter == nil {
+		c.Fingerprinter = SHA256Fingerprint
+	}
+	if c.MaxIDLength == 0 {
+		c.MaxIDLength = DefaultMaxIDLength
+	}
+	if c.RetentionWindow == 0 {
+		c.RetentionWindow = DefaultRetentionWindow
+	}
+	if c.PurgeInterval == 0 {
+		c.PurgeInterval = DefaultPurgeInterval
+	}
+	if c.PurgeBatchSize == 0 {
+		c.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := ValidateConsumerName(c.Name); err != nil {
+		return err
+	}
+	switch {
+	case c.MaxIDLength < 0 || c.MaxIDLength > DefaultMaxIDLength:
+		return fmt.Errorf("%w: MaxIDLength %d not in 1..%d", ErrInvalidConfig, c.MaxIDLength, DefaultMaxIDLength)
+	case c.RetentionWindow < 0:
+		return fmt.Errorf("%w: negative RetentionWindow %v", ErrInvalidConfig, c.RetentionWindow)
+	case c.PurgeBatchSize < 0:
+		return fmt.Errorf("%w: negative PurgeBatchSize %d", ErrInvalidConfig, c.PurgeBatchSize)
+	case c.MismatchPolicy > AcceptMismatchAsDuplicate:
+		return fmt.Errorf("%w: unknown MismatchPolicy %d", ErrInvalidConfig, c.MismatchPolicy)
+	}
+	return nil
+}
+
+// Handler runs the side effects of one message inside tx, the transaction
+// that holds the message's claim. It must write every database effect with
+// tx; returning an error (or panicking) rolls back the effects and the claim
+// together, so the redelivery runs the handler again.
+type Handler[TTx any] func(ctx context.Context, tx TTx, msg Message) error
+
+// BatchHandler runs the side effects of the new messages of a batch inside
+// tx. msgs holds only the messages this transaction claimed (duplicates are
+// left out), in delivery order. An error rolls back the whole batch.
+type BatchHandler[TTx any] func(ctx context.Context, tx TTx, msgs []Message) error
+
+// Consumer is an Idempotent Consumer: it records each message ID in the
+// processed-messages table in the same transaction as the handler's side
+// effects, so a redelivered message has the effect of one delivery.
+//
+// A Consumer is safe for concurrent use. Close it to stop its purge loop.
+type Consumer[TTx any] struct {
+	store  TxStore[TTx]
+	cfg    Config
+	closed atomic.Bool
+
+	stopOnce sync.Once
+	stop     context.CancelFunc
+	loopDone chan struct{}
+}
+
+// NewConsumer returns a Consumer over store. It returns an error matching
+// ErrInvalidConsumerName or ErrInvalidConfig when cfg is invalid. Unless
+// cfg.PurgeInterval is negative it starts the background purge loop, which
+// Close stops.
+func NewConsumer[TTx any](store TxStore[TTx], cfg Config) (*Consumer[TTx], error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Consumer[TTx]{store: store, cfg: cfg.withDefaults(), loopDone: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stop = cancel
+	if c.cfg.PurgeInterval > 0 {
+		go c.purgeLoop(ctx)
+	} else {
+		close(c.loopDone)
+	}
+	return c, nil
+}
+
+// Name returns the consumer name.
+func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
+
+// Close stops the background purge loop, cancelling a purge in flight, and
+// waits for it to return. Later calls to Process return ErrClosed. Close is
+// idempotent and always returns nil.
+func (c *Consumer[TTx]) Close() error {
+	c.closed.Store(true)
+	c.stopOnce.Do(c.stop)
+	<-c.loopDone
+	return nil
+}
+
+// Process processes one delivery of msg: it begins a transaction, claims
+// (consumer, msg.ID) in it, runs handler with that transaction if the claim
+// is new, and commits claim and effects together.
+//
+// The returned error is nil exactly when the outcome can be acknowledged
+// (Processed or Duplicate). Otherwise it is the outcome's Err and matches:
+// ErrMissingMessageID, ErrInvalidMessageID or ErrInvalidPayload (Rejected:
+// dead-letter); ErrFingerprintMismatch (FingerprintMismatch: dead-letter);
+// the handler's error, ErrHandlerPanic or ErrStore (Failed: redeliver).
+// ErrClosed after Close.
+//
+// A concurrent copy of the same message waits for the first transaction and
+// then sees a Duplicate: exactly one handler's effects ever commit.
+func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handler[TTx]) (Outcome, error) {
+	out, fp := c.prepare(msg)
+	if out.Status != 0 {
+		return out, out.Err
+	}
+	p := &ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp}
+	var (
+		tx  TTx
+		res ClaimResult
+		err error
+	)
+	if bc, ok := c.store.(BeginClaimer[TTx]); ok {
+		tx, res, err = bc.BeginClaim(ctx, p)
+		if err != nil {
+			return c.failed(msg.ID, storeError("begin and claim", err))
+		}
+	} else {
+		if tx, err = c.store.Begin(ctx); err != nil {
+			return c.failed(msg.ID, storeError("begin", err))
+		}
+		if res, err = c.store.ClaimTx(ctx, tx, p); err != nil {
+			return c.failed(msg.ID, errors.Join(storeError("claim", err), c.rollback(ctx, tx)))
+		}
+	}
+	if !res.Claimed {
+		if err := c.rollback(ctx, tx); err != nil {
+			return c.failed(msg.ID, err)
+		}
+		return c.duplicate(msg.ID, fp, res.Fingerprint)
+	}
+	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
+		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, tx)))
+	}
+	if err := c.store.Commit(ctx, tx); err != nil {
+		return c.failed(msg.ID, errors.Join(storeError("commit", err), c.rollback(ctx, tx)))
+	}
+	return Outcome{Status: Processed, MessageID: msg.ID}, nil
+}
+
+// ProcessTx is Process inside a transaction the caller already holds: the
+// claim is made in tx, and handler runs with tx when the claim is new. The
+// caller commits or rolls back tx; ProcessTx never does.
+//
+// A duplicate does not abort tx (no error is raised inside the database), so
+// the caller may go on using it. When ProcessTx returns a non-nil error the
+// claim and the handler's effects are in tx and the caller must roll it back.
+func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, handler Handler[TTx]) (Outcome, error) {
+	out, fp := c.prepare(msg)
+	if out.Status != 0 {
+		return out, out.Err
+	}
+	res, err := c.store.ClaimTx(ctx, tx, &ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp})
+	if err != nil {
+		return c.failed(msg.ID, storeError("claim", err))
+	}
+	if !res.Claimed {
+		return c.duplicate(msg.ID, fp, res.Fingerprint)
+	}
+	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
+		return c.failed(msg.ID, err)
+	}
+	return Outcome{Status: Processed, MessageID: msg.ID}, nil
+}
+
+// ProcessBatch processes a batch of deliveries in one transaction: every
+// message is claimed with one statement, handler runs once with the
+// messages that are new, and the claims commit with the effects. It is the
+// throughput path for Kafka and JetStream batch consumers.
+//
+// The outcomes have one entry per message of msgs, in order. Invalid
+// messages are Rejected on their own without failing the batch; a message
+// ID repeated within the batch is processed once and its repeats are
+// Duplicate (or FingerprintMismatch). A handler error, a panic or a store
+// error fails every new message of the batch (Failed) and is returned;
+// duplicates keep their Duplicate outcome, since they were processed before.
+// To isolate a poison message, process the failed messages one by one with
+// Process. The returned error is nil when every outcome is acknowledgeable,
+// and otherwise joins the errors of the outcomes that are not.
+func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handler BatchHandler[TTx]) ([]Outcome, error) {
+	outs := make([]Outcome, len(msgs))
+	fps := make([][]byte, len(msgs))
+	first := make(map[string]int, len(msgs)) // message ID -> index of its first valid occurrence
+	var claim []ClaimMessage
+	var claimIdx []int // claim[i] is msgs[claimIdx[i]]
+	for i, m := range msgs {
+		out, fp := c.prepare(m)
+		if out.Status != 0 {
+			outs[i] = out
+			continue
+		}
+		fps[i] = fp
+		if _, seen := first[m.ID]; seen {
+			continue // settled after the claim
+		}
+		first[m.ID] = i
+		claim = append(claim, ClaimMessage{MessageID: m.ID, Fingerprint: fp})
+		claimIdx = append(claimIdx, i)
+	}
+	if len(claim) > 0 {
+		c.processClaims(ctx, msgs, outs, fps, claim, claimIdx, handler)
+	}
+	// Repeats within the batch follow their first occurrence.
+	for i, m := range msgs {
+		j, ok := first[m.ID]
+		if !ok || j == i || fps[i] == nil {
+			continue
+		}
+		switch outs[j].Status {
+		case Failed:
+			outs[i] = Outcome{Status: Failed, MessageID: m.ID, Err: outs[j].Err}
+		default:
+			stored := fps[j]
+			outs[i], _ = c.duplicate(m.ID, fps[i], stored)
+		}
+	}
+	var errs []error
+	for _, o := range outs {
+		if o.Err != nil {
+			errs = append(errs, fmt.Errorf("message %q: %w", o.MessageID, o.Err))
+		}
+	}
+	return outs, errors.Join(errs...)
+}
+
+func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs []Outcome, fps [][]byte,
+	claim []ClaimMessage, claimIdx []int, handler BatchHandler[TTx]) {
+	fail := func(err error) {
+		for _, i := range claimIdx {
+			if outs[i].Status == 0 {
+				outs[i] = Outcome{Status: Failed, MessageID: msgs[i].ID, Err: err}
+			}
+		}
+	}
+	tx, err := c.store.Begin(ctx)
+	if err != nil {
+		fail(storeError("begin", err))
+		return
+	}
+	res, err := c.store.ClaimBatchTx(ctx, tx, &ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim})
+	if err == nil && len(res) != len(claim) {
+		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
+	}
+	if err != nil {
+		fail(errors.Join(storeError("claim batch", err), c.rollback(ctx, tx)))
+		return
+	}
+	var fresh []Message
+	for k, r := range res {
+		i := claimIdx[k]
+		if r.Claimed {
+			fresh = append(fresh, msgs[i])
+			continue
+		}
+		outs[i], _ = c.duplicate(msgs[i].ID, fps[i], r.Fingerprint)
+		fps[i] = r.Fingerprint // repeats compare with what is stored
+	}
+	if len(fresh) == 0 {
+		if err := c.rollback(ctx, tx); err != nil {
+			fail(err)
+		}
+		return
+	}
+	if err := runHandler(func() error { return handler(ctx, tx, fresh) }); err != nil {
+		fail(errors.Join(err, c.rollback(ctx, tx)))
+		return
+	}
+	if err := c.store.Commit(ctx, tx); err != nil {
+		fail(errors.Join(storeError("commit", err), c.rollback(ctx, tx)))
+		return
+	}
+	for k, r := range res {
+		if r.Claimed {
+			i := claimIdx[k]
+			outs[i] = Outcome{Status: Processed, MessageID: msgs[i].ID}
+		}
+	}
+}
+
+// Purge deletes this consumer's processed records older than the retention
+// window (counted back from its newest record), in batches of
+// Config.PurgeBatchSize rows. It returns ErrPurgeInProgress when another
+// cleaner holds the purge lock, and errors matching ErrStore on failure.
+func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) {
+	res, err := c.store.Purge(ctx, &PurgeParams{
+		Consumer:        c.cfg.Name,
+		RetentionWindow: c.cfg.RetentionWindow,
+		BatchSize:       c.cfg.PurgeBatchSize,
+	})
+	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
+		err = storeError("purge", err)
+	}
+	return res, err
+}
+
+func (c *Consumer[TTx]) purgeLoop(ctx context.Context) {
+	defer close(c.loopDone)
+	log := c.cfg.Logger.With("consumer", c.cfg.Name)
+	for {
+		// Jitter of ±10% keeps a fleet of consumers from purging in step.
+		d := c.cfg.PurgeInterval + time.Duration((rand.Float64()-0.5)*0.2*float64(c.cfg.PurgeInterval))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		res, err := c.Purge(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrPurgeInProgress):
+			log.Debug("idem: purge skipped, another cleaner is running")
+		case err != nil:
+			log.Warn("idem: purge failed", "err", err)
+		default:
+			log.Debug("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
+				"horizon", res.Horizon, "duration", time.Since(start))
+		}
+	}
+}
+
+// prepare validates msg and computes its fingerprint. A non-zero
+// out.Status means msg is settled (Rejected, or ErrClosed).
+func (c *Consumer[TTx]) prepare(msg Message) (out Outcome, fp []byte) {
+	if c.closed.Load() {
+		return Outcome{Status: Failed, MessageID: msg.ID, Err: ErrClosed}, nil
+	}
+	if err := ValidateMessageID(msg.ID, c.cfg.MaxIDLength); err != nil {
+		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
+	}
+	fp, err := c.cfg.Fingerprinter(msg.Payload)
+	if err == nil && (len(fp) == 0 || len(fp) > MaxFingerprintLength) {
+		err = fmt.Errorf("%w: fingerprinter returned %d bytes, want 1..%d", ErrInvalidPayload, len(fp), MaxFingerprintLength)
+	}
+	if err != nil {
+		if !errors.Is(err, ErrInvalidPayload) {
+			err = fmt.Errorf("%w: %w", ErrInvalidPayload, err)
+		}
+		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
+	}
+	return Outcome{}, fp
+}
+
+// duplicate settles a message whose record exists, checking the fingerprint
+// on this path too (field case C12).
+func (c *Consumer[TTx]) duplicate(id string, fp, stored []byte) (Outcome, error) {
+	if bytes.Equal(fp, stored) {
+		return Outcome{Status: Duplicate, MessageID: id}, nil
+	}
+	if c.cfg.MismatchPolicy == AcceptMismatchAsDuplicate {
+		return Outcome{Status: Duplicate, MessageID: id, MismatchAccepted: true}, nil
+	}
+	err := fmt.Errorf("%w: consumer %q, message ID %q was processed with another payload", ErrFingerprintMismatch, c.cfg.Name, id)
+	return Outcome{Status: FingerprintMismatch, MessageID: id, Err: err}, err
+}
+
+func (c *Consumer[TTx]) failed(id string, err error) (Outcome, error) {
+	return Outcome{Status: Failed, MessageID: id, Err: err}, err
+}
+
+// rollback rolls tx back even when ctx has ended, bounded by finishTimeout.
+func (c *Consumer[TTx]) rollback(ctx context.Context, tx TTx) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	if err := c.store.Rollback(ctx, tx); err != nil {
+		return storeError("rollback", err)
+	}
+	return nil
+}
+
+// runHandler calls fn, turning a panic into a *PanicError.
+func runHandler(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return fn()
+}

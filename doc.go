@@ -1,0 +1,44 @@
+// Package idem makes processing a message twice have the effect of
+// processing it once: the Idempotent Consumer pattern.
+//
+// Brokers and relays deliver at least once, so a consumer sees the same
+// message again after a crash, an ack timeout or a consumer-group
+// rebalance. A [Consumer] records each message's ID in a processed-messages
+// table, under a unique key on (consumer name, message ID), in the same
+// database transaction as the handler's side effects. A redelivery finds the
+// record and is a [Duplicate]: acknowledged, and nothing else happens. A
+// handler that fails rolls back its effects and the record together, so the
+// redelivery runs it again.
+//
+// # Identity
+//
+// The producer gives every message a stable message ID; the consumer never
+// makes one up (a message without one is [Rejected] with
+// [ErrMissingMessageID]). IDs are compared byte for byte on every store; see
+// [ValidateMessageID] for the rules. The consumer name is mandatory, so two
+// consumers of one event are deduplicated separately.
+//
+// # Fingerprints
+//
+// Each record keeps a fingerprint of the payload ([SHA256Fingerprint] by
+// default, [JSONFingerprint] to ignore JSON key order). The same ID with
+// another payload is a producer bug: [FingerprintMismatch], checked on every
+// path that finds an existing record.
+//
+// # Stores
+//
+// A [TxStore] is the seam to a database. This module has [MemoryStore];
+// store/idempgxv5 (PostgreSQL on pgx v5) and store/idemsql (database/sql for
+// PostgreSQL, MariaDB/MySQL and SQLite) are modules of their own, so a user
+// of one store downloads no other driver. This module imports only the
+// standard library. The TxStore interface is meant to be implemented by
+// third parties and is kept small; every store must pass the idemtest
+// conformance suite.
+//
+// # Retention
+//
+// Records are kept for a retention window (7 days by default) counted back
+// from the consumer's newest record, then purged in bounded batches by one
+// cleaner at a time: by [Consumer.Purge], or by the background loop that
+// [NewConsumer] starts and [Consumer.Close] stops.
+package idem

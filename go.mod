@@ -1,0 +1,3 @@
+module github.com/idem-go/idem
+
+go 1.26

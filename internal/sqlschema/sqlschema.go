@@ -1,0 +1,128 @@
+// Package sqlschema holds the SQL schema of idem's SQL stores: embedded,
+// numbered migrations per dialect with a configurable table name. It is
+// shared by store/idempgxv5 and store/idemsql and is not a public API.
+package sqlschema
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+//go:embed migrations
+var files embed.FS
+
+// Dialect names a migrations folder: "postgres", "mysql" or "sqlite".
+type Dialect string
+
+// The dialects with migrations.
+const (
+	Postgres Dialect = "postgres"
+	MySQL    Dialect = "mysql"
+	SQLite   Dialect = "sqlite"
+)
+
+// DefaultTable is the processed-messages table name used when none is given.
+const DefaultTable = "idem_processed"
+
+// ErrInvalidTable is returned for a table name that is not a plain SQL identifier.
+var ErrInvalidTable = errors.New("invalid table name")
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
+
+// Table is a validated table name, optionally schema-qualified.
+type Table struct {
+	// Qualified is the name as written in SQL, e.g. "app.idem_processed".
+	Qualified string
+	// Name is the bare table name, used to name constraints and indexes.
+	Name string
+}
+
+// ParseTable validates name: one identifier or schema.identifier, each of
+// letters, digits and underscores, starting with a letter or underscore, at
+// most 48 bytes (room for index-name suffixes within every dialect's limit).
+// Quoting is never needed, so names cannot smuggle SQL. Empty means DefaultTable.
+func ParseTable(name string) (Table, error) {
+	if name == "" {
+		name = DefaultTable
+	}
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return Table{}, fmt.Errorf("%w: %q", ErrInvalidTable, name)
+	}
+	for _, p := range parts {
+		if !identRE.MatchString(p) {
+			return Table{}, fmt.Errorf("%w: %q (want [A-Za-z_][A-Za-z0-9_]*, at most 48 bytes, optionally schema-qualified)", ErrInvalidTable, name)
+		}
+	}
+	return Table{Qualified: name, Name: parts[len(parts)-1]}, nil
+}
+
+// Migration is one numbered schema step.
+type Migration struct {
+	// Version numbers migrations from 1, in the order they apply.
+	Version int
+	// Name is the file name, e.g. "001_processed.sql".
+	Name string
+	// SQL is the statement text with the table name filled in; statements
+	// are separated by ";" at the end of a line.
+	SQL string
+}
+
+// Statements splits the migration into single statements, for drivers that
+// run one statement per call (MySQL without multiStatements).
+func (m Migration) Statements() []string {
+	var out []string
+	for _, s := range strings.Split(m.SQL, ";\n") {
+		// Drop comment-only lines so an all-comment chunk is skipped.
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if t := strings.TrimSpace(l); t != "" && !strings.HasPrefix(t, "--") {
+				lines = append(lines, l)
+			}
+		}
+		if st := strings.TrimSuffix(strings.TrimSpace(strings.Join(lines, "\n")), ";"); st != "" {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// Migrations returns the dialect's migrations for table, in version order.
+func Migrations(d Dialect, table Table) ([]Migration, error) {
+	dir := path.Join("migrations", string(d))
+	entries, err := fs.ReadDir(files, dir)
+	if err != nil {
+		return nil, fmt.Errorf("unknown dialect %q", d)
+	}
+	var out []Migration
+	for _, e := range entries {
+		v, err := strconv.Atoi(strings.SplitN(e.Name(), "_", 2)[0])
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: no version prefix", e.Name())
+		}
+		raw, err := fs.ReadFile(files, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		t, err := template.New(e.Name()).Parse(string(raw))
+		if err != nil {
+			return nil, err
+		}
+		var b bytes.Buffer
+		if err := t.Execute(&b, table); err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: v, Name: e.Name(), SQL: b.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}

@@ -1,0 +1,238 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryStore is an in-memory TxStore with the same semantics as the SQL
+// stores, for tests and examples: claims made in a *MemoryTx become visible
+// at Commit, a concurrent claim of the same key waits for the first
+// transaction to end (as a unique index does), and Rollback forgets them.
+// Side effects join the transaction through MemoryTx.OnCommit.
+//
+// It passes the idemtest conformance suite. Its records live as long as the
+// value; it is not durable across restarts.
+type MemoryStore struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	records map[memKey]memRecord
+	pending map[memKey]*MemoryTx // keys claimed by an open transaction
+	purging map[string]bool      // consumers with a purge running
+}
+
+type memKey struct{ consumer, id string }
+
+type memRecord struct {
+	fingerprint []byte
+	at          time.Time
+}
+
+// MemoryTx is a transaction of a MemoryStore. It is used by one goroutine.
+type MemoryTx struct {
+	s        *MemoryStore
+	claims   map[memKey][]byte
+	onCommit []func()
+	done     chan struct{} // closed when the transaction ends
+	ended    bool
+}
+
+// ErrTxDone is returned by MemoryStore when a MemoryTx is used after Commit
+// or Rollback.
+var ErrTxDone = errors.New("idem: transaction already committed or rolled back")
+
+// NewMemoryStore returns an empty MemoryStore. now is its clock, used for the
+// record times that purging compares; nil means time.Now.
+func NewMemoryStore(now func() time.Time) *MemoryStore {
+	if now == nil {
+		now = time.Now
+	}
+	return &MemoryStore{
+		now:     now,
+		records: map[memKey]memRecord{},
+		pending: map[memKey]*MemoryTx{},
+		purging: map[string]bool{},
+	}
+}
+
+// OnCommit registers fn to run when tx commits, atomically with its claims
+// (under the store's lock, so fn must not call the store). A rolled-back
+// transaction never runs it. This is how tests and examples write a side
+// effect in the same transaction as the claim.
+func (tx *MemoryTx) OnCommit(fn func()) { tx.onCommit = append(tx.onCommit, fn) }
+
+// Begin implements TxStore.
+func (s *MemoryStore) Begin(ctx context.Context) (*MemoryTx, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return &MemoryTx{s: s, claims: map[memKey][]byte{}, done: make(chan struct{})}, nil
+}
+
+// ClaimTx implements TxStore.
+func (s *MemoryStore) ClaimTx(ctx context.Context, tx *MemoryTx, p *ClaimParams) (ClaimResult, error) {
+	res, err := s.ClaimBatchTx(ctx, tx, &ClaimBatchParams{
+		Consumer: p.Consumer,
+		Messages: []ClaimMessage{{MessageID: p.MessageID, Fingerprint: p.Fingerprint}},
+	})
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	return res[0], nil
+}
+
+// ClaimBatchTx implements TxStore.
+func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBatchParams) ([]ClaimResult, error) {
+	out := make([]ClaimResult, len(p.Messages))
+	for i, m := range p.Messages {
+		k := memKey{p.Consumer, m.MessageID}
+		for {
+			s.mu.Lock()
+			if tx.ended {
+				s.mu.Unlock()
+				return nil, ErrTxDone
+			}
+			if fp, ok := tx.claims[k]; ok {
+				s.mu.Unlock()
+				out[i] = ClaimResult{Fingerprint: slices.Clone(fp)}
+				break
+			}
+			if rec, ok := s.records[k]; ok {
+				s.mu.Unlock()
+				out[i] = ClaimResult{Fingerprint: slices.Clone(rec.fingerprint)}
+				break
+			}
+			other, busy := s.pending[k]
+			if !busy {
+				s.pending[k] = tx
+				tx.claims[k] = slices.Clone(m.Fingerprint)
+				s.mu.Unlock()
+				out[i] = ClaimResult{Claimed: true}
+				break
+			}
+			s.mu.Unlock()
+			// Wait for the other transaction, as a unique index would.
+			select {
+			case <-other.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+	}
+	return out, nil
+}
+
+// Commit implements TxStore.
+func (s *MemoryStore) Commit(ctx context.Context, tx *MemoryTx) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tx.ended {
+		return ErrTxDone
+	}
+	now := s.now()
+	for k, fp := range tx.claims {
+		s.records[k] = memRecord{fingerprint: fp, at: now}
+	}
+	for _, fn := range tx.onCommit {
+		fn()
+	}
+	s.endLocked(tx)
+	return nil
+}
+
+// Rollback implements TxStore. Rolling back an ended transaction is a no-op.
+func (s *MemoryStore) Rollback(ctx context.Context, tx *MemoryTx) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !tx.ended {
+		s.endLocked(tx)
+	}
+	return nil
+}
+
+func (s *MemoryStore) endLocked(tx *MemoryTx) {
+	for k := range tx.claims {
+		delete(s.pending, k)
+	}
+	tx.ended = true
+	close(tx.done)
+}
+
+// Purge implements TxStore. Only one purge per consumer runs at a time; a
+// second gets ErrPurgeInProgress.
+func (s *MemoryStore) Purge(ctx context.Context, p *PurgeParams) (PurgeResult, error) {
+	if err := ValidatePurgeParams(p); err != nil {
+		return PurgeResult{}, err
+	}
+	s.mu.Lock()
+	if s.purging[p.Consumer] {
+		s.mu.Unlock()
+		return PurgeResult{}, ErrPurgeInProgress
+	}
+	s.purging[p.Consumer] = true
+	var newest time.Time
+	for k, r := range s.records {
+		if k.consumer == p.Consumer && r.at.After(newest) {
+			newest = r.at
+		}
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.purging, p.Consumer)
+		s.mu.Unlock()
+	}()
+
+	var res PurgeResult
+	if newest.IsZero() {
+		return res, nil
+	}
+	res.Horizon = newest.Add(-p.RetentionWindow)
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		s.mu.Lock()
+		n := 0
+		for k, r := range s.records {
+			if n == p.BatchSize && !p.DryRun {
+				break
+			}
+			if k.consumer == p.Consumer && r.at.Before(res.Horizon) {
+				if !p.DryRun {
+					delete(s.records, k)
+				}
+				n++
+			}
+		}
+		s.mu.Unlock()
+		res.Deleted += int64(n)
+		if n > 0 {
+			res.Batches++
+			if p.OnBatch != nil {
+				p.OnBatch(res.Deleted)
+			}
+		}
+		if n < p.BatchSize || p.DryRun {
+			return res, nil
+		}
+	}
+}
+
+// ValidatePurgeParams checks p as every store's Purge does: a valid consumer
+// name and a positive retention window and batch size. Errors match
+// ErrInvalidConsumerName or ErrInvalidConfig. Store implementations call it.
+func ValidatePurgeParams(p *PurgeParams) error {
+	if err := ValidateConsumerName(p.Consumer); err != nil {
+		return err
+	}
+	if p.RetentionWindow <= 0 || p.BatchSize <= 0 {
+		return fmt.Errorf("%w: purge needs a positive RetentionWindow and BatchSize", ErrInvalidConfig)
+	}
+	return nil
+}
