@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -283,7 +284,19 @@ func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handle
 		claimIdx = append(claimIdx, i)
 	}
 	if len(claim) > 0 {
-		c.processClaims(ctx, msgs, outs, fps, claim, claimIdx, handler)
+		// Claim in message ID byte order, so concurrent batches that share
+		// IDs take the unique-index locks in one order and cannot deadlock.
+		order := make([]int, len(claim))
+		for k := range order {
+			order[k] = k
+		}
+		sort.SliceStable(order, func(a, b int) bool { return claim[order[a]].MessageID < claim[order[b]].MessageID })
+		sortedClaim := make([]ClaimMessage, len(claim))
+		sortedIdx := make([]int, len(claim))
+		for k, o := range order {
+			sortedClaim[k], sortedIdx[k] = claim[o], claimIdx[o]
+		}
+		c.processClaims(ctx, msgs, outs, fps, sortedClaim, sortedIdx, handler)
 	}
 	// Repeats within the batch follow their first occurrence.
 	for i, m := range msgs {
@@ -330,15 +343,20 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 		fail(errors.Join(storeError("claim batch", err), c.rollback(ctx, tx)))
 		return
 	}
-	var fresh []Message
+	var freshIdx []int
 	for k, r := range res {
 		i := claimIdx[k]
 		if r.Claimed {
-			fresh = append(fresh, msgs[i])
+			freshIdx = append(freshIdx, i)
 			continue
 		}
 		outs[i], _ = c.duplicate(msgs[i].ID, fps[i], r.Fingerprint)
 		fps[i] = r.Fingerprint // repeats compare with what is stored
+	}
+	sort.Ints(freshIdx) // the handler sees the new messages in delivery order
+	fresh := make([]Message, len(freshIdx))
+	for k, i := range freshIdx {
+		fresh[k] = msgs[i]
 	}
 	if len(fresh) == 0 {
 		if err := c.rollback(ctx, tx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,8 +44,8 @@ func SHA256Fingerprint(payload []byte) ([]byte, error) {
 //     above 2^53 never collide.
 //
 // The payload must be one valid UTF-8 JSON value with no duplicate object
-// keys (whose meaning differs between parsers); anything else returns an
-// error wrapping [ErrInvalidPayload].
+// keys (whose meaning differs between parsers), nested at most 10000 levels
+// deep; anything else returns an error wrapping [ErrInvalidPayload].
 func JSONFingerprint(payload []byte) ([]byte, error) {
 	canon, err := CanonicalJSON(payload)
 	if err != nil {
@@ -63,7 +64,7 @@ func CanonicalJSON(payload []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
 	var out bytes.Buffer
-	if err := canonValue(dec, &out); err != nil {
+	if err := canonValue(dec, &out, 0); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidPayload, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -72,23 +73,35 @@ func CanonicalJSON(payload []byte) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-func canonValue(dec *json.Decoder, out *bytes.Buffer) error {
+// maxJSONDepth bounds the nesting of arrays and objects, as encoding/json's
+// own decoder does: the canonicaliser recurses once per level, and a hostile
+// payload of a few megabytes of "[" must not exhaust the goroutine stack.
+const maxJSONDepth = 10000
+
+// maxJSONExponent bounds the exponent of a canonical number, so exponent
+// arithmetic cannot overflow and every canonical form parses again.
+const maxJSONExponent = math.MaxInt64 / 4
+
+func canonValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 	tok, err := dec.Token()
 	if err != nil {
 		return err
 	}
 	switch v := tok.(type) {
 	case json.Delim:
+		if depth >= maxJSONDepth {
+			return fmt.Errorf("nesting deeper than %d levels", maxJSONDepth)
+		}
 		switch v {
 		case '{':
-			return canonObject(dec, out)
+			return canonObject(dec, out, depth+1)
 		case '[':
 			out.WriteByte('[')
 			for i := 0; dec.More(); i++ {
 				if i > 0 {
 					out.WriteByte(',')
 				}
-				if err := canonValue(dec, out); err != nil {
+				if err := canonValue(dec, out, depth+1); err != nil {
 					return err
 				}
 			}
@@ -115,7 +128,7 @@ func canonValue(dec *json.Decoder, out *bytes.Buffer) error {
 	return nil
 }
 
-func canonObject(dec *json.Decoder, out *bytes.Buffer) error {
+func canonObject(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 	type member struct {
 		key string
 		val []byte
@@ -133,7 +146,7 @@ func canonObject(dec *json.Decoder, out *bytes.Buffer) error {
 		}
 		seen[key] = true
 		var val bytes.Buffer
-		if err := canonValue(dec, &val); err != nil {
+		if err := canonValue(dec, &val, depth); err != nil {
 			return err
 		}
 		members = append(members, member{key, val.Bytes()})
@@ -174,27 +187,34 @@ func writeJSONString(out *bytes.Buffer, s string) {
 }
 
 // canonNumber writes a JSON number as its exact decimal value in the form
-// [-]D[.DDD]eN with no trailing zeros in the digits ("0" for zero).
+// [-]DDD[eN]: an integer significand with no leading or trailing zeros and
+// a decimal exponent ("0" for zero, whatever its sign or exponent).
 func canonNumber(s string) (string, error) {
 	neg := strings.HasPrefix(s, "-")
 	s = strings.TrimPrefix(s, "-")
-	mant, exp := s, int64(0)
+	mant, expText := s, ""
 	if i := strings.IndexAny(s, "eE"); i >= 0 {
-		e, err := strconv.ParseInt(s[i+1:], 10, 32)
-		if err != nil {
-			return "", fmt.Errorf("number %q: exponent out of range", s)
-		}
-		mant, exp = s[:i], e
+		mant, expText = s[:i], s[i+1:]
 	}
 	intPart, frac, _ := strings.Cut(mant, ".")
-	digits := intPart + frac
-	exp -= int64(len(frac))
-	digits = strings.TrimLeft(digits, "0")
+	digits := strings.TrimLeft(intPart+frac, "0")
 	if digits == "" {
 		return "0", nil
 	}
+	exp := int64(0)
+	if expText != "" {
+		e, err := strconv.ParseInt(expText, 10, 64)
+		if err != nil || e > maxJSONExponent || e < -maxJSONExponent {
+			return "", fmt.Errorf("number %q: exponent out of range", s)
+		}
+		exp = e
+	}
+	exp -= int64(len(frac))
 	trimmed := strings.TrimRight(digits, "0")
 	exp += int64(len(digits) - len(trimmed))
+	if exp > maxJSONExponent || exp < -maxJSONExponent {
+		return "", fmt.Errorf("number %q: exponent out of range", s)
+	}
 	var b strings.Builder
 	if neg {
 		b.WriteByte('-')

@@ -86,8 +86,12 @@ func (s *MemoryStore) ClaimTx(ctx context.Context, tx *MemoryTx, p *ClaimParams)
 	return res[0], nil
 }
 
-// ClaimBatchTx implements TxStore.
+// ClaimBatchTx implements TxStore. Like a SQL statement, it fails at once
+// with ctx's error when ctx has already ended.
 func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBatchParams) ([]ClaimResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	out := make([]ClaimResult, len(p.Messages))
 	for i, m := range p.Messages {
 		k := memKey{p.Consumer, m.MessageID}
@@ -222,6 +226,41 @@ func (s *MemoryStore) Purge(ctx context.Context, p *PurgeParams) (PurgeResult, e
 			return res, nil
 		}
 	}
+}
+
+// CountRecords returns the number of committed records of consumer. With
+// AgeRecords it backs the idemtest Setup of the memory store, and lets tests
+// and examples inspect the store.
+func (s *MemoryStore) CountRecords(consumer string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k := range s.records {
+		if k.consumer == consumer {
+			n++
+		}
+	}
+	return n
+}
+
+// AgeRecords is a test hook: it moves the recorded time of consumer's
+// committed records with the given message IDs back by d, as if they had
+// been written d earlier, and returns how many it moved. Records are
+// otherwise stamped with the store's clock at commit; retention tests use
+// this to build history without waiting. Production code has no use for it.
+func (s *MemoryStore) AgeRecords(consumer string, ids []string, d time.Duration) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		k := memKey{consumer, id}
+		if r, ok := s.records[k]; ok {
+			r.at = r.at.Add(-d)
+			s.records[k] = r
+			n++
+		}
+	}
+	return n
 }
 
 // ValidatePurgeParams checks p as every store's Purge does: a valid consumer

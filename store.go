@@ -24,7 +24,10 @@ import (
 //     ON CONFLICT DO NOTHING, never catching SQLSTATE 23505. Duplicates are
 //     detected by rows affected or error codes, never by error text.
 //   - ClaimBatchTx does the same for many messages with one statement. IDs
-//     in one call are distinct; results come back in the order given.
+//     in one call are distinct; results come back in the order given. The
+//     Consumer passes them sorted by message ID (byte order), so that two
+//     concurrent batches sharing IDs take their locks in the same order and
+//     cannot deadlock: insert the rows in the order given.
 //   - Errors other than a duplicate are returned as they are; the Consumer
 //     wraps them with [ErrStore].
 //   - Methods are safe for concurrent use; a TTx is used by one goroutine.

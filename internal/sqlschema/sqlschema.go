@@ -96,6 +96,12 @@ func (m Migration) Statements() []string {
 	return out
 }
 
+// templateData is what the migration templates see: {{.Table}} (and
+// {{.Qualified}}) is the table as written in SQL, {{.Name}} the bare name.
+type templateData struct {
+	Table, Qualified, Name string
+}
+
 // Migrations returns the dialect's migrations for table, in version order.
 func Migrations(d Dialect, table Table) ([]Migration, error) {
 	dir := path.Join("migrations", string(d))
@@ -118,7 +124,7 @@ func Migrations(d Dialect, table Table) ([]Migration, error) {
 			return nil, err
 		}
 		var b bytes.Buffer
-		if err := t.Execute(&b, table); err != nil {
+		if err := t.Execute(&b, templateData{Table: table.Qualified, Qualified: table.Qualified, Name: table.Name}); err != nil {
 			return nil, err
 		}
 		out = append(out, Migration{Version: v, Name: e.Name(), SQL: b.String()})

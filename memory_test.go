@@ -1,0 +1,105 @@
+package idem_test
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
+
+// fakeClock is the memory store's injected clock: it starts at the real
+// time (so purge horizons are comparable with time.Now) and moves forward
+// one microsecond per reading, so record times are distinct and ordered.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(time.Microsecond)
+	return c.now
+}
+
+// effects is the memory Setup's side-effect table.
+type effects struct {
+	mu   sync.Mutex
+	rows map[string]int
+}
+
+func (e *effects) add(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.rows[key]++
+}
+
+func (e *effects) count(key string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rows[key]
+}
+
+func newMemorySetup(t *testing.T) (*idem.MemoryStore, *idemtest.Setup[*idem.MemoryTx]) {
+	store := idem.NewMemoryStore(newFakeClock().Now)
+	eff := &effects{rows: map[string]int{}}
+	return store, &idemtest.Setup[*idem.MemoryTx]{
+		Store: store,
+		WriteEffect: func(ctx context.Context, tx *idem.MemoryTx, key string) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			tx.OnCommit(func() { eff.add(key) })
+			return nil
+		},
+		CountEffects: func(_ context.Context, key string) (int, error) { return eff.count(key), nil },
+		CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
+		AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
+			store.AgeRecords(consumer, ids, d)
+			return nil
+		},
+	}
+}
+
+func TestMemoryStoreConformance(t *testing.T) {
+	t.Parallel()
+	idemtest.Run(t, idemtest.Harness[*idem.MemoryTx]{New: func(t *testing.T) *idemtest.Setup[*idem.MemoryTx] {
+		_, s := newMemorySetup(t)
+		return s
+	}})
+}
+
+// beginClaimStore gives the memory store the optional BeginClaimer
+// capability, so the suite also covers the Consumer's BeginClaim path.
+type beginClaimStore struct{ *idem.MemoryStore }
+
+func (s beginClaimStore) BeginClaim(ctx context.Context, p *idem.ClaimParams) (*idem.MemoryTx, idem.ClaimResult, error) {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return nil, idem.ClaimResult{}, err
+	}
+	res, err := s.ClaimTx(ctx, tx, p)
+	if err != nil {
+		_ = s.Rollback(context.WithoutCancel(ctx), tx)
+		return nil, idem.ClaimResult{}, err
+	}
+	return tx, res, nil
+}
+
+func TestMemoryStoreWithBeginClaimConformance(t *testing.T) {
+	t.Parallel()
+	idemtest.Run(t, idemtest.Harness[*idem.MemoryTx]{New: func(t *testing.T) *idemtest.Setup[*idem.MemoryTx] {
+		store, s := newMemorySetup(t)
+		s.Store = beginClaimStore{store}
+		return s
+	}})
+}
