@@ -1,16 +1,12 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -22,6 +18,10 @@ const (
 	DefaultPurgeInterval = time.Hour
 	// DefaultPurgeBatchSize is the most rows one purge DELETE removes.
 	DefaultPurgeBatchSize = 1000
+	// DefaultLease is the lease of a lease-mode attempt.
+	DefaultLease = 30 * time.Second
+	// DefaultMaxAttempts is the number of lease-mode attempts a message gets.
+	DefaultMaxAttempts = 5
 )
 
 // finishTimeout bounds a rollback run after the caller's context ended.
@@ -70,6 +70,20 @@ type Config struct {
 	PurgeBatchSize int
 	// Logger receives the background loop's messages. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Lease is how long a lease-mode attempt owns a message before another
+	// may take over; the LeaseConsumer renews it every Lease/3 while the
+	// handler runs. Lease mode only. Defaults to DefaultLease (30s).
+	Lease time.Duration
+	// MaxAttempts is how many lease-mode attempts a message gets; the
+	// failure of the last one (or a takeover beyond it) leaves a terminal
+	// record and a poison outcome. Lease mode only. Defaults to
+	// DefaultMaxAttempts (5).
+	MaxAttempts int
+	// Retryable classifies a lease-mode handler error: false poisons the
+	// message at once. Defaults to every error but those matching
+	// ErrPermanent (see Permanent).
+	Retryable func(error) bool
 }
 
 func (c Config) withDefaults() Config {
@@ -91,6 +105,15 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.Retryable == nil {
+		c.Retryable = func(err error) bool { return !errors.Is(err, ErrPermanent) }
+	}
 	return c
 }
 
@@ -105,6 +128,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: negative RetentionWindow %v", ErrInvalidConfig, c.RetentionWindow)
 	case c.PurgeBatchSize < 0:
 		return fmt.Errorf("%w: negative PurgeBatchSize %d", ErrInvalidConfig, c.PurgeBatchSize)
+	case c.Lease < 0 || (c.Lease > 0 && c.Lease < time.Millisecond):
+		return fmt.Errorf("%w: Lease %v is under 1ms", ErrInvalidConfig, c.Lease)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("%w: negative MaxAttempts %d", ErrInvalidConfig, c.MaxAttempts)
 	case c.MismatchPolicy > AcceptMismatchAsDuplicate:
 		return fmt.Errorf("%w: unknown MismatchPolicy %d", ErrInvalidConfig, c.MismatchPolicy)
 	}
@@ -128,13 +155,8 @@ type BatchHandler[TTx any] func(ctx context.Context, tx TTx, msgs []Message) err
 //
 // A Consumer is safe for concurrent use. Close it to stop its purge loop.
 type Consumer[TTx any] struct {
-	store  TxStore[TTx]
-	cfg    Config
-	closed atomic.Bool
-
-	stopOnce sync.Once
-	stop     context.CancelFunc
-	loopDone chan struct{}
+	core
+	store TxStore[TTx]
 }
 
 // NewConsumer returns a Consumer over store. It returns an error matching
@@ -148,14 +170,8 @@ func NewConsumer[TTx any](store TxStore[TTx], cfg Config) (*Consumer[TTx], error
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Consumer[TTx]{store: store, cfg: cfg.withDefaults(), loopDone: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.stop = cancel
-	if c.cfg.PurgeInterval > 0 {
-		go c.purgeLoop(ctx)
-	} else {
-		close(c.loopDone)
-	}
+	c := &Consumer[TTx]{store: store}
+	c.start(cfg.withDefaults(), store.Purge)
 	return c, nil
 }
 
@@ -165,12 +181,7 @@ func (c *Consumer[TTx]) Name() string { return c.cfg.Name }
 // Close stops the background purge loop, cancelling a purge in flight, and
 // waits for it to return. Later calls to Process return ErrClosed. Close is
 // idempotent and always returns nil.
-func (c *Consumer[TTx]) Close() error {
-	c.closed.Store(true)
-	c.stopOnce.Do(c.stop)
-	<-c.loopDone
-	return nil
-}
+func (c *Consumer[TTx]) Close() error { return c.close() }
 
 // Process processes one delivery of msg: it begins a transaction, claims
 // (consumer, msg.ID) in it, runs handler with that transaction if the claim
@@ -384,85 +395,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 // window (counted back from its newest record), in batches of
 // Config.PurgeBatchSize rows. It returns ErrPurgeInProgress when another
 // cleaner holds the purge lock, and errors matching ErrStore on failure.
-func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) {
-	res, err := c.store.Purge(ctx, &PurgeParams{
-		Consumer:        c.cfg.Name,
-		RetentionWindow: c.cfg.RetentionWindow,
-		BatchSize:       c.cfg.PurgeBatchSize,
-	})
-	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
-		err = storeError("purge", err)
-	}
-	return res, err
-}
-
-func (c *Consumer[TTx]) purgeLoop(ctx context.Context) {
-	defer close(c.loopDone)
-	log := c.cfg.Logger.With("consumer", c.cfg.Name)
-	for {
-		// Jitter of ±10% keeps a fleet of consumers from purging in step.
-		d := c.cfg.PurgeInterval + time.Duration((rand.Float64()-0.5)*0.2*float64(c.cfg.PurgeInterval))
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		res, err := c.Purge(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, ErrPurgeInProgress):
-			log.Debug("idem: purge skipped, another cleaner is running")
-		case err != nil:
-			log.Warn("idem: purge failed", "err", err)
-		default:
-			log.Debug("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
-				"horizon", res.Horizon, "duration", time.Since(start))
-		}
-	}
-}
-
-// prepare validates msg and computes its fingerprint. A non-zero
-// out.Status means msg is settled (Rejected, or ErrClosed).
-func (c *Consumer[TTx]) prepare(msg Message) (out Outcome, fp []byte) {
-	if c.closed.Load() {
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: ErrClosed}, nil
-	}
-	if err := ValidateMessageID(msg.ID, c.cfg.MaxIDLength); err != nil {
-		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
-	}
-	fp, err := c.cfg.Fingerprinter(msg.Payload)
-	if err == nil && (len(fp) == 0 || len(fp) > MaxFingerprintLength) {
-		err = fmt.Errorf("%w: fingerprinter returned %d bytes, want 1..%d", ErrInvalidPayload, len(fp), MaxFingerprintLength)
-	}
-	if err != nil {
-		if !errors.Is(err, ErrInvalidPayload) {
-			err = fmt.Errorf("%w: %w", ErrInvalidPayload, err)
-		}
-		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
-	}
-	return Outcome{}, fp
-}
-
-// duplicate settles a message whose record exists, checking the fingerprint
-// on this path too (field case C12).
-func (c *Consumer[TTx]) duplicate(id string, fp, stored []byte) (Outcome, error) {
-	if bytes.Equal(fp, stored) {
-		return Outcome{Status: Duplicate, MessageID: id}, nil
-	}
-	if c.cfg.MismatchPolicy == AcceptMismatchAsDuplicate {
-		return Outcome{Status: Duplicate, MessageID: id, MismatchAccepted: true}, nil
-	}
-	err := fmt.Errorf("%w: consumer %q, message ID %q was processed with another payload", ErrFingerprintMismatch, c.cfg.Name, id)
-	return Outcome{Status: FingerprintMismatch, MessageID: id, Err: err}, err
-}
-
-func (c *Consumer[TTx]) failed(id string, err error) (Outcome, error) {
-	return Outcome{Status: Failed, MessageID: id, Err: err}, err
-}
+func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return c.purgeNow(ctx) }
 
 // rollback rolls tx back even when ctx has ended, bounded by finishTimeout.
 func (c *Consumer[TTx]) rollback(ctx context.Context, tx TTx) error {

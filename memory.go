@@ -30,7 +30,17 @@ type memKey struct{ consumer, id string }
 
 type memRecord struct {
 	fingerprint []byte
-	at          time.Time
+	at          time.Time // written (and, in lease mode, last updated)
+
+	// Lease mode; a zero state is a transactional-mode (completed) record.
+	state       RecordState
+	token       int64
+	attempt     int
+	leaseUntil  time.Time
+	result      []byte
+	contentType string
+	errText     string
+	steps       map[string][]byte
 }
 
 // MemoryTx is a transaction of a MemoryStore. It is used by one goroutine.
@@ -207,7 +217,7 @@ func (s *MemoryStore) Purge(ctx context.Context, p *PurgeParams) (PurgeResult, e
 			if n == p.BatchSize && !p.DryRun {
 				break
 			}
-			if k.consumer == p.Consumer && r.at.Before(res.Horizon) {
+			if k.consumer == p.Consumer && r.at.Before(res.Horizon) && r.state != StateInProgress {
 				if !p.DryRun {
 					delete(s.records, k)
 				}

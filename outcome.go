@@ -66,6 +66,18 @@ type Outcome struct {
 	// RetryAfter is how long to wait before redelivering an InProgress
 	// message; zero otherwise.
 	RetryAfter time.Duration
+	// Result and ContentType are the stored result in lease mode: what the
+	// handler returned (Processed), or what the first processing stored
+	// (Duplicate), byte for byte, so a request/reply consumer answers a
+	// redelivery with the first answer.
+	Result      []byte
+	ContentType string
+	// Attempt is the lease-mode attempt number that ran (Processed,
+	// Failed) or the attempts made so far (InProgress, poison).
+	Attempt int
+	// Poison is true for a Failed outcome that will never be retried: the
+	// message failed MaxAttempts times or permanently. Dead-letter it.
+	Poison bool
 }
 
 // Ack reports whether the broker may be told the delivery is done: true for
@@ -73,8 +85,9 @@ type Outcome struct {
 func (o Outcome) Ack() bool { return o.Status == Processed || o.Status == Duplicate }
 
 // DeadLetter reports whether the delivery can never succeed as it is
-// (FingerprintMismatch, Rejected) and belongs in a dead letter with Err as
-// the reason. Failed and InProgress deliveries are redelivered instead.
+// (FingerprintMismatch, Rejected, or a poison Failed) and belongs in a dead
+// letter with Err as the reason. Other Failed and InProgress deliveries are
+// redelivered instead.
 func (o Outcome) DeadLetter() bool {
-	return o.Status == FingerprintMismatch || o.Status == Rejected
+	return o.Status == FingerprintMismatch || o.Status == Rejected || o.Poison
 }

@@ -1,0 +1,126 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// core is what both claim modes share: the configuration, message checks,
+// fingerprint comparison, and the background purge loop.
+type core struct {
+	cfg    Config
+	closed atomic.Bool
+	purge  func(context.Context, *PurgeParams) (PurgeResult, error)
+
+	stopOnce sync.Once
+	stop     context.CancelFunc
+	loopDone chan struct{}
+}
+
+// start sets cfg (with defaults applied) and starts the purge loop unless
+// cfg.PurgeInterval is negative.
+func (c *core) start(cfg Config, purge func(context.Context, *PurgeParams) (PurgeResult, error)) {
+	c.cfg, c.purge, c.loopDone = cfg, purge, make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stop = cancel
+	if c.cfg.PurgeInterval > 0 {
+		go c.purgeLoop(ctx)
+	} else {
+		close(c.loopDone)
+	}
+}
+
+// close stops the purge loop and waits for it; idempotent.
+func (c *core) close() error {
+	c.closed.Store(true)
+	c.stopOnce.Do(c.stop)
+	<-c.loopDone
+	return nil
+}
+
+// purgeNow runs one purge of this consumer with the configured window.
+func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
+	res, err := c.purge(ctx, &PurgeParams{
+		Consumer:        c.cfg.Name,
+		RetentionWindow: c.cfg.RetentionWindow,
+		BatchSize:       c.cfg.PurgeBatchSize,
+	})
+	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
+		err = storeError("purge", err)
+	}
+	return res, err
+}
+
+func (c *core) purgeLoop(ctx context.Context) {
+	defer close(c.loopDone)
+	log := c.cfg.Logger.With("consumer", c.cfg.Name)
+	for {
+		// Jitter of ±10% keeps a fleet of consumers from purging in step.
+		d := c.cfg.PurgeInterval + time.Duration((rand.Float64()-0.5)*0.2*float64(c.cfg.PurgeInterval))
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		res, err := c.purgeNow(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrPurgeInProgress):
+			log.Debug("idem: purge skipped, another cleaner is running")
+		case err != nil:
+			log.Warn("idem: purge failed", "err", err)
+		default:
+			log.Debug("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
+				"horizon", res.Horizon, "duration", time.Since(start))
+		}
+	}
+}
+
+// prepare validates msg and computes its fingerprint. A non-zero
+// out.Status means msg is settled (Rejected, or ErrClosed).
+func (c *core) prepare(msg Message) (out Outcome, fp []byte) {
+	if c.closed.Load() {
+		return Outcome{Status: Failed, MessageID: msg.ID, Err: ErrClosed}, nil
+	}
+	if err := ValidateMessageID(msg.ID, c.cfg.MaxIDLength); err != nil {
+		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
+	}
+	fp, err := c.cfg.Fingerprinter(msg.Payload)
+	if err == nil && (len(fp) == 0 || len(fp) > MaxFingerprintLength) {
+		err = fmt.Errorf("%w: fingerprinter returned %d bytes, want 1..%d", ErrInvalidPayload, len(fp), MaxFingerprintLength)
+	}
+	if err != nil {
+		if !errors.Is(err, ErrInvalidPayload) {
+			err = fmt.Errorf("%w: %w", ErrInvalidPayload, err)
+		}
+		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
+	}
+	return Outcome{}, fp
+}
+
+// duplicate settles a message whose record exists, checking the fingerprint
+// on this path too (field case C12).
+func (c *core) duplicate(id string, fp, stored []byte) (Outcome, error) {
+	if bytes.Equal(fp, stored) {
+		return Outcome{Status: Duplicate, MessageID: id}, nil
+	}
+	if c.cfg.MismatchPolicy == AcceptMismatchAsDuplicate {
+		return Outcome{Status: Duplicate, MessageID: id, MismatchAccepted: true}, nil
+	}
+	err := fmt.Errorf("%w: consumer %q, message ID %q was processed with another payload", ErrFingerprintMismatch, c.cfg.Name, id)
+	return Outcome{Status: FingerprintMismatch, MessageID: id, Err: err}, err
+}
+
+func (c *core) failed(id string, err error) (Outcome, error) {
+	return Outcome{Status: Failed, MessageID: id, Err: err}, err
+}
