@@ -1,0 +1,319 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strings"
+
+	"github.com/idem-go/idem"
+)
+
+// Rows per multi-row statement: MySQL's claim reports duplicates in a
+// 64-bit mask; the other limits keep below every placeholder limit
+// (MySQL's 65,535, and SQLite's 999 before version 3.32, with 2 per row plus
+// the shared consumer).
+const (
+	mysqlClaimRows       = 64
+	mysqlFingerprintRows = 1000
+	sqliteBatchRows      = 400
+)
+
+// claimPostgres runs one claim; found is false when the conflicting record
+// vanished before its fingerprint could be read.
+func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+	var (
+		inserted bool
+		fp       []byte
+	)
+	if err := tx.QueryRowContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&inserted, &fp); err != nil {
+		return res, false, err
+	}
+	if inserted {
+		return idem.ClaimResult{Claimed: true}, true, nil
+	}
+	if fp == nil {
+		// Committed by a transaction the insert waited for: a new
+		// statement has a snapshot that shows it.
+		err := tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+		if errors.Is(err, sql.ErrNoRows) {
+			return res, false, nil
+		}
+		if err != nil {
+			return res, false, err
+		}
+	}
+	return idem.ClaimResult{Fingerprint: fp}, true, nil
+}
+
+// claimMySQL runs one claim; see mysqlClaimSQL.
+func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
+	if err != nil {
+		return res, false, err
+	}
+	dups, err := mysqlDuplicates(r, 1)
+	if err != nil {
+		return res, false, err
+	}
+	if dups == 0 {
+		return idem.ClaimResult{Claimed: true}, true, nil
+	}
+	var fp []byte
+	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+	if errors.Is(err, sql.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	return idem.ClaimResult{Fingerprint: fp}, true, nil
+}
+
+// mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
+// set when row i was a duplicate. It checks the bitmask against rows
+// affected, which counts a new row as 1 and a duplicate as 0, or as 1
+// with CLIENT_FOUND_ROWS.
+func mysqlDuplicates(r sql.Result, n int) (uint64, error) {
+	id, err := r.LastInsertId()
+	if err != nil {
+		return 0, fmt.Errorf("idemsql: reading the duplicate bitmask: %w", err)
+	}
+	affected, err := r.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	mask := uint64(id)
+	inserted := int64(n - bits.OnesCount64(mask))
+	if (n < 64 && mask>>n != 0) || (affected != inserted && affected != int64(n)) {
+		return 0, fmt.Errorf("idemsql: claim of %d rows reported duplicate bitmask %#x and %d rows affected; is the table's schema idem's?", n, mask, affected)
+	}
+	return mask, nil
+}
+
+// claimSQLite runs one claim. The transaction holds SQLite's write lock
+// from its first write on, so no other writer is in flight.
+func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint)
+	if err != nil {
+		return res, false, err
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return res, false, err
+	}
+	if n == 1 {
+		return idem.ClaimResult{Claimed: true}, true, nil
+	}
+	var fp []byte
+	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+	if errors.Is(err, sql.ErrNoRows) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	return idem.ClaimResult{Fingerprint: fp}, true, nil
+}
+
+// claimBatchPostgres claims msgs (sorted by ID) with one statement, plus
+// one SELECT when some records were committed by transactions it waited for.
+func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
+	got := make(map[string]idem.ClaimResult, len(msgs))
+	pending := msgs
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == maxClaimAttempts {
+			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
+		}
+		ids := make([]string, len(pending))
+		fps := make([]string, len(pending))
+		for i, m := range pending {
+			ids[i], fps[i] = m.MessageID, hex.EncodeToString(m.Fingerprint)
+		}
+		rows, err := tx.QueryContext(ctx, s.q.claimBatch, consumer, pgTextArray(ids), pgTextArray(fps))
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var (
+				id string
+				fp []byte
+			)
+			if err := rows.Scan(&id, &fp); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			if fp == nil {
+				got[id] = idem.ClaimResult{Claimed: true}
+			} else {
+				got[id] = idem.ClaimResult{Fingerprint: fp}
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		waited := unsettled(pending, got)
+		if len(waited) == 0 {
+			break
+		}
+		found, err := readFingerprints(ctx, tx, s.q.fingerprints, consumer, pgTextArray(messageIDs(waited)))
+		if err != nil {
+			return nil, err
+		}
+		settle(got, found)
+		pending = unsettled(waited, got)
+	}
+	return got, nil
+}
+
+// claimBatchSQLite claims msgs with a multi-row INSERT ... RETURNING, then
+// reads the fingerprints of the rows it did not insert.
+func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
+	got := make(map[string]idem.ClaimResult, len(msgs))
+	pending := msgs
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == maxClaimAttempts {
+			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
+		}
+		for chunk := range slices.Chunk(pending, sqliteBatchRows) {
+			var b strings.Builder
+			b.WriteString(s.q.batchPrefix)
+			args := make([]any, 0, 1+2*len(chunk))
+			args = append(args, consumer)
+			for i, m := range chunk {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(sqliteRow(s.q.batchRow, i))
+				args = append(args, m.MessageID, m.Fingerprint)
+			}
+			b.WriteString(s.q.batchSuffix)
+			rows, err := tx.QueryContext(ctx, b.String(), args...)
+			if err != nil {
+				return nil, err
+			}
+			for rows.Next() {
+				var id string
+				if err := rows.Scan(&id); err != nil {
+					rows.Close()
+					return nil, err
+				}
+				got[id] = idem.ClaimResult{Claimed: true}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+		}
+		dups := unsettled(pending, got)
+		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, sqliteBatchRows, true, got); err != nil {
+			return nil, err
+		}
+		pending = unsettled(dups, got)
+	}
+	return got, nil
+}
+
+// claimBatchMySQL claims msgs (sorted by ID) on MySQL: one statement per
+// 64 messages (see mysqlClaimSQL), then one locking read of the
+// fingerprints of the duplicates.
+func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
+	got := make(map[string]idem.ClaimResult, len(msgs))
+	pending := msgs
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == maxClaimAttempts {
+			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
+		}
+		var dups []idem.ClaimMessage
+		for chunk := range slices.Chunk(pending, mysqlClaimRows) {
+			args := make([]any, 0, 4*len(chunk))
+			for _, m := range chunk {
+				args = append(args, consumer, m.MessageID, m.Fingerprint)
+			}
+			for _, m := range chunk {
+				args = append(args, m.MessageID)
+			}
+			r, err := tx.ExecContext(ctx, mysqlClaimSQL(s.q.batchPrefix, len(chunk)), args...)
+			if err != nil {
+				return nil, err
+			}
+			mask, err := mysqlDuplicates(r, len(chunk))
+			if err != nil {
+				return nil, err
+			}
+			for i, m := range chunk {
+				if mask&(1<<i) != 0 {
+					dups = append(dups, m)
+				} else {
+					got[m.MessageID] = idem.ClaimResult{Claimed: true}
+				}
+			}
+		}
+		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, mysqlFingerprintRows, false, got); err != nil {
+			return nil, err
+		}
+		pending = unsettled(dups, got)
+	}
+	return got, nil
+}
+
+// readFingerprintsIn reads the stored fingerprints of msgs with the
+// dialect's IN-list query (chunk IDs per statement) and records them in
+// got as duplicates. numbered selects SQLite's ?NNN placeholders.
+func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage, chunk int, numbered bool, got map[string]idem.ClaimResult) error {
+	for part := range slices.Chunk(msgs, chunk) {
+		var b strings.Builder
+		b.WriteString(s.q.fpsPrefix)
+		args := make([]any, 0, 1+len(part))
+		args = append(args, consumer)
+		for i, m := range part {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			if numbered {
+				fmt.Fprintf(&b, "?%d", i+2)
+			} else {
+				b.WriteByte('?')
+			}
+			args = append(args, m.MessageID)
+		}
+		b.WriteString(s.q.fpsSuffix)
+		found, err := readFingerprints(ctx, tx, b.String(), args...)
+		if err != nil {
+			return err
+		}
+		settle(got, found)
+	}
+	return nil
+}
+
+// settle records found (ID -> stored fingerprint) in got as duplicates.
+func settle(got map[string]idem.ClaimResult, found map[string][]byte) {
+	for id, fp := range found {
+		got[id] = idem.ClaimResult{Fingerprint: fp}
+	}
+}
+
+// unsettled returns the messages of msgs that have no result in got.
+func unsettled(msgs []idem.ClaimMessage, got map[string]idem.ClaimResult) []idem.ClaimMessage {
+	var out []idem.ClaimMessage
+	for _, m := range msgs {
+		if _, ok := got[m.MessageID]; !ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func messageIDs(msgs []idem.ClaimMessage) []string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.MessageID
+	}
+	return ids
+}

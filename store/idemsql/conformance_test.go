@@ -1,0 +1,57 @@
+package idemsql_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// TestConformance runs the idemtest suite on every dialect, each Setup on
+// fresh tables (SQLite: a fresh file).
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
+		serverOf(t, d)
+		idemtest.Run(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
+			return newEnv(t, d, envOptions{}).setup()
+		}})
+	})
+}
+
+// TestConformanceMySQLFoundRows runs the suite on MySQL with the DSN
+// settings that change what the server reports or how values travel:
+// clientFoundRows=true (rows affected counts a duplicate as 1),
+// interpolateParams=true (no server-side prepared statements) and
+// parseTime=false (DATETIME values arrive as text).
+func TestConformanceMySQLFoundRows(t *testing.T) {
+	t.Parallel()
+	serverOf(t, idemsql.MySQL)
+	o := envOptions{mysqlParams: map[string]string{"clientFoundRows": "true", "interpolateParams": "true", "parseTime": "false"}}
+	idemtest.Run(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
+		return newEnv(t, idemsql.MySQL, o).setup()
+	}})
+}
+
+// serverOf skips (or fails) the test early when d's server is not configured.
+func serverOf(t *testing.T, d idemsql.Dialect) {
+	t.Helper()
+	switch d {
+	case idemsql.Postgres:
+		serverURL(t, envPostgres)
+	case idemsql.MySQL:
+		serverURL(t, envMySQL)
+	}
+}
+
+// setup returns the env as an idemtest.Setup.
+func (e *env) setup() *idemtest.Setup[*sql.Tx] {
+	return &idemtest.Setup[*sql.Tx]{
+		Store:        e.store,
+		WriteEffect:  e.writeEffect,
+		CountEffects: e.countEffects,
+		CountRecords: e.countRecords,
+		AgeRecords:   e.ageRecords,
+	}
+}

@@ -1,0 +1,166 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// sqlitePurging holds the in-process purge locks of SQLite stores, keyed
+// by database file, table and consumer.
+var sqlitePurging sync.Map
+
+// Purge implements [idem.TxStore]: it deletes p.Consumer's records written
+// before the horizon, the consumer's newest processed_at minus
+// p.RetentionWindow (rounded up to a microsecond), both computed by the
+// server. The horizon follows the consumer's last activity, not the clock,
+// so a consumer that was down longer than the window keeps its history. A
+// consumer with no records has nothing to purge (zero Horizon).
+//
+// One cleaner runs at a time per (table, consumer); when another holds the
+// lock, Purge returns [idem.ErrPurgeInProgress] at once:
+//
+//   - PostgreSQL: pg_try_advisory_lock on a dedicated connection (the key
+//     derives from the table and consumer names, as in store/idempgxv5),
+//     released with pg_advisory_unlock.
+//   - MySQL: GET_LOCK(name, 0) on a dedicated connection (the name derives
+//     from the database, table and consumer), released with RELEASE_LOCK.
+//   - SQLite: an in-process lock keyed by database file, table and
+//     consumer. Across processes nothing excludes a second cleaner, and
+//     nothing needs to: SQLite runs one writer at a time, so two cleaners
+//     only take turns deleting.
+//
+// If the lock cannot be released the connection is closed, which releases
+// it. Rows are deleted oldest first, at most p.BatchSize per DELETE, each
+// DELETE its own short transaction (autocommit), so claims keep flowing:
+// PostgreSQL skips rows locked by others (FOR UPDATE SKIP LOCKED); MySQL
+// runs DELETE ... ORDER BY processed_at LIMIT; SQLite deletes a LIMITed
+// rowid subquery. p.OnBatch is called after each batch. With p.DryRun one
+// SELECT counts the rows a purge would delete now (reported as one batch
+// when there are any) and nothing is deleted. Cancelling ctx stops between
+// or during batches; the batches already run stay deleted and are counted
+// in the result.
+func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
+	var res idem.PurgeResult
+	if err := idem.ValidatePurgeParams(p); err != nil {
+		return res, err
+	}
+	ex, release, err := s.purgeLock(ctx, p.Consumer)
+	if err != nil {
+		return res, err
+	}
+	defer release()
+
+	window := int64((p.RetentionWindow + time.Microsecond - 1) / time.Microsecond)
+	var horizon sql.NullInt64
+	if err := ex.QueryRowContext(ctx, s.q.horizon, window, p.Consumer).Scan(&horizon); err != nil {
+		return res, fmt.Errorf("idemsql: purge horizon: %w", err)
+	}
+	if !horizon.Valid {
+		return res, nil
+	}
+	res.Horizon = time.UnixMicro(horizon.Int64).UTC()
+
+	if p.DryRun {
+		if err := ex.QueryRowContext(ctx, s.q.purgeCount, p.Consumer, horizon.Int64).Scan(&res.Deleted); err != nil {
+			return res, fmt.Errorf("idemsql: purge count: %w", err)
+		}
+		if res.Deleted > 0 {
+			res.Batches = 1
+			if p.OnBatch != nil {
+				p.OnBatch(res.Deleted)
+			}
+		}
+		return res, nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		r, err := ex.ExecContext(ctx, s.q.purgeBatch, p.Consumer, horizon.Int64, int64(p.BatchSize))
+		if err != nil {
+			return res, fmt.Errorf("idemsql: purge batch: %w", err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return res, fmt.Errorf("idemsql: purge batch: %w", err)
+		}
+		if n == 0 {
+			return res, nil
+		}
+		res.Deleted += n
+		res.Batches++
+		if p.OnBatch != nil {
+			p.OnBatch(res.Deleted)
+		}
+		if n < int64(p.BatchSize) {
+			return res, nil
+		}
+	}
+}
+
+// purgeLock takes the purge lock of (table, consumer). It returns what the
+// purge statements run on (the lock's connection, or the pool for SQLite)
+// and the function that releases the lock. It returns
+// idem.ErrPurgeInProgress when another cleaner holds the lock.
+func (s *Store) purgeLock(ctx context.Context, consumer string) (execer, func(), error) {
+	switch s.dialect {
+	case Postgres:
+		conn, err := s.db.Conn(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		key := lockKey("purge", s.table.Qualified, consumer)
+		var locked bool
+		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&locked); err != nil {
+			conn.Close()
+			return nil, nil, fmt.Errorf("idemsql: purge lock: %w", err)
+		}
+		if !locked {
+			conn.Close()
+			return nil, nil, idem.ErrPurgeInProgress
+		}
+		return conn, func() {
+			rctx, cancel := detached(ctx)
+			defer cancel()
+			var unlocked bool
+			if err := conn.QueryRowContext(rctx, `SELECT pg_advisory_unlock($1)`, key).Scan(&unlocked); err != nil || !unlocked {
+				discard(conn)
+			}
+			conn.Close()
+		}, nil
+	case MySQL:
+		conn, err := s.db.Conn(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		name := mysqlLockName("purge", 2)
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, `SELECT GET_LOCK(`+name+`, 0)`, s.table.Qualified, consumer).Scan(&got); err != nil {
+			conn.Close()
+			return nil, nil, fmt.Errorf("idemsql: purge lock: %w", err)
+		}
+		if !got.Valid {
+			conn.Close()
+			return nil, nil, fmt.Errorf("idemsql: purge lock: GET_LOCK failed")
+		}
+		if got.Int64 != 1 {
+			conn.Close()
+			return nil, nil, idem.ErrPurgeInProgress
+		}
+		return conn, func() {
+			releaseMySQLLock(ctx, conn, name, s.table.Qualified, consumer)
+			conn.Close()
+		}, nil
+	default:
+		key := s.lockScope + "\x00" + s.table.Qualified + "\x00" + consumer
+		if _, held := sqlitePurging.LoadOrStore(key, struct{}{}); held {
+			return nil, nil, idem.ErrPurgeInProgress
+		}
+		return s.db, func() { sqlitePurging.Delete(key) }, nil
+	}
+}

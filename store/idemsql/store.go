@@ -1,0 +1,317 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/sqlschema"
+)
+
+// finishTimeout bounds a rollback, unlock or lock release that runs after
+// the caller's context has ended, so a pooled connection is never handed
+// back in an unknown state.
+const finishTimeout = 10 * time.Second
+
+// maxClaimAttempts bounds how often one claim is re-run when a record that
+// conflicted vanished before its fingerprint could be read (a purge deleted
+// it in that instant). In practice the first attempt settles.
+const maxClaimAttempts = 4
+
+// Dialect is the SQL dialect of the database behind a *sql.DB: [Postgres],
+// [MySQL] or [SQLite]. The store imports no driver; the caller opens the
+// database with the driver of their choice and names its dialect.
+type Dialect string
+
+// The supported dialects.
+const (
+	// Postgres is PostgreSQL 14 or later (tested on 15), through a
+	// database/sql driver such as github.com/jackc/pgx/v5/stdlib (tested).
+	// Arrays are sent as text literals, so no driver-specific array type is
+	// needed.
+	Postgres Dialect = "postgres"
+	// MySQL is MariaDB (tested on 10.11) or MySQL 8.0 or later (the same
+	// statements; not tested here), with InnoDB, through
+	// github.com/go-sql-driver/mysql. The DSN's clientFoundRows and
+	// parseTime settings make no difference (both values are tested);
+	// interpolateParams=true saves one round trip per statement.
+	MySQL Dialect = "mysql"
+	// SQLite is SQLite 3.35 or later (for RETURNING), for example through
+	// modernc.org/sqlite (pure Go). The DSN must set a busy timeout, WAL for
+	// a file database, and BEGIN IMMEDIATE transactions: use [SQLiteDSN].
+	SQLite Dialect = "sqlite"
+)
+
+// String returns the dialect name: "postgres", "mysql" or "sqlite".
+func (d Dialect) String() string { return string(d) }
+
+// Config configures a [Store]. The zero value (or a nil *Config) is valid.
+type Config struct {
+	// Table is the processed-messages table: an identifier or
+	// schema.identifier of letters, digits and underscores, at most 48 bytes
+	// each, never quoted (on MySQL the "schema" is a database). Migrate
+	// creates it, and the table that records the applied migrations, named
+	// Table + "_migrations". Defaults to idem_processed.
+	Table string
+}
+
+// Store is an [idem.TxStore] over database/sql for PostgreSQL, MariaDB/MySQL
+// and SQLite. The transactions it hands to handlers are ordinary *sql.Tx
+// values on the caller's *sql.DB; handlers write their side effects with
+// them. It also implements [idem.Migrator], and offers [Store.Inspect] and
+// [Store.Stats] for operators (the idem command).
+//
+// A Store is safe for concurrent use. It owns no goroutine and nothing to
+// close: the caller owns the *sql.DB.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	table   sqlschema.Table
+	q       queries
+	// lockScope names the database file for SQLite's in-process purge
+	// lock, so two Stores over one file share it.
+	lockScope string
+}
+
+// Interface checks.
+var (
+	_ idem.TxStore[*sql.Tx] = (*Store)(nil)
+	_ idem.Migrator         = (*Store)(nil)
+)
+
+// New returns a Store over db for the given dialect. cfg may be nil.
+//
+// It returns an error matching [idem.ErrInvalidConfig] when db is nil, the
+// dialect is unknown or cfg.Table is not a valid table name. For SQLite it
+// also checks the connection settings the store depends on (see
+// [SQLiteSettingError], which matches idem.ErrInvalidConfig too) and so
+// needs the database to answer; for PostgreSQL and MySQL it does not touch
+// the database. Call [Store.Migrate] (or `idem migrate`) to create the
+// tables.
+func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: idemsql: nil *sql.DB", idem.ErrInvalidConfig)
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	table, err := sqlschema.ParseTable(cfg.Table)
+	if err != nil {
+		return nil, fmt.Errorf("%w: idemsql: %w", idem.ErrInvalidConfig, err)
+	}
+	s := &Store{db: db, dialect: dialect, table: table}
+	switch dialect {
+	case Postgres:
+		s.q = postgresQueries(table.Qualified)
+	case MySQL:
+		s.q = mysqlQueries(table.Qualified)
+	case SQLite:
+		s.q = sqliteQueries(table.Qualified)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if s.lockScope, err = checkSQLite(ctx, db); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%w: idemsql: unknown dialect %q (want %q, %q or %q)",
+			idem.ErrInvalidConfig, string(dialect), Postgres, MySQL, SQLite)
+	}
+	return s, nil
+}
+
+// Dialect returns the store's dialect.
+func (s *Store) Dialect() Dialect { return s.dialect }
+
+// Table returns the processed-messages table name, as written in SQL.
+func (s *Store) Table() string { return s.table.Qualified }
+
+// Begin implements [idem.TxStore]: db.BeginTx with default options, so the
+// isolation level is the database's default (READ COMMITTED on
+// PostgreSQL, REPEATABLE READ on InnoDB; the claims are correct under
+// either) and, on SQLite, the transaction starts as the DSN says
+// (BEGIN IMMEDIATE with [SQLiteDSN]). As with any *sql.Tx, cancelling ctx
+// rolls the transaction back.
+func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
+	return s.db.BeginTx(ctx, nil)
+}
+
+// Commit implements [idem.TxStore]: tx.Commit. An error means the claims
+// did not commit, or that the outcome is unknown (a connection lost during
+// COMMIT).
+func (s *Store) Commit(ctx context.Context, tx *sql.Tx) error {
+	return tx.Commit()
+}
+
+// Rollback implements [idem.TxStore]: tx.Rollback. Rolling back a
+// transaction that already ended (after Commit, even a failed one, or after
+// its context was cancelled) returns nil: sql.ErrTxDone is not an error here.
+func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+
+// ClaimTx implements [idem.TxStore]: it inserts the record of p inside tx
+// and reports whether this transaction claimed it. A record that exists, or
+// that a concurrent transaction is inserting, makes the insert wait for that
+// transaction (the primary key does this) and then gives Claimed=false with
+// the stored fingerprint; if that transaction rolled back, the claim is ours.
+// A duplicate never raises an error inside the database, so tx stays usable.
+//
+//   - PostgreSQL: INSERT ... ON CONFLICT DO NOTHING RETURNING, with the
+//     stored fingerprint read in the same statement when the record was
+//     committed before it began, and by a new statement (a new READ
+//     COMMITTED snapshot) when it was committed by a transaction we waited
+//     for.
+//   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE whose update clause, which
+//     runs only for a duplicate, leaves the row as it is and sets
+//     LAST_INSERT_ID: the insert ID the server reports tells a duplicate
+//     from a new row whatever rows affected says (clientFoundRows=true makes
+//     rows affected count a duplicate as 1). The fingerprint is read with a
+//     locking read (LOCK IN SHARE MODE), which sees the latest committed
+//     row under REPEATABLE READ. See the package documentation.
+//   - SQLite: INSERT ... ON CONFLICT DO NOTHING judged by rows affected,
+//     then a SELECT; writers are serialised, so nothing is in flight.
+//
+// p is checked first: an invalid consumer name or message ID, or a
+// fingerprint outside 1 to idem.MaxFingerprintLength bytes, is an error
+// matching idem.ErrInvalidConsumerName, idem.ErrInvalidMessageID or
+// idem.ErrInvalidPayload (the Consumer has validated them already). Other
+// errors are the driver's, unwrapped (the Consumer wraps them with
+// idem.ErrStore). With a REPEATABLE READ or SERIALIZABLE transaction on
+// PostgreSQL, a conflict with a row committed after the snapshot is a
+// serialization failure (SQLSTATE 40001), which is retryable.
+func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+	if err := checkClaim(p.Consumer, p.MessageID, p.Fingerprint); err != nil {
+		return idem.ClaimResult{}, err
+	}
+	for range maxClaimAttempts {
+		var (
+			res   idem.ClaimResult
+			found bool
+			err   error
+		)
+		switch s.dialect {
+		case Postgres:
+			res, found, err = s.claimPostgres(ctx, tx, p)
+		case MySQL:
+			res, found, err = s.claimMySQL(ctx, tx, p)
+		default:
+			res, found, err = s.claimSQLite(ctx, tx, p)
+		}
+		if err != nil || found {
+			return res, err
+		}
+		// The conflicting record vanished before we could read it (a purge
+		// deleted it): claim again.
+	}
+	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim of %q: record kept vanishing after a conflict", p.MessageID)
+}
+
+// ClaimBatchTx implements [idem.TxStore]: it claims every message of p
+// inside tx with one INSERT (split into several only past the dialect's
+// placeholder limit) and returns one result per message, in the order
+// given. Rows are inserted in byte order of their IDs, so two batches that
+// overlap take their row locks in the same order and do not deadlock.
+//
+//   - PostgreSQL: INSERT ... SELECT FROM unnest(ids, fingerprints) ON
+//     CONFLICT DO NOTHING RETURNING message_id, in a statement that also
+//     reads the fingerprints of the records committed before it began; the
+//     records committed by transactions it waited for are read by one more
+//     SELECT.
+//   - SQLite: a multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING
+//     message_id, then one SELECT of the fingerprints of the rows not
+//     returned.
+//   - MySQL: a multi-row INSERT ... ON DUPLICATE KEY UPDATE per 64
+//     messages that reports which rows were duplicates as a bitmask (see the
+//     package documentation, "MySQL batch claims"), then one locking SELECT
+//     of the duplicates' fingerprints.
+//
+// A message ID given twice is an error; so are invalid names (as in
+// ClaimTx). Other errors are the driver's.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+	if len(p.Messages) == 0 {
+		return []idem.ClaimResult{}, nil
+	}
+	seen := make(map[string]bool, len(p.Messages))
+	for _, m := range p.Messages {
+		if err := checkClaim(p.Consumer, m.MessageID, m.Fingerprint); err != nil {
+			return nil, err
+		}
+		if seen[m.MessageID] {
+			return nil, fmt.Errorf("idemsql: message ID %q appears twice in one batch claim", m.MessageID)
+		}
+		seen[m.MessageID] = true
+	}
+	sorted := slices.Clone(p.Messages)
+	slices.SortFunc(sorted, func(a, b idem.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) })
+
+	var (
+		got map[string]idem.ClaimResult
+		err error
+	)
+	switch s.dialect {
+	case Postgres:
+		got, err = s.claimBatchPostgres(ctx, tx, p.Consumer, sorted)
+	case MySQL:
+		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sorted)
+	default:
+		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sorted)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]idem.ClaimResult, len(p.Messages))
+	for i, m := range p.Messages {
+		r, ok := got[m.MessageID]
+		if !ok {
+			return nil, fmt.Errorf("idemsql: batch claim settled no result for message ID %q", m.MessageID)
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// checkClaim guards the columns' limits. The Consumer validates before
+// claiming; a direct caller of ClaimTx gets an error instead of a silent
+// truncation or a constraint violation.
+func checkClaim(consumer, id string, fp []byte) error {
+	if err := idem.ValidateConsumerName(consumer); err != nil {
+		return err
+	}
+	if err := idem.ValidateMessageID(id, 0); err != nil {
+		return err
+	}
+	if len(fp) == 0 || len(fp) > idem.MaxFingerprintLength {
+		return fmt.Errorf("%w: fingerprint of %d bytes, want 1..%d", idem.ErrInvalidPayload, len(fp), idem.MaxFingerprintLength)
+	}
+	return nil
+}
+
+// readFingerprints runs query, which returns (message_id, fingerprint)
+// rows, and returns the fingerprints by message ID.
+func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string][]byte, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := map[string][]byte{}
+	for rows.Next() {
+		var (
+			id string
+			fp []byte
+		)
+		if err := rows.Scan(&id, &fp); err != nil {
+			return nil, err
+		}
+		found[id] = fp
+	}
+	return found, rows.Err()
+}
