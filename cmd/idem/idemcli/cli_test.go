@@ -1,0 +1,123 @@
+package idemcli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// run runs the command in process and returns its exit status and output.
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = Main(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestDemoChargesEveryPaymentOnce(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := run(t, "demo", "--messages", "600", "--duplicates", "0.2", "--crash-rate", "0.02",
+		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr: %s\nstdout: %s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	if rep.Messages != 600 || rep.LedgerCharges != 600 || rep.ProviderCharges != 600 {
+		t.Errorf("charges: messages %d, ledger %d, provider %d; want 600 each", rep.Messages, rep.LedgerCharges, rep.ProviderCharges)
+	}
+	if rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("double charges %d, lost %d; want 0, 0", rep.DoubleCharges, rep.Lost)
+	}
+	// Every duplicate that JetStream let through (its dedupe window is
+	// 100ms in the demo) reached idem and was absorbed.
+	if reached := rep.DuplicatesPublished - rep.BrokerDroppedDups; rep.DuplicatesPublished == 0 || rep.DuplicatesAbsorbed < reached {
+		t.Errorf("duplicates published %d, dropped by the broker %d, absorbed %d", rep.DuplicatesPublished, rep.BrokerDroppedDups, rep.DuplicatesAbsorbed)
+	}
+	if rep.Deliveries < int64(rep.Messages)+rep.DuplicatesPublished {
+		t.Errorf("deliveries %d < messages + duplicates %d", rep.Deliveries, int64(rep.Messages)+rep.DuplicatesPublished)
+	}
+	// The JSON keys are an interface: check the names the issue fixes.
+	var keys map[string]any
+	_ = json.Unmarshal([]byte(out), &keys)
+	for _, k := range []string{"messages", "deliveries", "duplicates_absorbed", "ledger_charges", "provider_charges",
+		"double_charges", "lost", "elapsed_s", "messages_per_s"} {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("JSON report lacks %q", k)
+		}
+	}
+}
+
+func TestDemoResumesOnTheSameDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	args := []string{"demo", "--dir", dir, "--messages", "300", "--json", "--progress", "none", "--ack-wait", "300ms"}
+	if code, out, errOut := run(t, args...); code != 0 {
+		t.Fatalf("first run: exit %d: %s %s", code, errOut, out)
+	}
+	for _, f := range []string{"consumer.db", "provider.db", "producer.next", "nats"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("--dir lacks %s: %v", f, err)
+		}
+	}
+	// A second run finds everything published and charged: it publishes
+	// nothing new and charges nothing twice.
+	code, out, errOut := run(t, args...)
+	if code != 0 {
+		t.Fatalf("second run: exit %d: %s %s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 300 || rep.ProviderCharges != 300 || rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("second run report %+v", rep)
+	}
+}
+
+func TestErrorsAreOneLineWithExitStatus(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown flag", []string{"demo", "--nope"}, 2, "unknown flag"},
+		{"bad fraction", []string{"demo", "--duplicates", "2"}, 2, "--duplicates"},
+		{"bad store scheme", []string{"stats", "--store", "oracle://x"}, 1, "unknown scheme"},
+		{"missing store", []string{"stats"}, 2, "--store is required"},
+		{"unreachable postgres", []string{"stats", "--store", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=2"}, 1, "cannot reach postgres at 127.0.0.1:1"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			code, _, errOut := run(t, tt.args...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tt.code, errOut)
+			}
+			if !strings.Contains(errOut, tt.want) {
+				t.Errorf("stderr %q lacks %q", errOut, tt.want)
+			}
+			if n := strings.Count(strings.TrimSpace(errOut), "\n"); n != 0 {
+				t.Errorf("stderr has %d lines, want one: %q", n+1, errOut)
+			}
+			if strings.Contains(errOut, "secret") || strings.Contains(errOut, "goroutine") {
+				t.Errorf("stderr leaks a password or a stack: %q", errOut)
+			}
+		})
+	}
+}
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("IDEM_STORE", "oracle://from-env")
+	code, _, errOut := run(t, "stats")
+	if code != 1 || !strings.Contains(errOut, "oracle://from-env") {
+		t.Errorf("IDEM_STORE not read: exit %d, %q", code, errOut)
+	}
+}

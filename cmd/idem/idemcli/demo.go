@@ -1,0 +1,572 @@
+package idemcli
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/idem-go/idem"
+)
+
+// demoConsumer is the consumer name of the demo's payments service.
+const demoConsumer = "idem-demo-payments"
+
+type demoOptions struct {
+	messages   int
+	duplicates float64
+	crashRate  float64
+	consumers  int
+	dir        string
+	store      string
+	broker     string
+	ackWait    time.Duration
+	timeout    time.Duration
+	seed       uint64
+	json       bool
+	progress   string
+}
+
+// report is what `idem demo` prints; the JSON keys are a stable interface.
+type report struct {
+	Messages               int     `json:"messages"`
+	Deliveries             int64   `json:"deliveries"`
+	DuplicatesPublished    int64   `json:"duplicates_published"`
+	BrokerDroppedDups      int64   `json:"duplicates_dropped_by_broker"`
+	DuplicatesAbsorbed     int64   `json:"duplicates_absorbed"`
+	InProgressRedeliveries int64   `json:"in_progress_redeliveries"`
+	ConsumerCrashes        int64   `json:"consumer_crashes"`
+	LedgerCharges          int64   `json:"ledger_charges"`
+	ProviderCharges        int64   `json:"provider_charges"`
+	ProviderReplays        int64   `json:"provider_replays"`
+	DoubleCharges          int64   `json:"double_charges"`
+	Lost                   int64   `json:"lost"`
+	ElapsedS               float64 `json:"elapsed_s"`
+	MessagesPerS           float64 `json:"messages_per_s"`
+	Store                  string  `json:"store"`
+	Broker                 string  `json:"broker"`
+}
+
+func newDemoCmd() *cobra.Command {
+	o := &demoOptions{}
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Charge payments exactly once through redeliveries, duplicates and crashes",
+		Long: `demo runs the Idempotent Consumer pattern end to end on real parts.
+
+A producer publishes PaymentRequested messages with stable message IDs. A
+payments consumer charges each one through idem: a ledger row written in the
+same transaction as the processed-message record, and a call to a fake payment
+provider (its own database, outside that transaction) with an idempotency key
+derived from the message ID. Redelivery happens for real: the producer
+publishes a fraction of the messages twice (--duplicates), consumers die after
+commit and before ack (--crash-rate) and new ones take over, and unacked
+messages come back after the ack wait.
+
+By default everything runs in process: a NATS JetStream server with file
+storage and SQLite, in a temporary folder removed at the end. With --dir the
+folder is kept, and a second run on it resumes where the first stopped.
+
+The exit status is 0 only when every payment was charged exactly once: no
+double charges and no lost messages (3 otherwise).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDemo(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.messages, "messages", 10000, "payments to publish and charge")
+	f.Float64Var(&o.duplicates, "duplicates", 0.1, "fraction of messages the producer publishes twice (0..1)")
+	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance that a consumer dies after a commit and before its ack (0..1)")
+	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
+	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
+	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://...")
+	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded or nats://HOST:PORT")
+	f.DurationVar(&o.ackWait, "ack-wait", time.Second, "how long the broker waits for an ack before redelivering")
+	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
+	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
+	f.BoolVar(&o.json, "json", false, "print the report as one JSON object")
+	f.StringVar(&o.progress, "progress", "auto", "progress display: auto (a bar on a terminal), bar, lines or none")
+	return cmd
+}
+
+func (o *demoOptions) validate() error {
+	switch {
+	case o.messages < 1:
+		return usageError{fmt.Errorf("--messages must be at least 1, got %d", o.messages)}
+	case o.duplicates < 0 || o.duplicates > 1:
+		return usageError{fmt.Errorf("--duplicates must be in 0..1, got %v", o.duplicates)}
+	case o.crashRate < 0 || o.crashRate >= 1:
+		return usageError{fmt.Errorf("--crash-rate must be in 0..1 (exclusive), got %v", o.crashRate)}
+	case o.consumers < 1 || o.consumers > 256:
+		return usageError{fmt.Errorf("--consumers must be in 1..256, got %d", o.consumers)}
+	case o.ackWait < 100*time.Millisecond:
+		return usageError{fmt.Errorf("--ack-wait must be at least 100ms, got %v", o.ackWait)}
+	}
+	switch o.progress {
+	case "auto", "bar", "lines", "none":
+	default:
+		return usageError{fmt.Errorf("--progress must be auto, bar, lines or none, got %q", o.progress)}
+	}
+	return nil
+}
+
+// payment is the PaymentRequested message body.
+type payment struct {
+	PaymentID   string `json:"payment_id"`
+	Customer    string `json:"customer"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+func paymentFor(seed uint64, i int) payment {
+	r := rand.New(rand.NewPCG(seed, uint64(i)))
+	return payment{
+		PaymentID:   fmt.Sprintf("pay-%07d", i),
+		Customer:    fmt.Sprintf("cus-%04d", r.IntN(5000)),
+		AmountCents: 100 + r.Int64N(99900),
+	}
+}
+
+// chance is a deterministic draw in [0,1) for (seed, what, i), so a run
+// resumed on the same folder makes the same choices.
+func chance(seed uint64, what string, i int) float64 {
+	h := fnv.New64a()
+	h.Write([]byte(what))
+	return rand.New(rand.NewPCG(seed^h.Sum64(), uint64(i))).Float64()
+}
+
+// delivery is one message as a broker hands it to a consumer.
+type delivery interface {
+	id() string
+	payload() []byte
+	ack() error
+	retryAfter(time.Duration) error
+	settle() error
+}
+
+type demoRun struct {
+	o        *demoOptions
+	st       *sqlStore
+	prov     *provider
+	broker   *natsBroker
+	consumer *idem.Consumer[*sql.Tx]
+
+	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
+	dupPublished, brokerDropped, published       atomic.Int64
+}
+
+func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err error) {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	dir := o.dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "idem-demo-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	progressPath := filepath.Join(dir, "producer.next")
+	next, fresh := readProgress(progressPath)
+
+	storeURL := o.store
+	if storeURL == "sqlite:" || storeURL == "sqlite" {
+		storeURL = "sqlite:" + filepath.Join(dir, "consumer.db")
+	}
+	r := &demoRun{o: o}
+	if r.st, err = openSQLStore(ctx, storeURL, ""); err != nil {
+		return err
+	}
+	defer r.st.db.Close()
+	if err := r.st.store.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrate %s: %w", r.st.where, err)
+	}
+	if err := r.prepareLedger(ctx, fresh); err != nil {
+		return err
+	}
+	if r.prov, err = openProvider(ctx, filepath.Join(dir, "provider.db")); err != nil {
+		return err
+	}
+	defer r.prov.close()
+	if fresh && o.dir == "" {
+		// A new temporary folder has an empty provider; nothing to reset.
+	} else if fresh {
+		if _, err := r.prov.db.ExecContext(ctx, `DELETE FROM charges`); err != nil {
+			return err
+		}
+	}
+	if !strings.HasPrefix(o.broker, "nats:") {
+		return usageError{fmt.Errorf("--broker %q: this version runs the demo on nats:embedded or nats://HOST:PORT", o.broker)}
+	}
+	if r.broker, err = openNATS(ctx, o.broker, dir, o.ackWait, fresh); err != nil {
+		return err
+	}
+	defer r.broker.close()
+	r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1})
+	if err != nil {
+		return err
+	}
+	defer r.consumer.Close()
+
+	start := time.Now()
+	charged0, _, _ := r.ledgerCounts(ctx)
+	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	prodErr := make(chan error, 1)
+	wg.Add(1)
+	go func() { defer wg.Done(); prodErr <- r.produce(runCtx, next, progressPath) }()
+	workCtx, stopWork := context.WithCancel(runCtx)
+	for i := 0; i < o.consumers; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.consumeForever(workCtx) }()
+	}
+	waitErr := r.waitDone(runCtx, prodErr, stderr)
+	stopWork()
+	wg.Wait()
+	if waitErr != nil && ctx.Err() != nil {
+		return waitErr // interrupted: no report
+	}
+
+	rep, err := r.report(context.WithoutCancel(ctx), time.Since(start), charged0)
+	if err != nil {
+		return err
+	}
+	if err := printReport(stdout, rep, o.json); err != nil {
+		return err
+	}
+	if rep.DoubleCharges != 0 || rep.Lost != 0 || rep.LedgerCharges != int64(o.messages) || rep.ProviderCharges != int64(o.messages) {
+		return &exitError{code: 3, err: fmt.Errorf("not every payment was charged exactly once (double charges %d, lost %d)", rep.DoubleCharges, rep.Lost)}
+	}
+	if waitErr != nil {
+		return waitErr
+	}
+	return nil
+}
+
+// prepareLedger creates the ledger, the consumer's own side-effect table,
+// and empties it (with the processed records) for a fresh run on a kept store.
+func (r *demoRun) prepareLedger(ctx context.Context, fresh bool) error {
+	ddl := `CREATE TABLE IF NOT EXISTS idem_demo_ledger (
+		payment_id   VARCHAR(64) NOT NULL,
+		customer     VARCHAR(64) NOT NULL,
+		amount_cents BIGINT NOT NULL,
+		charge_id    BIGINT NOT NULL
+	)`
+	if _, err := r.st.db.ExecContext(ctx, ddl); err != nil {
+		return fmt.Errorf("create the ledger on %s: %w", r.st.where, err)
+	}
+	if !fresh {
+		return nil
+	}
+	// No unique key on payment_id, on purpose: a double charge must show
+	// up as a second row, not be hidden by a constraint.
+	for _, q := range []string{`DELETE FROM idem_demo_ledger`, rebind(r.st.dialect, `DELETE FROM idem_processed WHERE consumer = ?`)} {
+		if _, err := r.st.db.ExecContext(ctx, q, argsFor(q)...); err != nil {
+			return fmt.Errorf("reset the demo tables on %s: %w", r.st.where, err)
+		}
+	}
+	return nil
+}
+
+func argsFor(q string) []any {
+	if strings.Contains(q, "consumer =") {
+		return []any{demoConsumer}
+	}
+	return nil
+}
+
+// produce publishes payments next..messages-1, recording progress so a run
+// on the same folder resumes, and republishes the chosen duplicates a
+// little later (after the broker's dedupe window), as a producer retry does.
+func (r *demoRun) produce(ctx context.Context, next int, progressPath string) error {
+	type retry struct {
+		id  string
+		at  time.Time
+		msg []byte
+	}
+	var retries []retry
+	flush := func(force bool) error {
+		for len(retries) > 0 && (force || time.Now().After(retries[0].at)) {
+			if force {
+				if d := time.Until(retries[0].at); d > 0 {
+					time.Sleep(d)
+				}
+			}
+			dropped, err := r.broker.publish(ctx, retries[0].id, retries[0].msg)
+			if err != nil {
+				return err
+			}
+			r.dupPublished.Add(1)
+			if dropped {
+				r.brokerDropped.Add(1)
+			}
+			retries = retries[1:]
+		}
+		return nil
+	}
+	for i := next; i < r.o.messages; i++ {
+		p := paymentFor(r.o.seed, i)
+		body, _ := json.Marshal(p)
+		if _, err := r.broker.publish(ctx, p.PaymentID, body); err != nil {
+			return fmt.Errorf("publish %s: %w", p.PaymentID, err)
+		}
+		r.published.Add(1)
+		if chance(r.o.seed, "dup", i) < r.o.duplicates {
+			retries = append(retries, retry{p.PaymentID, time.Now().Add(150 * time.Millisecond), body})
+		}
+		if err := flush(false); err != nil {
+			return err
+		}
+		if i%100 == 99 || i == r.o.messages-1 {
+			if err := writeProgress(progressPath, i+1); err != nil {
+				return err
+			}
+		}
+	}
+	if err := writeProgress(progressPath, r.o.messages); err != nil {
+		return err
+	}
+	return flush(true)
+}
+
+// consumeForever runs one consumer; when it crashes a new one takes over.
+func (r *demoRun) consumeForever(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(r.o.seed, uint64(time.Now().UnixNano())))
+	for ctx.Err() == nil {
+		r.consumeUntilCrash(ctx, rng)
+	}
+}
+
+// consumeUntilCrash fetches and processes messages until ctx ends or the
+// consumer "dies" between a commit and its ack, abandoning the rest of
+// its batch, which the broker redelivers after the ack wait.
+func (r *demoRun) consumeUntilCrash(ctx context.Context, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		batch, err := r.broker.fetch(ctx, 64, 250*time.Millisecond)
+		if err != nil && len(batch) == 0 {
+			continue
+		}
+		for _, d := range batch {
+			if ctx.Err() != nil {
+				return
+			}
+			r.deliveries.Add(1)
+			out, err := r.consumer.Process(ctx, idem.Message{ID: d.id(), Payload: d.payload()}, r.charge)
+			switch {
+			case out.Status == idem.Duplicate:
+				r.dupAbsorbed.Add(1)
+				_ = d.ack()
+			case out.Status == idem.Processed:
+				if rng.Float64() < r.o.crashRate {
+					r.crashes.Add(1)
+					return // committed, never acked: the broker will redeliver
+				}
+				_ = d.ack()
+			case out.Status == idem.InProgress:
+				r.inProgress.Add(1)
+				_ = d.retryAfter(out.RetryAfter)
+			case out.DeadLetter():
+				if r.broker.deadLetter(ctx, d, err) == nil {
+					_ = d.settle()
+				}
+			default: // Failed: redeliver soon
+				_ = d.retryAfter(100 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// charge is the payments handler: it calls the provider with a key derived
+// from the message ID (the call survives a crash; the redelivery sends the
+// same key), then writes the ledger row in the claim's transaction.
+func (r *demoRun) charge(ctx context.Context, tx *sql.Tx, m idem.Message) error {
+	var p payment
+	if err := json.Unmarshal(m.Payload, &p); err != nil {
+		return fmt.Errorf("payment %s: %w", m.ID, err)
+	}
+	chargeID, err := r.prov.charge(ctx, idem.DeriveKey(demoConsumer, m.ID, "charge"), p.PaymentID, p.AmountCents)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, rebind(r.st.dialect,
+		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id) VALUES (?, ?, ?, ?)`),
+		p.PaymentID, p.Customer, p.AmountCents, chargeID)
+	return err
+}
+
+// waitDone waits until the producer is done, every payment is in the ledger
+// and the broker has nothing unacked, showing progress meanwhile.
+func (r *demoRun) waitDone(ctx context.Context, prodErr <-chan error, stderr io.Writer) error {
+	show := newProgress(r.o.progress, stderr, r.o.messages)
+	defer show.finish()
+	produced := false
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo stopped before every payment was charged: %w", ctx.Err())
+		case err := <-prodErr:
+			if err != nil {
+				return err
+			}
+			produced = true
+		case <-tick.C:
+		}
+		_, distinct, err := r.ledgerCounts(ctx)
+		if err != nil {
+			continue
+		}
+		show.update(int(distinct))
+		if !produced || distinct < int64(r.o.messages) {
+			continue
+		}
+		if n, err := r.broker.unfinished(ctx); err == nil && n == 0 {
+			return nil
+		}
+	}
+}
+
+func (r *demoRun) ledgerCounts(ctx context.Context) (rows, distinct int64, err error) {
+	err = r.st.db.QueryRowContext(ctx,
+		`SELECT count(*), count(DISTINCT payment_id) FROM idem_demo_ledger`).Scan(&rows, &distinct)
+	return rows, distinct, err
+}
+
+func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 int64) (report, error) {
+	rows, distinct, err := r.ledgerCounts(ctx)
+	if err != nil {
+		return report{}, err
+	}
+	provCharges, provDoubles, err := r.prov.totals(ctx)
+	if err != nil {
+		return report{}, err
+	}
+	rep := report{
+		Messages:               r.o.messages,
+		Deliveries:             r.deliveries.Load(),
+		DuplicatesPublished:    r.dupPublished.Load(),
+		BrokerDroppedDups:      r.brokerDropped.Load(),
+		DuplicatesAbsorbed:     r.dupAbsorbed.Load(),
+		InProgressRedeliveries: r.inProgress.Load(),
+		ConsumerCrashes:        r.crashes.Load(),
+		LedgerCharges:          rows,
+		ProviderCharges:        provCharges,
+		ProviderReplays:        r.prov.replays.Load(),
+		DoubleCharges:          (rows - distinct) + provDoubles,
+		Lost:                   int64(r.o.messages) - distinct,
+		ElapsedS:               elapsed.Seconds(),
+		Store:                  r.st.where,
+		Broker:                 r.o.broker,
+	}
+	if s := elapsed.Seconds(); s > 0 {
+		rep.MessagesPerS = float64(distinct-charged0) / s
+	}
+	return rep, nil
+}
+
+func printReport(w io.Writer, rep report, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		return enc.Encode(rep)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	fmt.Fprintf(tw, "idem demo: payments on %s, store %s\n", rep.Broker, rep.Store)
+	row("messages", rep.Messages)
+	row("deliveries", rep.Deliveries)
+	row("duplicates published", rep.DuplicatesPublished)
+	row("duplicates dropped by the broker", rep.BrokerDroppedDups)
+	row("duplicates absorbed by idem", rep.DuplicatesAbsorbed)
+	row("in-progress redeliveries", rep.InProgressRedeliveries)
+	row("consumer crashes", rep.ConsumerCrashes)
+	row("charges in the ledger", rep.LedgerCharges)
+	row("provider charges", rep.ProviderCharges)
+	row("provider replays (same key)", rep.ProviderReplays)
+	row("double charges", rep.DoubleCharges)
+	row("lost messages", rep.Lost)
+	row("elapsed", fmt.Sprintf("%.2fs", rep.ElapsedS))
+	row("messages per second", fmt.Sprintf("%.0f", rep.MessagesPerS))
+	return tw.Flush()
+}
+
+func readProgress(path string) (next int, fresh bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, true
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return 0, true
+	}
+	return n, false
+}
+
+// writeProgress records the next payment to publish, atomically.
+func writeProgress(path string, next int) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(next)+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// progress shows how many payments are charged: a bar on a terminal, a
+// line every two seconds otherwise.
+type progress struct {
+	w     io.Writer
+	mode  string
+	total int
+	last  time.Time
+	start time.Time
+	shown bool
+}
+
+func newProgress(mode string, w io.Writer, total int) *progress {
+	if mode == "auto" {
+		mode = "lines"
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			mode = "bar"
+		}
+	}
+	return &progress{w: w, mode: mode, total: total, start: time.Now()}
+}
+
+func (p *progress) update(done int) {
+	switch p.mode {
+	case "bar":
+		const width = 40
+		fill := width * done / p.total
+		rate := float64(done) / time.Since(p.start).Seconds()
+		fmt.Fprintf(p.w, "\r[%s%s] %d/%d charged  %.0f/s ", strings.Repeat("=", fill), strings.Repeat(" ", width-fill), done, p.total, rate)
+		p.shown = true
+	case "lines":
+		if time.Since(p.last) >= 2*time.Second {
+			fmt.Fprintf(p.w, "idem demo: %d/%d payments charged\n", done, p.total)
+			p.last = time.Now()
+		}
+	}
+}
+
+func (p *progress) finish() {
+	if p.shown {
+		fmt.Fprintln(p.w)
+	}
+}

@@ -1,0 +1,219 @@
+package idemcli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// storeFlags are the flags every operating command takes.
+type storeFlags struct {
+	store string
+	table string
+}
+
+func (s *storeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&s.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://... (required)")
+	cmd.Flags().StringVar(&s.table, "table", "", "processed-messages table (default idem_processed)")
+}
+
+func (s *storeFlags) check() error {
+	if s.store == "" {
+		return usageError{errors.New("--store is required (or IDEM_STORE)")}
+	}
+	return nil
+}
+
+func newMigrateCmd() *cobra.Command {
+	var sf storeFlags
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade idem's tables",
+		Long:  "migrate applies idem's embedded schema migrations to the store. It is idempotent and safe to run from several processes at once.",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := sf.check(); err != nil {
+				return err
+			}
+			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			if err != nil {
+				return err
+			}
+			defer st.db.Close()
+			if err := st.store.Migrate(cmd.Context()); err != nil {
+				return fmt.Errorf("migrate %s: %w", st.where, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "migrated %s\n", st.where)
+			return nil
+		},
+	}
+	sf.add(cmd)
+	return cmd
+}
+
+func newPurgeCmd() *cobra.Command {
+	var (
+		sf        storeFlags
+		consumer  string
+		olderThan time.Duration
+		batch     int
+		dryRun    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "purge",
+		Short: "Delete a consumer's processed records outside the retention window",
+		Long: `purge deletes the consumer's processed-message records written more than
+--older-than before its newest record (downtime-safe: a consumer that was
+down keeps the history it needs), in batches, one cleaner at a time.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := sf.check(); err != nil {
+				return err
+			}
+			if consumer == "" {
+				return usageError{errors.New("--consumer is required")}
+			}
+			if olderThan <= 0 {
+				return usageError{errors.New("--older-than must be a positive duration, as in 168h")}
+			}
+			if batch <= 0 {
+				return usageError{errors.New("--batch-size must be positive")}
+			}
+			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			if err != nil {
+				return err
+			}
+			defer st.db.Close()
+			if err := knownConsumer(cmd, st, consumer); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			res, err := st.store.Purge(cmd.Context(), &idem.PurgeParams{
+				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun,
+				OnBatch: func(n int64) { fmt.Fprintf(cmd.ErrOrStderr(), "purge: %d records deleted so far\n", n) },
+			})
+			if err != nil {
+				return fmt.Errorf("purge %s: %w", st.where, err)
+			}
+			verb := "deleted"
+			if dryRun {
+				verb = "would delete"
+			}
+			fmt.Fprintf(out, "%s %d records of consumer %q older than %s (horizon %s) in %d batches\n",
+				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon), res.Batches)
+			return nil
+		},
+	}
+	sf.add(cmd)
+	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "retention window, as in 168h (required)")
+	cmd.Flags().IntVar(&batch, "batch-size", idem.DefaultPurgeBatchSize, "rows per DELETE")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "count, delete nothing")
+	return cmd
+}
+
+func newInspectCmd() *cobra.Command {
+	var (
+		sf       storeFlags
+		consumer string
+		id       string
+	)
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Show the processed-message record of one message",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := sf.check(); err != nil {
+				return err
+			}
+			if consumer == "" || id == "" {
+				return usageError{errors.New("--consumer and --id are required")}
+			}
+			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			if err != nil {
+				return err
+			}
+			defer st.db.Close()
+			rec, err := st.store.Inspect(cmd.Context(), consumer, id)
+			if errors.Is(err, idemsql.ErrNotFound) {
+				if kerr := knownConsumer(cmd, st, consumer); kerr != nil {
+					return kerr
+				}
+				return fmt.Errorf("no record of message %q for consumer %q", id, consumer)
+			}
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintf(tw, "consumer\t%s\n", rec.Consumer)
+			fmt.Fprintf(tw, "message id\t%s\n", rec.MessageID)
+			fmt.Fprintf(tw, "state\tprocessed\n")
+			fmt.Fprintf(tw, "processed at\t%s\n", fmtTime(rec.ProcessedAt))
+			fmt.Fprintf(tw, "fingerprint\t%x\n", rec.Fingerprint)
+			return tw.Flush()
+		},
+	}
+	sf.add(cmd)
+	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
+	cmd.Flags().StringVar(&id, "id", "", "message ID (required)")
+	return cmd
+}
+
+func newStatsCmd() *cobra.Command {
+	var sf storeFlags
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Show record counts per consumer and the oldest record",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := sf.check(); err != nil {
+				return err
+			}
+			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			if err != nil {
+				return err
+			}
+			defer st.db.Close()
+			stats, err := st.store.Stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "CONSUMER\tSTATE\tRECORDS\tOLDEST\tNEWEST")
+			for _, s := range stats {
+				fmt.Fprintf(tw, "%s\tprocessed\t%d\t%s\t%s\n", s.Consumer, s.Count, fmtTime(s.Oldest), fmtTime(s.Newest))
+			}
+			return tw.Flush()
+		},
+	}
+	sf.add(cmd)
+	return cmd
+}
+
+// knownConsumer fails when the store has no record of consumer, so a typo
+// in a consumer name is an error rather than a silent "0 deleted".
+func knownConsumer(cmd *cobra.Command, st *sqlStore, consumer string) error {
+	stats, err := st.store.Stats(cmd.Context())
+	if err != nil {
+		return err
+	}
+	for _, s := range stats {
+		if s.Consumer == consumer {
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown consumer %q: %s has no records for it", consumer, st.where)
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}

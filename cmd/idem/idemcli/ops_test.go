@@ -1,0 +1,127 @@
+package idemcli
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// storeURLs returns the store URLs the operating commands are tested on:
+// SQLite always, PostgreSQL and MariaDB from the IDEM_TEST_* variables.
+func storeURLs(t *testing.T) map[string]string {
+	urls := map[string]string{"sqlite": "sqlite:" + filepath.Join(t.TempDir(), "ops.db")}
+	need := os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1"
+	if u := os.Getenv("IDEM_TEST_POSTGRES_URL"); u != "" {
+		urls["postgres"] = u
+	} else if need {
+		t.Fatal("IDEM_TEST_POSTGRES_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+	}
+	if dsn := os.Getenv("IDEM_TEST_MYSQL_URL"); dsn != "" {
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatalf("IDEM_TEST_MYSQL_URL: %v", err)
+		}
+		urls["mariadb"] = fmt.Sprintf("mysql://%s:%s@%s/%s", cfg.User, cfg.Passwd, cfg.Addr, cfg.DBName)
+	} else if need {
+		t.Fatal("IDEM_TEST_MYSQL_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+	}
+	return urls
+}
+
+func TestOperatingCommands(t *testing.T) {
+	t.Parallel()
+	for name, url := range storeURLs(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testOperatingCommands(t, url)
+		})
+	}
+}
+
+func testOperatingCommands(t *testing.T, url string) {
+	ctx := context.Background()
+	var nonce [4]byte
+	_, _ = rand.Read(nonce[:])
+	table := "idem_ops_" + hex.EncodeToString(nonce[:])
+	flags := []string{"--store", url, "--table", table}
+	cmd := func(args ...string) (int, string, string) { return run(t, append(args, flags...)...) }
+
+	if code, out, errOut := cmd("migrate"); code != 0 || !strings.Contains(out, "migrated") {
+		t.Fatalf("migrate: exit %d, %q %q", code, out, errOut)
+	}
+	st, err := openSQLStore(ctx, url, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.db.Close()
+	t.Cleanup(func() {
+		for _, tb := range []string{table, table + "_migrations"} {
+			_, _ = st.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb)
+		}
+	})
+	if code, _, errOut := cmd("migrate"); code != 0 {
+		t.Fatalf("second migrate: exit %d, %q", code, errOut)
+	}
+
+	c, err := idem.NewConsumer(st.store, idem.Config{Name: "orders", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 10 {
+		_, err := c.Process(ctx, idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("x")},
+			func(context.Context, *sql.Tx, idem.Message) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Age every record but m-9 by two hours, in the dialect's own terms.
+	age := map[idemsql.Dialect]string{
+		idemsql.Postgres: `UPDATE %s SET processed_at = processed_at - interval '2 hours' WHERE consumer = 'orders' AND message_id <> 'm-9'`,
+		idemsql.MySQL:    `UPDATE %s SET processed_at = processed_at - INTERVAL 2 HOUR WHERE consumer = 'orders' AND message_id <> 'm-9'`,
+		idemsql.SQLite:   `UPDATE %s SET processed_at = processed_at - 7200000000 WHERE consumer = 'orders' AND message_id <> 'm-9'`,
+	}[st.dialect]
+	if _, err := st.db.ExecContext(ctx, fmt.Sprintf(age, table)); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cmd("stats")
+	if code != 0 || !strings.Contains(out, "orders") || !strings.Contains(out, " 10 ") {
+		t.Errorf("stats: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = cmd("inspect", "--consumer", "orders", "--id", "m-3")
+	fp, _ := idem.SHA256Fingerprint([]byte("x"))
+	if code != 0 || !strings.Contains(out, "m-3") || !strings.Contains(out, hex.EncodeToString(fp)) {
+		t.Errorf("inspect: exit %d, %q %q", code, out, errOut)
+	}
+	if code, _, errOut = cmd("inspect", "--consumer", "orders", "--id", "nope"); code != 1 || !strings.Contains(errOut, "no record") {
+		t.Errorf("inspect of a missing ID: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut = cmd("purge", "--consumer", "ghost", "--older-than", "1h"); code != 1 || !strings.Contains(errOut, "unknown consumer") {
+		t.Errorf("purge of an unknown consumer: exit %d, %q", code, errOut)
+	}
+	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") {
+		t.Errorf("purge --dry-run: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--batch-size", "4")
+	if code != 0 || !strings.Contains(out, "deleted 9 records") || !strings.Contains(errOut, "deleted so far") {
+		t.Errorf("purge: exit %d, %q %q", code, out, errOut)
+	}
+	if code, out, _ = cmd("stats"); code != 0 || !strings.Contains(out, " 1 ") {
+		t.Errorf("stats after purge: %q", out)
+	}
+	if code, _, _ = cmd("inspect", "--consumer", "orders", "--id", "m-9"); code != 0 {
+		t.Errorf("the newest record was purged")
+	}
+}

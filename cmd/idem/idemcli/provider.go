@@ -1,0 +1,69 @@
+package idemcli
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// provider is the demo's fake payment provider: a third party outside the
+// consumer's transaction, with its own database file, that deduplicates
+// charges by the idempotency key the caller sends, as Stripe does. A call
+// made before a consumer crash still happened; the redelivery sends the same
+// key (idem.DeriveKey) and gets the first charge back instead of a second.
+type provider struct {
+	db       *sql.DB
+	requests atomic.Int64 // charge requests received, replays included
+	replays  atomic.Int64 // requests answered with an earlier charge
+}
+
+func openProvider(ctx context.Context, path string) (*provider, error) {
+	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(path))
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1) // one writer at a time: queue in the pool, not in SQLite's busy handler
+	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS charges (
+		charge_id       INTEGER PRIMARY KEY,
+		idempotency_key TEXT NOT NULL UNIQUE,
+		payment_id      TEXT NOT NULL,
+		amount_cents    INTEGER NOT NULL,
+		created_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+	)`)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("provider database %s: %w", path, err)
+	}
+	return &provider{db: db}, nil
+}
+
+// charge charges amountCents for paymentID once per idempotency key and
+// returns the charge ID; a repeated key returns the first charge's ID.
+func (p *provider) charge(ctx context.Context, key, paymentID string, amountCents int64) (int64, error) {
+	p.requests.Add(1)
+	res, err := p.db.ExecContext(ctx,
+		`INSERT INTO charges (idempotency_key, payment_id, amount_cents) VALUES (?, ?, ?)
+		 ON CONFLICT (idempotency_key) DO NOTHING`, key, paymentID, amountCents)
+	if err != nil {
+		return 0, fmt.Errorf("provider: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		p.replays.Add(1)
+	}
+	var id int64
+	err = p.db.QueryRowContext(ctx, `SELECT charge_id FROM charges WHERE idempotency_key = ?`, key).Scan(&id)
+	return id, err
+}
+
+// totals returns the provider's charge count and the number of charges
+// beyond the first for any payment (double charges).
+func (p *provider) totals(ctx context.Context) (charges, doubles int64, err error) {
+	err = p.db.QueryRowContext(ctx,
+		`SELECT count(*), count(*) - count(DISTINCT payment_id) FROM charges`).Scan(&charges, &doubles)
+	return charges, doubles, err
+}
+
+func (p *provider) close() error { return p.db.Close() }
