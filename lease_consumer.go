@@ -180,14 +180,17 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
 		// a crash loop. Stop it here.
-		cause := fmt.Errorf("%d attempts, more than MaxAttempts %d, ended without a result (lease expiries)", acq.Attempt-1, c.cfg.MaxAttempts)
+		cause := fmt.Errorf("%d attempts (MaxAttempts %d) ended without a result or a release: their leases expired", acq.Attempt-1, c.cfg.MaxAttempts)
 		return c.release(ctx, a, cause, true)
 	}
 
 	res, lost, herr := c.runLeased(ctx, a, handler)
 	if lost {
 		err := fmt.Errorf("%w: attempt %d (token %d) of message %q lost its lease while the handler ran", ErrLeaseLost, a.Number, a.Token, msg.ID)
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: errors.Join(err, herr), Attempt: a.Number}, errors.Join(err, herr)
+		if herr != nil {
+			err = errors.Join(err, herr)
+		}
+		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
 	}
 	if herr != nil {
 		terminal := !c.cfg.Retryable(herr) || a.Number >= c.cfg.MaxAttempts
@@ -205,7 +208,8 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
 	}
 	if err != nil {
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: storeError("complete", err), Attempt: a.Number}, storeError("complete", err)
+		err = storeError("complete", err)
+		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID, Result: res.Body, ContentType: res.ContentType, Attempt: a.Number}, nil
 }
@@ -238,32 +242,39 @@ func (c *LeaseConsumer) existing(id string, fp []byte, acq AcquireResult) (Outco
 // runLeased runs handler, renewing the lease every Lease/3 until it
 // returns. lost reports that a renewal found the lease gone; the handler's
 // context was then cancelled with cause ErrLeaseLost.
+//
+// The renewals run as long as the handler does, whatever happens to ctx: a
+// handler still working after the caller's context ended keeps its lease
+// (it may still produce effects, so no other attempt may take over). They
+// stop, and a renewal in flight is cancelled, as soon as the handler returns.
 func (c *LeaseConsumer) runLeased(ctx context.Context, a *Attempt, handler LeaseHandler) (res Result, lost bool, err error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
+	rctx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRenewing()
 	renewed := make(chan bool, 1)
 	go func() {
-		renewed <- c.renewUntil(hctx, a, done, cancel)
+		renewed <- c.renewUntil(rctx, a, cancel)
 	}()
 	err = runHandler(func() error {
 		var herr error
 		res, herr = handler(hctx, a)
 		return herr
 	})
-	close(done)
+	stopRenewing()
 	lost = !<-renewed
 	return res, lost, err
 }
 
-// renewUntil renews a's lease every Lease/3 until done is closed. It
-// returns false if the lease was lost, after cancelling the handler.
-func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, done <-chan struct{}, cancel context.CancelCauseFunc) bool {
+// renewUntil renews a's lease every Lease/3 until ctx ends (the handler
+// returned). It returns false if the lease was lost, after cancelling the
+// handler's context with cause ErrLeaseLost.
+func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) bool {
 	t := time.NewTicker(c.cfg.Lease / 3)
 	defer t.Stop()
 	for {
 		select {
-		case <-done:
+		case <-ctx.Done():
 			return true
 		case <-t.C:
 		}

@@ -87,15 +87,24 @@ func (s RecordState) String() string {
 // retryable failure or an expired lease leaves it in_progress, available to
 // the next attempt. Every write after Acquire carries the fencing token of
 // the attempt and succeeds only while that token owns the record, or fails
-// with ErrLeaseLost. Tokens of one record strictly increase. Lease expiry is
-// judged by the store's clock (the database or Redis server's), never the
-// caller's.
+// with ErrLeaseLost. A token owns the record from its Acquire until another
+// attempt takes over or the token's own Release or Complete: an expired
+// lease nobody took over is still owned (a late Complete is kept), a
+// released or completed one is not. Tokens of one record are positive and
+// strictly increase, so a released record is kept (not deleted): deleting
+// it would restart its tokens, its attempt count and its recovery points.
+// Lease expiry is judged by the store's clock (the database or Redis
+// server's), never the caller's, in one time unit end to end; a lease
+// whose end is now has run out. Complete and Release stamp the record's
+// time, from which Purge counts the retention window.
 type LeaseStore interface {
 	// Acquire claims the message or reports its record; see AcquireResult.
 	// It acquires when no record exists, or when an in_progress record's
 	// lease has expired (or was released) and its fingerprint equals
 	// p.Fingerprint: that takeover gets a new, higher token and the next
-	// attempt number. Atomic: of concurrent calls, one acquires.
+	// attempt number. Atomic: of concurrent calls, one acquires. A lease
+	// that is not positive is refused with an error matching
+	// ErrInvalidConfig, never stored as a lease without expiry.
 	Acquire(ctx context.Context, p *AcquireParams) (AcquireResult, error)
 	// Renew extends the lease of the attempt holding p.Token to now plus
 	// p.Lease, or returns ErrLeaseLost.

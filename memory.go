@@ -41,6 +41,9 @@ type memRecord struct {
 	contentType string
 	errText     string
 	steps       map[string][]byte
+	// released: the attempt holding token ended with Release, so the token
+	// no longer owns the record although no other attempt has taken over.
+	released bool
 }
 
 // MemoryTx is a transaction of a MemoryStore. It is used by one goroutine.
@@ -271,6 +274,27 @@ func (s *MemoryStore) AgeRecords(consumer string, ids []string, d time.Duration)
 		}
 	}
 	return n
+}
+
+// ExpireLease is a test hook: it ends the lease of consumer's in_progress
+// record id now, by the store's clock, as if it had run out, and reports
+// whether there was such a record. The attempt that held the lease still
+// owns the record (it may complete it) until another attempt takes over, as
+// with a lease that expired on its own. The idemtest lease suite uses it to
+// test expiry and takeover without waiting; production code has no use for it.
+func (s *MemoryStore) ExpireLease(consumer, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := memKey{consumer, id}
+	r, ok := s.records[k]
+	if !ok || r.state != StateInProgress {
+		return false
+	}
+	if now := s.now(); r.leaseUntil.After(now) {
+		r.leaseUntil = now
+		s.records[k] = r
+	}
+	return true
 }
 
 // ValidatePurgeParams checks p as every store's Purge does: a valid consumer

@@ -43,6 +43,7 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireRes
 	if state == StateInProgress && !now.Before(r.leaseUntil) && string(r.fingerprint) == string(p.Fingerprint) {
 		r.token++
 		r.attempt++
+		r.released = false
 		r.leaseUntil = now.Add(p.Lease)
 		r.at = now
 		s.records[k] = r
@@ -58,10 +59,11 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireRes
 	return res, nil
 }
 
-// owned returns the record k if token owns it (in progress, same token).
+// owned returns the record k if token owns it: in progress, same token,
+// and not released. An expired lease is still owned until a takeover.
 func (s *MemoryStore) owned(k memKey, token int64) (memRecord, bool) {
 	r, ok := s.records[k]
-	return r, ok && r.state == StateInProgress && r.token == token
+	return r, ok && r.state == StateInProgress && r.token == token && !r.released
 }
 
 // Renew implements LeaseStore.
@@ -116,6 +118,7 @@ func (s *MemoryStore) Release(ctx context.Context, p *ReleaseParams) error {
 	}
 	r.errText, r.at = p.Error, s.now()
 	r.leaseUntil = r.at
+	r.released = true
 	if p.Terminal {
 		r.state = StateFailed
 	}

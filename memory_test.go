@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -102,4 +103,44 @@ func TestMemoryStoreWithBeginClaimConformance(t *testing.T) {
 		s.Store = beginClaimStore{store}
 		return s
 	}})
+}
+
+// newMemoryLeaseSetup is a LeaseSetup over a fresh memory store with the
+// clock now; ExpireLease uses the store's test hook.
+func newMemoryLeaseSetup(now func() time.Time) *idemtest.LeaseSetup {
+	store := idem.NewMemoryStore(now)
+	return &idemtest.LeaseSetup{
+		Store: store,
+		ExpireLease: func(_ context.Context, consumer, id string) error {
+			if !store.ExpireLease(consumer, id) {
+				return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
+			}
+			return nil
+		},
+		CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
+		AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
+			store.AgeRecords(consumer, ids, d)
+			return nil
+		},
+	}
+}
+
+// TestMemoryStoreLeaseConformance runs the lease suite twice: on the fake
+// clock, where leases end only when a case ends them (fully
+// deterministic), and on the real clock, where leases also run out by
+// themselves, as they do on the database and Redis stores.
+func TestMemoryStoreLeaseConformance(t *testing.T) {
+	t.Parallel()
+	t.Run("FakeClock", func(t *testing.T) {
+		t.Parallel()
+		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+			return newMemoryLeaseSetup(newFakeClock().Now)
+		}})
+	})
+	t.Run("RealClock", func(t *testing.T) {
+		t.Parallel()
+		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+			return newMemoryLeaseSetup(time.Now)
+		}})
+	})
 }

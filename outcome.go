@@ -56,8 +56,9 @@ type Outcome struct {
 	Status Status
 	// MessageID is the ID of the delivery, as given.
 	MessageID string
-	// Err is the cause for FingerprintMismatch, Failed and Rejected, and nil
-	// otherwise. It is the same error Process returns.
+	// Err is the cause for FingerprintMismatch, Failed and Rejected, and for
+	// InProgress (an error matching ErrInProgress, lease mode); nil for
+	// Processed and Duplicate. It is the same error Process returns.
 	Err error
 	// MismatchAccepted is true when Status is Duplicate only because the
 	// [AcceptMismatchAsDuplicate] policy turned a fingerprint mismatch into

@@ -40,3 +40,41 @@ type Harness[TTx any] struct {
 	// safe for concurrent use.
 	New func(t *testing.T) *Setup[TTx]
 }
+
+// LeaseSetup is one isolated lease-mode store under test, for [RunLease].
+//
+// The lease cases need no injected clock: a store whose lease clock is the
+// database or Redis server's ends a lease on demand with ExpireLease, by
+// rewriting the record's expiry, so expiry and takeover are deterministic.
+// The cases that depend on real time (renewal keeping a lease alive, a 1ms
+// lease running out) use margins of hundreds of milliseconds and bounded
+// waits.
+type LeaseSetup struct {
+	// Store is a migrated lease store whose records no other Setup shares.
+	Store idem.LeaseStore
+	// ExpireLease ends the live lease of consumer's in_progress record
+	// messageID now, by the store's own clock, as if it had run out: the
+	// next Acquire with the same fingerprint takes over. It must not
+	// change anything else (token, attempt count, recovery points, error
+	// text), so the attempt that held the lease still owns the record until
+	// another takes over. SQL stores set the expiry column to the server's
+	// now() (expiry is inclusive: a lease ending at now has run out); the
+	// memory store uses MemoryStore.ExpireLease. It returns an error if
+	// there is no in_progress record.
+	ExpireLease func(ctx context.Context, consumer, messageID string) error
+	// CountRecords counts consumer's records in every state: in_progress
+	// (live, expired or released), completed and failed.
+	CountRecords func(ctx context.Context, consumer string) (int, error)
+	// AgeRecords moves the recorded time of consumer's records with the
+	// given message IDs back by d, as if they had been written d earlier,
+	// whatever their state. It lets the retention cases run without waiting.
+	AgeRecords func(ctx context.Context, consumer string, ids []string, d time.Duration) error
+}
+
+// LeaseHarness tells [RunLease] how to build LeaseSetups for one store.
+type LeaseHarness struct {
+	// New returns a fresh LeaseSetup, registering its cleanup with
+	// t.Cleanup. Every case calls it from its own parallel subtest, so it
+	// must be safe for concurrent use.
+	New func(t *testing.T) *LeaseSetup
+}

@@ -32,6 +32,11 @@
 // its lock even when its context ends, and reports a Horizon within an hour
 // of the newest record (server clock) minus the window.
 //
+// A store that implements [idem.LeaseStore] also calls [RunLease] with a
+// [LeaseHarness]; its [LeaseSetup] ends leases on demand (ExpireLease), so
+// the lease cases need no injected clock. RunLease's doc lists what a lease
+// store must do beyond the LeaseStore contract.
+//
 // A store change without a case here that covers it is incomplete.
 package idemtest
 

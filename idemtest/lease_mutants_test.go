@@ -1,0 +1,233 @@
+package idemtest_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// leaseMutant is a deliberately broken lease store: a decorator over the
+// memory store (on the real clock) with one classic lease bug. RunLease
+// must fail against each, in the case named by wantFail.
+type leaseMutant struct {
+	name     string
+	wantFail string // Group/Case of RunLease that must fail
+	wrap     func(*idem.MemoryStore) idem.LeaseStore
+}
+
+var leaseMutants = []leaseMutant{
+	{"LeaseInSeconds", "Expiry/TimeUnits", // field case C09
+		func(s *idem.MemoryStore) idem.LeaseStore { return &secondsLease{s} }},
+	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner", // C08
+		func(s *idem.MemoryStore) idem.LeaseStore { return &latestToken{MemoryStore: s} }},
+	{"IgnoresLiveLease", "Process/ConcurrentSameMessage", // C02, C03
+		func(s *idem.MemoryStore) idem.LeaseStore { return &alwaysExpired{s} }},
+	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim", // C08, lease too short
+		func(s *idem.MemoryStore) idem.LeaseStore { return &noRenew{s} }},
+	{"ReleaseForgetsAttempts", "Failure/PoisonAfterMaxAttempts",
+		func(s *idem.MemoryStore) idem.LeaseStore { return &forgetfulRelease{MemoryStore: s} }},
+	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath", // C12
+		func(s *idem.MemoryStore) idem.LeaseStore { return &echoLeaseFingerprint{s} }},
+	{"TruncatesResults", "Process/ClaimCompleteReplay", // a 64 KiB BLOB column
+		func(s *idem.MemoryStore) idem.LeaseStore { return &truncatedResults{s} }},
+}
+
+// TestSuiteCatchesBrokenLeaseStores runs RunLease against each lease
+// mutant in a child process and requires the expected case to fail.
+func TestSuiteCatchesBrokenLeaseStores(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs the suite in child processes")
+	}
+	for _, m := range leaseMutants {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			pattern := "^TestLeaseMutant$/^" + strings.ReplaceAll(m.wantFail, "/", "$/^") + "$"
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), "IDEMTEST_LEASE_MUTANT="+m.name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Errorf("the lease suite passed against a store that %s; want %s to fail\n%s", m.name, m.wantFail, out)
+				return
+			}
+			if !strings.Contains(string(out), "--- FAIL: TestLeaseMutant/"+m.wantFail) {
+				t.Errorf("against a store that %s, %s did not fail:\n%s", m.name, m.wantFail, out)
+			}
+		})
+	}
+}
+
+// TestLeaseMutant runs RunLease against the mutant named by
+// IDEMTEST_LEASE_MUTANT; TestSuiteCatchesBrokenLeaseStores starts it.
+func TestLeaseMutant(t *testing.T) {
+	name := os.Getenv("IDEMTEST_LEASE_MUTANT")
+	if name == "" {
+		t.Skip("run by TestSuiteCatchesBrokenLeaseStores")
+	}
+	var m *leaseMutant
+	for i := range leaseMutants {
+		if leaseMutants[i].name == name {
+			m = &leaseMutants[i]
+		}
+	}
+	if m == nil {
+		t.Fatalf("unknown lease mutant %q", name)
+	}
+	idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+		store := idem.NewMemoryStore(nil)
+		return &idemtest.LeaseSetup{
+			Store: m.wrap(store),
+			ExpireLease: func(_ context.Context, consumer, id string) error {
+				if !store.ExpireLease(consumer, id) {
+					return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
+				}
+				return nil
+			},
+			CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
+			AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
+				store.AgeRecords(consumer, ids, d)
+				return nil
+			},
+		}
+	}})
+}
+
+// secondsLease mixes units: it takes the lease's milliseconds for seconds.
+type secondsLease struct{ *idem.MemoryStore }
+
+func (s *secondsLease) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	q := *p
+	q.Lease = time.Duration(p.Lease.Milliseconds()) * time.Second
+	return s.MemoryStore.Acquire(ctx, &q)
+}
+
+// latestToken completes, renews, releases and saves steps for whichever
+// attempt holds the record now, whatever token the caller holds: no
+// fencing.
+type latestToken struct {
+	*idem.MemoryStore
+	mu     sync.Mutex
+	tokens map[string]int64
+}
+
+func (s *latestToken) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	res, err := s.MemoryStore.Acquire(ctx, p)
+	if err == nil && res.Acquired {
+		s.mu.Lock()
+		if s.tokens == nil {
+			s.tokens = map[string]int64{}
+		}
+		s.tokens[p.Consumer+"\x00"+p.MessageID] = res.Token
+		s.mu.Unlock()
+	}
+	return res, err
+}
+
+func (s *latestToken) latest(consumer, id string, token int64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.tokens[consumer+"\x00"+id]; ok {
+		return t
+	}
+	return token
+}
+
+func (s *latestToken) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	q := *p
+	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
+	return s.MemoryStore.Complete(ctx, &q)
+}
+
+func (s *latestToken) Renew(ctx context.Context, p *idem.RenewParams) error {
+	q := *p
+	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
+	return s.MemoryStore.Renew(ctx, &q)
+}
+
+func (s *latestToken) Release(ctx context.Context, p *idem.ReleaseParams) error {
+	q := *p
+	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
+	return s.MemoryStore.Release(ctx, &q)
+}
+
+func (s *latestToken) SaveStep(ctx context.Context, p *idem.StepParams) error {
+	q := *p
+	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
+	return s.MemoryStore.SaveStep(ctx, &q)
+}
+
+// alwaysExpired treats every lease as run out: a claim that checks for a
+// record but not for a live lease on it.
+type alwaysExpired struct{ *idem.MemoryStore }
+
+func (s *alwaysExpired) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	s.ExpireLease(p.Consumer, p.MessageID)
+	return s.MemoryStore.Acquire(ctx, p)
+}
+
+// noRenew reports renewals it never makes.
+type noRenew struct{ *idem.MemoryStore }
+
+func (s *noRenew) Renew(ctx context.Context, p *idem.RenewParams) error { return ctx.Err() }
+
+// forgetfulRelease loses the attempt count and the recovery points on a
+// release, as a store that deletes the record would.
+type forgetfulRelease struct {
+	*idem.MemoryStore
+	mu       sync.Mutex
+	released map[string]bool
+}
+
+func (s *forgetfulRelease) Release(ctx context.Context, p *idem.ReleaseParams) error {
+	err := s.MemoryStore.Release(ctx, p)
+	if err == nil && !p.Terminal {
+		s.mu.Lock()
+		if s.released == nil {
+			s.released = map[string]bool{}
+		}
+		s.released[p.Consumer+"\x00"+p.MessageID] = true
+		s.mu.Unlock()
+	}
+	return err
+}
+
+func (s *forgetfulRelease) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	res, err := s.MemoryStore.Acquire(ctx, p)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := p.Consumer + "\x00" + p.MessageID; err == nil && res.Acquired && s.released[k] {
+		delete(s.released, k)
+		res.Attempt, res.Steps = 1, map[string][]byte{}
+	}
+	return res, err
+}
+
+// echoLeaseFingerprint reports the caller's fingerprint for an existing
+// record instead of the stored one (field case C12).
+type echoLeaseFingerprint struct{ *idem.MemoryStore }
+
+func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	res, err := s.MemoryStore.Acquire(ctx, p)
+	if err == nil && !res.Acquired {
+		res.Fingerprint = p.Fingerprint
+	}
+	return res, err
+}
+
+// truncatedResults keeps the first 65535 bytes of a result, as a MariaDB
+// BLOB column (rather than a LONGBLOB) would.
+type truncatedResults struct{ *idem.MemoryStore }
+
+func (s *truncatedResults) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	q := *p
+	q.Result = q.Result[:min(len(q.Result), 65535)]
+	return s.MemoryStore.Complete(ctx, &q)
+}

@@ -1,0 +1,109 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// renewHook decorates the memory store's Renew.
+type renewHook struct {
+	*idem.MemoryStore
+	renew func(ctx context.Context, p *idem.RenewParams) error
+}
+
+func (s *renewHook) Renew(ctx context.Context, p *idem.RenewParams) error { return s.renew(ctx, p) }
+
+func newLeaseConsumer(t *testing.T, store idem.LeaseStore, lease time.Duration) *idem.LeaseConsumer {
+	t.Helper()
+	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: lease, PurgeInterval: -1})
+	if err != nil {
+		t.Fatalf("NewLeaseConsumer: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// A handler still running after the caller's context ended (finishing an
+// external call it must not abandon) keeps its lease: the renewals go on
+// until it returns, so no other attempt takes over meanwhile, and its
+// result is stored.
+func TestLeaseConsumerRenewsAfterCallerCancel(t *testing.T) {
+	t.Parallel()
+	store := idem.NewMemoryStore(nil)
+	var renewals atomic.Int64
+	renewed := make(chan struct{}, 100)
+	hook := &renewHook{MemoryStore: store}
+	hook.renew = func(ctx context.Context, p *idem.RenewParams) error {
+		err := store.Renew(ctx, p)
+		if err == nil {
+			renewals.Add(1)
+			select {
+			case renewed <- struct{}{}:
+			default:
+			}
+		}
+		return err
+	}
+	c := newLeaseConsumer(t, hook, 30*time.Millisecond)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+	out, err := c.Process(ctx, msg, func(hctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		cancel()
+		<-hctx.Done()
+		before := renewals.Load()
+		timeout := time.After(10 * time.Second)
+		for renewals.Load() < before+2 {
+			select {
+			case <-renewed:
+			case <-timeout:
+				t.Errorf("renewals after the caller's context ended: %d in 10s, want at least 2", renewals.Load()-before)
+				return idem.Result{}, errors.New("not renewed")
+			}
+		}
+		return idem.Result{Body: []byte("finished")}, nil
+	})
+	if out.Status != idem.Processed || err != nil {
+		t.Errorf("Process whose caller gave up while the handler finished: %v, %v; want Processed and nil", out.Status, err)
+	}
+}
+
+// A renewal call that hangs (a dead connection) is cancelled when the
+// handler returns: Process does not wait for it.
+func TestLeaseConsumerHungRenewalDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	store := idem.NewMemoryStore(nil)
+	inRenew := make(chan struct{})
+	var once atomic.Bool
+	hook := &renewHook{MemoryStore: store}
+	hook.renew = func(ctx context.Context, p *idem.RenewParams) error {
+		if once.CompareAndSwap(false, true) {
+			close(inRenew)
+		}
+		<-ctx.Done() // hangs until cancelled
+		return ctx.Err()
+	}
+	c := newLeaseConsumer(t, hook, 3*time.Millisecond)
+	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+	done := make(chan idem.Outcome, 1)
+	go func() {
+		out, _ := c.Process(t.Context(), msg, func(context.Context, *idem.Attempt) (idem.Result, error) {
+			<-inRenew
+			return idem.Result{Body: []byte("ok")}, nil
+		})
+		done <- out
+	}()
+	select {
+	case out := <-done:
+		if out.Status != idem.Processed {
+			t.Errorf("Process with a hung renewal: %v (%v), want Processed", out.Status, out.Err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Process did not return within 10s of its handler: it waits for a hung renewal")
+	}
+}
