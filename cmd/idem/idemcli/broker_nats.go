@@ -114,6 +114,20 @@ func (b *natsBroker) deadLetter(ctx context.Context, d delivery, reason error) e
 	return err
 }
 
+// worker returns a consumer on the shared durable JetStream consumer.
+func (b *natsBroker) worker(context.Context) (demoWorker, error) { return natsWorker{b}, nil }
+
+// natsWorker acks message by message; a crash leaves its unacked messages
+// to come back after the ack wait.
+type natsWorker struct{ b *natsBroker }
+
+func (w natsWorker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
+	return w.b.fetch(ctx, n, maxWait)
+}
+func (natsWorker) batchDone(context.Context) {}
+func (natsWorker) crash()                    {}
+func (natsWorker) close()                    {}
+
 // fetch returns up to n deliveries, waiting at most maxWait.
 func (b *natsBroker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
 	batch, err := b.cons.Fetch(n, jetstream.FetchMaxWait(maxWait))

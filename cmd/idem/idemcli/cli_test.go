@@ -121,3 +121,34 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		t.Errorf("IDEM_STORE not read: exit %d, %q", code, errOut)
 	}
 }
+
+// TestDemoKafkaRebalanceOnPostgres runs the seed's rebalance story: payments
+// on an in-process three-broker Kafka cluster, consumers in one consumer
+// group that die without committing offsets (a rebalance replays their
+// records to the other members), and PostgreSQL as the store.
+func TestDemoKafkaRebalanceOnPostgres(t *testing.T) {
+	t.Parallel()
+	pg := os.Getenv("IDEM_TEST_POSTGRES_URL")
+	if pg == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatal("IDEM_TEST_POSTGRES_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+		}
+		t.Skip("IDEM_TEST_POSTGRES_URL is not set")
+	}
+	code, out, errOut := run(t, "demo", "--broker", "kafka:embedded", "--store", pg, "--messages", "800",
+		"--crash-rate", "0.02", "--consumers", "3", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 800 || rep.ProviderCharges != 800 || rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("report %+v: want 800 charges, none double, none lost", rep)
+	}
+	if rep.ConsumerCrashes == 0 || rep.DuplicatesAbsorbed <= rep.DuplicatesPublished {
+		t.Errorf("crashes %d, duplicates absorbed %d, published %d: want replays after crashes absorbed",
+			rep.ConsumerCrashes, rep.DuplicatesAbsorbed, rep.DuplicatesPublished)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -95,7 +96,7 @@ double charges and no lost messages (3 otherwise).`,
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
 	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://...")
-	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded or nats://HOST:PORT")
+	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers) or kafka://HOST:PORT")
 	f.DurationVar(&o.ackWait, "ack-wait", time.Second, "how long the broker waits for an ack before redelivering")
 	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
@@ -149,6 +150,34 @@ func chance(seed uint64, what string, i int) float64 {
 	return rand.New(rand.NewPCG(seed^h.Sum64(), uint64(i))).Float64()
 }
 
+// demoBroker is what the demo needs of a broker.
+type demoBroker interface {
+	// publish publishes payload with the producer's message ID and reports
+	// whether the broker dropped it as a duplicate (JetStream's window).
+	publish(ctx context.Context, id string, payload []byte) (dropped bool, err error)
+	// worker starts one consumer (a consumer-group member on Kafka).
+	worker(ctx context.Context) (demoWorker, error)
+	// deadLetter publishes d with the reason to the dead letter.
+	deadLetter(ctx context.Context, d delivery, reason error) error
+	// unfinished counts messages not yet delivered and acknowledged.
+	unfinished(ctx context.Context) (int, error)
+	close()
+}
+
+// demoWorker is one consumer's connection to the broker.
+type demoWorker interface {
+	fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error)
+	// batchDone is called after each fetched batch was handled.
+	batchDone(ctx context.Context)
+	// crash drops the connection without acknowledging anything more.
+	crash()
+	close()
+}
+
+// errRetryInPlace is returned by delivery.retryAfter on brokers without
+// per-message redelivery (Kafka): the consumer retries the message itself.
+var errRetryInPlace = errors.New("retry in place")
+
 // delivery is one message as a broker hands it to a consumer.
 type delivery interface {
 	id() string
@@ -162,7 +191,7 @@ type demoRun struct {
 	o        *demoOptions
 	st       *sqlStore
 	prov     *provider
-	broker   *natsBroker
+	broker   demoBroker
 	consumer *idem.Consumer[*sql.Tx]
 
 	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
@@ -211,10 +240,18 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 			return err
 		}
 	}
-	if !strings.HasPrefix(o.broker, "nats:") {
-		return usageError{fmt.Errorf("--broker %q: this version runs the demo on nats:embedded or nats://HOST:PORT", o.broker)}
+	switch {
+	case strings.HasPrefix(o.broker, "nats:"):
+		r.broker, err = openNATS(ctx, o.broker, dir, o.ackWait, fresh)
+	case strings.HasPrefix(o.broker, "kafka:"):
+		if o.broker == "kafka:embedded" && !fresh {
+			return usageError{errors.New("--broker kafka:embedded keeps its log in memory, so a run cannot resume on --dir; use a new --dir, or nats:embedded")}
+		}
+		r.broker, err = openKafka(ctx, o.broker)
+	default:
+		return usageError{fmt.Errorf("--broker %q: want nats:embedded, nats://HOST:PORT, kafka:embedded or kafka://HOST:PORT", o.broker)}
 	}
-	if r.broker, err = openNATS(ctx, o.broker, dir, o.ackWait, fresh); err != nil {
+	if err != nil {
 		return err
 	}
 	defer r.broker.close()
@@ -354,43 +391,73 @@ func (r *demoRun) consumeForever(ctx context.Context) {
 	}
 }
 
-// consumeUntilCrash fetches and processes messages until ctx ends or the
-// consumer "dies" between a commit and its ack, abandoning the rest of
-// its batch, which the broker redelivers after the ack wait.
+// consumeUntilCrash runs one consumer: it fetches and processes messages
+// until ctx ends or the consumer "dies" between a commit and its ack,
+// abandoning the rest of its batch, which the broker redelivers.
 func (r *demoRun) consumeUntilCrash(ctx context.Context, rng *rand.Rand) {
+	w, err := r.broker.worker(ctx)
+	if err != nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+		return
+	}
 	for ctx.Err() == nil {
-		batch, err := r.broker.fetch(ctx, 64, 250*time.Millisecond)
+		batch, err := w.fetch(ctx, 64, 250*time.Millisecond)
 		if err != nil && len(batch) == 0 {
 			continue
 		}
 		for _, d := range batch {
-			if ctx.Err() != nil {
+			if !r.handle(ctx, d, rng) {
+				w.crash()
 				return
 			}
-			r.deliveries.Add(1)
-			out, err := r.consumer.Process(ctx, idem.Message{ID: d.id(), Payload: d.payload()}, r.charge)
-			switch {
-			case out.Status == idem.Duplicate:
-				r.dupAbsorbed.Add(1)
-				_ = d.ack()
-			case out.Status == idem.Processed:
-				if rng.Float64() < r.o.crashRate {
-					r.crashes.Add(1)
-					return // committed, never acked: the broker will redeliver
-				}
-				_ = d.ack()
-			case out.Status == idem.InProgress:
-				r.inProgress.Add(1)
-				_ = d.retryAfter(out.RetryAfter)
-			case out.DeadLetter():
-				if r.broker.deadLetter(ctx, d, err) == nil {
-					_ = d.settle()
-				}
-			default: // Failed: redeliver soon
-				_ = d.retryAfter(100 * time.Millisecond)
+		}
+		w.batchDone(ctx)
+	}
+	w.close()
+}
+
+// handle processes one delivery and settles it with the broker. It returns
+// false when the consumer crashed (or ctx ended) before acknowledging.
+func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
+	for ctx.Err() == nil {
+		r.deliveries.Add(1)
+		out, err := r.consumer.Process(ctx, idem.Message{ID: d.id(), Payload: d.payload()}, r.charge)
+		var wait time.Duration
+		switch {
+		case out.Status == idem.Duplicate:
+			r.dupAbsorbed.Add(1)
+			_ = d.ack()
+			return true
+		case out.Status == idem.Processed:
+			if rng.Float64() < r.o.crashRate {
+				r.crashes.Add(1)
+				return false // committed, never acked: the broker will redeliver
 			}
+			_ = d.ack()
+			return true
+		case out.DeadLetter():
+			if r.broker.deadLetter(ctx, d, err) == nil {
+				_ = d.settle()
+			}
+			return true
+		case out.Status == idem.InProgress:
+			r.inProgress.Add(1)
+			wait = out.RetryAfter
+		default: // Failed: redeliver soon
+			wait = 100 * time.Millisecond
+		}
+		if !errors.Is(d.retryAfter(wait), errRetryInPlace) {
+			return true
+		}
+		select { // Kafka: retry this record before any later offset
+		case <-ctx.Done():
+		case <-time.After(wait):
 		}
 	}
+	return false
 }
 
 // charge is the payments handler: it calls the provider with a key derived
