@@ -2,6 +2,17 @@ module github.com/idem-go/idem/store/idempgxv5
 
 go 1.26
 
-require github.com/idem-go/idem v0.0.0
+require (
+	github.com/idem-go/idem v0.0.0
+	github.com/jackc/pgx/v5 v5.12.0
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
+)
 
 replace github.com/idem-go/idem => ../..

@@ -1,0 +1,62 @@
+package idempgxv5_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/idemtest"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestConformance runs idem's store conformance suite, each case on its own
+// pool and tables, with pgx's default query mode (extended protocol,
+// cached prepared statements) and with the simple protocol that
+// PgBouncer-style poolers need. After each case the pool must have no
+// connection still acquired: no path of the suite leaks one.
+func TestConformance(t *testing.T) {
+	testURL(t) // skip (or fail) before the suite starts its subtests
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(modeName(mode), func(t *testing.T) {
+			t.Parallel()
+			idemtest.Run(t, harness(mode))
+		})
+	}
+}
+
+func harness(mode pgx.QueryExecMode) idemtest.Harness[pgx.Tx] {
+	return idemtest.Harness[pgx.Tx]{New: func(t *testing.T) *idemtest.Setup[pgx.Tx] {
+		b := setup(t, poolOpts{maxConns: 40, mode: mode})
+		t.Cleanup(func() {
+			if n := b.pool.Stat().AcquiredConns(); n != 0 {
+				t.Errorf("pool has %d acquired connections after the case, want 0", n)
+			}
+		})
+		return &idemtest.Setup[pgx.Tx]{
+			Store:       b.store,
+			WriteEffect: b.writeEffect,
+			CountEffects: func(ctx context.Context, key string) (n int, err error) {
+				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.effects+` WHERE key = $1`, key).Scan(&n)
+				return n, err
+			},
+			CountRecords: func(ctx context.Context, consumer string) (n int, err error) {
+				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
+				return n, err
+			},
+			AgeRecords: func(ctx context.Context, consumer string, ids []string, d time.Duration) error {
+				return b.ageRecords(ctx, consumer, ids, d)
+			},
+		}
+	}}
+}
+
+// modeName names a query exec mode for a subtest: "CacheStatement".
+func modeName(m pgx.QueryExecMode) string {
+	return map[pgx.QueryExecMode]string{
+		pgx.QueryExecModeCacheStatement: "CacheStatement",
+		pgx.QueryExecModeCacheDescribe:  "CacheDescribe",
+		pgx.QueryExecModeDescribeExec:   "DescribeExec",
+		pgx.QueryExecModeExec:           "Exec",
+		pgx.QueryExecModeSimpleProtocol: "SimpleProtocol",
+	}[m]
+}

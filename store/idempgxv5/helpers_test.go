@@ -1,0 +1,248 @@
+package idempgxv5_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idempgxv5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const urlEnv = "IDEM_TEST_POSTGRES_URL"
+
+// testURL returns the test database URL, skipping the test when it is not
+// set (failing it under IDEM_TEST_REQUIRE_ALL=1).
+func testURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv(urlEnv)
+	if u == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
+		}
+		tb.Skipf("missing environment variable %s; set it to a PostgreSQL URL such as postgres://idem:idem@127.0.0.1:5432/idem_test?sslmode=disable", urlEnv)
+	}
+	return u
+}
+
+type poolOpts struct {
+	maxConns int32
+	// countWrites, if set, counts every Write on the pool's network
+	// connections: each is one flush of pgx's send buffer.
+	countWrites *atomic.Int64
+	noPing      bool
+	// mode, if set, is the connections' DefaultQueryExecMode.
+	mode pgx.QueryExecMode
+}
+
+// newPool opens a pool on the test database, closed at cleanup.
+func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(testURL(tb))
+	if err != nil {
+		tb.Fatalf("parse %s: %v", urlEnv, err)
+	}
+	cfg.MaxConns = 8
+	if o.maxConns > 0 {
+		cfg.MaxConns = o.maxConns
+	}
+	if o.countWrites != nil {
+		dial := cfg.ConnConfig.DialFunc
+		n := o.countWrites
+		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &countingConn{Conn: c, writes: n}, nil
+		}
+	}
+	if o.mode != 0 {
+		cfg.ConnConfig.DefaultQueryExecMode = o.mode
+	}
+	if o.noPing {
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+// randName returns prefix followed by 16 random hex digits.
+func randName(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// bundle is one test's isolated store: fresh processed and side-effect
+// tables, dropped at cleanup.
+type bundle struct {
+	pool    *pgxpool.Pool
+	store   *idempgxv5.Store
+	table   string
+	effects string
+}
+
+func setup(tb testing.TB, o poolOpts) *bundle {
+	tb.Helper()
+	pool := newPool(tb, o)
+	return setupOn(tb, pool)
+}
+
+// setupOn creates fresh tables on pool.
+func setupOn(tb testing.TB, pool *pgxpool.Pool) *bundle {
+	tb.Helper()
+	ctx := context.Background()
+	b := &bundle{pool: pool, table: randName("idem_t_"), effects: randName("idem_fx_")}
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: b.table})
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	b.store = store
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dropTables(ctx, pool, b.table, b.effects); err != nil {
+			tb.Errorf("drop test tables: %v", err)
+		}
+	})
+	if err := store.Migrate(ctx); err != nil {
+		tb.Fatalf("Migrate: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+b.effects+` (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
+		tb.Fatalf("create effects table: %v", err)
+	}
+	return b
+}
+
+// dropTables drops the tables whose names start with one of prefixes (a
+// store's table, and the tables its migrations add beside it: _migrations,
+// _steps, ...), in the current schema.
+func dropTables(ctx context.Context, pool *pgxpool.Pool, prefixes ...string) error {
+	rows, err := pool.Query(ctx, `SELECT quote_ident(tablename) FROM pg_tables
+		WHERE schemaname = current_schema() AND EXISTS (SELECT FROM unnest($1::text[]) p WHERE starts_with(tablename, p))`, prefixes)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	_, err = pool.Exec(ctx, `DROP TABLE IF EXISTS `+strings.Join(names, ", "))
+	return err
+}
+
+// writeEffect inserts one side-effect row inside tx.
+func (b *bundle) writeEffect(ctx context.Context, tx pgx.Tx, key string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+b.effects+` (key) VALUES ($1)`, key)
+	return err
+}
+
+func (b *bundle) countEffects(tb testing.TB, key string) int {
+	tb.Helper()
+	var n int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.effects+` WHERE key = $1`, key).Scan(&n); err != nil {
+		tb.Fatalf("count effects: %v", err)
+	}
+	return n
+}
+
+func (b *bundle) countRecords(tb testing.TB, consumer string) int {
+	tb.Helper()
+	var n int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n); err != nil {
+		tb.Fatalf("count records: %v", err)
+	}
+	return n
+}
+
+// ageRecords moves the processed_at of consumer's records with ids back by d.
+func (b *bundle) ageRecords(ctx context.Context, consumer string, ids []string, d time.Duration) error {
+	_, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - $3::bigint * interval '1 microsecond'
+		WHERE consumer = $1 AND message_id = ANY ($2::text[])`, consumer, ids, d.Microseconds())
+	return err
+}
+
+// consumer returns a Consumer on the bundle's store without a purge loop.
+func (b *bundle) consumer(tb testing.TB, name string) *idem.Consumer[pgx.Tx] {
+	tb.Helper()
+	c, err := idem.NewConsumer[pgx.Tx](b.store, idem.Config{Name: name, PurgeInterval: -1})
+	if err != nil {
+		tb.Fatalf("NewConsumer: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// effectHandler writes one side effect keyed by the message ID.
+func (b *bundle) effectHandler() idem.Handler[pgx.Tx] {
+	return func(ctx context.Context, tx pgx.Tx, msg idem.Message) error {
+		return b.writeEffect(ctx, tx, msg.ID)
+	}
+}
+
+// checkPool fails the test if the pool has acquired connections, or an
+// idle connection that is closed, busy or inside a transaction.
+func checkPool(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		tb.Fatalf("pool has %d acquired connections, want 0 (leaked)", n)
+	}
+	ctx := context.Background()
+	idle := pool.AcquireAllIdle(ctx)
+	for _, c := range idle {
+		pc := c.Conn().PgConn()
+		if c.Conn().IsClosed() || pc.IsBusy() || pc.TxStatus() != 'I' {
+			tb.Errorf("idle connection in bad state: closed=%v busy=%v txstatus=%c", c.Conn().IsClosed(), pc.IsBusy(), pc.TxStatus())
+		} else if err := c.Ping(ctx); err != nil {
+			tb.Errorf("idle connection does not answer: %v", err)
+		}
+		c.Release()
+	}
+}
+
+// waitForLockWaiters waits until n sessions wait on a lock on the server
+// while running a statement containing query.
+func waitForLockWaiters(tb testing.TB, pool *pgxpool.Pool, query string, n int) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		var got int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, query).Scan(&got)
+		if err != nil {
+			tb.Fatalf("pg_stat_activity: %v", err)
+		}
+		if got >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("timed out waiting for %d lock waiters (have %d)", n, got)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
