@@ -1,0 +1,217 @@
+package idemredis_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
+	"github.com/redis/go-redis/v9"
+)
+
+// clusterNodes is the number of primaries of the test cluster.
+const clusterNodes = 3
+
+// startCluster starts a Redis Cluster of three primaries on loopback, from
+// the redis-server binary that scripts/services installs, each with its
+// files in a temporary directory, and returns a ClusterClient on it. The
+// servers are killed at cleanup. The test skips when redis-server is not
+// installed, or fails under IDEM_TEST_REQUIRE_ALL=1.
+func startCluster(t *testing.T) *redis.ClusterClient {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatalf("redis-server not found (required: IDEM_TEST_REQUIRE_ALL=1): %v", err)
+		}
+		t.Skipf("redis-server not found, so no Redis Cluster to test on: %v", err)
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	addrs := make([]string, clusterNodes)
+	nodes := make([]*redis.Client, clusterNodes)
+	for i, port := range freeClusterPorts(t, clusterNodes) {
+		p := strconv.Itoa(port)
+		cmd := exec.Command(bin,
+			"--port", p, "--bind", "127.0.0.1", "--protected-mode", "no",
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"),
+			"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
+			"--logfile", filepath.Join(dir, "redis-"+p+".log"))
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis-server on port %s: %v", p, err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		addrs[i] = "127.0.0.1:" + p
+		nodes[i] = redis.NewClient(&redis.Options{Addr: addrs[i]})
+		t.Cleanup(func() { _ = nodes[i].Close() })
+	}
+	waitUntil(t, ctx, "the cluster nodes answering PING", func() bool {
+		for _, n := range nodes {
+			if n.Ping(ctx).Err() != nil {
+				return false
+			}
+		}
+		return true
+	})
+	for i, n := range nodes {
+		if i > 0 {
+			host, port, _ := net.SplitHostPort(addrs[i])
+			if err := nodes[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+				t.Fatalf("CLUSTER MEET: %v", err)
+			}
+		}
+		lo, hi := i*16384/clusterNodes, (i+1)*16384/clusterNodes-1
+		if err := n.ClusterAddSlotsRange(ctx, lo, hi).Err(); err != nil {
+			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
+		}
+	}
+	waitUntil(t, ctx, "cluster_state:ok on every node", func() bool {
+		for _, n := range nodes {
+			info, err := n.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") ||
+				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(clusterNodes)) {
+				return false
+			}
+		}
+		return true
+	})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = cc.Close() })
+	waitUntil(t, ctx, "the cluster client seeing every primary", func() bool {
+		var mu sync.Mutex
+		seen := 0
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu.Lock()
+			seen++
+			mu.Unlock()
+			return c.Ping(ctx).Err()
+		})
+		if err != nil || seen != clusterNodes {
+			cc.ReloadState(ctx)
+			return false
+		}
+		return true
+	})
+	return cc
+}
+
+// freeClusterPorts returns n loopback ports that are free, as are their
+// cluster bus ports (port + 10000).
+func freeClusterPorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	for tries := 0; len(ports) < n && tries < 100; tries++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if port+10000 > 65535 {
+			l.Close()
+			continue
+		}
+		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		l.Close()
+		if err != nil {
+			continue
+		}
+		bus.Close()
+		ports = append(ports, port)
+	}
+	if len(ports) < n {
+		t.Fatalf("found %d free port pairs, want %d", len(ports), n)
+	}
+	return ports
+}
+
+func waitUntil(t *testing.T, ctx context.Context, what string, ok func() bool) {
+	t.Helper()
+	for !ok() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// TestCluster runs the store on a Redis Cluster of three primaries: the
+// lease conformance suite (any script touching keys of two slots would
+// fail with CROSSSLOT), one consumer's records spread over the primaries,
+// and a purge whose records and index live on different nodes.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster; skipped with -short")
+	}
+	cc := startCluster(t)
+	// The cluster refuses a script over keys of two slots, so a store that
+	// wrote one would fail the cases below.
+	err := cc.Eval(t.Context(), "return 1", []string{"{a}x", "{b}x"}).Err()
+	if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
+		t.Fatalf("EVAL over keys of two slots: %v, want a CROSSSLOT error", err)
+	}
+
+	t.Run("Conformance", func(t *testing.T) {
+		t.Parallel()
+		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+			return setup(t, cc).leaseSetup()
+		}})
+	})
+
+	t.Run("RecordsSpreadAndPurge", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, cc)
+		ids := b.seed(t, "c", "m-", 60)
+		var mu sync.Mutex
+		perNode := map[string]int{}
+		err := cc.ForEachMaster(b.ctx, func(ctx context.Context, c *redis.Client) error {
+			iter := c.Scan(ctx, 0, b.prefix+"*", 1000).Iterator()
+			n := 0
+			for iter.Next(ctx) {
+				if !strings.HasSuffix(iter.Val(), ":steps") && !strings.HasSuffix(iter.Val(), ":done") {
+					n++
+				}
+			}
+			mu.Lock()
+			perNode[c.Options().Addr] = n
+			mu.Unlock()
+			return iter.Err()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		total, nonEmpty := 0, 0
+		for _, n := range perNode {
+			total += n
+			if n > 0 {
+				nonEmpty++
+			}
+		}
+		if total != len(ids) || nonEmpty < 2 {
+			t.Errorf("records per primary %v: want %d in all, on more than one primary", perNode, len(ids))
+		}
+		b.age(t, "c", ids[:50], 8*day)
+		var calls []int64
+		res, err := b.store.Purge(b.ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * day, BatchSize: 20, OnBatch: func(n int64) { calls = append(calls, n) }})
+		if err != nil || res.Deleted != 50 || fmt.Sprint(calls) != "[20 40 50]" {
+			t.Errorf("purge on the cluster: %+v, %v, OnBatch %v; want 50 deleted in [20 40 50]", res, err, calls)
+		}
+		if n := b.count(t, "c"); n != 10 {
+			t.Errorf("records after the purge: %d, want 10", n)
+		}
+	})
+}

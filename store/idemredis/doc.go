@@ -1,0 +1,162 @@
+// Package idemredis is idem's store for Redis on go-redis v9
+// (github.com/redis/go-redis/v9): an [idem.LeaseStore], for handlers whose
+// side effects are outside any database (an HTTP call, an email). Redis has
+// no transaction a handler could share, so lease mode is its only mode:
+// [idem.LeaseConsumer] claims a message with a lease and a fencing token,
+// renews it while the handler runs, and completes it with the handler's
+// result only while the token still owns the record.
+//
+// It takes the caller's client, a *redis.Client or a *redis.ClusterClient
+// (any redis.UniversalClient), and owns nothing else:
+//
+//	store, err := idemredis.New(client, nil) // keys start with "idem:"
+//	if err != nil { ... }
+//	payments, err := idem.NewLeaseConsumer(store, idem.Config{Name: "payments"})
+//	...
+//	out, err := payments.Process(ctx, msg, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+//		charge, err := a.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+//			return provider.Charge(ctx, a.Key("charge"), amount) // the same key on every attempt
+//		})
+//		...
+//	})
+//
+// Nothing needs creating beforehand: keys appear as messages arrive.
+//
+// # Keys
+//
+// Every key starts with [Config.Prefix] ("idem:" by default). A record is
+// two keys that share one Redis Cluster hash tag, the consumer name and the
+// message ID joined by the byte 0x1F:
+//
+//	idem:{payments\x1Fpay-1}         hash: the record
+//	idem:{payments\x1Fpay-1}:steps   hash: its recovery points, step name -> result
+//
+// and a consumer has two keys of its own, tagged with its name alone:
+//
+//	idem:{payments}:done    sorted set: the retention index (message ID, scored by finish time)
+//	idem:{payments}:purge   string: the purge lock, with a TTL
+//
+// Inside a tag, '%', '{', '}', the C0 control bytes (0x1F among them) and
+// DEL are written %XX (uppercase hex). A tag therefore never holds a brace,
+// so it is always well-formed and is the whole text between the braces,
+// and the escaping is reversible, so distinct (consumer, message ID) pairs
+// never share a key: "a{b" is a%7Bb, and the ID "%7B" is %257B. Other
+// bytes are kept as they are, so keys stay readable in redis-cli. IDs and
+// names are compared byte for byte, as everywhere in idem: "Order-1" and
+// "order-1" are two records. The prefix may not contain a brace.
+//
+// # Records
+//
+// A record hash has the fields state (1 in_progress, 2 completed, 3 failed:
+// [idem.RecordState]), fingerprint, token, attempt, lease_until_ms,
+// released (present while the attempt holding token has released it),
+// result, content_type, last_error, created_ms, updated_ms and finished_ms.
+// Binary values (fingerprint, result, step results) are stored byte for
+// byte; Redis strings are binary-safe. No record key has a TTL.
+//
+// # Scripts
+//
+// Every state change is one Lua script, run atomically by the server
+// (EVALSHA, falling back to EVAL when the server does not have the script
+// cached, as go-redis's Script.Run does), and each touches the keys of one
+// hash slot only:
+//   - Acquire creates the record (token 1, attempt 1); or takes over an
+//     in_progress record whose lease has ended, expired or released, when
+//     its fingerprint is the caller's (token + 1, attempt + 1, returning
+//     the recovery points); or returns the record's state, attempt count,
+//     fingerprint, remaining lease, result, content type and last error.
+//     The fingerprint is returned on every path, so the consumer compares
+//     it whatever the state (field case C12).
+//   - Renew, Complete, Release and SaveStep first check, in the script,
+//     that the caller's token owns the record: in progress, same token, not
+//     released. An attempt whose lease expired still owns the record until
+//     another attempt takes over, so a late finisher's work is kept. When
+//     the token does not own it the script changes nothing and answers why;
+//     the store returns an error matching [idem.ErrLeaseLost] that says so.
+//   - Complete sets the state, result and content type with HSET, field by
+//     field: the fingerprint, attempt count and recovery points stay (the
+//     lifecycle variant of field case C12). Release ends the lease now and
+//     keeps the error text; a terminal Release makes the record failed.
+//     SaveStep is HSETNX on the steps hash: a step saved twice keeps its
+//     first result.
+//
+// # Clock
+//
+// Every time is the Redis server's, read by the scripts with TIME and kept
+// in milliseconds since the Unix epoch: one unit for every stored time,
+// every lease and every comparison (field case C09). A lease is sent in
+// whole milliseconds, rounded up, so a lease under a millisecond is one
+// millisecond, never zero (field case C08); a lease that is not positive
+// is refused with [idem.ErrInvalidConfig]. A lease ending at the server's
+// now has run out. The only key with a TTL, the purge lock, is set with
+// PX, never EX. The application's clock is never written.
+//
+// # Redis Cluster
+//
+// A record's two keys share a hash tag, so its scripts run on one node of
+// a cluster, and one consumer's records spread over all of them. The
+// consumer's retention index lives in another slot (its own tag), so it is
+// written by a command of its own. Complete, and a terminal Release, first
+// score the message in the index and then run the record's script; so a
+// record that is completed or failed is always in the index, whatever
+// fails between the two commands. What such a failure can leave is an
+// index entry for a record still in progress (or one a stale owner's
+// Complete wrote after a takeover): Purge skips it, and a later completion
+// scores it again. An entry whose record is gone is removed by Purge.
+// Two commands cost Complete and a terminal Release a second network round
+// trip; Acquire, Renew, SaveStep and a retryable Release take one.
+//
+// The alternative, tagging every key with the consumer name alone so one
+// script could update a record and the index together, would put all of a
+// consumer's records on a single node: a busy consumer's whole history
+// would be limited to one node's memory. With the tags above only the
+// index, a message ID and a score per finished record, stays on one node.
+//
+// # Retention
+//
+// [Store.Purge] deletes a consumer's completed and failed records whose
+// index score is before the horizon: the consumer's newest score (its
+// latest completion or failure) minus the retention window. The horizon
+// follows the consumer's activity, not the clock, so a consumer that was
+// down for longer than the window keeps its history (downtime-safe).
+// In_progress records are never deleted. The purge reads the index in
+// batches of PurgeParams.BatchSize, deletes each batch's records (one
+// script per record, in one pipeline) with their recovery points, then
+// removes their index entries, each only if its score has not changed
+// meanwhile. One cleaner runs at a time per prefix and consumer, under a
+// lock taken with SET NX PX, extended after each batch, deleted by its
+// holder at the end, and expiring 30 seconds after a cleaner that died.
+// Another cleaner gets [idem.ErrPurgeInProgress].
+//
+// Records get no TTL, not even a generous safety one: Redis expiry follows
+// the wall clock, which would break downtime safety, and every finished
+// record is reachable by Purge (see Redis Cluster above). An in_progress
+// record that is never redelivered stays until it is deleted by hand, as
+// on every idem store.
+//
+// # Running Redis for idem
+//
+// A deleted record is a message processed again, so:
+//   - Use maxmemory-policy noeviction (the default). An allkeys-* policy
+//     evicts records silently; a volatile-* policy never evicts idem's keys,
+//     which have no TTL, and then fails writes as noeviction does.
+//   - Redis acknowledges a write before it reaches the disk or a replica.
+//     A crash (unless appendonly yes with appendfsync always) or a failover
+//     to a replica that missed the last writes can lose recent changes: a
+//     lost completion makes its message run again (with the same
+//     Attempt.Key for its external calls), and a lost takeover can let one
+//     fencing token be issued twice, to the attempt that took over before
+//     the loss and to one that takes over after it. WAIT after each write
+//     narrows the failover window; idem does not send it.
+//
+// Redis 6.0 or later is needed; the tests run on Redis 7.0.
+//
+// # Testing
+//
+// The tests run against the Redis named by IDEM_TEST_REDIS_URL (e.g.
+// redis://127.0.0.1:6379/0), each under a key prefix of its own whose keys
+// they delete at the end, and skip without it unless
+// IDEM_TEST_REQUIRE_ALL=1. The example needs the variable too. TestCluster
+// also starts a three-node Redis Cluster on loopback from the redis-server
+// binary and runs the conformance suite on it.
+package idemredis

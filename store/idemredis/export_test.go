@@ -1,0 +1,157 @@
+package idemredis
+
+// Test hooks, compiled only into this package's tests: they reach into the
+// key layout, which is not part of the API.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RecordKey, ConsumerKey and the suffixes expose the key layout.
+func (s *Store) RecordKey(consumer, id string) string { return s.recordKey(consumer, id) }
+
+// ConsumerKey returns prefix{consumer}suffix.
+func (s *Store) ConsumerKey(consumer, suffix string) string { return s.consumerKey(consumer, suffix) }
+
+const (
+	StepsSuffix = stepsSuffix
+	DoneSuffix  = doneSuffix
+	PurgeSuffix = purgeSuffix
+)
+
+// CeilMillis exposes the rounding of leases and windows.
+func CeilMillis(d time.Duration) int64 { return ceilMillis(d) }
+
+var expireScript = redis.NewScript(luaPrelude + `
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
+if tonumber(r[1]) ~= 1 then return 0 end
+local now = now_ms()
+if tonumber(r[2]) > now then
+	redis.call('HSET', KEYS[1], 'lease_until_ms', now)
+end
+return 1
+`)
+
+// ExpireLease ends the live lease of consumer's in_progress record id now
+// by the server's clock, changing nothing else, as the idemtest hook must.
+func (s *Store) ExpireLease(ctx context.Context, consumer, id string) error {
+	n, err := expireScript.Run(ctx, s.client, []string{s.recordKey(consumer, id)}).Int64()
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
+	}
+	return nil
+}
+
+var ageRecordScript = redis.NewScript(`
+local d = tonumber(ARGV[1])
+for _, f in ipairs({'created_ms', 'updated_ms', 'finished_ms'}) do
+	local v = redis.call('HGET', KEYS[1], f)
+	if v then redis.call('HSET', KEYS[1], f, tonumber(v) - d) end
+end
+return 1
+`)
+
+var ageIndexScript = redis.NewScript(`
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s then redis.call('ZADD', KEYS[1], tonumber(s) - tonumber(ARGV[2]), ARGV[1]) end
+return 1
+`)
+
+// AgeRecords moves the times of consumer's records ids (created, updated,
+// finished, and their retention index scores) back by d.
+func (s *Store) AgeRecords(ctx context.Context, consumer string, ids []string, d time.Duration) error {
+	ms := d.Milliseconds()
+	for _, id := range ids {
+		if err := ageRecordScript.Run(ctx, s.client, []string{s.recordKey(consumer, id)}, ms).Err(); err != nil {
+			return err
+		}
+		if err := ageIndexScript.Run(ctx, s.client, []string{s.consumerKey(consumer, doneSuffix)}, id, ms).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CountRecords counts consumer's record hashes, whatever their state, by
+// scanning every primary for prefix{consumer␟*}.
+func (s *Store) CountRecords(ctx context.Context, consumer string) (int, error) {
+	var b strings.Builder
+	escape(&b, consumer)
+	pattern := globEscape(s.prefix+"{"+b.String()+string(idSeparator)) + "*}"
+	var mu sync.Mutex
+	n := 0
+	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		k := 0
+		for iter.Next(ctx) {
+			k++
+		}
+		mu.Lock()
+		n += k
+		mu.Unlock()
+		return iter.Err()
+	})
+	return n, err
+}
+
+// Keys returns every key under the Store's prefix.
+func (s *Store) Keys(ctx context.Context) ([]string, error) {
+	var mu sync.Mutex
+	var keys []string
+	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, globEscape(s.prefix)+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	})
+	return keys, err
+}
+
+// DeleteAll deletes every key under the Store's prefix.
+func (s *Store) DeleteAll(ctx context.Context) error {
+	keys, err := s.Keys(ctx)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := s.client.Unlink(ctx, k).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) forEachPrimary(ctx context.Context, fn func(context.Context, *redis.Client) error) error {
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	}
+	return fmt.Errorf("test hooks support *redis.Client and *redis.ClusterClient, not %T", s.client)
+}
+
+// globEscape escapes the glob metacharacters of SCAN MATCH.
+func globEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

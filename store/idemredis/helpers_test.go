@@ -1,0 +1,91 @@
+package idemredis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/store/idemredis"
+	"github.com/redis/go-redis/v9"
+)
+
+const urlEnv = "IDEM_TEST_REDIS_URL"
+
+// testURL returns the test Redis URL, skipping the test when it is not set
+// (failing it under IDEM_TEST_REQUIRE_ALL=1).
+func testURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv(urlEnv)
+	if u == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
+		}
+		tb.Skipf("missing environment variable %s; set it to a Redis URL such as redis://127.0.0.1:6379/0", urlEnv)
+	}
+	return u
+}
+
+// newClient opens a client on the test Redis, closed at cleanup.
+func newClient(tb testing.TB) *redis.Client {
+	tb.Helper()
+	opts, err := redis.ParseURL(testURL(tb))
+	if err != nil {
+		tb.Fatalf("parse %s: %v", urlEnv, err)
+	}
+	c := redis.NewClient(opts)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// uniquePrefix returns a key prefix no other test uses.
+func uniquePrefix(tb testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
+}
+
+// testBundle is one test's store on a prefix of its own.
+type testBundle struct {
+	client redis.UniversalClient
+	store  *idemredis.Store
+	prefix string
+	ctx    context.Context
+}
+
+// setup returns a Store on client (nil: a new client on the test Redis)
+// under a fresh prefix whose keys are deleted at cleanup.
+func setup(tb testing.TB, client redis.UniversalClient) *testBundle {
+	tb.Helper()
+	if client == nil {
+		client = newClient(tb)
+	}
+	prefix := uniquePrefix(tb)
+	store, err := idemredis.New(client, &idemredis.Config{Prefix: prefix})
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := store.DeleteAll(ctx); err != nil {
+			tb.Errorf("cleanup of %s*: %v", prefix, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	tb.Cleanup(cancel)
+	return &testBundle{client: client, store: store, prefix: prefix, ctx: ctx}
+}
+
+// leaseSetup adapts a bundle to idemtest.
+func (b *testBundle) leaseSetup() *idemtest.LeaseSetup {
+	return &idemtest.LeaseSetup{
+		Store:        b.store,
+		ExpireLease:  b.store.ExpireLease,
+		CountRecords: b.store.CountRecords,
+		AgeRecords:   b.store.AgeRecords,
+	}
+}

@@ -1,0 +1,241 @@
+package idemredis
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// ceilMillis converts a positive duration (a lease, a retention window)
+// to whole milliseconds, rounding up, so that a lease shorter than a
+// millisecond is one millisecond and never zero (field case C08: zero must
+// never mean "no expiry").
+func ceilMillis(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
+}
+
+// Acquire implements [idem.LeaseStore]: one script that creates the
+// record, takes over an in_progress record whose lease ended (expired or
+// released) when the fingerprint matches, or reports the record as it is.
+// A lease that is not positive is refused with an error matching
+// [idem.ErrInvalidConfig]; a lease is kept in whole milliseconds, rounded up.
+func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+	var res idem.AcquireResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if p.Lease <= 0 {
+		return res, fmt.Errorf("%w: idemredis: lease %v is not positive", idem.ErrInvalidConfig, p.Lease)
+	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease)).Result()
+	if err != nil {
+		return res, fmt.Errorf("idemredis: acquire: %w", err)
+	}
+	r := reply{op: "acquire", v: v}
+	if r.int(0) == 1 {
+		res.Acquired = true
+		res.Token = r.int(1)
+		res.Attempt = int(r.int(2))
+		res.Steps = r.steps(3)
+		return res, r.err
+	}
+	res.State = idem.RecordState(r.int(1))
+	res.Attempt = int(r.int(2))
+	res.Fingerprint = r.bytes(3)
+	res.LeaseRemaining = time.Duration(r.int(4)) * time.Millisecond
+	if res.State == idem.StateCompleted {
+		res.Result = r.bytes(5)
+		res.ContentType = r.str(6)
+	}
+	res.Error = r.str(7)
+	if r.err == nil && (res.State < idem.StateInProgress || res.State > idem.StateFailed) {
+		r.err = fmt.Errorf("idemredis: acquire: record in unknown state %d", res.State)
+	}
+	return res, r.err
+}
+
+// Renew implements [idem.LeaseStore]: the lease of the attempt holding
+// p.Token ends p.Lease (rounded up to a millisecond) after the server's
+// now. A lease that is not positive is refused with an error matching
+// [idem.ErrInvalidConfig].
+func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.Lease <= 0 {
+		return fmt.Errorf("%w: idemredis: lease %v is not positive", idem.ErrInvalidConfig, p.Lease)
+	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	v, err := renewScript.Run(ctx, s.client, []string{rk}, p.Token, ceilMillis(p.Lease)).Result()
+	return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
+}
+
+// Complete implements [idem.LeaseStore]. It first scores the message in
+// the consumer's retention index (another hash slot, so another command),
+// then runs the fenced script that sets the record's state, result and
+// content type field by field: the fingerprint, attempt count and
+// recovery points stay. A completed record is therefore always in the
+// index; a Complete that fails after indexing leaves an entry that Purge
+// skips while the record is in progress.
+func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
+		return err
+	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	v, err := completeScript.Run(ctx, s.client, []string{rk}, p.Token, p.Result, p.ContentType).Result()
+	return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
+}
+
+// Release implements [idem.LeaseStore]: the lease ends now by the
+// server's clock and p.Error is kept; with p.Terminal the record becomes
+// failed, and is indexed for retention first, as in Complete.
+func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	terminal := "0"
+	if p.Terminal {
+		terminal = "1"
+		if err := s.index(ctx, "release", p.Consumer, p.MessageID); err != nil {
+			return err
+		}
+	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	v, err := releaseScript.Run(ctx, s.client, []string{rk}, p.Token, p.Error, terminal).Result()
+	return s.fenced("release", p.Consumer, p.MessageID, p.Token, v, err)
+}
+
+// SaveStep implements [idem.LeaseStore]: HSETNX on the record's steps
+// hash, fenced by the token in the same script.
+func (s *Store) SaveStep(ctx context.Context, p *idem.StepParams) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	v, err := stepScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Token, p.Step, p.Result).Result()
+	return s.fenced("save step", p.Consumer, p.MessageID, p.Token, v, err)
+}
+
+// index scores id in consumer's retention index with the server's now.
+func (s *Store) index(ctx context.Context, op, consumer, id string) error {
+	if err := indexScript.Run(ctx, s.client, []string{s.consumerKey(consumer, doneSuffix)}, id).Err(); err != nil {
+		return fmt.Errorf("idemredis: %s: retention index: %w", op, err)
+	}
+	return nil
+}
+
+// fenced turns the reply of a fenced script into nil, an error matching
+// idem.ErrLeaseLost that says why, or a store error.
+func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) error {
+	if err != nil {
+		return fmt.Errorf("idemredis: %s: %w", op, err)
+	}
+	r := reply{op: op, v: v}
+	if r.int(0) == 1 {
+		return r.err
+	}
+	state, current, released := idem.RecordState(r.int(1)), r.int(2), r.int(3) == 1
+	if r.err != nil {
+		return r.err
+	}
+	var why string
+	switch {
+	case state == 0:
+		why = "the record no longer exists"
+	case state != idem.StateInProgress:
+		why = "the record is " + state.String()
+	case current != token:
+		why = fmt.Sprintf("attempt with token %d took over", current)
+	case released:
+		why = "the attempt was released"
+	}
+	return fmt.Errorf("%w: idemredis: %s of message %q (consumer %q) with token %d: %s",
+		idem.ErrLeaseLost, op, id, consumer, token, why)
+}
+
+// reply reads a script's array reply; the first malformed element sets
+// err, after which every accessor returns a zero value.
+type reply struct {
+	op  string
+	v   any
+	err error
+}
+
+func (r *reply) elem(i int) any {
+	if r.err != nil {
+		return nil
+	}
+	a, ok := r.v.([]any)
+	if !ok || i >= len(a) {
+		r.err = fmt.Errorf("idemredis: %s: malformed script reply %T (want an array with element %d)", r.op, r.v, i)
+		return nil
+	}
+	return a[i]
+}
+
+func (r *reply) int(i int) int64 {
+	e := r.elem(i)
+	if r.err != nil {
+		return 0
+	}
+	n, ok := e.(int64)
+	if !ok {
+		r.err = fmt.Errorf("idemredis: %s: malformed script reply: element %d is %T, want an integer", r.op, i, e)
+	}
+	return n
+}
+
+func (r *reply) str(i int) string {
+	e := r.elem(i)
+	if r.err != nil {
+		return ""
+	}
+	s, ok := e.(string)
+	if !ok {
+		r.err = fmt.Errorf("idemredis: %s: malformed script reply: element %d is %T, want a string", r.op, i, e)
+	}
+	return s
+}
+
+// bytes returns element i as a new, non-nil byte slice.
+func (r *reply) bytes(i int) []byte {
+	s := r.str(i)
+	if r.err != nil {
+		return nil
+	}
+	return []byte(s)
+}
+
+// steps reads element i, a flattened HGETALL (name, result, ...).
+func (r *reply) steps(i int) map[string][]byte {
+	e := r.elem(i)
+	steps := map[string][]byte{}
+	if r.err != nil {
+		return steps
+	}
+	a, ok := e.([]any)
+	if !ok || len(a)%2 != 0 {
+		r.err = fmt.Errorf("idemredis: %s: malformed script reply: element %d is %T, want name/result pairs", r.op, i, e)
+		return steps
+	}
+	for j := 0; j < len(a); j += 2 {
+		name, ok1 := a[j].(string)
+		res, ok2 := a[j+1].(string)
+		if !ok1 || !ok2 {
+			r.err = fmt.Errorf("idemredis: %s: malformed script reply: step %d is %T/%T, want strings", r.op, j/2, a[j], a[j+1])
+			return steps
+		}
+		steps[name] = []byte(res)
+	}
+	return steps
+}

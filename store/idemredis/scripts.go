@@ -1,0 +1,172 @@
+package idemredis
+
+import "github.com/redis/go-redis/v9"
+
+// The Lua scripts. Each runs atomically on the Redis server and touches
+// only keys of one hash slot: a record's hash and its steps hash, or a
+// consumer's index and lock. Times are milliseconds since the Unix epoch
+// by the server's clock (TIME), the one unit of every stored time and of
+// every duration passed in; expiries are compared with >=, so a lease that
+// ends at now has run out.
+//
+// Record fields: state (1 in_progress, 2 completed, 3 failed, as
+// idem.RecordState), fingerprint, token, attempt, lease_until_ms,
+// released (present once the attempt holding token has released),
+// result, content_type, last_error, created_ms, updated_ms, finished_ms.
+//
+// A fenced script (renew, complete, release, step) answers {1, ...} when
+// the token owns the record, and otherwise {0, state, token, released}
+// (state 0: no record), which the Go side turns into idem.ErrLeaseLost.
+
+// luaPrelude defines what the scripts share.
+const luaPrelude = `
+local function now_ms()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- owns reports whether token owns the record at key: in progress, same
+-- token, not released. An expired lease is still owned until a takeover.
+local function owns(key, token)
+	local r = redis.call('HMGET', key, 'state', 'token', 'released')
+	if not r[1] then
+		return false, {0, 0, 0, 0}
+	end
+	local state, tok = tonumber(r[1]), tonumber(r[2])
+	if state ~= 1 or tok ~= token or r[3] then
+		return false, {0, state, tok, r[3] and 1 or 0}
+	end
+	return true, nil
+end
+`
+
+// acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms).
+// Creates the record (token 1, attempt 1), or takes over an in_progress
+// record whose lease ended and whose fingerprint matches (token and
+// attempt + 1, its steps returned): {1, token, attempt, steps}. Otherwise
+// reports the record: {0, state, attempt, fingerprint, lease remaining
+// (ms), result, content type, last error}.
+var acquireScript = redis.NewScript(luaPrelude + `
+local now = now_ms()
+local lease = tonumber(ARGV[2])
+local r = redis.call('HMGET', KEYS[1], 'state', 'fingerprint', 'token', 'attempt',
+	'lease_until_ms', 'result', 'content_type', 'last_error')
+if not r[1] then
+	redis.call('DEL', KEYS[2])
+	redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
+		'lease_until_ms', now + lease, 'created_ms', now, 'updated_ms', now)
+	return {1, 1, 1, {}}
+end
+local state = tonumber(r[1])
+local lease_until = tonumber(r[5]) or 0
+if state == 1 and now >= lease_until and r[2] == ARGV[1] then
+	local token = tonumber(r[3]) + 1
+	local attempt = tonumber(r[4]) + 1
+	redis.call('HSET', KEYS[1], 'token', token, 'attempt', attempt,
+		'lease_until_ms', now + lease, 'updated_ms', now)
+	redis.call('HDEL', KEYS[1], 'released')
+	return {1, token, attempt, redis.call('HGETALL', KEYS[2])}
+end
+local remaining = 0
+if state == 1 and lease_until > now then
+	remaining = lease_until - now
+end
+return {0, state, tonumber(r[4]) or 0, r[2] or '', remaining, r[6] or '', r[7] or '', r[8] or ''}
+`)
+
+// renewScript: KEYS record; ARGV token, lease (ms). The lease ends lease
+// after now.
+var renewScript = redis.NewScript(luaPrelude + `
+local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return lost end
+redis.call('HSET', KEYS[1], 'lease_until_ms', now_ms() + tonumber(ARGV[2]))
+return {1}
+`)
+
+// completeScript: KEYS record; ARGV token, result, content type. Updates
+// fields (the fingerprint, attempt and steps stay): {1, now}.
+var completeScript = redis.NewScript(luaPrelude + `
+local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return lost end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
+	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
+return {1, now}
+`)
+
+// releaseScript: KEYS record; ARGV token, error text, terminal ("1" or
+// "0"). Ends the lease now and keeps the error; terminal makes the record
+// failed: {1, now}.
+var releaseScript = redis.NewScript(luaPrelude + `
+local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return lost end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'last_error', ARGV[2], 'lease_until_ms', now, 'updated_ms', now, 'released', 1)
+if ARGV[3] == '1' then
+	redis.call('HSET', KEYS[1], 'state', 3, 'finished_ms', now)
+end
+return {1, now}
+`)
+
+// stepScript: KEYS record, steps; ARGV token, step name, result. A step
+// already saved keeps its first result: {1}.
+var stepScript = redis.NewScript(luaPrelude + `
+local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return lost end
+redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
+return {1}
+`)
+
+// indexScript: KEYS consumer index; ARGV message ID. Scores the ID with
+// the index server's now, before its record is completed or failed, and
+// returns that time.
+var indexScript = redis.NewScript(luaPrelude + `
+local now = now_ms()
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+return now
+`)
+
+// purgeRecordScript: KEYS record, steps; ARGV "1" to delete, "0" to only
+// look. Returns 0 when there is no record, 1 when it is completed or
+// failed (and was deleted, with its steps), 2 when it is in progress (and
+// stays).
+var purgeRecordScript = redis.NewScript(`
+local state = tonumber(redis.call('HGET', KEYS[1], 'state'))
+if not state then return 0 end
+if state == 2 or state == 3 then
+	if ARGV[1] == '1' then redis.call('UNLINK', KEYS[1], KEYS[2]) end
+	return 1
+end
+return 2
+`)
+
+// unindexScript: KEYS consumer index; ARGV id1, score1, id2, score2, ...
+// Removes each ID whose score is still the one given (an ID completed
+// again since keeps its new entry) and returns how many it removed.
+var unindexScript = redis.NewScript(`
+local n = 0
+for i = 1, #ARGV, 2 do
+	local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+	if s and tonumber(s) == tonumber(ARGV[i + 1]) then
+		redis.call('ZREM', KEYS[1], ARGV[i])
+		n = n + 1
+	end
+end
+return n
+`)
+
+// lockRefreshScript: KEYS lock; ARGV holder, ttl (ms). Extends the lock
+// if holder still holds it: 1, else 0.
+var lockRefreshScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+
+// unlockScript: KEYS lock; ARGV holder. Deletes the lock if holder holds it.
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	return redis.call('DEL', KEYS[1])
+end
+return 0
+`)

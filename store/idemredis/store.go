@@ -1,0 +1,117 @@
+package idemredis
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix is the key prefix used when Config.Prefix is empty.
+const DefaultPrefix = "idem:"
+
+// Config configures a [Store]. The zero value (or a nil *Config) is valid.
+type Config struct {
+	// Prefix starts every key the Store writes, so that several
+	// applications (or test runs) share one Redis database without
+	// meeting. It must not contain '{' or '}', which would change the
+	// keys' Redis Cluster hash tags. Defaults to "idem:".
+	Prefix string
+}
+
+// Store is an [idem.LeaseStore] on Redis: lease mode is the only mode
+// Redis has. Every state change is one atomic Lua script on the Redis
+// server, timed by the server's clock; see the package doc for the keys,
+// the scripts and retention.
+//
+// A Store is safe for concurrent use. It owns no goroutine and nothing to
+// close: the caller owns the client.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+var _ idem.LeaseStore = (*Store)(nil)
+
+// New returns a Store that keeps its records in the Redis behind client:
+// a *redis.Client, a *redis.ClusterClient, a failover client, or anything
+// else implementing redis.UniversalClient. cfg may be nil. It returns an
+// error matching [idem.ErrInvalidConfig] when client is nil or cfg is
+// invalid. New does not contact the server.
+func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: idemredis: nil client", idem.ErrInvalidConfig)
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(c.Prefix, "{}") {
+		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idem.ErrInvalidConfig, c.Prefix)
+	}
+	return &Store{client: client, prefix: c.Prefix}, nil
+}
+
+// Key layout; see the package doc.
+const (
+	// idSeparator separates the consumer name from the message ID inside a
+	// record's hash tag. escape escapes it inside either, so the tag
+	// splits one way only.
+	idSeparator = '\x1f'
+	stepsSuffix = ":steps"
+	doneSuffix  = ":done"
+	purgeSuffix = ":purge"
+)
+
+// recordKey returns the key of the hash holding the record of (consumer,
+// id): prefix{consumer␟id}. Its recovery points are in recordKey + ":steps",
+// in the same hash slot.
+func (s *Store) recordKey(consumer, id string) string {
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(consumer) + len(id) + 3)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	escape(&b, consumer)
+	b.WriteByte(idSeparator)
+	escape(&b, id)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// consumerKey returns prefix{consumer}suffix, a key of the consumer's own
+// hash slot: its retention index (doneSuffix) and purge lock (purgeSuffix).
+func (s *Store) consumerKey(consumer, suffix string) string {
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(consumer) + len(suffix) + 2)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	escape(&b, consumer)
+	b.WriteByte('}')
+	b.WriteString(suffix)
+	return b.String()
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+// escape writes s to b with '%', '{', '}', the C0 controls (the ID
+// separator among them) and DEL written as %XX. The result never holds a
+// brace, so a hash tag built from it is well-formed and is the whole
+// escaped text, and since '%' is escaped too, distinct strings never
+// escape alike. Other bytes, UTF-8 included, are kept, so keys stay
+// readable in redis-cli.
+func escape(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '%' || c == '{' || c == '}' || c < 0x20 || c == 0x7f {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&0xf])
+			continue
+		}
+		b.WriteByte(c)
+	}
+}
