@@ -19,7 +19,7 @@ func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
 
 func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	t.Parallel()
-	code, out, errOut := run(t, "demo", "--messages", "600", "--duplicates", "0.2", "--crash-rate", "0.02",
+	code, out, errOut := run(t, "demo", "--messages", "600", "--duplicates", "0.2", "--crash-rate", "0.04",
 		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
 	if code != 0 {
 		t.Fatalf("exit %d, stderr: %s\nstdout: %s", code, errOut, out)
@@ -38,6 +38,12 @@ func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	// 100ms in the demo) reached idem and was absorbed.
 	if reached := rep.DuplicatesPublished - rep.BrokerDroppedDups; rep.DuplicatesPublished == 0 || rep.DuplicatesAbsorbed < reached {
 		t.Errorf("duplicates published %d, dropped by the broker %d, absorbed %d", rep.DuplicatesPublished, rep.BrokerDroppedDups, rep.DuplicatesAbsorbed)
+	}
+	// Consumers died after the provider's charge and before their commit:
+	// the redeliveries sent the same derived key and the provider replayed
+	// the first charge instead of charging again.
+	if rep.ProviderReplays == 0 {
+		t.Errorf("provider replays 0: no crash between the provider call and the commit was exercised (crashes %d)", rep.ConsumerCrashes)
 	}
 	if rep.Deliveries < int64(rep.Messages)+rep.DuplicatesPublished {
 		t.Errorf("deliveries %d < messages + duplicates %d", rep.Deliveries, int64(rep.Messages)+rep.DuplicatesPublished)

@@ -92,7 +92,7 @@ double charges and no lost messages (3 otherwise).`,
 	f := cmd.Flags()
 	f.IntVar(&o.messages, "messages", 10000, "payments to publish and charge")
 	f.Float64Var(&o.duplicates, "duplicates", 0.1, "fraction of messages the producer publishes twice (0..1)")
-	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance that a consumer dies after a commit and before its ack (0..1)")
+	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance per message that a consumer dies: half after the provider call and before the commit, half after the commit and before the ack (0..1)")
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
 	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://...")
@@ -427,12 +427,15 @@ func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
 		out, err := r.consumer.Process(ctx, idem.Message{ID: d.id(), Payload: d.payload()}, r.charge)
 		var wait time.Duration
 		switch {
+		case errors.Is(err, errCrashBeforeCommit):
+			r.crashes.Add(1)
+			return false // the provider charged, the ledger row rolled back, no ack
 		case out.Status == idem.Duplicate:
 			r.dupAbsorbed.Add(1)
 			_ = d.ack()
 			return true
 		case out.Status == idem.Processed:
-			if rng.Float64() < r.o.crashRate {
+			if rng.Float64() < r.o.crashRate/2 {
 				r.crashes.Add(1)
 				return false // committed, never acked: the broker will redeliver
 			}
@@ -460,9 +463,18 @@ func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
 	return false
 }
 
+// errCrashBeforeCommit is how the demo kills a consumer between the
+// provider's charge and the commit of the ledger row.
+var errCrashBeforeCommit = errors.New("consumer died after the provider call, before its commit")
+
 // charge is the payments handler: it calls the provider with a key derived
 // from the message ID (the call survives a crash; the redelivery sends the
 // same key), then writes the ledger row in the claim's transaction.
+//
+// Half of the --crash-rate crashes happen here, after the provider charged
+// and before the commit: the redelivery calls the provider again with the
+// same key and gets the first charge back (a provider replay), so the
+// customer is charged once.
 func (r *demoRun) charge(ctx context.Context, tx *sql.Tx, m idem.Message) error {
 	var p payment
 	if err := json.Unmarshal(m.Payload, &p); err != nil {
@@ -471,6 +483,9 @@ func (r *demoRun) charge(ctx context.Context, tx *sql.Tx, m idem.Message) error 
 	chargeID, err := r.prov.charge(ctx, idem.DeriveKey(demoConsumer, m.ID, "charge"), p.PaymentID, p.AmountCents)
 	if err != nil {
 		return err
+	}
+	if rand.Float64() < r.o.crashRate/2 {
+		return errCrashBeforeCommit
 	}
 	_, err = tx.ExecContext(ctx, rebind(r.st.dialect,
 		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id) VALUES (?, ?, ?, ?)`),
