@@ -20,6 +20,14 @@ const (
 	DefaultPurgeBatchSize = 1000
 	// DefaultLease is the lease of a lease-mode attempt.
 	DefaultLease = 30 * time.Second
+	// MinLease is the shortest lease a LeaseConsumer accepts: renewed every
+	// Lease/3, a shorter one cannot be held across a store round trip and a
+	// scheduler pause, and a second attempt would take over a live handler.
+	MinLease = 100 * time.Millisecond
+	// MaxRetentionWindow is the longest retention window accepted (100
+	// years), so that time arithmetic in every store stays in range. To
+	// keep records for ever, disable purging (PurgeInterval -1).
+	MaxRetentionWindow = 100 * 365 * 24 * time.Hour
 	// DefaultMaxAttempts is the number of lease-mode attempts a message gets.
 	DefaultMaxAttempts = 5
 )
@@ -124,12 +132,14 @@ func (c Config) validate() error {
 	switch {
 	case c.MaxIDLength < 0 || c.MaxIDLength > DefaultMaxIDLength:
 		return fmt.Errorf("%w: MaxIDLength %d not in 1..%d", ErrInvalidConfig, c.MaxIDLength, DefaultMaxIDLength)
-	case c.RetentionWindow < 0:
-		return fmt.Errorf("%w: negative RetentionWindow %v", ErrInvalidConfig, c.RetentionWindow)
+	case c.RetentionWindow < 0 || c.RetentionWindow > MaxRetentionWindow:
+		return fmt.Errorf("%w: RetentionWindow %v not in 0..%v (to keep records for ever, set PurgeInterval to -1)", ErrInvalidConfig, c.RetentionWindow, MaxRetentionWindow)
+	case c.PurgeInterval > 0 && c.PurgeInterval < time.Second:
+		return fmt.Errorf("%w: PurgeInterval %v is under a second", ErrInvalidConfig, c.PurgeInterval)
 	case c.PurgeBatchSize < 0:
 		return fmt.Errorf("%w: negative PurgeBatchSize %d", ErrInvalidConfig, c.PurgeBatchSize)
-	case c.Lease < 0 || (c.Lease > 0 && c.Lease < time.Millisecond):
-		return fmt.Errorf("%w: Lease %v is under 1ms", ErrInvalidConfig, c.Lease)
+	case c.Lease < 0 || (c.Lease > 0 && c.Lease < MinLease):
+		return fmt.Errorf("%w: Lease %v is under MinLease (%v)", ErrInvalidConfig, c.Lease, MinLease)
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("%w: negative MaxAttempts %d", ErrInvalidConfig, c.MaxAttempts)
 	case c.MismatchPolicy > AcceptMismatchAsDuplicate:
@@ -141,7 +151,9 @@ func (c Config) validate() error {
 // Handler runs the side effects of one message inside tx, the transaction
 // that holds the message's claim. It must write every database effect with
 // tx; returning an error (or panicking) rolls back the effects and the claim
-// together, so the redelivery runs the handler again.
+// together, so the redelivery runs the handler again. It must never commit
+// or roll back tx itself: the Consumer does, and a handler that does breaks
+// the claim-with-effects guarantee (Process then fails at its Commit).
 type Handler[TTx any] func(ctx context.Context, tx TTx, msg Message) error
 
 // BatchHandler runs the side effects of the new messages of a batch inside

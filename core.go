@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,7 +96,7 @@ func (c *core) prepare(msg Message) (out Outcome, fp []byte) {
 	if err := ValidateMessageID(msg.ID, c.cfg.MaxIDLength); err != nil {
 		return Outcome{Status: Rejected, MessageID: msg.ID, Err: err}, nil
 	}
-	fp, err := c.cfg.Fingerprinter(msg.Payload)
+	fp, err := fingerprint(c.cfg.Fingerprinter, msg.Payload)
 	if err == nil && (len(fp) == 0 || len(fp) > MaxFingerprintLength) {
 		err = fmt.Errorf("%w: fingerprinter returned %d bytes, want 1..%d", ErrInvalidPayload, len(fp), MaxFingerprintLength)
 	}
@@ -123,4 +124,16 @@ func (c *core) duplicate(id string, fp, stored []byte) (Outcome, error) {
 
 func (c *core) failed(id string, err error) (Outcome, error) {
 	return Outcome{Status: Failed, MessageID: id, Err: err}, err
+}
+
+// fingerprint calls f, turning a panic into an error that matches
+// ErrInvalidPayload and ErrHandlerPanic: a fingerprinter that panics on
+// some payload rejects that message instead of crashing the consumer.
+func fingerprint(f Fingerprinter, payload []byte) (fp []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fp, err = nil, fmt.Errorf("%w: fingerprinter: %w", ErrInvalidPayload, &PanicError{Value: r, Stack: debug.Stack()})
+		}
+	}()
+	return f(payload)
 }

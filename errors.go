@@ -5,8 +5,11 @@ import (
 	"fmt"
 )
 
-// Sentinel errors. Every error returned by this package and by idem's stores
-// wraps one of these, so callers branch with [errors.Is].
+// Sentinel errors. Every error a Consumer or LeaseConsumer returns wraps one
+// of these (or is the handler's own error, or a context error), so callers
+// branch with [errors.Is]. Store methods called directly return their
+// driver's errors as they are, except for the lease-mode sentinels; the
+// consumers wrap those with ErrStore.
 var (
 	// ErrMissingMessageID means the message carries no message ID (an empty
 	// ID counts as missing). The producer must set one; the consumer never

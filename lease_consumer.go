@@ -35,6 +35,8 @@ type Result struct {
 
 // Attempt is one lease-mode attempt at a message, as its handler sees it.
 type Attempt struct {
+	leaseFrom time.Time // the lease runs until at least leaseFrom + Lease, by our clock
+
 	// Message is the delivery being processed.
 	Message Message
 	// Consumer is the consumer name.
@@ -164,6 +166,8 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 	if out.Status != 0 {
 		return out, out.Err
 	}
+	// The lease cannot have started before this instant, by our clock.
+	leaseFrom := time.Now()
 	acq, err := c.store.Acquire(ctx, &AcquireParams{
 		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
 	})
@@ -173,7 +177,7 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 	if !acq.Acquired {
 		return c.existing(msg.ID, fp, acq)
 	}
-	a := &Attempt{Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token, store: c.store, steps: acq.Steps}
+	a := &Attempt{leaseFrom: leaseFrom, Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token, store: c.store, steps: acq.Steps}
 	if a.steps == nil {
 		a.steps = map[string][]byte{}
 	}
@@ -272,20 +276,38 @@ func (c *LeaseConsumer) runLeased(ctx context.Context, a *Attempt, handler Lease
 func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) bool {
 	t := time.NewTicker(c.cfg.Lease / 3)
 	defer t.Stop()
+	// The lease is only known to be held until validFrom + Lease: if no
+	// renewal succeeds by then (the store is unreachable), another attempt
+	// may take over, so the handler is cancelled rather than left running
+	// beside it.
+	validFrom := a.leaseFrom
+	expiry := time.NewTimer(c.cfg.Lease)
+	defer expiry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return true
-		case <-t.C:
-		}
-		err := c.store.Renew(ctx, &RenewParams{Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Lease: c.cfg.Lease})
-		if errors.Is(err, ErrLeaseLost) {
+		case <-expiry.C:
 			cancel(ErrLeaseLost)
 			return false
+		case <-t.C:
 		}
-		if err != nil && ctx.Err() == nil {
+		start := time.Now()
+		// A renewal that hangs past the lease is as good as lost.
+		callCtx, cancelCall := context.WithDeadline(ctx, validFrom.Add(c.cfg.Lease))
+		err := c.store.Renew(callCtx, &RenewParams{Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Lease: c.cfg.Lease})
+		cancelCall()
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			cancel(ErrLeaseLost)
+			return false
+		case err == nil:
+			validFrom = start
+			expiry.Reset(time.Until(validFrom.Add(c.cfg.Lease)))
+		case ctx.Err() == nil:
 			c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
-				"consumer", c.cfg.Name, "message_id", a.Message.ID, "err", err)
+				"consumer", c.cfg.Name, "message_id", a.Message.ID, "err", err,
+				"lease_left", time.Until(validFrom.Add(c.cfg.Lease)))
 		}
 	}
 }
@@ -305,7 +327,7 @@ func (c *LeaseConsumer) release(ctx context.Context, a *Attempt, cause error, te
 		cause = errors.Join(cause, storeError("release", err))
 		terminal = false
 	case terminal:
-		cause = fmt.Errorf("%w: message %q, attempt %d of %d: %w", ErrPoison, a.Message.ID, a.Number, c.cfg.MaxAttempts, cause)
+		cause = fmt.Errorf("%w: message %q, after attempt %d (MaxAttempts %d): %w", ErrPoison, a.Message.ID, a.Number, c.cfg.MaxAttempts, cause)
 	}
 	return Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number, Poison: terminal}, cause
 }

@@ -49,7 +49,7 @@ func TestLeaseConsumerRenewsAfterCallerCancel(t *testing.T) {
 		}
 		return err
 	}
-	c := newLeaseConsumer(t, hook, 30*time.Millisecond)
+	c := newLeaseConsumer(t, hook, 150*time.Millisecond)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
@@ -88,7 +88,7 @@ func TestLeaseConsumerHungRenewalDoesNotBlock(t *testing.T) {
 		<-ctx.Done() // hangs until cancelled
 		return ctx.Err()
 	}
-	c := newLeaseConsumer(t, hook, 3*time.Millisecond)
+	c := newLeaseConsumer(t, hook, idem.MinLease)
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
 	done := make(chan idem.Outcome, 1)
 	go func() {
@@ -105,5 +105,32 @@ func TestLeaseConsumerHungRenewalDoesNotBlock(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Process did not return within 10s of its handler: it waits for a hung renewal")
+	}
+}
+
+// When renewals keep failing (the store is unreachable), the handler is
+// cancelled with cause ErrLeaseLost once the lease has run out by the
+// consumer's own clock, before another attempt could take over beside it.
+func TestLeaseConsumerCancelsWhenRenewalsFail(t *testing.T) {
+	t.Parallel()
+	store := idem.NewMemoryStore(nil)
+	hook := &renewHook{MemoryStore: store}
+	hook.renew = func(ctx context.Context, p *idem.RenewParams) error { return errors.New("connection refused") }
+	c := newLeaseConsumer(t, hook, idem.MinLease)
+	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+	start := time.Now()
+	out, err := c.Process(t.Context(), msg, func(hctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		select {
+		case <-hctx.Done():
+			return idem.Result{}, context.Cause(hctx)
+		case <-time.After(10 * time.Second):
+			return idem.Result{}, errors.New("handler never cancelled")
+		}
+	})
+	if out.Status != idem.Failed || !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Process with failing renewals: %v, %v; want Failed with ErrLeaseLost", out.Status, err)
+	}
+	if d := time.Since(start); d < idem.MinLease {
+		t.Errorf("handler cancelled after %v, before the lease (%v) ran out", d, idem.MinLease)
 	}
 }

@@ -298,7 +298,8 @@ func (s *MemoryStore) ExpireLease(consumer, id string) bool {
 }
 
 // ValidatePurgeParams checks p as every store's Purge does: a valid consumer
-// name and a positive retention window and batch size. Errors match
+// name, a retention window in 1ns..MaxRetentionWindow and a positive batch
+// size. Errors match
 // ErrInvalidConsumerName or ErrInvalidConfig. Store implementations call it.
 func ValidatePurgeParams(p *PurgeParams) error {
 	if err := ValidateConsumerName(p.Consumer); err != nil {
@@ -306,6 +307,9 @@ func ValidatePurgeParams(p *PurgeParams) error {
 	}
 	if p.RetentionWindow <= 0 || p.BatchSize <= 0 {
 		return fmt.Errorf("%w: purge needs a positive RetentionWindow and BatchSize", ErrInvalidConfig)
+	}
+	if p.RetentionWindow > MaxRetentionWindow {
+		return fmt.Errorf("%w: RetentionWindow %v is over MaxRetentionWindow (%v)", ErrInvalidConfig, p.RetentionWindow, MaxRetentionWindow)
 	}
 	return nil
 }

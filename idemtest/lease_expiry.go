@@ -303,12 +303,12 @@ func testLeaseTimeUnits(t *testing.T, b *leaseBundle) {
 	b.wantCalls("after the takeover", &calls, 1)
 }
 
-// The shortest lease, 1ms, is accepted by the LeaseConsumer and the store,
-// is neither rounded down to "no lease" (stuck for ever, field case C08)
-// nor up to a second (C09): it runs out by itself well within a second
-// and the next Acquire takes over.
+// The shortest lease the LeaseConsumer accepts, MinLease, works end to end;
+// and a 1ms lease is accepted by the store, is neither rounded down to "no
+// lease" (stuck for ever, field case C08) nor up to a second (C09): it runs
+// out by itself well within a second and the next Acquire takes over.
 func testLeaseOneMillisecond(t *testing.T, b *leaseBundle) {
-	c := b.consumer("c", idem.Config{Lease: time.Millisecond})
+	c := b.consumer("c", idem.Config{Lease: idem.MinLease})
 	var calls atomic.Int64
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
 	want := idem.Result{Body: []byte("ok")}

@@ -60,3 +60,36 @@ func modeName(m pgx.QueryExecMode) string {
 		pgx.QueryExecModeSimpleProtocol: "SimpleProtocol",
 	}[m]
 }
+
+// TestLeaseConformance runs idem's lease-mode conformance suite, each case
+// on its own pool and tables, in pgx's default query mode and in simple
+// protocol mode, with the same check that no connection leaks.
+func TestLeaseConformance(t *testing.T) {
+	testURL(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(modeName(mode), func(t *testing.T) {
+			t.Parallel()
+			idemtest.RunLease(t, leaseHarness(mode))
+		})
+	}
+}
+
+func leaseHarness(mode pgx.QueryExecMode) idemtest.LeaseHarness {
+	return idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+		b := setup(t, poolOpts{maxConns: 40, mode: mode})
+		t.Cleanup(func() {
+			if n := b.pool.Stat().AcquiredConns(); n != 0 {
+				t.Errorf("pool has %d acquired connections after the case, want 0", n)
+			}
+		})
+		return &idemtest.LeaseSetup{
+			Store:       b.store,
+			ExpireLease: b.expireLease,
+			CountRecords: func(ctx context.Context, consumer string) (n int, err error) {
+				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
+				return n, err
+			},
+			AgeRecords: b.ageRecords,
+		}
+	}}
+}

@@ -2,6 +2,8 @@
 // (github.com/jackc/pgx/v5): an [idem.TxStore] whose transactions are
 // pgx.Tx, so a handler writes its side effects with the same transaction
 // that holds the message's claim, and they commit or roll back together.
+// It is also an [idem.LeaseStore], for [idem.LeaseConsumer] and side
+// effects outside the database (see "Lease mode" below).
 //
 // It takes the caller's *pgxpool.Pool and owns nothing else:
 //
@@ -24,7 +26,8 @@
 // (timestamptz, the server's now() when the claiming transaction began),
 // under a primary key on (consumer, message_id) and an index on
 // (consumer, processed_at) for retention. The table name is configurable
-// ([Config.Table]).
+// ([Config.Table]). Migration 002 adds the lease-mode columns and the
+// recovery points table Table + "_steps" (see "Lease mode").
 //
 // # One round trip per claim
 //
@@ -122,12 +125,85 @@
 // nothing of it is kept. [Store.Rollback] after a failed or completed
 // Commit returns nil.
 //
+// # Lease mode
+//
+// [idem.LeaseConsumer] claims a message with a lease instead of a
+// transaction. Lease-mode records live in the same table, with the columns
+// of migration 002: state (1 in_progress, 2 completed, 3 failed, the values
+// of [idem.RecordState]; the default 2 makes every transactional record a
+// completed one), token (the fencing token of the attempt owning an
+// in_progress record; 0 for transactional records), attempt, lease_expires_at
+// (timestamptz), result (bytea), content_type, last_error and updated_at;
+// recovery points ([idem.Attempt.Step]) go to Table + "_steps". The
+// statements are store/idemsql's PostgreSQL ones, so both stores behave the
+// same on one table.
+//
+// The clock is the server's only: a lease is sent as whole microseconds
+// (rounded up, so no positive lease becomes zero; a lease that is not
+// positive is refused with an error matching [idem.ErrInvalidConfig], field
+// case C08), lease_expires_at is now() plus the lease, a lease has ended
+// when lease_expires_at <= now(), and the remaining lease a loser is told
+// is computed by the server in microseconds and returned as a
+// time.Duration (one unit end to end, field case C09). That remaining
+// lease is counted from clock_timestamp(), read after the statement's
+// snapshot, rather than now(), the statement's start: a lease granted by a
+// takeover that committed in between could otherwise look longer than it
+// is. Go's clock is never read.
+//
+// The statements, each one round trip in pgx's default mode once prepared
+// (and in simple protocol mode):
+//
+//   - [Store.Acquire]: one statement, INSERT ... ON CONFLICT (consumer,
+//     message_id) DO UPDATE SET token = token + 1, attempt = attempt + 1,
+//     lease_expires_at = now() + lease ... WHERE state = 1 AND
+//     lease_expires_at <= now() AND fingerprint = the caller's, RETURNING,
+//     in a CTE whose outer SELECT reads the record when the statement did
+//     not acquire it (a branch PostgreSQL skips for a new message). ON
+//     CONFLICT locks the row and judges the WHERE on its latest version,
+//     so of concurrent calls exactly one acquires (tested with 32, on a
+//     new message, after an expiry and after a release). When the
+//     statement's snapshot misses the record a concurrent caller just
+//     committed, or shows an older version than the one the WHERE judged,
+//     the statement runs again. A takeover reads its recovery points with a
+//     second statement, whose new snapshot sees a step that the previous
+//     owner committed while the takeover waited for the row.
+//   - [Store.Renew], [Store.Complete], [Store.Release]: one UPDATE each,
+//     fenced by WHERE consumer, message_id, state = 1 AND token = the
+//     attempt's, judged by rows affected: 0 is an error matching
+//     [idem.ErrLeaseLost]. An expired lease that nobody took over is still
+//     owned, so a late finisher may complete. Complete sets the state,
+//     result (byte for byte, nil as empty) and content type, and keeps the
+//     fingerprint (field case C12). Release ends the lease now, keeps the
+//     error text and moves the token on by one, so the released attempt
+//     owns nothing; the next attempt's token is one more again (tokens
+//     strictly increase; they are not attempt numbers).
+//   - [Store.SaveStep]: one statement, INSERT ... SELECT FROM the record
+//     locked FOR SHARE while the token owns it ... ON CONFLICT DO NOTHING
+//     (the first result of a step is kept), returning whether the token
+//     owns the record; a takeover, Complete or Release either waits for
+//     the step or is seen by it.
+//
+// Content types must be valid UTF-8 without NUL bytes, at most
+// [MaxContentTypeLength] bytes, and step names 1 to 255 such bytes (errors
+// matching idem.ErrInvalidConfig otherwise): PostgreSQL text holds nothing
+// else. Error texts are stored with invalid bytes and NULs replaced by
+// U+FFFD, cut to [MaxErrorTextLength] bytes. A call whose context has
+// ended returns its error (matching context.Canceled or
+// context.DeadlineExceeded) and changes nothing.
+//
+// One consumer name should use one mode. Across modes the table still
+// answers consistently: a transactional claim of any existing record, in
+// progress or not, is a duplicate; a lease Acquire of a transactional
+// record finds it completed, with no result.
+//
 // # Retention
 //
 // [Store.Purge] computes the downtime-safe horizon in SQL (the consumer's
 // newest processed_at minus the window), deletes in bounded batches, each
 // its own transaction, and lets one cleaner run per table and consumer
-// through a session advisory lock. [Store.Inspect] and [Store.Stats] serve
+// through a session advisory lock. It never deletes an in_progress lease
+// record, however old, and deletes the recovery points of the records it
+// deletes in the same statement. [Store.Inspect] and [Store.Stats] serve
 // `idem inspect` and `idem stats`.
 //
 // # Sharing a table
@@ -142,8 +218,9 @@
 //
 // # Times
 //
-// Every time is the database server's: processed_at defaults to now(), and
-// the purge horizon is computed by the server. The application's clock is
+// Every time is the database server's: processed_at defaults to now(),
+// lease expiries and remaining leases are computed from now(), and the
+// purge horizon is computed by the server. The application's clock is
 // never written.
 //
 // # Testing

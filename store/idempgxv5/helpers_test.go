@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -178,11 +179,30 @@ func (b *bundle) countRecords(tb testing.TB, consumer string) int {
 	return n
 }
 
-// ageRecords moves the processed_at of consumer's records with ids back by d.
+// ageRecords moves the processed_at and updated_at (NULL for
+// transactional records) of consumer's records with ids back by d,
+// whatever their state.
 func (b *bundle) ageRecords(ctx context.Context, consumer string, ids []string, d time.Duration) error {
-	_, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - $3::bigint * interval '1 microsecond'
+	_, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - $3::bigint * interval '1 microsecond',
+		updated_at = updated_at - $3::bigint * interval '1 microsecond'
 		WHERE consumer = $1 AND message_id = ANY ($2::text[])`, consumer, ids, d.Microseconds())
 	return err
+}
+
+// expireLease ends the live lease of consumer's in_progress record id at
+// the server's now() (a lease ending at now has run out), changing
+// nothing else; a lease that already ended keeps its expiry. It fails
+// when there is no in_progress record.
+func (b *bundle) expireLease(ctx context.Context, consumer, id string) error {
+	tag, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET lease_expires_at = LEAST(lease_expires_at, now())
+		WHERE consumer = $1 AND message_id = $2 AND state = 1`, consumer, id)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
+	}
+	return nil
 }
 
 // consumer returns a Consumer on the bundle's store without a purge loop.

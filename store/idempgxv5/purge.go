@@ -10,10 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Purge implements [idem.TxStore]: it deletes p.Consumer's records written
-// before the horizon, the consumer's newest processed_at minus
-// p.RetentionWindow (rounded up to a microsecond), computed by the server.
-// A consumer with no records has nothing to purge (zero Horizon).
+// Purge implements [idem.TxStore] and [idem.LeaseStore]: it deletes
+// p.Consumer's completed and failed records written before the horizon,
+// the consumer's newest processed_at minus p.RetentionWindow (rounded up
+// to a microsecond), computed by the server, with their recovery points.
+// It never deletes an in_progress lease record, however old: its lease is
+// live, or it waits for the next attempt. A consumer with no records has
+// nothing to purge (zero Horizon).
 //
 // One cleaner runs at a time per (table, consumer): Purge holds a session
 // advisory lock (pg_try_advisory_lock, key derived from the table and
@@ -22,12 +25,14 @@ import (
 // lock is released at the end; if that fails the connection is closed,
 // which releases it too.
 //
-// Rows are deleted oldest first, at most p.BatchSize per DELETE, each
-// DELETE its own short transaction that skips rows locked by others (FOR
-// UPDATE SKIP LOCKED), so claims keep flowing while it runs. p.OnBatch is
-// called after each batch. With p.DryRun one SELECT counts the rows a purge
-// would delete now (reported as one batch when there are any) and nothing is
-// deleted. Cancelling ctx stops between or during batches; the batches
+// Rows are deleted oldest first, at most p.BatchSize per batch, each batch
+// one statement in its own short transaction (a SELECT ... FOR UPDATE SKIP
+// LOCKED of the batch, the DELETE of the records and the DELETE of their
+// rows in Table + "_steps", as data-modifying CTEs), so claims keep
+// flowing while it runs and a record never loses its steps while it is
+// kept. p.OnBatch is called after each batch. With p.DryRun one SELECT
+// counts the records a purge would delete now (reported as one batch when
+// there are any) and nothing is deleted. Cancelling ctx stops between or during batches; the batches
 // already run stay deleted and are counted in the result.
 func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
 	var res idem.PurgeResult
@@ -76,11 +81,10 @@ func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResul
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		tag, err := conn.Exec(ctx, s.q.purgeBatch, p.Consumer, res.Horizon, int64(p.BatchSize))
-		if err != nil {
+		var n int64
+		if err := conn.QueryRow(ctx, s.q.purgeBatch, p.Consumer, res.Horizon, int64(p.BatchSize)).Scan(&n); err != nil {
 			return res, fmt.Errorf("idempgxv5: purge batch: %w", err)
 		}
-		n := tag.RowsAffected()
 		if n == 0 {
 			return res, nil
 		}

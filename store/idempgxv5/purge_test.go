@@ -274,7 +274,7 @@ func TestInspectAndStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(stats) != 2 || stats[0].Consumer != "a" || stats[0].Records != 3 || stats[1].Consumer != "b" || stats[1].Records != 2 {
+	if len(stats) != 2 || stats[0].Consumer != "a" || stats[0].Count != 3 || stats[1].Consumer != "b" || stats[1].Count != 2 {
 		t.Fatalf("Stats = %+v", stats)
 	}
 	if d := stats[0].Newest.Sub(stats[0].Oldest); d < time.Hour || d > time.Hour+time.Minute {

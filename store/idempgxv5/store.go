@@ -37,7 +37,9 @@ type Config struct {
 // Store is an [idem.TxStore] for PostgreSQL on pgx v5. The transactions it
 // hands to handlers are ordinary pgx transactions (*pgxpool.Tx) on the
 // Store's pool. It also implements [idem.BeginClaimer] (begin and claim in
-// one round trip) and [idem.Migrator].
+// one round trip), [idem.Migrator], and [idem.LeaseStore] for
+// [idem.LeaseConsumer] (lease mode, on the same table; see the package
+// doc).
 //
 // A handler uses the transaction it is given for its writes and leaves
 // ending it to the Consumer: a handler that commits or rolls it back
@@ -49,6 +51,7 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table sqlschema.Table
 	q     queries
+	lq    leaseQueries
 }
 
 // Interface checks.
@@ -108,17 +111,27 @@ WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_
 		fingerprint:  `SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		fingerprints: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 		horizon:      `SELECT max(processed_at) - $2::bigint * interval '1 microsecond' FROM ` + t + ` WHERE consumer = $1::text`,
-		purgeCount:   `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < $2::timestamptz`,
-		purgeBatch: `DELETE FROM ` + t + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + t + `
-	WHERE consumer = $1::text AND processed_at < $2::timestamptz
+		// Purges never touch in_progress (state 1) lease records.
+		purgeCount: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < $2::timestamptz AND state <> 1`,
+		// One statement per batch: the batch (oldest first, skipping rows
+		// locked by others), the records, and their recovery points.
+		purgeBatch: `WITH batch AS (
+	SELECT message_id FROM ` + t + `
+	WHERE consumer = $1::text AND processed_at < $2::timestamptz AND state <> 1
 	ORDER BY processed_at
 	LIMIT $3::bigint
 	FOR UPDATE SKIP LOCKED
-)`,
-		inspect: `SELECT consumer, message_id, fingerprint, processed_at FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
-		stats:   `SELECT consumer, count(*), min(processed_at), max(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
-		migTb:   t + `_migrations`,
+), del AS (
+	DELETE FROM ` + t + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM batch)
+	RETURNING message_id
+), del_steps AS (
+	DELETE FROM ` + t + `_steps WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
+)
+SELECT count(*) FROM del`,
+		inspect: `SELECT consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error
+FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
+		stats: `SELECT consumer, count(*), min(processed_at), max(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
+		migTb: t + `_migrations`,
 	}
 }
 
@@ -137,7 +150,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: idempgxv5: %w", idem.ErrInvalidConfig, err)
 	}
-	return &Store{pool: pool, table: table, q: newQueries(table.Qualified)}, nil
+	return &Store{pool: pool, table: table, q: newQueries(table.Qualified), lq: newLeaseQueries(table.Qualified)}, nil
 }
 
 // Table returns the processed-messages table name, as written in SQL.

@@ -55,3 +55,37 @@ func (e *env) setup() *idemtest.Setup[*sql.Tx] {
 		AgeRecords:   e.ageRecords,
 	}
 }
+
+// TestLeaseConformance runs the idemtest lease suite on every dialect,
+// each LeaseSetup on fresh tables (SQLite: a fresh file).
+func TestLeaseConformance(t *testing.T) {
+	t.Parallel()
+	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
+		serverOf(t, d)
+		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+			return newEnv(t, d, envOptions{}).leaseSetup()
+		}})
+	})
+}
+
+// TestLeaseConformanceMySQLFoundRows runs the lease suite on MySQL with
+// clientFoundRows=true (rows affected counts matched rows, changed or
+// not), interpolateParams=true and parseTime=false.
+func TestLeaseConformanceMySQLFoundRows(t *testing.T) {
+	t.Parallel()
+	serverOf(t, idemsql.MySQL)
+	o := envOptions{mysqlParams: map[string]string{"clientFoundRows": "true", "interpolateParams": "true", "parseTime": "false"}}
+	idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+		return newEnv(t, idemsql.MySQL, o).leaseSetup()
+	}})
+}
+
+// leaseSetup returns the env as an idemtest.LeaseSetup.
+func (e *env) leaseSetup() *idemtest.LeaseSetup {
+	return &idemtest.LeaseSetup{
+		Store:        e.store,
+		ExpireLease:  e.expireLease,
+		CountRecords: e.countRecords,
+		AgeRecords:   e.ageRecords,
+	}
+}

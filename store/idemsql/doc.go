@@ -1,7 +1,9 @@
 // Package idemsql is idem's store over database/sql: an [idem.TxStore] of
 // *sql.Tx for PostgreSQL, MariaDB/MySQL and SQLite. Handlers receive the
 // *sql.Tx that holds the message's claim and write their side effects with
-// it, so the claim and the effects commit or roll back together.
+// it, so the claim and the effects commit or roll back together. It is also
+// an [idem.LeaseStore], for [idem.LeaseConsumer] and side effects outside
+// the database (see "Lease mode" below).
 //
 // The store takes the caller's *sql.DB and imports no driver: open the
 // database with the driver of your choice and name its [Dialect].
@@ -24,7 +26,9 @@
 //
 // Migrate creates the processed-messages table (default idem_processed;
 // see [Config]) with the primary key (consumer, message_id) and an index on
-// (consumer, processed_at), from the migrations embedded in idem. Message
+// (consumer, processed_at), from the migrations embedded in idem; migration
+// 002 adds the lease-mode columns and the recovery points table Table +
+// "_steps" (see "Lease mode"). Message
 // IDs and consumer names are compared byte for byte on every dialect,
 // whatever the server's default collation: text COLLATE "C" on PostgreSQL,
 // VARBINARY on MySQL (a utf8mb4_general_ci server would otherwise find
@@ -115,7 +119,8 @@
 // processed_at is now() on PostgreSQL (the transaction's start),
 // UTC_TIMESTAMP(6) on MySQL (a UTC DATETIME(6)) and SQLite's clock in Unix
 // microseconds on SQLite (with SQLite's millisecond precision). The purge
-// horizon is computed by the server from the consumer's newest record.
+// horizon is computed by the server from the consumer's newest record, and
+// so are lease expiries and remaining leases (see "Lease mode").
 // Times cross the driver as integer microseconds, so go-sql-driver's
 // parseTime and session time zones play no part; Go values are in UTC.
 //
@@ -143,6 +148,104 @@
 // is what makes acknowledging a message after Process safe; it also bounds
 // the commit rate of a disk, and batches amortise it.
 //
+// # Lease mode
+//
+// [idem.LeaseConsumer] claims a message with a lease instead of a
+// transaction, for side effects the database cannot roll back (an HTTP
+// call, an email). The store keeps lease-mode records in the same table,
+// with more columns (migration 002):
+//
+//   - state: 1 in_progress, 2 completed, 3 failed (the values of
+//     [idem.RecordState]). Its default is 2, so the records of
+//     transactional mode, whose claims write only the columns of migration
+//     001, are completed records, and tables from before the migration keep
+//     their meaning;
+//   - token (bigint, default 0), the fencing token of the attempt that owns
+//     an in_progress record, and attempt (default 1), the attempts made;
+//   - lease_expires_at, when the lease ends (timestamptz on PostgreSQL, a UTC
+//     DATETIME(6) on MySQL, Unix microseconds on SQLite, like processed_at);
+//   - result (bytea, LONGBLOB, BLOB; NULL for transactional records),
+//     content_type and last_error;
+//   - updated_at, the time of the last lease-mode write;
+//
+// and the table Table + "_steps" keeps the recovery points of multi-step
+// handlers ([idem.Attempt.Step]), keyed by (consumer, message_id, step).
+//
+// The clock: lease expiry is judged by the database server's clock only.
+// Acquire writes lease_expires_at as the server's now plus the lease
+// (sent as whole microseconds, rounded up, so no positive lease becomes
+// zero: field case C08); a lease has ended when lease_expires_at <= now;
+// the remaining lease an Acquire reports is lease_expires_at minus now,
+// computed by the server in microseconds and returned as a time.Duration
+// (one unit end to end: field case C09). On PostgreSQL now() is the
+// statement's transaction start; on MySQL UTC_TIMESTAMP(6), the time its
+// statement began (so a read that may wait for a lock is made after the
+// lock is held); on SQLite its clock, to the millisecond. Since a read's
+// now can be a little earlier than the write it sees, the remaining lease
+// is measured from updated_at (when the lease was set) if that is later:
+// it is never more than the lease granted. Renewals set the expiry the
+// same way. Go's clock is never read.
+//
+// [Store.Acquire] is atomic on each dialect; of concurrent calls (tested
+// with 32 at once, on a new message, after an expiry and after a release)
+// exactly one acquires:
+//
+//   - PostgreSQL: one statement, INSERT ... ON CONFLICT (consumer,
+//     message_id) DO UPDATE SET token = token + 1, attempt = attempt + 1,
+//     lease_expires_at = now() + lease ... WHERE state = 1 AND
+//     lease_expires_at <= now() AND fingerprint = the caller's, RETURNING
+//     the token, which also reads the record when it did not acquire it.
+//     ON CONFLICT locks the conflicting row and judges the WHERE on its
+//     latest committed version, so two callers cannot both take over. The
+//     read sees the statement's snapshot; when that snapshot shows no
+//     record (one a concurrent transaction committed while the insert
+//     waited) or a record the WHERE would have taken (it changed since),
+//     the statement runs again with a new snapshot. A takeover then reads
+//     its recovery points with one more statement.
+//   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE of a new in_progress record,
+//     whose insert ID says whether the record existed, as for transactional
+//     claims (rows affected would not, see clientFoundRows). When it
+//     existed, a plain read reports it, unless it can be taken over: then a
+//     short transaction locks it (SELECT ... FOR UPDATE), reads it again
+//     under the lock, updates it and reads its recovery points.
+//   - SQLite: one BEGIN IMMEDIATE transaction: INSERT ... ON CONFLICT DO
+//     UPDATE ... WHERE ... RETURNING, then a read.
+//
+// Fencing: [Store.Renew], [Store.Complete] and [Store.Release] are each
+// one UPDATE whose WHERE is (consumer, message_id, state = in_progress,
+// token = the attempt's token), judged by rows affected: 0 is
+// [idem.ErrLeaseLost]. An expired lease that nobody took over is still
+// owned, so a late finisher may complete. On MySQL every one of them
+// changes a column (updated_at always moves forward by at least a
+// microsecond, and the token or state change where they do), so rows
+// affected is 1 on success with or without clientFoundRows. Complete sets
+// the state, result and content type and keeps the fingerprint (field case
+// C12). Release ends the lease now, keeps the error text and moves the
+// token on by one, so that the released attempt owns nothing; the next
+// attempt's token is one more again (tokens strictly increase; they are not
+// attempt numbers). [Store.SaveStep] inserts a recovery point only while
+// the token owns the record, holding the record's row lock in share mode
+// (so a takeover, which locks the row, either waits for the step and
+// returns it, or is seen by it): on PostgreSQL one statement (INSERT ...
+// SELECT FROM the record FOR SHARE ... ON CONFLICT DO NOTHING), on MySQL a
+// short transaction (a LOCK IN SHARE MODE read of the record, then INSERT
+// ... ON DUPLICATE KEY UPDATE), on SQLite one INSERT ... SELECT. The first
+// result saved for a step is kept.
+//
+// Byte for byte: results and step results are stored as given (nil as
+// empty), up to the server's limits (MySQL: LONGBLOB, and a statement is
+// bounded by max_allowed_packet). Content types must be valid UTF-8
+// without NUL bytes, at most [MaxContentTypeLength] bytes, and step names
+// 1 to 255 such bytes (errors matching idem.ErrInvalidConfig otherwise),
+// because PostgreSQL text cannot hold anything else; error texts are
+// stored with invalid bytes and NULs replaced by U+FFFD, cut to
+// [MaxErrorTextLength] bytes.
+//
+// One consumer name should use one mode. Across modes the table still
+// answers consistently: a transactional claim of any existing record,
+// in progress or not, is a duplicate; a lease Acquire of a transactional
+// record finds it completed, with no result.
+//
 // # Connection pools
 //
 // Every claim holds a connection for the transaction's lifetime, handler
@@ -154,10 +257,12 @@
 // # Purging
 //
 // [Store.Purge] deletes a consumer's records older than its newest record
-// minus the retention window, in bounded batches, one autocommit DELETE per
-// batch, with one cleaner at a time per table and consumer: a PostgreSQL
-// advisory lock, a MySQL GET_LOCK, or an in-process lock for SQLite (whose
-// writers serialise across processes anyway).
+// minus the retention window, in bounded batches, each its own short
+// transaction, with one cleaner at a time per table and consumer: a
+// PostgreSQL advisory lock, a MySQL GET_LOCK, or an in-process lock for
+// SQLite (whose writers serialise across processes anyway). It never
+// deletes an in_progress lease record, however old, and deletes the
+// recovery points of the records it deletes in the same transaction.
 //
 // # Operators
 //

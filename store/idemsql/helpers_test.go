@@ -141,7 +141,7 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 	}
 	ctx := context.Background()
 	t.Cleanup(func() {
-		for _, tb := range []string{e.table, e.table + "_migrations", e.effects} {
+		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_migrations", e.effects} {
 			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}

@@ -26,8 +26,23 @@ type Record struct {
 	// ProcessedAt is when the record was written, by the database server's
 	// clock, in UTC: the claiming transaction's start on PostgreSQL (now()),
 	// the claim statement's time on MySQL (UTC_TIMESTAMP(6)) and on SQLite
-	// (millisecond precision).
+	// (millisecond precision). Lease mode stamps it again when an attempt
+	// takes the record over, completes it or releases it.
 	ProcessedAt time.Time
+	// State is the record's state: completed for every record written in
+	// transactional mode; in_progress or failed only in lease mode.
+	State idem.RecordState
+	// Token is the fencing token of the attempt owning an in_progress
+	// record (lease mode; 0 for transactional records).
+	Token int64
+	// Attempt is the number of attempts made (lease mode; 1 otherwise).
+	Attempt int
+	// LeaseExpiresAt is when the lease of the last attempt ends or ended,
+	// by the server's clock, in UTC; zero for transactional records.
+	LeaseExpiresAt time.Time
+	// Error is the last error a lease-mode attempt released the record
+	// with.
+	Error string
 }
 
 // ConsumerStats summarises one consumer's records, as [Store.Stats] reads
@@ -44,7 +59,7 @@ type ConsumerStats struct {
 }
 
 // Inspect returns the committed record of (consumer, messageID), compared
-// byte for byte. It returns an error matching [ErrNotFound] when there is
+// byte for byte, in either mode. It returns an error matching [ErrNotFound] when there is
 // none, one matching idem.ErrInvalidConsumerName or idem.ErrInvalidMessageID
 // for names that no record can have, and the driver's error otherwise.
 func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (Record, error) {
@@ -55,8 +70,13 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (Record
 		return Record{}, err
 	}
 	r := Record{Consumer: consumer, MessageID: messageID}
-	var at int64
-	err := s.db.QueryRowContext(ctx, s.q.inspect, consumer, messageID).Scan(&r.Fingerprint, &at)
+	var (
+		at, state int64
+		leaseEnd  sql.NullInt64
+		lastError sql.NullString
+	)
+	err := s.db.QueryRowContext(ctx, s.q.inspect, consumer, messageID).
+		Scan(&r.Fingerprint, &at, &state, &r.Token, &r.Attempt, &leaseEnd, &lastError)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, fmt.Errorf("%w: consumer %q, message ID %q in %s", ErrNotFound, consumer, messageID, s.table.Qualified)
 	}
@@ -64,6 +84,11 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (Record
 		return Record{}, fmt.Errorf("idemsql: inspect: %w", err)
 	}
 	r.ProcessedAt = time.UnixMicro(at).UTC()
+	r.State = idem.RecordState(state)
+	if leaseEnd.Valid {
+		r.LeaseExpiresAt = time.UnixMicro(leaseEnd.Int64).UTC()
+	}
+	r.Error = lastError.String
 	return r, nil
 }
 

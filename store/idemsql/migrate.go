@@ -24,7 +24,9 @@ import (
 //   - MySQL: GET_LOCK on one connection (the lock name derives from the
 //     database and table names), released with RELEASE_LOCK. MySQL commits
 //     DDL implicitly, so each statement stands alone; the migrations are
-//     written to be re-run safely (IF NOT EXISTS) after a failure halfway.
+//     written to be re-run safely after a failure halfway (IF NOT EXISTS,
+//     and 002's ALTER TABLE runs only if information_schema shows the
+//     table without its columns).
 //   - SQLite: one BEGIN IMMEDIATE transaction on one connection, which
 //     holds the write lock; DDL is transactional.
 //

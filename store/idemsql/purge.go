@@ -14,12 +14,16 @@ import (
 // by database file, table and consumer.
 var sqlitePurging sync.Map
 
-// Purge implements [idem.TxStore]: it deletes p.Consumer's records written
-// before the horizon, the consumer's newest processed_at minus
-// p.RetentionWindow (rounded up to a microsecond), both computed by the
-// server. The horizon follows the consumer's last activity, not the clock,
-// so a consumer that was down longer than the window keeps its history. A
-// consumer with no records has nothing to purge (zero Horizon).
+// Purge implements [idem.TxStore] and [idem.LeaseStore]: it deletes
+// p.Consumer's completed and failed records written before the horizon,
+// the consumer's newest processed_at minus p.RetentionWindow (rounded up
+// to a microsecond), both computed by the server, together with their
+// recovery points. in_progress lease records are never deleted, however
+// old (their lease live, expired or released): a later attempt may still
+// take them over. The horizon follows the consumer's last activity (any
+// record, in progress ones included), not the clock, so a consumer that was
+// down longer than the window keeps its history. A consumer with no records
+// has nothing to purge (zero Horizon).
 //
 // One cleaner runs at a time per (table, consumer); when another holds the
 // lock, Purge returns [idem.ErrPurgeInProgress] at once:
@@ -35,11 +39,14 @@ var sqlitePurging sync.Map
 //     only take turns deleting.
 //
 // If the lock cannot be released the connection is closed, which releases
-// it. Rows are deleted oldest first, at most p.BatchSize per DELETE, each
-// DELETE its own short transaction (autocommit), so claims keep flowing:
-// PostgreSQL skips rows locked by others (FOR UPDATE SKIP LOCKED); MySQL
-// runs DELETE ... ORDER BY processed_at LIMIT; SQLite deletes a LIMITed
-// rowid subquery. p.OnBatch is called after each batch. With p.DryRun one
+// it. Rows are deleted oldest first, at most p.BatchSize per batch, each
+// batch its own short transaction, so claims keep flowing: on PostgreSQL
+// one statement that picks the batch skipping rows locked by others (FOR
+// UPDATE SKIP LOCKED) and deletes the records and their steps; on MySQL a
+// locking SELECT ... ORDER BY processed_at LIMIT, then DELETEs of those
+// records and their steps by primary key; on SQLite (BEGIN IMMEDIATE) a
+// DELETE of a LIMITed rowid subquery RETURNING the IDs, then a DELETE of
+// their steps. p.OnBatch is called after each batch. With p.DryRun one
 // SELECT counts the rows a purge would delete now (reported as one batch
 // when there are any) and nothing is deleted. Cancelling ctx stops between
 // or during batches; the batches already run stay deleted and are counted
@@ -81,11 +88,7 @@ func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResul
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		r, err := ex.ExecContext(ctx, s.q.purgeBatch, p.Consumer, horizon.Int64, int64(p.BatchSize))
-		if err != nil {
-			return res, fmt.Errorf("idemsql: purge batch: %w", err)
-		}
-		n, err := r.RowsAffected()
+		n, err := s.purgeBatch(ctx, ex, p.Consumer, horizon.Int64, p.BatchSize)
 		if err != nil {
 			return res, fmt.Errorf("idemsql: purge batch: %w", err)
 		}
@@ -103,11 +106,18 @@ func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResul
 	}
 }
 
+// purgeConn is what a purge runs on: the connection holding the purge
+// lock, or the pool for SQLite.
+type purgeConn interface {
+	execer
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
 // purgeLock takes the purge lock of (table, consumer). It returns what the
 // purge statements run on (the lock's connection, or the pool for SQLite)
 // and the function that releases the lock. It returns
 // idem.ErrPurgeInProgress when another cleaner holds the lock.
-func (s *Store) purgeLock(ctx context.Context, consumer string) (execer, func(), error) {
+func (s *Store) purgeLock(ctx context.Context, consumer string) (purgeConn, func(), error) {
 	switch s.dialect {
 	case Postgres:
 		conn, err := s.db.Conn(ctx)

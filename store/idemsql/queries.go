@@ -31,11 +31,11 @@ type queries struct {
 	// newest: the consumer's newest record time minus a window: window
 	// (µs), consumer. NULL when the consumer has no records.
 	horizon string
-	// purgeCount: consumer, horizon (µs).
+	// purgeCount: consumer, horizon (µs): the records a purge would
+	// delete (not in_progress). The batches are in leaseQueries.
 	purgeCount string
-	// purgeBatch: consumer, horizon (µs), batch size.
-	purgeBatch string
-	// inspect: consumer, message ID -> fingerprint, processed at (µs).
+	// inspect: consumer, message ID -> fingerprint, processed at (µs),
+	// state, token, attempt, lease expiry (µs, NULL when none), last error.
 	inspect string
 	// stats -> consumer, count, oldest (µs), newest (µs).
 	stats string
@@ -86,15 +86,9 @@ UNION ALL
 SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 		fingerprints: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 		horizon:      `SELECT ` + pgMicros(`max(processed_at)`) + ` - $1::bigint FROM ` + t + ` WHERE consumer = $2::text`,
-		purgeCount:   `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`),
-		purgeBatch: `DELETE FROM ` + t + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + t + `
-	WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + `
-	ORDER BY processed_at
-	LIMIT $3::bigint
-	FOR UPDATE SKIP LOCKED
-)`,
-		inspect: `SELECT fingerprint, ` + pgMicros(`processed_at`) + ` FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
+		purgeCount:   `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + ` AND state <> 1`,
+		inspect: `SELECT fingerprint, ` + pgMicros(`processed_at`) + `, state, token, attempt, ` + pgMicros(`lease_expires_at`) + `, last_error
+FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		stats: `SELECT consumer, count(*), ` + pgMicros(`min(processed_at)`) + `, ` + pgMicros(`max(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
 		migTable: t + `_migrations`,
@@ -160,9 +154,9 @@ func mysqlQueries(t string) queries {
 		fpsPrefix:   `SELECT message_id, fingerprint FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id IN (`,
 		fpsSuffix:   `) LOCK IN SHARE MODE`,
 		horizon:     `SELECT ` + mysqlMicros(`MAX(processed_at)`) + ` - ? FROM ` + t + ` WHERE consumer = ?`,
-		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam,
-		purgeBatch:  `DELETE FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` ORDER BY processed_at LIMIT ?`,
-		inspect:     `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + ` FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
+		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
+		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, state, token, attempt, ` + mysqlMicros(`lease_expires_at`) + `, last_error
+FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 		stats: `SELECT consumer, COUNT(*), ` + mysqlMicros(`MIN(processed_at)`) + `, ` + mysqlMicros(`MAX(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
 		migTable: t + `_migrations`,
@@ -188,12 +182,9 @@ func sqliteQueries(t string) queries {
 		fpsPrefix:   `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
 		fpsSuffix:   `)`,
 		horizon:     `SELECT MAX(processed_at) - ?1 FROM ` + t + ` WHERE consumer = ?2`,
-		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2`,
-		// A table with a composite primary key still has a rowid, the
-		// cheapest handle for "these rows".
-		purgeBatch: `DELETE FROM ` + t + ` WHERE rowid IN (
-	SELECT rowid FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 ORDER BY processed_at LIMIT ?3)`,
-		inspect:  `SELECT fingerprint, processed_at FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
+		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1`,
+		inspect: `SELECT fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error
+FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
 		stats:    `SELECT consumer, COUNT(*), MIN(processed_at), MAX(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
 		migTable: t + `_migrations`,
 	}

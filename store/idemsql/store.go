@@ -63,8 +63,10 @@ type Config struct {
 // Store is an [idem.TxStore] over database/sql for PostgreSQL, MariaDB/MySQL
 // and SQLite. The transactions it hands to handlers are ordinary *sql.Tx
 // values on the caller's *sql.DB; handlers write their side effects with
-// them. It also implements [idem.Migrator], and offers [Store.Inspect] and
-// [Store.Stats] for operators (the idem command).
+// them. It also implements [idem.LeaseStore] (lease mode, for
+// [idem.LeaseConsumer]; see the package documentation) and [idem.Migrator],
+// and offers [Store.Inspect] and [Store.Stats] for operators (the idem
+// command).
 //
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the *sql.DB.
@@ -73,6 +75,7 @@ type Store struct {
 	dialect Dialect
 	table   sqlschema.Table
 	q       queries
+	lq      leaseQueries
 	// lockScope names the database file for SQLite's in-process purge
 	// lock, so two Stores over one file share it.
 	lockScope string
@@ -81,6 +84,7 @@ type Store struct {
 // Interface checks.
 var (
 	_ idem.TxStore[*sql.Tx] = (*Store)(nil)
+	_ idem.LeaseStore       = (*Store)(nil)
 	_ idem.Migrator         = (*Store)(nil)
 )
 
@@ -108,10 +112,13 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	switch dialect {
 	case Postgres:
 		s.q = postgresQueries(table.Qualified)
+		s.lq = postgresLeaseQueries(table.Qualified)
 	case MySQL:
 		s.q = mysqlQueries(table.Qualified)
+		s.lq = mysqlLeaseQueries(table.Qualified)
 	case SQLite:
 		s.q = sqliteQueries(table.Qualified)
+		s.lq = sqliteLeaseQueries(table.Qualified)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if s.lockScope, err = checkSQLite(ctx, db); err != nil {

@@ -1,0 +1,208 @@
+package idempgxv5_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// TestLeaseRoundTrips counts the network writes (one per round trip) of
+// each lease-mode call once the statements are prepared: one for an
+// Acquire of a new message, of a record with a live lease and of a
+// completed one, and for each fenced write; two for a takeover (its
+// recovery points are read by a second statement).
+func TestLeaseRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var writes atomic.Int64
+	b := setup(t, poolOpts{maxConns: 1, countWrites: &writes, noPing: true})
+	s := b.store
+	acq := func(id string) idem.AcquireResult {
+		t.Helper()
+		r, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Minute})
+		if err != nil {
+			t.Fatalf("Acquire(%q): %v", id, err)
+		}
+		return r
+	}
+	// Warm up: prepare every statement on the pool's one connection.
+	w := acq("warm-up")
+	for _, err := range []error{
+		s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Lease: time.Minute}),
+		s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Step: "s", Result: []byte("v")}),
+		s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Error: "e"}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	w = acq("warm-up") // a takeover: prepares the steps query
+	if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "warm-up", Token: w.Token}); err != nil {
+		t.Fatal(err)
+	}
+
+	count := func(what string, want int64, f func()) {
+		t.Helper()
+		writes.Store(0)
+		f()
+		if n := writes.Load(); n != want {
+			t.Errorf("%s took %d round trips, want %d", what, n, want)
+		}
+	}
+	var a idem.AcquireResult
+	count("Acquire of a new message", 1, func() { a = acq("m") })
+	if !a.Acquired || a.Token != 1 || a.Attempt != 1 {
+		t.Fatalf("Acquire of a new message = %+v", a)
+	}
+	count("Acquire of a live lease", 1, func() {
+		if r := acq("m"); r.Acquired || r.State != idem.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > time.Minute {
+			t.Errorf("Acquire of a live lease = %+v", r)
+		}
+	})
+	count("Renew", 1, func() {
+		if err := s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: a.Token, Lease: time.Minute}); err != nil {
+			t.Error(err)
+		}
+	})
+	count("SaveStep", 1, func() {
+		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
+			t.Error(err)
+		}
+	})
+	count("Release", 1, func() {
+		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "e"}); err != nil {
+			t.Error(err)
+		}
+	})
+	count("a stale Complete", 1, func() {
+		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token}); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
+		}
+	})
+	count("Acquire taking over", 2, func() { a = acq("m") })
+	if !a.Acquired || a.Token != 3 || a.Attempt != 2 || string(a.Steps["s"]) != "v" {
+		t.Errorf("takeover after a release = %+v; want token 3 (the release moved it to 2), attempt 2, step s", a)
+	}
+	count("Complete", 1, func() {
+		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, Result: []byte("r")}); err != nil {
+			t.Error(err)
+		}
+	})
+	count("Acquire of a completed record", 1, func() {
+		if r := acq("m"); r.Acquired || r.State != idem.StateCompleted || string(r.Result) != "r" {
+			t.Errorf("Acquire of a completed record = %+v", r)
+		}
+	})
+	checkPool(t, b.pool)
+}
+
+// TestLeaseInspect reads lease-mode records with Inspect, and checks what
+// the two modes see of each other's records on one table.
+func TestLeaseInspect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, poolOpts{})
+	s := b.store
+	var serverNow time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT now()`).Scan(&serverNow); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: fp("x"), Lease: time.Hour})
+	if err != nil || !a.Acquired {
+		t.Fatalf("Acquire = %+v, %v", a, err)
+	}
+	r, err := s.Inspect(ctx, "c", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != idem.StateInProgress || r.Token != 1 || r.Attempt != 1 || r.Error != "" ||
+		r.LeaseExpiresAt.Location() != time.UTC || r.ProcessedAt.Location() != time.UTC ||
+		d(r.LeaseExpiresAt.Sub(serverNow)-time.Hour) > time.Minute {
+		t.Errorf("Inspect of an in_progress record = %+v (server now %v)", r, serverNow)
+	}
+	if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "bad \x00 byte \xff", Terminal: true}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = s.Inspect(ctx, "c", "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != idem.StateFailed || r.Token != 2 || r.Attempt != 1 || r.Error != "bad \uFFFD byte \uFFFD" {
+		t.Errorf("Inspect of a failed record = %+v; want failed, token 2, attempt 1, the error with U+FFFD", r)
+	}
+
+	// A transactional record is a completed record without a result; a
+	// transactional claim of a lease record is a duplicate.
+	c := b.consumer(t, "tx")
+	if _, err := c.Process(ctx, idem.Message{ID: "t", Payload: []byte("p")}, b.effectHandler()); err != nil {
+		t.Fatal(err)
+	}
+	r, err = s.Inspect(ctx, "tx", "t")
+	if err != nil || r.State != idem.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() {
+		t.Errorf("Inspect of a transactional record = %+v, %v", r, err)
+	}
+	res, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "tx", MessageID: "t", Fingerprint: fp("p"), Lease: time.Minute})
+	if err != nil || res.Acquired || res.State != idem.StateCompleted || res.Result != nil || res.LeaseRemaining != 0 {
+		t.Errorf("Acquire of a transactional record = %+v, %v; want completed, no result", res, err)
+	}
+}
+
+func d(x time.Duration) time.Duration { return x.Abs() }
+
+// TestLeasePurgeDeletesSteps: the recovery points of purged records go
+// with them; those of kept (in_progress) records stay.
+func TestLeasePurgeDeletesSteps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, poolOpts{})
+	s := b.store
+	for _, id := range []string{"done", "open"} {
+		a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Hour})
+		if err != nil || !a.Acquired {
+			t.Fatalf("Acquire(%q) = %+v, %v", id, a, err)
+		}
+		for _, step := range []string{"a", "b"} {
+			if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: step, Result: []byte(step)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if id == "done" {
+			if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := b.ageRecords(ctx, "c", []string{"done", "open"}, 48*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh record so that the horizon (newest minus the window) is now.
+	if a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "fresh", Fingerprint: fp("x"), Lease: time.Hour}); err != nil || !a.Acquired {
+		t.Fatalf("Acquire(fresh) = %+v, %v", a, err)
+	}
+	res, err := s.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: time.Hour, BatchSize: 10})
+	if err != nil || res.Deleted != 1 {
+		t.Fatalf("Purge = %+v, %v; want 1 deleted (the completed record)", res, err)
+	}
+	rows, err := b.pool.Query(ctx, `SELECT message_id FROM `+b.table+`_steps WHERE consumer = 'c' ORDER BY message_id, step`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 2 || ids[0] != "open" || ids[1] != "open" {
+		t.Errorf("steps left after the purge belong to %q, want [open open]", ids)
+	}
+}

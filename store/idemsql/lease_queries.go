@@ -1,0 +1,227 @@
+package idemsql
+
+// leaseQueries holds the lease-mode statements of one Store (see lease.go),
+// with its table names filled in once. Lease durations and remaining
+// leases cross the driver as int64 microseconds; every time is computed by
+// the server.
+//
+// Every statement that reads a record for Acquire returns the columns of
+// recordCols, in that order: state, token, attempt, fingerprint, the
+// remaining lease in microseconds (0 unless in_progress with a live lease),
+// result, content type, last error, and whether the record could be taken
+// over by the caller now (in_progress, lease ended, same fingerprint).
+//
+// The remaining lease is the expiry minus the later of now and updated_at,
+// the time of the write that set the expiry (now plus the lease): never
+// more than the lease granted. A read's now can be earlier than that
+// write's and yet see it: PostgreSQL's now() is its transaction's start,
+// taken before its snapshot; MySQL's UTC_TIMESTAMP is its statement's
+// start, before its read view (and any lock wait).
+type leaseQueries struct {
+	// acquire: PostgreSQL, SQLite: consumer, message ID, fingerprint,
+	// lease (µs). MySQL: the INSERT of a new record only, with the same
+	// arguments.
+	acquire string
+	// record reads recordCols: consumer, message ID, fingerprint.
+	record string
+	// lock (MySQL) locks a record: consumer, message ID. lockRecord is
+	// record with FOR UPDATE.
+	lock, lockRecord string
+	// takeover (MySQL): lease (µs), consumer, message ID.
+	takeover string
+	// steps: consumer, message ID -> step, result.
+	steps string
+	// renew: lease (µs), consumer, message ID, token.
+	renew string
+	// complete: result, content type, consumer, message ID, token.
+	complete string
+	// release: error text, terminal (0 or 1), consumer, message ID, token.
+	release string
+	// ownStep (MySQL): consumer, message ID, token -> a row when owned,
+	// locked in share mode. saveStep: PostgreSQL, SQLite: consumer,
+	// message ID, token, step, result (PostgreSQL returns the owner count,
+	// SQLite is judged by rows affected); MySQL: consumer, message ID,
+	// step, result, inside the transaction that ran ownStep.
+	ownStep, saveStep string
+
+	// purgeBatch: PostgreSQL: consumer, horizon (µs), batch size -> the
+	// number of records deleted (their steps too). MySQL: the locking
+	// SELECT of a batch: consumer, horizon, batch size -> message ID,
+	// token. SQLite: DELETE ... RETURNING message ID, token.
+	purgeBatch string
+	// purgeSteps (MySQL, SQLite): the DELETE of steps, completed with an
+	// IN list of message IDs: consumer, IDs...
+	purgeSteps string
+	// purgeRecords (MySQL): the DELETE of records, completed with an IN
+	// list: consumer, IDs...
+	purgeRecords string
+}
+
+// recordCols is the list of columns every record read returns, with the
+// dialect's expressions for now and for the remaining lease filled in.
+func recordCols(remaining, expired string) string {
+	return `state, token, attempt, fingerprint, ` + remaining + `, result, content_type, last_error, ` + expired
+}
+
+func postgresLeaseQueries(t string) leaseQueries {
+	steps := t + `_steps`
+	remaining := `CASE WHEN state = 1 AND lease_expires_at > now() THEN ` + pgMicros(`lease_expires_at`) + ` - ` +
+		pgMicros(`GREATEST(now(), COALESCE(updated_at, now()))`) + ` ELSE 0 END`
+	expired := `COALESCE(state = 1 AND lease_expires_at <= now() AND fingerprint = $3::bytea, false)`
+	cols := recordCols(remaining, expired)
+	pk := `consumer = $1::text AND message_id = $2::text`
+	return leaseQueries{
+		// One statement inserts a new record or takes over an expired one
+		// (the DO UPDATE runs only when its WHERE holds, judged on the
+		// latest committed version of the row, which ON CONFLICT locks), and
+		// otherwise reads the record as of the statement's snapshot. That
+		// snapshot misses a record committed by a transaction the insert
+		// waited for (no row at all), and may show a version older than the
+		// one the WHERE saw: when it shows a record that could be taken over
+		// although the DO UPDATE did not take it, the record changed since
+		// the snapshot. In both cases the caller runs the statement again,
+		// with a new snapshot.
+		acquire: `WITH up AS (
+	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + $4::bigint * interval '1 microsecond', now())
+	ON CONFLICT (consumer, message_id) DO UPDATE
+	SET token = r.token + 1, attempt = r.attempt + 1, lease_expires_at = excluded.lease_expires_at,
+		processed_at = excluded.processed_at, updated_at = excluded.updated_at
+	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
+	RETURNING r.token, r.attempt
+)
+SELECT true, 0::smallint, token, attempt, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
+UNION ALL
+SELECT false, ` + cols + ` FROM ` + t + `
+WHERE ` + pk + ` AND NOT EXISTS (SELECT 1 FROM up)`,
+		record: `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + pk,
+		steps:  `SELECT step, result FROM ` + steps + ` WHERE ` + pk,
+		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + $1::bigint * interval '1 microsecond', updated_at = now()
+WHERE consumer = $2::text AND message_id = $3::text AND state = 1 AND token = $4::bigint`,
+		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
+	lease_expires_at = now(), processed_at = now(), updated_at = now()
+WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
+		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::int = 1 THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
+	lease_expires_at = now(), processed_at = now(), updated_at = now()
+WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
+		// FOR SHARE conflicts with the row lock of a takeover, Complete or
+		// Release; under READ COMMITTED the owner check is then made again
+		// on the row they committed, so a stale owner's step is never
+		// saved after a takeover.
+		saveStep: `WITH owner AS (
+	SELECT 1 FROM ` + t + `
+	WHERE ` + pk + ` AND state = 1 AND token = $3::bigint
+	FOR SHARE
+), ins AS (
+	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+	SELECT $1::text, $2::text, $4::text, $5::bytea, now() FROM owner
+	ON CONFLICT (consumer, message_id, step) DO NOTHING
+)
+SELECT count(*) FROM owner`,
+		purgeBatch: `WITH batch AS (
+	SELECT message_id FROM ` + t + `
+	WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + ` AND state <> 1
+	ORDER BY processed_at
+	LIMIT $3::bigint
+	FOR UPDATE SKIP LOCKED
+), del AS (
+	DELETE FROM ` + t + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM batch)
+	RETURNING message_id
+), del_steps AS (
+	DELETE FROM ` + steps + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
+)
+SELECT count(*) FROM del`,
+	}
+}
+
+// mysqlNewerUpdatedAt is the updated_at of every fenced MySQL UPDATE: the
+// server's time, but always later than the value it replaces, so the
+// UPDATE changes the row and rows affected is 1 on success whatever
+// CLIENT_FOUND_ROWS says (without it MySQL counts only changed rows).
+const mysqlNewerUpdatedAt = `updated_at = GREATEST(UTC_TIMESTAMP(6), COALESCE(updated_at, UTC_TIMESTAMP(6)) + INTERVAL 1 MICROSECOND)`
+
+func mysqlLeaseQueries(t string) leaseQueries {
+	steps := t + `_steps`
+	remaining := `CASE WHEN state = 1 AND lease_expires_at > UTC_TIMESTAMP(6)
+	THEN TIMESTAMPDIFF(MICROSECOND, GREATEST(UTC_TIMESTAMP(6), COALESCE(updated_at, UTC_TIMESTAMP(6))), lease_expires_at) ELSE 0 END`
+	expired := `COALESCE(state = 1 AND lease_expires_at <= UTC_TIMESTAMP(6) AND fingerprint = ?, 0)`
+	cols := recordCols(remaining, expired)
+	// The fingerprint placeholder comes first in cols; arguments are
+	// fingerprint, consumer, message ID.
+	pk := `consumer = ? AND message_id = ?`
+	return leaseQueries{
+		// The claim's duplicate detection (mysqlFirstRow): the insert ID is
+		// 1 when the record existed, 0 when this statement inserted it,
+		// whatever rows affected says.
+		acquire: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+VALUES (?, ?, ?, IF(LAST_INSERT_ID(0) = 0, UTC_TIMESTAMP(6), NULL), 1, 1, 1, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE consumer = IF(LAST_INSERT_ID(1) >= 0, consumer, consumer)`,
+		record:     `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + pk,
+		lock:       `SELECT 1 FROM ` + t + ` WHERE ` + pk + ` FOR UPDATE`,
+		lockRecord: `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + pk + ` FOR UPDATE`,
+		takeover: `UPDATE ` + t + ` SET token = token + 1, attempt = attempt + 1,
+	lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, processed_at = UTC_TIMESTAMP(6), ` + mysqlNewerUpdatedAt + `
+WHERE ` + pk,
+		steps: `SELECT step, result FROM ` + steps + ` WHERE ` + pk,
+		renew: `UPDATE ` + t + ` SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ` + mysqlNewerUpdatedAt + `
+WHERE ` + pk + ` AND state = 1 AND token = ?`,
+		complete: `UPDATE ` + t + ` SET state = 2, result = ?, content_type = ?,
+	lease_expires_at = UTC_TIMESTAMP(6), processed_at = UTC_TIMESTAMP(6), ` + mysqlNewerUpdatedAt + `
+WHERE ` + pk + ` AND state = 1 AND token = ?`,
+		release: `UPDATE ` + t + ` SET last_error = ?, state = IF(? = 1, 3, 1), token = token + 1,
+	lease_expires_at = UTC_TIMESTAMP(6), processed_at = UTC_TIMESTAMP(6), ` + mysqlNewerUpdatedAt + `
+WHERE ` + pk + ` AND state = 1 AND token = ?`,
+		// A locking read: it waits for a takeover, Complete or Release in
+		// flight and sees its result under any isolation level (a plain
+		// read under READ COMMITTED or REPEATABLE READ could see an older
+		// owner), and holds the row in share mode until the step is saved.
+		ownStep:  `SELECT 1 FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ? LOCK IN SHARE MODE`,
+		saveStep: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE step = step`,
+		purgeBatch: `SELECT message_id, token FROM ` + t + `
+WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1
+ORDER BY processed_at LIMIT ? FOR UPDATE`,
+		purgeSteps:   `DELETE FROM ` + steps + ` WHERE consumer = ? AND message_id IN (`,
+		purgeRecords: `DELETE FROM ` + t + ` WHERE consumer = ? AND message_id IN (`,
+	}
+}
+
+func sqliteLeaseQueries(t string) leaseQueries {
+	steps := t + `_steps`
+	remaining := `CASE WHEN state = 1 AND lease_expires_at > ` + sqliteNow + ` THEN lease_expires_at - MAX(` + sqliteNow + `, COALESCE(updated_at, 0)) ELSE 0 END`
+	expired := `COALESCE(state = 1 AND lease_expires_at <= ` + sqliteNow + ` AND fingerprint = ?3, 0)`
+	cols := recordCols(remaining, expired)
+	pk := `consumer = ?1 AND message_id = ?2`
+	return leaseQueries{
+		// Inside a BEGIN IMMEDIATE transaction: an insert, or a takeover
+		// when the DO UPDATE's WHERE holds; SQLite's 'now' is the same
+		// throughout one statement.
+		acquire: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+VALUES (?1, ?2, ?3, ` + sqliteNow + `, 1, 1, 1, ` + sqliteNow + ` + ?4, ` + sqliteNow + `)
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET token = token + 1, attempt = attempt + 1, lease_expires_at = excluded.lease_expires_at,
+	processed_at = excluded.processed_at, updated_at = excluded.updated_at
+WHERE state = 1 AND lease_expires_at <= excluded.processed_at AND fingerprint = excluded.fingerprint
+RETURNING token, attempt`,
+		record: `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + pk,
+		steps:  `SELECT step, result FROM ` + steps + ` WHERE ` + pk,
+		renew: `UPDATE ` + t + ` SET lease_expires_at = ` + sqliteNow + ` + ?1, updated_at = ` + sqliteNow + `
+WHERE consumer = ?2 AND message_id = ?3 AND state = 1 AND token = ?4`,
+		complete: `UPDATE ` + t + ` SET state = 2, result = ?1, content_type = ?2,
+	lease_expires_at = ` + sqliteNow + `, processed_at = ` + sqliteNow + `, updated_at = ` + sqliteNow + `
+WHERE consumer = ?3 AND message_id = ?4 AND state = 1 AND token = ?5`,
+		release: `UPDATE ` + t + ` SET last_error = ?1, state = CASE WHEN ?2 = 1 THEN 3 ELSE 1 END, token = token + 1,
+	lease_expires_at = ` + sqliteNow + `, processed_at = ` + sqliteNow + `, updated_at = ` + sqliteNow + `
+WHERE consumer = ?3 AND message_id = ?4 AND state = 1 AND token = ?5`,
+		// One statement (SQLite runs one writer at a time): it inserts the
+		// step only if the token owns the record; an existing step is kept
+		// and still counts as one row changed, so rows affected is 1 exactly
+		// when the token owns the record.
+		saveStep: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+SELECT ?1, ?2, ?4, ?5, ` + sqliteNow + ` FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ?3
+ON CONFLICT (consumer, message_id, step) DO UPDATE SET created_at = created_at`,
+		purgeBatch: `DELETE FROM ` + t + ` WHERE rowid IN (
+	SELECT rowid FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1 ORDER BY processed_at LIMIT ?3)
+RETURNING message_id, token`,
+		purgeSteps: `DELETE FROM ` + steps + ` WHERE consumer = ?1 AND message_id IN (`,
+	}
+}
