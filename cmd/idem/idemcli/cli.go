@@ -47,7 +47,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "idem: %s\n", oneLine(err))
+	fmt.Fprintf(stderr, "idem: %s\n", strings.TrimPrefix(oneLine(err), "idem: "))
 	var ee *exitError
 	switch {
 	case errors.As(err, &ee):

@@ -100,6 +100,9 @@ func TestErrorsAreOneLineWithExitStatus(t *testing.T) {
 		{"missing store", []string{"stats"}, 2, "--store is required"},
 		{"unreachable postgres", []string{"stats", "--store", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=2"}, 1, "cannot reach postgres at 127.0.0.1:1"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"password in an unparsable URL", []string{"stats", "--store", "postgres://idem:secret@127.0.0.1:abc/db"}, 1, "xxxxx"},
+		{"missing sqlite file", []string{"stats", "--store", "sqlite:/nonexistent/idem.db"}, 1, "run idem migrate"},
+		{"zero timeout", []string{"demo", "--timeout", "0"}, 2, "--timeout"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -113,7 +116,7 @@ func TestErrorsAreOneLineWithExitStatus(t *testing.T) {
 			if n := strings.Count(strings.TrimSpace(errOut), "\n"); n != 0 {
 				t.Errorf("stderr has %d lines, want one: %q", n+1, errOut)
 			}
-			if strings.Contains(errOut, "secret") || strings.Contains(errOut, "goroutine") {
+			if strings.Contains(errOut, "secret") || strings.Contains(errOut, "goroutine") || strings.Contains(errOut, "idem: idem:") {
 				t.Errorf("stderr leaks a password or a stack: %q", errOut)
 			}
 		})

@@ -115,6 +115,8 @@ func (o *demoOptions) validate() error {
 		return usageError{fmt.Errorf("--crash-rate must be in 0..1 (exclusive), got %v", o.crashRate)}
 	case o.consumers < 1 || o.consumers > 256:
 		return usageError{fmt.Errorf("--consumers must be in 1..256, got %d", o.consumers)}
+	case o.timeout < time.Second:
+		return usageError{fmt.Errorf("--timeout must be at least 1s, got %v", o.timeout)}
 	case o.ackWait < 100*time.Millisecond:
 		return usageError{fmt.Errorf("--ack-wait must be at least 100ms, got %v", o.ackWait)}
 	}

@@ -3,6 +3,8 @@ package idemcli
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,6 +28,20 @@ func (s *storeFlags) add(cmd *cobra.Command) {
 func (s *storeFlags) check() error {
 	if s.store == "" {
 		return usageError{errors.New("--store is required (or IDEM_STORE)")}
+	}
+	return nil
+}
+
+// mustExist refuses a SQLite store file that does not exist (opening it
+// would create an empty database): only migrate creates one.
+func (s *storeFlags) mustExist() error {
+	scheme, rest, _ := strings.Cut(s.store, ":")
+	if scheme != "sqlite" && scheme != "sqlite3" {
+		return nil
+	}
+	path := strings.TrimPrefix(rest, "//")
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("sqlite file %s does not exist (run idem migrate --store %s first)", path, s.store)
 	}
 	return nil
 }
@@ -76,6 +92,9 @@ down keeps the history it needs), in batches, one cleaner at a time.`,
 			if err := sf.check(); err != nil {
 				return err
 			}
+			if err := sf.mustExist(); err != nil {
+				return err
+			}
 			if consumer == "" {
 				return usageError{errors.New("--consumer is required")}
 			}
@@ -96,7 +115,11 @@ down keeps the history it needs), in batches, one cleaner at a time.`,
 			out := cmd.OutOrStdout()
 			res, err := st.store.Purge(cmd.Context(), &idem.PurgeParams{
 				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun,
-				OnBatch: func(n int64) { fmt.Fprintf(cmd.ErrOrStderr(), "purge: %d records deleted so far\n", n) },
+				OnBatch: func(n int64) {
+					if !dryRun {
+						fmt.Fprintf(cmd.ErrOrStderr(), "purge: %d records deleted so far\n", n)
+					}
+				},
 			})
 			if err != nil {
 				return fmt.Errorf("purge %s: %w", st.where, err)
@@ -105,8 +128,12 @@ down keeps the history it needs), in batches, one cleaner at a time.`,
 			if dryRun {
 				verb = "would delete"
 			}
-			fmt.Fprintf(out, "%s %d records of consumer %q older than %s (horizon %s) in %d batches\n",
-				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon), res.Batches)
+			fmt.Fprintf(out, "%s %d records of consumer %q older than %s before its newest record (horizon %s)",
+				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon))
+			if !dryRun {
+				fmt.Fprintf(out, " in %d batch(es)", res.Batches)
+			}
+			fmt.Fprintln(out)
 			return nil
 		},
 	}
@@ -132,6 +159,9 @@ func newInspectCmd() *cobra.Command {
 			if err := sf.check(); err != nil {
 				return err
 			}
+			if err := sf.mustExist(); err != nil {
+				return err
+			}
 			if consumer == "" || id == "" {
 				return usageError{errors.New("--consumer and --id are required")}
 			}
@@ -153,9 +183,17 @@ func newInspectCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "consumer\t%s\n", rec.Consumer)
 			fmt.Fprintf(tw, "message id\t%s\n", rec.MessageID)
-			fmt.Fprintf(tw, "state\tprocessed\n")
+			fmt.Fprintf(tw, "state\t%s\n", rec.State)
 			fmt.Fprintf(tw, "processed at\t%s\n", fmtTime(rec.ProcessedAt))
 			fmt.Fprintf(tw, "fingerprint\t%x\n", rec.Fingerprint)
+			fmt.Fprintf(tw, "attempts\t%d\n", rec.Attempt)
+			if rec.State == idem.StateInProgress {
+				fmt.Fprintf(tw, "fencing token\t%d\n", rec.Token)
+				fmt.Fprintf(tw, "lease expires at\t%s\n", fmtTime(rec.LeaseExpiresAt))
+			}
+			if rec.Error != "" {
+				fmt.Fprintf(tw, "last error\t%s\n", rec.Error)
+			}
 			return tw.Flush()
 		},
 	}
@@ -175,6 +213,9 @@ func newStatsCmd() *cobra.Command {
 			if err := sf.check(); err != nil {
 				return err
 			}
+			if err := sf.mustExist(); err != nil {
+				return err
+			}
 			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
 			if err != nil {
 				return err
@@ -185,9 +226,9 @@ func newStatsCmd() *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "CONSUMER\tSTATE\tRECORDS\tOLDEST\tNEWEST")
+			fmt.Fprintln(tw, "CONSUMER\tRECORDS\tOLDEST\tNEWEST")
 			for _, s := range stats {
-				fmt.Fprintf(tw, "%s\tprocessed\t%d\t%s\t%s\n", s.Consumer, s.Count, fmtTime(s.Oldest), fmtTime(s.Newest))
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Consumer, s.Count, fmtTime(s.Oldest), fmtTime(s.Newest))
 			}
 			return tw.Flush()
 		},

@@ -64,9 +64,9 @@ func testOperatingCommands(t *testing.T, url string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.db.Close()
+	t.Cleanup(func() { st.db.Close() }) // registered first, so it runs after the drops
 	t.Cleanup(func() {
-		for _, tb := range []string{table, table + "_migrations"} {
+		for _, tb := range []string{table + "_steps", table, table + "_migrations"} {
 			_, _ = st.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb)
 		}
 	})
@@ -111,7 +111,7 @@ func testOperatingCommands(t *testing.T, url string) {
 	if code, _, errOut = cmd("purge", "--consumer", "ghost", "--older-than", "1h"); code != 1 || !strings.Contains(errOut, "unknown consumer") {
 		t.Errorf("purge of an unknown consumer: exit %d, %q", code, errOut)
 	}
-	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") {
+	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") || strings.Contains(errOut, "deleted so far") {
 		t.Errorf("purge --dry-run: exit %d, %q %q", code, out, errOut)
 	}
 	code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--batch-size", "4")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -114,10 +115,17 @@ func mysqlDSN(rawURL string) (dsn, where string, err error) {
 	return cfg.FormatDSN(), "mysql at " + cfg.Addr, nil
 }
 
-// redact hides the password of a URL for messages.
+// userinfoRE finds the user:password@ part of a URL that does not parse.
+var userinfoRE = regexp.MustCompile(`(//[^/@:]*:)[^/@]*@`)
+
+// redact hides the password of a URL for messages, even of one that does
+// not parse.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	if err != nil {
+		return userinfoRE.ReplaceAllString(raw, "${1}xxxxx@")
+	}
+	if u.User == nil {
 		return raw
 	}
 	if _, ok := u.User.Password(); ok {
