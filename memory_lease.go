@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 )
 
 // MemoryStore implements LeaseStore too, with its clock as the lease clock.
@@ -66,86 +67,62 @@ func (s *MemoryStore) owned(k memKey, token int64) (memRecord, bool) {
 	return r, ok && r.state == StateInProgress && r.token == token && !r.released
 }
 
-// Renew implements LeaseStore.
-func (s *MemoryStore) Renew(ctx context.Context, p *RenewParams) error {
+// fenced runs update on the record (consumer, id) while token owns it,
+// under the store's lock, and stores the result; ErrLeaseLost otherwise.
+// Every lease-mode write after Acquire goes through it.
+func (s *MemoryStore) fenced(ctx context.Context, consumer, id string, token int64, update func(r *memRecord, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	k := memKey{p.Consumer, p.MessageID}
+	k := memKey{consumer, id}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, ok := s.owned(k, p.Token)
+	r, ok := s.owned(k, token)
 	if !ok {
 		return ErrLeaseLost
 	}
-	r.leaseUntil = s.now().Add(p.Lease)
+	update(&r, s.now())
 	s.records[k] = r
 	return nil
+}
+
+// Renew implements LeaseStore.
+func (s *MemoryStore) Renew(ctx context.Context, p *RenewParams) error {
+	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
+		r.leaseUntil = now.Add(p.Lease)
+	})
 }
 
 // Complete implements LeaseStore.
 func (s *MemoryStore) Complete(ctx context.Context, p *CompleteParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k := memKey{p.Consumer, p.MessageID}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.owned(k, p.Token)
-	if !ok {
-		return ErrLeaseLost
-	}
-	r.state, r.result, r.contentType, r.at = StateCompleted, slices.Clone(p.Result), p.ContentType, s.now()
-	if r.result == nil {
-		r.result = []byte{}
-	}
-	r.leaseUntil = r.at
-	s.records[k] = r
-	return nil
+	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
+		r.state, r.result, r.contentType, r.at, r.leaseUntil = StateCompleted, slices.Clone(p.Result), p.ContentType, now, now
+		if r.result == nil {
+			r.result = []byte{}
+		}
+	})
 }
 
 // Release implements LeaseStore.
 func (s *MemoryStore) Release(ctx context.Context, p *ReleaseParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k := memKey{p.Consumer, p.MessageID}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.owned(k, p.Token)
-	if !ok {
-		return ErrLeaseLost
-	}
-	r.errText, r.at = p.Error, s.now()
-	r.leaseUntil = r.at
-	r.released = true
-	if p.Terminal {
-		r.state = StateFailed
-	}
-	s.records[k] = r
-	return nil
+	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
+		r.errText, r.at, r.leaseUntil, r.released = p.Error, now, now, true
+		if p.Terminal {
+			r.state = StateFailed
+		}
+	})
 }
 
 // SaveStep implements LeaseStore.
 func (s *MemoryStore) SaveStep(ctx context.Context, p *StepParams) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	k := memKey{p.Consumer, p.MessageID}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok := s.owned(k, p.Token)
-	if !ok {
-		return ErrLeaseLost
-	}
-	if r.steps == nil {
-		r.steps = map[string][]byte{}
-	}
-	if _, done := r.steps[p.Step]; !done {
-		r.steps[p.Step] = append([]byte{}, p.Result...)
-	}
-	s.records[k] = r
-	return nil
+	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, _ time.Time) {
+		if r.steps == nil {
+			r.steps = map[string][]byte{}
+		}
+		if _, done := r.steps[p.Step]; !done {
+			r.steps[p.Step] = append([]byte{}, p.Result...)
+		}
+	})
 }
 
 func cloneSteps(m map[string][]byte) map[string][]byte {
