@@ -61,6 +61,11 @@ func CanonicalJSON(payload []byte) ([]byte, error) {
 	if !utf8.Valid(payload) {
 		return nil, fmt.Errorf("%w: JSON payload is not valid UTF-8", ErrInvalidPayload)
 	}
+	if i := loneSurrogate(payload); i >= 0 {
+		// encoding/json would decode it to U+FFFD, so "\ud800" and
+		// "\ufffd" would share a fingerprint.
+		return nil, fmt.Errorf("%w: unpaired UTF-16 surrogate escape at byte %d", ErrInvalidPayload, i)
+	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
 	var out bytes.Buffer
@@ -225,4 +230,59 @@ func canonNumber(s string) (string, error) {
 		b.WriteString(strconv.FormatInt(exp, 10))
 	}
 	return b.String(), nil
+}
+
+// loneSurrogate returns the offset of the first \u escape inside a JSON
+// string that is a UTF-16 surrogate without its pair, or -1.
+func loneSurrogate(b []byte) int {
+	inString := false
+	pendingHigh := -1 // offset of a high surrogate waiting for its low half
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !inString {
+			if c == '"' {
+				inString = true
+			}
+			continue
+		}
+		switch {
+		case c == '"':
+			if pendingHigh >= 0 {
+				return pendingHigh
+			}
+			inString = false
+		case c == '\\' && i+1 < len(b) && b[i+1] == 'u' && i+5 < len(b):
+			v, err := strconv.ParseUint(string(b[i+2:i+6]), 16, 16)
+			if err != nil {
+				return -1 // malformed: the decoder reports it
+			}
+			switch {
+			case v >= 0xD800 && v <= 0xDBFF:
+				if pendingHigh >= 0 {
+					return pendingHigh
+				}
+				pendingHigh = i
+			case v >= 0xDC00 && v <= 0xDFFF:
+				if pendingHigh < 0 {
+					return i
+				}
+				pendingHigh = -1
+			default:
+				if pendingHigh >= 0 {
+					return pendingHigh
+				}
+			}
+			i += 5
+		case c == '\\':
+			if pendingHigh >= 0 {
+				return pendingHigh
+			}
+			i++ // skip the escaped character
+		default:
+			if pendingHigh >= 0 {
+				return pendingHigh
+			}
+		}
+	}
+	return pendingHigh
 }

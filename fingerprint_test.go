@@ -219,3 +219,20 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestJSONFingerprintSurrogates(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{`"\ud800"`, `"\udfff"`, `["a\ud83d"]`, `{"k":"\ud83d\u0041"}`, `"\ud83d\ud83d\ude00"`} {
+		if _, err := idem.JSONFingerprint([]byte(bad)); !errors.Is(err, idem.ErrInvalidPayload) {
+			t.Errorf("JSONFingerprint(%s) = %v, want ErrInvalidPayload (unpaired surrogate)", bad, err)
+		}
+	}
+	pair, err1 := idem.JSONFingerprint([]byte(`"\ud83d\ude00"`))
+	raw, err2 := idem.JSONFingerprint([]byte(`"😀"`))
+	if err1 != nil || err2 != nil || string(pair) != string(raw) {
+		t.Errorf("a surrogate pair must equal the character it encodes: %v %v", err1, err2)
+	}
+	if _, err := idem.JSONFingerprint([]byte(`"\\ud800"`)); err != nil {
+		t.Errorf(`an escaped backslash before "ud800" is not an escape: %v`, err)
+	}
+}
