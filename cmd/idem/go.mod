@@ -2,10 +2,15 @@ module github.com/idem-go/idem/cmd/idem
 
 go 1.26.0
 
-require github.com/idem-go/idem v0.0.0
+require (
+	github.com/idem-go/idem v0.0.0
+	github.com/redis/go-redis/v9 v9.23.0
+)
 
 require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 )
 
@@ -16,6 +21,7 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-go/idem/store/idemredis v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
@@ -52,3 +58,5 @@ require (
 replace github.com/idem-go/idem => ../..
 
 replace github.com/idem-go/idem/store/idemsql => ../../store/idemsql
+
+replace github.com/idem-go/idem/store/idemredis => ../../store/idemredis

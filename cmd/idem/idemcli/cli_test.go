@@ -161,3 +161,32 @@ func TestDemoKafkaRebalanceOnPostgres(t *testing.T) {
 			rep.ConsumerCrashes, rep.DuplicatesAbsorbed, rep.DuplicatesPublished)
 	}
 }
+
+// TestDemoRedisLeaseMode runs the story in lease mode on Redis: the charge
+// is a recovery point, the ledger row carries a key of its own, and
+// consumers die between the provider call and the completion.
+func TestDemoRedisLeaseMode(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("IDEM_TEST_REDIS_URL")
+	if url == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatal("IDEM_TEST_REDIS_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+		}
+		t.Skip("IDEM_TEST_REDIS_URL is not set")
+	}
+	code, out, errOut := run(t, "demo", "--store", url, "--messages", "600", "--crash-rate", "0.04",
+		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 600 || rep.ProviderCharges != 600 || rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("report %+v: want 600 charges, none double, none lost", rep)
+	}
+	if rep.ConsumerCrashes == 0 || !strings.HasPrefix(rep.Store, "redis at ") {
+		t.Errorf("crashes %d, store %q: want crashes exercised on redis", rep.ConsumerCrashes, rep.Store)
+	}
+}

@@ -1,6 +1,7 @@
 package idemcli
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -95,7 +96,7 @@ double charges and no lost messages (3 otherwise).`,
 	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance per message that a consumer dies: half after the provider call and before the commit, half after the commit and before the ack (0..1)")
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
-	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://...")
+	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://..., or redis://HOST:PORT/DB (lease mode)")
 	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers) or kafka://HOST:PORT")
 	f.DurationVar(&o.ackWait, "ack-wait", time.Second, "how long the broker waits for an ack before redelivering")
 	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
@@ -195,6 +196,10 @@ type demoRun struct {
 	prov     *provider
 	broker   demoBroker
 	consumer *idem.Consumer[*sql.Tx]
+	// lease is the lease-mode consumer used with --store redis://; then
+	// consumer is nil and the ledger is written outside any transaction.
+	lease      *redisLease
+	leaseWhere string
 
 	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
 	dupPublished, brokerDropped, published       atomic.Int64
@@ -221,6 +226,15 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		storeURL = "sqlite:" + filepath.Join(dir, "consumer.db")
 	}
 	r := &demoRun{o: o}
+	if strings.HasPrefix(storeURL, "redis:") {
+		// Lease mode: the processed-message records live in Redis, and the
+		// ledger in the payments service's own SQLite file beside them.
+		if r.lease, r.leaseWhere, err = openRedisLease(ctx, storeURL, fresh); err != nil {
+			return err
+		}
+		defer r.lease.Close()
+		storeURL = "sqlite:" + filepath.Join(dir, "ledger.db")
+	}
 	if r.st, err = openSQLStore(ctx, storeURL, ""); err != nil {
 		return err
 	}
@@ -257,11 +271,13 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		return err
 	}
 	defer r.broker.close()
-	r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1})
-	if err != nil {
-		return err
+	if r.lease == nil {
+		r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1})
+		if err != nil {
+			return err
+		}
+		defer r.consumer.Close()
 	}
-	defer r.consumer.Close()
 
 	start := time.Now()
 	charged0, _, _ := r.ledgerCounts(ctx)
@@ -308,6 +324,18 @@ func (r *demoRun) prepareLedger(ctx context.Context, fresh bool) error {
 		amount_cents BIGINT NOT NULL,
 		charge_id    BIGINT NOT NULL
 	)`
+	if r.lease != nil {
+		// In lease mode the ledger row is an external side effect: it gets
+		// an idempotency key of its own (Attempt.Key), as any third party's
+		// write would.
+		ddl = `CREATE TABLE IF NOT EXISTS idem_demo_ledger (
+		payment_id   VARCHAR(64) NOT NULL,
+		customer     VARCHAR(64) NOT NULL,
+		amount_cents BIGINT NOT NULL,
+		charge_id    BIGINT NOT NULL,
+		entry_key    VARCHAR(100) NOT NULL UNIQUE
+	)`
+	}
 	if _, err := r.st.db.ExecContext(ctx, ddl); err != nil {
 		return fmt.Errorf("create the ledger on %s: %w", r.st.where, err)
 	}
@@ -426,7 +454,7 @@ func (r *demoRun) consumeUntilCrash(ctx context.Context, rng *rand.Rand) {
 func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
 	for ctx.Err() == nil {
 		r.deliveries.Add(1)
-		out, err := r.consumer.Process(ctx, idem.Message{ID: d.id(), Payload: d.payload()}, r.charge)
+		out, err := r.process(ctx, idem.Message{ID: d.id(), Payload: d.payload()})
 		var wait time.Duration
 		switch {
 		case errors.Is(err, errCrashBeforeCommit):
@@ -463,6 +491,41 @@ func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
 		}
 	}
 	return false
+}
+
+// process runs one delivery through the consumer of the store's mode.
+func (r *demoRun) process(ctx context.Context, m idem.Message) (idem.Outcome, error) {
+	if r.lease != nil {
+		return r.lease.Process(ctx, m, r.chargeLeased)
+	}
+	return r.consumer.Process(ctx, m, r.charge)
+}
+
+// chargeLeased is the payments handler in lease mode (Redis): the charge is
+// a recovery point (Attempt.Step), so an attempt that takes over after a
+// crash does not call the provider again, and the provider call carries
+// the derived key in case the crash came between the call and the step's
+// save; the ledger row is written with a key of its own.
+func (r *demoRun) chargeLeased(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+	var p payment
+	if err := json.Unmarshal(a.Message.Payload, &p); err != nil {
+		return idem.Result{}, idem.Permanent(fmt.Errorf("payment %s: %w", a.Message.ID, err))
+	}
+	chargeID, err := a.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
+		id, err := r.prov.charge(ctx, a.Key("charge"), p.PaymentID, p.AmountCents)
+		return []byte(strconv.FormatInt(id, 10)), err
+	})
+	if err != nil {
+		return idem.Result{}, err
+	}
+	if rand.Float64() < r.o.crashRate/2 {
+		return idem.Result{}, errCrashBeforeCommit
+	}
+	_, err = r.st.db.ExecContext(ctx,
+		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id, entry_key) VALUES (?, ?, ?, ?, ?)
+		 ON CONFLICT (entry_key) DO NOTHING`,
+		p.PaymentID, p.Customer, p.AmountCents, string(chargeID), a.Key("ledger"))
+	return idem.Result{Body: chargeID, ContentType: "text/plain"}, err
 }
 
 // errCrashBeforeCommit is how the demo kills a consumer between the
@@ -557,7 +620,7 @@ func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 in
 		DoubleCharges:          (rows - distinct) + provDoubles,
 		Lost:                   int64(r.o.messages) - distinct,
 		ElapsedS:               elapsed.Seconds(),
-		Store:                  r.st.where,
+		Store:                  cmp.Or(r.leaseWhere, r.st.where),
 		Broker:                 r.o.broker,
 	}
 	if s := elapsed.Seconds(); s > 0 {

@@ -1,0 +1,69 @@
+package idemcli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idemredis"
+)
+
+// demoRedisPrefix starts every key the demo writes in Redis.
+const demoRedisPrefix = "idem-demo:"
+
+// openRedisLease opens the lease-mode store on the Redis at rawURL and a
+// LeaseConsumer over it; closing the consumer closes the client. fresh
+// deletes what an earlier demo left there.
+func openRedisLease(ctx context.Context, rawURL string, fresh bool) (*redisLease, string, error) {
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
+	}
+	client := redis.NewClient(opts)
+	where := "redis at " + opts.Addr
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		client.Close()
+		return nil, "", fmt.Errorf("cannot reach %s: %w", where, err)
+	}
+	if fresh {
+		iter := client.Scan(ctx, 0, demoRedisPrefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := client.Del(ctx, iter.Val()).Err(); err != nil {
+				client.Close()
+				return nil, "", err
+			}
+		}
+		if err := iter.Err(); err != nil {
+			client.Close()
+			return nil, "", err
+		}
+	}
+	store, err := idemredis.New(client, &idemredis.Config{Prefix: demoRedisPrefix})
+	if err != nil {
+		client.Close()
+		return nil, "", err
+	}
+	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: demoConsumer, Lease: 10 * time.Second, PurgeInterval: -1})
+	if err != nil {
+		client.Close()
+		return nil, "", err
+	}
+	return &redisLease{LeaseConsumer: lc, client: client}, where, nil
+}
+
+// redisLease is a LeaseConsumer that owns its Redis client.
+type redisLease struct {
+	*idem.LeaseConsumer
+	client *redis.Client
+}
+
+// Close stops the consumer and closes the client.
+func (l *redisLease) Close() error {
+	l.LeaseConsumer.Close()
+	return l.client.Close()
+}
