@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idem-go/idem v0.0.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 

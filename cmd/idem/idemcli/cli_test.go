@@ -190,3 +190,31 @@ func TestDemoRedisLeaseMode(t *testing.T) {
 		t.Errorf("crashes %d, store %q: want crashes exercised on redis", rep.ConsumerCrashes, rep.Store)
 	}
 }
+
+// TestDemoRabbitMQ runs the story on RabbitMQ: consumers that die close
+// their channel and RabbitMQ requeues what they had not acked.
+func TestDemoRabbitMQ(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("IDEM_TEST_AMQP_URL")
+	if url == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatal("IDEM_TEST_AMQP_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+		}
+		t.Skip("IDEM_TEST_AMQP_URL is not set")
+	}
+	code, out, errOut := run(t, "demo", "--broker", url, "--messages", "500", "--crash-rate", "0.04",
+		"--consumers", "3", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.ConsumerCrashes == 0 {
+		t.Errorf("report %+v: want 500 charges, none double, none lost, crashes exercised", rep)
+	}
+	if strings.Contains(out, "guest:guest") {
+		t.Errorf("the report shows the broker password: %s", out)
+	}
+}

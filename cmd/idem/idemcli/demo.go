@@ -97,7 +97,7 @@ double charges and no lost messages (3 otherwise).`,
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
 	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://..., or redis://HOST:PORT/DB (lease mode)")
-	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers) or kafka://HOST:PORT")
+	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers), kafka://HOST:PORT or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
 	f.DurationVar(&o.ackWait, "ack-wait", time.Second, "how long the broker waits for an ack before redelivering")
 	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
@@ -264,8 +264,10 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 			return usageError{errors.New("--broker kafka:embedded keeps its log in memory, so a run cannot resume on --dir; use a new --dir, or nats:embedded")}
 		}
 		r.broker, err = openKafka(ctx, o.broker)
+	case strings.HasPrefix(o.broker, "amqp:") || strings.HasPrefix(o.broker, "amqps:"):
+		r.broker, err = openAMQP(ctx, o.broker, fresh)
 	default:
-		return usageError{fmt.Errorf("--broker %q: want nats:embedded, nats://HOST:PORT, kafka:embedded or kafka://HOST:PORT", o.broker)}
+		return usageError{fmt.Errorf("--broker %q: want nats:embedded, nats://HOST:PORT, kafka:embedded, kafka://HOST:PORT or amqp://USER:PASS@HOST:PORT/", o.broker)}
 	}
 	if err != nil {
 		return err
@@ -621,7 +623,7 @@ func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 in
 		Lost:                   int64(r.o.messages) - distinct,
 		ElapsedS:               elapsed.Seconds(),
 		Store:                  cmp.Or(r.leaseWhere, r.st.where),
-		Broker:                 r.o.broker,
+		Broker:                 redact(r.o.broker),
 	}
 	if s := elapsed.Seconds(); s > 0 {
 		rep.MessagesPerS = float64(distinct-charged0) / s
