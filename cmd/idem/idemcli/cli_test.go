@@ -218,3 +218,31 @@ func TestDemoRabbitMQ(t *testing.T) {
 		t.Errorf("the report shows the broker password: %s", out)
 	}
 }
+
+// TestDemoRedisStreams runs the story on a Redis stream with a consumer
+// group, and the lease-mode Redis store: a consumer that dies leaves its
+// entries pending, and XAUTOCLAIM hands them to another after the ack wait.
+func TestDemoRedisStreams(t *testing.T) {
+	t.Parallel()
+	url := os.Getenv("IDEM_TEST_REDIS_URL")
+	if url == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatal("IDEM_TEST_REDIS_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+		}
+		t.Skip("IDEM_TEST_REDIS_URL is not set")
+	}
+	// The SQLite store, so that this test and TestDemoRedisLeaseMode do not
+	// share the demo's Redis keys.
+	code, out, errOut := run(t, "demo", "--broker", url, "--messages", "500", "--crash-rate", "0.04",
+		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.ConsumerCrashes == 0 {
+		t.Errorf("report %+v: want 500 charges, none double, none lost, crashes exercised", rep)
+	}
+}

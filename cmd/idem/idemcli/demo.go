@@ -97,7 +97,7 @@ double charges and no lost messages (3 otherwise).`,
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
 	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://..., or redis://HOST:PORT/DB (lease mode)")
-	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers), kafka://HOST:PORT or amqp://USER:PASS@HOST:PORT/ (RabbitMQ)")
+	f.StringVar(&o.broker, "broker", "nats:embedded", "broker: nats:embedded, nats://HOST:PORT, kafka:embedded (franz-go kfake, 3 brokers), kafka://HOST:PORT, amqp://USER:PASS@HOST:PORT/ (RabbitMQ) or redis://HOST:PORT/DB (Redis Streams)")
 	f.DurationVar(&o.ackWait, "ack-wait", time.Second, "how long the broker waits for an ack before redelivering")
 	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
@@ -266,8 +266,10 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		r.broker, err = openKafka(ctx, o.broker)
 	case strings.HasPrefix(o.broker, "amqp:") || strings.HasPrefix(o.broker, "amqps:"):
 		r.broker, err = openAMQP(ctx, o.broker, fresh)
+	case strings.HasPrefix(o.broker, "redis:"):
+		r.broker, err = openRedisStreams(ctx, o.broker, o.ackWait, fresh)
 	default:
-		return usageError{fmt.Errorf("--broker %q: want nats:embedded, nats://HOST:PORT, kafka:embedded, kafka://HOST:PORT or amqp://USER:PASS@HOST:PORT/", o.broker)}
+		return usageError{fmt.Errorf("--broker %q: want nats:embedded, nats://HOST:PORT, kafka:embedded, kafka://HOST:PORT, amqp://USER:PASS@HOST:PORT/ or redis://HOST:PORT/DB", o.broker)}
 	}
 	if err != nil {
 		return err
