@@ -236,7 +236,7 @@ func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handle
 		if err := c.rollback(ctx, tx); err != nil {
 			return c.failed(msg.ID, err)
 		}
-		return c.duplicate(msg.ID, fp, res.Fingerprint)
+		return c.existingTx(msg.ID, fp, res)
 	}
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
 		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, tx)))
@@ -264,7 +264,7 @@ func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, hand
 		return c.failed(msg.ID, storeError("claim", err))
 	}
 	if !res.Claimed {
-		return c.duplicate(msg.ID, fp, res.Fingerprint)
+		return c.existingTx(msg.ID, fp, res)
 	}
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
 		return c.failed(msg.ID, err)
@@ -329,7 +329,9 @@ func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handle
 		}
 		switch outs[j].Status {
 		case Failed:
-			outs[i] = Outcome{Status: Failed, MessageID: m.ID, Err: outs[j].Err}
+			outs[i] = Outcome{Status: Failed, MessageID: m.ID, Err: outs[j].Err, Poison: outs[j].Poison}
+		case InProgress:
+			outs[i] = Outcome{Status: InProgress, MessageID: m.ID, Err: outs[j].Err, RetryAfter: outs[j].RetryAfter}
 		default:
 			stored := fps[j]
 			outs[i], _ = c.duplicate(m.ID, fps[i], stored)
@@ -373,7 +375,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 			freshIdx = append(freshIdx, i)
 			continue
 		}
-		outs[i], _ = c.duplicate(msgs[i].ID, fps[i], r.Fingerprint)
+		outs[i], _ = c.existingTx(msgs[i].ID, fps[i], r)
 		fps[i] = r.Fingerprint // repeats compare with what is stored
 	}
 	sort.Ints(freshIdx) // the handler sees the new messages in delivery order

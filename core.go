@@ -122,6 +122,33 @@ func (c *core) duplicate(id string, fp, stored []byte) (Outcome, error) {
 	return Outcome{Status: FingerprintMismatch, MessageID: id, Err: err}, err
 }
 
+// existingTx settles a transactional claim that found a record: the
+// fingerprint is checked first, then the record's state, since a lease-mode
+// record of the same consumer name may be in progress or poison and must
+// not be acknowledged as a duplicate.
+func (c *core) existingTx(id string, fp []byte, res ClaimResult) (Outcome, error) {
+	out, err := c.duplicate(id, fp, res.Fingerprint)
+	if out.Status == FingerprintMismatch {
+		return out, err
+	}
+	switch res.State {
+	case 0, StateCompleted:
+		return out, err
+	case StateInProgress:
+		err := fmt.Errorf("%w: message %q is being processed by a lease-mode attempt of consumer %q", ErrInProgress, id, c.cfg.Name)
+		return Outcome{Status: InProgress, MessageID: id, Err: err, RetryAfter: txInProgressRetryAfter}, err
+	case StateFailed:
+		err := fmt.Errorf("%w: message %q failed for good in lease mode (consumer %q)", ErrPoison, id, c.cfg.Name)
+		return Outcome{Status: Failed, MessageID: id, Err: err, Poison: true}, err
+	}
+	return c.failed(id, fmt.Errorf("%w: store returned an unclaimed record in state %d", ErrStore, res.State))
+}
+
+// txInProgressRetryAfter is the redelivery delay of a transactional
+// delivery that finds a lease-mode record in progress (the claim does not
+// report the lease's remaining time).
+const txInProgressRetryAfter = time.Second
+
 func (c *core) failed(id string, err error) (Outcome, error) {
 	return Outcome{Status: Failed, MessageID: id, Err: err}, err
 }

@@ -116,12 +116,16 @@ func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBa
 			}
 			if fp, ok := tx.claims[k]; ok {
 				s.mu.Unlock()
-				out[i] = ClaimResult{Fingerprint: slices.Clone(fp)}
+				out[i] = ClaimResult{Fingerprint: slices.Clone(fp), State: StateCompleted}
 				break
 			}
 			if rec, ok := s.records[k]; ok {
 				s.mu.Unlock()
-				out[i] = ClaimResult{Fingerprint: slices.Clone(rec.fingerprint)}
+				st := rec.state
+				if st == 0 {
+					st = StateCompleted // a transactional-mode record
+				}
+				out[i] = ClaimResult{Fingerprint: slices.Clone(rec.fingerprint), State: st}
 				break
 			}
 			other, busy := s.pending[k]

@@ -23,6 +23,11 @@ import (
 //     rolled back. A duplicate must never abort tx: on PostgreSQL that means
 //     ON CONFLICT DO NOTHING, never catching SQLSTATE 23505. Duplicates are
 //     detected by rows affected or error codes, never by error text.
+//   - When Claimed is false, the result carries the stored record's state
+//     (ClaimResult.State) read with its fingerprint, in the same statement:
+//     a lease-mode record of the same consumer name may be in progress or
+//     failed, and the Consumer settles it as InProgress or poison instead
+//     of Duplicate. Transactional records are StateCompleted (or zero).
 //   - ClaimBatchTx does the same for many messages with one statement. IDs
 //     in one call are distinct; results come back in the order given. The
 //     Consumer passes them sorted by message ID (byte order), so that two
@@ -98,6 +103,12 @@ type ClaimResult struct {
 	Claimed bool
 	// Fingerprint is the stored fingerprint when Claimed is false.
 	Fingerprint []byte
+	// State is the existing record's state when Claimed is false: a record
+	// written by a [LeaseConsumer] under the same consumer name may be
+	// StateInProgress or StateFailed, which the Consumer must not
+	// acknowledge as a duplicate. Zero is treated as StateCompleted, for
+	// stores that predate this field.
+	State RecordState
 }
 
 // PurgeParams controls one purge of a consumer's processed records.

@@ -71,7 +71,8 @@ type queries struct {
 func newQueries(t string) queries {
 	return queries{
 		// One statement claims and, on a conflict with a committed row,
-		// reads its fingerprint: the data-modifying CTE's insert is not
+		// reads its fingerprint and state (a lease-mode record of the same
+		// consumer may be in progress or failed): the data-modifying CTE's insert is not
 		// visible to the outer SELECT, whose snapshot shows only rows
 		// committed before the statement began. A row committed by a
 		// concurrent transaction this one waited for is not in that
@@ -88,11 +89,13 @@ func newQueries(t string) queries {
 )
 SELECT EXISTS (SELECT FROM ins),
 	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
-	ELSE (SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text) END`,
+	ELSE (SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text) END,
+	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
+	ELSE (SELECT state FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text) END`,
 		// The batch version: one row with a NULL message_id when every
 		// message was inserted (the common case: nothing else is sent);
 		// otherwise the inserted IDs with a NULL fingerprint and the
-		// committed records' IDs with theirs. The lookup is skipped (a
+		// committed records' IDs with their fingerprints and states. The lookup is skipped (a
 		// one-time filter) when every message was inserted.
 		claimBatch: `WITH ins AS (
 	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
@@ -102,14 +105,14 @@ SELECT EXISTS (SELECT FROM ins),
 ), n AS (
 	SELECT count(*) = cardinality($2::text[]) AS all_claimed FROM ins
 )
-SELECT NULL::text, NULL::bytea WHERE (SELECT all_claimed FROM n)
+SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
 UNION ALL
-SELECT message_id, NULL::bytea FROM ins WHERE NOT (SELECT all_claimed FROM n)
+SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
-SELECT message_id, fingerprint FROM ` + t + `
+SELECT message_id, fingerprint, state FROM ` + t + `
 WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)`,
-		fingerprint:  `SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
-		fingerprints: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+		fingerprint:  `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
+		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 		horizon:      `SELECT max(processed_at) - $2::bigint * interval '1 microsecond' FROM ` + t + ` WHERE consumer = $1::text`,
 		// Purges never touch in_progress (state 1) lease records.
 		purgeCount: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < $2::timestamptz AND state <> 1`,
@@ -181,27 +184,24 @@ func (s *Store) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, id
 	var (
 		claimed bool
 		fp      []byte
+		state   *int16
 	)
 	_, err := br.Exec() // BEGIN
 	if err == nil {
-		err = br.QueryRow().Scan(&claimed, &fp)
+		err = br.QueryRow().Scan(&claimed, &fp, &state)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
+	res := claimResult(claimed, fp, state)
 	if err == nil && !claimed && fp == nil {
-		var res idem.ClaimResult
 		res, err = s.settle(ctx, tx, p)
-		claimed, fp = res.Claimed, res.Fingerprint
 	}
 	if err != nil {
 		abort(ctx, tx)
 		return nil, idem.ClaimResult{}, err
 	}
-	if claimed {
-		fp = nil
-	}
-	return tx, idem.ClaimResult{Claimed: claimed, Fingerprint: fp}, nil
+	return tx, res, nil
 }
 
 // ClaimTx implements [idem.TxStore]: one INSERT ... ON CONFLICT DO NOTHING
@@ -218,17 +218,28 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (id
 	var (
 		claimed bool
 		fp      []byte
+		state   *int16
 	)
-	if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp); err != nil {
+	if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp, &state); err != nil {
 		return idem.ClaimResult{}, err
 	}
-	switch {
-	case claimed:
-		return idem.ClaimResult{Claimed: true}, nil
-	case fp != nil:
-		return idem.ClaimResult{Fingerprint: fp}, nil
+	if claimed || fp != nil {
+		return claimResult(claimed, fp, state), nil
 	}
 	return s.settle(ctx, tx, p)
+}
+
+// claimResult builds the result of a claim statement's row: claimed, or
+// the stored fingerprint and state (NULL state: completed).
+func claimResult(claimed bool, fp []byte, state *int16) idem.ClaimResult {
+	if claimed {
+		return idem.ClaimResult{Claimed: true}
+	}
+	st := idem.StateCompleted
+	if state != nil && *state != 0 {
+		st = idem.RecordState(*state)
+	}
+	return idem.ClaimResult{Fingerprint: fp, State: st}
 }
 
 // settle finishes a claim whose statement found a conflict but could not
@@ -236,23 +247,23 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (id
 // re-runs the claim if the row is gone.
 func (s *Store) settle(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (idem.ClaimResult, error) {
 	for range maxClaimAttempts {
-		var fp []byte
-		err := tx.QueryRow(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+		var (
+			fp    []byte
+			state *int16
+		)
+		err := tx.QueryRow(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
 		switch {
 		case err == nil:
-			return idem.ClaimResult{Fingerprint: fp}, nil
+			return claimResult(false, fp, state), nil
 		case !errors.Is(err, pgx.ErrNoRows):
 			return idem.ClaimResult{}, err
 		}
 		var claimed bool
-		if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp); err != nil {
+		if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp, &state); err != nil {
 			return idem.ClaimResult{}, err
 		}
-		switch {
-		case claimed:
-			return idem.ClaimResult{Claimed: true}, nil
-		case fp != nil:
-			return idem.ClaimResult{Fingerprint: fp}, nil
+		if claimed || fp != nil {
+			return claimResult(claimed, fp, state), nil
 		}
 	}
 	return idem.ClaimResult{}, fmt.Errorf("idempgxv5: claim of consumer %q, message ID %q did not settle after %d attempts",
@@ -294,11 +305,12 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 			return nil, err
 		}
 		var (
-			id  *string
-			fp  []byte
-			all bool
+			id    *string
+			fp    []byte
+			state *int16
+			all   bool
 		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &fp}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&id, &fp, &state}, func() error {
 			if id == nil { // every message of this attempt was inserted
 				all = true
 				return nil
@@ -310,7 +322,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 			if fp == nil {
 				out[i] = idem.ClaimResult{Claimed: true}
 			} else if !out[i].Claimed { // a row this statement inserted wins
-				out[i] = idem.ClaimResult{Fingerprint: fp}
+				out[i] = claimResult(false, fp, state)
 			}
 			settled[*id] = true
 			return nil
@@ -340,9 +352,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 			return nil, err
 		}
 		var sid string
-		_, err = pgx.ForEachRow(rows, []any{&sid, &fp}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&sid, &fp, &state}, func() error {
 			if i, ok := index[sid]; ok {
-				out[i] = idem.ClaimResult{Fingerprint: fp}
+				out[i] = claimResult(false, fp, state)
 				settled[sid] = true
 			}
 			return nil

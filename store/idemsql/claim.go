@@ -29,8 +29,9 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimPara
 	var (
 		inserted bool
 		fp       []byte
+		state    sql.NullInt64
 	)
-	if err := tx.QueryRowContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&inserted, &fp); err != nil {
+	if err := tx.QueryRowContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&inserted, &fp, &state); err != nil {
 		return res, false, err
 	}
 	if inserted {
@@ -39,7 +40,7 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimPara
 	if fp == nil {
 		// Committed by a transaction the insert waited for: a new
 		// statement has a snapshot that shows it.
-		err := tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+		err := tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return res, false, nil
 		}
@@ -47,7 +48,7 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimPara
 			return res, false, err
 		}
 	}
-	return idem.ClaimResult{Fingerprint: fp}, true, nil
+	return idem.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
 }
 
 // claimMySQL runs one claim; see mysqlClaimSQL.
@@ -63,15 +64,24 @@ func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams)
 	if dups == 0 {
 		return idem.ClaimResult{Claimed: true}, true, nil
 	}
-	var fp []byte
-	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
+	return s.readExisting(ctx, tx, p)
+}
+
+// readExisting reads the fingerprint and state of the record a claim
+// found; found is false when it vanished before it could be read.
+func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+	var (
+		fp    []byte
+		state sql.NullInt64
+	)
+	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return res, false, nil
 	}
 	if err != nil {
 		return res, false, err
 	}
-	return idem.ClaimResult{Fingerprint: fp}, true, nil
+	return idem.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
 }
 
 // mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
@@ -109,15 +119,7 @@ func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams
 	if n == 1 {
 		return idem.ClaimResult{Claimed: true}, true, nil
 	}
-	var fp []byte
-	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp)
-	if errors.Is(err, sql.ErrNoRows) {
-		return res, false, nil
-	}
-	if err != nil {
-		return res, false, err
-	}
-	return idem.ClaimResult{Fingerprint: fp}, true, nil
+	return s.readExisting(ctx, tx, p)
 }
 
 // claimBatchPostgres claims msgs (sorted by ID) with one statement, plus
@@ -140,17 +142,18 @@ func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer str
 		}
 		for rows.Next() {
 			var (
-				id string
-				fp []byte
+				id    string
+				fp    []byte
+				state sql.NullInt64
 			)
-			if err := rows.Scan(&id, &fp); err != nil {
+			if err := rows.Scan(&id, &fp, &state); err != nil {
 				rows.Close()
 				return nil, err
 			}
 			if fp == nil {
 				got[id] = idem.ClaimResult{Claimed: true}
 			} else {
-				got[id] = idem.ClaimResult{Fingerprint: fp}
+				got[id] = idem.ClaimResult{Fingerprint: fp, State: recordState(state)}
 			}
 		}
 		rows.Close()
@@ -292,10 +295,10 @@ func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer str
 	return nil
 }
 
-// settle records found (ID -> stored fingerprint) in got as duplicates.
-func settle(got map[string]idem.ClaimResult, found map[string][]byte) {
-	for id, fp := range found {
-		got[id] = idem.ClaimResult{Fingerprint: fp}
+// settle records found (ID -> stored record) in got as duplicates.
+func settle(got map[string]idem.ClaimResult, found map[string]idem.ClaimResult) {
+	for id, r := range found {
+		got[id] = r
 	}
 }
 

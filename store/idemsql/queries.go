@@ -15,12 +15,14 @@ import (
 type queries struct {
 	// claim inserts one record: consumer, message ID, fingerprint.
 	claim string
-	// fingerprint reads one record's fingerprint: consumer, message ID.
+	// fingerprint reads one record's fingerprint and state: consumer,
+	// message ID.
 	fingerprint string
 
-	// PostgreSQL batch claim: consumer, text[] of IDs, text[] of hex fingerprints.
+	// PostgreSQL batch claim: consumer, text[] of IDs, text[] of hex
+	// fingerprints -> message ID, fingerprint, state.
 	claimBatch string
-	// PostgreSQL fingerprints: consumer, text[] of IDs.
+	// PostgreSQL fingerprints and states: consumer, text[] of IDs.
 	fingerprints string
 
 	// MySQL and SQLite multi-row statements (batchRow and batchSuffix:
@@ -57,7 +59,8 @@ func pgTime(param string) string {
 func postgresQueries(t string) queries {
 	return queries{
 		// One statement claims and, on a conflict with a record committed
-		// before it began, reads the stored fingerprint: the outer SELECT
+		// before it began, reads the stored fingerprint and state (a
+		// lease-mode record may be in progress or failed): the outer SELECT
 		// sees the statement's snapshot, which holds neither this
 		// statement's insert nor a record committed by a concurrent
 		// transaction the insert waited for. In that last case (not
@@ -69,9 +72,10 @@ func postgresQueries(t string) queries {
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM ins),
-	(SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text)`,
-		fingerprint: `SELECT fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
+SELECT EXISTS (SELECT 1 FROM ins), r.fingerprint, r.state
+FROM (SELECT 1) AS one
+LEFT JOIN ` + t + ` AS r ON r.consumer = $1::text AND r.message_id = $2::text`,
+		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		// The batch version: rows with a NULL fingerprint were inserted by
 		// this statement, the others are records committed before it began.
 		// IDs in neither were committed by transactions it waited for.
@@ -81,10 +85,10 @@ SELECT EXISTS (SELECT 1 FROM ins),
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
 )
-SELECT message_id, NULL::bytea FROM ins
+SELECT message_id, NULL::bytea, NULL::smallint FROM ins
 UNION ALL
-SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
-		fingerprints: `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 		horizon:      `SELECT ` + pgMicros(`max(processed_at)`) + ` - $1::bigint FROM ` + t + ` WHERE consumer = $2::text`,
 		purgeCount:   `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + ` AND state <> 1`,
 		inspect: `SELECT fingerprint, ` + pgMicros(`processed_at`) + `, state, token, attempt, ` + pgMicros(`lease_expires_at`) + `, last_error
@@ -149,9 +153,9 @@ func mysqlQueries(t string) queries {
 		// INDEX keeps the optimizer from scanning the consumer's range
 		// instead, which would lock, and wait for, rows other transactions
 		// are inserting (a deadlock with them).
-		fingerprint: `SELECT fingerprint FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE`,
+		fingerprint: `SELECT fingerprint, state FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE`,
 		batchPrefix: batchPrefix,
-		fpsPrefix:   `SELECT message_id, fingerprint FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id IN (`,
+		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id IN (`,
 		fpsSuffix:   `) LOCK IN SHARE MODE`,
 		horizon:     `SELECT ` + mysqlMicros(`MAX(processed_at)`) + ` - ? FROM ` + t + ` WHERE consumer = ?`,
 		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
@@ -175,11 +179,11 @@ func sqliteQueries(t string) queries {
 		// swallow NOT NULL and CHECK violations.
 		claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES (?1, ?2, ?3, ` + sqliteNow + `)
 	ON CONFLICT (consumer, message_id) DO NOTHING`,
-		fingerprint: `SELECT fingerprint FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
+		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
 		batchPrefix: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES `,
 		batchRow:    `(?1, ?%d, ?%d, ` + sqliteNow + `)`,
 		batchSuffix: ` ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
-		fpsPrefix:   `SELECT message_id, fingerprint FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
+		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
 		fpsSuffix:   `)`,
 		horizon:     `SELECT MAX(processed_at) - ?1 FROM ` + t + ` WHERE consumer = ?2`,
 		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1`,

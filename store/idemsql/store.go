@@ -301,24 +301,35 @@ func checkClaim(consumer, id string, fp []byte) error {
 	return nil
 }
 
-// readFingerprints runs query, which returns (message_id, fingerprint)
-// rows, and returns the fingerprints by message ID.
-func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string][]byte, error) {
+// readFingerprints runs query, which returns (message_id, fingerprint,
+// state) rows, and returns the existing records by message ID as
+// unclaimed results.
+func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string]idem.ClaimResult, error) {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	found := map[string][]byte{}
+	found := map[string]idem.ClaimResult{}
 	for rows.Next() {
 		var (
-			id string
-			fp []byte
+			id    string
+			fp    []byte
+			state sql.NullInt64
 		)
-		if err := rows.Scan(&id, &fp); err != nil {
+		if err := rows.Scan(&id, &fp, &state); err != nil {
 			return nil, err
 		}
-		found[id] = fp
+		found[id] = idem.ClaimResult{Fingerprint: fp, State: recordState(state)}
 	}
 	return found, rows.Err()
+}
+
+// recordState converts a scanned state column; NULL (no lease columns
+// read) is a completed record.
+func recordState(v sql.NullInt64) idem.RecordState {
+	if !v.Valid || v.Int64 == 0 {
+		return idem.StateCompleted
+	}
+	return idem.RecordState(v.Int64)
 }
