@@ -246,3 +246,32 @@ func TestDemoRedisStreams(t *testing.T) {
 		t.Errorf("report %+v: want 500 charges, none double, none lost, crashes exercised", rep)
 	}
 }
+
+// TestDemoExternalNATSOnMariaDB runs the story on the NATS server started by
+// scripts/services (not the in-process one) with MariaDB as the store.
+func TestDemoExternalNATSOnMariaDB(t *testing.T) {
+	t.Parallel()
+	urls := storeURLs(t)
+	natsURL := os.Getenv("IDEM_TEST_NATS_URL")
+	if natsURL == "" || urls["mariadb"] == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			t.Fatal("IDEM_TEST_NATS_URL or IDEM_TEST_MYSQL_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
+		}
+		t.Skip("IDEM_TEST_NATS_URL or IDEM_TEST_MYSQL_URL is not set")
+	}
+	code, out, errOut := run(t, "demo", "--broker", natsURL, "--store", urls["mariadb"], "--messages", "500",
+		"--crash-rate", "0.04", "--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("report %+v: want 500 charges, none double, none lost", rep)
+	}
+	if !strings.HasPrefix(rep.Store, "mysql at ") || !strings.HasPrefix(rep.Broker, "nats://") {
+		t.Errorf("ran on store %q, broker %q", rep.Store, rep.Broker)
+	}
+}
