@@ -97,6 +97,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Purge", purgeCases[TTx]()},
 		{"Lifecycle", lifecycleCases[TTx]()},
 		{"Store", storeCases[TTx]()},
+		{"Mixed", mixedCases[TTx]()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
