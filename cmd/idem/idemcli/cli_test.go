@@ -131,34 +131,68 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
+// optionalURL returns the URL in the environment variable env, or ""; under
+// IDEM_TEST_REQUIRE_ALL=1 (the README test command) a missing URL fails
+// the test.
+func optionalURL(t *testing.T, env string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" && os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+		t.Fatalf("%s is not set and IDEM_TEST_REQUIRE_ALL=1", env)
+	}
+	return u
+}
+
+// serviceURL is optionalURL, skipping the test when the URL is missing.
+func serviceURL(t *testing.T, env string) string {
+	t.Helper()
+	u := optionalURL(t, env)
+	if u == "" {
+		t.Skipf("%s is not set", env)
+	}
+	return u
+}
+
+// demoJSON runs `idem demo --json --progress none` with args, requires
+// exit status 0 and returns the report.
+func demoJSON(t *testing.T, args ...string) (report, string) {
+	t.Helper()
+	code, out, errOut := run(t, append([]string{"demo", "--json", "--progress", "none"}, args...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
+	}
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("report is not JSON: %v\n%s", err, out)
+	}
+	return rep, out
+}
+
+// wantChargedOnce checks that every one of n payments was charged exactly
+// once, by the ledger and by the provider, and that consumers crashed.
+func wantChargedOnce(t *testing.T, rep report, n int64) {
+	t.Helper()
+	if rep.LedgerCharges != n || rep.ProviderCharges != n || rep.DoubleCharges != 0 || rep.Lost != 0 {
+		t.Errorf("report %+v: want %d charges, none double, none lost", rep, n)
+	}
+	if rep.ConsumerCrashes == 0 {
+		t.Errorf("consumer crashes 0: the crashes were not exercised")
+	}
+}
+
 // TestDemoKafkaRebalanceOnPostgres runs the seed's rebalance story: payments
 // on an in-process three-broker Kafka cluster, consumers in one consumer
 // group that die without committing offsets (a rebalance replays their
 // records to the other members), and PostgreSQL as the store.
 func TestDemoKafkaRebalanceOnPostgres(t *testing.T) {
 	t.Parallel()
-	pg := os.Getenv("IDEM_TEST_POSTGRES_URL")
-	if pg == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatal("IDEM_TEST_POSTGRES_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
-		}
-		t.Skip("IDEM_TEST_POSTGRES_URL is not set")
-	}
-	code, out, errOut := run(t, "demo", "--broker", "kafka:embedded", "--store", pg, "--messages", "800",
-		"--crash-rate", "0.02", "--consumers", "3", "--json", "--progress", "none")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
-	}
-	var rep report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.LedgerCharges != 800 || rep.ProviderCharges != 800 || rep.DoubleCharges != 0 || rep.Lost != 0 {
-		t.Errorf("report %+v: want 800 charges, none double, none lost", rep)
-	}
-	if rep.ConsumerCrashes == 0 || rep.DuplicatesAbsorbed <= rep.DuplicatesPublished {
-		t.Errorf("crashes %d, duplicates absorbed %d, published %d: want replays after crashes absorbed",
-			rep.ConsumerCrashes, rep.DuplicatesAbsorbed, rep.DuplicatesPublished)
+	pg := serviceURL(t, "IDEM_TEST_POSTGRES_URL")
+	rep, _ := demoJSON(t, "--broker", "kafka:embedded", "--store", pg, "--messages", "800",
+		"--crash-rate", "0.02", "--consumers", "3")
+	wantChargedOnce(t, rep, 800)
+	if rep.DuplicatesAbsorbed <= rep.DuplicatesPublished {
+		t.Errorf("duplicates absorbed %d, published %d: want replays after crashes absorbed",
+			rep.DuplicatesAbsorbed, rep.DuplicatesPublished)
 	}
 }
 
@@ -167,27 +201,11 @@ func TestDemoKafkaRebalanceOnPostgres(t *testing.T) {
 // consumers die between the provider call and the completion.
 func TestDemoRedisLeaseMode(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("IDEM_TEST_REDIS_URL")
-	if url == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatal("IDEM_TEST_REDIS_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
-		}
-		t.Skip("IDEM_TEST_REDIS_URL is not set")
-	}
-	code, out, errOut := run(t, "demo", "--store", url, "--messages", "600", "--crash-rate", "0.04",
-		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
-	}
-	var rep report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.LedgerCharges != 600 || rep.ProviderCharges != 600 || rep.DoubleCharges != 0 || rep.Lost != 0 {
-		t.Errorf("report %+v: want 600 charges, none double, none lost", rep)
-	}
-	if rep.ConsumerCrashes == 0 || !strings.HasPrefix(rep.Store, "redis at ") {
-		t.Errorf("crashes %d, store %q: want crashes exercised on redis", rep.ConsumerCrashes, rep.Store)
+	rep, _ := demoJSON(t, "--store", serviceURL(t, "IDEM_TEST_REDIS_URL"), "--messages", "600", "--crash-rate", "0.04",
+		"--consumers", "3", "--ack-wait", "300ms")
+	wantChargedOnce(t, rep, 600)
+	if !strings.HasPrefix(rep.Store, "redis at ") {
+		t.Errorf("store %q: want redis", rep.Store)
 	}
 }
 
@@ -195,82 +213,37 @@ func TestDemoRedisLeaseMode(t *testing.T) {
 // their channel and RabbitMQ requeues what they had not acked.
 func TestDemoRabbitMQ(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("IDEM_TEST_AMQP_URL")
-	if url == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatal("IDEM_TEST_AMQP_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
-		}
-		t.Skip("IDEM_TEST_AMQP_URL is not set")
-	}
-	code, out, errOut := run(t, "demo", "--broker", url, "--messages", "500", "--crash-rate", "0.04",
-		"--consumers", "3", "--json", "--progress", "none")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
-	}
-	var rep report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.ConsumerCrashes == 0 {
-		t.Errorf("report %+v: want 500 charges, none double, none lost, crashes exercised", rep)
-	}
+	rep, out := demoJSON(t, "--broker", serviceURL(t, "IDEM_TEST_AMQP_URL"), "--messages", "500", "--crash-rate", "0.04",
+		"--consumers", "3")
+	wantChargedOnce(t, rep, 500)
 	if strings.Contains(out, "guest:guest") {
 		t.Errorf("the report shows the broker password: %s", out)
 	}
 }
 
 // TestDemoRedisStreams runs the story on a Redis stream with a consumer
-// group, and the lease-mode Redis store: a consumer that dies leaves its
-// entries pending, and XAUTOCLAIM hands them to another after the ack wait.
+// group: a consumer that dies leaves its entries pending, and XAUTOCLAIM
+// hands them to another after the ack wait. The store is SQLite, so that
+// this test and TestDemoRedisLeaseMode do not share the demo's Redis keys.
 func TestDemoRedisStreams(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("IDEM_TEST_REDIS_URL")
-	if url == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatal("IDEM_TEST_REDIS_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
-		}
-		t.Skip("IDEM_TEST_REDIS_URL is not set")
-	}
-	// The SQLite store, so that this test and TestDemoRedisLeaseMode do not
-	// share the demo's Redis keys.
-	code, out, errOut := run(t, "demo", "--broker", url, "--messages", "500", "--crash-rate", "0.04",
-		"--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
-	}
-	var rep report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.ConsumerCrashes == 0 {
-		t.Errorf("report %+v: want 500 charges, none double, none lost, crashes exercised", rep)
-	}
+	rep, _ := demoJSON(t, "--broker", serviceURL(t, "IDEM_TEST_REDIS_URL"), "--messages", "500", "--crash-rate", "0.04",
+		"--consumers", "3", "--ack-wait", "300ms")
+	wantChargedOnce(t, rep, 500)
 }
 
 // TestDemoExternalNATSOnMariaDB runs the story on the NATS server started by
 // scripts/services (not the in-process one) with MariaDB as the store.
 func TestDemoExternalNATSOnMariaDB(t *testing.T) {
 	t.Parallel()
-	urls := storeURLs(t)
-	natsURL := os.Getenv("IDEM_TEST_NATS_URL")
-	if natsURL == "" || urls["mariadb"] == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatal("IDEM_TEST_NATS_URL or IDEM_TEST_MYSQL_URL is not set and IDEM_TEST_REQUIRE_ALL=1")
-		}
-		t.Skip("IDEM_TEST_NATS_URL or IDEM_TEST_MYSQL_URL is not set")
+	natsURL := serviceURL(t, "IDEM_TEST_NATS_URL")
+	mariadb := storeURLs(t)["mariadb"]
+	if mariadb == "" {
+		t.Skip("IDEM_TEST_MYSQL_URL is not set")
 	}
-	code, out, errOut := run(t, "demo", "--broker", natsURL, "--store", urls["mariadb"], "--messages", "500",
-		"--crash-rate", "0.04", "--consumers", "3", "--ack-wait", "300ms", "--json", "--progress", "none")
-	if code != 0 {
-		t.Fatalf("exit %d: %s\n%s", code, errOut, out)
-	}
-	var rep report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.LedgerCharges != 500 || rep.ProviderCharges != 500 || rep.DoubleCharges != 0 || rep.Lost != 0 {
-		t.Errorf("report %+v: want 500 charges, none double, none lost", rep)
-	}
+	rep, _ := demoJSON(t, "--broker", natsURL, "--store", mariadb, "--messages", "500",
+		"--crash-rate", "0.04", "--consumers", "3", "--ack-wait", "300ms")
+	wantChargedOnce(t, rep, 500)
 	if !strings.HasPrefix(rep.Store, "mysql at ") || !strings.HasPrefix(rep.Broker, "nats://") {
 		t.Errorf("ran on store %q, broker %q", rep.Store, rep.Broker)
 	}
