@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -206,4 +207,26 @@ type StepParams struct {
 	Step string
 	// Result is the step's result, stored byte for byte.
 	Result []byte
+}
+
+// ValidateAcquireParams checks p as every store's Acquire does: a valid
+// consumer name and message ID (ValidateConsumerName, ValidateMessageID
+// with the default maximum), a fingerprint of 1 to MaxFingerprintLength
+// bytes (ErrInvalidPayload otherwise), and a positive lease (ErrInvalidConfig
+// otherwise: a zero lease never means "no expiry", field case C08). Store
+// implementations call it.
+func ValidateAcquireParams(p *AcquireParams) error {
+	if p.Lease <= 0 {
+		return fmt.Errorf("%w: lease %v, want a positive duration", ErrInvalidConfig, p.Lease)
+	}
+	if err := ValidateConsumerName(p.Consumer); err != nil {
+		return err
+	}
+	if err := ValidateMessageID(p.MessageID, 0); err != nil {
+		return err
+	}
+	if len(p.Fingerprint) == 0 || len(p.Fingerprint) > MaxFingerprintLength {
+		return fmt.Errorf("%w: fingerprint of %d bytes, want 1..%d", ErrInvalidPayload, len(p.Fingerprint), MaxFingerprintLength)
+	}
+	return nil
 }

@@ -17,8 +17,8 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireRes
 	if err := ctx.Err(); err != nil {
 		return AcquireResult{}, err
 	}
-	if p.Lease <= 0 {
-		return AcquireResult{}, ErrInvalidConfig
+	if err := ValidateAcquireParams(p); err != nil {
+		return AcquireResult{}, err
 	}
 	k := memKey{p.Consumer, p.MessageID}
 	s.mu.Lock()

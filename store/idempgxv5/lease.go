@@ -198,15 +198,8 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 	if err := ctx.Err(); err != nil {
 		return idem.AcquireResult{}, err
 	}
-	if p.Lease <= 0 {
-		return idem.AcquireResult{}, fmt.Errorf("%w: idempgxv5: lease %v, want a positive duration", idem.ErrInvalidConfig, p.Lease)
-	}
-	if err := checkNames(p.Consumer, p.MessageID); err != nil {
+	if err := idem.ValidateAcquireParams(p); err != nil {
 		return idem.AcquireResult{}, err
-	}
-	if len(p.Fingerprint) == 0 || len(p.Fingerprint) > idem.MaxFingerprintLength {
-		return idem.AcquireResult{}, fmt.Errorf("%w: idempgxv5: fingerprint of %d bytes, want 1..%d",
-			idem.ErrInvalidPayload, len(p.Fingerprint), idem.MaxFingerprintLength)
 	}
 	var last *leaseRecord
 	for range maxAcquireAttempts {

@@ -30,8 +30,8 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	if p.Lease <= 0 {
-		return res, fmt.Errorf("%w: idemredis: lease %v is not positive", idem.ErrInvalidConfig, p.Lease)
+	if err := idem.ValidateAcquireParams(p); err != nil {
+		return res, err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease)).Result()

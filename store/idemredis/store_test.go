@@ -550,18 +550,39 @@ func TestKeyEncoding(t *testing.T) {
 			}
 			keys[k] = p
 		}
+		if !validPair(p) {
+			// Keys are well formed for any bytes, but the store refuses
+			// names that break idem's ID rules, as every store does.
+			_, err := b.store.Acquire(b.ctx, &idem.AcquireParams{Consumer: p[0], MessageID: p[1], Fingerprint: fp("same payload"), Lease: longLease})
+			if !errors.Is(err, idem.ErrInvalidMessageID) && !errors.Is(err, idem.ErrInvalidConsumerName) {
+				t.Errorf("%q: Acquire = %v, want ErrInvalidMessageID or ErrInvalidConsumerName", p, err)
+			}
+			continue
+		}
 		a := b.mustAcquire(t, p[0], p[1], fp("same payload"), longLease, 1)
 		b.complete(t, p[0], p[1], a.Token, []byte(fmt.Sprintf("result %d", i)), "")
 	}
+	wantC := 0
 	for i, p := range pairs {
+		if !validPair(p) {
+			continue
+		}
+		if p[0] == "c" {
+			wantC++
+		}
 		r := b.acquire(t, p[0], p[1], fp("same payload"), longLease)
 		if want := fmt.Sprintf("result %d", i); r.State != idem.StateCompleted || string(r.Result) != want {
 			t.Errorf("%q: state %v, result %q; want completed with %q (keys collide?)", p, r.State, r.Result, want)
 		}
 	}
-	if got, err := b.store.CountRecords(b.ctx, "c"); err != nil || got != 24 {
-		t.Errorf("CountRecords(c) = %d, %v; want 24", got, err)
+	if got, err := b.store.CountRecords(b.ctx, "c"); err != nil || got != wantC {
+		t.Errorf("CountRecords(c) = %d, %v; want %d", got, err, wantC)
 	}
+}
+
+// validPair reports whether consumer and message ID follow idem's rules.
+func validPair(p [2]string) bool {
+	return idem.ValidateConsumerName(p[0]) == nil && idem.ValidateMessageID(p[1], 0) == nil
 }
 
 // An end-to-end run through idem.LeaseConsumer: a payment whose first

@@ -103,10 +103,7 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 	if err := ctx.Err(); err != nil {
 		return idem.AcquireResult{}, err
 	}
-	if p.Lease <= 0 {
-		return idem.AcquireResult{}, fmt.Errorf("%w: idemsql: lease %v, want a positive duration", idem.ErrInvalidConfig, p.Lease)
-	}
-	if err := checkClaim(p.Consumer, p.MessageID, p.Fingerprint); err != nil {
+	if err := idem.ValidateAcquireParams(p); err != nil {
 		return idem.AcquireResult{}, err
 	}
 	var last *leaseRecord
