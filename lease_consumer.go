@@ -21,7 +21,9 @@ const minRetryAfter = 100 * time.Millisecond
 // releases the lease for a retry, or poisons the message when it is not
 // retryable (see Permanent) or the attempt was the last (MaxAttempts).
 // ctx is cancelled, with cause ErrLeaseLost, if the lease is lost while the
-// handler runs.
+// handler runs, or runs out by the consumer's clock because no renewal
+// reached the store in time: another attempt may then take over, so the
+// handler should stop its side effects.
 type LeaseHandler func(ctx context.Context, a *Attempt) (Result, error)
 
 // Result is what a lease-mode handler produced, stored with the record and
@@ -271,15 +273,19 @@ func (c *LeaseConsumer) runLeased(ctx context.Context, a *Attempt, handler Lease
 }
 
 // renewUntil renews a's lease every Lease/3 until ctx ends (the handler
-// returned). It returns false if the lease was lost, after cancelling the
-// handler's context with cause ErrLeaseLost.
+// returned). It returns false if the store reported the lease lost, after
+// cancelling the handler's context with cause ErrLeaseLost. If the lease
+// runs out by the local clock with no successful renewal, it cancels the
+// handler's context the same way but returns true: the store's fencing at
+// Complete or Release then says whether the attempt still owns the record.
 func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) bool {
 	t := time.NewTicker(c.cfg.Lease / 3)
 	defer t.Stop()
 	// The lease is only known to be held until validFrom + Lease: if no
-	// renewal succeeds by then (the store is unreachable), another attempt
-	// may take over, so the handler is cancelled rather than left running
-	// beside it.
+	// renewal succeeds by then (the store is unreachable or slow), another
+	// attempt may take over, so the handler's context is cancelled rather
+	// than left running beside it. Whether the attempt still owns the record
+	// is not decided here but by the store's fencing at Complete or Release.
 	validFrom := a.leaseFrom
 	expiry := time.NewTimer(c.cfg.Lease)
 	defer expiry.Stop()
@@ -288,8 +294,10 @@ func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel conte
 		case <-ctx.Done():
 			return true
 		case <-expiry.C:
-			cancel(ErrLeaseLost)
-			return false
+			if ctx.Err() == nil {
+				cancel(ErrLeaseLost)
+			}
+			return true
 		case <-t.C:
 		}
 		start := time.Now()

@@ -138,9 +138,10 @@ func testLeaseStaleHandlerLoses(t *testing.T, b *leaseBundle) {
 }
 
 // renewalLease is the lease of the renewal case: short enough for three
-// renewals (every Lease/3) to take 600ms, long enough that a renewal late
-// by a few hundred milliseconds does not lose it.
-const renewalLease = 600 * time.Millisecond
+// renewals (every Lease/3) to take 2s, long enough that a renewal slowed
+// by a loaded machine (a -race run on 2 cores) still lands within the
+// lease; the LeaseConsumer cancels a handler whose renewals do not.
+const renewalLease = 2 * time.Second
 
 // A handler that runs for longer than its lease keeps the message: the
 // LeaseConsumer renews every Lease/3, and a copy delivered meanwhile (also
