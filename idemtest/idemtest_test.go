@@ -67,18 +67,26 @@ func TestSuiteCatchesBrokenStores(t *testing.T) {
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			pattern := "^TestMutant$/^" + strings.ReplaceAll(m.run, "/", "$/^") + "$"
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), "IDEMTEST_MUTANT="+m.name)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Errorf("the suite passed against a store that %s; want %s to fail\n%s", m.name, m.wantFail, out)
-				return
-			}
-			if !strings.Contains(string(out), "--- FAIL: TestMutant/"+m.wantFail) {
-				t.Errorf("against a store that %s, %s did not fail:\n%s", m.name, m.wantFail, out)
-			}
+			wantChildFails(t, "TestMutant", "IDEMTEST_MUTANT", m.name, m.run, m.wantFail)
 		})
+	}
+}
+
+// wantChildFails runs the cases run of test in a child test process with
+// the environment variable env set to the mutant's name, and requires the
+// case wantFail to fail there.
+func wantChildFails(t *testing.T, test, env, name, run, wantFail string) {
+	t.Helper()
+	pattern := "^" + test + "$/^" + strings.ReplaceAll(run, "/", "$/^") + "$"
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env+"="+name)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Errorf("%s passed against a store that %s; want %s to fail\n%s", test, name, wantFail, out)
+		return
+	}
+	if !strings.Contains(string(out), "--- FAIL: "+test+"/"+wantFail) {
+		t.Errorf("against a store that %s, %s did not fail:\n%s", name, wantFail, out)
 	}
 }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,17 +48,7 @@ func TestSuiteCatchesBrokenLeaseStores(t *testing.T) {
 	for _, m := range leaseMutants {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
-			pattern := "^TestLeaseMutant$/^" + strings.ReplaceAll(m.wantFail, "/", "$/^") + "$"
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run="+pattern, "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), "IDEMTEST_LEASE_MUTANT="+m.name)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Errorf("the lease suite passed against a store that %s; want %s to fail\n%s", m.name, m.wantFail, out)
-				return
-			}
-			if !strings.Contains(string(out), "--- FAIL: TestLeaseMutant/"+m.wantFail) {
-				t.Errorf("against a store that %s, %s did not fail:\n%s", m.name, m.wantFail, out)
-			}
+			wantChildFails(t, "TestLeaseMutant", "IDEMTEST_LEASE_MUTANT", m.name, m.wantFail, m.wantFail)
 		})
 	}
 }
