@@ -1,0 +1,84 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// The Processors Bind, BindBatch and BindLease give an adapter run the same
+// consumer semantics as calling the consumer directly: the second delivery
+// of an ID is a Duplicate and the handler ran once.
+func TestProcessorsBindTheirConsumer(t *testing.T) {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(nil)
+
+	tx, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "tx", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	lease, err := idem.NewLeaseConsumer(store, idem.Config{Name: "lease", PurgeInterval: -1, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Close()
+
+	calls := map[string]int{}
+	procs := map[string]idem.Processor{
+		"Bind": idem.Bind(tx, func(ctx context.Context, _ *idem.MemoryTx, m idem.Message) error {
+			calls["Bind"]++
+			return nil
+		}),
+		"BindLease": idem.BindLease(lease, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+			calls["BindLease"]++
+			return idem.Result{Body: []byte("ok")}, nil
+		}),
+	}
+	for name, p := range procs {
+		msg := idem.Message{ID: "m-" + name, Payload: []byte("p")}
+		for i, want := range []idem.Status{idem.Processed, idem.Duplicate} {
+			out, err := p.Process(ctx, msg)
+			if err != nil || out.Status != want {
+				t.Errorf("%s delivery %d: got %v, %v; want %v, nil", name, i+1, out.Status, err, want)
+			}
+		}
+		if calls[name] != 1 {
+			t.Errorf("%s: handler ran %d times, want 1", name, calls[name])
+		}
+	}
+
+	batch := idem.BindBatch(tx, func(ctx context.Context, _ *idem.MemoryTx, msgs []idem.Message) error {
+		calls["BindBatch"] += len(msgs)
+		return nil
+	})
+	msgs := []idem.Message{{ID: "b1", Payload: []byte("x")}, {ID: "b2", Payload: []byte("y")}, {ID: "m-Bind", Payload: []byte("p")}}
+	outs, err := batch.ProcessBatch(ctx, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []idem.Status{idem.Processed, idem.Processed, idem.Duplicate}
+	for i := range want {
+		if outs[i].Status != want[i] {
+			t.Errorf("batch outcome %d: got %v, want %v", i, outs[i].Status, want[i])
+		}
+	}
+	if calls["BindBatch"] != 2 {
+		t.Errorf("batch handler saw %d messages, want 2", calls["BindBatch"])
+	}
+
+	// A ProcessorFunc wrapper sees the same outcome and error the consumer gave.
+	boom := errors.New("boom")
+	var seen idem.Status
+	wrapped := idem.ProcessorFunc(func(ctx context.Context, m idem.Message) (idem.Outcome, error) {
+		out, err := idem.Bind(tx, func(context.Context, *idem.MemoryTx, idem.Message) error { return boom }).Process(ctx, m)
+		seen = out.Status
+		return out, err
+	})
+	if _, err := wrapped.Process(ctx, idem.Message{ID: "fails", Payload: []byte("z")}); !errors.Is(err, boom) || seen != idem.Failed {
+		t.Errorf("failing handler: got %v, %v; want Failed, boom", seen, err)
+	}
+}
