@@ -88,3 +88,17 @@ type DeadLetter struct {
 	// It is never empty.
 	Reason string
 }
+
+// PublishDeduper is implemented by a Broker whose broker itself drops a
+// publish that repeats a message ID within a window, as JetStream does for
+// Nats-Msg-Id within the stream's duplicate window (StreamConfig.Duplicates).
+// The suite then does not expect a Duplicate outcome for a repeat published
+// inside the window, and waits the window out before publishing a repeat
+// that must reach the consumer (a late duplicate, a fingerprint mismatch).
+// Brokers without such a window do not implement it. This interface is an
+// optional addition to the Broker contract.
+type PublishDeduper interface {
+	// DedupeWindow is the broker's duplicate window; keep it short in
+	// tests (JetStream's minimum is 100ms).
+	DedupeWindow() time.Duration
+}

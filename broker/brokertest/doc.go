@@ -1,0 +1,97 @@
+// Package brokertest is the conformance suite every idem broker adapter
+// passes against a real broker (JetStream, Kafka, RabbitMQ, Redis Streams).
+//
+// An adapter's test implements [Harness] (a fresh, isolated [Broker] per
+// case: its own stream, topic, queue or key names, and its own dead letter)
+// and calls [Run]:
+//
+//	func TestConformance(t *testing.T) {
+//		brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
+//			return newTestBroker(t) // wraps the adapter's Consumer and Producer
+//		}})
+//	}
+//
+// Run publishes messages through the adapter's producer helper, puts a
+// side-effect table behind the handler and makes redelivery happen the way
+// it happens in production, then asserts what the Idempotent Consumer
+// pattern promises: the effects table holds exactly one row per message,
+// with its payload, every message was processed, the dead letter holds
+// exactly the messages that can never be processed, and nothing was lost.
+//
+// # Claim modes
+//
+// Every case runs twice, as parallel subtests Run/transactional/<case> and
+// Run/lease/<case>, each with its own Broker and its own SQLite database
+// (modernc.org/sqlite, through store/idemsql):
+//
+//   - transactional: idem.NewConsumer over idemsql and idem.Bind, with a
+//     handler that inserts one row (message ID, payload) into an effects
+//     table in the claim's transaction;
+//   - lease: idem.NewLeaseConsumer (3s lease) and idem.BindLease, with a
+//     handler that writes the effect outside the claim, keyed by
+//     Attempt.Key (INSERT ... ON CONFLICT DO NOTHING), as the pattern asks
+//     of effects that cannot join the claim's transaction.
+//
+// The suite wraps the bound idem.Processor it hands to [Broker.Start] to
+// record every outcome and to inject faults (handler errors, a crash between
+// commit and ack, a handler held on a barrier).
+//
+// # Cases
+//
+// [CaseNames] lists them. In short:
+//
+//   - ProcessedOnce: 100 messages at concurrency 4 make 100 rows; after a
+//     graceful Stop a fresh member processes nothing.
+//   - ProducerDuplicates: every message published twice, some a third time
+//     after the first copy was processed: one row each; the repeats that
+//     reach the consumer are Duplicate outcomes.
+//   - CrashAfterCommit: a member commits a message and is crashed
+//     ([Member.Crash]) before the adapter can ack it; a new member takes
+//     over and gets that message again, as a Duplicate.
+//   - HandlerError: a quarter of the handlers fail on the first run; the
+//     adapter redelivers them after its retry delay; no dead letters.
+//   - AckTimeout: a handler runs past [StartOptions.Redelivery]; a
+//     redelivery of its message while it runs waits for it (transactional)
+//     or is InProgress and is redelivered later (lease); one row.
+//   - BadMessages: messages without an ID, with an invalid ID (a control
+//     byte), reusing an ID with another payload (a fingerprint mismatch), and
+//     in lease mode whose handler returns idem.Permanent (poison), end up in
+//     the dead letter, ID and payload byte for byte, with a reason containing
+//     the idem sentinel error's text; none has an effect row.
+//   - GroupCrashAndJoin: two members share the work, one crashes mid-stream,
+//     a third joins.
+//   - StopWaitsForInFlight: [Member.Stop] does not return while a handler is
+//     running, and acknowledges its message: a later member never gets it.
+//   - Batch: for a [BatchBroker] only, in transactional mode: the basics
+//     through StartBatch and idem.BindBatch, batches no larger than
+//     BatchSize, and a crash after a committed batch.
+//
+// # What an adapter must do to pass
+//
+//   - Read the message ID from the broker's place for it (DESIGN.md section
+//     4) and pass every delivery to the Processor, an ID-less one with ID "".
+//   - Ack Processed and Duplicate outcomes (Outcome.Ack); dead-letter the
+//     outcomes for which Outcome.DeadLetter is true, with the original ID and
+//     payload and the outcome's error text as the reason, then ack them;
+//     redeliver InProgress after Outcome.RetryAfter and Failed after a retry
+//     delay shorter than StartOptions.Redelivery (the suite uses 1s, and 3s
+//     in StopWaitsForInFlight).
+//   - Honour StartOptions: Concurrency deliveries at once; Redelivery as the
+//     broker's timeout for unacknowledged messages where it has one.
+//   - Stop: take no new deliveries, let the handlers in flight finish with
+//     their context intact, ack what finished, then return.
+//   - Crash: return at once; from then on nothing of that member reaches the
+//     broker (close its connection or client), so the broker redelivers.
+//   - DeadLetters: read the dead letter without consuming it.
+//   - A broker that drops repeated publishes itself (JetStream's duplicate
+//     window) implements [PublishDeduper], so the suite knows which repeats
+//     reach the consumer.
+//
+// # Timing
+//
+// The suite orders events with channels and barriers, and polls with
+// bounded waits (90s each, generous for a loaded machine under -race) that
+// fail with the state reached, e.g. "after 1m30s: 47 of 50 messages have an
+// effect row". A few short quiet periods (a few seconds) check that
+// something does not happen. A run takes about 10-40 seconds per adapter.
+package brokertest

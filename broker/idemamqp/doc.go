@@ -1,0 +1,86 @@
+// Package idemamqp runs RabbitMQ deliveries through an idem Idempotent
+// Consumer, on github.com/rabbitmq/amqp091-go.
+//
+// A [Consumer] consumes one queue with manual acknowledgements and a
+// prefetch, reads each delivery's message ID from the message_id property
+// (or a header), passes it to an [idem.Processor] (made with idem.Bind or
+// idem.BindLease), and settles the delivery by the [idem.Outcome], as
+// DESIGN.md section 4 says for RabbitMQ:
+//
+//   - Processed, Duplicate: basic.ack.
+//   - InProgress (lease mode: another attempt holds a live lease): the
+//     delivery is held for Outcome.RetryAfter, then nacked with requeue.
+//   - Failed, not poison (the handler or store failed; the claim was rolled
+//     back): held for Config.RetryDelay, then nacked with requeue.
+//   - Rejected (no or invalid message ID, unreadable payload),
+//     FingerprintMismatch and poison: published to the dead-letter queue
+//     with publisher confirms, carrying the original body and properties
+//     plus the headers Idem-Dead-Letter-Reason (the Outcome's error text)
+//     and Idem-Dead-Letter-Status, then acked. A dead letter that cannot be
+//     published (no confirm, unroutable, channel lost) is not acked: the
+//     delivery is requeued after RetryDelay. Nothing is dropped silently and
+//     nothing that failed is acked as done.
+//
+// # Delayed redelivery
+//
+// RabbitMQ has no delayed nack. The Consumer holds an InProgress or Failed
+// delivery, unacknowledged, for the delay and then nacks it with requeue, so
+// that it goes back to the head of the queue for any consumer. A held
+// delivery occupies one slot of the channel's prefetch (Config.Prefetch) but
+// no worker: while deliveries are held the Consumer takes fewer new ones,
+// which is the back-pressure wanted when a message is in progress elsewhere
+// or the store is failing. Raise Prefetch above Concurrency to keep workers
+// busy while some deliveries wait. If the channel or connection is lost
+// meanwhile, RabbitMQ requeues the held deliveries itself; Stop nacks them
+// with requeue at once. (The alternative, a delay queue with a message TTL
+// and a dead-letter exchange back to the queue, needs topology the
+// Consumer would have to own, and reorders the queue; it is not used.)
+//
+// # Connections and reconnection
+//
+// The Consumer takes the caller's *amqp.Connection and opens its own two
+// channels on it: one to consume, one in confirm mode for dead letters.
+// When a channel is closed by the server (a channel-level exception) the
+// Consumer opens new ones on the same connection. When the connection
+// itself closes (network loss, broker restart, a forced close), RabbitMQ
+// requeues every delivery the Consumer had not acknowledged, and the
+// Consumer calls Config.Redial, with exponential backoff between failed
+// calls (cenkalti/backoff/v5), to get a new connection; the connections it
+// gets from Redial are its own and it closes them when Run returns. Without
+// Redial, a lost connection ends Run with an error matching
+// [ErrConnectionClosed]. Deliveries of a lost channel are never acked on a
+// later one: each delivery is settled on the channel it came from, so a
+// stale delivery tag can never acknowledge another message.
+//
+// amqp091-go's experimental automatic recovery (amqp.Config.Recovery) is
+// refused with [idem.ErrInvalidConfig]: it reopens channels under the same
+// *amqp.Channel value, so an ack of a delivery from before the recovery
+// would carry a stale tag to the new channel and could acknowledge a
+// message that was never processed.
+//
+// # Stopping
+//
+// [Consumer.Stop] stops gracefully: basic.cancel so that no new delivery
+// arrives, deliveries already prefetched but not started are nacked with
+// requeue, the ones in flight finish and are settled, held ones are nacked
+// with requeue, then the channels close. Cancelling Run's context instead
+// stops at once: handlers' contexts are cancelled and the channels close,
+// so RabbitMQ requeues whatever was not settled.
+//
+// # Producing
+//
+// [Producer.Publish] publishes a persistent message with publisher
+// confirms and a stable message ID in the message_id property: a UUIDv7 by
+// default, or the caller's business key ([WithMessageID]), so a publish
+// retried after a lost confirm carries the same ID and the consumer
+// deduplicates it.
+//
+// # Poison in transactional mode
+//
+// In transactional mode a handler that always fails is redelivered for
+// ever (every RetryDelay): the claim rolls back with the effects, so there
+// is no attempt count in the store. Lease mode counts attempts and turns
+// the last failure into a poison outcome, which is dead-lettered. A
+// quorum queue's delivery-limit is the broker-side bound for the
+// transactional case.
+package idemamqp

@@ -1,0 +1,16 @@
+package idemredisstream_test
+
+import (
+	"testing"
+
+	"github.com/idem-go/idem/broker/brokertest"
+)
+
+// TestConformance runs the shared broker suite against the test Redis: a
+// crash closes the member's client, and another member reclaims its pending
+// entries with XAUTOCLAIM after MinIdle (StartOptions.Redelivery).
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	testURL(t)
+	brokertest.Run(t, brokertest.Harness{New: newStreamBroker})
+}

@@ -1,0 +1,623 @@
+package idemredisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/redis/go-redis/v9"
+)
+
+// Field names the Consumer adds to a dead letter.
+const (
+	// FieldDeadLetterReason is the reason an entry was dead-lettered: the
+	// Outcome's error text.
+	FieldDeadLetterReason = "idem-dead-letter-reason"
+	// FieldDeadLetterStatus is the Outcome's status ("Rejected",
+	// "FingerprintMismatch", "Failed" for poison).
+	FieldDeadLetterStatus = "idem-dead-letter-status"
+	// FieldDeadLetterStream is the stream the entry was read from.
+	FieldDeadLetterStream = "idem-dead-letter-stream"
+	// FieldDeadLetterEntry is the original entry's stream ID.
+	FieldDeadLetterEntry = "idem-dead-letter-entry"
+)
+
+// Defaults applied by NewConsumer to zero Config fields.
+const (
+	// DefaultIDField is the field holding the message ID (DESIGN.md
+	// section 4).
+	DefaultIDField = "message-id"
+	// DefaultPayloadField is the field holding the payload.
+	DefaultPayloadField = "payload"
+	// DefaultMinIdle is how long an entry stays pending, unacknowledged
+	// and not kept alive, before XAUTOCLAIM hands it to a member again.
+	DefaultMinIdle = 30 * time.Second
+	// DefaultRetryDelay is the delay before a Failed entry is redelivered.
+	DefaultRetryDelay = time.Second
+	// DefaultBlock is how long one XREADGROUP waits for new entries.
+	DefaultBlock = 2 * time.Second
+	// DefaultSettleTimeout bounds one XACK or dead letter.
+	DefaultSettleTimeout = 30 * time.Second
+)
+
+var (
+	// ErrAlreadyRunning is returned by Run when the Consumer is already
+	// running or has run: a Consumer runs once.
+	ErrAlreadyRunning = errors.New("idemredisstream: consumer already running")
+
+	// ErrTooManyDeliveries is the reason given to a dead letter for an
+	// entry delivered more than Config.MaxDeliveries times.
+	ErrTooManyDeliveries = errors.New("idemredisstream: too many deliveries")
+)
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config struct {
+	// Processor runs each entry through an Idempotent Consumer (idem.Bind,
+	// idem.BindLease, or an idem.ProcessorFunc). Required. It must be safe
+	// for concurrent use when Concurrency > 1.
+	Processor idem.Processor
+	// Stream is the stream to consume. Required.
+	Stream string
+	// Group is the consumer group. Required. Run creates it (and the
+	// stream) at GroupStart if it does not exist.
+	Group string
+	// Consumer is this member's name in the group. Required; unique among
+	// the members running at once (a host name and process ID, a pod name).
+	Consumer string
+	// DeadLetter is the stream that receives dead letters. Required (no
+	// silent drops), and not Stream.
+	DeadLetter string
+	// IDField is the field holding the message ID. Defaults to
+	// DefaultIDField ("message-id").
+	IDField string
+	// PayloadField is the field holding the payload. Defaults to
+	// DefaultPayloadField ("payload"). An entry without it has an empty
+	// payload.
+	PayloadField string
+	// GroupStart is the ID the group starts from when Run creates it:
+	// "0" (the default) for the whole stream, "$" for new entries only.
+	GroupStart string
+	// Concurrency is how many entries are processed at once; XREADGROUP
+	// and XAUTOCLAIM fetch no more than the free workers. Defaults to 1.
+	Concurrency int
+	// MinIdle is the XAUTOCLAIM min-idle time: an entry pending that long,
+	// not acknowledged and not kept alive by a running member, is claimed
+	// by another. Defaults to DefaultMinIdle (30s); at least 10ms.
+	MinIdle time.Duration
+	// ClaimInterval is the period of the XAUTOCLAIM loop. Defaults to the
+	// smaller of RetryDelay and MinIdle/4, and at least 10ms.
+	ClaimInterval time.Duration
+	// RetryDelay is how long a Failed (retryable) entry waits before it is
+	// reclaimed, and the delay of an InProgress entry whose Outcome has no
+	// RetryAfter; capped at MinIdle. Defaults to DefaultRetryDelay (1s).
+	RetryDelay time.Duration
+	// Block is how long one XREADGROUP waits for new entries; Stop waits
+	// for the read in progress, so it bounds Stop's latency. Defaults to
+	// DefaultBlock (2s).
+	Block time.Duration
+	// MaxDeliveries, when positive, dead-letters an entry reclaimed after
+	// more than MaxDeliveries deliveries, with ErrTooManyDeliveries (see
+	// the package doc). Defaults to 0: no limit.
+	MaxDeliveries int
+	// Logger receives settlement problems (warn) and dead letters (info).
+	// Duplicates are not logged. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Consumer is one member of a Redis Streams consumer group that runs each
+// entry through an idem.Processor; see the package doc. Create it with
+// NewConsumer, run it with Run, stop it with Stop.
+type Consumer struct {
+	rdb redis.UniversalClient
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	stop    chan struct{} // closed by Stop
+	done    chan struct{} // closed when Run returns
+	hard    context.CancelFunc
+
+	readyOnce sync.Once
+	ready     chan struct{} // closed once the group exists and reading starts
+
+	flightMu sync.Mutex
+	inFlight map[string]struct{} // entry IDs being processed
+}
+
+// NewConsumer returns a Consumer of cfg.Stream on the caller's client. It
+// does no I/O. Errors match idem.ErrInvalidConfig.
+func NewConsumer(rdb redis.UniversalClient, cfg Config) (*Consumer, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: idemredisstream: nil client", idem.ErrInvalidConfig)
+	}
+	if err := cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		rdb:      rdb,
+		cfg:      cfg,
+		log:      cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+		ready:    make(chan struct{}),
+		inFlight: map[string]struct{}{},
+	}, nil
+}
+
+func (cfg *Config) withDefaults() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: idemredisstream: "+format, append([]any{idem.ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case cfg.Processor == nil:
+		return bad("Processor is required")
+	case cfg.Stream == "":
+		return bad("Stream is required")
+	case cfg.Group == "":
+		return bad("Group is required")
+	case cfg.Consumer == "":
+		return bad("Consumer is required")
+	case cfg.DeadLetter == "":
+		return bad("DeadLetter is required: a message that cannot be processed is never dropped")
+	case cfg.DeadLetter == cfg.Stream:
+		return bad("DeadLetter %q is the consumed stream", cfg.DeadLetter)
+	case cfg.Concurrency < 0:
+		return bad("Concurrency %d is negative", cfg.Concurrency)
+	case cfg.MinIdle < 0 || (cfg.MinIdle > 0 && cfg.MinIdle < 10*time.Millisecond):
+		return bad("MinIdle %v is below 10ms", cfg.MinIdle)
+	case cfg.ClaimInterval < 0:
+		return bad("ClaimInterval %v is negative", cfg.ClaimInterval)
+	case cfg.RetryDelay < 0:
+		return bad("RetryDelay %v is negative", cfg.RetryDelay)
+	case cfg.Block < 0:
+		return bad("Block %v is negative", cfg.Block)
+	case cfg.MaxDeliveries < 0:
+		return bad("MaxDeliveries %d is negative", cfg.MaxDeliveries)
+	}
+	if cfg.IDField == "" {
+		cfg.IDField = DefaultIDField
+	}
+	if cfg.PayloadField == "" {
+		cfg.PayloadField = DefaultPayloadField
+	}
+	if cfg.IDField == cfg.PayloadField {
+		return bad("IDField and PayloadField are both %q", cfg.IDField)
+	}
+	if cfg.GroupStart == "" {
+		cfg.GroupStart = "0"
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.MinIdle == 0 {
+		cfg.MinIdle = DefaultMinIdle
+	}
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.ClaimInterval == 0 {
+		cfg.ClaimInterval = min(cfg.RetryDelay, cfg.MinIdle/4)
+	}
+	cfg.ClaimInterval = max(cfg.ClaimInterval, 10*time.Millisecond)
+	if cfg.Block == 0 {
+		cfg.Block = DefaultBlock
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Run consumes until Stop is called or ctx ends, and then returns nil.
+// It first creates the group (XGROUP CREATE ... MKSTREAM at GroupStart) if
+// it does not exist, and returns that error if it fails for another reason;
+// it returns redis.ErrClosed wrapped if the client is closed. Failed reads
+// and claims are retried after RetryDelay. A Consumer runs once: a second
+// Run returns ErrAlreadyRunning.
+//
+// ctx is the parent of every handler's context: cancelling it stops the
+// Consumer at once, without waiting for handlers (use Stop to finish them).
+func (c *Consumer) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	c.started = true
+	runCtx, hard := context.WithCancel(ctx)
+	c.hard = hard
+	c.mu.Unlock()
+	defer close(c.done)
+	defer hard()
+
+	if err := c.createGroup(runCtx); err != nil {
+		if runCtx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	c.readyOnce.Do(func() { close(c.ready) })
+
+	slots := make(chan struct{}, c.cfg.Concurrency) // one token per busy worker
+	var workers sync.WaitGroup
+	dispatch := func(msgs []redis.XMessage) {
+		for _, m := range msgs {
+			c.track(m.ID, true)
+			workers.Go(func() {
+				defer func() { <-slots }()
+				c.handle(runCtx, m)
+			})
+		}
+	}
+	var loops sync.WaitGroup
+	var fatal error
+	var fatalOnce sync.Once
+	loopCtx, stopLoops := context.WithCancel(runCtx)
+	defer stopLoops()
+	go func() {
+		select {
+		case <-c.stop:
+			stopLoops()
+		case <-loopCtx.Done():
+		}
+	}()
+	fail := func(err error) {
+		fatalOnce.Do(func() { fatal = err })
+		stopLoops()
+	}
+	loops.Go(func() { c.readLoop(loopCtx, slots, dispatch, fail) })
+	loops.Go(func() { c.claimLoop(loopCtx, slots, dispatch, fail) })
+	loops.Go(func() { c.keepAlive(loopCtx) })
+	loops.Wait()
+	workers.Wait()
+	if runCtx.Err() != nil || c.stopping() {
+		return nil
+	}
+	return fatal
+}
+
+func (c *Consumer) createGroup(ctx context.Context) error {
+	err := c.rdb.XGroupCreateMkStream(ctx, c.cfg.Stream, c.cfg.Group, c.cfg.GroupStart).Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("idemredisstream: create group %s on %s: %w", c.cfg.Group, c.cfg.Stream, err)
+	}
+	return nil
+}
+
+// acquire waits for one free worker, then takes as many more as are free;
+// it returns how many it took, or 0 when ctx ended.
+func acquire(ctx context.Context, slots chan struct{}) int {
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1
+	for n < cap(slots) {
+		select {
+		case slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func release(slots chan struct{}, n int) {
+	for range n {
+		<-slots
+	}
+}
+
+// readLoop reads new entries with XREADGROUP, no more than the free
+// workers at a time.
+func (c *Consumer) readLoop(ctx context.Context, slots chan struct{}, dispatch func([]redis.XMessage), fail func(error)) {
+	for {
+		n := acquire(ctx, slots)
+		if n == 0 {
+			return
+		}
+		streams, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+			Streams: []string{c.cfg.Stream, ">"}, Count: int64(n), Block: c.cfg.Block,
+		}).Result()
+		var msgs []redis.XMessage
+		for _, s := range streams {
+			msgs = append(msgs, s.Messages...)
+		}
+		release(slots, n-len(msgs))
+		dispatch(msgs)
+		if err == nil || errors.Is(err, redis.Nil) {
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, redis.ErrClosed) {
+			fail(fmt.Errorf("idemredisstream: XREADGROUP: %w", err))
+			return
+		}
+		if strings.HasPrefix(err.Error(), "NOGROUP") {
+			// The stream or group was deleted: create it again.
+			err = c.createGroup(ctx)
+		}
+		if err != nil {
+			c.log.Warn("idemredisstream: read failed; retrying", "err", err)
+		}
+		if !sleep(ctx, c.cfg.RetryDelay) {
+			return
+		}
+	}
+}
+
+// claimLoop reclaims entries idle longer than MinIdle with XAUTOCLAIM,
+// walking the pending entries list with its cursor.
+func (c *Consumer) claimLoop(ctx context.Context, slots chan struct{}, dispatch func([]redis.XMessage), fail func(error)) {
+	cursor := "0-0"
+	for {
+		if !sleep(ctx, c.cfg.ClaimInterval) {
+			return
+		}
+		for {
+			n := acquire(ctx, slots)
+			if n == 0 {
+				return
+			}
+			msgs, next, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+				Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+				MinIdle: c.cfg.MinIdle, Start: cursor, Count: int64(n),
+			}).Result()
+			if err != nil {
+				release(slots, n)
+				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, redis.ErrClosed) {
+					fail(fmt.Errorf("idemredisstream: XAUTOCLAIM: %w", err))
+					return
+				}
+				if !strings.HasPrefix(err.Error(), "NOGROUP") {
+					c.log.Warn("idemredisstream: XAUTOCLAIM failed; retrying", "err", err)
+				}
+				cursor = "0-0"
+				break
+			}
+			msgs = c.overLimit(ctx, msgs, slots)
+			release(slots, n-len(msgs))
+			dispatch(msgs)
+			cursor = next
+			if cursor == "0-0" || cursor == "" || len(msgs) == 0 {
+				cursor = "0-0"
+				break
+			}
+		}
+	}
+}
+
+// overLimit dead-letters the reclaimed entries delivered more than
+// MaxDeliveries times, and returns the others.
+func (c *Consumer) overLimit(ctx context.Context, msgs []redis.XMessage, slots chan struct{}) []redis.XMessage {
+	if c.cfg.MaxDeliveries <= 0 || len(msgs) == 0 {
+		return msgs
+	}
+	pending, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs) + 4*c.cfg.Concurrency + 16),
+	}).Result()
+	if err != nil {
+		c.log.Warn("idemredisstream: XPENDING failed; delivery limit not checked", "err", err)
+		return msgs
+	}
+	counts := make(map[string]int64, len(pending))
+	for _, p := range pending {
+		counts[p.ID] = p.RetryCount
+	}
+	keep := msgs[:0]
+	for _, m := range msgs {
+		if n := counts[m.ID]; n > int64(c.cfg.MaxDeliveries) {
+			id := c.field(m, c.cfg.IDField)
+			out := idem.Outcome{Status: idem.Failed, MessageID: id, Poison: true,
+				Err: fmt.Errorf("%w: delivered %d times, more than %d", ErrTooManyDeliveries, n, c.cfg.MaxDeliveries)}
+			c.settleDeadLetter(ctx, m, id, out)
+			continue
+		}
+		keep = append(keep, m)
+	}
+	return keep
+}
+
+// keepAlive resets the idle time of the entries in flight every MinIdle/3,
+// so no other member claims an entry whose handler is still running.
+func (c *Consumer) keepAlive(ctx context.Context) {
+	for {
+		if !sleep(ctx, c.cfg.MinIdle/3) {
+			return
+		}
+		c.flightMu.Lock()
+		ids := make([]string, 0, len(c.inFlight))
+		for id := range c.inFlight {
+			ids = append(ids, id)
+		}
+		c.flightMu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		// XCLAIM with min-idle 0 and JUSTID: owner stays this member, idle
+		// time goes back to 0, the delivery count is not incremented.
+		err := c.rdb.XClaimJustID(ctx, &redis.XClaimArgs{
+			Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer, MinIdle: 0, Messages: ids,
+		}).Err()
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("idemredisstream: keep-alive of entries in flight failed", "err", err)
+		}
+	}
+}
+
+func (c *Consumer) track(id string, on bool) {
+	c.flightMu.Lock()
+	defer c.flightMu.Unlock()
+	if on {
+		c.inFlight[id] = struct{}{}
+	} else {
+		delete(c.inFlight, id)
+	}
+}
+
+// sleep waits d unless ctx ends first; it reports whether to go on.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (c *Consumer) stopping() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop stops the Consumer gracefully: no new reads or claims, the entries
+// already read are processed and settled. It returns nil once Run has
+// returned, or ctx's error if ctx ends first, in which case the handlers
+// still running have their contexts cancelled and what they had not
+// settled stays pending. Stop before Run makes Run return nil at once.
+// Stop is idempotent.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	if !c.stopped {
+		c.stopped = true
+		close(c.stop)
+	}
+	started, hard := c.started, c.hard
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		hard()
+		return ctx.Err()
+	}
+}
+
+func (c *Consumer) field(m redis.XMessage, name string) string {
+	switch v := m.Values[name].(type) {
+	case string:
+		return v
+	case nil:
+		return ""
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
+	id := c.field(m, c.cfg.IDField)
+	var payload []byte
+	if _, ok := m.Values[c.cfg.PayloadField]; ok {
+		payload = []byte(c.field(m, c.cfg.PayloadField))
+	}
+	out, err := c.cfg.Processor.Process(ctx, idem.Message{ID: id, Payload: payload})
+	out = normalize(out, err)
+	// No more keep-alive: a retry delay set below must not be undone.
+	c.track(m.ID, false)
+	// Settle even when ctx ended: the handler's effects may have committed.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
+	defer cancel()
+	switch {
+	case out.Ack():
+		if err := c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, m.ID).Err(); err != nil {
+			c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", id, "err", err)
+		}
+	case out.DeadLetter():
+		c.settleDeadLetter(sctx, m, id, out)
+	case out.Status == idem.InProgress:
+		delay := out.RetryAfter
+		if delay <= 0 {
+			delay = c.cfg.RetryDelay
+		}
+		c.retryAfter(sctx, m, delay)
+	default: // Failed, retryable
+		c.log.Warn("idemredisstream: processing failed; the entry will be reclaimed after the retry delay", "entry", m.ID, "message_id", id, "delay", c.cfg.RetryDelay, "err", out.Err)
+		c.retryAfter(sctx, m, c.cfg.RetryDelay)
+	}
+}
+
+// retryAfter leaves m pending and makes it claimable by XAUTOCLAIM after
+// delay (at most MinIdle), by setting its idle time to MinIdle-delay.
+func (c *Consumer) retryAfter(ctx context.Context, m redis.XMessage, delay time.Duration) {
+	idle := c.cfg.MinIdle - delay
+	if idle <= 0 {
+		return // reclaimed after MinIdle from its last delivery
+	}
+	err := c.rdb.Do(ctx, "XCLAIM", c.cfg.Stream, c.cfg.Group, c.cfg.Consumer, 0, m.ID,
+		"IDLE", strconv.FormatInt(idle.Milliseconds(), 10), "JUSTID").Err()
+	if err != nil {
+		c.log.Warn("idemredisstream: cannot shorten the redelivery delay; the entry will be reclaimed after MinIdle", "entry", m.ID, "err", err)
+	}
+}
+
+// settleDeadLetter adds m to the dead-letter stream with the reason and
+// acks it, atomically; on failure m stays pending.
+func (c *Consumer) settleDeadLetter(ctx context.Context, m redis.XMessage, id string, out idem.Outcome) {
+	values := make(map[string]any, len(m.Values)+4)
+	for k, v := range m.Values {
+		values[k] = v
+	}
+	values[FieldDeadLetterReason] = reason(out)
+	values[FieldDeadLetterStatus] = out.Status.String()
+	values[FieldDeadLetterStream] = c.cfg.Stream
+	values[FieldDeadLetterEntry] = m.ID
+	_, err := c.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: c.cfg.DeadLetter, Values: values})
+		pipe.XAck(ctx, c.cfg.Stream, c.cfg.Group, m.ID)
+		return nil
+	})
+	if err != nil {
+		c.log.Warn("idemredisstream: dead letter not written; the entry stays pending", "entry", m.ID, "message_id", id, "dead_letter", c.cfg.DeadLetter, "err", err)
+		c.retryAfter(ctx, m, c.cfg.RetryDelay)
+		return
+	}
+	c.log.Info("idemredisstream: message dead-lettered", "entry", m.ID, "message_id", id, "status", out.Status.String(), "reason", reason(out))
+}
+
+// normalize makes an Outcome safe to settle: an outcome without a status,
+// or an ackable one that came with an error, is Failed.
+func normalize(out idem.Outcome, err error) idem.Outcome {
+	if out.Status == 0 || (err != nil && out.Ack()) {
+		if err == nil {
+			err = errors.New("idemredisstream: the processor returned no outcome")
+		}
+		return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Err: err}
+	}
+	if out.Err == nil && err != nil && !out.Ack() {
+		out.Err = err
+	}
+	return out
+}
+
+func reason(out idem.Outcome) string {
+	if out.Err != nil {
+		return out.Err.Error()
+	}
+	return out.Status.String()
+}

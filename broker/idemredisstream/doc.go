@@ -1,0 +1,76 @@
+// Package idemredisstream runs Redis Streams entries through an idem
+// Idempotent Consumer, on github.com/redis/go-redis/v9, with consumer
+// groups.
+//
+// A [Consumer] is one member of a consumer group. It reads new entries with
+// XREADGROUP (COUNT and BLOCK), takes each entry's message ID from a field
+// (message-id by default; DESIGN.md section 4) and its payload from another
+// (payload by default), passes them to an [idem.Processor] (made with
+// idem.Bind or idem.BindLease), and settles the entry by the
+// [idem.Outcome]:
+//
+//   - Processed, Duplicate: XACK.
+//   - InProgress (lease mode: another attempt holds a live lease) and
+//     Failed, not poison: the entry is left pending, and is reclaimed by
+//     XAUTOCLAIM (by this member or another) after Outcome.RetryAfter or
+//     Config.RetryDelay; see below.
+//   - Rejected (no or invalid message ID, unreadable payload),
+//     FingerprintMismatch and poison: XADD to the dead-letter stream with
+//     the original fields plus idem-dead-letter-reason (the Outcome's error
+//     text) and idem-dead-letter-status, and XACK, in one MULTI/EXEC
+//     transaction: the dead letter and the ack happen together or not at
+//     all. If it fails the entry stays pending and is reclaimed later.
+//     Nothing is dropped silently and nothing that failed is acked as done.
+//
+// # Pending entries and XAUTOCLAIM
+//
+// An entry read by a member stays in the group's pending entries list
+// until XACK. Every member runs an XAUTOCLAIM loop (every
+// Config.ClaimInterval) that claims entries idle longer than
+// Config.MinIdle, from any member: this is how the entries of a member that
+// crashed, lost its connection or was shut down are redelivered. A member
+// keeps its own entries in flight alive: every MinIdle/3 it resets their
+// idle time (XCLAIM ... JUSTID, which does not count a delivery), so a
+// handler that runs longer than MinIdle is not handed to a second member
+// while it runs. It stops doing so when it crashes.
+//
+// A delayed redelivery uses the same mechanism. To redeliver an entry after
+// a delay d shorter than MinIdle, the Consumer sets the entry's idle time to
+// MinIdle-d (XCLAIM ... IDLE, JUSTID), so XAUTOCLAIM claims it d later; a
+// delay of MinIdle or more is redelivered after MinIdle. The delay is
+// therefore precise to about ClaimInterval.
+//
+// # Delivery limit
+//
+// In transactional mode a handler that always fails would be retried for
+// ever: the claim rolls back with the effects, so the store counts no
+// attempts (lease mode counts them and poisons the message after
+// MaxAttempts). Config.MaxDeliveries bounds that from the broker's side: an
+// entry that XAUTOCLAIM reclaims after it was delivered more than
+// MaxDeliveries times (its XPENDING delivery count) is dead-lettered with
+// [ErrTooManyDeliveries] instead of being processed again. A reclaim of an
+// entry found InProgress counts as a delivery too, so set it well above the
+// number of retries a lease may take.
+//
+// # Stopping
+//
+// [Consumer.Stop] stops gracefully: no new XREADGROUP or XAUTOCLAIM,
+// the entries already read are processed and settled, then Run returns.
+// It waits at most one BLOCK period (Config.Block) for the read in
+// progress. Cancelling Run's context instead stops at once: handlers'
+// contexts are cancelled, and whatever was not settled stays pending for
+// XAUTOCLAIM.
+//
+// # Redis Cluster
+//
+// The dead letter and the ack run in one MULTI/EXEC, which Redis Cluster
+// allows only for keys of one hash slot: give the stream and its dead
+// letter a common hash tag, such as {orders} and {orders}:dead.
+//
+// # Producing
+//
+// [Producer.Publish] appends an entry (XADD) with the message ID field set
+// to a UUIDv7 by default, or the caller's business key ([WithMessageID]),
+// so a publish retried after an unknown outcome carries the same ID and the
+// consumer deduplicates it.
+package idemredisstream

@@ -1,0 +1,99 @@
+package idemredisstream_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const urlEnv = "IDEM_TEST_REDIS_URL"
+
+// testURL returns the Redis URL, skipping the test when it is not set
+// (failing it under IDEM_TEST_REQUIRE_ALL=1).
+func testURL(tb testing.TB) string {
+	tb.Helper()
+	u := os.Getenv(urlEnv)
+	if u == "" {
+		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
+		}
+		tb.Skipf("missing environment variable %s; set it to a Redis URL such as redis://127.0.0.1:6379/0", urlEnv)
+	}
+	return u
+}
+
+// newClient returns a client of its own on the test Redis; the caller
+// closes it.
+func newClient(tb testing.TB) *redis.Client {
+	tb.Helper()
+	opts, err := redis.ParseURL(testURL(tb))
+	if err != nil {
+		tb.Fatalf("parse %s: %v", urlEnv, err)
+	}
+	return redis.NewClient(opts)
+}
+
+// client returns a client closed at cleanup.
+func client(tb testing.TB) *redis.Client {
+	tb.Helper()
+	c := newClient(tb)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// keys returns fresh stream and dead-letter stream names, deleted at
+// cleanup.
+func keys(tb testing.TB) (stream, dead string) {
+	tb.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	base := "idem-test:{" + hex.EncodeToString(b[:]) + "}"
+	stream, dead = base+":stream", base+":dead"
+	url := testURL(tb)
+	tb.Cleanup(func() {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return
+		}
+		c := redis.NewClient(opts)
+		defer c.Close()
+		c.Del(context.Background(), stream, dead)
+	})
+	return stream, dead
+}
+
+func quiet() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// waitFor polls cond every 20ms until it holds or timeout passes.
+func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// pendingCount returns the number of pending entries of the group.
+func pendingCount(tb testing.TB, rdb *redis.Client, stream, group string) int64 {
+	tb.Helper()
+	p, err := rdb.XPending(context.Background(), stream, group).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p.Count
+}
