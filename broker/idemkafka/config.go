@@ -1,0 +1,241 @@
+package idemkafka
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idem-go/idem"
+)
+
+// Defaults applied by NewConsumer to zero Config fields.
+const (
+	// DefaultIDHeader is the record header that carries the message ID
+	// (DESIGN.md section 4).
+	DefaultIDHeader = "message-id"
+	// DefaultConcurrency is how many partitions a Consumer processes at once.
+	DefaultConcurrency = 1
+	// DefaultBatchSize is the most records per ProcessBatch call in batch mode.
+	DefaultBatchSize = 100
+	// DefaultMaxPollRecords is the most records one poll takes from the client.
+	DefaultMaxPollRecords = 500
+	// DefaultRetryDelay is the wait before a Failed record is processed again.
+	DefaultRetryDelay = time.Second
+	// DefaultRevokeTimeout is how long a revocation waits for the revoked
+	// partitions' records in flight before committing what finished.
+	DefaultRevokeTimeout = 10 * time.Second
+	// DefaultCommitTimeout bounds one offset commit and one dead-letter produce.
+	DefaultCommitTimeout = 10 * time.Second
+)
+
+// Headers the Consumer adds to a dead-lettered record, after the original
+// record's own headers (the message ID header among them, when it had one).
+const (
+	// HeaderDeadLetterReason is the Outcome's error text: why the record
+	// cannot be processed. Never empty.
+	HeaderDeadLetterReason = "Idem-Dead-Letter-Reason"
+	// HeaderDeadLetterStatus is the Outcome's Status, e.g. "Rejected".
+	HeaderDeadLetterStatus = "Idem-Dead-Letter-Status"
+	// HeaderDeadLetterTopic, HeaderDeadLetterPartition and
+	// HeaderDeadLetterOffset say where the original record was (partition and
+	// offset in decimal).
+	HeaderDeadLetterTopic     = "Idem-Dead-Letter-Topic"
+	HeaderDeadLetterPartition = "Idem-Dead-Letter-Partition"
+	HeaderDeadLetterOffset    = "Idem-Dead-Letter-Offset"
+)
+
+// ErrAlreadyRunning is returned by Run when Run was already called on the
+// Consumer: a Consumer runs once (build a new one, on a new client, to
+// consume again).
+var ErrAlreadyRunning = errors.New("idemkafka: Run already called")
+
+// Config configures a Consumer. Zero values take the documented defaults;
+// NewConsumer rejects out-of-range values with an error matching
+// idem.ErrInvalidConfig.
+type Config struct {
+	// Processor runs one record at a time through an Idempotent Consumer
+	// (idem.Bind, idem.BindLease or an idem.ProcessorFunc). Exactly one of
+	// Processor and BatchProcessor is required.
+	Processor idem.Processor
+	// BatchProcessor selects batch mode: records of one partition are
+	// handed over up to BatchSize at a time, in offset order, in one
+	// ProcessBatch call (idem.BindBatch: one transaction per batch).
+	BatchProcessor idem.BatchProcessor
+	// BatchSize is the most records per ProcessBatch call (batch mode
+	// only). Defaults to DefaultBatchSize (100).
+	BatchSize int
+
+	// IDHeader is the record header holding the message ID, compared
+	// byte for byte. Defaults to DefaultIDHeader ("message-id").
+	IDHeader string
+	// DeadLetter is the topic that receives records that can never be
+	// processed (missing or invalid ID, fingerprint mismatch, poison), with
+	// the reason headers. Required: a record is never dropped silently.
+	DeadLetter string
+
+	// Concurrency is how many partitions are processed at once. Records of
+	// one partition are always processed one after the other, in offset
+	// order. Defaults to DefaultConcurrency (1).
+	Concurrency int
+	// MaxPollRecords is the most records taken from the client per poll.
+	// Defaults to DefaultMaxPollRecords (500).
+	MaxPollRecords int
+	// RetryDelay is the wait before a Failed (retryable) record is processed
+	// again, and before an InProgress record whose Outcome gives no
+	// RetryAfter. The partition is paused meanwhile; later records wait.
+	// Defaults to DefaultRetryDelay (1s).
+	RetryDelay time.Duration
+	// RevokeTimeout bounds how long a partition revocation (a rebalance,
+	// or the client leaving the group) waits for that partition's records
+	// in flight before committing the offsets that finished. Keep it well
+	// under the group's rebalance timeout (kgo.RebalanceTimeout, 60s by
+	// default). Defaults to DefaultRevokeTimeout (10s).
+	RevokeTimeout time.Duration
+	// CommitTimeout bounds one offset commit and one dead-letter produce.
+	// Defaults to DefaultCommitTimeout (10s).
+	CommitTimeout time.Duration
+	// RetentionWindow, when set, is the retention window of the processed
+	// IDs behind Processor (idem.Config.RetentionWindow). Run then reads
+	// retention.ms of the consumed topics once and logs a warning for each
+	// topic that keeps records longer (DESIGN.md, "Retention"): a replay of
+	// records older than the window (a group reset to the start, a new
+	// group) would process them again. Zero skips the check.
+	RetentionWindow time.Duration
+	// Logger receives warnings (failed records, dead letters, commit
+	// errors); duplicates are logged at debug level only. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+
+	// testOnRevoke, if set, is called when a revocation of these partitions
+	// begins, before waiting for their records in flight (tests only).
+	testOnRevoke func(partitions map[string][]int32)
+}
+
+func (cfg Config) withDefaults() Config {
+	if cfg.IDHeader == "" {
+		cfg.IDHeader = DefaultIDHeader
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.MaxPollRecords == 0 {
+		cfg.MaxPollRecords = DefaultMaxPollRecords
+	}
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.RevokeTimeout == 0 {
+		cfg.RevokeTimeout = DefaultRevokeTimeout
+	}
+	if cfg.CommitTimeout == 0 {
+		cfg.CommitTimeout = DefaultCommitTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Processor == nil && cfg.BatchProcessor == nil:
+		return invalid("one of Processor and BatchProcessor is required")
+	case cfg.Processor != nil && cfg.BatchProcessor != nil:
+		return invalid("Processor and BatchProcessor are exclusive; set one")
+	case cfg.DeadLetter == "":
+		return invalid("DeadLetter topic is required (records are never dropped silently)")
+	case cfg.Concurrency < 0:
+		return invalid(fmt.Sprintf("Concurrency %d is negative", cfg.Concurrency))
+	case cfg.BatchSize < 0:
+		return invalid(fmt.Sprintf("BatchSize %d is negative", cfg.BatchSize))
+	case cfg.MaxPollRecords < 0:
+		return invalid(fmt.Sprintf("MaxPollRecords %d is negative", cfg.MaxPollRecords))
+	case cfg.RetryDelay < 0:
+		return invalid(fmt.Sprintf("RetryDelay %v is negative", cfg.RetryDelay))
+	case cfg.RevokeTimeout < 0:
+		return invalid(fmt.Sprintf("RevokeTimeout %v is negative", cfg.RevokeTimeout))
+	case cfg.RetentionWindow < 0:
+		return invalid(fmt.Sprintf("RetentionWindow %v is negative", cfg.RetentionWindow))
+	case cfg.CommitTimeout < 0:
+		return invalid(fmt.Sprintf("CommitTimeout %v is negative", cfg.CommitTimeout))
+	}
+	return nil
+}
+
+func invalid(why string) error {
+	return fmt.Errorf("%w: idemkafka: %s", idem.ErrInvalidConfig, why)
+}
+
+// ClientOpts returns the kgo options a consumer group client needs to be
+// driven by a Consumer; append them last to the client's own options:
+//
+//	opts := []kgo.Opt{
+//		kgo.SeedBrokers("localhost:9092"),
+//		kgo.ConsumerGroup("billing"),
+//		kgo.ConsumeTopics("invoices"),
+//	}
+//	cl, err := kgo.NewClient(append(opts, idemkafka.ClientOpts()...)...)
+//	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{...})
+//
+// They are:
+//   - kgo.DisableAutoCommit: offsets are committed by the Consumer, and only
+//     up to records whose transaction committed (or that were dead-lettered).
+//   - kgo.BlockRebalanceOnPoll: a rebalance waits until the records of a poll
+//     are handed to the partitions' workers, so a record of a partition this
+//     member no longer owns is never taken up, and offsets are never
+//     committed for a partition after it was revoked.
+//   - kgo.OnPartitionsRevoked: on a revocation (a member joins or leaves,
+//     or this client leaves with Close), the Consumer stops taking records
+//     of the revoked partitions, waits up to Config.RevokeTimeout for the
+//     ones in flight, and commits what finished before the partitions go.
+//   - kgo.OnPartitionsLost: on a lost session nothing can be committed any
+//     more; the partitions' work is abandoned and left to the next owner.
+//   - kgo.WithHooks with a marker, by which NewConsumer checks that the
+//     client was built with these options.
+//
+// The callbacks receive the client and find the Consumer that NewConsumer
+// attached to it; before NewConsumer (or after Close) they do nothing. Do
+// not set OnPartitionsRevoked or OnPartitionsLost again after them: the last
+// one set wins, and the Consumer would not commit on revocation.
+func ClientOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(onRevoked),
+		kgo.OnPartitionsLost(onLost),
+		kgo.WithHooks(clientMarker{}),
+	}
+}
+
+// checkClient reports why cl cannot be driven by a Consumer, or nil.
+func checkClient(cl *kgo.Client) error {
+	if cl == nil {
+		return invalid("nil *kgo.Client")
+	}
+	if g, _ := cl.OptValue(kgo.ConsumerGroup).(string); g == "" {
+		return invalid("the client has no consumer group (kgo.ConsumerGroup)")
+	}
+	marked := false
+	hooks, _ := cl.OptValue(kgo.WithHooks).([]kgo.Hook)
+	for _, h := range hooks {
+		if _, ok := h.(clientMarker); ok {
+			marked = true
+		}
+	}
+	if !marked {
+		return invalid("the client was not built with idemkafka.ClientOpts()")
+	}
+	if v, _ := cl.OptValue(kgo.DisableAutoCommit).(bool); !v {
+		return invalid("the client autocommits; idemkafka.ClientOpts() disables it, do not re-enable")
+	}
+	if v, _ := cl.OptValue(kgo.BlockRebalanceOnPoll).(bool); !v {
+		return invalid("the client lacks kgo.BlockRebalanceOnPoll (part of idemkafka.ClientOpts())")
+	}
+	return nil
+}
