@@ -76,8 +76,17 @@ type Config struct {
 	// PurgeBatchSize is the most rows one purge DELETE removes. Defaults to
 	// DefaultPurgeBatchSize (1000).
 	PurgeBatchSize int
-	// Logger receives the background loop's messages. Defaults to slog.Default().
+	// Logger receives the background loop's messages (a purge summary at
+	// info, failures at warn), failed lease renewals (warn) and panics of
+	// Hooks (error); nothing is logged per message. Defaults to
+	// slog.Default(). See LogHook for per-message debug logs.
 	Logger *slog.Logger
+	// Hooks observe the consumer: process start and end, claims, outcomes
+	// with their duplicate reason, lease renewals, takeovers and losses,
+	// purges and store errors (see Hook). Each must implement at least one
+	// Hook* interface, or NewConsumer returns an error matching
+	// ErrInvalidConfig. Defaults to none, which costs nothing.
+	Hooks []Hook
 
 	// Lease is how long a lease-mode attempt owns a message before another
 	// may take over; the LeaseConsumer renews it every Lease/3 while the
@@ -145,7 +154,8 @@ func (c Config) validate() error {
 	case c.MismatchPolicy > AcceptMismatchAsDuplicate:
 		return fmt.Errorf("%w: unknown MismatchPolicy %d", ErrInvalidConfig, c.MismatchPolicy)
 	}
-	return nil
+	_, err := newHooks(c.Hooks, c, 0)
+	return err
 }
 
 // Handler runs the side effects of one message inside tx, the transaction
@@ -183,7 +193,7 @@ func NewConsumer[TTx any](store TxStore[TTx], cfg Config) (*Consumer[TTx], error
 		return nil, err
 	}
 	c := &Consumer[TTx]{store: store}
-	c.start(cfg.withDefaults(), store.Purge)
+	c.start(cfg.withDefaults(), ModeTransactional, store.Purge)
 	return c, nil
 }
 
@@ -209,6 +219,13 @@ func (c *Consumer[TTx]) Close() error { return c.close() }
 // A concurrent copy of the same message waits for the first transaction and
 // then sees a Duplicate: exactly one handler's effects ever commit.
 func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handler[TTx]) (Outcome, error) {
+	ctx, t := c.begin(ctx, msg.ID, 0)
+	out, err := c.process(ctx, t, msg, handler)
+	t.end(ctx, out, err)
+	return out, err
+}
+
+func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, handler Handler[TTx]) (Outcome, error) {
 	out, fp := c.prepare(msg)
 	if out.Status != 0 {
 		return out, out.Err
@@ -219,30 +236,32 @@ func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handle
 		res ClaimResult
 		err error
 	)
+	since := t.now()
 	if bc, ok := c.store.(BeginClaimer[TTx]); ok {
 		tx, res, err = bc.BeginClaim(ctx, p)
 		if err != nil {
-			return c.failed(msg.ID, storeError("begin and claim", err))
+			return c.failed(msg.ID, c.storeErr(ctx, "begin and claim", msg.ID, err))
 		}
 	} else {
 		if tx, err = c.store.Begin(ctx); err != nil {
-			return c.failed(msg.ID, storeError("begin", err))
+			return c.failed(msg.ID, c.storeErr(ctx, "begin", msg.ID, err))
 		}
 		if res, err = c.store.ClaimTx(ctx, tx, p); err != nil {
-			return c.failed(msg.ID, errors.Join(storeError("claim", err), c.rollback(ctx, tx)))
+			return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "claim", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
 		}
 	}
 	if !res.Claimed {
-		if err := c.rollback(ctx, tx); err != nil {
+		if err := c.rollback(ctx, msg.ID, tx); err != nil {
 			return c.failed(msg.ID, err)
 		}
 		return c.existingTx(msg.ID, fp, res)
 	}
+	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
-		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, tx)))
+		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, msg.ID, tx)))
 	}
 	if err := c.store.Commit(ctx, tx); err != nil {
-		return c.failed(msg.ID, errors.Join(storeError("commit", err), c.rollback(ctx, tx)))
+		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
@@ -255,17 +274,26 @@ func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handle
 // the caller may go on using it. When ProcessTx returns a non-nil error the
 // claim and the handler's effects are in tx and the caller must roll it back.
 func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, handler Handler[TTx]) (Outcome, error) {
+	ctx, t := c.begin(ctx, msg.ID, 0)
+	out, err := c.processTx(ctx, t, tx, msg, handler)
+	t.end(ctx, out, err)
+	return out, err
+}
+
+func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Message, handler Handler[TTx]) (Outcome, error) {
 	out, fp := c.prepare(msg)
 	if out.Status != 0 {
 		return out, out.Err
 	}
+	since := t.now()
 	res, err := c.store.ClaimTx(ctx, tx, &ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp})
 	if err != nil {
-		return c.failed(msg.ID, storeError("claim", err))
+		return c.failed(msg.ID, c.storeErr(ctx, "claim", msg.ID, err))
 	}
 	if !res.Claimed {
 		return c.existingTx(msg.ID, fp, res)
 	}
+	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
 		return c.failed(msg.ID, err)
 	}
@@ -287,6 +315,13 @@ func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, hand
 // Process. The returned error is nil when every outcome is acknowledgeable,
 // and otherwise joins the errors of the outcomes that are not.
 func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handler BatchHandler[TTx]) ([]Outcome, error) {
+	ctx, t := c.begin(ctx, "", len(msgs))
+	outs, err := c.processBatch(ctx, t, msgs, handler)
+	t.endBatch(ctx, outs, err)
+	return outs, err
+}
+
+func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Message, handler BatchHandler[TTx]) ([]Outcome, error) {
 	outs := make([]Outcome, len(msgs))
 	fps := make([][]byte, len(msgs))
 	first := make(map[string]int, len(msgs)) // message ID -> index of its first valid occurrence
@@ -319,7 +354,7 @@ func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handle
 		for k, o := range order {
 			sortedClaim[k], sortedIdx[k] = claim[o], claimIdx[o]
 		}
-		c.processClaims(ctx, msgs, outs, fps, sortedClaim, sortedIdx, handler)
+		c.processClaims(ctx, t, msgs, outs, fps, sortedClaim, sortedIdx, handler)
 	}
 	// Repeats within the batch follow their first occurrence.
 	for i, m := range msgs {
@@ -346,7 +381,7 @@ func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handle
 	return outs, errors.Join(errs...)
 }
 
-func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs []Outcome, fps [][]byte,
+func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Message, outs []Outcome, fps [][]byte,
 	claim []ClaimMessage, claimIdx []int, handler BatchHandler[TTx]) {
 	fail := func(err error) {
 		for _, i := range claimIdx {
@@ -355,9 +390,10 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 			}
 		}
 	}
+	since := t.now()
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
-		fail(storeError("begin", err))
+		fail(c.storeErr(ctx, "begin", "", err))
 		return
 	}
 	res, err := c.store.ClaimBatchTx(ctx, tx, &ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim})
@@ -365,7 +401,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
 	}
 	if err != nil {
-		fail(errors.Join(storeError("claim batch", err), c.rollback(ctx, tx)))
+		fail(errors.Join(c.storeErr(ctx, "claim batch", "", err), c.rollback(ctx, "", tx)))
 		return
 	}
 	var freshIdx []int
@@ -373,6 +409,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 		i := claimIdx[k]
 		if r.Claimed {
 			freshIdx = append(freshIdx, i)
+			t.claim(ctx, i, msgs[i].ID, 0, 0, since)
 			continue
 		}
 		outs[i], _ = c.existingTx(msgs[i].ID, fps[i], r)
@@ -384,17 +421,17 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 		fresh[k] = msgs[i]
 	}
 	if len(fresh) == 0 {
-		if err := c.rollback(ctx, tx); err != nil {
+		if err := c.rollback(ctx, "", tx); err != nil {
 			fail(err)
 		}
 		return
 	}
 	if err := runHandler(func() error { return handler(ctx, tx, fresh) }); err != nil {
-		fail(errors.Join(err, c.rollback(ctx, tx)))
+		fail(errors.Join(err, c.rollback(ctx, "", tx)))
 		return
 	}
 	if err := c.store.Commit(ctx, tx); err != nil {
-		fail(errors.Join(storeError("commit", err), c.rollback(ctx, tx)))
+		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, "", tx)))
 		return
 	}
 	for k, r := range res {
@@ -412,11 +449,12 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, msgs []Message, outs 
 func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return c.purgeNow(ctx) }
 
 // rollback rolls tx back even when ctx has ended, bounded by finishTimeout.
-func (c *Consumer[TTx]) rollback(ctx context.Context, tx TTx) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+// id is the message ID for the store error hook, empty for a batch.
+func (c *Consumer[TTx]) rollback(ctx context.Context, id string, tx TTx) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
-	if err := c.store.Rollback(ctx, tx); err != nil {
-		return storeError("rollback", err)
+	if err := c.store.Rollback(rctx, tx); err != nil {
+		return c.storeErr(ctx, "rollback", id, err)
 	}
 	return nil
 }

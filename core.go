@@ -16,6 +16,7 @@ import (
 // fingerprint comparison, and the background purge loop.
 type core struct {
 	cfg    Config
+	hooks  *hooks // nil without Config.Hooks
 	closed atomic.Bool
 	purge  func(context.Context, *PurgeParams) (PurgeResult, error)
 
@@ -24,10 +25,11 @@ type core struct {
 	loopDone chan struct{}
 }
 
-// start sets cfg (with defaults applied) and starts the purge loop unless
-// cfg.PurgeInterval is negative.
-func (c *core) start(cfg Config, purge func(context.Context, *PurgeParams) (PurgeResult, error)) {
+// start sets cfg (validated, with defaults applied) and the hooks, and
+// starts the purge loop unless cfg.PurgeInterval is negative.
+func (c *core) start(cfg Config, mode Mode, purge func(context.Context, *PurgeParams) (PurgeResult, error)) {
 	c.cfg, c.purge, c.loopDone = cfg, purge, make(chan struct{})
+	c.hooks, _ = newHooks(cfg.Hooks, cfg, mode) // validate checked them
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
 	if c.cfg.PurgeInterval > 0 {
@@ -47,13 +49,23 @@ func (c *core) close() error {
 
 // purgeNow runs one purge of this consumer with the configured window.
 func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
+	start := time.Now()
 	res, err := c.purge(ctx, &PurgeParams{
 		Consumer:        c.cfg.Name,
 		RetentionWindow: c.cfg.RetentionWindow,
 		BatchSize:       c.cfg.PurgeBatchSize,
 	})
 	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
-		err = storeError("purge", err)
+		err = c.storeErr(ctx, "purge", "", err)
+	}
+	if h := c.hooks; h != nil && len(h.purge) > 0 {
+		e := PurgeEvent{Consumer: c.cfg.Name, Result: res, RetentionWindow: c.cfg.RetentionWindow, Latency: time.Since(start), Err: err}
+		if err == nil && !res.Horizon.IsZero() {
+			e.Lag = max(0, time.Since(res.Horizon)-c.cfg.RetentionWindow)
+		}
+		for _, x := range h.purge {
+			h.safe(x, func() { x.OnPurge(ctx, e) })
+		}
 	}
 	return res, err
 }
@@ -81,7 +93,7 @@ func (c *core) purgeLoop(ctx context.Context) {
 		case err != nil:
 			log.Warn("idem: purge failed", "err", err)
 		default:
-			log.Debug("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
+			log.Info("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
 				"horizon", res.Horizon, "duration", time.Since(start))
 		}
 	}

@@ -41,4 +41,19 @@
 // from the consumer's newest record, then purged in bounded batches by one
 // cleaner at a time: by [Consumer.Purge], or by the background loop that
 // [NewConsumer] starts and [Consumer.Close] stops.
+//
+// # Observing
+//
+// [Config.Hooks] take values that implement any of the small Hook*
+// interfaces, in the style of franz-go's hooks and pgx's tracers: a process
+// start that may return a context (for a span the handler's work nests in)
+// and its end, each claim, each message's outcome with its
+// [DuplicateReason] (completed, in progress, fingerprint mismatch, poison),
+// lease renewals, takeovers and losses (a stale completion is a loss at
+// "complete"), purges (rows, duration, lag) and store errors, all with the
+// consumer name and a latency. A consumer without hooks pays nothing for
+// them; a hook's panic is recovered and logged, never changing an outcome.
+// See [Hook] for the rules. The idemotel module turns the events into
+// OpenTelemetry metrics and spans, and [LogHook] into log/slog records:
+// nothing is logged per message above debug level.
 package idem

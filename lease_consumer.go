@@ -52,6 +52,7 @@ type Attempt struct {
 	Token int64
 
 	store LeaseStore
+	core  *core // for the hooks
 	mu    sync.Mutex
 	steps map[string][]byte
 }
@@ -82,12 +83,14 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 	if err != nil {
 		return nil, err
 	}
+	since := a.core.now()
 	err = a.store.SaveStep(ctx, &StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: res})
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
+			a.core.leaseLost(ctx, a, "step", since, err)
 			return nil, err
 		}
-		return nil, storeError("save step", err)
+		return nil, a.core.storeErr(ctx, "save step", a.Message.ID, err)
 	}
 	a.mu.Lock()
 	a.steps[name] = res
@@ -132,7 +135,7 @@ func NewLeaseConsumer(store LeaseStore, cfg Config) (*LeaseConsumer, error) {
 		return nil, err
 	}
 	c := &LeaseConsumer{store: store}
-	c.start(cfg.withDefaults(), store.Purge)
+	c.start(cfg.withDefaults(), ModeLease, store.Purge)
 	return c, nil
 }
 
@@ -164,6 +167,13 @@ func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) { return
 //   - Failed, the handler's error (or ErrHandlerPanic, ErrStore,
 //     ErrLeaseLost): the lease was released or lost; redeliver.
 func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseHandler) (Outcome, error) {
+	ctx, t := c.begin(ctx, msg.ID, 0)
+	out, err := c.process(ctx, t, msg, handler)
+	t.end(ctx, out, err)
+	return out, err
+}
+
+func (c *LeaseConsumer) process(ctx context.Context, t *track, msg Message, handler LeaseHandler) (Outcome, error) {
 	out, fp := c.prepare(msg)
 	if out.Status != 0 {
 		return out, out.Err
@@ -174,20 +184,24 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
 	})
 	if err != nil {
-		return c.failed(msg.ID, storeError("acquire", err))
+		return c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
 	}
 	if !acq.Acquired {
 		return c.existing(msg.ID, fp, acq)
 	}
-	a := &Attempt{leaseFrom: leaseFrom, Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token, store: c.store, steps: acq.Steps}
+	a := &Attempt{leaseFrom: leaseFrom, Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token, store: c.store, core: &c.core, steps: acq.Steps}
 	if a.steps == nil {
 		a.steps = map[string][]byte{}
+	}
+	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, leaseFrom)
+	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
+		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
 	}
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
 		// a crash loop. Stop it here.
 		cause := fmt.Errorf("%d attempts (MaxAttempts %d) ended without a result or a release: their leases expired", acq.Attempt-1, c.cfg.MaxAttempts)
-		return c.release(ctx, a, cause, true)
+		return c.release(ctx, t, a, cause, true)
 	}
 
 	res, lost, herr := c.runLeased(ctx, a, handler)
@@ -200,21 +214,23 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 	}
 	if herr != nil {
 		terminal := !c.cfg.Retryable(herr) || a.Number >= c.cfg.MaxAttempts
-		return c.release(ctx, a, herr, terminal)
+		return c.release(ctx, t, a, herr, terminal)
 	}
 	// The result must be stored even if the caller's context has ended
 	// (a client that hung up does not lose it), bounded by finishTimeout.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
+	since := c.now()
 	err = c.store.Complete(fctx, &CompleteParams{
 		Consumer: c.cfg.Name, MessageID: msg.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
 	})
 	if errors.Is(err, ErrLeaseLost) {
 		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, msg.ID)
+		c.leaseLost(ctx, a, "complete", since, err)
 		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
 	}
 	if err != nil {
-		err = storeError("complete", err)
+		err = c.storeErr(ctx, "complete", msg.ID, err)
 		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID, Result: res.Body, ContentType: res.ContentType, Attempt: a.Number}, nil
@@ -308,11 +324,16 @@ func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel conte
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			cancel(ErrLeaseLost)
+			c.leaseLost(ctx, a, "renew", start, err)
 			return false
 		case err == nil:
 			validFrom = start
 			expiry.Reset(time.Until(validFrom.Add(c.cfg.Lease)))
+			if h := c.hooks; h != nil && len(h.renewed) > 0 {
+				h.onLease(ctx, h.renewed, LeaseEvent{MessageID: a.Message.ID, Attempt: a.Number, Token: a.Token, Latency: time.Since(start)})
+			}
 		case ctx.Err() == nil:
+			_ = c.storeErr(ctx, "renew", a.Message.ID, err)
 			c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
 				"consumer", c.cfg.Name, "message_id", a.Message.ID, "err", err,
 				"lease_left", time.Until(validFrom.Add(c.cfg.Lease)))
@@ -321,19 +342,23 @@ func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel conte
 }
 
 // release ends a failed attempt: available for a retry, or poison.
-func (c *LeaseConsumer) release(ctx context.Context, a *Attempt, cause error, terminal bool) (Outcome, error) {
+func (c *LeaseConsumer) release(ctx context.Context, t *track, a *Attempt, cause error, terminal bool) (Outcome, error) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
+	since := c.now()
 	err := c.store.Release(fctx, &ReleaseParams{
 		Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
 	})
 	switch {
 	case errors.Is(err, ErrLeaseLost):
+		c.leaseLost(ctx, a, "release", since, err)
 		cause = errors.Join(cause, err)
 		terminal = false
 	case err != nil:
-		cause = errors.Join(cause, storeError("release", err))
+		cause = errors.Join(cause, c.storeErr(ctx, "release", a.Message.ID, err))
 		terminal = false
+	case !terminal && t != nil:
+		t.released = true
 	case terminal:
 		cause = fmt.Errorf("%w: message %q, after attempt %d (MaxAttempts %d): %w", ErrPoison, a.Message.ID, a.Number, c.cfg.MaxAttempts, cause)
 	}

@@ -4,15 +4,34 @@ go 1.26.0
 
 require (
 	github.com/idem-go/idem v0.0.0
+	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/client_model v0.6.3
+	github.com/prometheus/common v0.72.0
+	github.com/prometheus/otlptranslator v1.0.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
+	go.opentelemetry.io/otel/metric v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
+	go.opentelemetry.io/otel/trace v1.47.0
 )
 
 require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 require (
@@ -22,6 +41,8 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-go/idem/idemhttp v0.0.0
+	github.com/idem-go/idem/idemotel v0.0.0
 	github.com/idem-go/idem/store/idemredis v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
@@ -61,3 +82,9 @@ replace github.com/idem-go/idem => ../..
 replace github.com/idem-go/idem/store/idemsql => ../../store/idemsql
 
 replace github.com/idem-go/idem/store/idemredis => ../../store/idemredis
+
+replace github.com/idem-go/idem/idemotel => ../../idemotel
+
+replace github.com/idem-go/idem/idemhttp => ../../idemhttp
+
+replace github.com/idem-go/idem/store/idempgxv5 => ../../store/idempgxv5

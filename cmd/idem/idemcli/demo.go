@@ -41,6 +41,11 @@ type demoOptions struct {
 	seed       uint64
 	json       bool
 	progress   string
+	// metricsAddr is --metrics-addr: serve Prometheus /metrics there.
+	metricsAddr string
+	// afterRun, set by tests, is called with the /metrics URL once the run
+	// is over and reported, before the metrics server stops.
+	afterRun func(metricsURL string)
 }
 
 // report is what `idem demo` prints; the JSON keys are a stable interface.
@@ -103,6 +108,7 @@ double charges and no lost messages (3 otherwise).`,
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
 	f.BoolVar(&o.json, "json", false, "print the report as one JSON object")
 	f.StringVar(&o.progress, "progress", "auto", "progress display: auto (a bar on a terminal), bar, lines or none")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the consumers (idem_messages_total, idem_claims_active, ...) on http://ADDR/metrics while the demo runs, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
 }
 
@@ -209,6 +215,14 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if err := o.validate(); err != nil {
 		return err
 	}
+	var metrics *metricsServer
+	if o.metricsAddr != "" {
+		if metrics, err = serveMetrics(o.metricsAddr); err != nil {
+			return err
+		}
+		defer metrics.close()
+		fmt.Fprintf(stderr, "idem demo: metrics on %s\n", metrics.url())
+	}
 	dir := o.dir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "idem-demo-"); err != nil {
@@ -229,7 +243,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if strings.HasPrefix(storeURL, "redis:") {
 		// Lease mode: the processed-message records live in Redis, and the
 		// ledger in the payments service's own SQLite file beside them.
-		if r.lease, r.leaseWhere, err = openRedisLease(ctx, storeURL, fresh); err != nil {
+		if r.lease, r.leaseWhere, err = openRedisLease(ctx, storeURL, fresh, metrics.hooks()); err != nil {
 			return err
 		}
 		defer r.lease.Close()
@@ -276,7 +290,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	}
 	defer r.broker.close()
 	if r.lease == nil {
-		r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1})
+		r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1, Hooks: metrics.hooks()})
 		if err != nil {
 			return err
 		}
@@ -309,6 +323,9 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	}
 	if err := printReport(stdout, rep, o.json); err != nil {
 		return err
+	}
+	if o.afterRun != nil && metrics != nil {
+		o.afterRun(metrics.url())
 	}
 	if rep.DoubleCharges != 0 || rep.Lost != 0 || rep.LedgerCharges != int64(o.messages) || rep.ProviderCharges != int64(o.messages) {
 		return &exitError{code: 3, err: fmt.Errorf("not every payment was charged exactly once (double charges %d, lost %d)", rep.DoubleCharges, rep.Lost)}

@@ -15,9 +15,9 @@ import (
 const demoRedisPrefix = "idem-demo:"
 
 // openRedisLease opens the lease-mode store on the Redis at rawURL and a
-// LeaseConsumer over it; closing the consumer closes the client. fresh
-// deletes what an earlier demo left there.
-func openRedisLease(ctx context.Context, rawURL string, fresh bool) (*redisLease, string, error) {
+// LeaseConsumer over it, with hooks; closing the consumer closes the
+// client. fresh deletes what an earlier demo left there.
+func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem.Hook) (*redisLease, string, error) {
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
@@ -48,7 +48,7 @@ func openRedisLease(ctx context.Context, rawURL string, fresh bool) (*redisLease
 		client.Close()
 		return nil, "", err
 	}
-	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: demoConsumer, Lease: 10 * time.Second, PurgeInterval: -1})
+	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: demoConsumer, Lease: 10 * time.Second, PurgeInterval: -1, Hooks: hooks})
 	if err != nil {
 		client.Close()
 		return nil, "", err
