@@ -1,0 +1,489 @@
+package idemnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults applied by NewConsumer to zero Config fields.
+const (
+	// DefaultIDHeader is the header that carries the message ID: JetStream's
+	// own Nats-Msg-Id, which the server also uses for publish deduplication.
+	DefaultIDHeader = jetstream.MsgIDHeader
+	// DefaultRetryDelay is the delay before a Failed (retryable) delivery
+	// is redelivered.
+	DefaultRetryDelay = time.Second
+	// DefaultAckWait is the ack wait assumed for the progress interval
+	// when the consumer's info does not give one (JetStream's default).
+	DefaultAckWait = 30 * time.Second
+)
+
+// Dead-letter headers, set on every message published to Config.DeadLetter.
+// The dead letter also keeps the original message's own headers, except
+// JetStream's Nats-* control headers.
+const (
+	// HeaderReason is the reason: the Outcome's error text.
+	HeaderReason = "Idem-Dead-Letter-Reason"
+	// HeaderStatus is the Outcome's Status (Rejected, FingerprintMismatch,
+	// Failed for poison).
+	HeaderStatus = "Idem-Dead-Letter-Status"
+	// HeaderOriginalID is the original message ID, when it had one.
+	HeaderOriginalID = "Idem-Original-Message-Id"
+	// HeaderOriginalSubject is the subject the message was published to.
+	HeaderOriginalSubject = "Idem-Original-Subject"
+	// HeaderOriginalStream and HeaderOriginalSequence locate the original
+	// in its stream (stream name, stream sequence).
+	HeaderOriginalStream   = "Idem-Original-Stream"
+	HeaderOriginalSequence = "Idem-Original-Sequence"
+)
+
+// ErrAlreadyRun is returned by Run when the Consumer has already run: a
+// Consumer runs once; make a new one to consume again.
+var ErrAlreadyRun = errors.New("idemnats: consumer already ran")
+
+// Config configures a Consumer. Zero values take the documented defaults.
+type Config struct {
+	// Processor runs each delivery through an Idempotent Consumer:
+	// idem.Bind (transactional mode), idem.BindLease (lease mode) or any
+	// idem.Processor. Required, and safe for concurrent use when
+	// Concurrency > 1.
+	Processor idem.Processor
+	// IDHeader is the header holding the message ID. Defaults to
+	// DefaultIDHeader (Nats-Msg-Id, DESIGN.md section 4). Header names
+	// are case-sensitive in NATS. A message without the header is passed
+	// to the Processor with an empty ID, which idem rejects
+	// (idem.ErrMissingMessageID), and is dead-lettered.
+	IDHeader string
+	// Concurrency is how many deliveries are processed at once. Defaults
+	// to 1.
+	Concurrency int
+	// DeadLetter is the subject dead letters are published to, through
+	// JetStream: a stream must capture it (a publish nobody stores fails,
+	// and the original is then redelivered, never dropped). Required: no
+	// silent drops.
+	DeadLetter string
+	// RetryDelay is how long JetStream waits before redelivering a Failed
+	// (retryable) delivery (NakWithDelay). Defaults to DefaultRetryDelay
+	// (1s). An InProgress delivery is redelivered after the Outcome's
+	// RetryAfter instead.
+	RetryDelay time.Duration
+	// ProgressInterval is how often a delivery whose handler is still
+	// running is reported in progress to JetStream (AckProgress, which
+	// restarts its ack wait), so a long handler is not redelivered to
+	// another member meanwhile. Defaults to a third of the JetStream
+	// consumer's AckWait; negative disables it, letting the ack wait
+	// expire (a redelivery of a message still in flight is then a
+	// Duplicate or InProgress outcome, as idem guarantees).
+	ProgressInterval time.Duration
+	// MaxMessages is how many messages the client buffers ahead of the
+	// handlers (jetstream.PullMaxMessages). Defaults to Concurrency: a
+	// larger buffer holds messages whose ack wait runs while they wait.
+	MaxMessages int
+	// Logger receives warnings (dead letters, failed acks). Defaults to
+	// slog.Default(). Duplicates are logged at debug level only.
+	Logger *slog.Logger
+}
+
+// Consumer consumes a JetStream pull consumer through an idem.Processor and
+// maps each Outcome to JetStream: Ack for Processed and Duplicate,
+// NakWithDelay for InProgress (after RetryAfter) and Failed (after
+// RetryDelay), and for a message that can never be processed a publish to
+// the dead-letter subject followed by Term.
+//
+// A Consumer is started by Run and stopped by Stop or by Run's context.
+type Consumer struct {
+	js       jetstream.JetStream
+	cons     jetstream.Consumer
+	cfg      Config
+	progress time.Duration // 0: off
+	log      *slog.Logger
+
+	ran      atomic.Bool
+	stopping atomic.Bool
+	stopOnce sync.Once
+	stopCh   chan struct{} // closed by Stop
+	done     chan struct{} // closed when Run returns
+	cancel   atomic.Pointer[context.CancelCauseFunc]
+}
+
+// errStopTimeout is the cause given to handlers cancelled because Stop's
+// context ended before they finished.
+var errStopTimeout = errors.New("idemnats: Stop's context ended before the handler finished")
+
+// NewConsumer returns a Consumer that reads cons (a pull consumer, for
+// example from Stream.CreateOrUpdateConsumer or JetStream.Consumer) and
+// publishes dead letters with js. The JetStream consumer should use
+// AckExplicitPolicy (the default of jetstream.ConsumerConfig); its AckWait is
+// the redelivery timeout of a member that dies, and its MaxDeliver, if
+// set, must leave room for InProgress and Failed redeliveries (a message
+// past MaxDeliver is dropped by JetStream, which idem cannot prevent).
+//
+// It returns an error matching idem.ErrInvalidConfig when js or cons is nil,
+// Processor or DeadLetter is missing, DeadLetter is not a valid subject, or
+// a numeric field is negative where that has no meaning.
+func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*Consumer, error) {
+	switch {
+	case js == nil:
+		return nil, fmt.Errorf("%w: idemnats: nil JetStream", idem.ErrInvalidConfig)
+	case cons == nil:
+		return nil, fmt.Errorf("%w: idemnats: nil jetstream.Consumer", idem.ErrInvalidConfig)
+	case cfg.Processor == nil:
+		return nil, fmt.Errorf("%w: idemnats: Config.Processor is required", idem.ErrInvalidConfig)
+	case cfg.DeadLetter == "":
+		return nil, fmt.Errorf("%w: idemnats: Config.DeadLetter is required (a subject a stream captures)", idem.ErrInvalidConfig)
+	case !validSubject(cfg.DeadLetter):
+		return nil, fmt.Errorf("%w: idemnats: Config.DeadLetter %q is not a valid subject to publish to", idem.ErrInvalidConfig, cfg.DeadLetter)
+	case cfg.Concurrency < 0:
+		return nil, fmt.Errorf("%w: idemnats: Config.Concurrency %d is negative", idem.ErrInvalidConfig, cfg.Concurrency)
+	case cfg.RetryDelay < 0:
+		return nil, fmt.Errorf("%w: idemnats: Config.RetryDelay %v is negative", idem.ErrInvalidConfig, cfg.RetryDelay)
+	case cfg.MaxMessages < 0:
+		return nil, fmt.Errorf("%w: idemnats: Config.MaxMessages %d is negative", idem.ErrInvalidConfig, cfg.MaxMessages)
+	case cfg.IDHeader != "" && !validHeaderName(cfg.IDHeader):
+		return nil, fmt.Errorf("%w: idemnats: Config.IDHeader %q is not a valid header name", idem.ErrInvalidConfig, cfg.IDHeader)
+	}
+	if cfg.IDHeader == "" {
+		cfg.IDHeader = DefaultIDHeader
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.MaxMessages == 0 {
+		cfg.MaxMessages = cfg.Concurrency
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Consumer{
+		js: js, cons: cons, cfg: cfg, log: cfg.Logger,
+		stopCh: make(chan struct{}), done: make(chan struct{}),
+	}
+	switch {
+	case cfg.ProgressInterval > 0:
+		c.progress = cfg.ProgressInterval
+	case cfg.ProgressInterval == 0:
+		ackWait := DefaultAckWait
+		if info := cons.CachedInfo(); info != nil && info.Config.AckWait > 0 {
+			ackWait = info.Config.AckWait
+		}
+		c.progress = ackWait / 3
+	}
+	return c, nil
+}
+
+// Run consumes until ctx ends or Stop is called, processing up to
+// Config.Concurrency deliveries at once. It returns nil after Stop, ctx's
+// error when ctx ended (the handlers in flight see their context cancelled,
+// and their deliveries are settled as their outcomes say), and an error
+// when JetStream ends the consumption (the consumer was deleted, the
+// connection closed). ErrAlreadyRun if Run was called before.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return ErrAlreadyRun
+	}
+	defer close(c.done)
+	if c.stopping.Load() {
+		return nil // stopped before it ran
+	}
+	// Handlers get a context cancelled only when ctx ends or Stop gives up
+	// waiting: a graceful Stop lets them finish.
+	work, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c.cancel.Store(&cancel)
+
+	iter, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxMessages))
+	if err != nil {
+		return fmt.Errorf("idemnats: start consuming: %w", err)
+	}
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go func() {
+		select {
+		case <-ctx.Done():
+			c.stopping.Store(true)
+			iter.Drain()
+		case <-c.stopCh:
+			iter.Drain()
+		case <-watchDone:
+			iter.Stop()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, c.cfg.Concurrency)
+	var runErr error
+	for {
+		sem <- struct{}{}
+		msg, err := iter.Next()
+		if err != nil {
+			<-sem
+			if c.stopping.Load() {
+				break
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+				errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, nats.ErrConnectionClosed) {
+				runErr = fmt.Errorf("idemnats: consuming stopped: %w", err)
+				break
+			}
+			c.log.Warn("idemnats: consuming", "err", err)
+			continue
+		}
+		if c.stopping.Load() {
+			// Buffered after Stop: not taken. Nak it so that another
+			// member gets it now rather than after the ack wait.
+			if err := msg.Nak(); err != nil {
+				c.log.Debug("idemnats: nak of a message buffered at stop", "err", err)
+			}
+			<-sem
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c.handle(work, msg)
+		})
+	}
+	wg.Wait()
+	// The acks are written to the connection's buffer; flush them so that
+	// the server has them when Run returns.
+	if nc := c.js.Conn(); nc != nil && !nc.IsClosed() {
+		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		if err := nc.FlushWithContext(fctx); err != nil {
+			c.log.Warn("idemnats: flush acks", "err", err)
+		}
+		fcancel()
+	}
+	if runErr == nil && ctx.Err() != nil && !c.stopRequested() {
+		return ctx.Err()
+	}
+	return runErr
+}
+
+func (c *Consumer) stopRequested() bool {
+	select {
+	case <-c.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop stops the Consumer gracefully: Run takes no new deliveries (messages
+// the client had buffered are Nak'ed for redelivery at once), the handlers
+// in flight finish with their context intact, their deliveries are
+// acknowledged (or otherwise settled) and flushed to the server, and Run
+// returns nil. Stop returns when that is done, or with ctx's error when ctx
+// ends first, after cancelling the handlers still running. Stop before Run
+// makes Run return at once; Stop is safe to call more than once.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.stopOnce.Do(func() {
+		c.stopping.Store(true)
+		close(c.stopCh)
+	})
+	if !c.ran.Load() {
+		return nil
+	}
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		if cancel := c.cancel.Load(); cancel != nil {
+			(*cancel)(errStopTimeout)
+		}
+		return ctx.Err()
+	}
+}
+
+// handle processes one delivery and settles it.
+func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
+	msg := idem.Message{ID: m.Headers().Get(c.cfg.IDHeader), Payload: m.Data()}
+	var stopProgress func()
+	if c.progress > 0 {
+		stopProgress = c.keepAlive(m)
+	}
+	out := c.process(ctx, msg)
+	if stopProgress != nil {
+		stopProgress()
+	}
+	c.settle(ctx, m, msg, out)
+}
+
+// keepAlive reports m in progress every c.progress until the returned
+// function is called.
+func (c *Consumer) keepAlive(m jetstream.Msg) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(c.progress)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := m.InProgress(); err != nil {
+					c.log.Debug("idemnats: in-progress report", "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+// process calls the Processor, turning a panic or an outcome without a
+// status into a Failed outcome.
+func (c *Consumer) process(ctx context.Context, msg idem.Message) (out idem.Outcome) {
+	defer func() {
+		if r := recover(); r != nil {
+			out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: fmt.Errorf("%w: idemnats: Processor panicked: %v", idem.ErrHandlerPanic, r)}
+		}
+	}()
+	out, err := c.cfg.Processor.Process(ctx, msg)
+	if out.Status == 0 {
+		if err == nil {
+			err = errors.New("idemnats: Processor returned an Outcome without a Status")
+		}
+		out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}
+	}
+	return out
+}
+
+// action is what settle does to a delivery.
+type action int
+
+const (
+	actAck        action = iota + 1 // Ack
+	actDeadLetter                   // publish to the dead letter, then Term
+	actRedeliver                    // NakWithDelay
+)
+
+// decide maps an Outcome to an action and, for a redelivery, its delay:
+// DESIGN.md section 4 (duplicate is Ack, in progress is NakWithDelay).
+func decide(out idem.Outcome, retryDelay time.Duration) (action, time.Duration) {
+	switch {
+	case out.Ack():
+		return actAck, 0
+	case out.DeadLetter():
+		return actDeadLetter, 0
+	case out.Status == idem.InProgress && out.RetryAfter > 0:
+		return actRedeliver, out.RetryAfter
+	default:
+		return actRedeliver, retryDelay
+	}
+}
+
+// settle tells JetStream what became of m.
+func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message, out idem.Outcome) {
+	act, delay := decide(out, c.cfg.RetryDelay)
+	var err error
+	switch act {
+	case actAck:
+		if out.Status == idem.Duplicate {
+			c.log.Debug("idemnats: duplicate", "message_id", msg.ID)
+		}
+		err = m.Ack()
+	case actDeadLetter:
+		reason := "unknown"
+		if out.Err != nil {
+			reason = out.Err.Error()
+		}
+		if dlErr := c.deadLetter(ctx, m, msg, out.Status, reason); dlErr != nil {
+			c.log.Error("idemnats: dead letter publish failed; the message will be redelivered",
+				"message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", reason, "err", dlErr)
+			err = m.NakWithDelay(c.cfg.RetryDelay)
+			break
+		}
+		c.log.Warn("idemnats: message dead-lettered", "message_id", msg.ID, "status", out.Status.String(),
+			"subject", c.cfg.DeadLetter, "reason", reason)
+		err = m.TermWithReason(out.Status.String())
+	case actRedeliver:
+		err = m.NakWithDelay(delay)
+	}
+	if err != nil {
+		c.log.Warn("idemnats: settle delivery", "message_id", msg.ID, "status", out.Status.String(), "err", err)
+	}
+}
+
+// deadLetter publishes m's payload and headers to the dead-letter subject,
+// with the reason headers, and waits for JetStream's ack. Its Nats-Msg-Id is
+// derived from the original's stream and sequence, so the dead letter of a
+// delivery redelivered after a crash between this publish and the Term is
+// dropped by the server's duplicate window rather than stored twice. (The
+// original's Nats-Msg-Id is not reused: a dead-letter subject captured by
+// the original's stream would drop the dead letter as a duplicate of it.)
+func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, msg idem.Message, status idem.Status, reason string) error {
+	dl := nats.NewMsg(c.cfg.DeadLetter)
+	dl.Data = msg.Payload
+	for k, vs := range m.Headers() {
+		if strings.HasPrefix(k, "Nats-") {
+			continue // JetStream control headers would be applied to this publish
+		}
+		dl.Header[k] = append([]string(nil), vs...)
+	}
+	dl.Header.Set(HeaderReason, headerValue(reason))
+	dl.Header.Set(HeaderStatus, status.String())
+	if msg.ID != "" {
+		dl.Header.Set(HeaderOriginalID, msg.ID)
+	}
+	dl.Header.Set(HeaderOriginalSubject, m.Subject())
+	var opts []jetstream.PublishOpt
+	if md, err := m.Metadata(); err == nil {
+		dl.Header.Set(HeaderOriginalStream, md.Stream)
+		dl.Header.Set(HeaderOriginalSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+		opts = append(opts, jetstream.WithMsgID("idem-dead-letter:"+md.Stream+":"+md.Consumer+":"+strconv.FormatUint(md.Sequence.Stream, 10)))
+	}
+	_, err := c.js.PublishMsg(ctx, dl, opts...)
+	return err
+}
+
+// headerValue makes s safe as a NATS header value: one line.
+func headerValue(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// validSubject reports whether s is a subject one can publish to: non-empty
+// tokens separated by dots, no wildcards, no whitespace.
+func validSubject(s string) bool {
+	if s == "" {
+		return false
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		if tok == "" || tok == "*" || tok == ">" {
+			return false
+		}
+		if strings.ContainsAny(tok, " \t\r\n") {
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderName reports whether s can be a NATS header name: printable
+// ASCII without spaces or colons.
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b <= ' ' || b >= 0x7f || b == ':' {
+			return false
+		}
+	}
+	return s != ""
+}

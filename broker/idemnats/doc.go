@@ -1,0 +1,81 @@
+// Package idemnats is idem's NATS JetStream adapter, on nats.go's jetstream
+// package: a Consumer that runs every delivery of a pull consumer through an
+// idem.Processor and maps its Outcome to JetStream, and a Producer that
+// publishes with a stable message ID.
+//
+// It takes the caller's jetstream.JetStream and jetstream.Consumer: the
+// application owns the connection, the stream and the consumer's
+// configuration (AckWait, MaxAckPending, filters); idemnats parses no URLs.
+//
+// # Message IDs
+//
+// The message ID is read from the Nats-Msg-Id header (Config.IDHeader to
+// change it; NATS header names are case-sensitive), the header JetStream
+// itself deduplicates publishes by within the stream's duplicate window
+// (StreamConfig.Duplicates, 2 minutes by default). Producer.Publish sets it:
+// a new UUIDv7 by default, or a business key with WithMessageID, and
+// publishes with jetstream.WithMsgID, so a producer's retry within the window
+// is dropped by the server and one after it is a Duplicate for idem. A
+// message without the header is passed on with an empty ID, rejected by
+// idem (idem.ErrMissingMessageID) and dead-lettered; the consumer never makes
+// up an ID.
+//
+// # Outcomes (DESIGN.md section 4)
+//
+//   - Processed, Duplicate: Ack.
+//   - InProgress (lease mode: another attempt holds the lease):
+//     NakWithDelay(Outcome.RetryAfter).
+//   - Failed, retryable (the handler's error, a store error, a panic, an
+//     Outcome without a Status): NakWithDelay(Config.RetryDelay).
+//   - Rejected (missing or invalid ID, invalid payload), FingerprintMismatch,
+//     and poison (a Failed Outcome with Poison set): the payload and headers
+//     (minus JetStream's Nats-* headers) are published with JetStream to
+//     Config.DeadLetter with Idem-Dead-Letter-Reason (the Outcome's error
+//     text), Idem-Dead-Letter-Status, Idem-Original-Message-Id,
+//     Idem-Original-Subject, Idem-Original-Stream and Idem-Original-Sequence,
+//     and once the server has stored it the original is terminated
+//     (AckTerm with the status as reason: done, never redelivered, and told
+//     apart from a processed message by JetStream's advisory). If the
+//     dead-letter publish fails (no stream captures the subject, a timeout)
+//     the original is Nak'ed for redelivery, never dropped.
+//
+// A dead letter's own Nats-Msg-Id is derived from the original's stream,
+// consumer and sequence, so a crash between the publish and the Term does
+// not store it twice within the duplicate window.
+//
+// # Ack timeouts
+//
+// JetStream redelivers a message not acknowledged within the consumer's
+// AckWait. While a handler runs, the Consumer reports the delivery in
+// progress (AckProgress) every Config.ProgressInterval, a third of AckWait by
+// default, so a long handler is not redelivered to another member; a member
+// that dies stops reporting, and its messages come back after AckWait.
+// With ProgressInterval negative, a handler that outlives AckWait gets its
+// message redelivered while it runs; idem then makes the redelivery wait
+// for the first transaction and see a Duplicate (transactional mode), or
+// answers InProgress, which becomes NakWithDelay (lease mode).
+//
+// Set the consumer's MaxDeliver to -1 (unlimited, the default) or high
+// enough for InProgress and Failed redeliveries: JetStream drops a message
+// past MaxDeliver without idem seeing it, and idem's own MaxAttempts (lease
+// mode) is what should turn a failing message into a dead letter.
+//
+// # Concurrency and stopping
+//
+// Run pulls with jetstream.Consumer.Messages, buffering Config.MaxMessages
+// messages (Concurrency by default, since a buffered message's ack wait is
+// already running) and processing up to Config.Concurrency at once. Several
+// Consumers, in one process or many, on the same durable consumer share its
+// messages. Stop is graceful: no new deliveries (buffered ones are Nak'ed
+// so another member gets them at once), the handlers in flight finish with
+// their context intact, their acks are flushed to the server, then Run
+// returns nil. Stop's context bounds the wait; when it ends, the handlers
+// still running are cancelled.
+//
+// Retention: keep idem's RetentionWindow longer than the stream's MaxAge
+// (or the longest time a message can wait for redelivery); idemnats does
+// not check this, since the Processor hides the idem.Config.
+//
+// The package passes the broker conformance suite (broker/brokertest)
+// against an in-process nats-server and Debian's nats-server.
+package idemnats
