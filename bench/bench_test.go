@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuick runs `bench --quick` end to end, as ./scripts/test does, so the
+// harness cannot rot: every contender on both brokers, on SQLite and (when
+// IDEM_TEST_POSTGRES_URL is set; required under IDEM_TEST_REQUIRE_ALL=1)
+// PostgreSQL. It checks the three outputs exist and that the correctness
+// columns say what the contenders guarantee: idem has no double effect and
+// loses nothing under any fault, while the naive consumer applies every
+// published duplicate twice and the crash redelivers what it committed.
+func TestQuick(t *testing.T) {
+	stores := "sqlite"
+	if os.Getenv(envPostgres) != "" {
+		stores += ",postgres"
+	} else if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+		t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1); scripts/services prints it", envPostgres)
+	} else {
+		t.Logf("%s not set: PostgreSQL left out", envPostgres)
+	}
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	if err := cli(ctx, []string{"--quick", "--out", out, "--stores", stores}, &stdout, &stderr); err != nil {
+		t.Fatalf("bench --quick: %v\n%s", err, stderr.String())
+	}
+	t.Logf("bench --quick took %v\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
+
+	contenders := []string{"naive", "idem", "idem-batch10", "watermill-dedup"}
+	setups := 2 * len(strings.Split(stores, ","))
+	table := stdout.String()
+	if !strings.Contains(table, "| broker | store | contender | msgs/s | × naive |") {
+		t.Errorf("stdout has no Markdown table header:\n%s", table)
+	}
+	if got := strings.Count(table, "\n| nats |") + strings.Count(table, "\n| kafka |"); got != setups*len(contenders) {
+		t.Errorf("table has %d result rows, want %d", got, setups*len(contenders))
+	}
+
+	img, err := os.Open(filepath.Join(out, chartFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	cfg, err := png.DecodeConfig(img)
+	if err != nil {
+		t.Fatalf("%s is not a PNG: %v", chartFile, err)
+	}
+	if cfg.Width < 300 || cfg.Height < 200 {
+		t.Errorf("%s is %dx%d, too small for a chart", chartFile, cfg.Width, cfg.Height)
+	}
+
+	rows := readCSV(t, filepath.Join(out, csvFile))
+	if len(rows) != setups*len(contenders) {
+		t.Fatalf("%s has %d rows, want %d", csvFile, len(rows), setups*len(contenders))
+	}
+	for _, r := range rows {
+		name := r["broker"] + "/" + r["store"] + " " + r["contender"]
+		if r["error"] != "" {
+			t.Errorf("%s: throughput run failed: %s", name, r["error"])
+			continue
+		}
+		if r["fault_timeout"] != "false" {
+			t.Errorf("%s: a fault run did not settle in time", name)
+		}
+		if tp, _ := strconv.ParseFloat(r["msgs_per_s"], 64); tp <= 0 {
+			t.Errorf("%s: throughput %q", name, r["msgs_per_s"])
+		}
+		if p99, _ := strconv.ParseFloat(r["p99_ms"], 64); p99 <= 0 {
+			t.Errorf("%s: p99 %q", name, r["p99_ms"])
+		}
+		n := func(col string) int {
+			v, err := strconv.Atoi(r[col])
+			if err != nil {
+				t.Fatalf("%s: column %s = %q", name, col, r[col])
+			}
+			return v
+		}
+		switch c := r["contender"]; {
+		case strings.HasPrefix(c, "idem"):
+			for _, col := range []string{"dup_double", "dup_lost", "error_double", "error_lost", "crash_double", "crash_lost"} {
+				if n(col) != 0 {
+					t.Errorf("%s: %s = %d, want 0", name, col, n(col))
+				}
+			}
+		case c == "naive":
+			// Every message published twice is applied twice.
+			if dups := n("deliveries") - n("messages"); dups < 1 || n("dup_double") != dups || n("dup_lost") != 0 {
+				t.Errorf("%s: duplicates published gave %d double / %d lost, want %d / 0", name, n("dup_double"), n("dup_lost"), dups)
+			}
+			if n("crash_double") < 1 || n("crash_lost") != 0 {
+				t.Errorf("%s: crash gave %d double / %d lost, want at least 1 / 0", name, n("crash_double"), n("crash_lost"))
+			}
+			// The failed attempt's row rolls back, so nothing is lost.
+			// (No claim about doubles: on a machine loaded enough for a
+			// delivery to outwait JetStream's ack wait, the naive consumer
+			// applies the redelivery too.)
+			if n("error_lost") != 0 {
+				t.Errorf("%s: handler error lost %d messages, want 0 (the row rolls back)", name, n("error_lost"))
+			}
+		case c == "watermill-dedup":
+			// The in-memory Deduplicator catches duplicates within one
+			// process, records the key before the handler runs (so the
+			// retry of a failed attempt is dropped as a duplicate), and
+			// forgets everything in a crash.
+			if n("dup_double") != 0 || n("dup_lost") != 0 {
+				t.Errorf("%s: duplicates published gave %d double / %d lost, want 0 / 0", name, n("dup_double"), n("dup_lost"))
+			}
+			if n("error_lost") < 1 {
+				t.Errorf("%s: handler error lost %d messages, want at least 1 (the retry is dropped)", name, n("error_lost"))
+			}
+			if n("crash_double") < 1 {
+				t.Errorf("%s: crash gave %d double effects, want at least 1 (the repository is lost)", name, n("crash_double"))
+			}
+		}
+	}
+}
+
+func readCSV(t *testing.T, path string) []map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	recs, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if len(recs) < 1 {
+		t.Fatalf("%s is empty", path)
+	}
+	var rows []map[string]string
+	for _, rec := range recs[1:] {
+		row := map[string]string{}
+		for i, col := range recs[0] {
+			row[col] = rec[i]
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, args := range [][]string{
+		{"--dup-fraction", "1.5"},
+		{"--brokers", "amqp"},
+		{"--stores", "mysql"},
+		{"--batch-sizes", "0"},
+		{"extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := cli(context.Background(), args, &stdout, &stderr)
+		if err == nil || !isUsage(err) {
+			t.Errorf("bench %q: got %v, want an error matching errUsage", args, err)
+		}
+	}
+}
+
+func isUsage(err error) bool { return errors.Is(err, errUsage) }
+
+func TestPercentile(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	if got := percentile(ds, 0.5); got != 50*time.Millisecond {
+		t.Errorf("p50 = %v, want 50ms", got)
+	}
+	if got := percentile(ds, 0.99); got != 99*time.Millisecond {
+		t.Errorf("p99 = %v, want 99ms", got)
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("p50 of nothing = %v, want 0", got)
+	}
+}
+
+// Example_table shows the Markdown table the harness prints: ratios are
+// against the naive consumer of the same broker and store, and each fault
+// cell is "message IDs with a double effect / message IDs lost".
+func Example_table() {
+	rs := []result{
+		{Broker: "nats", Store: "sqlite", Contender: "naive", Throughput: 2000, P50: 2 * time.Millisecond, P99: 10 * time.Millisecond,
+			Dup: faultResult{Ran: true, Double: 30}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true, Double: 4}},
+		{Broker: "nats", Store: "sqlite", Contender: "idem", Throughput: 1500, P50: 3 * time.Millisecond, P99: 12 * time.Millisecond,
+			Dup: faultResult{Ran: true}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true}},
+	}
+	_ = writeMarkdown(os.Stdout, rs)
+	// Output:
+	// | broker | store | contender | msgs/s | × naive | p50 ms | p99 ms | p50 × naive | p99 × naive | duplicates published: double / lost | handler error once: double / lost | crash after commit: double / lost |
+	// |---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|
+	// | nats | sqlite | naive | 2000 | 1.00 | 2.00 | 10.00 | 1.00 | 1.00 | 30 / 0 | 0 / 0 | 4 / 0 |
+	// | nats | sqlite | idem | 1500 | 0.75 | 3.00 | 12.00 | 1.50 | 1.20 | 0 / 0 | 0 / 0 | 0 / 0 |
+}

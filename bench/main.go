@@ -1,0 +1,129 @@
+// Command bench is idem's benchmark harness: in one process and one run it
+// puts the same workload (N messages, a fraction of them published twice,
+// one side-effect row per message) through four kinds of consumer on the
+// same broker and the same store, and reports throughput and per-message
+// latency as ratios against a naive consumer, beside a correctness column
+// per fault.
+//
+// Run it from the repository root (the go.work workspace):
+//
+//	go run ./bench --out results            # full mode, a few minutes
+//	go run ./bench --quick --out /tmp/r      # under a minute; what the tests run
+//
+// Contenders:
+//   - naive: the handler writes its row in a transaction of its own; no
+//     deduplication.
+//   - idem: idem.Consumer in transactional mode through idem.Bind; the row
+//     is written in the claim's transaction.
+//   - idem-batchN: idem.BindBatch, N messages claimed with one statement
+//     and their rows written with one statement, in one transaction.
+//   - watermill-dedup: Watermill v1.5.1's message.Router with its
+//     middleware.Deduplicator (keyed on the producer's message ID, over the
+//     in-memory expiring key repository, the only one Watermill ships)
+//     in front of the naive handler.
+//
+// Every contender consumes through the same broker clients: a JetStream pull
+// consumer of nats.go on an in-process nats-server (memory storage), and a
+// franz-go consumer-group client on an in-process kfake cluster (one broker,
+// four partitions), with offsets committed after every delivery of a poll
+// was handled. Watermill reads them through a minimal message.Subscriber
+// written here (watermill-nats and watermill-kafka use other clients, Sarama
+// for Kafka, which would measure the client library instead of the
+// deduplication). Stores: SQLite through store/idemsql (modernc.org/sqlite,
+// WAL, synchronous FULL), and PostgreSQL through store/idempgxv5 when
+// IDEM_TEST_POSTGRES_URL is set.
+//
+// Each contender gets one throughput run: the workload is published, then
+// consumed by --workers concurrent handlers; throughput is deliveries
+// acknowledged per second from the first delivery handled to the last ack,
+// and latency is per delivery from the moment a handler takes it (or the
+// batch holding it) to its ack. Its side-effect table gives the "duplicates
+// published" column. Then two fault runs per contender, run side by side
+// since they are not timed: the handler fails on its first attempt at one
+// message in twenty, after writing its row; and the consumer dies right
+// after committing a message and before acknowledging it (and whatever else
+// it held), and a new consumer starts. Each correctness cell is "double /
+// lost": message IDs with more than one side-effect row, and IDs with none.
+//
+// Output: a Markdown table on stdout, and results.csv and throughput.png
+// (gonum/plot) in the folder given by --out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := cli(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// cli parses args, runs the harness, prints the table to stdout and writes
+// the files. Progress goes to stderr.
+func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o options
+	var brokers, stores, batches string
+	fs.StringVar(&o.out, "out", "results", "folder for results.csv and throughput.png")
+	fs.BoolVar(&o.quick, "quick", false, "a short run (under a minute): small N, one batch size, one crash")
+	fs.IntVar(&o.n, "n", 0, "distinct messages per throughput run (default 5000; 200 with --quick)")
+	fs.Float64Var(&o.dupFraction, "dup-fraction", 0.1, "fraction of the messages published a second time")
+	fs.IntVar(&o.faultN, "fault-n", 0, "distinct messages per fault run (default 500; 40 with --quick)")
+	fs.IntVar(&o.workers, "workers", 8, "deliveries (or batches) handled at once by each consumer")
+	fs.IntVar(&o.rounds, "rounds", 0, "throughput runs per contender, round-robin; medians reported (default 3; 1 with --quick)")
+	fs.StringVar(&batches, "batch-sizes", "", "batch sizes of the idem-batch contenders (default 10,100; 10 with --quick)")
+	fs.StringVar(&brokers, "brokers", "nats,kafka", "brokers: nats (in-process JetStream), kafka (kfake)")
+	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgres+" is set)")
+	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
+	var only string
+	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, idem, idem-batchN, watermill-dedup)")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	o.brokers = splitList(brokers)
+	o.stores = splitList(stores)
+	o.contenders = splitList(only)
+	for _, b := range splitList(batches) {
+		n, err := strconv.Atoi(b)
+		if err != nil {
+			return fmt.Errorf("%w: --batch-sizes: %v", errUsage, err)
+		}
+		o.batchSizes = append(o.batchSizes, n)
+	}
+	if o.verbose {
+		o.log = stderr
+	}
+	start := time.Now()
+	rs, h, err := run(ctx, o)
+	if err != nil {
+		return err
+	}
+	if err := writeMarkdown(stdout, rs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\n%s\n", h.describe(time.Since(start)))
+	if err := writeOutputs(h.o.out, rs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s/%s and %s/%s\n", h.o.out, csvFile, h.o.out, chartFile)
+	return nil
+}

@@ -1,0 +1,372 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idempgxv5"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// envPostgres names the PostgreSQL the harness uses (scripts/services sets it).
+const envPostgres = "IDEM_TEST_POSTGRES_URL"
+
+// errInjected is the handler error of the "handler error on first attempt"
+// fault.
+var errInjected = errors.New("bench: injected handler failure")
+
+// A database is one store backend for the whole harness.
+type database interface {
+	// name is "sqlite" or "postgres", as given to --stores.
+	name() string
+	// newRun creates the tables of one run: a processed-messages table for
+	// idem and a side-effect table, both fresh.
+	newRun(ctx context.Context, tag string, f *faults) (runDB, error)
+	close()
+}
+
+// msgHandler handles one delivery; ack says whether it may be acknowledged.
+type msgHandler func(ctx context.Context, msg idem.Message) (ack bool, err error)
+
+// batchHandler handles a batch of deliveries; one ack flag per message.
+type batchHandler func(ctx context.Context, msgs []idem.Message) []bool
+
+// runDB is the store side of one run: the contenders' handlers, all writing
+// one side-effect row per message, and the count of those rows.
+type runDB interface {
+	// naive writes the row in a transaction of its own, with no
+	// deduplication.
+	naive() msgHandler
+	// idem runs the message through an idem.Consumer (transactional mode,
+	// idem.Bind) that writes the row in the claim's transaction.
+	idem(consumer string) (msgHandler, error)
+	// idemBatch runs batches through idem.BindBatch, writing the batch's
+	// new rows with one statement.
+	idemBatch(consumer string) (batchHandler, error)
+	// effects returns the number of side-effect rows of each message ID.
+	effects(ctx context.Context) (map[string]int, error)
+	close()
+}
+
+// faults says which messages fail or crash the consumer. Each entry fires
+// once.
+type faults struct {
+	failOnce sync.Map // message ID -> struct{}: the handler fails on its first attempt
+	crash    sync.Map // message ID -> struct{}: the consumer dies after its commit, before its ack
+}
+
+// fail reports whether the handler must fail for id now (once).
+func (f *faults) fail(id string) bool {
+	if f == nil {
+		return false
+	}
+	_, ok := f.failOnce.LoadAndDelete(id)
+	return ok
+}
+
+// crashNow reports whether the consumer must die after committing id (once).
+func (f *faults) crashNow(id string) bool {
+	if f == nil {
+		return false
+	}
+	_, ok := f.crash.LoadAndDelete(id)
+	return ok
+}
+
+// txRun implements runDB over any idem.TxStore.
+type txRun[TTx any] struct {
+	store      idem.TxStore[TTx]
+	insertOne  func(ctx context.Context, tx TTx, id string) error
+	insertMany func(ctx context.Context, tx TTx, ids []string) error
+	count      func(ctx context.Context) (map[string]int, error)
+	cleanup    func()
+	faults     *faults
+
+	mu        sync.Mutex
+	consumers []*idem.Consumer[TTx]
+}
+
+func (r *txRun[TTx]) naive() msgHandler {
+	return func(ctx context.Context, msg idem.Message) (bool, error) {
+		tx, err := r.store.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		if err := r.insertOne(ctx, tx, msg.ID); err != nil {
+			_ = r.store.Rollback(ctx, tx)
+			return false, err
+		}
+		if r.faults.fail(msg.ID) {
+			_ = r.store.Rollback(ctx, tx)
+			return false, errInjected
+		}
+		if err := r.store.Commit(ctx, tx); err != nil {
+			_ = r.store.Rollback(ctx, tx)
+			return false, err
+		}
+		return true, nil
+	}
+}
+
+func (r *txRun[TTx]) consumer(name string) (*idem.Consumer[TTx], error) {
+	c, err := idem.NewConsumer(r.store, idem.Config{Name: name, PurgeInterval: -1})
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.consumers = append(r.consumers, c)
+	r.mu.Unlock()
+	return c, nil
+}
+
+func (r *txRun[TTx]) idem(name string) (msgHandler, error) {
+	c, err := r.consumer(name)
+	if err != nil {
+		return nil, err
+	}
+	p := idem.Bind(c, func(ctx context.Context, tx TTx, msg idem.Message) error {
+		if err := r.insertOne(ctx, tx, msg.ID); err != nil {
+			return err
+		}
+		if r.faults.fail(msg.ID) {
+			return errInjected
+		}
+		return nil
+	})
+	return func(ctx context.Context, msg idem.Message) (bool, error) {
+		out, err := p.Process(ctx, msg)
+		return out.Ack(), err
+	}, nil
+}
+
+func (r *txRun[TTx]) idemBatch(name string) (batchHandler, error) {
+	c, err := r.consumer(name)
+	if err != nil {
+		return nil, err
+	}
+	p := idem.BindBatch(c, func(ctx context.Context, tx TTx, msgs []idem.Message) error {
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.ID
+		}
+		if err := r.insertMany(ctx, tx, ids); err != nil {
+			return err
+		}
+		failed := false
+		for _, id := range ids {
+			if r.faults.fail(id) {
+				failed = true
+			}
+		}
+		if failed {
+			return errInjected
+		}
+		return nil
+	})
+	return func(ctx context.Context, msgs []idem.Message) []bool {
+		outs, _ := p.ProcessBatch(ctx, msgs)
+		acks := make([]bool, len(msgs))
+		for i := range msgs {
+			acks[i] = i < len(outs) && outs[i].Ack()
+		}
+		return acks
+	}, nil
+}
+
+func (r *txRun[TTx]) effects(ctx context.Context) (map[string]int, error) { return r.count(ctx) }
+
+func (r *txRun[TTx]) close() {
+	r.mu.Lock()
+	for _, c := range r.consumers {
+		_ = c.Close()
+	}
+	r.mu.Unlock()
+	r.cleanup()
+}
+
+// sqliteDB keeps each run in its own SQLite file (WAL, BEGIN IMMEDIATE,
+// synchronous at its default FULL) under a temporary directory.
+type sqliteDB struct {
+	dir      string
+	maxConns int
+}
+
+func newSQLiteDB(maxConns int) (*sqliteDB, error) {
+	dir, err := os.MkdirTemp("", "idem-bench-")
+	if err != nil {
+		return nil, err
+	}
+	return &sqliteDB{dir: dir, maxConns: maxConns}, nil
+}
+
+func (d *sqliteDB) name() string { return "sqlite" }
+func (d *sqliteDB) close()       { _ = os.RemoveAll(d.dir) }
+
+func (d *sqliteDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
+	path := filepath.Join(d.dir, tag+".db")
+	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(path))
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(d.maxConns)
+	fail := func(err error) (runDB, error) {
+		db.Close()
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	store, err := idemsql.New(db, idemsql.SQLite, nil)
+	if err != nil {
+		return fail(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fail(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
+		return fail(err)
+	}
+	return &txRun[*sql.Tx]{
+		store: store, faults: f,
+		insertOne: func(ctx context.Context, tx *sql.Tx, id string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, id)
+			return err
+		},
+		insertMany: func(ctx context.Context, tx *sql.Tx, ids []string) error {
+			args := make([]any, len(ids))
+			for i, id := range ids {
+				args[i] = id
+			}
+			q := `INSERT INTO effects (id) VALUES ` + strings.TrimSuffix(strings.Repeat("(?),", len(ids)), ",")
+			_, err := tx.ExecContext(ctx, q, args...)
+			return err
+		},
+		count: func(ctx context.Context) (map[string]int, error) {
+			return countRows(ctx, db, `SELECT id, count(*) FROM effects GROUP BY id`)
+		},
+		cleanup: func() {
+			db.Close()
+			for _, suffix := range []string{"", "-wal", "-shm"} {
+				_ = os.Remove(path + suffix)
+			}
+		},
+	}, nil
+}
+
+func countRows(ctx context.Context, db *sql.DB, q string) (map[string]int, error) {
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}
+
+// postgresDB runs on the PostgreSQL at IDEM_TEST_POSTGRES_URL through
+// store/idempgxv5 (pgx v5), each run on its own tables, dropped after it.
+type postgresDB struct {
+	pool *pgxpool.Pool
+}
+
+func newPostgresDB(ctx context.Context, url string, maxConns int) (*postgresDB, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envPostgres, err)
+	}
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return &postgresDB{pool: pool}, nil
+}
+
+func (d *postgresDB) name() string { return "postgres" }
+func (d *postgresDB) close()       { d.pool.Close() }
+
+// serverVersion returns PostgreSQL's version string and its fsync setting.
+func (d *postgresDB) serverVersion(ctx context.Context) (version, fsync string, err error) {
+	if err = d.pool.QueryRow(ctx, `SHOW server_version`).Scan(&version); err != nil {
+		return "", "", err
+	}
+	err = d.pool.QueryRow(ctx, `SHOW fsync`).Scan(&fsync)
+	return version, fsync, err
+}
+
+func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
+	table := "bench_" + tag
+	effects := table + "_effects"
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s_steps, %s_migrations`,
+			effects, table, table, table))
+	}
+	fail := func(err error) (runDB, error) {
+		drop()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	store, err := idempgxv5.New(d.pool, &idempgxv5.Config{Table: table})
+	if err != nil {
+		return fail(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fail(err)
+	}
+	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id text NOT NULL)`, effects)); err != nil {
+		return fail(err)
+	}
+	insOne := fmt.Sprintf(`INSERT INTO %s (id) VALUES ($1)`, effects)
+	insMany := fmt.Sprintf(`INSERT INTO %s (id) SELECT unnest($1::text[])`, effects)
+	return &txRun[pgx.Tx]{
+		store: store, faults: f,
+		insertOne: func(ctx context.Context, tx pgx.Tx, id string) error {
+			_, err := tx.Exec(ctx, insOne, id)
+			return err
+		},
+		insertMany: func(ctx context.Context, tx pgx.Tx, ids []string) error {
+			_, err := tx.Exec(ctx, insMany, ids)
+			return err
+		},
+		count: func(ctx context.Context) (map[string]int, error) {
+			rows, err := d.pool.Query(ctx, fmt.Sprintf(`SELECT id, count(*) FROM %s GROUP BY id`, effects))
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			out := map[string]int{}
+			for rows.Next() {
+				var id string
+				var n int64
+				if err := rows.Scan(&id, &n); err != nil {
+					return nil, err
+				}
+				out[id] = int(n)
+			}
+			return out, rows.Err()
+		},
+		cleanup: drop,
+	}, nil
+}
