@@ -220,6 +220,9 @@ func (c *Consumer[TTx]) Close() error { return c.close() }
 // then sees a Duplicate: exactly one handler's effects ever commit.
 func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handler[TTx]) (Outcome, error) {
 	ctx, t := c.begin(ctx, msg.ID, 0)
+	if t != nil {
+		defer t.endPanic(ctx, msg.ID, nil)
+	}
 	out, err := c.process(ctx, t, msg, handler)
 	t.end(ctx, out, err)
 	return out, err
@@ -275,6 +278,9 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 // claim and the handler's effects are in tx and the caller must roll it back.
 func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, handler Handler[TTx]) (Outcome, error) {
 	ctx, t := c.begin(ctx, msg.ID, 0)
+	if t != nil {
+		defer t.endPanic(ctx, msg.ID, nil)
+	}
 	out, err := c.processTx(ctx, t, tx, msg, handler)
 	t.end(ctx, out, err)
 	return out, err
@@ -316,6 +322,9 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 // and otherwise joins the errors of the outcomes that are not.
 func (c *Consumer[TTx]) ProcessBatch(ctx context.Context, msgs []Message, handler BatchHandler[TTx]) ([]Outcome, error) {
 	ctx, t := c.begin(ctx, "", len(msgs))
+	if t != nil {
+		defer t.endPanic(ctx, "", msgs)
+	}
 	outs, err := c.processBatch(ctx, t, msgs, handler)
 	t.endBatch(ctx, outs, err)
 	return outs, err

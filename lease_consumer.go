@@ -168,6 +168,9 @@ func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) { return
 //     ErrLeaseLost): the lease was released or lost; redeliver.
 func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseHandler) (Outcome, error) {
 	ctx, t := c.begin(ctx, msg.ID, 0)
+	if t != nil {
+		defer t.endPanic(ctx, msg.ID, nil)
+	}
 	out, err := c.process(ctx, t, msg, handler)
 	t.end(ctx, out, err)
 	return out, err

@@ -41,7 +41,10 @@ type Hook any
 // handler, the completion and the later hooks of the delivery all get it,
 // so a tracer can start a span here that the handler's own spans nest in
 // (as pgx's QueryTracer does). Returning nil keeps ctx. Every call is
-// paired with one [HookProcessEnd] call.
+// paired with one [HookProcessEnd] call, even when the call panics (a
+// store or a Config.Retryable that panics): the hooks then get a Failed
+// outcome and an end whose error says so, and the panic goes on to the
+// caller.
 type HookProcessStart interface {
 	OnProcessStart(ctx context.Context, e ProcessStartEvent) context.Context
 }
@@ -533,6 +536,30 @@ func (t *track) endBatch(ctx context.Context, outs []Outcome, err error) {
 		t.outcome(ctx, o, t.claims[i], lat)
 	}
 	t.finish(ctx, err, lat)
+}
+
+// endPanic is deferred by a tracked call: when the call panics (a store
+// or a Retryable that panics; a handler's panic is recovered before), it
+// reports a Failed outcome for the message (or every message of the
+// batch msgs) and the end of the call, so that the start is paired with an
+// end and every claim with an outcome, then panics again with the same
+// value. Without a panic it does nothing.
+func (t *track) endPanic(ctx context.Context, id string, msgs []Message) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	err := fmt.Errorf("idem: panic while processing: %v", r)
+	lat := time.Since(t.start)
+	if t.batch > 0 {
+		for i, m := range msgs {
+			t.outcome(ctx, Outcome{Status: Failed, MessageID: m.ID, Err: err}, t.claims[i], lat)
+		}
+	} else {
+		t.outcome(ctx, Outcome{Status: Failed, MessageID: id, Err: err}, t.claimed, lat)
+	}
+	t.finish(ctx, err, lat)
+	panic(r)
 }
 
 func (t *track) finish(ctx context.Context, err error, lat time.Duration) {

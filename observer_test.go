@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -663,4 +664,134 @@ func ExampleHook() {
 	// new: 2
 	// completed: 1
 	// fingerprint_mismatch: 1
+}
+
+// panicCommitStore's Commit panics, like a driver bug would.
+type panicCommitStore struct{ *idem.MemoryStore }
+
+func (s panicCommitStore) Commit(ctx context.Context, tx *idem.MemoryTx) error {
+	_ = s.MemoryStore.Rollback(ctx, tx)
+	panic("driver bug")
+}
+
+// A panic that escapes Process (a store or a Retryable that panics: only
+// the handler's panics are recovered) still ends the call for the hooks:
+// the start is paired with an end, and the claim with an outcome, so a
+// tracer's span ends and a claims-in-progress gauge comes back down.
+func TestHooksPairedWhenProcessPanics(t *testing.T) {
+	t.Parallel()
+	rec := newRecorder()
+	mustPanic := func(what string, f func()) {
+		t.Helper()
+		defer func() {
+			if recover() == nil {
+				t.Errorf("%s: no panic reached the caller", what)
+			}
+		}()
+		f()
+	}
+	c, err := idem.NewConsumer[*idem.MemoryTx](panicCommitStore{idem.NewMemoryStore(nil)}, idem.Config{Name: "c", PurgeInterval: -1, Hooks: []idem.Hook{rec}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ok := func(context.Context, *idem.MemoryTx, idem.Message) error { return nil }
+	mustPanic("Process", func() { _, _ = c.Process(t.Context(), idem.Message{ID: "m", Payload: []byte("p")}, ok) })
+	expectLines(t, "Process", rec.take(), []string{
+		"start m 0", "claim m 0", "outcome m Failed reason= claimed=true released=true poison=false", "end m true ctx=from-start-hook"})
+	mustPanic("ProcessBatch", func() {
+		_, _ = c.ProcessBatch(t.Context(), []idem.Message{{ID: "b", Payload: []byte("p")}},
+			func(context.Context, *idem.MemoryTx, []idem.Message) error { return nil })
+	})
+	expectLines(t, "ProcessBatch", rec.take(), []string{
+		"start  1", "claim b 0", "outcome b Failed reason= claimed=true released=true poison=false", "end  true ctx=from-start-hook"})
+
+	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "c", PurgeInterval: -1, Hooks: []idem.Hook{rec},
+		Retryable: func(error) bool { panic("classifier bug") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	mustPanic("LeaseConsumer.Process", func() {
+		_, _ = lc.Process(t.Context(), idem.Message{ID: "l", Payload: []byte("p")},
+			func(context.Context, *idem.Attempt) (idem.Result, error) { return idem.Result{}, errors.New("flaky") })
+	})
+	expectLines(t, "LeaseConsumer.Process", rec.take(), []string{
+		"start l 0", "claim l 1", "outcome l Failed reason= claimed=true released=false poison=false", "end l true ctx=from-start-hook"})
+	for _, e := range rec.ends {
+		if e.Err == nil || !strings.Contains(e.Err.Error(), "panic") {
+			t.Errorf("end event error %v, want one that says the call panicked", e.Err)
+		}
+	}
+}
+
+// countHook counts events with atomics, for the concurrency test.
+type countHook struct {
+	starts, ends, claims, outcomes, claimedOutcomes, renewals atomic.Int64
+}
+
+func (h *countHook) OnProcessStart(ctx context.Context, _ idem.ProcessStartEvent) context.Context {
+	h.starts.Add(1)
+	return ctx
+}
+func (h *countHook) OnProcessEnd(context.Context, idem.ProcessEndEvent) { h.ends.Add(1) }
+func (h *countHook) OnClaim(context.Context, idem.ClaimEvent)           { h.claims.Add(1) }
+func (h *countHook) OnOutcome(_ context.Context, e idem.OutcomeEvent) {
+	h.outcomes.Add(1)
+	if e.Claimed {
+		h.claimedOutcomes.Add(1)
+	}
+}
+func (h *countHook) OnLeaseRenewed(context.Context, idem.LeaseEvent) { h.renewals.Add(1) }
+
+// Many goroutines deliver overlapping IDs to both kinds of consumer, with
+// LogHook and a counting hook: every call has one start, one end and one
+// outcome, every claim one claimed outcome, and each ID is claimed once.
+func TestHooksConcurrent(t *testing.T) {
+	t.Parallel()
+	const workers, perWorker, ids = 16, 60, 40
+	for _, lease := range []bool{false, true} {
+		h := &countHook{}
+		hooks := []idem.Hook{h, idem.LogHook(slog.New(slog.DiscardHandler))}
+		store := idem.NewMemoryStore(nil)
+		var process func(ctx context.Context, msg idem.Message) (idem.Outcome, error)
+		if lease {
+			lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", PurgeInterval: -1, Hooks: hooks, Lease: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lc.Close()
+			process = func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+				return lc.Process(ctx, msg, func(context.Context, *idem.Attempt) (idem.Result, error) {
+					time.Sleep(time.Millisecond)
+					return idem.Result{}, nil
+				})
+			}
+		} else {
+			c, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "c", PurgeInterval: -1, Hooks: hooks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			process = func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+				return c.Process(ctx, msg, func(context.Context, *idem.MemoryTx, idem.Message) error { return nil })
+			}
+		}
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range perWorker {
+					_, _ = process(t.Context(), idem.Message{ID: fmt.Sprintf("m%d", (w*7+i)%ids), Payload: []byte("p")})
+				}
+			})
+		}
+		wg.Wait()
+		const calls = workers * perWorker
+		if h.starts.Load() != calls || h.ends.Load() != calls || h.outcomes.Load() != calls {
+			t.Errorf("lease=%v: %d starts, %d ends, %d outcomes; want %d each", lease, h.starts.Load(), h.ends.Load(), h.outcomes.Load(), calls)
+		}
+		if h.claims.Load() != h.claimedOutcomes.Load() || h.claims.Load() != ids {
+			t.Errorf("lease=%v: %d claims, %d claimed outcomes; want %d each", lease, h.claims.Load(), h.claimedOutcomes.Load(), ids)
+		}
+	}
 }

@@ -85,6 +85,8 @@
 // one span with messaging.batch.message_count instead of a message ID. The
 // claim, lease renewals, takeovers, lost leases and store errors are span
 // events. Failed, rejected and mismatched deliveries set the span status to
-// Error; duplicates and in-progress deliveries do not. A purge is a span
+// Error (a batch span too, when one of its messages is such a delivery);
+// duplicates and in-progress deliveries do not. A delivery without a
+// message ID has no messaging.message.id. A purge is a span
 // "purge " and the consumer name, of kind internal.
 package idemotel

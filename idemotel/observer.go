@@ -220,7 +220,7 @@ func (o *Observer) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent)
 	}
 	if e.BatchSize > 0 {
 		kv = append(kv, semconv.MessagingBatchMessageCount(e.BatchSize))
-	} else {
+	} else if e.MessageID != "" {
 		kv = append(kv, semconv.MessagingMessageID(e.MessageID))
 	}
 	ctx, span := o.tracer.Start(ctx, "process "+e.Consumer, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(kv...))
@@ -278,8 +278,17 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 		o.claimsReleased.Add(ctx, 1, o.attrs(e.Consumer, mode))
 	}
 	st, _ := ctx.Value(stateKey{}).(*spanState)
-	if st == nil || e.BatchSize > 0 {
-		return // a batch span keeps the batch's attributes only
+	if st == nil {
+		return
+	}
+	if e.BatchSize > 0 {
+		// A batch span keeps the batch's attributes only, but is an
+		// error when one of its messages is.
+		switch e.Outcome.Status {
+		case idem.Failed, idem.Rejected, idem.FingerprintMismatch:
+			st.span.SetStatus(codes.Error, status)
+		}
+		return
 	}
 	st.status = status
 	kv := []attribute.KeyValue{StatusKey.String(status)}

@@ -408,3 +408,38 @@ func TestNewObserverOptions(t *testing.T) {
 		t.Fatalf("NewObserver(): %v", err)
 	}
 }
+
+// A batch whose handler fails is an Error span, as a failed single
+// delivery is; a batch of duplicates is not. A span never carries an
+// empty messaging.message.id.
+func TestBatchSpanStatus(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, err := idem.NewConsumer[*idem.MemoryTx](b.store, b.config(idem.Config{Name: "payments"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := t.Context()
+	p := []byte("p")
+	ok := func(context.Context, *idem.MemoryTx, []idem.Message) error { return nil }
+	boom := func(context.Context, *idem.MemoryTx, []idem.Message) error { return errors.New("boom") }
+	_, _ = c.ProcessBatch(ctx, []idem.Message{{ID: "a", Payload: p}}, ok)
+	_, _ = c.ProcessBatch(ctx, []idem.Message{{ID: "a", Payload: p}}, ok)   // duplicates only
+	_, _ = c.ProcessBatch(ctx, []idem.Message{{ID: "b", Payload: p}}, boom) // failed
+	_, _ = c.Process(ctx, idem.Message{ID: "", Payload: p}, func(context.Context, *idem.MemoryTx, idem.Message) error { return nil })
+	var got []codes.Code
+	for _, s := range b.spans.GetSpans() {
+		if spanAttr(s, "messaging.batch.message_count") != "" {
+			got = append(got, s.Status.Code)
+		}
+		for _, kv := range s.Attributes {
+			if kv.Key == "messaging.message.id" && kv.Value.Emit() == "" {
+				t.Errorf("span %q has an empty messaging.message.id", s.Name)
+			}
+		}
+	}
+	if len(got) != 3 || got[0] != codes.Unset || got[1] != codes.Unset || got[2] != codes.Error {
+		t.Errorf("batch span statuses %v, want [Unset Unset Error]", got)
+	}
+}

@@ -108,6 +108,9 @@ type Consumer struct {
 	cfg      Config
 	progress time.Duration // 0: off
 	log      *slog.Logger
+	// maxDeliver is the JetStream consumer's MaxDeliver when it is
+	// positive (from its cached info at NewConsumer), 0 when unlimited.
+	maxDeliver int
 
 	ran      atomic.Bool
 	stopping atomic.Bool
@@ -130,8 +133,10 @@ var errStopTimeout = errors.New("idemnats: Stop's context ended before the handl
 // past MaxDeliver is dropped by JetStream, which idem cannot prevent).
 //
 // It returns an error matching idem.ErrInvalidConfig when js or cons is nil,
-// Processor or DeadLetter is missing, DeadLetter is not a valid subject, or
-// a numeric field is negative where that has no meaning.
+// Processor or DeadLetter is missing, DeadLetter is not a valid subject or
+// is matched by the consumer's filter subjects (the consumer would receive
+// its own dead letters), or a numeric field is negative where that has no
+// meaning.
 func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*Consumer, error) {
 	switch {
 	case js == nil:
@@ -172,12 +177,21 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 		js: js, cons: cons, cfg: cfg, log: cfg.Logger,
 		stopCh: make(chan struct{}), done: make(chan struct{}),
 	}
+	info := cons.CachedInfo()
+	if info != nil {
+		if f := receivesSubject(consumerFilters(info), cfg.DeadLetter); f != "" {
+			return nil, fmt.Errorf("%w: idemnats: Config.DeadLetter %q matches the consumer's filter %q: the consumer would receive its own dead letters", idem.ErrInvalidConfig, cfg.DeadLetter, f)
+		}
+		if info.Config.MaxDeliver > 0 {
+			c.maxDeliver = info.Config.MaxDeliver
+		}
+	}
 	switch {
 	case cfg.ProgressInterval > 0:
 		c.progress = cfg.ProgressInterval
 	case cfg.ProgressInterval == 0:
 		ackWait := DefaultAckWait
-		if info := cons.CachedInfo(); info != nil && info.Config.AckWait > 0 {
+		if info != nil && info.Config.AckWait > 0 {
 			ackWait = info.Config.AckWait
 		}
 		c.progress = ackWait / 3
@@ -185,12 +199,78 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 	return c, nil
 }
 
+// consumerFilters returns the filter subjects of a JetStream consumer;
+// none means every subject of its stream.
+func consumerFilters(info *jetstream.ConsumerInfo) []string {
+	f := append([]string(nil), info.Config.FilterSubjects...)
+	if info.Config.FilterSubject != "" {
+		f = append(f, info.Config.FilterSubject)
+	}
+	return f
+}
+
+// checkDeadLetterLoop returns an error matching idem.ErrInvalidConfig when
+// the JetStream consumer receives the dead-letter subject: every dead
+// letter would come back to the Consumer (carrying a new Nats-Msg-Id, so
+// that a message refused as poison would then be processed). A consumer
+// with filter subjects was checked by NewConsumer; one without gets every
+// subject of its stream, which this looks up. A failed lookup (missing
+// permission) is logged and consuming goes on.
+func (c *Consumer) checkDeadLetterLoop(ctx context.Context) error {
+	info := c.cons.CachedInfo()
+	if info == nil || len(consumerFilters(info)) > 0 {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := c.js.Stream(sctx, info.Stream)
+	if err != nil {
+		c.log.Warn("idemnats: cannot read the stream's subjects to check the dead-letter subject", "stream", info.Stream, "err", err)
+		return nil
+	}
+	if si := st.CachedInfo(); si != nil {
+		if s := receivesSubject(si.Config.Subjects, c.cfg.DeadLetter); s != "" {
+			return fmt.Errorf("%w: idemnats: Config.DeadLetter %q is captured by stream %s (subject %q) and the consumer has no filter: it would receive its own dead letters", idem.ErrInvalidConfig, c.cfg.DeadLetter, info.Stream, s)
+		}
+	}
+	return nil
+}
+
+// receivesSubject returns the first of patterns that matches subject, or "".
+func receivesSubject(patterns []string, subject string) string {
+	for _, p := range patterns {
+		if subjectMatches(p, subject) {
+			return p
+		}
+	}
+	return ""
+}
+
+// subjectMatches reports whether the literal subject matches pattern, a
+// NATS subject in which "*" stands for one token and a final ">" for one
+// or more.
+func subjectMatches(pattern, subject string) bool {
+	pt, st := strings.Split(pattern, "."), strings.Split(subject, ".")
+	for i, p := range pt {
+		if p == ">" {
+			return i == len(pt)-1 && len(st) > i
+		}
+		if i >= len(st) || (p != "*" && p != st[i]) {
+			return false
+		}
+	}
+	return len(pt) == len(st)
+}
+
 // Run consumes until ctx ends or Stop is called, processing up to
 // Config.Concurrency deliveries at once. It returns nil after Stop, ctx's
 // error when ctx ended (the handlers in flight see their context cancelled,
 // and their deliveries are settled as their outcomes say), and an error
 // when JetStream ends the consumption (the consumer was deleted, the
-// connection closed). ErrAlreadyRun if Run was called before.
+// connection closed). ErrAlreadyRun if Run was called before; an error
+// matching idem.ErrInvalidConfig, before consuming anything, when the
+// consumer has no filter subject and its stream captures the dead-letter
+// subject.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return ErrAlreadyRun
@@ -205,6 +285,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancel(nil)
 	c.cancel.Store(&cancel)
 
+	if err := c.checkDeadLetterLoop(ctx); err != nil {
+		return err
+	}
 	iter, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxMessages))
 	if err != nil {
 		return fmt.Errorf("idemnats: start consuming: %w", err)
@@ -242,9 +325,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.Warn("idemnats: consuming", "err", err)
 			continue
 		}
-		if c.stopping.Load() {
+		if c.stopping.Load() && !c.lastDelivery(msg) {
 			// Buffered after Stop: not taken. Nak it so that another
-			// member gets it now rather than after the ack wait.
+			// member gets it now rather than after the ack wait. (On its
+			// last delivery it is processed instead: JetStream would drop
+			// it after a Nak.)
 			if err := msg.Nak(); err != nil {
 				c.log.Debug("idemnats: nak of a message buffered at stop", "err", err)
 			}
@@ -309,7 +394,20 @@ func (c *Consumer) Stop(ctx context.Context) error {
 
 // handle processes one delivery and settles it.
 func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
-	msg := idem.Message{ID: m.Headers().Get(c.cfg.IDHeader), Payload: m.Data()}
+	ids := m.Headers().Values(c.cfg.IDHeader)
+	msg := idem.Message{Payload: m.Data()}
+	if len(ids) > 0 {
+		msg.ID = ids[0]
+	}
+	for _, id := range ids[min(1, len(ids)):] {
+		if id != msg.ID {
+			// Two IDs: no single identity to deduplicate by. Refused
+			// without calling the Processor, and dead-lettered.
+			err := fmt.Errorf("%w: header %s has %d different values", idem.ErrInvalidMessageID, c.cfg.IDHeader, len(ids))
+			c.settle(ctx, m, msg, idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: err})
+			return
+		}
+	}
 	var stopProgress func()
 	if c.progress > 0 {
 		stopProgress = c.keepAlive(m)
@@ -319,6 +417,17 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 		stopProgress()
 	}
 	c.settle(ctx, m, msg, out)
+}
+
+// lastDelivery reports whether m is on its last delivery: the JetStream
+// consumer has a MaxDeliver and m has reached it, so that JetStream drops
+// it, unseen by anyone, if it is not acknowledged.
+func (c *Consumer) lastDelivery(m jetstream.Msg) bool {
+	if c.maxDeliver <= 0 {
+		return false
+	}
+	md, err := m.Metadata()
+	return err == nil && md.NumDelivered >= uint64(c.maxDeliver)
 }
 
 // keepAlive reports m in progress every c.progress until the returned
@@ -389,6 +498,16 @@ func decide(out idem.Outcome, retryDelay time.Duration) (action, time.Duration) 
 // settle tells JetStream what became of m.
 func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message, out idem.Outcome) {
 	act, delay := decide(out, c.cfg.RetryDelay)
+	if act == actRedeliver && c.lastDelivery(m) {
+		// JetStream would drop it after this Nak (MaxDeliver): dead-letter
+		// it instead, so that it is not lost unseen.
+		act = actDeadLetter
+		cause := "no error"
+		if out.Err != nil {
+			cause = out.Err.Error()
+		}
+		out.Err = fmt.Errorf("idemnats: JetStream MaxDeliver (%d) reached, last outcome %s: %s", c.maxDeliver, out.Status, cause)
+	}
 	var err error
 	switch act {
 	case actAck:
@@ -402,8 +521,11 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 			reason = out.Err.Error()
 		}
 		if dlErr := c.deadLetter(ctx, m, msg, out.Status, reason); dlErr != nil {
-			c.log.Error("idemnats: dead letter publish failed; the message will be redelivered",
-				"message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", reason, "err", dlErr)
+			what := "idemnats: dead letter publish failed; the message will be redelivered"
+			if c.lastDelivery(m) {
+				what = "idemnats: dead letter publish failed on the last delivery (MaxDeliver): JetStream will not redeliver the message; it stays in its stream"
+			}
+			c.log.Error(what, "message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", reason, "err", dlErr)
 			err = m.NakWithDelay(c.cfg.RetryDelay)
 			break
 		}

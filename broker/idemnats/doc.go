@@ -18,7 +18,11 @@
 // is dropped by the server and one after it is a Duplicate for idem. A
 // message without the header is passed on with an empty ID, rejected by
 // idem (idem.ErrMissingMessageID) and dead-lettered; the consumer never makes
-// up an ID.
+// up an ID. A message whose header has two different values has no single
+// identity: it is dead-lettered as Rejected (idem.ErrInvalidMessageID)
+// without calling the Processor. NATS trims the spaces around header
+// values, so Producer.Publish refuses an ID with a leading or trailing
+// space rather than publish another ID than the one it returns.
 //
 // # Outcomes (DESIGN.md section 4)
 //
@@ -55,10 +59,20 @@
 // for the first transaction and see a Duplicate (transactional mode), or
 // answers InProgress, which becomes NakWithDelay (lease mode).
 //
-// Set the consumer's MaxDeliver to -1 (unlimited, the default) or high
-// enough for InProgress and Failed redeliveries: JetStream drops a message
-// past MaxDeliver without idem seeing it, and idem's own MaxAttempts (lease
-// mode) is what should turn a failing message into a dead letter.
+// Leave the consumer's MaxDeliver at -1 (unlimited, the default) or high
+// enough for InProgress and Failed redeliveries: idem's own MaxAttempts
+// (lease mode) is what should turn a failing message into a dead letter.
+// JetStream drops a message after its MaxDeliver-th delivery; so that it
+// is not lost unseen, a delivery that reaches MaxDeliver (as the consumer's
+// info said at NewConsumer) and is not acknowledged is dead-lettered with
+// its last outcome as the reason, and a message buffered at Stop on its
+// last delivery is processed rather than Nak'ed.
+//
+// The Consumer must not receive its own dead letters (they carry a new
+// Nats-Msg-Id, so a refused message would come back and be processed):
+// NewConsumer refuses a DeadLetter subject matched by the consumer's
+// filter subjects, and Run one captured by its stream when it has no
+// filter, with errors matching idem.ErrInvalidConfig.
 //
 // # Concurrency and stopping
 //

@@ -65,8 +65,10 @@ func WithHeader(h nats.Header) PublishOption {
 // ID once JetStream has stored the message (or dropped it as a duplicate
 // of an earlier publish of the same ID within the duplicate window, which
 // is success too). The ID is a new UUIDv7 (uuid.NewV7) unless WithMessageID
-// gives one; an ID idem would reject returns an error matching
-// idem.ErrMissingMessageID or idem.ErrInvalidMessageID, before publishing.
+// gives one; an ID idem would reject, or one with a leading or trailing
+// space (NATS trims header values, so it would reach consumers as another
+// ID), returns an error matching idem.ErrMissingMessageID or
+// idem.ErrInvalidMessageID, before publishing.
 // JetStream errors (no stream for the subject, timeouts) are returned
 // wrapped; retrying with the same ID is safe.
 func (p *Producer) Publish(ctx context.Context, subject string, payload []byte, opts ...PublishOption) (string, error) {
@@ -83,6 +85,11 @@ func (p *Producer) Publish(ctx context.Context, subject string, payload []byte, 
 	}
 	if err := idem.ValidateMessageID(o.id, 0); err != nil {
 		return "", fmt.Errorf("idemnats: publish to %s: %w", subject, err)
+	}
+	if o.id[0] == ' ' || o.id[len(o.id)-1] == ' ' {
+		// NATS trims the spaces around a header value: " a" would arrive
+		// as "a", another ID.
+		return "", fmt.Errorf("idemnats: publish to %s: %w: %q has a leading or trailing space, which a NATS header does not carry", subject, idem.ErrInvalidMessageID, o.id)
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = payload

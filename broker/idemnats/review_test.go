@@ -1,0 +1,732 @@
+package idemnats_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemnats"
+	"github.com/idem-go/idem/store/idemsql"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	_ "modernc.org/sqlite" // the side-effect database of the store tests
+)
+
+// waitFor polls cond every 10ms until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runConsumer starts c.Run and registers a cleanup that stops it and
+// checks that Run returned nil.
+func runConsumer(t *testing.T, c *idemnats.Consumer) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(context.Background()) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = c.Stop(ctx)
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Errorf("Run did not return within 30s of Stop")
+		}
+	})
+	return done
+}
+
+// sqliteTx is a transactional idem consumer on a fresh SQLite database
+// with an effects table written in the claim's transaction.
+type sqliteTx struct {
+	db   *sql.DB
+	proc idem.Processor
+}
+
+func newSQLiteTx(t *testing.T) *sqliteTx {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "effects.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(4)
+	t.Cleanup(func() { db.Close() })
+	store, err := idemsql.New(db, idemsql.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := idem.NewConsumer[*sql.Tx](store, idem.Config{Name: "review", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &sqliteTx{db: db, proc: idem.Bind(c, func(ctx context.Context, tx *sql.Tx, msg idem.Message) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO effects (message_id) VALUES (?)`, msg.ID)
+		return err
+	})}
+}
+
+// effects returns the number of rows and of distinct message IDs.
+func (s *sqliteTx) effects(t *testing.T) (rows, distinct int) {
+	t.Helper()
+	if err := s.db.QueryRow(`SELECT COUNT(*), COUNT(DISTINCT message_id) FROM effects`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	return rows, distinct
+}
+
+// The producer returns the ID the consumers will see: NATS trims the
+// spaces around a header value, so an ID with leading or trailing spaces
+// cannot be carried byte for byte and must be refused, not published as
+// another ID (" a " would collide with "a").
+func TestReviewProducerIDWithSurroundingSpaces(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	for i, id := range []string{" a", "a ", " a b "} {
+		got, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("x"), idemnats.WithMessageID(id))
+		if err != nil {
+			if !errors.Is(err, idem.ErrInvalidMessageID) {
+				t.Errorf("Publish(%q) = %v, want nil or an error matching ErrInvalidMessageID", id, err)
+			}
+			continue
+		}
+		m, err := s.stream.GetLastMsgForSubject(ctx, s.subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wire := m.Header.Get(jetstream.MsgIDHeader); wire != got {
+			t.Errorf("case %d: Publish returned ID %q but the stored message carries %q", i, got, wire)
+		}
+	}
+}
+
+// IDs that break idem's rules, from a foreign producer, are dead-lettered
+// with status Rejected and never processed or acknowledged as processed;
+// a 255-byte ID is valid.
+func TestReviewBadIDsFromTheWire(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	var processed atomic.Int32
+	store := idem.NewMemoryStore(nil)
+	ic, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "review", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ic.Close()
+	proc := idem.Bind(ic, func(context.Context, *idem.MemoryTx, idem.Message) error { processed.Add(1); return nil })
+	e := newMappingEnv(t, conn, idemnats.Config{}, func(_ int, msg idem.Message) (idem.Outcome, error) {
+		return proc.Process(context.Background(), msg)
+	})
+	bad := map[string]string{
+		"long":    strings.Repeat("x", 256),
+		"control": "a\x01b",
+		"nonutf8": "a\xff\xfeb",
+		"del":     "a\x7fb",
+	}
+	for name, id := range bad {
+		e.publish(id, name)
+	}
+	e.publish(strings.Repeat("y", 255), "max")
+	for name := range bad {
+		e.callTimes(name, 1)
+	}
+	e.callTimes("max", 1)
+	e.settled()
+	if n := processed.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1 (only the 255-byte ID)", n)
+	}
+	dls, err := e.s.deadLetters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != len(bad) {
+		t.Fatalf("%d dead letters, want %d", len(dls), len(bad))
+	}
+	for _, dl := range dls {
+		name := string(dl.Data)
+		if dl.Header.Get(idemnats.HeaderStatus) != "Rejected" || !strings.Contains(dl.Header.Get(idemnats.HeaderReason), idem.ErrInvalidMessageID.Error()) {
+			t.Errorf("dead letter %s: headers %v", name, dl.Header)
+		}
+		if got := dl.Header.Get(idemnats.HeaderOriginalID); got != bad[name] {
+			t.Errorf("dead letter %s: original ID %q, want %q", name, got, bad[name])
+		}
+	}
+}
+
+// A message with two different values of its ID header has no single
+// identity: it is dead-lettered as an invalid ID rather than processed
+// under whichever value comes first.
+func TestReviewTwoIDHeaderValues(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	var seen atomic.Value
+	e := newMappingEnv(t, conn, idemnats.Config{IDHeader: "Event-Id"}, func(_ int, msg idem.Message) (idem.Outcome, error) {
+		seen.Store(msg.ID)
+		if err := idem.ValidateMessageID(msg.ID, 0); err != nil {
+			return idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: err}, err
+		}
+		return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+	})
+	msg := nats.NewMsg(e.s.subject)
+	msg.Data = []byte("two")
+	msg.Header["Event-Id"] = []string{"order-1", "order-2"}
+	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	e.settled()
+	dls, err := e.s.deadLetters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1 (the Processor saw ID %q)", len(dls), seen.Load())
+	}
+	if h := dls[0].Header; h.Get(idemnats.HeaderStatus) != "Rejected" || !strings.Contains(h.Get(idemnats.HeaderReason), idem.ErrInvalidMessageID.Error()) {
+		t.Errorf("dead letter headers %v", h)
+	}
+}
+
+// A JetStream consumer with MaxDeliver drops a message after its last
+// delivery without telling anyone. The adapter knows the delivery count,
+// so a last delivery that is not acknowledged goes to the dead letter
+// instead of being Nak'ed into oblivion.
+func TestReviewMaxDeliverDeadLetters(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "md", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 20 * time.Second, MaxDeliver: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			calls.Add(1)
+			err := errors.New("downstream unavailable")
+			return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}, err
+		}),
+		DeadLetter: s.dlSubject, RetryDelay: 100 * time.Millisecond, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("doomed"), idemnats.WithMessageID("m-1")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the message was not dead-lettered after MaxDeliver deliveries", func() bool {
+		dls, err := s.deadLetters(ctx)
+		return err == nil && len(dls) == 1
+	})
+	dls, _ := s.deadLetters(ctx)
+	if h := dls[0].Header; h.Get(idemnats.HeaderOriginalID) != "m-1" || !strings.Contains(h.Get(idemnats.HeaderReason), "downstream unavailable") {
+		t.Errorf("dead letter headers %v", h)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("Processor called %d times, want MaxDeliver (3)", n)
+	}
+}
+
+// A dead-letter subject the consumer itself receives would feed every
+// dead letter back to it: a message without an ID is dead-lettered, comes
+// back without an ID, and is dead-lettered again, for ever. Run refuses
+// such a configuration.
+func TestReviewDeadLetterLoop(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	ctx := context.Background()
+	u := unique()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOOP_" + u, Subjects: []string{"loop." + u + ".>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), "LOOP_"+u) })
+	for _, filter := range []string{"", "loop." + u + ".*"} {
+		cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: "loop" + fmt.Sprint(len(filter)), AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: filter,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: okProcessor, DeadLetter: "loop." + u + ".dead", Logger: testLogger()})
+		if err != nil {
+			if !errors.Is(err, idem.ErrInvalidConfig) {
+				t.Errorf("filter %q: NewConsumer = %v, want nil or ErrInvalidConfig", filter, err)
+			}
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err = c.Run(rctx)
+		cancel()
+		if !errors.Is(err, idem.ErrInvalidConfig) {
+			t.Errorf("filter %q: Run = %v, want an error matching idem.ErrInvalidConfig (the consumer receives its own dead letters)", filter, err)
+		}
+	}
+	// A filter that leaves the dead-letter subject out is fine.
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "ok", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "loop." + u + ".work",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: okProcessor, DeadLetter: "loop." + u + ".dead", Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := runConsumer(t, c)
+	select {
+	case err := <-done:
+		t.Fatalf("Run with a filter excluding the dead letter returned %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+}
+
+// Deleting the JetStream consumer under a running Consumer ends Run with
+// an error instead of leaving it waiting for ever.
+func TestReviewConsumerDeleted(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "gone", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			calls.Add(1)
+			return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+		}),
+		DeadLetter: s.dlSubject, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "first message not processed", func() bool { return calls.Load() == 1 })
+	if err := s.stream.DeleteConsumer(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Run returned nil after its consumer was deleted, want an error")
+		}
+	case <-time.After(60 * time.Second):
+		_ = c.Stop(ctx)
+		t.Fatal("Run still running 60s after its consumer was deleted")
+	}
+}
+
+// The SQL store closed under a running consumer: every delivery fails
+// with a store error and is redelivered; nothing is acknowledged or
+// dead-lettered.
+func TestReviewStoreClosed(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	st := newSQLiteTx(t)
+	var mu sync.Mutex
+	outs := map[string][]idem.Outcome{}
+	e := newMappingEnv(t, conn, idemnats.Config{RetryDelay: 100 * time.Millisecond}, func(_ int, msg idem.Message) (idem.Outcome, error) {
+		out, err := st.proc.Process(context.Background(), msg)
+		mu.Lock()
+		outs[msg.ID] = append(outs[msg.ID], out)
+		mu.Unlock()
+		return out, err
+	})
+	e.publish("m-0", "before")
+	e.callTimes("before", 1)
+	e.settled()
+	st.db.Close()
+	for i := 1; i <= 3; i++ {
+		e.publish(fmt.Sprintf("m-%d", i), fmt.Sprintf("after-%d", i))
+	}
+	for i := 1; i <= 3; i++ {
+		e.callTimes(fmt.Sprintf("after-%d", i), 3) // redelivered, again and again
+	}
+	info, err := e.cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AckFloor.Stream != 1 {
+		t.Errorf("ack floor %d, want 1: a message was acknowledged while the store was closed", info.AckFloor.Stream)
+	}
+	if dls, _ := e.s.deadLetters(context.Background()); len(dls) != 0 {
+		t.Errorf("%d dead letters, want 0: a store outage is not a poison message", len(dls))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, os := range outs {
+		if id == "m-0" {
+			continue
+		}
+		for _, o := range os {
+			if o.Status != idem.Failed || o.Poison || !errors.Is(o.Err, idem.ErrStore) {
+				t.Errorf("%s: outcome %v poison=%v err=%v, want Failed with ErrStore", id, o.Status, o.Poison, o.Err)
+			}
+		}
+	}
+}
+
+// Fewer ack-pending slots on the server than handlers: every message is
+// still processed once.
+func TestReviewMaxAckPendingBelowConcurrency(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "map1", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newSQLiteTx(t)
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: 4, MaxMessages: 8, DeadLetter: s.dlSubject, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	const n = 30
+	for i := range n {
+		if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("p"), idemnats.WithMessageID(fmt.Sprintf("m-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 90*time.Second, "not every message was processed", func() bool { r, _ := st.effects(t); return r >= n })
+	if r, d := st.effects(t); r != n || d != n {
+		t.Errorf("%d effects for %d distinct IDs, want %d", r, d, n)
+	}
+}
+
+// NakWithDelay longer than the consumer's AckWait: JetStream waits for the
+// delay, not the ack wait.
+func TestReviewRetryAfterLongerThanAckWait(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "short", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const retryAfter = 3 * time.Second
+	var mu sync.Mutex
+	var times []time.Time
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			mu.Lock()
+			times = append(times, time.Now())
+			n := len(times)
+			mu.Unlock()
+			if n == 1 {
+				return idem.Outcome{Status: idem.InProgress, MessageID: msg.ID, Err: idem.ErrInProgress, RetryAfter: retryAfter}, idem.ErrInProgress
+			}
+			return idem.Outcome{Status: idem.Duplicate, MessageID: msg.ID}, nil
+		}),
+		DeadLetter: s.dlSubject, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "not redelivered", func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= 2 })
+	mu.Lock()
+	d := times[1].Sub(times[0])
+	mu.Unlock()
+	if d < retryAfter-100*time.Millisecond {
+		t.Errorf("redelivered after %v, want RetryAfter %v (the ack wait is 1s)", d, retryAfter)
+	}
+}
+
+// Stop from many goroutines at once, while a handler runs, and Run
+// cancelled by its context mid-handler.
+func TestReviewStopConcurrentAndCancel(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "stop", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 10), make(chan struct{})
+	var processed atomic.Int32
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			entered <- struct{}{}
+			<-release
+			processed.Add(1)
+			return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+		}),
+		DeadLetter: s.dlSubject, Logger: testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			errs <- c.Stop(sctx)
+		})
+	}
+	time.Sleep(50 * time.Millisecond) // let the Stops start waiting
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("Stop = %v", err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AckFloor.Stream != 1 {
+		t.Errorf("ack floor %d after a graceful stop, want 1", info.AckFloor.Stream)
+	}
+
+	// Run's context cancelled mid-handler: the handler sees it, its
+	// delivery is not acknowledged, and a new Consumer gets it again.
+	entered2 := make(chan struct{}, 10)
+	var got atomic.Int32
+	mk := func(block bool) *idemnats.Consumer {
+		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+			Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+				got.Add(1)
+				if block {
+					entered2 <- struct{}{}
+					<-ctx.Done()
+					return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: ctx.Err()}, ctx.Err()
+				}
+				return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+			}),
+			DeadLetter: s.dlSubject, RetryDelay: 100 * time.Millisecond, Logger: testLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c2 := mk(true)
+	rctx, cancel := context.WithCancel(ctx)
+	done2 := make(chan error, 1)
+	go func() { done2 <- c2.Run(rctx) }()
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	<-entered2
+	cancel()
+	if err := <-done2; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after cancel = %v, want context.Canceled", err)
+	}
+	c3 := mk(false)
+	runConsumer(t, c3)
+	waitFor(t, 60*time.Second, "the cancelled delivery was not redelivered", func() bool { return got.Load() >= 2 })
+}
+
+// Run leaves no goroutine of its own, nor of the jetstream iterator,
+// once it has returned. Not parallel: it counts the process's goroutines.
+func TestReviewNoGoroutineLeak(t *testing.T) {
+	conn := inProcess(t)
+	nc, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "leak", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+			Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+				time.Sleep(200 * time.Millisecond)
+				return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+			}),
+			Concurrency: 3, DeadLetter: s.dlSubject, Logger: testLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		for range 5 {
+			if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte(fmt.Sprint(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(300 * time.Millisecond)
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc
+	leaked := func() []string {
+		buf := make([]byte, 1<<22)
+		buf = buf[:runtime.Stack(buf, true)]
+		var out []string
+		for g := range strings.SplitSeq(string(buf), "\n\n") {
+			if strings.Contains(g, "broker/idemnats.") || strings.Contains(g, "nats.go/jetstream.") {
+				out = append(out, g)
+			}
+		}
+		return out
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l := leaked()
+		if len(l) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left after Run returned:\n%s", len(l), strings.Join(l, "\n\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The JetStream server is shut down and restarted on the same store
+// directory and port while messages are being consumed: every message is
+// processed, each effect exists once.
+func TestReviewServerRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	opts := func(port int) *server.Options {
+		return &server.Options{JetStream: true, StoreDir: dir, Host: "127.0.0.1", Port: port, NoSigs: true, NoLog: true, ServerName: "idemnats-restart"}
+	}
+	start := func(port int) *server.Server {
+		srv, err := server.NewServer(opts(port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Start()
+		if !srv.ReadyForConnections(30 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		return srv
+	}
+	srv := start(-1)
+	addr := srv.ClientURL()
+	var cur atomic.Pointer[server.Server]
+	cur.Store(srv)
+	t.Cleanup(func() { s := cur.Load(); s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "restart", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := newSQLiteTx(t)
+	var calls atomic.Int32
+	proc := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+		calls.Add(1)
+		time.Sleep(5 * time.Millisecond)
+		return st.proc.Process(ctx, msg)
+	})
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: proc, Concurrency: 4, DeadLetter: s.dlSubject, RetryDelay: 200 * time.Millisecond, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := runConsumer(t, c)
+	const n = 200
+	for i := range n {
+		if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("p"), idemnats.WithMessageID(fmt.Sprintf("m-%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 60*time.Second, "consumption did not start", func() bool { return calls.Load() >= 20 })
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	p := mustPort(t, addr)
+	srv2 := start(p)
+	cur.Store(srv2)
+	waitFor(t, 120*time.Second, "not every message processed after the restart", func() bool { r, _ := st.effects(t); return r >= n })
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v across the restart", err)
+	default:
+	}
+	if r, d := st.effects(t); r != n || d != n {
+		t.Errorf("%d effects for %d distinct IDs, want %d and %d", r, d, n, n)
+	}
+	if dls, _ := s.deadLetters(ctx); len(dls) != 0 {
+		t.Errorf("%d dead letters, want 0", len(dls))
+	}
+}
+
+func mustPort(t *testing.T, url string) int {
+	t.Helper()
+	var p int
+	i := strings.LastIndexByte(url, ':')
+	if _, err := fmt.Sscanf(url[i+1:], "%d", &p); err != nil {
+		t.Fatalf("port of %q: %v", url, err)
+	}
+	return p
+}
