@@ -27,6 +27,8 @@ const (
 	// DefaultAckWait is the ack wait assumed for the progress interval
 	// when the consumer's info does not give one (JetStream's default).
 	DefaultAckWait = 30 * time.Second
+	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
+	DefaultHandlerTimeout = 5 * time.Minute
 )
 
 // Dead-letter headers, set on every message published to Config.DeadLetter.
@@ -86,6 +88,13 @@ type Config struct {
 	// expire (a redelivery of a message still in flight is then a
 	// Duplicate or InProgress outcome, as idem guarantees).
 	ProgressInterval time.Duration
+	// HandlerTimeout bounds one delivery's processing: its context ends
+	// after HandlerTimeout, and the in-progress reports stop then, so even
+	// a handler that ignores its context no longer holds the message past
+	// the next ack wait: JetStream redelivers it (and MaxDeliver counts
+	// it). Defaults to DefaultHandlerTimeout (5 minutes); negative
+	// disables it (a stuck handler then holds its message for ever).
+	HandlerTimeout time.Duration
 	// MaxMessages is how many messages the client buffers ahead of the
 	// handlers (jetstream.PullMaxMessages). Defaults to Concurrency: a
 	// larger buffer holds messages whose ack wait runs while they wait.
@@ -107,6 +116,7 @@ type Consumer struct {
 	cons     jetstream.Consumer
 	cfg      Config
 	progress time.Duration // 0: off
+	timeout  time.Duration // HandlerTimeout; 0: none
 	log      *slog.Logger
 	// maxDeliver is the JetStream consumer's MaxDeliver when it is
 	// positive (from its cached info at NewConsumer), 0 when unlimited.
@@ -185,6 +195,12 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 		if info.Config.MaxDeliver > 0 {
 			c.maxDeliver = info.Config.MaxDeliver
 		}
+	}
+	switch {
+	case cfg.HandlerTimeout > 0:
+		c.timeout = cfg.HandlerTimeout
+	case cfg.HandlerTimeout == 0:
+		c.timeout = DefaultHandlerTimeout
 	}
 	switch {
 	case cfg.ProgressInterval > 0:
@@ -408,11 +424,17 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 	}
+	pctx := ctx
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
 	var stopProgress func()
 	if c.progress > 0 {
-		stopProgress = c.keepAlive(m)
+		stopProgress = c.keepAlive(pctx, m)
 	}
-	out := c.process(ctx, msg)
+	out := c.process(pctx, msg)
 	if stopProgress != nil {
 		stopProgress()
 	}
@@ -431,8 +453,8 @@ func (c *Consumer) lastDelivery(m jetstream.Msg) bool {
 }
 
 // keepAlive reports m in progress every c.progress until the returned
-// function is called.
-func (c *Consumer) keepAlive(m jetstream.Msg) func() {
+// function is called or ctx (bounded by HandlerTimeout) ends.
+func (c *Consumer) keepAlive(ctx context.Context, m jetstream.Msg) func() {
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -442,6 +464,8 @@ func (c *Consumer) keepAlive(m jetstream.Msg) func() {
 		for {
 			select {
 			case <-done:
+				return
+			case <-ctx.Done():
 				return
 			case <-t.C:
 				if err := m.InProgress(); err != nil {

@@ -510,3 +510,76 @@ func TestProducer(t *testing.T) {
 		t.Error("Publish to a subject no stream captures succeeded")
 	}
 }
+
+// TestHandlerTimeoutEndsKeepAlive: a handler stuck past HandlerTimeout,
+// ignoring its context, no longer holds its message: the progress reports
+// stop, the ack wait runs out, and JetStream redelivers it to another
+// worker, whose outcome settles it.
+func TestHandlerTimeoutEndsKeepAlive(t *testing.T) {
+	t.Parallel()
+	conn := inProcess(t)
+	_, js := newJS(t, conn)
+	s := newStreams(t, js, time.Minute)
+	ctx := context.Background()
+	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "stuck", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var calls atomic.Int32
+	var ctxEnded atomic.Bool
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			if calls.Add(1) == 1 {
+				<-ctx.Done() // HandlerTimeout ends it...
+				ctxEnded.Store(true)
+				<-release // ...but the handler ignores that and stays stuck
+				return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: ctx.Err()}, ctx.Err()
+			}
+			return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+		}),
+		Concurrency: 2, DeadLetter: s.dlSubject, Logger: testLogger(),
+		HandlerTimeout: 1500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+	runDone := make(chan error, 1)
+	go func() { runDone <- c.Run(ctx) }()
+	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("stuck")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for calls.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("after 60s: the message held by a stuck handler was not redelivered")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !ctxEnded.Load() {
+		t.Error("the stuck handler's context did not end at HandlerTimeout")
+	}
+	for {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.AckFloor.Stream == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("after 60s: the redelivery was not acknowledged")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	release <- struct{}{}
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-runDone; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
