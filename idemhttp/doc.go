@@ -1,0 +1,100 @@
+// Package idemhttp makes retrying an HTTP request safe: a net/http
+// middleware that honours the Idempotency-Key header
+// (draft-ietf-httpapi-idempotency-key-header, with Stripe's behaviour where
+// the draft is silent; DESIGN.md section 2 decides where they differ), a
+// Go client that retries with the same key, and a reverse proxy that puts
+// the middleware in front of any HTTP service.
+//
+// # The middleware
+//
+// [New] builds a [Middleware] over any [idem.LeaseStore]: the memory
+// store, PostgreSQL (store/idempgxv5 or store/idemsql), MariaDB/MySQL and
+// SQLite (store/idemsql), or Redis (store/idemredis). [Middleware.Wrap]
+// protects a handler; [Middleware.Require] also makes the key mandatory.
+//
+// A request with a covered method (POST and PATCH by default; GET, HEAD
+// and OPTIONS always pass through) and a key goes through these steps:
+//
+//  1. The key is parsed ([ParseKey]): an RFC 9651 sf-string, lenient by
+//     default (a bare token is accepted too), strict as an option; 1 to 255
+//     bytes; one field line. Invalid: 400.
+//  2. The scope function (mandatory: [ErrNoScope]) names the principal or
+//     tenant; the record is keyed by (namespace, SHA-256 of the scope,
+//     key), never one global namespace (field case C13).
+//  3. The body is read once, hashed while it is read, and spooled (memory
+//     up to Options.MemoryBodyBytes, then a temporary file), so the
+//     fingerprint is known before the claim without holding a large body
+//     in the heap. The fingerprint ([Fingerprint]) covers the method, the
+//     path, the sorted query, the media type and the body's SHA-256. The
+//     handler reads the same bytes from the spool.
+//  4. The key is claimed with a lease and a fencing token
+//     (idem.LeaseStore.Acquire). The lease is renewed every Lease/3 while
+//     the handler runs; the handler's context is cancelled with cause
+//     idem.ErrLeaseLost if the lease is lost.
+//  5. The response is recorded while it is written: held back until the
+//     handler returns (so the client never sees a success that is not
+//     recorded), or streamed at once when the handler calls Flush or the
+//     body outgrows Options.MaxResponseBytes. Then the key is completed
+//     with the response, or released, on a context detached from the
+//     client's: a client that hangs up does not lose the stored result.
+//
+// What a request finds, and gets:
+//
+//	no record, or a released one        the handler runs (attempt 1, 2, ...)
+//	completed, same fingerprint         replay: status, headers, body, Idempotent-Replayed: true
+//	completed, over the cap             410 replay-unavailable (never run again; field case C15)
+//	in progress, same fingerprint       409 request-in-progress + Retry-After (or Options.Wait, then replay)
+//	any record, other fingerprint       422 idempotency-key-reused
+//	completed, older than ReplayWindow  422 idempotency-key-expired (tombstone mode only)
+//	undecodable record                  500 idempotency-record-corrupt (never treated as absent)
+//	store unreachable                   503 idempotency-unavailable + Retry-After (Options.FailOpen: run unprotected)
+//
+// What a response does to its key (Options.ReleaseStatus, or
+// [SetDisposition] from the handler):
+//
+//	2xx, 3xx, 4xx but 408 and 429       stored and replayed, 4xx included (Stripe's rule)
+//	5xx, 408, 429                       released: the retry runs the handler again (field case C16)
+//	handler panic                       released; 500 handler-panic if nothing was sent yet
+//	Hijack (WebSocket upgrade)          refused with ErrHijackNotSupported; released
+//	body over MaxResponseBytes          sent in full; completed, not replayable
+//	final write fails                   record stays in progress (409, then takeover after the
+//	                                    lease: at least once); a response not yet sent becomes
+//	                                    503 idempotency-unavailable (Options.CompleteFailure)
+//
+// A released key keeps its record (in progress, lease ended): the next
+// request with the same fingerprint takes it over as the next attempt,
+// with a higher fencing token; one with another fingerprint gets 422,
+// like any reuse of a key.
+//
+// Stored headers: everything the handler set except hop-by-hop headers
+// (and those named by Connection), Date, Content-Length (set again on
+// replay), trailers, Set-Cookie (unless Options.StoreSetCookie) and the
+// headers an outer middleware had already set with the same values.
+// Multi-valued headers keep their order. The stored record is versioned
+// (content type "application/vnd.idem.http-response; v=1").
+//
+// # Errors
+//
+// The middleware's own answers are application/problem+json (RFC 9457)
+// with Cache-Control: no-store, a distinct type per condition (the
+// Problem* constants, under [ProblemTypeBase]), a status equal to the HTTP
+// status, a title and a detail; 409 and 503 carry Retry-After. They are
+// never stored. [Problem] is also a Go error matching a sentinel
+// (ErrKeyInvalid, ErrInProgress, ...); [ReadProblem] decodes one on the
+// client side.
+//
+// # Handlers
+//
+// [FromContext] gives a handler the key, scope, attempt and fencing token
+// of its request; [Info.DeriveKey] derives a stable key for a call to a
+// third party (Stripe, an email provider), identical on every attempt.
+//
+// # Retention
+//
+// Completed keys are kept for Options.Retention (24 hours by default),
+// counted by the store from completion, and deleted by [Middleware.Purge]
+// or the background loop that New starts and Close stops; after that the
+// key is new again. Options.ReplayWindow adds a tombstone mode: past the
+// window (counted from the first request's arrival), a retry gets 422
+// idempotency-key-expired instead of a replay or a new execution.
+package idemhttp

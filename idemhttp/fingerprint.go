@@ -1,0 +1,162 @@
+package idemhttp
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/idem-go/idem"
+)
+
+// fingerprintVersion starts every fingerprint's hash input, so a future
+// change of the rules gives different fingerprints instead of false
+// matches.
+const fingerprintVersion = "idemhttp.fingerprint.v1"
+
+// Body hashing modes, part of the fingerprint input.
+const (
+	bodyRaw  = "raw"
+	bodyJSON = "canonical-json"
+)
+
+// Fingerprint returns the 32-byte fingerprint the middleware computes for a
+// request: the SHA-256 of its method, escaped path, query (parameters
+// sorted by name, the values of one name in their order), media type
+// (lowercased, parameters sorted, charset lowercased) and the SHA-256 of
+// the body read from body to its end. With canonicalJSON, a JSON body
+// (application/json or a +json media type) that parses is hashed in its
+// idem.CanonicalJSON form instead of byte for byte; body is then read
+// into memory. r.Body is not read. Errors are body's read errors.
+//
+// Two requests have the same fingerprint exactly when these parts are
+// equal, so a key reused for another method, path, query, media type or
+// body is detected (scenarios C1 to C7).
+func Fingerprint(r *http.Request, body io.Reader, canonicalJSON bool) ([]byte, error) {
+	if canonicalJSON && isJSON(r.Header.Get("Content-Type")) {
+		b, err := io.ReadAll(body)
+		if err != nil {
+			return nil, err
+		}
+		sum, mode := bodySum(b, true)
+		return fingerprint(r, sum, mode), nil
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, body); err != nil {
+		return nil, err
+	}
+	return fingerprint(r, h.Sum(nil), bodyRaw), nil
+}
+
+// bodySum returns the body hash of an in-memory body and its mode.
+func bodySum(b []byte, canonicalJSON bool) ([]byte, string) {
+	if canonicalJSON {
+		if c, err := idem.CanonicalJSON(b); err == nil {
+			s := sha256.Sum256(c)
+			return s[:], bodyJSON
+		}
+	}
+	s := sha256.Sum256(b)
+	return s[:], bodyRaw
+}
+
+// fingerprint hashes the request's parts with a body hash computed by
+// the caller.
+func fingerprint(r *http.Request, bodyHash []byte, mode string) []byte {
+	h := sha256.New()
+	field(h, fingerprintVersion)
+	field(h, r.Method)
+	field(h, r.URL.EscapedPath())
+	field(h, canonicalQuery(r.URL.RawQuery))
+	field(h, canonicalMediaType(r.Header.Get("Content-Type")))
+	field(h, mode)
+	field(h, string(bodyHash))
+	return h.Sum(nil)
+}
+
+// field writes s length-prefixed, so that no two sequences of fields
+// produce the same input.
+func field(h hash.Hash, s string) {
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+	h.Write([]byte(s))
+}
+
+// canonicalQuery returns the query with its parameters sorted by name (a
+// stable sort: the values of one name keep their order, which may carry
+// meaning), each name and value length-prefixed. A query that does not
+// parse is kept raw, under a distinct prefix.
+func canonicalQuery(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	vals, err := url.ParseQuery(raw)
+	if err != nil {
+		return "raw\x00" + raw
+	}
+	names := make([]string, 0, len(vals))
+	for k := range vals {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	b.WriteString("q\x00")
+	var n [binary.MaxVarintLen64]byte
+	put := func(s string) {
+		b.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+		b.WriteString(s)
+	}
+	for _, k := range names {
+		for _, v := range vals[k] {
+			put(k)
+			put(v)
+		}
+	}
+	return b.String()
+}
+
+// canonicalMediaType returns the media type of a Content-Type value,
+// lowercased, with its parameters sorted (names lowercased by
+// mime.ParseMediaType, the charset value lowercased). A value that does
+// not parse is kept trimmed, under a distinct prefix.
+func canonicalMediaType(ct string) string {
+	ct = strings.TrimSpace(ct)
+	if ct == "" {
+		return ""
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return "raw\x00" + ct
+	}
+	names := make([]string, 0, len(params))
+	for k := range params {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	b.WriteString("mt\x00")
+	b.WriteString(mt)
+	for _, k := range names {
+		v := params[k]
+		if k == "charset" {
+			v = strings.ToLower(v)
+		}
+		b.WriteString("\x00" + k + "\x00" + v)
+	}
+	return b.String()
+}
+
+// isJSON reports whether a Content-Type is JSON: application/json or a
+// +json suffix.
+func isJSON(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}

@@ -1,0 +1,274 @@
+package idemhttp
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"hash"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// recorder is the ResponseWriter a handler on the idempotency path gets.
+// It records the final status, the headers and the body up to a cap, and
+// defers sending the response until the handler returns, so that the
+// response reaches the client only after it is recorded (or released).
+// It starts streaming at once when the handler calls Flush or the body
+// outgrows the cap; from then on every byte goes to the client as it is
+// written, and recording continues up to the cap.
+//
+// A client that hangs up does not stop the recording: write errors to the
+// client are remembered and the handler's writes still succeed, so the
+// response is complete when the final write stores it.
+type recorder struct {
+	w      http.ResponseWriter
+	header http.Header // what the handler sees
+	pre    http.Header // w's headers before the handler ran (outer middleware)
+	cap    int64
+
+	mu          sync.Mutex
+	wroteHeader bool
+	status      int
+	snap        http.Header // header at WriteHeader
+	buf         []byte      // recorded body, also the pending bytes while !streaming
+	overflow    bool        // body outgrew cap: buf is dropped
+	size        int64
+	digest      hash.Hash
+	streaming   bool
+	clientErr   error
+	hijackTried bool
+}
+
+func newRecorder(w http.ResponseWriter, maxBody int64) *recorder {
+	pre := w.Header().Clone()
+	return &recorder{w: w, header: pre.Clone(), pre: pre, cap: maxBody, digest: sha256.New()}
+}
+
+// Header implements http.ResponseWriter.
+func (rc *recorder) Header() http.Header { return rc.header }
+
+// WriteHeader implements http.ResponseWriter. Informational statuses
+// (1xx but 101) go to the client at once and are not recorded.
+func (rc *recorder) WriteHeader(code int) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.writeHeader(code)
+}
+
+func (rc *recorder) writeHeader(code int) {
+	if rc.wroteHeader {
+		return
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		replaceHeader(rc.w.Header(), rc.header)
+		rc.w.WriteHeader(code)
+		return
+	}
+	rc.wroteHeader = true
+	rc.status = code
+	rc.snap = rc.header.Clone()
+}
+
+// Write implements http.ResponseWriter.
+func (rc *recorder) Write(p []byte) (int, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if !rc.wroteHeader {
+		rc.writeHeader(http.StatusOK)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	rc.size += int64(len(p))
+	rc.digest.Write(p)
+	if !rc.overflow {
+		if int64(len(rc.buf))+int64(len(p)) <= rc.cap {
+			rc.buf = append(rc.buf, p...)
+			if rc.streaming {
+				rc.send(p)
+			}
+			return len(p), nil
+		}
+		if !rc.streaming {
+			rc.startStreaming()
+		}
+		rc.overflow = true
+		rc.buf = nil
+	}
+	rc.send(p)
+	return len(p), nil
+}
+
+// Flush implements http.Flusher: the response starts streaming.
+func (rc *recorder) Flush() { _ = rc.FlushError() }
+
+// FlushError is the Flush that http.ResponseController calls.
+func (rc *recorder) FlushError() error {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if !rc.wroteHeader {
+		rc.writeHeader(http.StatusOK)
+	}
+	if !rc.streaming {
+		rc.startStreaming()
+	}
+	if rc.clientErr != nil {
+		return nil
+	}
+	if err := http.NewResponseController(rc.w).Flush(); err != nil {
+		rc.clientErr = err
+	}
+	return nil
+}
+
+// Hijack refuses: a hijacked connection has no response to record. The
+// attempt's key is released.
+func (rc *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.hijackTried = true
+	return nil, nil, ErrHijackNotSupported
+}
+
+// Unwrap returns the underlying ResponseWriter, for
+// http.ResponseController's deadlines and full duplex.
+func (rc *recorder) Unwrap() http.ResponseWriter { return rc.w }
+
+// startStreaming sends the status, the headers and the pending body.
+func (rc *recorder) startStreaming() {
+	rc.streaming = true
+	rc.sniff()
+	replaceHeader(rc.w.Header(), rc.snap)
+	rc.w.WriteHeader(rc.status)
+	rc.send(rc.buf)
+}
+
+// sniff sets Content-Type the way net/http would, from the first bytes,
+// so that the client and every replay see the same value.
+func (rc *recorder) sniff() {
+	if _, ok := rc.snap["Content-Type"]; ok || len(rc.buf) == 0 || rc.snap.Get("Transfer-Encoding") != "" {
+		return
+	}
+	rc.snap.Set("Content-Type", http.DetectContentType(rc.buf))
+}
+
+func (rc *recorder) send(p []byte) {
+	if rc.clientErr != nil || len(p) == 0 {
+		return
+	}
+	if _, err := rc.w.Write(p); err != nil {
+		rc.clientErr = err
+	}
+}
+
+// finish sends whatever the client has not had yet: the whole response
+// when nothing was streamed.
+func (rc *recorder) finish() {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if !rc.wroteHeader {
+		rc.writeHeader(http.StatusOK)
+	}
+	if !rc.streaming {
+		rc.startStreaming()
+	}
+}
+
+// started reports whether anything of the final response reached the
+// client's connection.
+func (rc *recorder) started() bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.streaming
+}
+
+// result returns the response to store; the lock must not be held.
+func (rc *recorder) result(storeSetCookie bool) *storedResponse {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if !rc.wroteHeader {
+		rc.writeHeader(http.StatusOK)
+	}
+	if !rc.streaming {
+		rc.sniff()
+	}
+	sr := &storedResponse{
+		status:     rc.status,
+		header:     storableHeader(rc.snap, rc.pre, storeSetCookie),
+		replayable: !rc.overflow,
+		size:       rc.size,
+	}
+	if sr.replayable {
+		sr.body = rc.buf
+	} else {
+		copy(sr.digest[:], rc.digest.Sum(nil))
+	}
+	return sr
+}
+
+// replaceHeader makes dst's entries those of src.
+func replaceHeader(dst, src http.Header) {
+	for k := range dst {
+		if _, ok := src[k]; !ok {
+			delete(dst, k)
+		}
+	}
+	for k, vs := range src {
+		dst[k] = slices.Clone(vs)
+	}
+}
+
+// hopByHop are the headers that belong to one connection (RFC 9110 section
+// 7.6.1), never stored.
+var hopByHop = map[string]bool{
+	"Connection":          true,
+	"Keep-Alive":          true,
+	"Proxy-Connection":    true,
+	"Proxy-Authenticate":  true,
+	"Proxy-Authorization": true,
+	"Te":                  true,
+	"Trailer":             true,
+	"Transfer-Encoding":   true,
+	"Upgrade":             true,
+}
+
+// storableHeader returns the headers of a response worth replaying: not
+// hop-by-hop (nor named by Connection), not Date, Content-Length (set
+// again on replay), Idempotent-Replayed or trailers, not Set-Cookie
+// unless allowed, and not the headers outer middleware had set before the
+// handler ran with the same values (they set them again on the replay).
+func storableHeader(h, pre http.Header, storeSetCookie bool) http.Header {
+	drop := map[string]bool{}
+	for _, v := range h.Values("Connection") {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				drop[http.CanonicalHeaderKey(f)] = true
+			}
+		}
+	}
+	out := make(http.Header, len(h))
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		switch {
+		case hopByHop[ck], drop[ck], ck == "Date", ck == "Content-Length", ck == HeaderReplayed,
+			strings.HasPrefix(k, http.TrailerPrefix),
+			ck == "Set-Cookie" && !storeSetCookie,
+			len(vs) == 0, !validHeaderName(ck):
+			continue
+		}
+		if slices.ContainsFunc(vs, func(v string) bool { return strings.ContainsAny(v, "\r\n\x00") }) {
+			continue // net/http would not send it either
+		}
+		if pv, ok := pre[k]; ok && slices.Equal(pv, vs) {
+			continue
+		}
+		if _, dup := out[ck]; dup {
+			out[ck] = append(out[ck], vs...)
+			continue
+		}
+		out[ck] = slices.Clone(vs)
+	}
+	return out
+}
