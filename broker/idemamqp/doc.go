@@ -11,9 +11,12 @@
 //   - InProgress (lease mode: another attempt holds a live lease): the
 //     delivery is held for Outcome.RetryAfter, then nacked with requeue.
 //   - Failed, not poison (the handler or store failed; the claim was rolled
-//     back): held for Config.RetryDelay, then nacked with requeue.
+//     back; or the Processor itself panicked, recovered as an
+//     idem.PanicError): held for Config.RetryDelay, then nacked with
+//     requeue.
 //   - Rejected (no or invalid message ID, unreadable payload),
-//     FingerprintMismatch and poison: published to the dead-letter queue
+//     FingerprintMismatch, poison, and Failed with an error marked
+//     idem.Permanent: published to the dead-letter queue
 //     with publisher confirms, carrying the original body and properties
 //     plus the headers Idem-Dead-Letter-Reason (the Outcome's error text)
 //     and Idem-Dead-Letter-Status, then acked. A dead letter that cannot be
@@ -80,7 +83,8 @@
 // In transactional mode a handler that always fails is redelivered for
 // ever (every RetryDelay): the claim rolls back with the effects, so there
 // is no attempt count in the store. Lease mode counts attempts and turns
-// the last failure into a poison outcome, which is dead-lettered. A
-// quorum queue's delivery-limit is the broker-side bound for the
-// transactional case.
+// the last failure into a poison outcome, which is dead-lettered. In
+// either mode a handler error wrapped with idem.Permanent is dead-lettered
+// at once. A quorum queue's delivery-limit is the broker-side bound for
+// the transactional case.
 package idemamqp

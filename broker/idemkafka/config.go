@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -73,7 +74,8 @@ type Config struct {
 	IDHeader string
 	// DeadLetter is the topic that receives records that can never be
 	// processed (missing or invalid ID, fingerprint mismatch, poison), with
-	// the reason headers. Required: a record is never dropped silently.
+	// the reason headers. Required: a record is never dropped silently. It
+	// must not be a topic the client consumes (NewConsumer checks).
 	DeadLetter string
 
 	// Concurrency is how many partitions are processed at once. Records of
@@ -236,6 +238,25 @@ func checkClient(cl *kgo.Client) error {
 	}
 	if v, _ := cl.OptValue(kgo.BlockRebalanceOnPoll).(bool); !v {
 		return invalid("the client lacks kgo.BlockRebalanceOnPoll (part of idemkafka.ClientOpts())")
+	}
+	return nil
+}
+
+// checkDeadLetterTopic refuses a dead-letter topic that cl consumes: by
+// name, or matched by a pattern when the client consumes by regular
+// expression.
+func checkDeadLetterTopic(cl *kgo.Client, dead string) error {
+	topics, _ := cl.OptValue(kgo.ConsumeTopics).([]string)
+	regex, _ := cl.OptValue(kgo.ConsumeRegex).(bool)
+	for _, t := range topics {
+		if !regex && t == dead {
+			return invalid(fmt.Sprintf("DeadLetter %q is a consumed topic", dead))
+		}
+		if regex {
+			if re, err := regexp.Compile(t); err == nil && re.MatchString(dead) {
+				return invalid(fmt.Sprintf("DeadLetter %q matches the consumed topic pattern %q", dead, t))
+			}
+		}
 	}
 	return nil
 }

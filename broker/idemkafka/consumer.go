@@ -28,8 +28,9 @@ type Consumer struct {
 
 	sem      chan struct{} // Concurrency slots
 	commitCh chan struct{} // wakes the committer; buffered 1
-	done     chan struct{} // closed when Run returns
-	crashed  atomic.Bool   // tests: behave as a killed process
+	done     chan struct{} // closed when Run returns, or by Stop before Run
+	doneOnce sync.Once
+	crashed  atomic.Bool // tests: behave as a killed process
 	workers  sync.WaitGroup
 
 	commitMu sync.Mutex // serialises offset commits
@@ -74,13 +75,20 @@ type partition struct {
 // reassigns its partitions.
 //
 // Errors match idem.ErrInvalidConfig: a nil client, a client without a
-// consumer group or without ClientOpts, a client already driven by another
-// Consumer that has not finished, or a Config out of range.
+// consumer group or without ClientOpts, a DeadLetter topic the client
+// consumes (named in kgo.ConsumeTopics, or matched by one of its patterns
+// under kgo.ConsumeRegex: each dead letter would come back to be
+// dead-lettered again, for ever), a client already driven by another
+// Consumer that has not finished (its Run has not returned and it was not
+// stopped before running), or a Config out of range.
 func NewConsumer(cl *kgo.Client, cfg Config) (*Consumer, error) {
 	if err := checkClient(cl); err != nil {
 		return nil, err
 	}
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkDeadLetterTopic(cl, cfg.DeadLetter); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -123,7 +131,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.ran = true
 	if c.stopping {
 		c.mu.Unlock()
-		close(c.done)
+		c.finish()
 		return nil
 	}
 	pollCtx, cancelPoll := context.WithCancel(ctx)
@@ -163,7 +171,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.finalErr = cerr
 	c.mu.Unlock()
-	close(c.done)
+	c.finish()
 
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()
@@ -177,13 +185,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 // and returns, leaving the client in the group (close it next). If ctx ends
 // first, Stop cancels the handlers' context and returns ctx.Err() without
 // waiting further. It returns the final commit's error, if any, and nil
-// when Run was never called (a later Run then returns nil at once).
+// when Run was never called (a later Run then returns nil at once, and the
+// client may be given to a new Consumer).
 func (c *Consumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
 	c.stopping = true
 	ran, cancelPoll, cancelWork := c.ran, c.cancelPoll, c.cancelWork
 	c.mu.Unlock()
 	if !ran {
+		// Finished: the client may be given to another Consumer.
+		c.finish()
 		return nil
 	}
 	if cancelPoll != nil {
@@ -201,6 +212,10 @@ func (c *Consumer) Stop(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// finish marks the Consumer finished (Run returned, or Stop came before
+// Run): NewConsumer may then attach another Consumer to the client.
+func (c *Consumer) finish() { c.doneOnce.Do(func() { close(c.done) }) }
 
 // crash makes the Consumer behave as a killed process (tests): from now on
 // nothing is committed or dead-lettered, handlers in flight are canceled,
@@ -407,10 +422,36 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 		}
 		return outs
 	}
+	if len(msgs) > 1 {
+		c.isolate(ctx, msgs, bouts)
+	}
 	for j, m := range msgs {
 		outs[idx[j]] = normalise(m.ID, bouts[j], bouts[j].Err)
 	}
 	return outs
+}
+
+// isolate re-runs, one at a time and in order, the messages of a batch
+// that failed with an error no retry can fix. One handler error fails
+// every new message of a batch (idem.Consumer.ProcessBatch), so without
+// this a single poison message would send the whole batch to the dead
+// letter. The batch rolled back, so each message runs again in its own
+// one-message batch, and only the one whose handler fails for good is
+// dead-lettered. Transient failures are left to the retry of the batch.
+func (c *Consumer) isolate(ctx context.Context, msgs []idem.Message, bouts []idem.Outcome) {
+	for j, m := range msgs {
+		out := normalise(m.ID, bouts[j], bouts[j].Err)
+		if out.Status != idem.Failed || actionFor(out) != actDeadLetter {
+			continue
+		}
+		one, err := c.callBatch(ctx, []idem.Message{m})
+		if len(one) != 1 {
+			berr := fmt.Errorf("idemkafka: BatchProcessor returned %d outcomes for 1 message", len(one))
+			bouts[j] = idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errors.Join(berr, err)}
+			continue
+		}
+		bouts[j] = one[0]
+	}
 }
 
 func (c *Consumer) callProcess(ctx context.Context, m idem.Message) (out idem.Outcome, err error) {

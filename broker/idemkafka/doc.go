@@ -103,6 +103,10 @@
 // ProcessBatch call: one transaction claims them all with one statement and
 // runs the handler once. Each record then follows its own Outcome as above;
 // records to retry go back to the head of the partition's queue, in order.
+// One handler error fails every new record of the batch; when that error is
+// permanent (idem.Permanent), the failed records are run again one per
+// ProcessBatch call, in order, so that only the record that causes it is
+// dead-lettered and the others are processed.
 //
 // # Concurrency
 //

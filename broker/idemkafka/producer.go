@@ -67,7 +67,10 @@ func WithKey(key []byte) PublishOption {
 	return func(o *publishOptions) { o.key = key }
 }
 
-// WithHeaders adds headers to the record, after the message ID header.
+// WithHeaders adds headers to the record, after the message ID header. A
+// header named like the message ID header (ProducerConfig.IDHeader), as in
+// headers forwarded from a consumed record, is left out: the record carries
+// exactly one message ID, the one Publish returns.
 func WithHeaders(headers ...kgo.RecordHeader) PublishOption {
 	return func(o *publishOptions) { o.headers = append(o.headers, headers...) }
 }
@@ -105,7 +108,11 @@ func (p *Producer) Publish(ctx context.Context, topic string, payload []byte, op
 	}
 	headers := make([]kgo.RecordHeader, 0, 1+len(o.headers))
 	headers = append(headers, kgo.RecordHeader{Key: p.cfg.IDHeader, Value: []byte(o.id)})
-	headers = append(headers, o.headers...)
+	for _, h := range o.headers {
+		if h.Key != p.cfg.IDHeader { // one ID header only: a second would make the ID ambiguous
+			headers = append(headers, h)
+		}
+	}
 	rec := &kgo.Record{Topic: topic, Key: o.key, Value: payload, Headers: headers}
 	if err := p.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return "", fmt.Errorf("idemkafka: publish to %q: %w", topic, err)

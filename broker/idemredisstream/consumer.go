@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,8 +78,9 @@ type Config struct {
 	// DefaultIDField ("message-id").
 	IDField string
 	// PayloadField is the field holding the payload. Defaults to
-	// DefaultPayloadField ("payload"). An entry without it has an empty
-	// payload.
+	// DefaultPayloadField ("payload"). An entry without it is Rejected
+	// with idem.ErrInvalidPayload and dead-lettered without calling the
+	// Processor (an empty value is an empty payload).
 	PayloadField string
 	// GroupStart is the ID the group starts from when Run creates it:
 	// "0" (the default) for the whole stream, "$" for new entries only.
@@ -275,9 +277,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	loops.Go(func() { c.readLoop(loopCtx, slots, dispatch, fail) })
 	loops.Go(func() { c.claimLoop(loopCtx, slots, dispatch, fail) })
-	loops.Go(func() { c.keepAlive(loopCtx) })
+	// The keep-alive outlives the loops: entries still in flight during a
+	// graceful Stop stay this member's until their handlers finish.
+	aliveCtx, stopAlive := context.WithCancel(runCtx)
+	defer stopAlive()
+	var alive sync.WaitGroup
+	alive.Go(func() { c.keepAlive(aliveCtx) })
 	loops.Wait()
 	workers.Wait()
+	stopAlive()
+	alive.Wait()
 	if runCtx.Err() != nil || c.stopping() {
 		return nil
 	}
@@ -532,12 +541,15 @@ func (c *Consumer) field(m redis.XMessage, name string) string {
 
 func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 	id := c.field(m, c.cfg.IDField)
-	var payload []byte
-	if _, ok := m.Values[c.cfg.PayloadField]; ok {
-		payload = []byte(c.field(m, c.cfg.PayloadField))
+	var out idem.Outcome
+	if _, ok := m.Values[c.cfg.PayloadField]; !ok {
+		// Not an empty payload: a producer that writes the payload under
+		// another field. Processing it would run the handler on nothing.
+		err := fmt.Errorf("%w: idemredisstream: the entry has no %q field", idem.ErrInvalidPayload, c.cfg.PayloadField)
+		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
+	} else {
+		out = normalize(c.process(ctx, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField))}))
 	}
-	out, err := c.cfg.Processor.Process(ctx, idem.Message{ID: id, Payload: payload})
-	out = normalize(out, err)
 	// No more keep-alive: a retry delay set below must not be undone.
 	c.track(m.ID, false)
 	// Settle even when ctx ended: the handler's effects may have committed.
@@ -548,7 +560,7 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		if err := c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, m.ID).Err(); err != nil {
 			c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", id, "err", err)
 		}
-	case out.DeadLetter():
+	case deadLetterable(out):
 		c.settleDeadLetter(sctx, m, id, out)
 	case out.Status == idem.InProgress:
 		delay := out.RetryAfter
@@ -576,28 +588,56 @@ func (c *Consumer) retryAfter(ctx context.Context, m redis.XMessage, delay time.
 	}
 }
 
+// deadLetterScript adds an entry to the dead-letter stream (KEYS[2]) and
+// only then XACKs the original (KEYS[1]; ARGV[1] the group, ARGV[2] the
+// entry ID; ARGV[3...] the dead letter's fields and values). Not MULTI/EXEC:
+// EXEC runs the XACK even when the XADD before it fails at run time (a
+// dead-letter key of another type: WRONGTYPE), which would ack an entry that
+// was never dead-lettered. A script stops at the first failing redis.call,
+// and runs atomically like a transaction.
+var deadLetterScript = redis.NewScript(`
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+`)
+
 // settleDeadLetter adds m to the dead-letter stream with the reason and
-// acks it, atomically; on failure m stays pending.
+// acks it, atomically, the ack only if the dead letter was written; on
+// failure m stays pending.
 func (c *Consumer) settleDeadLetter(ctx context.Context, m redis.XMessage, id string, out idem.Outcome) {
-	values := make(map[string]any, len(m.Values)+4)
+	args := make([]any, 0, 2+2*(len(m.Values)+4))
+	args = append(args, c.cfg.Group, m.ID)
 	for k, v := range m.Values {
-		values[k] = v
+		switch k {
+		case FieldDeadLetterReason, FieldDeadLetterStatus, FieldDeadLetterStream, FieldDeadLetterEntry:
+			continue // replaced below, not repeated
+		}
+		args = append(args, k, v)
 	}
-	values[FieldDeadLetterReason] = reason(out)
-	values[FieldDeadLetterStatus] = out.Status.String()
-	values[FieldDeadLetterStream] = c.cfg.Stream
-	values[FieldDeadLetterEntry] = m.ID
-	_, err := c.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: c.cfg.DeadLetter, Values: values})
-		pipe.XAck(ctx, c.cfg.Stream, c.cfg.Group, m.ID)
-		return nil
-	})
+	args = append(args,
+		FieldDeadLetterReason, reason(out),
+		FieldDeadLetterStatus, out.Status.String(),
+		FieldDeadLetterStream, c.cfg.Stream,
+		FieldDeadLetterEntry, m.ID)
+	err := deadLetterScript.Run(ctx, c.rdb, []string{c.cfg.Stream, c.cfg.DeadLetter}, args...).Err()
 	if err != nil {
 		c.log.Warn("idemredisstream: dead letter not written; the entry stays pending", "entry", m.ID, "message_id", id, "dead_letter", c.cfg.DeadLetter, "err", err)
 		c.retryAfter(ctx, m, c.cfg.RetryDelay)
 		return
 	}
 	c.log.Info("idemredisstream: message dead-lettered", "entry", m.ID, "message_id", id, "status", out.Status.String(), "reason", reason(out))
+}
+
+// process calls the Processor, turning a panic into a Failed outcome
+// matching idem.ErrHandlerPanic: the entry stays pending and is retried,
+// and the process lives on.
+func (c *Consumer) process(ctx context.Context, msg idem.Message) (out idem.Outcome, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
+			out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}
+		}
+	}()
+	return c.cfg.Processor.Process(ctx, msg)
 }
 
 // normalize makes an Outcome safe to settle: an outcome without a status,
@@ -613,6 +653,17 @@ func normalize(out idem.Outcome, err error) idem.Outcome {
 		out.Err = err
 	}
 	return out
+}
+
+// deadLetterable reports whether out goes to the dead letter:
+// out.DeadLetter() (Rejected, FingerprintMismatch, poison), and also a
+// Failed outcome whose error is marked idem.Permanent (or otherwise says
+// no retry can help, idem.IsPermanent). In transactional mode the core
+// does not poison a permanent handler error; requeueing it would run the
+// same failing handler for ever. Same rule as the Kafka adapter.
+func deadLetterable(out idem.Outcome) bool {
+	return out.DeadLetter() ||
+		(out.Status == idem.Failed && (errors.Is(out.Err, idem.ErrPermanent) || idem.IsPermanent(out.Err)))
 }
 
 func reason(out idem.Outcome) string {

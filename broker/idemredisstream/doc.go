@@ -11,15 +11,21 @@
 //
 //   - Processed, Duplicate: XACK.
 //   - InProgress (lease mode: another attempt holds a live lease) and
-//     Failed, not poison: the entry is left pending, and is reclaimed by
+//     Failed, not poison (a Processor that panics counts as Failed, with an
+//     idem.PanicError): the entry is left pending, and is reclaimed by
 //     XAUTOCLAIM (by this member or another) after Outcome.RetryAfter or
 //     Config.RetryDelay; see below.
 //   - Rejected (no or invalid message ID, unreadable payload),
-//     FingerprintMismatch and poison: XADD to the dead-letter stream with
+//     FingerprintMismatch, poison, and Failed with an error marked
+//     idem.Permanent: XADD to the dead-letter stream with
 //     the original fields plus idem-dead-letter-reason (the Outcome's error
-//     text) and idem-dead-letter-status, and XACK, in one MULTI/EXEC
-//     transaction: the dead letter and the ack happen together or not at
-//     all. If it fails the entry stays pending and is reclaimed later.
+//     text) and idem-dead-letter-status, and XACK, in one Lua script
+//     (EVALSHA) that acks only once the XADD succeeded: the dead letter and
+//     the ack happen together or not at all (MULTI/EXEC would not do: EXEC
+//     runs the XACK even when the XADD fails, as on a dead-letter key of
+//     another type). If it fails the entry stays pending and is reclaimed
+//     later. An entry without the payload field is Rejected with
+//     idem.ErrInvalidPayload, never processed with an empty payload.
 //     Nothing is dropped silently and nothing that failed is acked as done.
 //
 // # Pending entries and XAUTOCLAIM
@@ -32,7 +38,14 @@
 // keeps its own entries in flight alive: every MinIdle/3 it resets their
 // idle time (XCLAIM ... JUSTID, which does not count a delivery), so a
 // handler that runs longer than MinIdle is not handed to a second member
-// while it runs. It stops doing so when it crashes.
+// while it runs, a graceful Stop included. It stops doing so when it
+// crashes.
+//
+// An entry deleted from the stream while it is pending (XDEL, or trimming:
+// XTRIM, XADD MAXLEN, ProducerConfig.MaxLen) cannot be redelivered: Redis 7's
+// XAUTOCLAIM removes it from the pending entries list and go-redis does not
+// report it, so it is neither processed nor dead-lettered. Trim only
+// entries every group has acknowledged.
 //
 // A delayed redelivery uses the same mechanism. To redeliver an entry after
 // a delay d shorter than MinIdle, the Consumer sets the entry's idle time to
@@ -45,10 +58,12 @@
 // In transactional mode a handler that always fails would be retried for
 // ever: the claim rolls back with the effects, so the store counts no
 // attempts (lease mode counts them and poisons the message after
-// MaxAttempts). Config.MaxDeliveries bounds that from the broker's side: an
-// entry that XAUTOCLAIM reclaims after it was delivered more than
-// MaxDeliveries times (its XPENDING delivery count) is dead-lettered with
-// [ErrTooManyDeliveries] instead of being processed again. A reclaim of an
+// MaxAttempts; in either mode a handler error wrapped with idem.Permanent
+// is dead-lettered at once). Config.MaxDeliveries bounds that from the
+// broker's side: an entry that XAUTOCLAIM reclaims after it was delivered
+// more than MaxDeliveries times (its XPENDING delivery count) is
+// dead-lettered with [ErrTooManyDeliveries] instead of being processed
+// again. A reclaim of an
 // entry found InProgress counts as a delivery too, so set it well above the
 // number of retries a lease may take.
 //
@@ -63,7 +78,7 @@
 //
 // # Redis Cluster
 //
-// The dead letter and the ack run in one MULTI/EXEC, which Redis Cluster
+// The dead letter and the ack run in one script, which Redis Cluster
 // allows only for keys of one hash slot: give the stream and its dead
 // letter a common hash tag, such as {orders} and {orders}:dead.
 //
