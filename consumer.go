@@ -261,12 +261,23 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
-		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, msg.ID, tx)))
+		return c.handlerFailed(msg.ID, err, c.rollback(ctx, msg.ID, tx))
 	}
 	if err := c.store.Commit(ctx, tx); err != nil {
 		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
+}
+
+// handlerFailed is the Failed outcome of a handler error (joined with the
+// rollback's error, if any). A handler error matching ErrPermanent makes it
+// poison: no redelivery can succeed, so Outcome.DeadLetter() says to
+// dead-letter it, as in lease mode. Nothing is recorded in transactional
+// mode, so a redelivery the broker makes anyway runs the handler again.
+func (c *Consumer[TTx]) handlerFailed(id string, handlerErr, rollbackErr error) (Outcome, error) {
+	out, err := c.failed(id, errors.Join(handlerErr, rollbackErr))
+	out.Poison = IsPermanent(handlerErr)
+	return out, err
 }
 
 // ProcessTx is Process inside a transaction the caller already holds: the
@@ -301,7 +312,7 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
-		return c.failed(msg.ID, err)
+		return c.handlerFailed(msg.ID, err, nil)
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }

@@ -83,14 +83,16 @@ func (e *PanicError) Unwrap() error {
 
 // IsPermanent reports whether err says the message can never be processed as
 // it is (missing or invalid message ID, invalid payload, fingerprint
-// mismatch, poison), so redelivering it is pointless and it belongs in a dead letter.
+// mismatch, poison, or a handler error marked with Permanent), so
+// redelivering it is pointless and it belongs in a dead letter.
 // Every other error from Process is worth a redelivery.
 func IsPermanent(err error) bool {
 	return errors.Is(err, ErrMissingMessageID) ||
 		errors.Is(err, ErrInvalidMessageID) ||
 		errors.Is(err, ErrInvalidPayload) ||
 		errors.Is(err, ErrFingerprintMismatch) ||
-		errors.Is(err, ErrPoison)
+		errors.Is(err, ErrPoison) ||
+		errors.Is(err, ErrPermanent)
 }
 
 // storeError wraps err so it matches ErrStore while keeping the driver's own

@@ -28,14 +28,20 @@ var (
 	ErrPoison = errors.New("idem: poison message")
 
 	// ErrPermanent marks a handler error that retrying cannot fix (see
-	// Permanent). In lease mode it poisons the message at once.
+	// Permanent). It poisons the message at once: in lease mode with a
+	// terminal record, in transactional mode in the Outcome only (the
+	// claim rolls back with the effects).
 	ErrPermanent = errors.New("idem: permanent failure")
 )
 
 // Permanent wraps err so that it matches ErrPermanent (and still err):
-// a lease-mode handler returns it for a failure that no redelivery can fix,
-// such as a payment the provider declined, so the message is dead-lettered
-// on the first attempt instead of after MaxAttempts.
+// a handler returns it for a failure that no redelivery can fix, such as a
+// payment the provider declined, so the Outcome is poison and the message
+// is dead-lettered on the first attempt instead of after MaxAttempts (lease
+// mode) or the broker's delivery limit (transactional mode). In a batch
+// (ProcessBatch) the handler's error fails every claimed message, so a
+// Permanent error there does not mark them poison: the adapter retries
+// them one by one to find the bad one.
 func Permanent(err error) error {
 	if err == nil {
 		return nil

@@ -77,7 +77,9 @@ type Outcome struct {
 	// Failed) or the attempts made so far (InProgress, poison).
 	Attempt int
 	// Poison is true for a Failed outcome that will never be retried: the
-	// message failed MaxAttempts times or permanently. Dead-letter it.
+	// message failed MaxAttempts times (lease mode), or its handler
+	// returned an error matching ErrPermanent (see Permanent; both modes,
+	// single messages only). Dead-letter it.
 	Poison bool
 }
 

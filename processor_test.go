@@ -82,3 +82,47 @@ func TestProcessorsBindTheirConsumer(t *testing.T) {
 		t.Errorf("failing handler: got %v, %v; want Failed, boom", seen, err)
 	}
 }
+
+// A transactional handler's Permanent error makes the Outcome poison, so
+// an adapter dead-letters it instead of redelivering it for ever; the claim
+// rolls back with the effects. A plain error is not poison.
+func TestTransactionalPermanentIsPoison(t *testing.T) {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(nil)
+	c, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "tx", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	declined := errors.New("card declined")
+	for _, tc := range []struct {
+		err        error
+		poison     bool
+		deadLetter bool
+	}{{idem.Permanent(declined), true, true}, {declined, false, false}} {
+		msg := idem.Message{ID: "pay-" + tc.err.Error() + map[bool]string{true: "-p"}[tc.poison], Payload: []byte("x")}
+		for _, process := range []func() (idem.Outcome, error){
+			func() (idem.Outcome, error) {
+				return c.Process(ctx, msg, func(context.Context, *idem.MemoryTx, idem.Message) error { return tc.err })
+			},
+			func() (idem.Outcome, error) {
+				tx, err := store.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer store.Rollback(ctx, tx) // ProcessTx's caller rolls back after an error
+				return c.ProcessTx(ctx, tx, msg, func(context.Context, *idem.MemoryTx, idem.Message) error { return tc.err })
+			},
+		} {
+			out, err := process()
+			if out.Status != idem.Failed || out.Poison != tc.poison || out.DeadLetter() != tc.deadLetter || !errors.Is(err, declined) {
+				t.Errorf("%v: got %v poison=%v deadLetter=%v err=%v; want Failed poison=%v deadLetter=%v", tc.err, out.Status, out.Poison, out.DeadLetter(), err, tc.poison, tc.deadLetter)
+			}
+		}
+		// Nothing was recorded: a redelivery runs the handler again.
+		out, _ := c.Process(ctx, msg, func(context.Context, *idem.MemoryTx, idem.Message) error { return nil })
+		if out.Status != idem.Processed {
+			t.Errorf("%v: redelivery got %v, want Processed", tc.err, out.Status)
+		}
+	}
+}
