@@ -41,6 +41,10 @@ require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/idem-go/idem/broker/idemamqp v0.0.0
+	github.com/idem-go/idem/broker/idemkafka v0.0.0
+	github.com/idem-go/idem/broker/idemnats v0.0.0
+	github.com/idem-go/idem/broker/idemredisstream v0.0.0
 	github.com/idem-go/idem/idemhttp v0.0.0
 	github.com/idem-go/idem/idemotel v0.0.0
 	github.com/idem-go/idem/store/idemredis v0.0.0
@@ -88,3 +92,13 @@ replace github.com/idem-go/idem/idemotel => ../../idemotel
 replace github.com/idem-go/idem/idemhttp => ../../idemhttp
 
 replace github.com/idem-go/idem/store/idempgxv5 => ../../store/idempgxv5
+
+replace github.com/idem-go/idem/broker/idemnats => ../../broker/idemnats
+
+replace github.com/idem-go/idem/broker/idemkafka => ../../broker/idemkafka
+
+replace github.com/idem-go/idem/broker/idemamqp => ../../broker/idemamqp
+
+replace github.com/idem-go/idem/broker/idemredisstream => ../../broker/idemredisstream
+
+replace github.com/idem-go/idem/broker/brokertest => ../../broker/brokertest

@@ -3,10 +3,14 @@ package idemcli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemamqp"
 )
 
 // The demo's RabbitMQ names. The message ID travels in the message_id property.
@@ -15,169 +19,101 @@ const (
 	amqpDeadQueue = "idem-demo-payments-dead"
 )
 
-// amqpBroker carries the demo's messages on RabbitMQ: durable queues,
-// persistent messages published with confirms, manual acks with a
-// prefetch. A consumer that dies closes its channel, and RabbitMQ requeues
-// what it had not acked.
+// amqpBroker carries the demo's messages on RabbitMQ through idemamqp:
+// durable queues, persistent messages published with confirms, manual acks
+// with a prefetch. Each member has a connection of its own; a member that
+// dies closes it, and RabbitMQ requeues what it had not acked.
 type amqpBroker struct {
+	url  string
 	conn *amqp.Connection
-	pub  *amqp.Channel
-	// outstanding counts messages published and not yet acked or dead-lettered.
+	ch   *amqp.Channel // queue declarations and counts
+	prod *idemamqp.Producer
+	// outstanding counts messages published and not yet acked or
+	// dead-lettered, by the demo's own count: AMQP does not tell a queue's
+	// unacked messages.
 	outstanding atomic.Int64
 }
 
-func openAMQP(ctx context.Context, url string, fresh bool) (*amqpBroker, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+func dialAMQP(url string) (*amqp.Connection, error) {
+	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+}
+
+func openAMQP(_ context.Context, url string, fresh bool) (*amqpBroker, error) {
+	conn, err := dialAMQP(url)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", redact(url), err)
 	}
-	b := &amqpBroker{conn: conn}
-	if b.pub, err = conn.Channel(); err != nil {
+	b := &amqpBroker{url: url, conn: conn, prod: idemamqp.NewProducer(conn, idemamqp.ProducerConfig{})}
+	if b.ch, err = conn.Channel(); err != nil {
 		b.close()
 		return nil, err
 	}
 	for _, q := range []string{amqpQueue, amqpDeadQueue} {
 		if fresh {
-			if _, err := b.pub.QueueDelete(q, false, false, false); err != nil {
+			if _, err := b.ch.QueueDelete(q, false, false, false); err != nil {
 				b.close()
 				return nil, fmt.Errorf("RabbitMQ: remove the previous demo queue %s: %w", q, err)
 			}
 		}
-		if _, err := b.pub.QueueDeclare(q, true, false, false, false, nil); err != nil {
+		if _, err := b.ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 			b.close()
 			return nil, fmt.Errorf("RabbitMQ: declare %s: %w", q, err)
 		}
 	}
-	if !fresh {
-		q, err := b.pub.QueueDeclarePassive(amqpQueue, true, false, false, false, nil)
-		if err == nil {
-			b.outstanding.Store(int64(q.Messages))
-		}
-	}
-	if err := b.pub.Confirm(false); err != nil {
-		b.close()
-		return nil, err
+	if n, err := b.count(amqpQueue); err == nil && !fresh {
+		b.outstanding.Store(n)
 	}
 	return b, nil
 }
 
-// publishTo publishes a persistent message and waits for the broker's confirm.
-func (b *amqpBroker) publishTo(ctx context.Context, queue string, msg amqp.Publishing) error {
-	msg.DeliveryMode = amqp.Persistent
-	conf, err := b.pub.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, msg)
-	if err != nil {
-		return err
-	}
-	ok, err := conf.WaitContext(ctx)
-	if err == nil && !ok {
-		err = fmt.Errorf("RabbitMQ did not confirm the publish to %s", queue)
-	}
-	return err
-}
-
 func (b *amqpBroker) publish(ctx context.Context, id string, payload []byte) (bool, error) {
 	b.outstanding.Add(1)
-	err := b.publishTo(ctx, amqpQueue, amqp.Publishing{MessageId: id, ContentType: "application/json", Body: payload})
+	_, err := b.prod.Publish(ctx, amqpQueue, payload, idemamqp.WithMessageID(id), idemamqp.WithContentType("application/json"))
 	if err != nil {
 		b.outstanding.Add(-1)
 	}
 	return false, err
 }
 
-func (b *amqpBroker) deadLetter(ctx context.Context, d delivery, reason error) error {
-	return b.publishTo(ctx, amqpDeadQueue, amqp.Publishing{MessageId: d.id(), Body: d.payload(),
-		Headers: amqp.Table{"idem-dead-letter-reason": reason.Error()}})
+// member consumes on a new connection, which its crash closes. Its
+// processor counts the messages settled for good.
+func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	conn, err := dialAMQP(b.url)
+	if err != nil {
+		return nil, err
+	}
+	counted := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+		out, err := p.Process(ctx, msg)
+		if out.Ack() || out.DeadLetter() {
+			b.outstanding.Add(-1)
+		}
+		return out, err
+	})
+	c, err := idemamqp.NewConsumer(conn, idemamqp.Config{Processor: counted, Queue: amqpQueue, DeadLetter: amqpDeadQueue,
+		Prefetch: 32, RetryDelay: demoRetryDelay, Logger: log})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return &member{run: c.Run, shutdown: func() { conn.Close() }}, nil
 }
 
-func (b *amqpBroker) worker(ctx context.Context) (demoWorker, error) {
-	ch, err := b.conn.Channel()
-	if err != nil {
-		return nil, err
-	}
-	if err := ch.Qos(64, 0, false); err != nil {
-		ch.Close()
-		return nil, err
-	}
-	msgs, err := ch.Consume(amqpQueue, "", false, false, false, false, nil)
-	if err != nil {
-		ch.Close()
-		return nil, err
-	}
-	return &amqpWorker{b: b, ch: ch, msgs: msgs}, nil
+// count returns the messages ready in queue q.
+func (b *amqpBroker) count(q string) (int64, error) {
+	info, err := b.ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	return int64(info.Messages), err
 }
 
 // unfinished counts messages published and not yet acked (by the demo's
 // own count), which is zero only when the queue is drained too.
-func (b *amqpBroker) unfinished(ctx context.Context) (int, error) {
-	q, err := b.pub.QueueDeclarePassive(amqpQueue, true, false, false, false, nil)
-	if err != nil {
-		return 0, err
-	}
-	return q.Messages + int(max(b.outstanding.Load(), 0)), nil
+func (b *amqpBroker) unfinished(context.Context) (int, error) {
+	n, err := b.count(amqpQueue)
+	return int(n + max(b.outstanding.Load(), 0)), err
 }
+
+func (b *amqpBroker) deadLettered(context.Context) (int64, error) { return b.count(amqpDeadQueue) }
 
 func (b *amqpBroker) close() {
-	if b.conn != nil {
-		b.conn.Close()
-	}
+	_ = b.prod.Close()
+	_ = b.conn.Close()
 }
-
-type amqpWorker struct {
-	b    *amqpBroker
-	ch   *amqp.Channel
-	msgs <-chan amqp.Delivery
-}
-
-func (w *amqpWorker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
-	var out []delivery
-	timer := time.NewTimer(maxWait)
-	defer timer.Stop()
-	for len(out) < n {
-		select {
-		case d, ok := <-w.msgs:
-			if !ok {
-				return out, fmt.Errorf("RabbitMQ channel closed")
-			}
-			out = append(out, amqpDelivery{w.b, d})
-			if len(out) > 0 && len(w.msgs) == 0 {
-				return out, nil
-			}
-		case <-timer.C:
-			return out, nil
-		case <-ctx.Done():
-			return out, ctx.Err()
-		}
-	}
-	return out, nil
-}
-
-func (w *amqpWorker) batchDone(context.Context) {}
-
-// crash closes the channel: RabbitMQ requeues every message it delivered
-// on it that was not acked.
-func (w *amqpWorker) crash() { w.ch.Close() }
-func (w *amqpWorker) close() { w.ch.Close() }
-
-type amqpDelivery struct {
-	b *amqpBroker
-	d amqp.Delivery
-}
-
-func (d amqpDelivery) id() string      { return d.d.MessageId }
-func (d amqpDelivery) payload() []byte { return d.d.Body }
-
-func (d amqpDelivery) ack() error {
-	err := d.d.Ack(false)
-	if err == nil {
-		d.b.outstanding.Add(-1)
-	}
-	return err
-}
-
-// retryAfter requeues the message after t (RabbitMQ has no delayed nack).
-func (d amqpDelivery) retryAfter(t time.Duration) error {
-	time.AfterFunc(t, func() { _ = d.d.Nack(false, true) })
-	return nil
-}
-
-func (d amqpDelivery) settle() error { return d.ack() }

@@ -3,91 +3,95 @@ package idemcli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
-// The demo's Kafka names. The message ID travels in a record header.
+// The demo's Kafka names. The message ID travels in idemkafka's record
+// header, message-id.
 const (
 	kafkaTopic     = "idem-demo-payments"
 	kafkaDeadTopic = "idem-demo-payments-dead"
 	kafkaGroup     = "idem-demo-payments"
-	kafkaIDHeader  = "message-id"
 )
 
-// kafkaBroker carries the demo's messages on Kafka: franz-go's in-process
-// kfake cluster of three brokers ("kafka:embedded") or a real cluster
-// ("kafka://host:port,host:port"). Each demo consumer is its own group
-// member, so a consumer that dies triggers a rebalance and its partitions'
-// uncommitted records are replayed to the others: the seed's rebalance story.
+// kafkaBroker carries the demo's messages on Kafka through idemkafka:
+// franz-go's in-process kfake cluster of three brokers ("kafka:embedded")
+// or a real cluster ("kafka://host:port,host:port"). Each member is a
+// consumer-group member with a client of its own, so a member that dies
+// triggers a rebalance and its partitions' uncommitted records are replayed
+// to the others: the seed's rebalance story.
 type kafkaBroker struct {
 	fake  *kfake.Cluster
 	seeds []string
-	prod  *kgo.Client
+	cl    *kgo.Client
 	adm   *kadm.Client
+	prod  *idemkafka.Producer
 }
 
 func openKafka(ctx context.Context, url string) (*kafkaBroker, error) {
 	b := &kafkaBroker{}
+	var err error
 	if url == "kafka:embedded" || url == "kafka:" {
-		var err error
-		b.fake, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic))
-		if err != nil {
+		if b.fake, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic)); err != nil {
 			return nil, fmt.Errorf("embedded Kafka: %w", err)
 		}
 		b.seeds = b.fake.ListenAddrs()
 	} else {
 		b.seeds = strings.Split(strings.TrimPrefix(strings.TrimPrefix(url, "kafka://"), "kafka:"), ",")
 	}
-	var err error
-	b.prod, err = kgo.NewClient(kgo.SeedBrokers(b.seeds...), kgo.AllowAutoTopicCreation())
+	b.cl, err = kgo.NewClient(kgo.SeedBrokers(b.seeds...), kgo.AllowAutoTopicCreation())
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = b.prod.Ping(pctx)
+		err = b.cl.Ping(pctx)
 		cancel()
 	}
 	if err != nil {
 		b.close()
 		return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(b.seeds, ","), err)
 	}
-	b.adm = kadm.NewClient(b.prod)
+	b.adm = kadm.NewClient(b.cl)
+	b.prod = idemkafka.NewProducer(b.cl, idemkafka.ProducerConfig{})
 	return b, nil
 }
 
+// publish keys the record by its ID, so that the copies of one payment go
+// to one partition, in order.
 func (b *kafkaBroker) publish(ctx context.Context, id string, payload []byte) (bool, error) {
-	rec := &kgo.Record{Topic: kafkaTopic, Key: []byte(id), Value: payload,
-		Headers: []kgo.RecordHeader{{Key: kafkaIDHeader, Value: []byte(id)}}}
-	return false, b.prod.ProduceSync(ctx, rec).FirstErr()
+	_, err := b.prod.Publish(ctx, kafkaTopic, payload, idemkafka.WithMessageID(id), idemkafka.WithKey([]byte(id)))
+	return false, err
 }
 
-func (b *kafkaBroker) deadLetter(ctx context.Context, d delivery, reason error) error {
-	rec := &kgo.Record{Topic: kafkaDeadTopic, Value: d.payload(), Headers: []kgo.RecordHeader{
-		{Key: kafkaIDHeader, Value: []byte(d.id())},
-		{Key: "idem-dead-letter-reason", Value: []byte(reason.Error())},
-	}}
-	return b.prod.ProduceSync(ctx, rec).FirstErr()
-}
-
-// worker joins the consumer group as a new member. Offsets are committed
-// only after the records' transactions committed, between polls (rebalances
-// wait for that), and never by a member that dies.
-func (b *kafkaBroker) worker(ctx context.Context) (demoWorker, error) {
-	cl, err := kgo.NewClient(
+// member joins the consumer group with a new client. Its crash closes the
+// client in the background: closing revokes the member's partitions, and
+// the revocation waits for the handler that is crashing.
+func (b *kafkaBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(b.seeds...),
 		kgo.ConsumerGroup(kafkaGroup),
 		kgo.ConsumeTopics(kafkaTopic),
-		kgo.AutoCommitMarks(), // only records whose transaction committed are marked
-		kgo.BlockRebalanceOnPoll(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
+		kgo.AllowAutoTopicCreation(), // the dead-letter topic, on a real cluster
+		kgo.FetchMaxWait(250 * time.Millisecond),
+	}, idemkafka.ClientOpts()...)...)
 	if err != nil {
 		return nil, err
 	}
-	return &kafkaWorker{cl: cl}, nil
+	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: p, DeadLetter: kafkaDeadTopic,
+		RetryDelay: demoRetryDelay, Logger: log})
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return &member{run: c.Run, shutdown: cl.CloseAllowingRebalance, background: true}, nil
 }
 
 // unfinished is the consumer group's lag: records not yet committed.
@@ -104,63 +108,30 @@ func (b *kafkaBroker) unfinished(ctx context.Context) (int, error) {
 	return int(total), nil
 }
 
+// deadLettered counts the records in the dead-letter topic.
+func (b *kafkaBroker) deadLettered(ctx context.Context) (int64, error) {
+	starts, err := b.adm.ListStartOffsets(ctx, kafkaDeadTopic)
+	if err != nil {
+		return 0, err
+	}
+	ends, err := b.adm.ListEndOffsets(ctx, kafkaDeadTopic)
+	if err != nil {
+		return 0, err
+	}
+	n := int64(0)
+	ends.Each(func(o kadm.ListedOffset) {
+		if s, ok := starts.Lookup(o.Topic, o.Partition); ok && o.Err == nil {
+			n += o.Offset - s.Offset
+		}
+	})
+	return n, nil
+}
+
 func (b *kafkaBroker) close() {
-	if b.prod != nil {
-		b.prod.Close()
+	if b.cl != nil {
+		b.cl.Close()
 	}
 	if b.fake != nil {
 		b.fake.Close()
 	}
 }
-
-type kafkaWorker struct{ cl *kgo.Client }
-
-func (w *kafkaWorker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
-	pctx, cancel := context.WithTimeout(ctx, maxWait)
-	defer cancel()
-	fs := w.cl.PollRecords(pctx, n)
-	var out []delivery
-	fs.EachRecord(func(r *kgo.Record) { out = append(out, kafkaDelivery{w.cl, r}) })
-	return out, nil
-}
-
-// batchDone commits the offsets of the records acked since the last poll,
-// then lets a pending rebalance go ahead.
-func (w *kafkaWorker) batchDone(ctx context.Context) {
-	_ = w.cl.CommitMarkedOffsets(ctx)
-	w.cl.AllowRebalance()
-}
-
-// crash leaves the group without committing: the records it processed but
-// did not commit are replayed to another member after the rebalance.
-func (w *kafkaWorker) crash() { w.cl.CloseAllowingRebalance() }
-
-func (w *kafkaWorker) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = w.cl.CommitMarkedOffsets(ctx)
-	w.cl.CloseAllowingRebalance()
-}
-
-type kafkaDelivery struct {
-	cl *kgo.Client
-	r  *kgo.Record
-}
-
-func (d kafkaDelivery) id() string {
-	for _, h := range d.r.Headers {
-		if h.Key == kafkaIDHeader {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-func (d kafkaDelivery) payload() []byte { return d.r.Value }
-
-// ack marks the record; batchDone commits it.
-func (d kafkaDelivery) ack() error { d.cl.MarkCommitRecords(d.r); return nil }
-
-// Kafka has no per-record redelivery: a record that must be retried is
-// retried in place, before any later offset of its partition is committed.
-func (d kafkaDelivery) retryAfter(time.Duration) error { return errRetryInPlace }
-func (d kafkaDelivery) settle() error                  { return d.ack() }

@@ -4,12 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemnats"
 )
 
 // The demo's JetStream names.
@@ -21,21 +26,25 @@ const (
 )
 
 // natsBroker carries the demo's messages on JetStream, in process (file
-// storage under the demo folder) or on an external server.
+// storage under the demo folder) or on an external server, through
+// idemnats. Each member has a connection of its own, which its crash closes.
 type natsBroker struct {
-	srv  *server.Server // nil for an external server
-	nc   *nats.Conn
-	js   jetstream.JetStream
-	cons jetstream.Consumer
+	srv     *server.Server // nil for an external server
+	url     string
+	nc      *nats.Conn
+	stream  jetstream.Stream
+	cons    jetstream.Consumer
+	prod    *idemnats.Producer
+	dropped atomic.Int64 // publishes JetStream dropped within its dedupe window
 }
 
 // openNATS starts an in-process JetStream server storing in dir (url
 // "nats:embedded") or connects to url, and creates the stream and the
 // durable consumer. fresh removes what an earlier run left on the server.
 func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh bool) (*natsBroker, error) {
-	b := &natsBroker{}
-	var err error
+	b := &natsBroker{url: url}
 	if url == "nats:embedded" || url == "nats:" {
+		var err error
 		b.srv, err = server.NewServer(&server.Options{
 			JetStream: true, StoreDir: filepath.Join(dir, "nats"),
 			DontListen: true, NoSigs: true, NoLog: true, ServerName: "idem-demo",
@@ -48,25 +57,20 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 			b.srv.Shutdown()
 			return nil, errors.New("embedded NATS server did not start in 30s")
 		}
-		b.nc, err = nats.Connect("", nats.InProcessServer(b.srv))
-	} else {
-		b.nc, err = nats.Connect(url, nats.Timeout(5*time.Second))
 	}
+	js, err := b.connect()
 	if err != nil {
 		b.close()
 		return nil, fmt.Errorf("cannot reach NATS at %s: %w", url, err)
 	}
-	if b.js, err = jetstream.New(b.nc); err != nil {
-		b.close()
-		return nil, err
-	}
+	b.nc = js.Conn()
 	if fresh {
-		if err := b.js.DeleteStream(ctx, natsStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := js.DeleteStream(ctx, natsStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			b.close()
 			return nil, fmt.Errorf("NATS: remove the previous demo stream: %w", err)
 		}
 	}
-	stream, err := b.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	b.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:     natsStream,
 		Subjects: []string{natsSubject, natsDeadSubj},
 		Storage:  jetstream.FileStorage,
@@ -76,69 +80,78 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 		// would in production: idem, not the broker, absorbs them.
 		Duplicates: 100 * time.Millisecond,
 	})
+	if err == nil {
+		b.cons, err = b.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: natsDurable, FilterSubject: natsSubject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
+		})
+	}
 	if err != nil {
 		b.close()
-		return nil, fmt.Errorf("NATS: create stream: %w", err)
+		return nil, fmt.Errorf("NATS: create the stream and consumer: %w", err)
 	}
-	b.cons, err = stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       natsDurable,
-		FilterSubject: natsSubject,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWait,
-		MaxAckPending: 4096,
-	})
-	if err != nil {
-		b.close()
-		return nil, fmt.Errorf("NATS: create consumer: %w", err)
-	}
+	b.prod = idemnats.NewProducer(dropCounter{js, &b.dropped})
 	return b, nil
 }
 
-// publish publishes payload with the message ID id in Nats-Msg-Id and
-// reports whether JetStream dropped it as a duplicate of a publish within its
-// dedupe window.
-func (b *natsBroker) publish(ctx context.Context, id string, payload []byte) (dropped bool, err error) {
-	ack, err := b.js.Publish(ctx, natsSubject, payload, jetstream.WithMsgID(id))
-	if err != nil {
-		return false, err
+// connect opens a new connection to the server.
+func (b *natsBroker) connect() (jetstream.JetStream, error) {
+	url, opt := b.url, nats.Timeout(5*time.Second)
+	if b.srv != nil {
+		url, opt = "", nats.InProcessServer(b.srv)
 	}
-	return ack.Duplicate, nil
-}
-
-func (b *natsBroker) deadLetter(ctx context.Context, d delivery, reason error) error {
-	msg := nats.NewMsg(natsDeadSubj)
-	msg.Data = d.payload()
-	msg.Header.Set("Idem-Dead-Letter-Reason", reason.Error())
-	msg.Header.Set("Idem-Original-Message-Id", d.id())
-	_, err := b.js.PublishMsg(ctx, msg)
-	return err
-}
-
-// worker returns a consumer on the shared durable JetStream consumer.
-func (b *natsBroker) worker(context.Context) (demoWorker, error) { return natsWorker{b}, nil }
-
-// natsWorker acks message by message; a crash leaves its unacked messages
-// to come back after the ack wait.
-type natsWorker struct{ b *natsBroker }
-
-func (w natsWorker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
-	return w.b.fetch(ctx, n, maxWait)
-}
-func (natsWorker) batchDone(context.Context) {}
-func (natsWorker) crash()                    {}
-func (natsWorker) close()                    {}
-
-// fetch returns up to n deliveries, waiting at most maxWait.
-func (b *natsBroker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
-	batch, err := b.cons.Fetch(n, jetstream.FetchMaxWait(maxWait))
+	nc, err := nats.Connect(url, opt)
 	if err != nil {
 		return nil, err
 	}
-	var out []delivery
-	for m := range batch.Messages() {
-		out = append(out, natsDelivery{m})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
 	}
-	return out, batch.Error()
+	return js, err
+}
+
+// dropCounter counts the publishes JetStream drops as repeats of a
+// Nats-Msg-Id within the stream's duplicate window.
+type dropCounter struct {
+	jetstream.JetStream
+	n *atomic.Int64
+}
+
+func (d dropCounter) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := d.JetStream.PublishMsg(ctx, m, opts...)
+	if err == nil && ack.Duplicate {
+		d.n.Add(1)
+	}
+	return ack, err
+}
+
+// publish publishes with id in Nats-Msg-Id. The demo publishes from one
+// goroutine, so a change of the drop count is this publish's.
+func (b *natsBroker) publish(ctx context.Context, id string, payload []byte) (dropped bool, err error) {
+	before := b.dropped.Load()
+	_, err = b.prod.Publish(ctx, natsSubject, payload, idemnats.WithMessageID(id))
+	return b.dropped.Load() > before, err
+}
+
+// member consumes the durable consumer on a new connection, which its
+// crash closes; JetStream redelivers what it had not acked after the ack
+// wait.
+func (b *natsBroker) member(ctx context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	js, err := b.connect()
+	if err != nil {
+		return nil, err
+	}
+	cons, err := js.Consumer(ctx, natsStream, natsDurable)
+	var c *idemnats.Consumer
+	if err == nil {
+		c, err = idemnats.NewConsumer(js, cons, idemnats.Config{Processor: p, DeadLetter: natsDeadSubj,
+			MaxMessages: 32, RetryDelay: demoRetryDelay, Logger: log})
+	}
+	if err != nil {
+		js.Conn().Close()
+		return nil, err
+	}
+	return &member{run: c.Run, shutdown: js.Conn().Close}, nil
 }
 
 // unfinished counts messages not yet delivered or delivered but not acked.
@@ -150,6 +163,14 @@ func (b *natsBroker) unfinished(ctx context.Context) (int, error) {
 	return int(info.NumPending) + info.NumAckPending, nil
 }
 
+func (b *natsBroker) deadLettered(ctx context.Context) (int64, error) {
+	info, err := b.stream.Info(ctx, jetstream.WithSubjectFilter(natsDeadSubj))
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.State.Subjects[natsDeadSubj]), nil
+}
+
 func (b *natsBroker) close() {
 	if b.nc != nil {
 		b.nc.Close()
@@ -159,12 +180,3 @@ func (b *natsBroker) close() {
 		b.srv.WaitForShutdown()
 	}
 }
-
-type natsDelivery struct{ m jetstream.Msg }
-
-// id is the producer's message ID, carried in JetStream's Nats-Msg-Id header.
-func (d natsDelivery) id() string                       { return d.m.Headers().Get(jetstream.MsgIDHeader) }
-func (d natsDelivery) payload() []byte                  { return d.m.Data() }
-func (d natsDelivery) ack() error                       { return d.m.Ack() }
-func (d natsDelivery) retryAfter(t time.Duration) error { return d.m.NakWithDelay(t) }
-func (d natsDelivery) settle() error                    { return d.m.Term() }

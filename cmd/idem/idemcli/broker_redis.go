@@ -4,27 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemredisstream"
 )
 
-// The demo's Redis Streams names. The message ID travels in a field.
+// The demo's Redis Streams names. The message ID travels in idemredisstream's
+// message-id field.
 const (
 	redisStream     = "idem-demo-stream:payments"
 	redisDeadStream = "idem-demo-stream:payments-dead"
 	redisGroup      = "payments"
-	redisIDField    = "message-id"
 )
 
 // redisStreamBroker carries the demo's messages on a Redis stream with a
-// consumer group. A consumer that dies leaves its entries pending; after
-// the ack wait another consumer claims them with XAUTOCLAIM.
+// consumer group, through idemredisstream. Each member has a client of its
+// own; a member that dies closes it and leaves its entries pending, and
+// after the ack wait another member claims them with XAUTOCLAIM.
 type redisStreamBroker struct {
+	opts    *redis.Options
 	client  *redis.Client
+	prod    *idemredisstream.Producer
 	ackWait time.Duration
-	workers atomic.Int64
+	members atomic.Int64
 }
 
 func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (*redisStreamBroker, error) {
@@ -32,7 +40,8 @@ func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fr
 	if err != nil {
 		return nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
 	}
-	b := &redisStreamBroker{client: redis.NewClient(opts), ackWait: ackWait}
+	b := &redisStreamBroker{opts: opts, client: redis.NewClient(opts), ackWait: ackWait}
+	b.prod = idemredisstream.NewProducer(b.client, idemredisstream.ProducerConfig{})
 	if err := b.client.Ping(ctx).Err(); err != nil {
 		b.close()
 		return nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
@@ -43,26 +52,28 @@ func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fr
 			return nil, err
 		}
 	}
-	err = b.client.XGroupCreateMkStream(ctx, redisStream, redisGroup, "0").Err()
-	if err != nil && err.Error() != "BUSYGROUP Consumer Group name already exists" {
-		b.close()
-		return nil, fmt.Errorf("Redis: create the consumer group: %w", err)
-	}
 	return b, nil
 }
 
 func (b *redisStreamBroker) publish(ctx context.Context, id string, payload []byte) (bool, error) {
-	return false, b.client.XAdd(ctx, &redis.XAddArgs{Stream: redisStream,
-		Values: []any{redisIDField, id, "payload", payload}}).Err()
+	_, err := b.prod.Publish(ctx, redisStream, payload, idemredisstream.WithMessageID(id))
+	return false, err
 }
 
-func (b *redisStreamBroker) deadLetter(ctx context.Context, d delivery, reason error) error {
-	return b.client.XAdd(ctx, &redis.XAddArgs{Stream: redisDeadStream,
-		Values: []any{redisIDField, d.id(), "payload", d.payload(), "reason", reason.Error()}}).Err()
-}
-
-func (b *redisStreamBroker) worker(context.Context) (demoWorker, error) {
-	return &redisStreamWorker{b: b, name: fmt.Sprintf("consumer-%d-%d", time.Now().UnixNano(), b.workers.Add(1))}, nil
+// member reads as a new group member on a client of its own, which its
+// crash closes.
+func (b *redisStreamBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	rdb := redis.NewClient(b.opts)
+	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{
+		Processor: p, Stream: redisStream, Group: redisGroup, DeadLetter: redisDeadStream,
+		Consumer: fmt.Sprintf("demo-%d-%d", os.Getpid(), b.members.Add(1)),
+		MinIdle:  b.ackWait, RetryDelay: demoRetryDelay, Block: 250 * time.Millisecond, Logger: log,
+	})
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return &member{run: c.Run, shutdown: func() { rdb.Close() }}, nil
 }
 
 // unfinished is the group's pending entries plus those not yet delivered.
@@ -79,73 +90,11 @@ func (b *redisStreamBroker) unfinished(ctx context.Context) (int, error) {
 			return int(g.Pending + g.Lag), nil
 		}
 	}
-	return 0, errors.New("the demo's consumer group is gone")
+	return 0, errors.New("the demo's consumer group does not exist yet")
+}
+
+func (b *redisStreamBroker) deadLettered(ctx context.Context) (int64, error) {
+	return b.client.XLen(ctx, redisDeadStream).Result()
 }
 
 func (b *redisStreamBroker) close() { b.client.Close() }
-
-type redisStreamWorker struct {
-	b    *redisStreamBroker
-	name string
-}
-
-// fetch first claims entries left pending longer than the ack wait by a
-// consumer that died, then reads new ones.
-func (w *redisStreamWorker) fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error) {
-	var out []delivery
-	claimed, _, err := w.b.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: redisStream, Group: redisGroup,
-		MinIdle: w.b.ackWait, Start: "0", Count: int64(n), Consumer: w.name}).Result()
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range claimed {
-		out = append(out, redisStreamDelivery{w.b, m})
-	}
-	if len(out) > 0 {
-		return out, nil
-	}
-	streams, err := w.b.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: redisGroup, Consumer: w.name,
-		Streams: []string{redisStream, ">"}, Count: int64(n), Block: maxWait}).Result()
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range streams {
-		for _, m := range s.Messages {
-			out = append(out, redisStreamDelivery{w.b, m})
-		}
-	}
-	return out, nil
-}
-
-func (w *redisStreamWorker) batchDone(context.Context) {}
-
-// crash walks away: its entries stay pending until XAUTOCLAIM takes them.
-func (w *redisStreamWorker) crash() {}
-func (w *redisStreamWorker) close() {}
-
-type redisStreamDelivery struct {
-	b *redisStreamBroker
-	m redis.XMessage
-}
-
-func (d redisStreamDelivery) id() string {
-	s, _ := d.m.Values[redisIDField].(string)
-	return s
-}
-
-func (d redisStreamDelivery) payload() []byte {
-	s, _ := d.m.Values["payload"].(string)
-	return []byte(s)
-}
-
-func (d redisStreamDelivery) ack() error {
-	return d.b.client.XAck(context.Background(), redisStream, redisGroup, d.m.ID).Err()
-}
-
-// retryAfter leaves the entry pending: XAUTOCLAIM redelivers it after the
-// ack wait.
-func (d redisStreamDelivery) retryAfter(time.Duration) error { return nil }
-func (d redisStreamDelivery) settle() error                  { return d.ack() }

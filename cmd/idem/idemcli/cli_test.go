@@ -2,11 +2,17 @@ package idemcli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // run runs the command in process and returns its exit status and output.
@@ -31,8 +37,8 @@ func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	if rep.Messages != 600 || rep.LedgerCharges != 600 || rep.ProviderCharges != 600 {
 		t.Errorf("charges: messages %d, ledger %d, provider %d; want 600 each", rep.Messages, rep.LedgerCharges, rep.ProviderCharges)
 	}
-	if rep.DoubleCharges != 0 || rep.Lost != 0 {
-		t.Errorf("double charges %d, lost %d; want 0, 0", rep.DoubleCharges, rep.Lost)
+	if rep.DoubleCharges != 0 || rep.Lost != 0 || rep.DeadLettered != 0 {
+		t.Errorf("double charges %d, lost %d, dead letters %d; want 0, 0, 0", rep.DoubleCharges, rep.Lost, rep.DeadLettered)
 	}
 	// Every duplicate that JetStream let through (its dedupe window is
 	// 100ms in the demo) reached idem and was absorbed.
@@ -52,7 +58,7 @@ func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	var keys map[string]any
 	_ = json.Unmarshal([]byte(out), &keys)
 	for _, k := range []string{"messages", "deliveries", "duplicates_absorbed", "ledger_charges", "provider_charges",
-		"double_charges", "lost", "elapsed_s", "messages_per_s"} {
+		"double_charges", "lost", "dead_lettered", "elapsed_s", "messages_per_s"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("JSON report lacks %q", k)
 		}
@@ -172,8 +178,8 @@ func demoJSON(t *testing.T, args ...string) (report, string) {
 // once, by the ledger and by the provider, and that consumers crashed.
 func wantChargedOnce(t *testing.T, rep report, n int64) {
 	t.Helper()
-	if rep.LedgerCharges != n || rep.ProviderCharges != n || rep.DoubleCharges != 0 || rep.Lost != 0 {
-		t.Errorf("report %+v: want %d charges, none double, none lost", rep, n)
+	if rep.LedgerCharges != n || rep.ProviderCharges != n || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.DeadLettered != 0 {
+		t.Errorf("report %+v: want %d charges, none double, none lost, no dead letters", rep, n)
 	}
 	if rep.ConsumerCrashes == 0 {
 		t.Errorf("consumer crashes 0: the crashes were not exercised")
@@ -246,5 +252,58 @@ func TestDemoExternalNATSOnMariaDB(t *testing.T) {
 	wantChargedOnce(t, rep, 500)
 	if !strings.HasPrefix(rep.Store, "mysql at ") || !strings.HasPrefix(rep.Broker, "nats://") {
 		t.Errorf("ran on store %q, broker %q", rep.Store, rep.Broker)
+	}
+}
+
+// TestDemoBrokersDeadLetter runs each of the demo's brokers with a member
+// whose every outcome is Rejected: the adapter moves the payment to the
+// broker's dead letter and settles the original, and the report's count
+// finds it there. It is not parallel: it shares the demo's queue and
+// stream names on RabbitMQ and Redis with the parallel demo tests.
+func TestDemoBrokersDeadLetter(t *testing.T) {
+	ctx := t.Context()
+	open := map[string]func() (demoBroker, error){
+		"nats:embedded":  func() (demoBroker, error) { return openNATS(ctx, "nats:embedded", t.TempDir(), time.Second, true) },
+		"kafka:embedded": func() (demoBroker, error) { return openKafka(ctx, "kafka:embedded") },
+	}
+	if u := optionalURL(t, "IDEM_TEST_AMQP_URL"); u != "" {
+		open["amqp"] = func() (demoBroker, error) { return openAMQP(ctx, u, true) }
+	}
+	if u := optionalURL(t, "IDEM_TEST_REDIS_URL"); u != "" {
+		open["redis streams"] = func() (demoBroker, error) { return openRedisStreams(ctx, u, time.Second, true) }
+	}
+	errNotAPayment := fmt.Errorf("%w: not a payment", idem.ErrInvalidPayload)
+	reject := idem.ProcessorFunc(func(_ context.Context, msg idem.Message) (idem.Outcome, error) {
+		return idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: errNotAPayment}, errNotAPayment
+	})
+	for name, openBroker := range open {
+		t.Run(name, func(t *testing.T) {
+			b, err := openBroker()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.close()
+			m, err := b.member(ctx, reject, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			ran := make(chan struct{})
+			go func() { defer close(ran); _ = m.run(runCtx) }()
+			defer func() { cancel(); <-ran; m.close() }()
+			if _, err := b.publish(ctx, "pay-bad", []byte(`{"amount_cents":"x"}`)); err != nil {
+				t.Fatal(err)
+			}
+			var dead int64
+			var left int
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				dead, _ = b.deadLettered(ctx)
+				left, err = b.unfinished(ctx)
+				if dead == 1 && left == 0 && err == nil {
+					return
+				}
+			}
+			t.Errorf("dead letters %d, unfinished %d (%v); want 1 and 0", dead, left, err)
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -62,6 +63,7 @@ type report struct {
 	ProviderReplays        int64   `json:"provider_replays"`
 	DoubleCharges          int64   `json:"double_charges"`
 	Lost                   int64   `json:"lost"`
+	DeadLettered           int64   `json:"dead_lettered"`
 	ElapsedS               float64 `json:"elapsed_s"`
 	MessagesPerS           float64 `json:"messages_per_s"`
 	Store                  string  `json:"store"`
@@ -75,14 +77,18 @@ func newDemoCmd() *cobra.Command {
 		Short: "Charge payments exactly once through redeliveries, duplicates and crashes",
 		Long: `demo runs the Idempotent Consumer pattern end to end on real parts.
 
-A producer publishes PaymentRequested messages with stable message IDs. A
-payments consumer charges each one through idem: a ledger row written in the
-same transaction as the processed-message record, and a call to a fake payment
-provider (its own database, outside that transaction) with an idempotency key
-derived from the message ID. Redelivery happens for real: the producer
-publishes a fraction of the messages twice (--duplicates), consumers die after
-commit and before ack (--crash-rate) and new ones take over, and unacked
-messages come back after the ack wait.
+A producer publishes PaymentRequested messages with the payment ID as the
+message ID (a business key: a producer that restarts publishes the same IDs
+again). Payments consumers, run by idem's broker adapters, charge each one
+through idem: a ledger row written in the same transaction as the
+processed-message record, and a call to a fake payment provider (its own
+database, outside that transaction) with an idempotency key derived from the
+message ID. Redelivery happens for real: the producer
+publishes a fraction of the messages twice (--duplicates), consumers die
+(close their connection) after the provider call or after the commit, before
+the ack (--crash-rate), new ones take over, and unacked messages come back.
+Messages that can never be processed would go to a dead letter, counted in
+the report.
 
 By default everything runs in process: a NATS JetStream server with file
 storage and SQLite, in a temporary folder removed at the end. With --dir the
@@ -159,41 +165,51 @@ func chance(seed uint64, what string, i int) float64 {
 	return rand.New(rand.NewPCG(seed^h.Sum64(), uint64(i))).Float64()
 }
 
-// demoBroker is what the demo needs of a broker.
+// demoBroker is what the demo needs of a broker: the adapter's producer
+// and consumers, and what the demo counts on the broker itself.
 type demoBroker interface {
-	// publish publishes payload with the producer's message ID and reports
-	// whether the broker dropped it as a duplicate (JetStream's window).
+	// publish publishes payload through the adapter's producer, with the
+	// payment's business key as the message ID, and reports whether the
+	// broker dropped it as a duplicate (JetStream's window).
 	publish(ctx context.Context, id string, payload []byte) (dropped bool, err error)
-	// worker starts one consumer (a consumer-group member on Kafka).
-	worker(ctx context.Context) (demoWorker, error)
-	// deadLetter publishes d with the reason to the dead letter.
-	deadLetter(ctx context.Context, d delivery, reason error) error
+	// member returns one consumer (a consumer-group member) running p
+	// through the adapter, on a connection or client of its own.
+	member(ctx context.Context, p idem.Processor, log *slog.Logger) (*member, error)
 	// unfinished counts messages not yet delivered and acknowledged.
 	unfinished(ctx context.Context) (int, error)
+	// deadLettered counts the messages in the dead letter.
+	deadLettered(ctx context.Context) (int64, error)
 	close()
 }
 
-// demoWorker is one consumer's connection to the broker.
-type demoWorker interface {
-	fetch(ctx context.Context, n int, maxWait time.Duration) ([]delivery, error)
-	// batchDone is called after each fetched batch was handled.
-	batchDone(ctx context.Context)
-	// crash drops the connection without acknowledging anything more.
-	crash()
-	close()
+// demoRetryDelay is the adapters' delay before a Failed delivery comes back.
+const demoRetryDelay = 100 * time.Millisecond
+
+// member is one running consumer: an adapter's Run, and the closing of its
+// connection or client.
+type member struct {
+	run      func(context.Context) error
+	shutdown func()
+	once     sync.Once
+	dead     atomic.Bool // crashed: processes nothing more
+	// background: a crash closes in the background (Kafka: closing the
+	// client revokes partitions, and the revocation waits for the handler
+	// that is crashing).
+	background bool
 }
 
-// errRetryInPlace is returned by delivery.retryAfter on brokers without
-// per-message redelivery (Kafka): the consumer retries the message itself.
-var errRetryInPlace = errors.New("retry in place")
+func (m *member) close() { m.once.Do(m.shutdown) }
 
-// delivery is one message as a broker hands it to a consumer.
-type delivery interface {
-	id() string
-	payload() []byte
-	ack() error
-	retryAfter(time.Duration) error
-	settle() error
+// crash kills the member from inside one of its handlers, as a killed
+// process: its connection is gone before the adapter could ack anything
+// more, and what it had not acked comes back to another member.
+func (m *member) crash() {
+	m.dead.Store(true)
+	if m.background {
+		go m.close()
+	} else {
+		m.close()
+	}
 }
 
 type demoRun struct {
@@ -206,6 +222,7 @@ type demoRun struct {
 	// consumer is nil and the ledger is written outside any transaction.
 	lease      *redisLease
 	leaseWhere string
+	log        *slog.Logger // the adapters' errors
 
 	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
 	dupPublished, brokerDropped, published       atomic.Int64
@@ -239,7 +256,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if storeURL == "sqlite:" || storeURL == "sqlite" {
 		storeURL = "sqlite:" + filepath.Join(dir, "consumer.db")
 	}
-	r := &demoRun{o: o}
+	r := &demoRun{o: o, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 	if strings.HasPrefix(storeURL, "redis:") {
 		// Lease mode: the processed-message records live in Redis, and the
 		// ledger in the payments service's own SQLite file beside them.
@@ -436,90 +453,66 @@ func (r *demoRun) produce(ctx context.Context, next int, progressPath string) er
 
 // consumeForever runs one consumer; when it crashes a new one takes over.
 func (r *demoRun) consumeForever(ctx context.Context) {
-	rng := rand.New(rand.NewPCG(r.o.seed, uint64(time.Now().UnixNano())))
 	for ctx.Err() == nil {
-		r.consumeUntilCrash(ctx, rng)
-	}
-}
-
-// consumeUntilCrash runs one consumer: it fetches and processes messages
-// until ctx ends or the consumer "dies" between a commit and its ack,
-// abandoning the rest of its batch, which the broker redelivers.
-func (r *demoRun) consumeUntilCrash(ctx context.Context, rng *rand.Rand) {
-	w, err := r.broker.worker(ctx)
-	if err != nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-		return
-	}
-	for ctx.Err() == nil {
-		batch, err := w.fetch(ctx, 64, 250*time.Millisecond)
-		if err != nil && len(batch) == 0 {
-			continue
-		}
-		for _, d := range batch {
-			if !r.handle(ctx, d, rng) {
-				w.crash()
-				return
+		mctx, cancel := context.WithCancel(ctx)
+		var m *member
+		p := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+			if m.dead.Load() { // the adapter hands over what it had buffered
+				return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: errCrash}, errCrash
 			}
-		}
-		w.batchDone(ctx)
-	}
-	w.close()
-}
-
-// handle processes one delivery and settles it with the broker. It returns
-// false when the consumer crashed (or ctx ended) before acknowledging.
-func (r *demoRun) handle(ctx context.Context, d delivery, rng *rand.Rand) bool {
-	for ctx.Err() == nil {
-		r.deliveries.Add(1)
-		out, err := r.process(ctx, idem.Message{ID: d.id(), Payload: d.payload()})
-		var wait time.Duration
-		switch {
-		case errors.Is(err, errCrashBeforeCommit):
-			r.crashes.Add(1)
-			return false // the provider charged, the ledger row rolled back, no ack
-		case out.Status == idem.Duplicate:
-			r.dupAbsorbed.Add(1)
-			_ = d.ack()
-			return true
-		case out.Status == idem.Processed:
-			if rng.Float64() < r.o.crashRate/2 {
+			out, err := r.process(ctx, msg)
+			if errors.Is(err, errCrash) {
 				r.crashes.Add(1)
-				return false // committed, never acked: the broker will redeliver
+				m.crash()
+				cancel()
 			}
-			_ = d.ack()
-			return true
-		case out.DeadLetter():
-			if r.broker.deadLetter(ctx, d, err) == nil {
-				_ = d.settle()
+			return out, err
+		})
+		m, err := r.broker.member(ctx, p, r.log)
+		if err == nil {
+			err = m.run(mctx) // until a crash or the end of the run
+			m.close()
+		}
+		cancel()
+		if err != nil { // a crash, or the broker failing: start again shortly
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
 			}
-			return true
-		case out.Status == idem.InProgress:
-			r.inProgress.Add(1)
-			wait = out.RetryAfter
-		default: // Failed: redeliver soon
-			wait = 100 * time.Millisecond
-		}
-		if !errors.Is(d.retryAfter(wait), errRetryInPlace) {
-			return true
-		}
-		select { // Kafka: retry this record before any later offset
-		case <-ctx.Done():
-		case <-time.After(wait):
 		}
 	}
-	return false
 }
 
-// process runs one delivery through the consumer of the store's mode.
-func (r *demoRun) process(ctx context.Context, m idem.Message) (idem.Outcome, error) {
+// errCrash marks the two ways the demo kills a consumer.
+var errCrash = errors.New("consumer died")
+
+// errCrashBeforeCommit is how the demo kills a consumer between the
+// provider's charge and the commit of the ledger row.
+var errCrashBeforeCommit = fmt.Errorf("%w after the provider call, before its commit", errCrash)
+
+// errCrashAfterCommit is how the demo kills a consumer between the commit
+// and the ack: the adapter never sees the Processed outcome.
+var errCrashAfterCommit = fmt.Errorf("%w after its commit, before the ack", errCrash)
+
+// process runs one delivery through the consumer of the store's mode and
+// counts what happened. Half of the --crash-rate crashes come here, after
+// a commit.
+func (r *demoRun) process(ctx context.Context, m idem.Message) (out idem.Outcome, err error) {
+	r.deliveries.Add(1)
 	if r.lease != nil {
-		return r.lease.Process(ctx, m, r.chargeLeased)
+		out, err = r.lease.Process(ctx, m, r.chargeLeased)
+	} else {
+		out, err = r.consumer.Process(ctx, m, r.charge)
 	}
-	return r.consumer.Process(ctx, m, r.charge)
+	switch {
+	case out.Status == idem.Processed && rand.Float64() < r.o.crashRate/2:
+		return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errCrashAfterCommit}, errCrashAfterCommit
+	case out.Status == idem.Duplicate:
+		r.dupAbsorbed.Add(1)
+	case out.Status == idem.InProgress:
+		r.inProgress.Add(1)
+	}
+	return out, err
 }
 
 // chargeLeased is the payments handler in lease mode (Redis): the charge is
@@ -548,10 +541,6 @@ func (r *demoRun) chargeLeased(ctx context.Context, a *idem.Attempt) (idem.Resul
 		p.PaymentID, p.Customer, p.AmountCents, string(chargeID), a.Key("ledger"))
 	return idem.Result{Body: chargeID, ContentType: "text/plain"}, err
 }
-
-// errCrashBeforeCommit is how the demo kills a consumer between the
-// provider's charge and the commit of the ledger row.
-var errCrashBeforeCommit = errors.New("consumer died after the provider call, before its commit")
 
 // charge is the payments handler: it calls the provider with a key derived
 // from the message ID (the call survives a crash; the redelivery sends the
@@ -644,6 +633,9 @@ func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 in
 		Store:                  cmp.Or(r.leaseWhere, r.st.where),
 		Broker:                 redact(r.o.broker),
 	}
+	if rep.DeadLettered, err = r.broker.deadLettered(ctx); err != nil {
+		return report{}, err
+	}
 	if s := elapsed.Seconds(); s > 0 {
 		rep.MessagesPerS = float64(distinct-charged0) / s
 	}
@@ -670,6 +662,7 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	row("provider replays (same key)", rep.ProviderReplays)
 	row("double charges", rep.DoubleCharges)
 	row("lost messages", rep.Lost)
+	row("dead letters", rep.DeadLettered)
 	row("elapsed", fmt.Sprintf("%.2fs", rep.ElapsedS))
 	row("messages per second", fmt.Sprintf("%.0f", rep.MessagesPerS))
 	return tw.Flush()
