@@ -546,7 +546,7 @@ func normalize(out idem.Outcome, err error) idem.Outcome {
 // same failing handler for ever. Same rule as the Kafka adapter.
 func deadLetterable(out idem.Outcome) bool {
 	return out.DeadLetter() ||
-		(out.Status == idem.Failed && (errors.Is(out.Err, idem.ErrPermanent) || idem.IsPermanent(out.Err)))
+		(out.Status == idem.Failed && idem.IsPermanent(out.Err))
 }
 
 func reason(out idem.Outcome) string {
