@@ -97,4 +97,51 @@
 // key is new again. Options.ReplayWindow adds a tombstone mode: past the
 // window (counted from the first request's arrival), a retry gets 422
 // idempotency-key-expired instead of a replay or a new execution.
+//
+// # Observability
+//
+// [Middleware.Stats] counts what the middleware did. Options.Hooks takes
+// the core's hooks (idem.Hook), so the same observers serve consumers and
+// HTTP APIs: idemotel's Observer gives metrics and spans (see its "HTTP
+// requests" section), idem.LogHook log records. A request on the
+// idempotency path is reported as one lease-mode delivery of the consumer
+// "idemhttp:"+Namespace ([Middleware.Consumer]) whose message ID is the
+// record ID ([Middleware.RecordID]; empty when the key or the scope is
+// invalid): exactly one idem.HookProcessStart call (its context becomes the
+// request's, down to the handler), one idem.HookOutcome call and one
+// idem.HookProcessEnd call, in that order, with these outcomes
+// (OutcomeEvent.HTTPStatus is the status the client got, 0 when none):
+//
+//	answer                                 Outcome.Status        DuplicateReason       other events
+//	handler ran, response stored           Processed             -                     Claim (+ LeaseTakenOver when Attempt > 1)
+//	replay                                 Duplicate             completed
+//	410 replay-unavailable                 Duplicate             completed
+//	409 request-in-progress                InProgress            in_progress
+//	client left during Options.Wait        InProgress            in_progress           (HTTPStatus 0)
+//	422 idempotency-key-reused             FingerprintMismatch   fingerprint_mismatch
+//	400 key missing or invalid, 401 no     Rejected              -
+//	scope, 413 or 400 body
+//	422 idempotency-key-expired            Rejected              completed
+//	5xx, 408, 429, DispositionRelease,     Failed, Released      -                     Claim; LeaseLost or StoreError
+//	Hijack, handler panic: key released                                                (op "release") if the release fails
+//	final write failed (503, or the        Failed                -                     Claim; LeaseLost or StoreError
+//	response as it was)                                                                (op "complete")
+//	503 store unavailable, 500 store       Failed                -                     StoreError (op "acquire")
+//	refused, FailOpen run
+//	500 idempotency-record-corrupt         Failed                -
+//
+// While the handler runs, each lease renewal is an idem.HookLeaseRenewed
+// call, and a failed one an idem.HookLeaseLost (op "renew") or an
+// idem.HookStoreError call. Each purge ([Middleware.Purge], or the loop) is
+// an idem.HookPurge call. Outcome errors match the core's sentinels where
+// one applies (idem.ErrFingerprintMismatch, idem.ErrInProgress,
+// idem.ErrStore, idem.ErrLeaseLost, idem.ErrHandlerPanic,
+// idem.ErrInvalidMessageID for an invalid key, idem.ErrMissingMessageID
+// for a missing one, idem.ErrInvalidPayload for a body refused) and, for
+// the middleware's own answers, the [Problem] written. Requests that pass
+// through (a method not covered, no key on an optional route,
+// PassUnscoped) emit nothing. A hook that panics is recovered and logged
+// on Options.Logger; the request goes on. No event carries the scope in
+// clear. idem.LogHook logs replays and 409s at debug level only, but
+// rejected and key-reused requests (client mistakes, for an API) at warn.
 package idemhttp

@@ -34,6 +34,7 @@ type Middleware struct {
 	store    idem.LeaseStore
 	o        Options
 	consumer string
+	hooks    *hooks // nil without Options.Hooks
 
 	stats struct {
 		passThrough, executed, replayed, inProgress, waited, keyReused,
@@ -97,6 +98,9 @@ func New(store idem.LeaseStore, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{store: store, o: o, consumer: consumerPrefix + o.Namespace, stop: make(chan struct{}), done: make(chan struct{})}
+	if m.hooks, err = newHooks(o.Hooks, m.consumer, o.Logger); err != nil {
+		return nil, err
+	}
 	if o.PurgeInterval > 0 {
 		go m.purgeLoop()
 	} else {
@@ -149,12 +153,25 @@ func (m *Middleware) Stats() Stats {
 // back from the namespace's newest record; see idem.PurgeParams), in
 // batches. In-progress records are never purged. It returns
 // idem.ErrPurgeInProgress when another cleaner holds the purge lock.
+//
+// Each call is reported to the idem.HookPurge hooks of Options.Hooks, and
+// a failure other than idem.ErrPurgeInProgress to the idem.HookStoreError
+// hooks (op "purge"), as a consumer's purge is.
 func (m *Middleware) Purge(ctx context.Context) (idem.PurgeResult, error) {
-	return m.store.Purge(ctx, &idem.PurgeParams{
+	start := time.Now()
+	res, err := m.store.Purge(ctx, &idem.PurgeParams{
 		Consumer:        m.consumer,
 		RetentionWindow: m.o.Retention,
 		BatchSize:       m.o.PurgeBatchSize,
 	})
+	if m.hooks != nil {
+		herr := err
+		if err != nil && !errors.Is(err, idem.ErrPurgeInProgress) {
+			herr = m.storeErr(ctx, "purge", "", err)
+		}
+		m.purged(ctx, res, herr, time.Since(start))
+	}
+	return res, err
 }
 
 func (m *Middleware) purgeLoop() {
@@ -210,9 +227,21 @@ func (m *Middleware) covered(method string) bool {
 	return slices.Contains(m.o.Methods, method)
 }
 
-func (m *Middleware) reject(w http.ResponseWriter, p *Problem) {
+// reject answers a request that cannot be processed as sent (400, 401,
+// 413, 422 idempotency-key-expired): outcome idem.Rejected, its error
+// wrapping cause (an idem sentinel, when one fits) and p.
+func (m *Middleware) reject(w http.ResponseWriter, t *reqTrack, p *Problem, cause error, reason idem.DuplicateReason) {
 	m.stats.rejected.Add(1)
+	t.settle(idem.Outcome{Status: idem.Rejected, Err: wrapProblem(cause, p)}, reason, p.Status)
 	p.Write(w)
+}
+
+// wrapProblem returns p as an error that also matches cause (nil: p).
+func wrapProblem(cause error, p *Problem) error {
+	if cause == nil {
+		return p
+	}
+	return fmt.Errorf("%w: %w", cause, p)
 }
 
 // serve is the idempotency path of one request.
@@ -228,46 +257,59 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	key, err := ParseKey(values, m.o.StrictKey, m.o.MaxKeyLength)
-	if err != nil {
-		typ := ProblemKeyInvalid
-		if errors.Is(err, ErrKeyMissing) {
-			typ = ProblemKeyMissing
-		}
-		p := newProblem(typ, err.(*KeyError).Reason)
-		m.reject(w, p)
-		return
-	}
-	scope, err := m.o.Scope(r)
-	if err != nil || scope == "" {
-		if m.o.Unscoped == PassUnscoped {
+	key, keyErr := ParseKey(values, m.o.StrictKey, m.o.MaxKeyLength)
+	var scope string
+	var scopeErr error
+	if keyErr == nil {
+		scope, scopeErr = m.o.Scope(r)
+		if (scopeErr != nil || scope == "") && m.o.Unscoped == PassUnscoped {
 			m.stats.passThrough.Add(1)
 			next.ServeHTTP(w, r)
 			return
 		}
+	}
+	var id string
+	if keyErr == nil && scopeErr == nil && scope != "" {
+		id = m.RecordID(scope, key)
+	}
+	// From here on the request is one delivery for the hooks.
+	ctx, t := m.begin(r.Context(), id)
+	if t != nil {
+		defer t.end()
+		r = r.WithContext(ctx)
+	}
+	if keyErr != nil {
+		typ, cause := ProblemKeyInvalid, idem.ErrInvalidMessageID
+		if errors.Is(keyErr, ErrKeyMissing) {
+			typ, cause = ProblemKeyMissing, idem.ErrMissingMessageID
+		}
+		m.reject(w, t, newProblem(typ, keyErr.(*KeyError).Reason), cause, idem.NotDuplicate)
+		return
+	}
+	if scopeErr != nil || scope == "" {
 		var p *Problem
-		if !errors.As(err, &p) {
+		if !errors.As(scopeErr, &p) {
 			detail := "the request has no principal to scope its Idempotency-Key"
-			if err != nil {
-				detail += ": " + err.Error()
+			if scopeErr != nil {
+				detail += ": " + scopeErr.Error()
 			}
 			p = newProblem(ProblemScopeMissing, detail)
 		}
-		m.reject(w, p)
+		m.reject(w, t, p, nil, idem.NotDuplicate)
 		return
 	}
 
 	if r.ContentLength > m.o.MaxRequestBytes {
-		m.reject(w, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)))
+		m.reject(w, t, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)), idem.ErrInvalidPayload, idem.NotDuplicate)
 		return
 	}
 	sp, err := spoolBody(r.Body, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
-			m.reject(w, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)))
+			m.reject(w, t, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)), idem.ErrInvalidPayload, idem.NotDuplicate)
 			return
 		}
-		m.reject(w, newProblem(ProblemBodyUnreadable, err.Error()))
+		m.reject(w, t, newProblem(ProblemBodyUnreadable, err.Error()), idem.ErrInvalidPayload, idem.NotDuplicate)
 		return
 	}
 	defer sp.close()
@@ -282,32 +324,46 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.ContentLength = sp.size
 	r.TransferEncoding = nil
 
-	id := m.RecordID(scope, key)
 	info := &Info{Key: key, Scope: scope, Namespace: m.o.Namespace, Consumer: m.consumer, RecordID: id}
+	since := t.now()
 	ar, err := m.acquire(r.Context(), id, fp)
 	if err != nil {
-		m.storeDown(w, r, next, err)
+		m.storeDown(w, r, next, t, err)
 		return
 	}
 	var waitUntil time.Time
 	if !ar.Acquired && ar.State == idem.StateInProgress && m.o.Wait > 0 && slices.Equal(ar.Fingerprint, fp) {
 		m.stats.waited.Add(1)
 		waitUntil = time.Now().Add(m.o.Wait)
-		ar, err = m.wait(r.Context(), id, fp, waitUntil)
+		ar, since, err = m.wait(r.Context(), id, fp, waitUntil)
 		if err != nil {
-			if r.Context().Err() != nil {
-				return // the client left
+			if cerr := r.Context().Err(); cerr != nil {
+				// The client left while it waited for the first request.
+				t.settle(idem.Outcome{Status: idem.InProgress, Attempt: ar.Attempt,
+					Err: fmt.Errorf("%w: the client left while waiting: %w", idem.ErrInProgress, context.Cause(r.Context()))},
+					idem.DuplicateInProgress, 0)
+				return
 			}
-			m.storeDown(w, r, next, err)
+			m.storeDown(w, r, next, t, err)
 			return
 		}
 	}
 	if !ar.Acquired {
-		m.answerExisting(w, ar, fp)
+		m.answerExisting(w, t, ar, fp)
 		return
 	}
 	info.Attempt, info.Token = ar.Attempt, ar.Token
-	m.run(w, r, next, info)
+	t.claimedKey(ar.Attempt, ar.Token, since)
+	m.run(w, r, next, info, t)
+}
+
+// now returns the time for a latency measurement, or the zero time when
+// nothing is tracked.
+func (t *reqTrack) now() time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return time.Now()
 }
 
 // acquire calls Acquire with a bounded context.
@@ -318,61 +374,72 @@ func (m *Middleware) acquire(ctx context.Context, id string, fp []byte) (idem.Ac
 }
 
 // wait polls the record until it is completed, acquired (the first
-// attempt released it, or its lease ran out) or the deadline passes.
-func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.Time) (idem.AcquireResult, error) {
+// attempt released it, or its lease ran out) or the deadline passes. It
+// returns the last Acquire's result and start time.
+func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.Time) (idem.AcquireResult, time.Time, error) {
 	delay := 20 * time.Millisecond
 	for {
 		left := time.Until(until)
 		if left <= 0 {
-			return idem.AcquireResult{State: idem.StateInProgress, Fingerprint: fp}, nil
+			return idem.AcquireResult{State: idem.StateInProgress, Fingerprint: fp}, time.Time{}, nil
 		}
 		t := time.NewTimer(min(delay, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return idem.AcquireResult{}, ctx.Err()
+			return idem.AcquireResult{}, time.Time{}, ctx.Err()
 		case <-t.C:
 		}
 		delay = min(delay*3/2, 250*time.Millisecond)
+		since := time.Now()
 		ar, err := m.acquire(ctx, id, fp)
 		if err != nil {
-			return ar, err
+			return ar, since, err
 		}
 		if ar.Acquired || ar.State != idem.StateInProgress {
-			return ar, nil
+			return ar, since, nil
 		}
 	}
 }
 
 // storeDown answers a request whose Acquire failed.
-func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http.Handler, err error) {
+func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http.Handler, t *reqTrack, err error) {
 	m.stats.storeErrors.Add(1)
+	serr := m.storeErr(r.Context(), "acquire", t.trackID(), err)
 	if errIsConfig(err) {
 		m.o.Logger.Error("idemhttp: store refused the claim", "consumer", m.consumer, "error", err)
 		p := newProblem(ProblemUnavailable, "the idempotency store refused the request")
 		p.Status = http.StatusInternalServerError
 		p.Err = err
+		t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, p.Status)
 		p.Write(w)
 		return
 	}
 	if m.o.FailOpen {
 		m.stats.failOpen.Add(1)
 		m.o.Logger.Warn("idemhttp: store unavailable, running without idempotency (FailOpen)", "consumer", m.consumer, "error", err)
+		// Nothing protects or records this run: Failed for the pattern,
+		// whatever the handler answers.
+		t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, 0)
 		next.ServeHTTP(w, r)
 		return
 	}
 	m.o.Logger.Warn("idemhttp: store unavailable", "consumer", m.consumer, "error", err)
 	p := newProblem(ProblemUnavailable, "the idempotency store is unavailable; retry with the same key")
 	p.RetryAfter = m.o.UnavailableRetryAfter
+	t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, p.Status)
 	p.Write(w)
 }
 
 // answerExisting answers a request whose key has a record it did not
 // acquire: a replay, or a problem.
-func (m *Middleware) answerExisting(w http.ResponseWriter, ar idem.AcquireResult, fp []byte) {
+func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idem.AcquireResult, fp []byte) {
 	if !slices.Equal(ar.Fingerprint, fp) {
 		m.stats.keyReused.Add(1)
-		m.reject(w, newProblem(ProblemKeyReused, "this Idempotency-Key was used with another request (method, path, query, media type or body); use a new key"))
+		m.stats.rejected.Add(1)
+		p := newProblem(ProblemKeyReused, "this Idempotency-Key was used with another request (method, path, query, media type or body); use a new key")
+		t.settle(idem.Outcome{Status: idem.FingerprintMismatch, Err: wrapProblem(idem.ErrFingerprintMismatch, p)}, idem.DuplicateFingerprintMismatch, p.Status)
+		p.Write(w)
 		return
 	}
 	switch ar.State {
@@ -380,22 +447,29 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, ar idem.AcquireResult
 		m.stats.inProgress.Add(1)
 		p := newProblem(ProblemInProgress, "a request with this Idempotency-Key is being processed; retry later with the same key")
 		p.RetryAfter = m.o.InProgressRetryAfter
+		t.settle(idem.Outcome{Status: idem.InProgress, Err: wrapProblem(idem.ErrInProgress, p), RetryAfter: p.RetryAfter, Attempt: ar.Attempt},
+			idem.DuplicateInProgress, p.Status)
 		p.Write(w)
 		return
 	case idem.StateCompleted:
 	default:
 		m.o.Logger.Error("idemhttp: record in an unexpected state", "consumer", m.consumer, "state", ar.State, "error", ar.Error)
-		newProblem(ProblemRecordCorrupt, fmt.Sprintf("the record of this key is %s", ar.State)).Write(w)
+		p := newProblem(ProblemRecordCorrupt, fmt.Sprintf("the record of this key is %s", ar.State))
+		t.settle(idem.Outcome{Status: idem.Failed, Err: p, Attempt: ar.Attempt}, idem.NotDuplicate, p.Status)
+		p.Write(w)
 		return
 	}
 	sr, err := decodeRecord(ar.ContentType, ar.Result)
 	if err != nil {
 		m.o.Logger.Error("idemhttp: stored record undecodable", "consumer", m.consumer, "error", err)
-		newProblem(ProblemRecordCorrupt, "the stored response of this key cannot be decoded; the request was not run again").Write(w)
+		p := newProblem(ProblemRecordCorrupt, "the stored response of this key cannot be decoded; the request was not run again")
+		p.Err = errors.Join(ErrRecordCorrupt, err)
+		t.settle(idem.Outcome{Status: idem.Failed, Err: p, Attempt: ar.Attempt}, idem.NotDuplicate, p.Status)
+		p.Write(w)
 		return
 	}
 	if m.o.ReplayWindow > 0 && m.o.Now().Sub(sr.created) > m.o.ReplayWindow {
-		m.reject(w, newProblem(ProblemKeyExpired, fmt.Sprintf("this Idempotency-Key was first used at %s; keys replay for %v", sr.created.UTC().Format(time.RFC3339), m.o.ReplayWindow)))
+		m.reject(w, t, newProblem(ProblemKeyExpired, fmt.Sprintf("this Idempotency-Key was first used at %s; keys replay for %v", sr.created.UTC().Format(time.RFC3339), m.o.ReplayWindow)), nil, idem.DuplicateCompleted)
 		return
 	}
 	if !sr.replayable {
@@ -403,12 +477,17 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, ar idem.AcquireResult
 		if loc := sr.header.Get("Location"); loc != "" {
 			w.Header().Set("Location", loc)
 		}
-		newProblem(ProblemReplayUnavailable, fmt.Sprintf(
+		p := newProblem(ProblemReplayUnavailable, fmt.Sprintf(
 			"the request was processed (status %d, %d-byte response, SHA-256 %x) but its response was too large to store; it is not run again",
-			sr.status, sr.size, sr.digest[:])).Write(w)
+			sr.status, sr.size, sr.digest[:]))
+		// Processed before and not run again: a duplicate absorbed,
+		// whose response cannot be replayed.
+		t.settle(idem.Outcome{Status: idem.Duplicate, Attempt: ar.Attempt}, idem.DuplicateCompleted, p.Status)
+		p.Write(w)
 		return
 	}
 	m.stats.replayed.Add(1)
+	t.settle(idem.Outcome{Status: idem.Duplicate, Attempt: ar.Attempt}, idem.DuplicateCompleted, sr.status)
 	h := w.Header()
 	for k, vs := range sr.header {
 		h[k] = vs
@@ -419,9 +498,20 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, ar idem.AcquireResult
 	_, _ = w.Write(sr.body)
 }
 
+// errReleased is the cause of the Failed outcome of a request whose
+// response released its key.
+type errReleased struct {
+	status int
+	why    string
+}
+
+func (e *errReleased) Error() string {
+	return fmt.Sprintf("idemhttp: response %d released the key (%s); the retry runs the handler again", e.status, e.why)
+}
+
 // run runs the handler holding the lease, renewing it, then completes or
 // releases the key and delivers the response.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, info *Info) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, info *Info, t *reqTrack) {
 	m.stats.executed.Add(1)
 	created := m.o.Now()
 	info.disp = new(atomic.Int32)
@@ -432,7 +522,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	var lost atomic.Bool
 	stop := make(chan struct{})
 	renewed := make(chan struct{})
-	go m.renew(context.WithoutCancel(ctx), info, cancel, &lost, stop, renewed)
+	go m.renew(context.WithoutCancel(ctx), info, t, cancel, &lost, stop, renewed)
 
 	rc := newRecorder(w, m.o.MaxResponseBytes)
 	panicked, pv := runHandler(next, rc, r)
@@ -442,37 +532,45 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.stats.leaseLost.Add(1)
 	}
 
-	final, fcancel := context.WithTimeout(context.WithoutCancel(r.Context()), m.o.StoreTimeout)
+	detached := context.WithoutCancel(r.Context())
+	final, fcancel := context.WithTimeout(detached, m.o.StoreTimeout)
 	defer fcancel()
 	if panicked {
 		m.stats.panics.Add(1)
 		m.o.Logger.Error("idemhttp: handler panicked; key released", "consumer", m.consumer, "panic", pv, "stack", string(debug.Stack()))
-		m.release(final, info, fmt.Sprintf("panic: %v", pv))
+		relErr := m.release(final, detached, info, t, fmt.Sprintf("panic: %v", pv))
+		cause := errors.Join(fmt.Errorf("%w: %v", idem.ErrHandlerPanic, pv), relErr)
 		if pv == http.ErrAbortHandler || rc.started() {
+			t.settle(idem.Outcome{Status: idem.Failed, Err: cause}, idem.NotDuplicate, 0)
 			panic(http.ErrAbortHandler)
 		}
-		newProblem(ProblemHandlerPanic, "the handler failed; the key was released, retry with it").Write(w)
+		p := newProblem(ProblemHandlerPanic, "the handler failed; the key was released, retry with it")
+		t.settle(idem.Outcome{Status: idem.Failed, Err: cause}, idem.NotDuplicate, p.Status)
+		p.Write(w)
 		return
 	}
 
 	sr := rc.result(m.o.StoreSetCookie)
 	sr.created = created
 	var rel bool
+	why := "status"
 	switch Disposition(info.disp.Load()) {
 	case DispositionStore:
 	case DispositionRelease:
-		rel = true
+		rel, why = true, "SetDisposition"
 	default:
 		rel = m.o.ReleaseStatus(sr.status)
 	}
 	if rc.hijackTried {
-		rel = true
+		rel, why = true, "Hijack"
 	}
 	if rel {
-		m.release(final, info, fmt.Sprintf("status %d", sr.status))
+		relErr := m.release(final, detached, info, t, fmt.Sprintf("status %d", sr.status))
+		t.settle(idem.Outcome{Status: idem.Failed, Err: errors.Join(&errReleased{sr.status, why}, relErr)}, idem.NotDuplicate, sr.status)
 		rc.finish()
 		return
 	}
+	since := time.Now()
 	err := m.store.Complete(final, &idem.CompleteParams{
 		Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token,
 		Result: encodeRecord(sr), ContentType: recordContentType,
@@ -482,24 +580,35 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		if !sr.replayable {
 			m.stats.notReplayable.Add(1)
 		}
+		t.settle(idem.Outcome{Status: idem.Processed}, idem.NotDuplicate, sr.status)
 		rc.finish()
 		return
 	}
 	m.stats.storeErrors.Add(1)
 	m.o.Logger.Error("idemhttp: could not record the response; the key stays in progress until its lease runs out",
 		"consumer", m.consumer, "record", info.RecordID, "attempt", info.Attempt, "error", err)
+	isLost := errors.Is(err, idem.ErrLeaseLost)
+	if isLost {
+		err = fmt.Errorf("%w: attempt %d (token %d) finished after another attempt took the key over; its response was not stored", err, info.Attempt, info.Token)
+		t.leaseLost(detached, "complete", time.Since(since), err)
+	} else {
+		err = m.storeErr(detached, "complete", info.RecordID, err)
+	}
 	if rc.started() || m.o.CompleteFailure == DeliverResponse {
+		t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, sr.status)
 		rc.finish()
 		return
 	}
-	if errors.Is(err, idem.ErrLeaseLost) {
+	if isLost {
 		p := newProblem(ProblemLeaseLost, "another attempt took this Idempotency-Key over; retry with the same key to get its result")
 		p.RetryAfter = m.o.InProgressRetryAfter
+		t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, p.Status)
 		p.Write(w)
 		return
 	}
 	p := newProblem(ProblemUnavailable, "the request ran but its response could not be recorded; retry with the same key")
 	p.RetryAfter = m.o.UnavailableRetryAfter
+	t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, p.Status)
 	p.Write(w)
 }
 
@@ -515,22 +624,34 @@ func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (pani
 	return false, nil
 }
 
-// release releases the attempt's lease so the next retry runs.
-func (m *Middleware) release(ctx context.Context, info *Info, why string) {
+// release releases the attempt's lease so the next retry runs. It returns
+// nil, or the error (matching idem.ErrLeaseLost or idem.ErrStore) that
+// kept the key from being released. hctx is the hooks' context.
+func (m *Middleware) release(ctx, hctx context.Context, info *Info, t *reqTrack, why string) error {
 	m.stats.released.Add(1)
+	since := time.Now()
 	err := m.store.Release(ctx, &idem.ReleaseParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Error: why})
-	if err != nil {
-		m.stats.storeErrors.Add(1)
-		m.o.Logger.Warn("idemhttp: could not release the key; it frees when its lease runs out",
-			"consumer", m.consumer, "record", info.RecordID, "error", err)
+	if err == nil {
+		if t != nil {
+			t.released = true
+		}
+		return nil
 	}
+	m.stats.storeErrors.Add(1)
+	m.o.Logger.Warn("idemhttp: could not release the key; it frees when its lease runs out",
+		"consumer", m.consumer, "record", info.RecordID, "error", err)
+	if errors.Is(err, idem.ErrLeaseLost) {
+		t.leaseLost(hctx, "release", time.Since(since), err)
+		return err
+	}
+	return m.storeErr(hctx, "release", info.RecordID, err)
 }
 
 // renew renews the lease every Lease/3 until stop is closed. When the
 // lease is lost (another attempt took over, or no renewal reached the
 // store for a whole lease) it cancels the handler's context with cause
 // idem.ErrLeaseLost.
-func (m *Middleware) renew(ctx context.Context, info *Info, cancel context.CancelCauseFunc, lost *atomic.Bool, stop <-chan struct{}, done chan<- struct{}) {
+func (m *Middleware) renew(ctx context.Context, info *Info, tr *reqTrack, cancel context.CancelCauseFunc, lost *atomic.Bool, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(m.o.Lease / 3)
 	defer t.Stop()
@@ -547,7 +668,13 @@ func (m *Middleware) renew(ctx context.Context, info *Info, cancel context.Cance
 		rcancel()
 		if err == nil {
 			last = start
+			tr.renewed(ctx, time.Since(start))
 			continue
+		}
+		if errors.Is(err, idem.ErrLeaseLost) {
+			tr.leaseLost(ctx, "renew", time.Since(start), err)
+		} else {
+			_ = m.storeErr(ctx, "renew", info.RecordID, err)
 		}
 		if errors.Is(err, idem.ErrLeaseLost) || time.Since(last) >= m.o.Lease {
 			lost.Store(true)

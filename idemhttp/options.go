@@ -222,8 +222,28 @@ type Options struct {
 	// time.Now.
 	Now func() time.Time
 	// Logger receives warnings (fail-open requests, failed final writes,
-	// handler panics, purge errors). Defaults to slog.Default().
+	// handler panics, purge errors) and hook panics. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
+
+	// Hooks observe the middleware with the core's hook interfaces
+	// (idem.Hook: idem.HookProcessStart, idem.HookOutcome, ...), so that
+	// idemotel's Observer, or idem.LogHook, works on HTTP requests as on
+	// messages. A request on the idempotency path (a covered method with a
+	// key, or a route that requires one) is one delivery in lease mode of
+	// the consumer "idemhttp:"+Namespace, whose message ID is the record ID
+	// (Middleware.RecordID: the hashed scope and the key; empty when the
+	// key or the scope is invalid); the package doc maps each answer to
+	// its events. Requests that pass through (no key on an optional route,
+	// a method not covered, PassUnscoped) emit nothing. The start hook's
+	// context is the handler's request context (a tracer's span is the
+	// parent of the handler's spans). Hooks follow the core's rules: they
+	// run synchronously on the request's goroutine (renewals on the
+	// renewal goroutine), must be safe for concurrent use, and a panic in
+	// one is recovered and logged at error level on Logger, and the
+	// request goes on. New returns an error matching ErrInvalidOptions for
+	// a hook that implements none of the interfaces. Defaults to none.
+	Hooks []idem.Hook
 }
 
 // DefaultReleaseStatus is the default Options.ReleaseStatus: 5xx, 408

@@ -164,7 +164,41 @@ func (s *scStage) start(h http.Handler, cfg scConfig) *scInstance {
 	if store == nil {
 		store = s.env.store
 	}
-	return s.front.start(s.t, store, h, cfg)
+	// Every scenario also checks the hooks: each request on the
+	// idempotency path reported exactly once (start, claim when it ran the
+	// handler, outcome, end), claims as many as Stats.Executed, Processed
+	// outcomes as many as Stats.Completed. The check runs at cleanup,
+	// after the front's servers have closed (they wait for the requests
+	// in flight).
+	var inst *scInstance
+	if cfg.opts.Hooks == nil {
+		rec := &recHook{}
+		cfg.opts.Hooks = []idem.Hook{rec}
+		s.t.Cleanup(func() { scCheckHooks(s.t, rec, inst) })
+	}
+	inst = s.front.start(s.t, store, h, cfg)
+	return inst
+}
+
+// scCheckHooks checks what rec recorded against the instance's counters.
+func scCheckHooks(t *testing.T, rec *recHook, inst *scInstance) {
+	t.Helper()
+	if inst == nil || inst.stats == nil {
+		return
+	}
+	var claims, processed int64
+	for _, r := range rec.take(t) {
+		if r.outcome.Claimed {
+			claims++
+		}
+		if r.outcome.Outcome.Status == idem.Processed {
+			processed++
+		}
+	}
+	st := inst.stats()
+	if claims != st.Executed || processed != st.Completed {
+		t.Errorf("hooks: %d claims, %d processed; Stats: %d executed, %d completed", claims, processed, st.Executed, st.Completed)
+	}
 }
 
 // scReq is one request.

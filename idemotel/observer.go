@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -36,7 +38,19 @@ const (
 	PurgeResultKey = attribute.Key("idem.purge.result")
 	// AttemptKey is the lease-mode attempt number (spans only).
 	AttemptKey = attribute.Key("idem.attempt")
+	// RecordIDKey is the record ID of an idemhttp request (the hashed
+	// scope and the Idempotency-Key; spans only, in place of
+	// messaging.message.id).
+	RecordIDKey = attribute.Key("idem.record.id")
 )
+
+// HTTPConsumerPrefix starts the consumer name of every idemhttp middleware
+// ("idemhttp:" and its namespace). The Observer treats such a consumer's
+// deliveries as HTTP requests: see "HTTP requests" in the package doc.
+const HTTPConsumerPrefix = "idemhttp:"
+
+// isHTTP reports whether consumer is an idemhttp middleware's.
+func isHTTP(consumer string) bool { return strings.HasPrefix(consumer, HTTPConsumerPrefix) }
 
 // ErrInvalidOption is matched (errors.Is) by the error NewObserver returns
 // for a bad option.
@@ -104,6 +118,7 @@ type Observer struct {
 	claimsActive   metric.Int64UpDownCounter
 	claimsReleased metric.Int64Counter
 	processDur     metric.Float64Histogram
+	httpDur        metric.Float64Histogram
 	claimDur       metric.Float64Histogram
 	renewals       metric.Int64Counter
 	takeovers      metric.Int64Counter
@@ -171,6 +186,8 @@ func NewObserver(opts ...Option) (*Observer, error) {
 	// The semantic conventions' advice for messaging durations.
 	obs.processDur = hist("messaging.process.duration", "Duration of one idem Process, ProcessTx or ProcessBatch call.",
 		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+	obs.httpDur = hist("idem.http.request.duration", "Duration of one request on the idempotency path of an idemhttp middleware.",
+		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
 	obs.claimDur = hist("idem.claim.duration", "Round trip of a claim to the store.",
 		0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 	obs.renewals = ic("idem.lease.renewals", "{renewal}", "Lease renewals that succeeded.")
@@ -190,11 +207,12 @@ func NewObserver(opts ...Option) (*Observer, error) {
 }
 
 // attrs returns the attribute set of a measurement: the consumer, the
-// messaging system if set, and kv.
+// messaging system if set (and the consumer is not an HTTP middleware's),
+// and kv.
 func (o *Observer) attrs(consumer string, kv ...attribute.KeyValue) metric.MeasurementOption {
 	all := make([]attribute.KeyValue, 0, len(kv)+2)
 	all = append(all, semconv.MessagingConsumerGroupName(consumer))
-	if o.system.Key != "" {
+	if o.system.Key != "" && !isHTTP(consumer) {
 		all = append(all, o.system)
 	}
 	return metric.WithAttributes(append(all, kv...)...)
@@ -205,12 +223,21 @@ func (o *Observer) attrs(consumer string, kv ...attribute.KeyValue) metric.Measu
 type spanState struct {
 	span   trace.Span
 	status string // single delivery: set by OnOutcome
+	code   int    // HTTP requests: the response status, set by OnOutcome
 }
 
 type stateKey struct{}
 
 // OnProcessStart starts the process span; implements idem.HookProcessStart.
 func (o *Observer) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent) context.Context {
+	if isHTTP(e.Consumer) {
+		kv := []attribute.KeyValue{semconv.MessagingConsumerGroupName(e.Consumer), ModeKey.String(e.Mode.String())}
+		if e.MessageID != "" {
+			kv = append(kv, RecordIDKey.String(e.MessageID))
+		}
+		ctx, span := o.tracer.Start(ctx, "idempotency "+e.Consumer, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...))
+		return context.WithValue(ctx, stateKey{}, &spanState{span: span})
+	}
 	kv := []attribute.KeyValue{
 		semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess,
 		semconv.MessagingConsumerGroupName(e.Consumer), ModeKey.String(e.Mode.String()),
@@ -230,18 +257,36 @@ func (o *Observer) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent)
 // OnProcessEnd records messaging.process.duration and ends the span;
 // implements idem.HookProcessEnd.
 func (o *Observer) OnProcessEnd(ctx context.Context, e idem.ProcessEndEvent) {
-	kv := []attribute.KeyValue{semconv.MessagingOperationName("process"), ModeKey.String(e.Mode.String())}
 	st, _ := ctx.Value(stateKey{}).(*spanState)
+	web := isHTTP(e.Consumer)
+	kv := []attribute.KeyValue{ModeKey.String(e.Mode.String())}
+	if !web {
+		kv = append(kv, semconv.MessagingOperationName("process"))
+	}
 	if st != nil && st.status != "" {
 		kv = append(kv, StatusKey.String(st.status))
 	}
-	if e.Err != nil {
-		kv = append(kv, semconv.ErrorTypeKey.String(errorType(e.Err)))
+	if web && st != nil && st.code != 0 {
+		kv = append(kv, semconv.HTTPResponseStatusCode(st.code))
 	}
-	o.processDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+	var errType string
+	if e.Err != nil {
+		errType = errorType(e.Err)
+		if web && errType == "handler" && st != nil && st.code >= 400 {
+			// Not one of idem's classes: the HTTP status, as the
+			// semantic conventions for HTTP name an error.
+			errType = strconv.Itoa(st.code)
+		}
+		kv = append(kv, semconv.ErrorTypeKey.String(errType))
+	}
+	if web {
+		o.httpDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+	} else {
+		o.processDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+	}
 	if st != nil {
 		if e.Err != nil {
-			st.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(e.Err)))
+			st.span.SetAttributes(semconv.ErrorTypeKey.String(errType))
 		}
 		st.span.End()
 	}
@@ -255,6 +300,9 @@ func (o *Observer) OnClaim(ctx context.Context, e idem.ClaimEvent) {
 	o.claimDur.Record(ctx, e.Latency.Seconds(), mode)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		kv := []attribute.KeyValue{semconv.MessagingMessageID(e.MessageID)}
+		if isHTTP(e.Consumer) {
+			kv[0] = RecordIDKey.String(e.MessageID)
+		}
 		if e.Attempt > 0 {
 			kv = append(kv, AttemptKey.Int(e.Attempt))
 		}
@@ -266,11 +314,14 @@ func (o *Observer) OnClaim(ctx context.Context, e idem.ClaimEvent) {
 func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 	status := statusName(e.Outcome)
 	mode := ModeKey.String(e.Mode.String())
+	kv := []attribute.KeyValue{mode, StatusKey.String(status)}
 	if e.Reason != idem.NotDuplicate {
-		o.messages.Add(ctx, 1, o.attrs(e.Consumer, mode, StatusKey.String(status), DuplicateReasonKey.String(e.Reason.String())))
-	} else {
-		o.messages.Add(ctx, 1, o.attrs(e.Consumer, mode, StatusKey.String(status)))
+		kv = append(kv, DuplicateReasonKey.String(e.Reason.String()))
 	}
+	if e.HTTPStatus != 0 {
+		kv = append(kv, semconv.HTTPResponseStatusCode(e.HTTPStatus))
+	}
+	o.messages.Add(ctx, 1, o.attrs(e.Consumer, kv...))
 	if e.Claimed {
 		o.claimsActive.Add(ctx, -1, o.attrs(e.Consumer, mode))
 	}
@@ -290,10 +341,13 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 		}
 		return
 	}
-	st.status = status
-	kv := []attribute.KeyValue{StatusKey.String(status)}
+	st.status, st.code = status, e.HTTPStatus
+	kv = []attribute.KeyValue{StatusKey.String(status)}
 	if e.Reason != idem.NotDuplicate {
 		kv = append(kv, DuplicateReasonKey.String(e.Reason.String()))
+	}
+	if e.HTTPStatus != 0 {
+		kv = append(kv, semconv.HTTPResponseStatusCode(e.HTTPStatus))
 	}
 	if e.Outcome.Attempt > 0 {
 		kv = append(kv, AttemptKey.Int(e.Outcome.Attempt))

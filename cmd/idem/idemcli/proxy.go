@@ -24,6 +24,7 @@ import (
 type proxyFlags struct {
 	listen, upstream, store, table, redisPrefix  string
 	namespace, scopeHeader, unscoped, healthPath string
+	metricsAddr                                  string
 	methods                                      []string
 	requireKey, strictKey, canonicalJSON         bool
 	store5xx, releaseUnknown, failOpen, migrate  bool
@@ -57,8 +58,12 @@ reaches the upstream twice; upstream 5xx, 408 and 429 release the key unless
 --store-5xx. The upstream response is read and recorded even when the client
 has hung up.
 
-GET --health-path (default /healthz) reports whether the store answers. On
-SIGINT or SIGTERM the proxy stops accepting connections and lets requests in
+GET --health-path (default /healthz) reports whether the store answers.
+--metrics-addr serves Prometheus metrics on http://ADDR/metrics: requests on
+the idempotency path by outcome and response status
+(idem_messages_total{idem_status="duplicate",http_response_status_code="201"}
+counts replays), their durations, claims, lease renewals and takeovers, store
+errors, purges, and the Go runtime. On SIGINT or SIGTERM the proxy stops accepting connections and lets requests in
 flight finish (up to --shutdown-timeout).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -96,6 +101,7 @@ flight finish (up to --shutdown-timeout).`,
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", idemhttp.DefaultUpstreamDialTimeout, "time to connect to the upstream")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long requests in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthPath, "health-path", idemhttp.DefaultProxyHealthPath, `path answered with the store's health ("-": none)`)
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics (idem_messages_total by outcome and HTTP status, idem_http_request_duration_seconds, ...) on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
 }
 
@@ -113,6 +119,11 @@ func (f *proxyFlags) check() (*url.URL, error) {
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		return nil, usageError{fmt.Errorf("--listen %q: want host:port, as in :8080: %v", f.listen, err)}
+	}
+	if f.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(f.metricsAddr); err != nil {
+			return nil, usageError{fmt.Errorf("--metrics-addr %q: want host:port, as in 127.0.0.1:9464: %v", f.metricsAddr, err)}
+		}
 	}
 	if f.unscoped != "reject" && f.unscoped != "pass" {
 		return nil, usageError{fmt.Errorf("--unscoped %q: want reject or pass", f.unscoped)}
@@ -192,6 +203,14 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 	}
 	defer ps.close()
 
+	var metrics *metricsServer
+	if f.metricsAddr != "" {
+		if metrics, err = serveMetrics(f.metricsAddr); err != nil {
+			return err
+		}
+		defer metrics.close()
+	}
+
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	o := &idemhttp.ProxyOptions{
 		Options: idemhttp.Options{
@@ -207,6 +226,7 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 			Retention:        f.retention,
 			FailOpen:         f.failOpen,
 			Logger:           logger,
+			Hooks:            metrics.hooks(),
 		},
 		ScopeHeader:     f.scopeHeader,
 		UpstreamTimeout: f.upstreamTimeout,
@@ -249,6 +269,9 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	fmt.Fprintf(stdout, "idem proxy: listening on http://%s, forwarding to %s, keys in %s\n", ln.Addr(), redact(f.upstream), ps.where)
+	if metrics != nil {
+		fmt.Fprintf(stdout, "idem proxy: metrics on %s\n", metrics.url())
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
