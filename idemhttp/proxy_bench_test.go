@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -115,6 +116,14 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 	}
 	b.Run("direct", func(b *testing.B) {
 		run(b, up.URL, func() string { return fmt.Sprintf(`"%s-%d"`, prefix, seq.Add(1)) })
+	})
+	// plain-proxy is the same hop through net/http/httputil's
+	// ReverseProxy with no idempotency: the ceiling any proxy has on
+	// this machine, so new-key/plain-proxy is idem's own share.
+	plain := httptest.NewServer(httputil.NewSingleHostReverseProxy(u))
+	defer plain.Close()
+	b.Run("plain-proxy", func(b *testing.B) {
+		run(b, plain.URL, func() string { return fmt.Sprintf(`"%s-%d"`, prefix, seq.Add(1)) })
 	})
 	b.Run("new-key", func(b *testing.B) {
 		before := calls.Load()
