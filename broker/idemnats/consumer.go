@@ -304,7 +304,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkDeadLetterLoop(ctx); err != nil {
 		return err
 	}
-	iter, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxMessages))
+	// Missing heartbeats are reported so that a consumer deleted while its
+	// "consumer deleted" status was lost (a slow connection drops it) is
+	// noticed: Run then asks the server whether the consumer still exists.
+	iter, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxMessages), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("idemnats: start consuming: %w", err)
 	}
@@ -337,6 +340,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 				errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, nats.ErrConnectionClosed) {
 				runErr = fmt.Errorf("idemnats: consuming stopped: %w", err)
 				break
+			}
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
+				_, ierr := c.cons.Info(ictx)
+				icancel()
+				if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+					runErr = fmt.Errorf("idemnats: consuming stopped: %w", jetstream.ErrConsumerDeleted)
+					break
+				}
 			}
 			c.log.Warn("idemnats: consuming", "err", err)
 			continue
