@@ -72,9 +72,9 @@ func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) 
 		s.dialect, s.where = idemsql.MySQL, where
 		s.db, err = sql.Open("mysql", dsn)
 	case "redis":
-		return nil, fmt.Errorf("%w: store %q: the Redis store (lease mode) is not available in this version; use sqlite:, postgres:// or mysql://", errBadURL, redact(rawURL))
+		return nil, fmt.Errorf("%w: store %q: this command works on the SQL stores (sqlite:, postgres://, mysql://); the Redis store (lease mode) is for demo and proxy", errBadURL, redact(rawURL))
 	default:
-		return nil, fmt.Errorf("%w: store %q: unknown scheme %q (want sqlite:, postgres://, mysql://)", errBadURL, redact(rawURL), scheme)
+		return nil, fmt.Errorf("%w: store %q: unknown scheme %q (want sqlite:, postgres:// or mysql://; demo and proxy also take redis://)", errBadURL, redact(rawURL), scheme)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", s.where, err)
