@@ -266,8 +266,12 @@ func TestTransportRetriesNetworkErrors(t *testing.T) {
 
 func TestTransportGivesUpWithRetryError(t *testing.T) {
 	t.Parallel()
-	// A port nobody listens on: every dial is refused.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	// A port nobody listens on: every dial is refused. 127.0.0.7, where
+	// no other test's server listens, so the port is not reused meanwhile.
+	l, err := net.Listen("tcp", "127.0.0.7:0")
+	if err != nil {
+		l, err = net.Listen("tcp", "127.0.0.1:0")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,8 @@ type Info struct {
 	// from a stale owner.
 	Token int64
 
-	disp *atomic.Int32
+	disp  *atomic.Int32
+	abort *atomic.Pointer[Problem] // set by abortWith
 }
 
 // DeriveKey returns a key for one call this handler makes to a third party
@@ -78,6 +79,20 @@ const (
 // request's context. It reports false, and does nothing, when the request
 // is not on the idempotency path or d is unknown. The last call before
 // the handler returns wins.
+// abortWith tells the middleware, from inside the handler, that the
+// response it streamed is broken: the client's connection is to be
+// aborted (so a short body is never taken as complete) and, when the key
+// is stored (see SetDisposition), p is stored in the response's place, so
+// retries get p. It reports whether ctx carries a middleware's Info.
+func abortWith(ctx context.Context, p *Problem) bool {
+	i, ok := ctx.Value(infoKey{}).(*Info)
+	if !ok || i.abort == nil || p == nil {
+		return false
+	}
+	i.abort.Store(p)
+	return true
+}
+
 func SetDisposition(ctx context.Context, d Disposition) bool {
 	i, ok := ctx.Value(infoKey{}).(*Info)
 	if !ok || i.disp == nil || d < DispositionDefault || d > DispositionRelease {

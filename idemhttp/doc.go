@@ -25,7 +25,8 @@
 //     up to Options.MemoryBodyBytes, then a temporary file), so the
 //     fingerprint is known before the claim without holding a large body
 //     in the heap. The fingerprint ([Fingerprint]) covers the method, the
-//     path, the sorted query, the media type and the body's SHA-256. The
+//     path, the sorted query, the media type, any method-override header
+//     (X-HTTP-Method-Override and the like) and the body's SHA-256. The
 //     handler reads the same bytes from the spool.
 //  4. The key is claimed with a lease and a fencing token
 //     (idem.LeaseStore.Acquire). The lease is renewed every Lease/3 while

@@ -28,8 +28,10 @@ const (
 // Fingerprint returns the 32-byte fingerprint the middleware computes for a
 // request: the SHA-256 of its method, escaped path, query (parameters
 // sorted by name, the values of one name in their order), media type
-// (lowercased, parameters sorted, charset lowercased) and the SHA-256 of
-// the body read from body to its end. With canonicalJSON, a JSON body
+// (lowercased, parameters sorted, charset lowercased), the
+// method-override headers X-HTTP-Method-Override, X-HTTP-Method and
+// X-Method-Override when present, and the SHA-256 of the body read from
+// body to its end. With canonicalJSON, a JSON body
 // (application/json or a +json media type) that parses is hashed in its
 // idem.CanonicalJSON form instead of byte for byte; body is then read
 // into memory. r.Body is not read. Errors are body's read errors.
@@ -76,11 +78,24 @@ func fingerprint(r *http.Request, bodyHash []byte, mode string) []byte {
 	field(h, canonicalMediaType(r.Header.Get("Content-Type")))
 	field(h, mode)
 	field(h, string(bodyHash))
+	// A method-override header changes the operation a POST performs
+	// (when a later layer honours it): part of the fingerprint when
+	// present. Absent, nothing is added, so earlier fingerprints hold.
+	for _, name := range methodOverrideHeaders {
+		if vs, ok := r.Header[name]; ok {
+			field(h, name)
+			field(h, strings.Join(vs, "\n"))
+		}
+	}
 	return h.Sum(nil)
 }
 
 // field writes s length-prefixed, so that no two sequences of fields
 // produce the same input.
+// methodOverrideHeaders are the (canonical) names of the common
+// method-override headers, included in the fingerprint when present.
+var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
 func field(h hash.Hash, s string) {
 	var n [binary.MaxVarintLen64]byte
 	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])

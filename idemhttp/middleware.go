@@ -64,7 +64,7 @@ type Stats struct {
 	// KeyReused: answered 422 idempotency-key-reused.
 	KeyReused int64
 	// Released: the handler ran and its key was released (5xx, 408, 429,
-	// panics, hijacks, DispositionRelease).
+	// a 101 without a hijack, panics, hijacks, DispositionRelease).
 	Released int64
 	// Completed: the handler ran and its response was recorded.
 	Completed int64
@@ -515,6 +515,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	m.stats.executed.Add(1)
 	created := m.o.Now()
 	info.disp = new(atomic.Int32)
+	info.abort = new(atomic.Pointer[Problem])
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	r = r.WithContext(context.WithValue(ctx, infoKey{}, info))
@@ -526,6 +527,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 
 	rc := newRecorder(w, m.o.MaxResponseBytes)
 	panicked, pv := runHandler(next, rc, r)
+	rc.seal()
 	close(stop)
 	<-renewed
 	if lost.Load() {
@@ -551,6 +553,11 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 
 	sr := rc.result(m.o.StoreSetCookie)
+	abort := info.abort.Load()
+	if abort != nil {
+		// The streamed response is broken: what is stored is abort.
+		sr = problemResponse(abort, m.o.StoreSetCookie)
+	}
 	sr.created = created
 	var rel bool
 	why := "status"
@@ -564,10 +571,15 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	if rc.hijackTried {
 		rel, why = true, "Hijack"
 	}
+	if sr.status < 200 {
+		// 101 Switching Protocols without a hijack: no response to
+		// replay (a record with it would read as corrupt).
+		rel, why = true, "status"
+	}
 	if rel {
 		relErr := m.release(final, detached, info, t, fmt.Sprintf("status %d", sr.status))
 		t.settle(idem.Outcome{Status: idem.Failed, Err: errors.Join(&errReleased{sr.status, why}, relErr)}, idem.NotDuplicate, sr.status)
-		rc.finish()
+		deliver(rc, abort)
 		return
 	}
 	since := time.Now()
@@ -581,7 +593,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 			m.stats.notReplayable.Add(1)
 		}
 		t.settle(idem.Outcome{Status: idem.Processed}, idem.NotDuplicate, sr.status)
-		rc.finish()
+		deliver(rc, abort)
 		return
 	}
 	m.stats.storeErrors.Add(1)
@@ -596,7 +608,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	if rc.started() || m.o.CompleteFailure == DeliverResponse {
 		t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, sr.status)
-		rc.finish()
+		deliver(rc, abort)
 		return
 	}
 	if isLost {
@@ -611,6 +623,30 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, p.Status)
 	p.Write(w)
 }
+
+// deliver sends the client what it has not had of the response, or, when
+// the handler marked the streamed response broken (abortWith), aborts the
+// client's connection so a short body is never taken as complete.
+func deliver(rc *recorder, abort *Problem) {
+	if abort != nil {
+		panic(http.ErrAbortHandler)
+	}
+	rc.finish()
+}
+
+// problemResponse is p as a stored response.
+func problemResponse(p *Problem, storeSetCookie bool) *storedResponse {
+	rc := newRecorder(nopWriter{http.Header{}}, 1<<20)
+	p.Write(rc)
+	return rc.result(storeSetCookie)
+}
+
+// nopWriter is a ResponseWriter that discards what it is given.
+type nopWriter struct{ h http.Header }
+
+func (w nopWriter) Header() http.Header       { return w.h }
+func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (nopWriter) WriteHeader(int)             {}
 
 // runHandler calls next, recovering a panic.
 func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (panicked bool, v any) {

@@ -166,8 +166,9 @@ type ProxyOptions struct {
 // until its body is complete (up to Options.MaxResponseBytes) so that a
 // failure in the middle of the body can still become upstream-outcome-unknown;
 // Server-Sent Events (text/event-stream) and larger bodies are streamed, and
-// a failure after streaming began aborts the client's connection (the key
-// is then handled as for a handler panic: released).
+// a failure after streaming began aborts the client's connection (it never
+// sees a short body as complete) while the key is handled as any unknown
+// outcome: by default upstream-outcome-unknown is stored and replayed.
 //
 // Requests with methods the middleware does not cover (GET, by default)
 // and requests without a key are forwarded as a plain reverse proxy would.
@@ -378,6 +379,12 @@ func (a *attempt) wasSent() bool {
 // forward sends r upstream on a context detached from the client's and
 // writes the response through a holding writer.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > p.maxReqBytes {
+		// Passed through without idempotency (the middleware refuses a
+		// keyed one itself): refused before anything reaches upstream.
+		newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, p.maxReqBytes)).Write(w)
+		return
+	}
 	a := &attempt{orig: r.Context()}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
@@ -400,9 +407,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	}
 	if hw.streaming {
 		// Part of the response has reached the client: it cannot be
-		// replaced. Abort the client's connection so it sees a broken
-		// response, not a short one that looks complete.
-		panic(http.ErrAbortHandler)
+		// replaced. The client's connection is aborted, so it sees a
+		// broken response, not a short one that looks complete; the key
+		// is handled as any unknown outcome (stored by default: the
+		// upstream did process the request), with the
+		// upstream-outcome-unknown problem stored in the response's place.
+		p.setUnknownDisposition(a)
+		if !abortWith(a.orig, p.unknownProblem(bodyErr)) {
+			panic(http.ErrAbortHandler)
+		}
+		return
 	}
 	p.writeUnknown(hw.dst, a, bodyErr)
 }
@@ -415,6 +429,17 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	if hw != nil {
 		hw.discard()
 		w = hw.dst
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		// A passed-through body outgrew MaxRequestBytes while it was
+		// forwarded: the upstream got a broken request (no end of body),
+		// which it cannot take as complete.
+		if a != nil {
+			SetDisposition(a.orig, DispositionRelease)
+		}
+		newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", p.maxReqBytes)).Write(w)
+		return
 	}
 	if a == nil || !a.wasSent() {
 		ctx := r.Context()
@@ -438,21 +463,33 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 
 // writeUnknown answers a request whose upstream outcome is unknown.
 func (p *Proxy) writeUnknown(w http.ResponseWriter, a *attempt, err error) {
+	p.setUnknownDisposition(a)
+	p.unknownProblem(err).Write(w)
+}
+
+// setUnknownDisposition stores or releases the key of an attempt whose
+// upstream outcome is unknown, as the UnknownOutcomePolicy says.
+func (p *Proxy) setUnknownDisposition(a *attempt) {
 	d := DispositionStore
-	detail := "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed. This answer is stored for the key: retries get it too"
 	if p.unknown == ReleaseUnknownOutcome {
 		d = DispositionRelease
-		detail = "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed"
 	}
 	SetDisposition(a.orig, d)
-	pr := &Problem{
+}
+
+// unknownProblem is the 502 upstream-outcome-unknown answer for err.
+func (p *Proxy) unknownProblem(err error) *Problem {
+	detail := "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed. This answer is stored for the key: retries get it too"
+	if p.unknown == ReleaseUnknownOutcome {
+		detail = "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed"
+	}
+	return &Problem{
 		Type:   ProblemUpstreamOutcomeUnknown,
 		Title:  "Upstream outcome unknown",
 		Status: http.StatusBadGateway,
 		Detail: detail + ": " + err.Error(),
 		Err:    ErrUpstreamOutcomeUnknown,
 	}
-	pr.Write(w)
 }
 
 // guardBody is the ReverseProxy's ModifyResponse: it makes a failure in
@@ -501,6 +538,7 @@ type holdWriter struct {
 	buf       []byte
 	streaming bool
 	dstFailed bool
+	sent      http.Header // the header at WriteHeader; later fields are trailers
 }
 
 func (h *holdWriter) Header() http.Header {
@@ -518,6 +556,9 @@ func (h *holdWriter) WriteHeader(code int) {
 		return
 	}
 	h.status = code
+	// Fields added to the held header from now on are trailers
+	// (ReverseProxy sets them after the body).
+	h.sent = h.header.Clone()
 	if strings.HasPrefix(strings.ToLower(h.header.Get("Content-Type")), "text/event-stream") {
 		h.startStreaming()
 	}
@@ -557,7 +598,11 @@ func (h *holdWriter) startStreaming() {
 	}
 	h.streaming = true
 	dh := h.dst.Header()
-	for k, v := range h.header {
+	src := h.sent
+	if src == nil {
+		src = h.header
+	}
+	for k, v := range src {
 		dh[k] = v
 	}
 	h.dst.WriteHeader(h.status)
@@ -576,12 +621,20 @@ func (h *holdWriter) finish() {
 	}
 	if !h.streaming {
 		h.startStreaming()
+		// Trailers the ReverseProxy set in the held header after the
+		// body go to dst as trailers, not as header fields.
+		dh := h.dst.Header()
+		for k, vs := range h.header {
+			if _, ok := h.sent[k]; !ok {
+				dh[k] = vs
+			}
+		}
 	}
 }
 
 // discard drops a held response (the ErrorHandler answers instead).
 func (h *holdWriter) discard() {
-	h.status, h.buf = 0, nil
+	h.status, h.buf, h.sent = 0, nil, nil
 	clear(h.header)
 }
 

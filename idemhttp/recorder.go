@@ -3,10 +3,12 @@ package idemhttp
 import (
 	"bufio"
 	"crypto/sha256"
+	"errors"
 	"hash"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -22,6 +24,12 @@ import (
 // A client that hangs up does not stop the recording: write errors to the
 // client are remembered and the handler's writes still succeed, so the
 // response is complete when the final write stores it.
+//
+// As net/http does, it refuses a body for 204 and 304
+// (http.ErrBodyNotAllowed) and bytes past a declared Content-Length
+// (http.ErrContentLength), so what is recorded is what the client gets;
+// writes after the handler returned fail. Trailers the handler sets reach
+// the client of the executing request; they are not recorded.
 type recorder struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
@@ -39,6 +47,19 @@ type recorder struct {
 	streaming   bool
 	clientErr   error
 	hijackTried bool
+	declared    int64 // the Content-Length the handler set before WriteHeader, or -1
+	sealed      bool  // the handler returned: its writes fail
+}
+
+// errHandlerReturned is what a write gets after the handler returned.
+var errHandlerReturned = errors.New("idemhttp: write after the handler returned")
+
+// seal makes the handler's later writes, flushes and WriteHeader calls
+// fail or do nothing: what was recorded is what the client gets.
+func (rc *recorder) seal() {
+	rc.mu.Lock()
+	rc.sealed = true
+	rc.mu.Unlock()
 }
 
 func newRecorder(w http.ResponseWriter, maxBody int64) *recorder {
@@ -54,6 +75,9 @@ func (rc *recorder) Header() http.Header { return rc.header }
 func (rc *recorder) WriteHeader(code int) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
+	if rc.sealed {
+		return
+	}
 	rc.writeHeader(code)
 }
 
@@ -69,17 +93,34 @@ func (rc *recorder) writeHeader(code int) {
 	rc.wroteHeader = true
 	rc.status = code
 	rc.snap = rc.header.Clone()
+	rc.declared = -1
+	if cl := rc.snap.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			rc.declared = n
+		}
+	}
 }
 
 // Write implements http.ResponseWriter.
 func (rc *recorder) Write(p []byte) (int, error) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
+	if rc.sealed {
+		return 0, errHandlerReturned
+	}
 	if !rc.wroteHeader {
 		rc.writeHeader(http.StatusOK)
 	}
 	if len(p) == 0 {
 		return 0, nil
+	}
+	// As net/http does: no body for 1xx, 204 and 304, and nothing past a
+	// declared Content-Length, so what is recorded is what the client gets.
+	if rc.status == http.StatusNoContent || rc.status == http.StatusNotModified {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if rc.declared >= 0 && rc.size+int64(len(p)) > rc.declared {
+		return 0, http.ErrContentLength
 	}
 	rc.size += int64(len(p))
 	rc.digest.Write(p)
@@ -108,6 +149,9 @@ func (rc *recorder) Flush() { _ = rc.FlushError() }
 func (rc *recorder) FlushError() error {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
+	if rc.sealed {
+		return errHandlerReturned
+	}
 	if !rc.wroteHeader {
 		rc.writeHeader(http.StatusOK)
 	}
@@ -173,6 +217,28 @@ func (rc *recorder) finish() {
 	}
 	if !rc.streaming {
 		rc.startStreaming()
+	}
+	rc.sendTrailers()
+}
+
+// sendTrailers copies the trailers the handler set (the fields its
+// Trailer header declared, and http.TrailerPrefix keys) to the client's
+// header map, where net/http reads them once the handler returns. They
+// reach the executing request's client only: trailers are not stored.
+func (rc *recorder) sendTrailers() {
+	dst := rc.w.Header()
+	for _, v := range rc.snap.Values("Trailer") {
+		for f := range strings.SplitSeq(v, ",") {
+			f = http.CanonicalHeaderKey(strings.TrimSpace(f))
+			if vs, ok := rc.header[f]; ok && f != "" {
+				dst[f] = slices.Clone(vs)
+			}
+		}
+	}
+	for k, vs := range rc.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			dst[k] = slices.Clone(vs)
+		}
 	}
 }
 
