@@ -1,6 +1,11 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+)
 
 // Processor runs one delivery through an Idempotent Consumer with its handler
 // already bound. It is the seam broker adapters drive: an adapter reads the
@@ -61,4 +66,55 @@ type batchFunc func(ctx context.Context, msgs []Message) ([]Outcome, error)
 
 func (f batchFunc) ProcessBatch(ctx context.Context, msgs []Message) ([]Outcome, error) {
 	return f(ctx, msgs)
+}
+
+// Guard runs msg through p the way a broker adapter must before it settles
+// the delivery, so that nothing a Processor gets wrong is ever acknowledged
+// as done:
+//
+//   - a panic in p becomes a Failed Outcome whose Err is a *PanicError
+//     (matching ErrHandlerPanic);
+//   - an Outcome without a valid Status, or an ackable one (Processed,
+//     Duplicate) returned with a non-nil error, becomes Failed with that error;
+//   - an Outcome that is not ackable and has no Err gets the returned error,
+//     or one naming its Status, so a dead letter always has a reason;
+//   - a Failed Outcome whose Err IsPermanent is marked Poison, so that
+//     DeadLetter() is true even for a Processor that did not set it;
+//   - an empty MessageID is set to msg.ID.
+//
+// The adapter then maps the result: Ack() to an ack, DeadLetter() to a dead
+// letter with Err as the reason, anything else to a redelivery (after
+// RetryAfter for InProgress).
+func Guard(ctx context.Context, p Processor, msg Message) (out Outcome) {
+	var err error
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &PanicError{Value: v, Stack: debug.Stack()}
+				out = Outcome{Status: Failed, MessageID: msg.ID, Err: err}
+			}
+		}()
+		out, err = p.Process(ctx, msg)
+	}()
+	if out.MessageID == "" {
+		out.MessageID = msg.ID
+	}
+	switch {
+	case out.Status < Processed || out.Status > Rejected:
+		if err == nil {
+			err = errors.New("idem: the Processor returned an Outcome without a Status")
+		}
+		return Outcome{Status: Failed, MessageID: out.MessageID, Err: err}
+	case out.Ack() && err != nil:
+		return Outcome{Status: Failed, MessageID: out.MessageID, Err: err}
+	case !out.Ack() && out.Err == nil:
+		out.Err = err
+		if out.Err == nil {
+			out.Err = fmt.Errorf("idem: %s outcome without an error", out.Status)
+		}
+	}
+	if out.Status == Failed && IsPermanent(out.Err) {
+		out.Poison = true
+	}
+	return out
 }

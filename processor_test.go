@@ -126,3 +126,48 @@ func TestTransactionalPermanentIsPoison(t *testing.T) {
 		}
 	}
 }
+
+// Guard turns whatever a Processor does wrong into an Outcome that is never
+// acknowledged, and marks permanent failures for the dead letter.
+func TestGuard(t *testing.T) {
+	ctx := context.Background()
+	msg := idem.Message{ID: "m1", Payload: []byte("p")}
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name       string
+		p          idem.ProcessorFunc
+		status     idem.Status
+		deadLetter bool
+		errIs      error
+	}{
+		{"processed", func(context.Context, idem.Message) (idem.Outcome, error) {
+			return idem.Outcome{Status: idem.Processed}, nil
+		}, idem.Processed, false, nil},
+		{"panic", func(context.Context, idem.Message) (idem.Outcome, error) { panic("bad") }, idem.Failed, false, idem.ErrHandlerPanic},
+		{"no status", func(context.Context, idem.Message) (idem.Outcome, error) { return idem.Outcome{}, nil }, idem.Failed, false, nil},
+		{"ack with error", func(context.Context, idem.Message) (idem.Outcome, error) {
+			return idem.Outcome{Status: idem.Processed}, boom
+		}, idem.Failed, false, boom},
+		{"failed without Err", func(context.Context, idem.Message) (idem.Outcome, error) {
+			return idem.Outcome{Status: idem.Failed}, boom
+		}, idem.Failed, false, boom},
+		{"permanent", func(context.Context, idem.Message) (idem.Outcome, error) {
+			err := idem.Permanent(boom)
+			return idem.Outcome{Status: idem.Failed, Err: err}, err
+		}, idem.Failed, true, idem.ErrPermanent},
+		{"rejected", func(context.Context, idem.Message) (idem.Outcome, error) {
+			return idem.Outcome{Status: idem.Rejected}, nil
+		}, idem.Rejected, true, nil},
+	} {
+		out := idem.Guard(ctx, tc.p, msg)
+		if out.Status != tc.status || out.DeadLetter() != tc.deadLetter || out.MessageID != "m1" {
+			t.Errorf("%s: got %v deadLetter=%v id=%q; want %v deadLetter=%v id=m1", tc.name, out.Status, out.DeadLetter(), out.MessageID, tc.status, tc.deadLetter)
+		}
+		if !out.Ack() && out.Err == nil {
+			t.Errorf("%s: a %v outcome without an error", tc.name, out.Status)
+		}
+		if tc.errIs != nil && !errors.Is(out.Err, tc.errIs) {
+			t.Errorf("%s: Err = %v, want one matching %v", tc.name, out.Err, tc.errIs)
+		}
+	}
+}

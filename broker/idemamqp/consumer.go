@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -482,13 +481,13 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	default:
 	}
 	id := c.messageID(&d)
-	out := normalize(c.process(ctx, idem.Message{ID: id, Payload: d.Body}))
+	out := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body})
 	switch {
 	case out.Ack():
 		if err := d.Ack(false); err != nil {
 			c.log.Warn("idemamqp: ack failed; the broker will redeliver", "message_id", id, "err", err)
 		}
-	case deadLetterable(out):
+	case out.DeadLetter():
 		if err := s.deadLetter(ctx, d, id, out); err != nil {
 			c.log.Warn("idemamqp: dead letter not published; requeueing", "message_id", id, "dead_letter", c.cfg.DeadLetter, "err", err)
 			s.hold(d, c.cfg.RetryDelay)
@@ -508,45 +507,6 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 		c.log.Warn("idemamqp: processing failed; requeueing after the retry delay", "message_id", id, "delay", c.cfg.RetryDelay, "err", out.Err)
 		s.hold(d, c.cfg.RetryDelay)
 	}
-}
-
-// process calls the Processor, turning a panic into a Failed outcome
-// matching idem.ErrHandlerPanic: the delivery is requeued after RetryDelay,
-// and the process lives on.
-func (c *Consumer) process(ctx context.Context, msg idem.Message) (out idem.Outcome, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
-			out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}
-		}
-	}()
-	return c.cfg.Processor.Process(ctx, msg)
-}
-
-// normalize makes an Outcome safe to settle: an outcome without a status,
-// or an ackable one that came with an error, is Failed.
-func normalize(out idem.Outcome, err error) idem.Outcome {
-	if out.Status == 0 || (err != nil && out.Ack()) {
-		if err == nil {
-			err = errors.New("idemamqp: the processor returned no outcome")
-		}
-		return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Err: err}
-	}
-	if out.Err == nil && err != nil && !out.Ack() {
-		out.Err = err
-	}
-	return out
-}
-
-// deadLetterable reports whether out goes to the dead letter:
-// out.DeadLetter() (Rejected, FingerprintMismatch, poison), and also a
-// Failed outcome whose error is marked idem.Permanent (or otherwise says
-// no retry can help, idem.IsPermanent). In transactional mode the core
-// does not poison a permanent handler error; requeueing it would run the
-// same failing handler for ever. Same rule as the Kafka adapter.
-func deadLetterable(out idem.Outcome) bool {
-	return out.DeadLetter() ||
-		(out.Status == idem.Failed && idem.IsPermanent(out.Err))
 }
 
 func reason(out idem.Outcome) string {

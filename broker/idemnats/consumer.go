@@ -446,7 +446,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	if c.progress > 0 {
 		stopProgress = c.keepAlive(pctx, m)
 	}
-	out := c.process(pctx, msg)
+	out := idem.Guard(pctx, c.cfg.Processor, msg)
 	if stopProgress != nil {
 		stopProgress()
 	}
@@ -487,24 +487,6 @@ func (c *Consumer) keepAlive(ctx context.Context, m jetstream.Msg) func() {
 		}
 	}()
 	return func() { close(done); <-stopped }
-}
-
-// process calls the Processor, turning a panic or an outcome without a
-// status into a Failed outcome.
-func (c *Consumer) process(ctx context.Context, msg idem.Message) (out idem.Outcome) {
-	defer func() {
-		if r := recover(); r != nil {
-			out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: fmt.Errorf("%w: idemnats: Processor panicked: %v", idem.ErrHandlerPanic, r)}
-		}
-	}()
-	out, err := c.cfg.Processor.Process(ctx, msg)
-	if out.Status == 0 {
-		if err == nil {
-			err = errors.New("idemnats: Processor returned an Outcome without a Status")
-		}
-		out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}
-	}
-	return out
 }
 
 // action is what settle does to a delivery.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -548,7 +547,7 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		err := fmt.Errorf("%w: idemredisstream: the entry has no %q field", idem.ErrInvalidPayload, c.cfg.PayloadField)
 		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
 	} else {
-		out = normalize(c.process(ctx, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField))}))
+		out = idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField))})
 	}
 	// No more keep-alive: a retry delay set below must not be undone.
 	c.track(m.ID, false)
@@ -560,7 +559,7 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		if err := c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, m.ID).Err(); err != nil {
 			c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", id, "err", err)
 		}
-	case deadLetterable(out):
+	case out.DeadLetter():
 		c.settleDeadLetter(sctx, m, id, out)
 	case out.Status == idem.InProgress:
 		delay := out.RetryAfter
@@ -625,45 +624,6 @@ func (c *Consumer) settleDeadLetter(ctx context.Context, m redis.XMessage, id st
 		return
 	}
 	c.log.Info("idemredisstream: message dead-lettered", "entry", m.ID, "message_id", id, "status", out.Status.String(), "reason", reason(out))
-}
-
-// process calls the Processor, turning a panic into a Failed outcome
-// matching idem.ErrHandlerPanic: the entry stays pending and is retried,
-// and the process lives on.
-func (c *Consumer) process(ctx context.Context, msg idem.Message) (out idem.Outcome, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &idem.PanicError{Value: v, Stack: debug.Stack()}
-			out = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}
-		}
-	}()
-	return c.cfg.Processor.Process(ctx, msg)
-}
-
-// normalize makes an Outcome safe to settle: an outcome without a status,
-// or an ackable one that came with an error, is Failed.
-func normalize(out idem.Outcome, err error) idem.Outcome {
-	if out.Status == 0 || (err != nil && out.Ack()) {
-		if err == nil {
-			err = errors.New("idemredisstream: the processor returned no outcome")
-		}
-		return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Err: err}
-	}
-	if out.Err == nil && err != nil && !out.Ack() {
-		out.Err = err
-	}
-	return out
-}
-
-// deadLetterable reports whether out goes to the dead letter:
-// out.DeadLetter() (Rejected, FingerprintMismatch, poison), and also a
-// Failed outcome whose error is marked idem.Permanent (or otherwise says
-// no retry can help, idem.IsPermanent). In transactional mode the core
-// does not poison a permanent handler error; requeueing it would run the
-// same failing handler for ever. Same rule as the Kafka adapter.
-func deadLetterable(out idem.Outcome) bool {
-	return out.DeadLetter() ||
-		(out.Status == idem.Failed && idem.IsPermanent(out.Err))
 }
 
 func reason(out idem.Outcome) string {
