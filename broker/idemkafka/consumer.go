@@ -406,8 +406,7 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 	}
 	if c.cfg.Processor != nil {
 		for j, m := range msgs {
-			out, err := c.callProcess(ctx, m)
-			outs[idx[j]] = normalise(m.ID, out, err)
+			outs[idx[j]] = idem.Guard(ctx, c.cfg.Processor, m)
 		}
 		return outs
 	}
@@ -452,16 +451,6 @@ func (c *Consumer) isolate(ctx context.Context, msgs []idem.Message, bouts []ide
 		}
 		bouts[j] = one[0]
 	}
-}
-
-func (c *Consumer) callProcess(ctx context.Context, m idem.Message) (out idem.Outcome, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: processor: %v", idem.ErrHandlerPanic, v)
-			out = idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: err}
-		}
-	}()
-	return c.cfg.Processor.Process(ctx, m)
 }
 
 func (c *Consumer) callBatch(ctx context.Context, msgs []idem.Message) (outs []idem.Outcome, err error) {
@@ -515,7 +504,7 @@ func actionFor(out idem.Outcome) action {
 		return actAck
 	case out.DeadLetter():
 		return actDeadLetter
-	case out.Status == idem.Failed && (idem.IsPermanent(out.Err) || errors.Is(out.Err, idem.ErrPermanent)):
+	case out.Status == idem.Failed && idem.IsPermanent(out.Err):
 		return actDeadLetter
 	}
 	return actRetry
