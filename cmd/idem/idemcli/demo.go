@@ -104,7 +104,7 @@ double charges and no lost messages (3 otherwise).`,
 	f := cmd.Flags()
 	f.IntVar(&o.messages, "messages", 10000, "payments to publish and charge")
 	f.Float64Var(&o.duplicates, "duplicates", 0.1, "fraction of messages the producer publishes twice (0..1)")
-	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance per message that a consumer dies: half after the provider call and before the commit, half after the commit and before the ack (0..1)")
+	f.Float64Var(&o.crashRate, "crash-rate", 0.002, "chance per message that a consumer dies: half after the provider call and before the commit, half after the commit and before the ack (at least 0, below 1)")
 	f.IntVar(&o.consumers, "consumers", 4, "concurrent consumers")
 	f.StringVar(&o.dir, "dir", "", "folder for the databases and the stream, kept after the run (default: a temporary folder, removed)")
 	f.StringVar(&o.store, "store", "sqlite:", "processed-messages store: sqlite:[PATH], postgres://..., mysql://..., or redis://HOST:PORT/DB (lease mode)")
@@ -125,7 +125,7 @@ func (o *demoOptions) validate() error {
 	case o.duplicates < 0 || o.duplicates > 1:
 		return usageError{fmt.Errorf("--duplicates must be in 0..1, got %v", o.duplicates)}
 	case o.crashRate < 0 || o.crashRate >= 1:
-		return usageError{fmt.Errorf("--crash-rate must be in 0..1 (exclusive), got %v", o.crashRate)}
+		return usageError{fmt.Errorf("--crash-rate must be at least 0 and below 1, got %v", o.crashRate)}
 	case o.consumers < 1 || o.consumers > 256:
 		return usageError{fmt.Errorf("--consumers must be in 1..256, got %d", o.consumers)}
 	case o.timeout < time.Second:
