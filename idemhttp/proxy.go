@@ -447,11 +447,13 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 			ctx = a.orig
 		}
 		SetDisposition(ctx, DispositionRelease)
+		// The error names the upstream's address: logged, not shown to clients.
+		p.mw.o.Logger.Warn("idemhttp: upstream unreachable", "consumer", p.mw.consumer, "error", err)
 		pr := &Problem{
 			Type:       ProblemUpstreamUnavailable,
 			Title:      "Upstream unavailable",
 			Status:     http.StatusBadGateway,
-			Detail:     "the upstream could not be reached; nothing was sent to it: " + err.Error(),
+			Detail:     "the upstream could not be reached; nothing was sent to it",
 			RetryAfter: time.Second,
 			Err:        ErrUpstreamUnavailable,
 		}
@@ -477,8 +479,10 @@ func (p *Proxy) setUnknownDisposition(a *attempt) {
 	SetDisposition(a.orig, d)
 }
 
-// unknownProblem is the 502 upstream-outcome-unknown answer for err.
+// unknownProblem is the 502 upstream-outcome-unknown answer for err. The
+// error (which names the upstream's address) is logged, not shown.
 func (p *Proxy) unknownProblem(err error) *Problem {
+	p.mw.o.Logger.Warn("idemhttp: upstream outcome unknown", "consumer", p.mw.consumer, "error", err)
 	detail := "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed. This answer is stored for the key: retries get it too"
 	if p.unknown == ReleaseUnknownOutcome {
 		detail = "the request was sent to the upstream but the connection failed before its response was complete; it may have been processed"
@@ -487,7 +491,7 @@ func (p *Proxy) unknownProblem(err error) *Problem {
 		Type:   ProblemUpstreamOutcomeUnknown,
 		Title:  "Upstream outcome unknown",
 		Status: http.StatusBadGateway,
-		Detail: detail + ": " + err.Error(),
+		Detail: detail,
 		Err:    ErrUpstreamOutcomeUnknown,
 	}
 }

@@ -268,6 +268,9 @@ func TestProxyI1DialFailureReleases(t *testing.T) {
 				r.header.Get("Retry-After") == "" || r.header.Get("Cache-Control") != "no-store" {
 				t.Fatalf("dial failure: %d %v %s; want 502 upstream-unavailable with Retry-After", r.status, r.header, r.body)
 			}
+			if strings.Contains(string(r.body), addr) {
+				t.Errorf("the 502 shows the upstream's address %s to the client: %s", addr, r.body)
+			}
 		}
 		// The upstream comes up on the same address.
 		var l2 net.Listener
