@@ -95,7 +95,7 @@ flight finish (up to --shutdown-timeout).`,
 	fl.IntVar(&f.maxHeaderBytes, "max-header-bytes", 64<<10, "largest request header block accepted (431 beyond)")
 	fl.DurationVar(&f.readHeaderTimeout, "read-header-timeout", 10*time.Second, "time to read a request's headers")
 	fl.DurationVar(&f.readTimeout, "read-timeout", 2*time.Minute, "time to read a whole request, body included (0: none)")
-	fl.DurationVar(&f.writeTimeout, "write-timeout", 0, "time to write a response, from the end of the request headers (0: none)")
+	fl.DurationVar(&f.writeTimeout, "write-timeout", 5*time.Minute, "time to write a response, from the end of the request headers; it also bounds how long a client that stops reading a streamed response holds its key (0: none)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", 2*time.Minute, "how long an idle client connection is kept")
 	fl.DurationVar(&f.upstreamTimeout, "upstream-timeout", idemhttp.DefaultUpstreamTimeout, "time for the upstream to answer a request, body included")
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", idemhttp.DefaultUpstreamDialTimeout, "time to connect to the upstream")
