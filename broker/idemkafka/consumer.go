@@ -463,25 +463,13 @@ func (c *Consumer) callBatch(ctx context.Context, msgs []idem.Message) (outs []i
 	return c.cfg.BatchProcessor.ProcessBatch(ctx, msgs)
 }
 
-// normalise makes an Outcome the adapter can act on: an Outcome without a
-// valid Status is Failed, and every Outcome but an ack carries an error.
+// normalise is idem.Guard for an Outcome a BatchProcessor already
+// returned: one without a valid Status is Failed, every Outcome but an ack
+// carries an error, and a permanent failure is poison.
 func normalise(id string, out idem.Outcome, err error) idem.Outcome {
-	if out.Status < idem.Processed || out.Status > idem.Rejected {
-		if err == nil {
-			err = errors.New("idemkafka: processor returned an Outcome without a Status")
-		}
-		return idem.Outcome{Status: idem.Failed, MessageID: id, Err: err}
-	}
-	if out.MessageID == "" {
-		out.MessageID = id
-	}
-	if !out.Ack() && out.Err == nil {
-		out.Err = err
-		if out.Err == nil {
-			out.Err = fmt.Errorf("idemkafka: %s outcome without an error", out.Status)
-		}
-	}
-	return out
+	return idem.Guard(context.Background(), idem.ProcessorFunc(func(context.Context, idem.Message) (idem.Outcome, error) {
+		return out, err
+	}), idem.Message{ID: id})
 }
 
 // action is what the adapter does with a record after its Outcome.
