@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"log/slog"
 	"runtime/debug"
 	"sort"
@@ -31,9 +32,6 @@ const (
 	// DefaultMaxAttempts is the number of lease-mode attempts a message gets.
 	DefaultMaxAttempts = 5
 )
-
-// finishTimeout bounds a rollback run after the caller's context ended.
-const finishTimeout = 10 * time.Second
 
 // MismatchPolicy says what to do with a message whose ID was processed with
 // another payload fingerprint.
@@ -178,14 +176,14 @@ type BatchHandler[TTx any] func(ctx context.Context, tx TTx, msgs []Message) err
 // A Consumer is safe for concurrent use. Close it to stop its purge loop.
 type Consumer[TTx any] struct {
 	core
-	store TxStore[TTx]
+	store idemdriver.TxStore[TTx]
 }
 
 // NewConsumer returns a Consumer over store. It returns an error matching
 // ErrInvalidConsumerName or ErrInvalidConfig when cfg is invalid. Unless
 // cfg.PurgeInterval is negative it starts the background purge loop, which
 // Close stops.
-func NewConsumer[TTx any](store TxStore[TTx], cfg Config) (*Consumer[TTx], error) {
+func NewConsumer[TTx any](store idemdriver.TxStore[TTx], cfg Config) (*Consumer[TTx], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
@@ -193,7 +191,7 @@ func NewConsumer[TTx any](store TxStore[TTx], cfg Config) (*Consumer[TTx], error
 		return nil, err
 	}
 	c := &Consumer[TTx]{store: store}
-	c.start(cfg.withDefaults(), ModeTransactional, store.Purge)
+	c.start(cfg.withDefaults(), ModeTransactional, store)
 	return c, nil
 }
 
@@ -233,14 +231,14 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	if out.Status != 0 {
 		return out, out.Err
 	}
-	p := &ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp}
+	p := &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp}
 	var (
 		tx  TTx
-		res ClaimResult
+		res idemdriver.ClaimResult
 		err error
 	)
 	since := t.now()
-	if bc, ok := c.store.(BeginClaimer[TTx]); ok {
+	if bc, ok := c.store.(idemdriver.BeginClaimer[TTx]); ok {
 		tx, res, err = bc.BeginClaim(ctx, p)
 		if err != nil {
 			return c.failed(msg.ID, c.storeErr(ctx, "begin and claim", msg.ID, err))
@@ -303,7 +301,7 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return out, out.Err
 	}
 	since := t.now()
-	res, err := c.store.ClaimTx(ctx, tx, &ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp})
+	res, err := c.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp})
 	if err != nil {
 		return c.failed(msg.ID, c.storeErr(ctx, "claim", msg.ID, err))
 	}
@@ -345,7 +343,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 	outs := make([]Outcome, len(msgs))
 	fps := make([][]byte, len(msgs))
 	first := make(map[string]int, len(msgs)) // message ID -> index of its first valid occurrence
-	var claim []ClaimMessage
+	var claim []idemdriver.ClaimMessage
 	var claimIdx []int // claim[i] is msgs[claimIdx[i]]
 	for i, m := range msgs {
 		out, fp := c.prepare(m)
@@ -358,7 +356,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 			continue // settled after the claim
 		}
 		first[m.ID] = i
-		claim = append(claim, ClaimMessage{MessageID: m.ID, Fingerprint: fp})
+		claim = append(claim, idemdriver.ClaimMessage{MessageID: m.ID, Fingerprint: fp})
 		claimIdx = append(claimIdx, i)
 	}
 	if len(claim) > 0 {
@@ -369,7 +367,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 			order[k] = k
 		}
 		sort.SliceStable(order, func(a, b int) bool { return claim[order[a]].MessageID < claim[order[b]].MessageID })
-		sortedClaim := make([]ClaimMessage, len(claim))
+		sortedClaim := make([]idemdriver.ClaimMessage, len(claim))
 		sortedIdx := make([]int, len(claim))
 		for k, o := range order {
 			sortedClaim[k], sortedIdx[k] = claim[o], claimIdx[o]
@@ -402,7 +400,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 }
 
 func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Message, outs []Outcome, fps [][]byte,
-	claim []ClaimMessage, claimIdx []int, handler BatchHandler[TTx]) {
+	claim []idemdriver.ClaimMessage, claimIdx []int, handler BatchHandler[TTx]) {
 	fail := func(err error) {
 		for _, i := range claimIdx {
 			if outs[i].Status == 0 {
@@ -416,7 +414,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(c.storeErr(ctx, "begin", "", err))
 		return
 	}
-	res, err := c.store.ClaimBatchTx(ctx, tx, &ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim})
+	res, err := c.claimBatch(ctx, tx, claim)
 	if err == nil && len(res) != len(claim) {
 		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
 	}
@@ -487,4 +485,22 @@ func runHandler(fn func() error) (err error) {
 		}
 	}()
 	return fn()
+}
+
+// claimBatch claims msgs (sorted by ID) inside tx: with one statement when
+// the store is an idemdriver.BatchClaimer, otherwise with one ClaimTx per
+// message in the same order, which takes the same locks in the same order.
+func (c *Consumer[TTx]) claimBatch(ctx context.Context, tx TTx, msgs []idemdriver.ClaimMessage) ([]idemdriver.ClaimResult, error) {
+	if bc, ok := c.store.(idemdriver.BatchClaimer[TTx]); ok {
+		return bc.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: msgs})
+	}
+	out := make([]idemdriver.ClaimResult, len(msgs))
+	for i, m := range msgs {
+		r, err := c.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"io"
 	"log/slog"
 	"slices"
@@ -22,7 +23,7 @@ type recordingStore struct {
 	batches [][]string
 }
 
-func (s *recordingStore) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+func (s *recordingStore) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	var ids []string
 	for _, m := range p.Messages {
 		ids = append(ids, m.MessageID)

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"github.com/idem-go/idem/idemdriver"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -13,90 +13,41 @@ import (
 )
 
 // core is what both claim modes share: the configuration, message checks,
-// fingerprint comparison, and the background purge loop.
+// fingerprint comparison, and the background loops of retention (marking
+// the consumer running, purging).
 type core struct {
 	cfg    Config
 	hooks  *hooks // nil without Config.Hooks
 	closed atomic.Bool
-	purge  func(context.Context, *PurgeParams) (PurgeResult, error)
+	store  idemdriver.Retainer
 
 	stopOnce sync.Once
 	stop     context.CancelFunc
-	loopDone chan struct{}
+	loops    sync.WaitGroup
 }
 
 // start sets cfg (validated, with defaults applied) and the hooks, and
-// starts the purge loop unless cfg.PurgeInterval is negative.
-func (c *core) start(cfg Config, mode Mode, purge func(context.Context, *PurgeParams) (PurgeResult, error)) {
-	c.cfg, c.purge, c.loopDone = cfg, purge, make(chan struct{})
+// starts the loop that marks the consumer running and, unless
+// cfg.PurgeInterval is negative, the purge loop.
+func (c *core) start(cfg Config, mode Mode, store idemdriver.Retainer) {
+	c.cfg, c.store = cfg, store
 	c.hooks, _ = newHooks(cfg.Hooks, cfg, mode) // validate checked them
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
+	c.loops.Add(1)
+	go c.runLoop(ctx)
 	if c.cfg.PurgeInterval > 0 {
+		c.loops.Add(1)
 		go c.purgeLoop(ctx)
-	} else {
-		close(c.loopDone)
 	}
 }
 
-// close stops the purge loop and waits for it; idempotent.
+// close stops the background loops and waits for them; idempotent.
 func (c *core) close() error {
 	c.closed.Store(true)
 	c.stopOnce.Do(c.stop)
-	<-c.loopDone
+	c.loops.Wait()
 	return nil
-}
-
-// purgeNow runs one purge of this consumer with the configured window.
-func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
-	start := time.Now()
-	res, err := c.purge(ctx, &PurgeParams{
-		Consumer:        c.cfg.Name,
-		RetentionWindow: c.cfg.RetentionWindow,
-		BatchSize:       c.cfg.PurgeBatchSize,
-	})
-	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
-		err = c.storeErr(ctx, "purge", "", err)
-	}
-	if h := c.hooks; h != nil && len(h.purge) > 0 {
-		e := PurgeEvent{Consumer: c.cfg.Name, Result: res, RetentionWindow: c.cfg.RetentionWindow, Latency: time.Since(start), Err: err}
-		if err == nil && !res.Horizon.IsZero() {
-			e.Lag = max(0, time.Since(res.Horizon)-c.cfg.RetentionWindow)
-		}
-		for _, x := range h.purge {
-			h.safe(x, func() { x.OnPurge(ctx, e) })
-		}
-	}
-	return res, err
-}
-
-func (c *core) purgeLoop(ctx context.Context) {
-	defer close(c.loopDone)
-	log := c.cfg.Logger.With("consumer", c.cfg.Name)
-	for {
-		// Jitter of ±10% keeps a fleet of consumers from purging in step.
-		d := c.cfg.PurgeInterval + time.Duration((rand.Float64()-0.5)*0.2*float64(c.cfg.PurgeInterval))
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		res, err := c.purgeNow(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, ErrPurgeInProgress):
-			log.Debug("idem: purge skipped, another cleaner is running")
-		case err != nil:
-			log.Warn("idem: purge failed", "err", err)
-		default:
-			log.Info("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
-				"horizon", res.Horizon, "duration", time.Since(start))
-		}
-	}
 }
 
 // prepare validates msg and computes its fingerprint. A non-zero
@@ -138,18 +89,18 @@ func (c *core) duplicate(id string, fp, stored []byte) (Outcome, error) {
 // fingerprint is checked first, then the record's state, since a lease-mode
 // record of the same consumer name may be in progress or poison and must
 // not be acknowledged as a duplicate.
-func (c *core) existingTx(id string, fp []byte, res ClaimResult) (Outcome, error) {
+func (c *core) existingTx(id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
 	out, err := c.duplicate(id, fp, res.Fingerprint)
 	if out.Status == FingerprintMismatch {
 		return out, err
 	}
 	switch res.State {
-	case 0, StateCompleted:
+	case 0, idemdriver.StateCompleted:
 		return out, err
-	case StateInProgress:
+	case idemdriver.StateInProgress:
 		err := fmt.Errorf("%w: message %q is being processed by a lease-mode attempt of consumer %q", ErrInProgress, id, c.cfg.Name)
 		return Outcome{Status: InProgress, MessageID: id, Err: err, RetryAfter: txInProgressRetryAfter}, err
-	case StateFailed:
+	case idemdriver.StateFailed:
 		err := fmt.Errorf("%w: message %q failed for good in lease mode (consumer %q)", ErrPoison, id, c.cfg.Name)
 		return Outcome{Status: Failed, MessageID: id, Err: err, Poison: true}, err
 	}

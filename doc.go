@@ -27,11 +27,11 @@
 //
 // # Stores
 //
-// A [TxStore] is the seam to a database. This module has [MemoryStore];
+// A [idemdriver.TxStore] is the seam to a database. This module has [MemoryStore];
 // store/idempgxv5 (PostgreSQL on pgx v5) and store/idemsql (database/sql for
 // PostgreSQL, MariaDB/MySQL and SQLite) are modules of their own, so a user
 // of one store downloads no other driver. This module imports only the
-// standard library. The TxStore interface is meant to be implemented by
+// standard library. The idemdriver.TxStore interface is meant to be implemented by
 // third parties and is kept small; every store must pass the idemtest
 // conformance suite.
 //

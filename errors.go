@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Sentinel errors. Every error a Consumer or LeaseConsumer returns wraps one
@@ -15,24 +16,24 @@ var (
 	// ID counts as missing). The producer must set one; the consumer never
 	// invents it, because a redelivery would get a new ID and slip past
 	// deduplication. Not retryable: dead-letter the message.
-	ErrMissingMessageID = errors.New("idem: missing message ID")
+	ErrMissingMessageID = idemdriver.ErrMissingMessageID
 
 	// ErrInvalidMessageID means the message ID breaks the ID rules: longer
 	// than the configured maximum (255 bytes by default), not valid UTF-8, or
 	// holding a NUL or another control character. Not retryable.
-	ErrInvalidMessageID = errors.New("idem: invalid message ID")
+	ErrInvalidMessageID = idemdriver.ErrInvalidMessageID
 
 	// ErrInvalidConsumerName means the consumer name is empty, longer than
 	// 255 bytes, not valid UTF-8, or holds a control character.
-	ErrInvalidConsumerName = errors.New("idem: invalid consumer name")
+	ErrInvalidConsumerName = idemdriver.ErrInvalidConsumerName
 
 	// ErrInvalidConfig means a Config or store option is out of range.
-	ErrInvalidConfig = errors.New("idem: invalid config")
+	ErrInvalidConfig = idemdriver.ErrInvalidConfig
 
 	// ErrInvalidPayload means the fingerprinter could not read the payload,
 	// for example a payload that is not JSON under [JSONFingerprint]. Not
 	// retryable: the same bytes fail the same way on every redelivery.
-	ErrInvalidPayload = errors.New("idem: invalid payload")
+	ErrInvalidPayload = idemdriver.ErrInvalidPayload
 
 	// ErrFingerprintMismatch means a record with the same consumer and message
 	// ID exists but its payload fingerprint differs: the producer reused an
@@ -50,7 +51,7 @@ var (
 
 	// ErrPurgeInProgress means another cleaner holds the purge lock for this
 	// store and consumer; only one runs at a time. Try again later.
-	ErrPurgeInProgress = errors.New("idem: purge already running")
+	ErrPurgeInProgress = idemdriver.ErrPurgeInProgress
 
 	// ErrClosed is returned by a Consumer after Close.
 	ErrClosed = errors.New("idem: consumer closed")

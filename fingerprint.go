@@ -11,10 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // MaxFingerprintLength is the longest fingerprint a store keeps, in bytes.
-const MaxFingerprintLength = 64
+const MaxFingerprintLength = idemdriver.MaxFingerprintLength
 
 // Fingerprinter computes the fingerprint of a payload: at most
 // MaxFingerprintLength bytes, equal for payloads that mean the same thing

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"sync"
 	"time"
 )
@@ -51,7 +52,7 @@ type Attempt struct {
 	// that can reject writes from a stale owner.
 	Token int64
 
-	store LeaseStore
+	store idemdriver.LeaseStore
 	core  *core // for the hooks
 	mu    sync.Mutex
 	steps map[string][]byte
@@ -84,7 +85,7 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 		return nil, err
 	}
 	since := a.core.now()
-	err = a.store.SaveStep(ctx, &StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: res})
+	err = a.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: res})
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			a.core.leaseLost(ctx, a, "step", since, err)
@@ -121,13 +122,13 @@ func (a *Attempt) Completed(name string) bool {
 // A LeaseConsumer is safe for concurrent use. Close it to stop its purge loop.
 type LeaseConsumer struct {
 	core
-	store LeaseStore
+	store idemdriver.LeaseStore
 }
 
 // NewLeaseConsumer returns a LeaseConsumer over store. It returns an error
 // matching ErrInvalidConsumerName or ErrInvalidConfig when cfg is invalid,
 // and starts the background purge loop unless cfg.PurgeInterval is negative.
-func NewLeaseConsumer(store LeaseStore, cfg Config) (*LeaseConsumer, error) {
+func NewLeaseConsumer(store idemdriver.LeaseStore, cfg Config) (*LeaseConsumer, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
@@ -135,7 +136,7 @@ func NewLeaseConsumer(store LeaseStore, cfg Config) (*LeaseConsumer, error) {
 		return nil, err
 	}
 	c := &LeaseConsumer{store: store}
-	c.start(cfg.withDefaults(), ModeLease, store.Purge)
+	c.start(cfg.withDefaults(), ModeLease, store)
 	return c, nil
 }
 
@@ -183,7 +184,7 @@ func (c *LeaseConsumer) process(ctx context.Context, t *track, msg Message, hand
 	}
 	// The lease cannot have started before this instant, by our clock.
 	leaseFrom := time.Now()
-	acq, err := c.store.Acquire(ctx, &AcquireParams{
+	acq, err := c.store.Acquire(ctx, &idemdriver.AcquireParams{
 		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
 	})
 	if err != nil {
@@ -224,7 +225,7 @@ func (c *LeaseConsumer) process(ctx context.Context, t *track, msg Message, hand
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	since := c.now()
-	err = c.store.Complete(fctx, &CompleteParams{
+	err = c.store.Complete(fctx, &idemdriver.CompleteParams{
 		Consumer: c.cfg.Name, MessageID: msg.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
 	})
 	if errors.Is(err, ErrLeaseLost) {
@@ -240,23 +241,23 @@ func (c *LeaseConsumer) process(ctx context.Context, t *track, msg Message, hand
 }
 
 // existing settles a delivery whose record another attempt holds or finished.
-func (c *LeaseConsumer) existing(id string, fp []byte, acq AcquireResult) (Outcome, error) {
+func (c *LeaseConsumer) existing(id string, fp []byte, acq idemdriver.AcquireResult) (Outcome, error) {
 	out, err := c.duplicate(id, fp, acq.Fingerprint)
 	if out.Status == FingerprintMismatch {
 		return out, err
 	}
 	switch acq.State {
-	case StateCompleted:
+	case idemdriver.StateCompleted:
 		out.Result, out.ContentType = acq.Result, acq.ContentType
 		return out, nil
-	case StateInProgress:
+	case idemdriver.StateInProgress:
 		ra := acq.LeaseRemaining
 		if ra < minRetryAfter {
 			ra = minRetryAfter
 		}
 		err := fmt.Errorf("%w: message %q, %d attempts so far, lease ends in %v", ErrInProgress, id, acq.Attempt, acq.LeaseRemaining)
 		return Outcome{Status: InProgress, MessageID: id, Err: err, RetryAfter: ra, Attempt: acq.Attempt}, err
-	case StateFailed:
+	case idemdriver.StateFailed:
 		err := fmt.Errorf("%w: message %q failed %d attempts: %s", ErrPoison, id, acq.Attempt, acq.Error)
 		return Outcome{Status: Failed, MessageID: id, Err: err, Attempt: acq.Attempt, Poison: true}, err
 	}
@@ -322,7 +323,7 @@ func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel conte
 		start := time.Now()
 		// A renewal that hangs past the lease is as good as lost.
 		callCtx, cancelCall := context.WithDeadline(ctx, validFrom.Add(c.cfg.Lease))
-		err := c.store.Renew(callCtx, &RenewParams{Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Lease: c.cfg.Lease})
+		err := c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Lease: c.cfg.Lease})
 		cancelCall()
 		switch {
 		case errors.Is(err, ErrLeaseLost):
@@ -349,7 +350,7 @@ func (c *LeaseConsumer) release(ctx context.Context, t *track, a *Attempt, cause
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
 	since := c.now()
-	err := c.store.Release(fctx, &ReleaseParams{
+	err := c.store.Release(fctx, &idemdriver.ReleaseParams{
 		Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
 	})
 	switch {

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"github.com/idem-go/idem/idemdriver"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,12 +14,14 @@ import (
 // renewHook decorates the memory store's Renew.
 type renewHook struct {
 	*idem.MemoryStore
-	renew func(ctx context.Context, p *idem.RenewParams) error
+	renew func(ctx context.Context, p *idemdriver.RenewParams) error
 }
 
-func (s *renewHook) Renew(ctx context.Context, p *idem.RenewParams) error { return s.renew(ctx, p) }
+func (s *renewHook) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	return s.renew(ctx, p)
+}
 
-func newLeaseConsumer(t *testing.T, store idem.LeaseStore, lease time.Duration) *idem.LeaseConsumer {
+func newLeaseConsumer(t *testing.T, store idemdriver.LeaseStore, lease time.Duration) *idem.LeaseConsumer {
 	t.Helper()
 	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: lease, PurgeInterval: -1})
 	if err != nil {
@@ -38,7 +41,7 @@ func TestLeaseConsumerRenewsAfterCallerCancel(t *testing.T) {
 	var renewals atomic.Int64
 	renewed := make(chan struct{}, 100)
 	hook := &renewHook{MemoryStore: store}
-	hook.renew = func(ctx context.Context, p *idem.RenewParams) error {
+	hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
 		err := store.Renew(ctx, p)
 		if err == nil {
 			renewals.Add(1)
@@ -81,7 +84,7 @@ func TestLeaseConsumerHungRenewalDoesNotBlock(t *testing.T) {
 	inRenew := make(chan struct{})
 	var once atomic.Bool
 	hook := &renewHook{MemoryStore: store}
-	hook.renew = func(ctx context.Context, p *idem.RenewParams) error {
+	hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
 		if once.CompareAndSwap(false, true) {
 			close(inRenew)
 		}
@@ -115,7 +118,7 @@ func TestLeaseConsumerCancelsWhenRenewalsFail(t *testing.T) {
 	t.Parallel()
 	store := idem.NewMemoryStore(nil)
 	hook := &renewHook{MemoryStore: store}
-	hook.renew = func(ctx context.Context, p *idem.RenewParams) error { return errors.New("connection refused") }
+	hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error { return errors.New("connection refused") }
 	c := newLeaseConsumer(t, hook, idem.MinLease)
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
 	start := time.Now()

@@ -3,13 +3,13 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"slices"
 	"sync"
 	"time"
 )
 
-// MemoryStore is an in-memory TxStore with the same semantics as the SQL
+// MemoryStore is an in-memory idemdriver.TxStore with the same semantics as the SQL
 // stores, for tests and examples: claims made in a *MemoryTx become visible
 // at Commit, a concurrent claim of the same key waits for the first
 // transaction to end (as a unique index does), and Rollback forgets them.
@@ -23,7 +23,8 @@ type MemoryStore struct {
 	mu      sync.Mutex
 	records map[memKey]memRecord
 	pending map[memKey]*MemoryTx // keys claimed by an open transaction
-	purging map[string]bool      // consumers with a purge running
+	purging map[string]bool      // consumers with a purge session open
+	runs    map[string][]idemdriver.Run
 }
 
 type memKey struct{ consumer, id string }
@@ -33,7 +34,7 @@ type memRecord struct {
 	at          time.Time // written (and, in lease mode, last updated)
 
 	// Lease mode; a zero state is a transactional-mode (completed) record.
-	state       RecordState
+	state       idemdriver.RecordState
 	token       int64
 	attempt     int
 	leaseUntil  time.Time
@@ -70,6 +71,7 @@ func NewMemoryStore(now func() time.Time) *MemoryStore {
 		records: map[memKey]memRecord{},
 		pending: map[memKey]*MemoryTx{},
 		purging: map[string]bool{},
+		runs:    map[string][]idemdriver.Run{},
 	}
 }
 
@@ -79,7 +81,7 @@ func NewMemoryStore(now func() time.Time) *MemoryStore {
 // effect in the same transaction as the claim.
 func (tx *MemoryTx) OnCommit(fn func()) { tx.onCommit = append(tx.onCommit, fn) }
 
-// Begin implements TxStore.
+// Begin implements idemdriver.TxStore.
 func (s *MemoryStore) Begin(ctx context.Context) (*MemoryTx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -87,25 +89,31 @@ func (s *MemoryStore) Begin(ctx context.Context) (*MemoryTx, error) {
 	return &MemoryTx{s: s, claims: map[memKey][]byte{}, done: make(chan struct{})}, nil
 }
 
-// ClaimTx implements TxStore.
-func (s *MemoryStore) ClaimTx(ctx context.Context, tx *MemoryTx, p *ClaimParams) (ClaimResult, error) {
-	res, err := s.ClaimBatchTx(ctx, tx, &ClaimBatchParams{
+// ClaimTx implements idemdriver.TxStore.
+func (s *MemoryStore) ClaimTx(ctx context.Context, tx *MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	if err := idemdriver.ValidateClaimParams(p); err != nil {
+		return idemdriver.ClaimResult{}, err
+	}
+	res, err := s.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{
 		Consumer: p.Consumer,
-		Messages: []ClaimMessage{{MessageID: p.MessageID, Fingerprint: p.Fingerprint}},
+		Messages: []idemdriver.ClaimMessage{{MessageID: p.MessageID, Fingerprint: p.Fingerprint}},
 	})
 	if err != nil {
-		return ClaimResult{}, err
+		return idemdriver.ClaimResult{}, err
 	}
 	return res[0], nil
 }
 
-// ClaimBatchTx implements TxStore. Like a SQL statement, it fails at once
+// ClaimBatchTx implements idemdriver.BatchClaimer. Like a SQL statement, it fails at once
 // with ctx's error when ctx has already ended.
-func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBatchParams) ([]ClaimResult, error) {
+func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	if err := idemdriver.ValidateClaimBatchParams(p); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := make([]ClaimResult, len(p.Messages))
+	out := make([]idemdriver.ClaimResult, len(p.Messages))
 	for i, m := range p.Messages {
 		k := memKey{p.Consumer, m.MessageID}
 		for {
@@ -116,16 +124,16 @@ func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBa
 			}
 			if fp, ok := tx.claims[k]; ok {
 				s.mu.Unlock()
-				out[i] = ClaimResult{Fingerprint: slices.Clone(fp), State: StateCompleted}
+				out[i] = idemdriver.ClaimResult{Fingerprint: slices.Clone(fp), State: idemdriver.StateCompleted}
 				break
 			}
 			if rec, ok := s.records[k]; ok {
 				s.mu.Unlock()
 				st := rec.state
 				if st == 0 {
-					st = StateCompleted // a transactional-mode record
+					st = idemdriver.StateCompleted // a transactional-mode record
 				}
-				out[i] = ClaimResult{Fingerprint: slices.Clone(rec.fingerprint), State: st}
+				out[i] = idemdriver.ClaimResult{Fingerprint: slices.Clone(rec.fingerprint), State: st}
 				break
 			}
 			other, busy := s.pending[k]
@@ -133,7 +141,7 @@ func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBa
 				s.pending[k] = tx
 				tx.claims[k] = slices.Clone(m.Fingerprint)
 				s.mu.Unlock()
-				out[i] = ClaimResult{Claimed: true}
+				out[i] = idemdriver.ClaimResult{Claimed: true}
 				break
 			}
 			s.mu.Unlock()
@@ -148,7 +156,7 @@ func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *ClaimBa
 	return out, nil
 }
 
-// Commit implements TxStore.
+// Commit implements idemdriver.TxStore.
 func (s *MemoryStore) Commit(ctx context.Context, tx *MemoryTx) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -166,7 +174,7 @@ func (s *MemoryStore) Commit(ctx context.Context, tx *MemoryTx) error {
 	return nil
 }
 
-// Rollback implements TxStore. Rolling back an ended transaction is a no-op.
+// Rollback implements idemdriver.TxStore. Rolling back an ended transaction is a no-op.
 func (s *MemoryStore) Rollback(ctx context.Context, tx *MemoryTx) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -184,71 +192,145 @@ func (s *MemoryStore) endLocked(tx *MemoryTx) {
 	close(tx.done)
 }
 
-// Purge implements TxStore. Only one purge per consumer runs at a time; a
-// second gets ErrPurgeInProgress.
-func (s *MemoryStore) Purge(ctx context.Context, p *PurgeParams) (PurgeResult, error) {
-	if err := ValidatePurgeParams(p); err != nil {
-		return PurgeResult{}, err
+// MarkRunning implements idemdriver.Retainer, by the store's clock.
+func (s *MemoryStore) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
+	if err := idemdriver.ValidateMarkRunningParams(p); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	runs := s.runs[p.Consumer]
+	if n := len(runs); n > 0 && p.MaxGap > 0 && !now.After(runs[n-1].End.Add(p.MaxGap)) {
+		if now.After(runs[n-1].End) {
+			runs[n-1].End = now
+		}
+		return nil
+	}
+	s.runs[p.Consumer] = append(runs, idemdriver.Run{Start: now, End: now})
+	return nil
+}
+
+// BeginPurge implements idemdriver.Retainer. One purge session per
+// consumer is open at a time; a second gets ErrPurgeInProgress.
+func (s *MemoryStore) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	if err := idemdriver.ValidateBeginPurgeParams(p); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.purging[p.Consumer] {
-		s.mu.Unlock()
-		return PurgeResult{}, ErrPurgeInProgress
+		return nil, ErrPurgeInProgress
 	}
 	s.purging[p.Consumer] = true
-	var newest time.Time
-	for k, r := range s.records {
-		if k.consumer == p.Consumer && r.at.After(newest) {
-			newest = r.at
-		}
-	}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.purging, p.Consumer)
-		s.mu.Unlock()
-	}()
+	return &memPurge{s: s, consumer: p.Consumer}, nil
+}
 
-	var res PurgeResult
-	if newest.IsZero() {
-		return res, nil
+// memPurge is a MemoryStore's purge session.
+type memPurge struct {
+	s        *MemoryStore
+	consumer string
+	closed   bool
+}
+
+func (m *memPurge) Runs(ctx context.Context) ([]idemdriver.Run, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	res.Horizon = newest.Add(-p.RetentionWindow)
-	for {
-		if err := ctx.Err(); err != nil {
-			return res, err
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	return slices.Clone(m.s.runs[m.consumer]), nil
+}
+
+func (m *memPurge) CountBefore(ctx context.Context, horizon time.Time) (int64, error) {
+	if err := idemdriver.ValidateHorizon(horizon); err != nil {
+		return 0, err
+	}
+	return m.sweep(ctx, horizon, -1)
+}
+
+func (m *memPurge) DeleteBatch(ctx context.Context, p *idemdriver.PurgeBatchParams) (int64, error) {
+	if err := idemdriver.ValidatePurgeBatchParams(p); err != nil {
+		return 0, err
+	}
+	return m.sweep(ctx, p.Horizon, p.Limit)
+}
+
+// sweep deletes up to limit of the consumer's settled records written
+// before horizon, oldest first, or with a negative limit counts them all.
+func (m *memPurge) sweep(ctx context.Context, horizon time.Time, limit int) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	var due []memKey
+	for k, r := range m.s.records {
+		if k.consumer == m.consumer && r.at.Before(horizon) && r.state != idemdriver.StateInProgress {
+			due = append(due, k)
 		}
-		s.mu.Lock()
-		n := 0
-		for k, r := range s.records {
-			if n == p.BatchSize && !p.DryRun {
-				break
+	}
+	if limit < 0 {
+		return int64(len(due)), nil
+	}
+	slices.SortFunc(due, func(a, b memKey) int { return m.s.records[a].at.Compare(m.s.records[b].at) })
+	due = due[:min(limit, len(due))]
+	for _, k := range due {
+		delete(m.s.records, k)
+	}
+	return int64(len(due)), nil
+}
+
+func (m *memPurge) PruneRuns(ctx context.Context, t time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	m.s.runs[m.consumer] = slices.DeleteFunc(m.s.runs[m.consumer], func(r idemdriver.Run) bool { return r.End.Before(t) })
+	return nil
+}
+
+func (m *memPurge) Close(context.Context) error {
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		delete(m.s.purging, m.consumer)
+	}
+	return nil
+}
+
+// shift moves every time recorded for consumer (its records, their leases
+// and its runs) back by d, as if all of it had happened d earlier and the
+// consumer had not run since: the memory store's idemtest Setup.
+func (s *MemoryStore) shift(consumer string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, r := range s.records {
+		if k.consumer == consumer {
+			r.at = r.at.Add(-d)
+			if !r.leaseUntil.IsZero() {
+				r.leaseUntil = r.leaseUntil.Add(-d)
 			}
-			if k.consumer == p.Consumer && r.at.Before(res.Horizon) && r.state != StateInProgress {
-				if !p.DryRun {
-					delete(s.records, k)
-				}
-				n++
-			}
+			s.records[k] = r
 		}
-		s.mu.Unlock()
-		res.Deleted += int64(n)
-		if n > 0 {
-			res.Batches++
-			if p.OnBatch != nil {
-				p.OnBatch(res.Deleted)
-			}
-		}
-		if n < p.BatchSize || p.DryRun {
-			return res, nil
-		}
+	}
+	for i := range s.runs[consumer] {
+		s.runs[consumer][i].Start = s.runs[consumer][i].Start.Add(-d)
+		s.runs[consumer][i].End = s.runs[consumer][i].End.Add(-d)
 	}
 }
 
-// CountRecords returns the number of committed records of consumer. With
-// AgeRecords it backs the idemtest Setup of the memory store, and lets tests
-// and examples inspect the store.
-func (s *MemoryStore) CountRecords(consumer string) int {
+// countRecords returns the number of committed records of consumer, for
+// the memory store's idemtest Setup.
+func (s *MemoryStore) countRecords(consumer string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -260,12 +342,10 @@ func (s *MemoryStore) CountRecords(consumer string) int {
 	return n
 }
 
-// AgeRecords is a test hook: it moves the recorded time of consumer's
-// committed records with the given message IDs back by d, as if they had
-// been written d earlier, and returns how many it moved. Records are
-// otherwise stamped with the store's clock at commit; retention tests use
-// this to build history without waiting. Production code has no use for it.
-func (s *MemoryStore) AgeRecords(consumer string, ids []string, d time.Duration) int {
+// ageRecords moves the recorded time of consumer's committed records with
+// the given message IDs back by d, as if they had been written d earlier,
+// and returns how many it moved: the memory store's idemtest Setup.
+func (s *MemoryStore) ageRecords(consumer string, ids []string, d time.Duration) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -280,18 +360,15 @@ func (s *MemoryStore) AgeRecords(consumer string, ids []string, d time.Duration)
 	return n
 }
 
-// ExpireLease is a test hook: it ends the lease of consumer's in_progress
-// record id now, by the store's clock, as if it had run out, and reports
-// whether there was such a record. The attempt that held the lease still
-// owns the record (it may complete it) until another attempt takes over, as
-// with a lease that expired on its own. The idemtest lease suite uses it to
-// test expiry and takeover without waiting; production code has no use for it.
-func (s *MemoryStore) ExpireLease(consumer, id string) bool {
+// expireLease ends the lease of consumer's in_progress record id now, by
+// the store's clock, as if it had run out, and reports whether there was
+// such a record: the memory store's idemtest LeaseSetup.
+func (s *MemoryStore) expireLease(consumer, id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := memKey{consumer, id}
 	r, ok := s.records[k]
-	if !ok || r.state != StateInProgress {
+	if !ok || r.state != idemdriver.StateInProgress {
 		return false
 	}
 	if now := s.now(); r.leaseUntil.After(now) {
@@ -299,21 +376,4 @@ func (s *MemoryStore) ExpireLease(consumer, id string) bool {
 		s.records[k] = r
 	}
 	return true
-}
-
-// ValidatePurgeParams checks p as every store's Purge does: a valid consumer
-// name, a retention window in 1ns..MaxRetentionWindow and a positive batch
-// size. Errors match
-// ErrInvalidConsumerName or ErrInvalidConfig. Store implementations call it.
-func ValidatePurgeParams(p *PurgeParams) error {
-	if err := ValidateConsumerName(p.Consumer); err != nil {
-		return err
-	}
-	if p.RetentionWindow <= 0 || p.BatchSize <= 0 {
-		return fmt.Errorf("%w: purge needs a positive RetentionWindow and BatchSize", ErrInvalidConfig)
-	}
-	if p.RetentionWindow > MaxRetentionWindow {
-		return fmt.Errorf("%w: RetentionWindow %v is over MaxRetentionWindow (%v)", ErrInvalidConfig, p.RetentionWindow, MaxRetentionWindow)
-	}
-	return nil
 }

@@ -2,23 +2,24 @@ package idem
 
 import (
 	"context"
+	"github.com/idem-go/idem/idemdriver"
 	"maps"
 	"slices"
 	"time"
 )
 
-// MemoryStore implements LeaseStore too, with its clock as the lease clock.
+// MemoryStore implements idemdriver.LeaseStore too, with its clock as the lease clock.
 // A consumer name should use one mode: a transactional claim sees any
 // record, in progress or not, as a duplicate.
-var _ LeaseStore = (*MemoryStore)(nil)
+var _ idemdriver.LeaseStore = (*MemoryStore)(nil)
 
-// Acquire implements LeaseStore.
-func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireResult, error) {
+// Acquire implements idemdriver.LeaseStore.
+func (s *MemoryStore) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if err := ctx.Err(); err != nil {
-		return AcquireResult{}, err
+		return idemdriver.AcquireResult{}, err
 	}
-	if err := ValidateAcquireParams(p); err != nil {
-		return AcquireResult{}, err
+	if err := idemdriver.ValidateAcquireParams(p); err != nil {
+		return idemdriver.AcquireResult{}, err
 	}
 	k := memKey{p.Consumer, p.MessageID}
 	s.mu.Lock()
@@ -26,35 +27,35 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireRes
 	if _, busy := s.pending[k]; busy {
 		// A transactional claim in flight: the record does not exist yet
 		// for anyone, but it is being processed.
-		return AcquireResult{State: StateInProgress, Fingerprint: slices.Clone(p.Fingerprint), LeaseRemaining: minRetryAfter}, nil
+		return idemdriver.AcquireResult{State: idemdriver.StateInProgress, Fingerprint: slices.Clone(p.Fingerprint), LeaseRemaining: minRetryAfter}, nil
 	}
 	now := s.now()
 	r, ok := s.records[k]
 	if !ok {
 		s.records[k] = memRecord{
-			fingerprint: slices.Clone(p.Fingerprint), at: now, state: StateInProgress,
+			fingerprint: slices.Clone(p.Fingerprint), at: now, state: idemdriver.StateInProgress,
 			token: 1, attempt: 1, leaseUntil: now.Add(p.Lease),
 		}
-		return AcquireResult{Acquired: true, Token: 1, Attempt: 1, Steps: map[string][]byte{}}, nil
+		return idemdriver.AcquireResult{Acquired: true, Token: 1, Attempt: 1, Steps: map[string][]byte{}}, nil
 	}
 	state := r.state
 	if state == 0 {
-		state = StateCompleted
+		state = idemdriver.StateCompleted
 	}
-	if state == StateInProgress && !now.Before(r.leaseUntil) && string(r.fingerprint) == string(p.Fingerprint) {
+	if state == idemdriver.StateInProgress && !now.Before(r.leaseUntil) && string(r.fingerprint) == string(p.Fingerprint) {
 		r.token++
 		r.attempt++
 		r.released = false
 		r.leaseUntil = now.Add(p.Lease)
 		r.at = now
 		s.records[k] = r
-		return AcquireResult{Acquired: true, Token: r.token, Attempt: r.attempt, Steps: cloneSteps(r.steps)}, nil
+		return idemdriver.AcquireResult{Acquired: true, Token: r.token, Attempt: r.attempt, Steps: cloneSteps(r.steps)}, nil
 	}
-	res := AcquireResult{
+	res := idemdriver.AcquireResult{
 		State: state, Attempt: r.attempt, Fingerprint: slices.Clone(r.fingerprint),
 		Result: slices.Clone(r.result), ContentType: r.contentType, Error: r.errText,
 	}
-	if state == StateInProgress && now.Before(r.leaseUntil) {
+	if state == idemdriver.StateInProgress && now.Before(r.leaseUntil) {
 		res.LeaseRemaining = r.leaseUntil.Sub(now)
 	}
 	return res, nil
@@ -64,7 +65,7 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *AcquireParams) (AcquireRes
 // and not released. An expired lease is still owned until a takeover.
 func (s *MemoryStore) owned(k memKey, token int64) (memRecord, bool) {
 	r, ok := s.records[k]
-	return r, ok && r.state == StateInProgress && r.token == token && !r.released
+	return r, ok && r.state == idemdriver.StateInProgress && r.token == token && !r.released
 }
 
 // fenced runs update on the record (consumer, id) while token owns it,
@@ -86,35 +87,47 @@ func (s *MemoryStore) fenced(ctx context.Context, consumer, id string, token int
 	return nil
 }
 
-// Renew implements LeaseStore.
-func (s *MemoryStore) Renew(ctx context.Context, p *RenewParams) error {
+// Renew implements idemdriver.LeaseStore.
+func (s *MemoryStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	if err := idemdriver.ValidateRenewParams(p); err != nil {
+		return err
+	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
 		r.leaseUntil = now.Add(p.Lease)
 	})
 }
 
-// Complete implements LeaseStore.
-func (s *MemoryStore) Complete(ctx context.Context, p *CompleteParams) error {
+// Complete implements idemdriver.LeaseStore.
+func (s *MemoryStore) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
+	if err := idemdriver.ValidateCompleteParams(p); err != nil {
+		return err
+	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
-		r.state, r.result, r.contentType, r.at, r.leaseUntil = StateCompleted, slices.Clone(p.Result), p.ContentType, now, now
+		r.state, r.result, r.contentType, r.at, r.leaseUntil = idemdriver.StateCompleted, slices.Clone(p.Result), p.ContentType, now, now
 		if r.result == nil {
 			r.result = []byte{}
 		}
 	})
 }
 
-// Release implements LeaseStore.
-func (s *MemoryStore) Release(ctx context.Context, p *ReleaseParams) error {
+// Release implements idemdriver.LeaseStore.
+func (s *MemoryStore) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
+	if err := idemdriver.ValidateReleaseParams(p); err != nil {
+		return err
+	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
 		r.errText, r.at, r.leaseUntil, r.released = p.Error, now, now, true
 		if p.Terminal {
-			r.state = StateFailed
+			r.state = idemdriver.StateFailed
 		}
 	})
 }
 
-// SaveStep implements LeaseStore.
-func (s *MemoryStore) SaveStep(ctx context.Context, p *StepParams) error {
+// SaveStep implements idemdriver.LeaseStore.
+func (s *MemoryStore) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
+	if err := idemdriver.ValidateStepParams(p); err != nil {
+		return err
+	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, _ time.Time) {
 		if r.steps == nil {
 			r.steps = map[string][]byte{}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"os"
 	"sync"
 	"testing"
@@ -83,15 +84,15 @@ func TestMemoryStoreConformance(t *testing.T) {
 // capability, so the suite also covers the Consumer's BeginClaim path.
 type beginClaimStore struct{ *idem.MemoryStore }
 
-func (s beginClaimStore) BeginClaim(ctx context.Context, p *idem.ClaimParams) (*idem.MemoryTx, idem.ClaimResult, error) {
+func (s beginClaimStore) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (*idem.MemoryTx, idemdriver.ClaimResult, error) {
 	tx, err := s.Begin(ctx)
 	if err != nil {
-		return nil, idem.ClaimResult{}, err
+		return nil, idemdriver.ClaimResult{}, err
 	}
 	res, err := s.ClaimTx(ctx, tx, p)
 	if err != nil {
 		_ = s.Rollback(context.WithoutCancel(ctx), tx)
-		return nil, idem.ClaimResult{}, err
+		return nil, idemdriver.ClaimResult{}, err
 	}
 	return tx, res, nil
 }

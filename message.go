@@ -1,15 +1,12 @@
 package idem
 
-import (
-	"fmt"
-	"unicode/utf8"
-)
+import "github.com/idem-go/idem/idemdriver"
 
 // DefaultMaxIDLength is the longest message ID accepted by default, in bytes.
-const DefaultMaxIDLength = 255
+const DefaultMaxIDLength = idemdriver.DefaultMaxIDLength
 
 // MaxConsumerNameLength is the longest consumer name accepted, in bytes.
-const MaxConsumerNameLength = 255
+const MaxConsumerNameLength = idemdriver.MaxConsumerNameLength
 
 // Message is one delivery of a message: the producer's message ID and the
 // payload whose fingerprint guards against an ID reused for other content.
@@ -32,52 +29,13 @@ type Message struct {
 // no C1 controls (U+0080 to U+009F). An empty ID returns an error matching
 // [ErrMissingMessageID]; every other violation matches [ErrInvalidMessageID].
 //
-// UTF-8 is required, which DESIGN.md leaves open, so that IDs store as text
-// on PostgreSQL (whose text type rejects invalid UTF-8) and print in
-// `idem inspect`; a producer with binary IDs should hex- or base64-encode them.
-func ValidateMessageID(id string, max int) error {
-	if max <= 0 {
-		max = DefaultMaxIDLength
-	}
-	if id == "" {
-		return ErrMissingMessageID
-	}
-	if reason := checkText(id, max); reason != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidMessageID, reason)
-	}
-	return nil
-}
+// UTF-8 is required so that IDs store as text on PostgreSQL (whose text
+// type rejects invalid UTF-8) and print in `idem inspect`; a producer with
+// binary IDs should hex- or base64-encode them. Producers can call it
+// before they publish; every store calls it again on its own entry points.
+func ValidateMessageID(id string, max int) error { return idemdriver.ValidateMessageID(id, max) }
 
-// ValidateConsumerName checks a consumer name: the same rules as a message ID,
-// 1 to MaxConsumerNameLength bytes. Errors match [ErrInvalidConsumerName].
-func ValidateConsumerName(name string) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty (a consumer name is mandatory)", ErrInvalidConsumerName)
-	}
-	if reason := checkText(name, MaxConsumerNameLength); reason != "" {
-		return fmt.Errorf("%w: %s", ErrInvalidConsumerName, reason)
-	}
-	return nil
-}
-
-// checkText returns why s breaks the ID rules, or "".
-func checkText(s string, max int) string {
-	if len(s) > max {
-		return fmt.Sprintf("%d bytes, over the maximum of %d", len(s), max)
-	}
-	for i, r := range s {
-		switch {
-		case r == utf8.RuneError && !validRuneAt(s, i):
-			return fmt.Sprintf("invalid UTF-8 at byte %d", i)
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f):
-			return fmt.Sprintf("control character %U at byte %d", r, i)
-		}
-	}
-	return ""
-}
-
-// validRuneAt reports whether s holds a real U+FFFD at i, not an invalid byte.
-func validRuneAt(s string, i int) bool {
-	_, size := utf8.DecodeRuneInString(s[i:])
-	return size == 3
-}
+// ValidateConsumerName checks a consumer name: the message ID rules, with a
+// maximum of MaxConsumerNameLength bytes. Errors match
+// [ErrInvalidConsumerName].
+func ValidateConsumerName(name string) error { return idemdriver.ValidateConsumerName(name) }

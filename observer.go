@@ -288,11 +288,12 @@ type PurgeEvent struct {
 	// RetentionWindow is the window the purge applied.
 	RetentionWindow time.Duration
 	// Lag is how far the purge horizon trails the application clock's
-	// now minus the retention window: the age of the consumer's newest
-	// record, by which records outlive the window. Purging is
-	// downtime-safe (see [PurgeParams]), so an idle or stopped consumer
-	// keeps its history and Lag grows; a busy one has Lag near zero. Zero
-	// when the consumer has no records or the purge failed.
+	// now minus the retention window: the time within that span in which
+	// the consumer was not running (downtime, stalls), by which records
+	// outlive the window in wall-clock time. Retention counts running time
+	// only (see [Purge]), so after a downtime Lag jumps and then stays; a
+	// consumer that never stopped has Lag near zero. Zero when nothing may
+	// be purged yet or the purge failed.
 	Lag time.Duration
 	// Latency is how long the purge took.
 	Latency time.Duration

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/idemdriver"
 	"log/slog"
 	"slices"
 	"strings"
@@ -267,8 +268,8 @@ type failingStore struct {
 }
 
 func (s *failingStore) Begin(context.Context) (*idem.MemoryTx, error) { return nil, s.err }
-func (s *failingStore) Acquire(context.Context, *idem.AcquireParams) (idem.AcquireResult, error) {
-	return idem.AcquireResult{}, s.err
+func (s *failingStore) Acquire(context.Context, *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	return idemdriver.AcquireResult{}, s.err
 }
 func (s *failingStore) Purge(context.Context, *idem.PurgeParams) (idem.PurgeResult, error) {
 	return idem.PurgeResult{}, s.err

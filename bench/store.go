@@ -16,6 +16,7 @@ import (
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/idem-go/idem/store/idemsql"
 )
@@ -85,9 +86,9 @@ func (f *faults) crashNow(id string) bool {
 	return ok
 }
 
-// txRun implements runDB over any idem.TxStore.
+// txRun implements runDB over any idemdriver.TxStore.
 type txRun[TTx any] struct {
-	store      idem.TxStore[TTx]
+	store      idemdriver.TxStore[TTx]
 	insertOne  func(ctx context.Context, tx TTx, id string) error
 	insertMany func(ctx context.Context, tx TTx, ids []string) error
 	count      func(ctx context.Context) (map[string]int, error)

@@ -14,12 +14,13 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemredis"
 	"github.com/redis/go-redis/v9"
 )
 
 // advServer serves h behind a fresh Middleware on store.
-func advServer(t *testing.T, store idem.LeaseStore, h http.Handler, o Options) (*Middleware, string) {
+func advServer(t *testing.T, store idemdriver.LeaseStore, h http.Handler, o Options) (*Middleware, string) {
 	t.Helper()
 	if o.Scope == nil {
 		o.Scope = scAuthScope
@@ -221,9 +222,9 @@ func TestAdvProxyLargeResponseStreams(t *testing.T) {
 
 // noRenewStore is a store whose renewals never arrive (a partition between
 // this instance and the store): leases run out while handlers run.
-type noRenewStore struct{ idem.LeaseStore }
+type noRenewStore struct{ idemdriver.LeaseStore }
 
-func (noRenewStore) Renew(context.Context, *idem.RenewParams) error { return errInjected }
+func (noRenewStore) Renew(context.Context, *idemdriver.RenewParams) error { return errInjected }
 
 // TestAdvStaleAttemptNeverCompletes: attempt 1 loses its lease while its
 // handler runs (renewals fail), attempt 2 takes the key over and

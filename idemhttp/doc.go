@@ -7,7 +7,7 @@
 //
 // # The middleware
 //
-// [New] builds a [Middleware] over any [idem.LeaseStore]: the memory
+// [New] builds a [Middleware] over any [idemdriver.LeaseStore]: the memory
 // store, PostgreSQL (store/idempgxv5 or store/idemsql), MariaDB/MySQL and
 // SQLite (store/idemsql), or Redis (store/idemredis). [Middleware.Wrap]
 // protects a handler; [Middleware.Require] also makes the key mandatory.
@@ -29,7 +29,7 @@
 //     (X-HTTP-Method-Override and the like) and the body's SHA-256. The
 //     handler reads the same bytes from the spool.
 //  4. The key is claimed with a lease and a fencing token
-//     (idem.LeaseStore.Acquire). The lease is renewed every Lease/3 while
+//     (idemdriver.LeaseStore.Acquire). The lease is renewed every Lease/3 while
 //     the handler runs; the handler's context is cancelled with cause
 //     idem.ErrLeaseLost if the lease is lost.
 //  5. The response is recorded while it is written: held back until the

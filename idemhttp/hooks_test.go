@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // recHook records every hook call. Each request's events are grouped by
@@ -193,10 +194,10 @@ type hookBench struct {
 	rec   *recHook
 	m     *Middleware
 	h     http.Handler
-	store idem.LeaseStore
+	store idemdriver.LeaseStore
 }
 
-func newHookBench(t *testing.T, store idem.LeaseStore, o Options, next http.Handler) *hookBench {
+func newHookBench(t *testing.T, store idemdriver.LeaseStore, o Options, next http.Handler) *hookBench {
 	t.Helper()
 	if store == nil {
 		store = idem.NewMemoryStore(nil)
@@ -562,13 +563,13 @@ func TestHooksStoreErrors(t *testing.T) {
 
 // lostStore reports every lease as lost: renewals and the completion are
 // rejected with idem.ErrLeaseLost, as when another attempt took over.
-type lostStore struct{ idem.LeaseStore }
+type lostStore struct{ idemdriver.LeaseStore }
 
-func (lostStore) Renew(context.Context, *idem.RenewParams) error {
+func (lostStore) Renew(context.Context, *idemdriver.RenewParams) error {
 	return fmt.Errorf("%w: taken over", idem.ErrLeaseLost)
 }
 
-func (lostStore) Complete(context.Context, *idem.CompleteParams) error {
+func (lostStore) Complete(context.Context, *idemdriver.CompleteParams) error {
 	return fmt.Errorf("%w: taken over", idem.ErrLeaseLost)
 }
 
@@ -676,11 +677,11 @@ func TestHooksUnservableReplays(t *testing.T) {
 		}
 		id := b.m.RecordID("Bearer a", "k")
 		ctx := t.Context()
-		ar, err := b.store.Acquire(ctx, &idem.AcquireParams{Consumer: b.m.Consumer(), MessageID: id, Fingerprint: fp, Lease: time.Minute})
+		ar, err := b.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: b.m.Consumer(), MessageID: id, Fingerprint: fp, Lease: time.Minute})
 		if err != nil || !ar.Acquired {
 			t.Fatal(ar, err)
 		}
-		if err := b.store.Complete(ctx, &idem.CompleteParams{Consumer: b.m.Consumer(), MessageID: id, Token: ar.Token, Result: []byte("garbage"), ContentType: recordContentType}); err != nil {
+		if err := b.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: b.m.Consumer(), MessageID: id, Token: ar.Token, Result: []byte("garbage"), ContentType: recordContentType}); err != nil {
 			t.Fatal(err)
 		}
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 500 {

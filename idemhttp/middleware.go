@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // consumerPrefix starts the consumer name of every record of this package.
@@ -27,11 +28,11 @@ const consumerPrefix = "idemhttp:"
 const maxInlineKey = 255 - 23
 
 // Middleware is idempotency-key middleware for net/http over an
-// idem.LeaseStore (memory, PostgreSQL, MariaDB/MySQL, SQLite or Redis).
+// idemdriver.LeaseStore (memory, PostgreSQL, MariaDB/MySQL, SQLite or Redis).
 // See the package documentation for its semantics. It is safe for
 // concurrent use; Close stops its purge loop.
 type Middleware struct {
-	store    idem.LeaseStore
+	store    idemdriver.LeaseStore
 	o        Options
 	consumer string
 	hooks    *hooks // nil without Options.Hooks
@@ -89,7 +90,7 @@ type Stats struct {
 // opts.Scope is nil, and ErrInvalidOptions (and idem.ErrInvalidConfig)
 // for any other invalid field. Unless opts.PurgeInterval is negative it
 // starts the background purge loop, which Close stops.
-func New(store idem.LeaseStore, opts Options) (*Middleware, error) {
+func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOptions)
 	}
@@ -332,7 +333,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	var waitUntil time.Time
-	if !ar.Acquired && ar.State == idem.StateInProgress && m.o.Wait > 0 && slices.Equal(ar.Fingerprint, fp) {
+	if !ar.Acquired && ar.State == idemdriver.StateInProgress && m.o.Wait > 0 && slices.Equal(ar.Fingerprint, fp) {
 		m.stats.waited.Add(1)
 		waitUntil = time.Now().Add(m.o.Wait)
 		ar, since, err = m.wait(r.Context(), id, fp, waitUntil)
@@ -367,27 +368,27 @@ func (t *reqTrack) now() time.Time {
 }
 
 // acquire calls Acquire with a bounded context.
-func (m *Middleware) acquire(ctx context.Context, id string, fp []byte) (idem.AcquireResult, error) {
+func (m *Middleware) acquire(ctx context.Context, id string, fp []byte) (idemdriver.AcquireResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.o.StoreTimeout)
 	defer cancel()
-	return m.store.Acquire(ctx, &idem.AcquireParams{Consumer: m.consumer, MessageID: id, Fingerprint: fp, Lease: m.o.Lease})
+	return m.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: m.consumer, MessageID: id, Fingerprint: fp, Lease: m.o.Lease})
 }
 
 // wait polls the record until it is completed, acquired (the first
 // attempt released it, or its lease ran out) or the deadline passes. It
 // returns the last Acquire's result and start time.
-func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.Time) (idem.AcquireResult, time.Time, error) {
+func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.Time) (idemdriver.AcquireResult, time.Time, error) {
 	delay := 20 * time.Millisecond
 	for {
 		left := time.Until(until)
 		if left <= 0 {
-			return idem.AcquireResult{State: idem.StateInProgress, Fingerprint: fp}, time.Time{}, nil
+			return idemdriver.AcquireResult{State: idemdriver.StateInProgress, Fingerprint: fp}, time.Time{}, nil
 		}
 		t := time.NewTimer(min(delay, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return idem.AcquireResult{}, time.Time{}, ctx.Err()
+			return idemdriver.AcquireResult{}, time.Time{}, ctx.Err()
 		case <-t.C:
 		}
 		delay = min(delay*3/2, 250*time.Millisecond)
@@ -396,7 +397,7 @@ func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.
 		if err != nil {
 			return ar, since, err
 		}
-		if ar.Acquired || ar.State != idem.StateInProgress {
+		if ar.Acquired || ar.State != idemdriver.StateInProgress {
 			return ar, since, nil
 		}
 	}
@@ -433,7 +434,7 @@ func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http
 
 // answerExisting answers a request whose key has a record it did not
 // acquire: a replay, or a problem.
-func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idem.AcquireResult, fp []byte) {
+func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idemdriver.AcquireResult, fp []byte) {
 	if !slices.Equal(ar.Fingerprint, fp) {
 		m.stats.keyReused.Add(1)
 		m.stats.rejected.Add(1)
@@ -443,7 +444,7 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idem.
 		return
 	}
 	switch ar.State {
-	case idem.StateInProgress:
+	case idemdriver.StateInProgress:
 		m.stats.inProgress.Add(1)
 		p := newProblem(ProblemInProgress, "a request with this Idempotency-Key is being processed; retry later with the same key")
 		p.RetryAfter = m.o.InProgressRetryAfter
@@ -451,7 +452,7 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idem.
 			idem.DuplicateInProgress, p.Status)
 		p.Write(w)
 		return
-	case idem.StateCompleted:
+	case idemdriver.StateCompleted:
 	default:
 		m.o.Logger.Error("idemhttp: record in an unexpected state", "consumer", m.consumer, "state", ar.State, "error", ar.Error)
 		p := newProblem(ProblemRecordCorrupt, fmt.Sprintf("the record of this key is %s", ar.State))
@@ -583,7 +584,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		return
 	}
 	since := time.Now()
-	err := m.store.Complete(final, &idem.CompleteParams{
+	err := m.store.Complete(final, &idemdriver.CompleteParams{
 		Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token,
 		Result: encodeRecord(sr), ContentType: recordContentType,
 	})
@@ -666,7 +667,7 @@ func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (pani
 func (m *Middleware) release(ctx, hctx context.Context, info *Info, t *reqTrack, why string) error {
 	m.stats.released.Add(1)
 	since := time.Now()
-	err := m.store.Release(ctx, &idem.ReleaseParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Error: why})
+	err := m.store.Release(ctx, &idemdriver.ReleaseParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Error: why})
 	if err == nil {
 		if t != nil {
 			t.released = true
@@ -700,7 +701,7 @@ func (m *Middleware) renew(ctx context.Context, info *Info, tr *reqTrack, cancel
 		}
 		start := time.Now()
 		rctx, rcancel := context.WithTimeout(ctx, min(m.o.StoreTimeout, m.o.Lease))
-		err := m.store.Renew(rctx, &idem.RenewParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Lease: m.o.Lease})
+		err := m.store.Renew(rctx, &idemdriver.RenewParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Lease: m.o.Lease})
 		rcancel()
 		if err == nil {
 			last = start

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Proxy defaults, applied by NewProxy to zero ProxyOptions fields.
@@ -193,7 +194,7 @@ type Proxy struct {
 // store. opts may be nil (all defaults). Errors match idem.ErrInvalidConfig
 // (and ErrInvalidOptions for middleware options). Close it to stop the
 // middleware's purge loop and the upstream connections.
-func NewProxy(upstream *url.URL, store idem.LeaseStore, opts *ProxyOptions) (*Proxy, error) {
+func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions) (*Proxy, error) {
 	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 		return nil, fmt.Errorf("%w: upstream %v: want an absolute http:// or https:// URL", idem.ErrInvalidConfig, upstream)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // upstream is the test service behind a proxy: H of http-scenarios.md. It
@@ -743,7 +744,7 @@ func init() {
 	scFronts = append(scFronts, scFront{name: "px", proxy: true, start: startProxyFront})
 }
 
-func startProxyFront(t *testing.T, store idem.LeaseStore, h http.Handler, cfg scConfig) *scInstance {
+func startProxyFront(t *testing.T, store idemdriver.LeaseStore, h http.Handler, cfg scConfig) *scInstance {
 	t.Helper()
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // scTag says which fronts run a scenario.
@@ -54,7 +55,7 @@ type scConfig struct {
 	outer func(http.Handler) http.Handler
 	// store overrides the stage's store (e.g. a faultStore or a second
 	// handle).
-	store idem.LeaseStore
+	store idemdriver.LeaseStore
 }
 
 // scInstance is one running front.
@@ -72,7 +73,7 @@ type scInstance struct {
 type scFront struct {
 	name  string
 	proxy bool
-	start func(t *testing.T, store idem.LeaseStore, h http.Handler, cfg scConfig) *scInstance
+	start func(t *testing.T, store idemdriver.LeaseStore, h http.Handler, cfg scConfig) *scInstance
 }
 
 // scFronts are the fronts every tagBoth scenario runs on.
@@ -84,7 +85,7 @@ var scUsers = map[string]string{"A": "Bearer user-a", "B": "Bearer user-b", "A2"
 // scAuthScope is the MW front's default scope: the Authorization header.
 func scAuthScope(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil }
 
-func startMiddlewareFront(t *testing.T, store idem.LeaseStore, h http.Handler, cfg scConfig) *scInstance {
+func startMiddlewareFront(t *testing.T, store idemdriver.LeaseStore, h http.Handler, cfg scConfig) *scInstance {
 	t.Helper()
 	o := cfg.opts
 	if o.Scope == nil {
@@ -465,12 +466,12 @@ func (g *scGate) await(t *testing.T, n int) {
 // peek reports the record of user's key: its Acquire result and whether
 // it existed. It must be the scenario's last look at the key: a missing
 // record is created by the probe.
-func (s *scStage) peek(inst *scInstance, user, key string) (idem.AcquireResult, bool) {
+func (s *scStage) peek(inst *scInstance, user, key string) (idemdriver.AcquireResult, bool) {
 	s.t.Helper()
 	consumer, id := inst.record(user, key)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ar, err := s.env.store.Acquire(ctx, &idem.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: []byte("peek"), Lease: time.Second})
+	ar, err := s.env.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: []byte("peek"), Lease: time.Second})
 	if err != nil {
 		s.t.Fatalf("peek: %v", err)
 	}
@@ -555,7 +556,7 @@ var scenarios = []scenario{
 		scWantStatus(t, r, 201)
 		scWantReplayed(t, r, false)
 		scWantN(t, h, 1)
-		if ar, ok := s.peek(inst, "A", key); !ok || ar.State != idem.StateCompleted {
+		if ar, ok := s.peek(inst, "A", key); !ok || ar.State != idemdriver.StateCompleted {
 			t.Fatalf("record %+v (exists %v), want completed", ar, ok)
 		}
 	}},
@@ -1549,11 +1550,11 @@ func (s *scStage) plantRecord(inst *scInstance, user, key string, q scReq, ct st
 	consumer, id := inst.record(user, key)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ar, err := s.env.store.Acquire(ctx, &idem.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fp, Lease: time.Minute})
+	ar, err := s.env.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fp, Lease: time.Minute})
 	if err != nil || !ar.Acquired {
 		s.t.Fatalf("plant: acquire %+v %v", ar, err)
 	}
-	if err := s.env.store.Complete(ctx, &idem.CompleteParams{Consumer: consumer, MessageID: id, Token: ar.Token, Result: result, ContentType: ct}); err != nil {
+	if err := s.env.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: ar.Token, Result: result, ContentType: ct}); err != nil {
 		s.t.Fatalf("plant: complete: %v", err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	_ "github.com/go-sql-driver/mysql" // the "mysql" database/sql driver
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/idem-go/idem/store/idemredis"
 	"github.com/idem-go/idem/store/idemsql"
@@ -58,7 +59,7 @@ func testRandName(prefix string) string {
 // on the same records (a second process: its own connection pool or
 // client).
 type testStoreEnv struct {
-	store, second idem.LeaseStore
+	store, second idemdriver.LeaseStore
 }
 
 // testStore opens a store kind. Each call gives fresh tables (or a fresh
@@ -217,27 +218,27 @@ var errInjected = errors.New("injected store failure")
 // faultStore wraps a real store and fails chosen calls, as an outage or
 // a dead process would.
 type faultStore struct {
-	idem.LeaseStore
+	idemdriver.LeaseStore
 	down         atomic.Bool // every call fails
 	dead         atomic.Bool // Renew, Complete and Release fail (the process died)
 	failComplete atomic.Int32
 }
 
-func (f *faultStore) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (f *faultStore) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if f.down.Load() {
-		return idem.AcquireResult{}, errInjected
+		return idemdriver.AcquireResult{}, errInjected
 	}
 	return f.LeaseStore.Acquire(ctx, p)
 }
 
-func (f *faultStore) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (f *faultStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if f.down.Load() || f.dead.Load() {
 		return errInjected
 	}
 	return f.LeaseStore.Renew(ctx, p)
 }
 
-func (f *faultStore) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (f *faultStore) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if f.down.Load() || f.dead.Load() {
 		return errInjected
 	}
@@ -248,7 +249,7 @@ func (f *faultStore) Complete(ctx context.Context, p *idem.CompleteParams) error
 	return f.LeaseStore.Complete(ctx, p)
 }
 
-func (f *faultStore) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (f *faultStore) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	if f.down.Load() || f.dead.Load() {
 		return errInjected
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // errInjected is the error the fault decorator injects.
@@ -36,7 +37,7 @@ const (
 // store's BeginClaim is hidden, so the Consumer takes the Begin-then-ClaimTx
 // path. faultBeginClaimStore adds a decorated BeginClaim.
 type faultStore[TTx any] struct {
-	inner idem.TxStore[TTx]
+	inner idemdriver.TxStore[TTx]
 	armed [numFaults]atomic.Bool
 	fired [numFaults]atomic.Int32
 }
@@ -61,15 +62,15 @@ func (f *faultStore[TTx]) Begin(ctx context.Context) (TTx, error) {
 	return f.inner.Begin(ctx)
 }
 
-func (f *faultStore[TTx]) ClaimTx(ctx context.Context, tx TTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (f *faultStore[TTx]) ClaimTx(ctx context.Context, tx TTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	res, err := f.inner.ClaimTx(ctx, tx, p)
 	if err == nil && f.fire(faultClaim) {
-		return idem.ClaimResult{}, errInjected
+		return idemdriver.ClaimResult{}, errInjected
 	}
 	return res, err
 }
 
-func (f *faultStore[TTx]) ClaimBatchTx(ctx context.Context, tx TTx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+func (f *faultStore[TTx]) ClaimBatchTx(ctx context.Context, tx TTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	res, err := f.inner.ClaimBatchTx(ctx, tx, p)
 	if err == nil && f.fire(faultClaimBatch) {
 		return nil, errInjected
@@ -100,19 +101,19 @@ func (f *faultStore[TTx]) Purge(ctx context.Context, p *idem.PurgeParams) (idem.
 // it keeps, decorated.
 type faultBeginClaimStore[TTx any] struct {
 	*faultStore[TTx]
-	bc idem.BeginClaimer[TTx]
+	bc idemdriver.BeginClaimer[TTx]
 }
 
-func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idem.ClaimParams) (TTx, idem.ClaimResult, error) {
+func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (TTx, idemdriver.ClaimResult, error) {
 	var zero TTx
 	if f.fire(faultBegin) {
-		return zero, idem.ClaimResult{}, errInjected
+		return zero, idemdriver.ClaimResult{}, errInjected
 	}
 	tx, res, err := f.bc.BeginClaim(ctx, p)
 	if err == nil && f.fire(faultClaim) {
 		// BeginClaim's contract: on error no transaction is left open.
 		_ = f.inner.Rollback(context.WithoutCancel(ctx), tx)
-		return zero, idem.ClaimResult{}, errInjected
+		return zero, idemdriver.ClaimResult{}, errInjected
 	}
 	return tx, res, err
 }
@@ -120,20 +121,20 @@ func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idem.Clai
 // claimPath is one way the Consumer claims a single message.
 type claimPath[TTx any] struct {
 	name string
-	wrap func(idem.TxStore[TTx]) (idem.TxStore[TTx], *faultStore[TTx])
+	wrap func(idemdriver.TxStore[TTx]) (idemdriver.TxStore[TTx], *faultStore[TTx])
 }
 
 // claimPaths returns the claim paths of store: Begin then ClaimTx always,
 // and BeginClaim when the store has it.
-func claimPaths[TTx any](store idem.TxStore[TTx]) []claimPath[TTx] {
-	paths := []claimPath[TTx]{{"BeginThenClaimTx", func(s idem.TxStore[TTx]) (idem.TxStore[TTx], *faultStore[TTx]) {
+func claimPaths[TTx any](store idemdriver.TxStore[TTx]) []claimPath[TTx] {
+	paths := []claimPath[TTx]{{"BeginThenClaimTx", func(s idemdriver.TxStore[TTx]) (idemdriver.TxStore[TTx], *faultStore[TTx]) {
 		f := &faultStore[TTx]{inner: s}
 		return f, f
 	}}}
-	if _, ok := store.(idem.BeginClaimer[TTx]); ok {
-		paths = append(paths, claimPath[TTx]{"BeginClaim", func(s idem.TxStore[TTx]) (idem.TxStore[TTx], *faultStore[TTx]) {
+	if _, ok := store.(idemdriver.BeginClaimer[TTx]); ok {
+		paths = append(paths, claimPath[TTx]{"BeginClaim", func(s idemdriver.TxStore[TTx]) (idemdriver.TxStore[TTx], *faultStore[TTx]) {
 			f := &faultStore[TTx]{inner: s}
-			return &faultBeginClaimStore[TTx]{faultStore: f, bc: s.(idem.BeginClaimer[TTx])}, f
+			return &faultBeginClaimStore[TTx]{faultStore: f, bc: s.(idemdriver.BeginClaimer[TTx])}, f
 		}})
 	}
 	return paths
@@ -153,7 +154,7 @@ func faultCases[TTx any]() []testCase[TTx] {
 
 // forEachClaimPath runs fn once per claim path of the store, each in a
 // parallel subtest with its own Setup.
-func forEachClaimPath[TTx any](fn func(t *testing.T, b *bundle[TTx], store idem.TxStore[TTx], f *faultStore[TTx])) func(*testing.T, *bundle[TTx]) {
+func forEachClaimPath[TTx any](fn func(t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx])) func(*testing.T, *bundle[TTx]) {
 	return func(t *testing.T, b *bundle[TTx]) {
 		for _, p := range claimPaths(b.s.Store) {
 			t.Run(p.name, func(t *testing.T) {
@@ -181,7 +182,7 @@ func (b *bundle[TTx]) wantInjected(what, id string, out idem.Outcome, err error)
 
 // Begin fails: the handler is not called, nothing is recorded, and the
 // redelivery, on the same Consumer, is processed.
-func testFaultBegin[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TTx], f *faultStore[TTx]) {
+func testFaultBegin[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
 	c := b.consumerOn(store, "c", idem.Config{})
 	var calls atomic.Int64
 	h := b.handler(c, &calls)
@@ -198,7 +199,7 @@ func testFaultBegin[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TT
 // Field case C07: the claim fails (after the store made it in the
 // transaction). The Consumer rolls back, remembers nothing, and the
 // redelivery on the same Consumer is processed.
-func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TTx], f *faultStore[TTx]) {
+func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
 	c := b.consumerOn(store, "c", idem.Config{})
 	var calls atomic.Int64
 	h := b.handler(c, &calls)
@@ -220,7 +221,7 @@ func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TT
 
 // Commit fails: the handler ran but its effects and the claim are rolled
 // back; the redelivery runs it again and commits once.
-func testFaultCommit[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TTx], f *faultStore[TTx]) {
+func testFaultCommit[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
 	c := b.consumerOn(store, "c", idem.Config{})
 	var calls atomic.Int64
 	h := b.handler(c, &calls)
@@ -240,7 +241,7 @@ func testFaultCommit[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[T
 // The commit succeeded but its reply was lost: the delivery is Failed (the
 // outcome is unknown to the Consumer), and the redelivery finds the record
 // and is a Duplicate: the effect happened exactly once.
-func testFaultCommitLost[TTx any](t *testing.T, b *bundle[TTx], store idem.TxStore[TTx], f *faultStore[TTx]) {
+func testFaultCommitLost[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
 	c := b.consumerOn(store, "c", idem.Config{})
 	var calls atomic.Int64
 	h := b.handler(c, &calls)

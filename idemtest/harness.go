@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Setup is one isolated store under test, with a side-effect table beside
@@ -17,7 +18,7 @@ import (
 // goroutines may hold transactions at the time.
 type Setup[TTx any] struct {
 	// Store is a migrated store whose tables no other Setup shares.
-	Store idem.TxStore[TTx]
+	Store idemdriver.TxStore[TTx]
 	// WriteEffect inserts one row with key into the side-effect table,
 	// inside tx. Keys need not be unique. They are printable ASCII of at
 	// most 100 bytes (the suite hashes message IDs into them), so the
@@ -31,6 +32,13 @@ type Setup[TTx any] struct {
 	// given message IDs back by d, as if they had been written d earlier.
 	// It lets the retention tests run without waiting.
 	AgeRecords func(ctx context.Context, consumer string, ids []string, d time.Duration) error
+	// Shift moves every time the store recorded for consumer back by d:
+	// its records' times, their lease expiries, and its runs (see
+	// idemdriver.Retainer.MarkRunning), as if all of it had happened d
+	// earlier and the consumer had not run since. It lets the retention
+	// cases simulate a downtime without waiting. SQL stores subtract d in
+	// an UPDATE of each table; the memory store moves its own times.
+	Shift func(ctx context.Context, consumer string, d time.Duration) error
 }
 
 // Harness tells the suite how to build Setups for one store.
@@ -51,7 +59,7 @@ type Harness[TTx any] struct {
 // waits.
 type LeaseSetup struct {
 	// Store is a migrated lease store whose records no other Setup shares.
-	Store idem.LeaseStore
+	Store idemdriver.LeaseStore
 	// ExpireLease ends the live lease of consumer's in_progress record
 	// messageID now, by the store's own clock, as if it had run out: the
 	// next Acquire with the same fingerprint takes over. It must not
@@ -69,6 +77,8 @@ type LeaseSetup struct {
 	// given message IDs back by d, as if they had been written d earlier,
 	// whatever their state. It lets the retention cases run without waiting.
 	AgeRecords func(ctx context.Context, consumer string, ids []string, d time.Duration) error
+	// Shift is Setup.Shift, for the lease store.
+	Shift func(ctx context.Context, consumer string, d time.Duration) error
 }
 
 // LeaseHarness tells [RunLease] how to build LeaseSetups for one store.

@@ -8,7 +8,7 @@
 //	}
 //
 // Run drives the store through [idem.Consumer] and, for the seam's own
-// contract, directly through [idem.TxStore]. It checks outcomes against the
+// contract, directly through [idemdriver.TxStore]. It checks outcomes against the
 // store's actual state (side-effect rows, processed records, handler calls),
 // not just the absence of errors, on the paths that make idempotency hard:
 // redelivery, handler failure and panic, concurrent copies of one message,
@@ -32,7 +32,7 @@
 // its lock even when its context ends, and reports a Horizon within an hour
 // of the newest record (server clock) minus the window.
 //
-// A store that implements [idem.LeaseStore] also calls [RunLease] with a
+// A store that implements [idemdriver.LeaseStore] also calls [RunLease] with a
 // [LeaseHarness]; its [LeaseSetup] ends leases on demand (ExpireLease), so
 // the lease cases need no injected clock. RunLease's doc lists what a lease
 // store must do beyond the LeaseStore contract.
@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // caseTimeout bounds every case: a store that deadlocks fails the case with
@@ -160,7 +161,7 @@ func (b *bundle[TTx]) consumer(suffix string, cfg idem.Config) *idem.Consumer[TT
 	return b.consumerOn(b.s.Store, suffix, cfg)
 }
 
-func (b *bundle[TTx]) consumerOn(store idem.TxStore[TTx], suffix string, cfg idem.Config) *idem.Consumer[TTx] {
+func (b *bundle[TTx]) consumerOn(store idemdriver.TxStore[TTx], suffix string, cfg idem.Config) *idem.Consumer[TTx] {
 	b.t.Helper()
 	cfg.Name = b.name(suffix)
 	if cfg.PurgeInterval == 0 {

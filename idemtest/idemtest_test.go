@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/internal/leakcheck"
 )
@@ -23,38 +24,38 @@ type mutant struct {
 	name     string
 	run      string // -test.run pattern below TestMutant
 	wantFail string // subtest that must fail
-	wrap     func(*idem.MemoryStore) idem.TxStore[*idem.MemoryTx]
+	wrap     func(*idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx]
 }
 
 var mutants = []mutant{
 	{"FoldsCase", "IDs/ComparedByteForByte", "IDs/ComparedByteForByte",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &mapIDs{s, strings.ToLower} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &mapIDs{s, strings.ToLower} }},
 	{"TrimsTrailingSpace", "IDs/ComparedByteForByte", "IDs/ComparedByteForByte",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] {
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
 			return &mapIDs{s, func(id string) string { return strings.TrimRight(id, " ") }}
 		}},
 	{"TruncatesIDs", "IDs/MaxLength", "IDs/MaxLength",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] {
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
 			return &mapIDs{s, func(id string) string { return id[:min(len(id), 250)] }}
 		}},
 	{"IgnoresConsumer", "Consumers/TwoConsumersSameMessage", "Consumers/TwoConsumersSameMessage",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &oneConsumer{s} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &oneConsumer{s} }},
 	{"ForgetsFingerprint", "Fingerprint/MismatchAfterCommit", "Fingerprint/MismatchAfterCommit",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &echoFingerprint{s} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &echoFingerprint{s} }},
 	{"TruncatesFingerprint", "Fingerprint/StoredExactly", "Fingerprint/StoredExactly",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &shortFingerprint{s} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &shortFingerprint{s} }},
 	{"ClaimsOutsideTx", "Process/HandlerErrorRollsBack", "Process/HandlerErrorRollsBack",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &claimOutsideTx{MemoryStore: s} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &claimOutsideTx{MemoryStore: s} }},
 	{"PurgesHalfTheWindow", "Purge/Window", "Purge/Window",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] {
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
 			return &purgeWith{s, func(p *idem.PurgeParams) { p.RetentionWindow /= 2 }}
 		}},
 	{"PurgesUnbounded", "Purge/Window", "Purge/Window",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] {
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
 			return &purgeWith{s, func(p *idem.PurgeParams) { p.BatchSize = 1 << 30 }}
 		}},
 	{"PurgesAllConsumers", "Purge/PerConsumer", "Purge/PerConsumer",
-		func(s *idem.MemoryStore) idem.TxStore[*idem.MemoryTx] { return &purgeEveryone{MemoryStore: s} }},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &purgeEveryone{MemoryStore: s} }},
 }
 
 // TestSuiteCatchesBrokenStores runs the suite against each mutant in a
@@ -148,16 +149,16 @@ type mapIDs struct {
 	f func(string) string
 }
 
-func (s *mapIDs) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *mapIDs) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	q := *p
 	q.MessageID = s.f(q.MessageID)
 	return s.MemoryStore.ClaimTx(ctx, tx, &q)
 }
 
-func (s *mapIDs) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
-	out := make([]idem.ClaimResult, len(p.Messages))
+func (s *mapIDs) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	out := make([]idemdriver.ClaimResult, len(p.Messages))
 	for i, m := range p.Messages {
-		r, err := s.ClaimTx(ctx, tx, &idem.ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
+		r, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
 		if err != nil {
 			return nil, err
 		}
@@ -169,13 +170,13 @@ func (s *mapIDs) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idem.Cl
 // oneConsumer keys records by message ID only (field case C14).
 type oneConsumer struct{ *idem.MemoryStore }
 
-func (s *oneConsumer) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *oneConsumer) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	q := *p
 	q.Consumer = "everyone"
 	return s.MemoryStore.ClaimTx(ctx, tx, &q)
 }
 
-func (s *oneConsumer) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+func (s *oneConsumer) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	q := *p
 	q.Consumer = "everyone"
 	return s.MemoryStore.ClaimBatchTx(ctx, tx, &q)
@@ -185,7 +186,7 @@ func (s *oneConsumer) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *id
 // the stored one (field case C12).
 type echoFingerprint struct{ *idem.MemoryStore }
 
-func (s *echoFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *echoFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	r, err := s.MemoryStore.ClaimTx(ctx, tx, p)
 	if err == nil && !r.Claimed {
 		r.Fingerprint = p.Fingerprint
@@ -196,7 +197,7 @@ func (s *echoFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *ide
 // shortFingerprint keeps only the first 32 bytes of a fingerprint.
 type shortFingerprint struct{ *idem.MemoryStore }
 
-func (s *shortFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *shortFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	q := *p
 	q.Fingerprint = q.Fingerprint[:min(len(q.Fingerprint), 32)]
 	r, err := s.MemoryStore.ClaimTx(ctx, tx, &q)
@@ -211,10 +212,10 @@ func (s *shortFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *id
 // handler leaves the key behind.
 type claimOutsideTx struct{ *idem.MemoryStore }
 
-func (s *claimOutsideTx) ClaimTx(ctx context.Context, _ *idem.MemoryTx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *claimOutsideTx) ClaimTx(ctx context.Context, _ *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	own, err := s.Begin(ctx)
 	if err != nil {
-		return idem.ClaimResult{}, err
+		return idemdriver.ClaimResult{}, err
 	}
 	r, err := s.MemoryStore.ClaimTx(ctx, own, p)
 	if err != nil {
@@ -244,7 +245,7 @@ type purgeEveryone struct {
 	seen map[string]bool
 }
 
-func (s *purgeEveryone) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+func (s *purgeEveryone) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	s.mu.Lock()
 	if s.seen == nil {
 		s.seen = map[string]bool{}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // longLease is the lease of the cases that must see neither a renewal nor
@@ -29,7 +30,7 @@ type leaseCase struct {
 // builds: through [idem.LeaseConsumer] (claim, replay, concurrent copies,
 // expiry and takeover with fencing tokens, renewal, retries with recovery
 // points, poison messages, fingerprints on every path, retention) and
-// directly through the [idem.LeaseStore] contract. Each case is a parallel
+// directly through the [idemdriver.LeaseStore] contract. Each case is a parallel
 // subtest that calls h.New for a fresh LeaseSetup.
 //
 // What a lease store must do, as the cases check it, beyond the
@@ -119,7 +120,7 @@ func (b *leaseBundle) consumer(suffix string, cfg idem.Config) *idem.LeaseConsum
 	return b.consumerOn(b.s.Store, suffix, cfg)
 }
 
-func (b *leaseBundle) consumerOn(store idem.LeaseStore, suffix string, cfg idem.Config) *idem.LeaseConsumer {
+func (b *leaseBundle) consumerOn(store idemdriver.LeaseStore, suffix string, cfg idem.Config) *idem.LeaseConsumer {
 	b.t.Helper()
 	cfg.Name = b.name(suffix)
 	if cfg.PurgeInterval == 0 {
@@ -147,9 +148,9 @@ func fingerprint(payload []byte) []byte {
 }
 
 // acquire calls Store.Acquire for msg as the LeaseConsumer would.
-func (b *leaseBundle) acquire(what, consumer string, msg idem.Message, lease time.Duration) idem.AcquireResult {
+func (b *leaseBundle) acquire(what, consumer string, msg idem.Message, lease time.Duration) idemdriver.AcquireResult {
 	b.t.Helper()
-	res, err := b.s.Store.Acquire(b.ctx, &idem.AcquireParams{
+	res, err := b.s.Store.Acquire(b.ctx, &idemdriver.AcquireParams{
 		Consumer: consumer, MessageID: msg.ID, Fingerprint: fingerprint(msg.Payload), Lease: lease,
 	})
 	if err != nil {
@@ -159,7 +160,7 @@ func (b *leaseBundle) acquire(what, consumer string, msg idem.Message, lease tim
 }
 
 // mustAcquire acquires msg and requires attempt number wantAttempt.
-func (b *leaseBundle) mustAcquire(what, consumer string, msg idem.Message, lease time.Duration, wantAttempt int) idem.AcquireResult {
+func (b *leaseBundle) mustAcquire(what, consumer string, msg idem.Message, lease time.Duration, wantAttempt int) idemdriver.AcquireResult {
 	b.t.Helper()
 	res := b.acquire(what, consumer, msg, lease)
 	if !res.Acquired {
@@ -176,7 +177,7 @@ func (b *leaseBundle) mustAcquire(what, consumer string, msg idem.Message, lease
 }
 
 // wantNotAcquired checks an Acquire that found a record in state want.
-func (b *leaseBundle) wantNotAcquired(what string, res idem.AcquireResult, want idem.RecordState) {
+func (b *leaseBundle) wantNotAcquired(what string, res idemdriver.AcquireResult, want idemdriver.RecordState) {
 	b.t.Helper()
 	if res.Acquired {
 		b.t.Errorf("%s: Store.Acquire acquired (attempt %d, token %d); want the existing %v record reported", what, res.Attempt, res.Token, want)
@@ -344,16 +345,16 @@ func (b *leaseBundle) wantStaleRejected(what, consumer, id string, token int64) 
 		call func() error
 	}{
 		{"Renew", func() error {
-			return s.Renew(b.ctx, &idem.RenewParams{Consumer: consumer, MessageID: id, Token: token, Lease: longLease})
+			return s.Renew(b.ctx, &idemdriver.RenewParams{Consumer: consumer, MessageID: id, Token: token, Lease: longLease})
 		}},
 		{"SaveStep", func() error {
-			return s.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: id, Token: token, Step: "stale-step", Result: []byte("stale")})
+			return s.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: id, Token: token, Step: "stale-step", Result: []byte("stale")})
 		}},
 		{"Complete", func() error {
-			return s.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: id, Token: token, Result: []byte("stale result"), ContentType: "text/stale"})
+			return s.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: token, Result: []byte("stale result"), ContentType: "text/stale"})
 		}},
 		{"Release", func() error {
-			return s.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: id, Token: token, Error: "stale release", Terminal: true})
+			return s.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: id, Token: token, Error: "stale release", Terminal: true})
 		}},
 	} {
 		if err := op.call(); !errors.Is(err, idem.ErrLeaseLost) {
@@ -385,7 +386,7 @@ func (b *leaseBundle) wantSteps(what string, got, want map[string][]byte) {
 // renewals, and with a gate it holds every Renew call until the gate
 // closes (or the call's context ends).
 type spyStore struct {
-	idem.LeaseStore
+	idemdriver.LeaseStore
 	gate chan struct{} // nil: renewals pass
 
 	mu      sync.Mutex
@@ -393,11 +394,11 @@ type spyStore struct {
 	changed chan struct{} // closed and replaced at each successful renewal
 }
 
-func newSpyStore(inner idem.LeaseStore, gate chan struct{}) *spyStore {
+func newSpyStore(inner idemdriver.LeaseStore, gate chan struct{}) *spyStore {
 	return &spyStore{LeaseStore: inner, gate: gate, renews: map[int64]int{}, changed: make(chan struct{})}
 }
 
-func (s *spyStore) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (s *spyStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if s.gate != nil {
 		select {
 		case <-s.gate:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func leaseExpiryCases() []leaseCase {
@@ -35,7 +36,7 @@ func testLeaseTakeoverFences(t *testing.T, b *leaseBundle) {
 	s := b.s.Store
 
 	a1 := b.mustAcquire("attempt 1", consumer, msg, longLease, 1)
-	if err := s.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
+	if err := s.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
 		t.Fatalf("attempt 1: SaveStep: %v", err)
 	}
 	steps := map[string][]byte{"charge": []byte("ch_1")}
@@ -51,7 +52,7 @@ func testLeaseTakeoverFences(t *testing.T, b *leaseBundle) {
 	// The stale owner's writes changed nothing: attempt 2 still owns a live
 	// in_progress record, and attempt 3 sees only attempt 1's real step.
 	res := b.acquire("while attempt 2 holds the lease", consumer, msg, longLease)
-	b.wantNotAcquired("while attempt 2 holds the lease (after the stale owner's writes)", res, idem.StateInProgress)
+	b.wantNotAcquired("while attempt 2 holds the lease (after the stale owner's writes)", res, idemdriver.StateInProgress)
 	b.expire(consumer, msg.ID)
 	a3 := b.mustAcquire("attempt 3", consumer, msg, longLease, 3)
 	if a3.Token <= a2.Token {
@@ -62,12 +63,12 @@ func testLeaseTakeoverFences(t *testing.T, b *leaseBundle) {
 	b.wantStaleRejected("attempt 2 after the takeover", consumer, msg.ID, a2.Token)
 
 	want := idem.Result{Body: []byte("receipt of attempt 3"), ContentType: "text/plain"}
-	if err := s.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a3.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
+	if err := s.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a3.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
 		t.Fatalf("attempt 3: Complete: %v", err)
 	}
 	b.wantStaleRejected("attempt 2 after attempt 3 completed", consumer, msg.ID, a2.Token)
 	res = b.acquire("after completion", consumer, msg, longLease)
-	b.wantNotAcquired("after completion", res, idem.StateCompleted)
+	b.wantNotAcquired("after completion", res, idemdriver.StateCompleted)
 	b.wantResult("after completion", res.Result, res.ContentType, want)
 	if res.Attempt != 3 {
 		t.Errorf("after completion: Attempt = %d, want 3", res.Attempt)
@@ -287,7 +288,7 @@ func testLeaseTimeUnits(t *testing.T, b *leaseBundle) {
 	if total := time.Since(start); total > time.Second {
 		t.Skipf("C09: %v passed between the acquire and the checks (the machine stalled); a 1.5s lease cannot be checked", total)
 	}
-	b.wantNotAcquired("C09: Acquire while the lease is live", res, idem.StateInProgress)
+	b.wantNotAcquired("C09: Acquire while the lease is live", res, idemdriver.StateInProgress)
 	if lo := unitsLease - elapsed - 10*time.Millisecond; res.LeaseRemaining < lo || res.LeaseRemaining > unitsLease || res.LeaseRemaining <= 0 {
 		t.Errorf("C09: LeaseRemaining = %v (%d ns) %v after acquiring a %v lease; want between %v and %v (seconds and milliseconds mixed?)",
 			res.LeaseRemaining, int64(res.LeaseRemaining), elapsed, unitsLease, max(lo, 0), unitsLease)
@@ -333,7 +334,7 @@ func testLeaseOneMillisecond(t *testing.T, b *leaseBundle) {
 			}
 			break
 		}
-		if res.State != idem.StateInProgress || res.LeaseRemaining > time.Millisecond {
+		if res.State != idemdriver.StateInProgress || res.LeaseRemaining > time.Millisecond {
 			t.Errorf("Acquire during a 1ms lease: state %v, LeaseRemaining %v; want in_progress and at most 1ms", res.State, res.LeaseRemaining)
 			break
 		}
@@ -359,7 +360,7 @@ func testLeaseTokensIncrease(t *testing.T, b *leaseBundle) {
 		}
 		prev = a.Token
 		if n%2 == 1 {
-			if err := b.s.Store.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "retry"}); err != nil {
+			if err := b.s.Store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "retry"}); err != nil {
 				t.Fatalf("attempt %d: Release: %v", n, err)
 			}
 		} else {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func leaseFailureCases() []leaseCase {
@@ -122,7 +123,7 @@ func testLeasePoisonAfterMaxAttempts(t *testing.T, b *leaseBundle) {
 	}
 	b.wantCalls("after poison", &calls, 3)
 	res := b.acquire("Store.Acquire of the poison record", c.Name(), msg, longLease)
-	b.wantNotAcquired("Store.Acquire of the poison record", res, idem.StateFailed)
+	b.wantNotAcquired("Store.Acquire of the poison record", res, idemdriver.StateFailed)
 	if res.Attempt != 3 || res.Error != errBoom.Error() {
 		t.Errorf("poison record: Attempt %d, Error %q; want 3 and %q", res.Attempt, res.Error, errBoom.Error())
 	}
@@ -194,6 +195,6 @@ func testLeaseCrashLoop(t *testing.T, b *leaseBundle) {
 	b.wantPoison("later delivery", out, true)
 	b.wantCalls("after the crash loop (the handler must not run again)", &calls, 1)
 	res := b.acquire("Store.Acquire after the crash loop", c.Name(), msg, longLease)
-	b.wantNotAcquired("Store.Acquire after the crash loop", res, idem.StateFailed)
+	b.wantNotAcquired("Store.Acquire after the crash loop", res, idemdriver.StateFailed)
 	b.wantRecords("after the crash loop", c.Name(), 2)
 }

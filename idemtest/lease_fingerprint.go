@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func leaseFingerprintCases() []leaseCase {
@@ -119,9 +120,9 @@ func testLeaseFingerprintStoredExactly(t *testing.T, b *leaseBundle) {
 	}
 	fp[1] = 0
 	other := []byte("other")
-	acquire := func(what string, f []byte) idem.AcquireResult {
+	acquire := func(what string, f []byte) idemdriver.AcquireResult {
 		t.Helper()
-		res, err := b.s.Store.Acquire(b.ctx, &idem.AcquireParams{Consumer: consumer, MessageID: "m-1", Fingerprint: f, Lease: longLease})
+		res, err := b.s.Store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: "m-1", Fingerprint: f, Lease: longLease})
 		if err != nil {
 			t.Fatalf("%s: Store.Acquire: %v", what, err)
 		}
@@ -131,7 +132,7 @@ func testLeaseFingerprintStoredExactly(t *testing.T, b *leaseBundle) {
 	if !a.Acquired {
 		t.Fatalf("first Acquire: not acquired (state %v)", a.State)
 	}
-	check := func(what string, state idem.RecordState) {
+	check := func(what string, state idemdriver.RecordState) {
 		t.Helper()
 		res := acquire(what, other)
 		b.wantNotAcquired(what, res, state)
@@ -139,11 +140,11 @@ func testLeaseFingerprintStoredExactly(t *testing.T, b *leaseBundle) {
 			t.Errorf("%s: Fingerprint = %x, want %x", what, res.Fingerprint, fp)
 		}
 	}
-	check("in progress", idem.StateInProgress)
+	check("in progress", idemdriver.StateInProgress)
 	b.expire(consumer, "m-1")
-	check("expired (not taken over by another fingerprint)", idem.StateInProgress)
-	if err := b.s.Store.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: "m-1", Token: a.Token, Result: []byte("r")}); err != nil {
+	check("expired (not taken over by another fingerprint)", idemdriver.StateInProgress)
+	if err := b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: "m-1", Token: a.Token, Result: []byte("r")}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
-	check("completed", idem.StateCompleted)
+	check("completed", idemdriver.StateCompleted)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemtest"
 )
 
@@ -18,24 +19,24 @@ import (
 type leaseMutant struct {
 	name     string
 	wantFail string // Group/Case of RunLease that must fail
-	wrap     func(*idem.MemoryStore) idem.LeaseStore
+	wrap     func(*idem.MemoryStore) idemdriver.LeaseStore
 }
 
 var leaseMutants = []leaseMutant{
 	{"LeaseInSeconds", "Expiry/TimeUnits", // field case C09
-		func(s *idem.MemoryStore) idem.LeaseStore { return &secondsLease{s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &secondsLease{s} }},
 	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner", // C08
-		func(s *idem.MemoryStore) idem.LeaseStore { return &latestToken{MemoryStore: s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &latestToken{MemoryStore: s} }},
 	{"IgnoresLiveLease", "Process/ConcurrentSameMessage", // C02, C03
-		func(s *idem.MemoryStore) idem.LeaseStore { return &alwaysExpired{s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &alwaysExpired{s} }},
 	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim", // C08, lease too short
-		func(s *idem.MemoryStore) idem.LeaseStore { return &noRenew{s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &noRenew{s} }},
 	{"ReleaseForgetsAttempts", "Failure/PoisonAfterMaxAttempts",
-		func(s *idem.MemoryStore) idem.LeaseStore { return &forgetfulRelease{MemoryStore: s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &forgetfulRelease{MemoryStore: s} }},
 	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath", // C12
-		func(s *idem.MemoryStore) idem.LeaseStore { return &echoLeaseFingerprint{s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &echoLeaseFingerprint{s} }},
 	{"TruncatesResults", "Process/ClaimCompleteReplay", // a 64 KiB BLOB column
-		func(s *idem.MemoryStore) idem.LeaseStore { return &truncatedResults{s} }},
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &truncatedResults{s} }},
 }
 
 // TestSuiteCatchesBrokenLeaseStores runs RunLease against each lease
@@ -91,7 +92,7 @@ func TestLeaseMutant(t *testing.T) {
 // secondsLease mixes units: it takes the lease's milliseconds for seconds.
 type secondsLease struct{ *idem.MemoryStore }
 
-func (s *secondsLease) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *secondsLease) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	q := *p
 	q.Lease = time.Duration(p.Lease.Milliseconds()) * time.Second
 	return s.MemoryStore.Acquire(ctx, &q)
@@ -106,7 +107,7 @@ type latestToken struct {
 	tokens map[string]int64
 }
 
-func (s *latestToken) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *latestToken) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	res, err := s.MemoryStore.Acquire(ctx, p)
 	if err == nil && res.Acquired {
 		s.mu.Lock()
@@ -128,25 +129,25 @@ func (s *latestToken) latest(consumer, id string, token int64) int64 {
 	return token
 }
 
-func (s *latestToken) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (s *latestToken) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	q := *p
 	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
 	return s.MemoryStore.Complete(ctx, &q)
 }
 
-func (s *latestToken) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (s *latestToken) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	q := *p
 	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
 	return s.MemoryStore.Renew(ctx, &q)
 }
 
-func (s *latestToken) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (s *latestToken) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	q := *p
 	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
 	return s.MemoryStore.Release(ctx, &q)
 }
 
-func (s *latestToken) SaveStep(ctx context.Context, p *idem.StepParams) error {
+func (s *latestToken) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	q := *p
 	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
 	return s.MemoryStore.SaveStep(ctx, &q)
@@ -156,7 +157,7 @@ func (s *latestToken) SaveStep(ctx context.Context, p *idem.StepParams) error {
 // record but not for a live lease on it.
 type alwaysExpired struct{ *idem.MemoryStore }
 
-func (s *alwaysExpired) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *alwaysExpired) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	s.ExpireLease(p.Consumer, p.MessageID)
 	return s.MemoryStore.Acquire(ctx, p)
 }
@@ -164,7 +165,7 @@ func (s *alwaysExpired) Acquire(ctx context.Context, p *idem.AcquireParams) (ide
 // noRenew reports renewals it never makes.
 type noRenew struct{ *idem.MemoryStore }
 
-func (s *noRenew) Renew(ctx context.Context, p *idem.RenewParams) error { return ctx.Err() }
+func (s *noRenew) Renew(ctx context.Context, p *idemdriver.RenewParams) error { return ctx.Err() }
 
 // forgetfulRelease loses the attempt count and the recovery points on a
 // release, as a store that deletes the record would.
@@ -174,7 +175,7 @@ type forgetfulRelease struct {
 	released map[string]bool
 }
 
-func (s *forgetfulRelease) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (s *forgetfulRelease) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	err := s.MemoryStore.Release(ctx, p)
 	if err == nil && !p.Terminal {
 		s.mu.Lock()
@@ -187,7 +188,7 @@ func (s *forgetfulRelease) Release(ctx context.Context, p *idem.ReleaseParams) e
 	return err
 }
 
-func (s *forgetfulRelease) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *forgetfulRelease) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	res, err := s.MemoryStore.Acquire(ctx, p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -202,7 +203,7 @@ func (s *forgetfulRelease) Acquire(ctx context.Context, p *idem.AcquireParams) (
 // record instead of the stored one (field case C12).
 type echoLeaseFingerprint struct{ *idem.MemoryStore }
 
-func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	res, err := s.MemoryStore.Acquire(ctx, p)
 	if err == nil && !res.Acquired {
 		res.Fingerprint = p.Fingerprint
@@ -214,7 +215,7 @@ func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idem.AcquireParam
 // BLOB column (rather than a LONGBLOB) would.
 type truncatedResults struct{ *idem.MemoryStore }
 
-func (s *truncatedResults) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (s *truncatedResults) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	q := *p
 	q.Result = q.Result[:min(len(q.Result), 65535)]
 	return s.MemoryStore.Complete(ctx, &q)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func leaseProcessCases() []leaseCase {
@@ -66,7 +67,7 @@ func testLeaseReplay(t *testing.T, b *leaseBundle) {
 		b.wantCalls(r.name, &calls[i], 1)
 
 		res := b.acquire(r.name+": Store.Acquire of the completed record", c.Name(), ms[i], longLease)
-		b.wantNotAcquired(r.name+": Store.Acquire of the completed record", res, idem.StateCompleted)
+		b.wantNotAcquired(r.name+": Store.Acquire of the completed record", res, idemdriver.StateCompleted)
 		b.wantResult(r.name+": AcquireResult", res.Result, res.ContentType, r.res)
 	}
 	b.wantRecords("after the deliveries", c.Name(), len(results))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func leasePurgeCases() []leaseCase {
@@ -129,14 +130,14 @@ func testLeaseStoreAcquireNew(t *testing.T, b *leaseBundle) {
 func testLeaseStoreConcurrentAcquire(t *testing.T, b *leaseBundle) {
 	consumer := b.name("c")
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
-	round := func(what string, attempt int) idem.AcquireResult {
+	round := func(what string, attempt int) idemdriver.AcquireResult {
 		t.Helper()
-		res := make([]idem.AcquireResult, concurrency)
+		res := make([]idemdriver.AcquireResult, concurrency)
 		errs := make([]error, concurrency)
 		race(concurrency, func(i int) {
-			res[i], errs[i] = b.s.Store.Acquire(b.ctx, &idem.AcquireParams{Consumer: consumer, MessageID: msg.ID, Fingerprint: fingerprint(msg.Payload), Lease: longLease})
+			res[i], errs[i] = b.s.Store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: msg.ID, Fingerprint: fingerprint(msg.Payload), Lease: longLease})
 		})
-		var won idem.AcquireResult
+		var won idemdriver.AcquireResult
 		acquired := 0
 		for i, r := range res {
 			switch {
@@ -149,7 +150,7 @@ func testLeaseStoreConcurrentAcquire(t *testing.T, b *leaseBundle) {
 					t.Errorf("%s: the winner's Attempt = %d, want %d", what, r.Attempt, attempt)
 				}
 			default:
-				if r.State != idem.StateInProgress || r.Attempt != attempt || r.LeaseRemaining <= 0 || r.LeaseRemaining > longLease {
+				if r.State != idemdriver.StateInProgress || r.Attempt != attempt || r.LeaseRemaining <= 0 || r.LeaseRemaining > longLease {
 					t.Errorf("%s: a loser saw state %v, attempt %d, LeaseRemaining %v; want in_progress, %d, in (0, %v]",
 						what, r.State, r.Attempt, r.LeaseRemaining, attempt, longLease)
 				}
@@ -166,7 +167,7 @@ func testLeaseStoreConcurrentAcquire(t *testing.T, b *leaseBundle) {
 	a1 := round("new message", 1)
 	b.expire(consumer, msg.ID)
 	a2 := round("after the lease expired", 2)
-	if err := b.s.Store.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Error: "retry"}); err != nil {
+	if err := b.s.Store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Error: "retry"}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	a3 := round("after a release", 3)
@@ -186,10 +187,10 @@ func testLeaseStoreReleasedTokenLoses(t *testing.T, b *leaseBundle) {
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
 	s := b.s.Store
 	a1 := b.mustAcquire("attempt 1", consumer, msg, longLease, 1)
-	if err := s.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Step: "s", Result: []byte("v")}); err != nil {
+	if err := s.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Step: "s", Result: []byte("v")}); err != nil {
 		t.Fatalf("SaveStep: %v", err)
 	}
-	if err := s.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Error: "attempt 1 failed"}); err != nil {
+	if err := s.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a1.Token, Error: "attempt 1 failed"}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	b.wantStaleRejected("attempt 1 after its Release", consumer, msg.ID, a1.Token)
@@ -199,12 +200,12 @@ func testLeaseStoreReleasedTokenLoses(t *testing.T, b *leaseBundle) {
 		t.Errorf("attempt 2: token %d, want more than %d", a2.Token, a1.Token)
 	}
 	b.wantSteps("attempt 2", a2.Steps, map[string][]byte{"s": []byte("v")})
-	if err := s.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Error: errText, Terminal: true}); err != nil {
+	if err := s.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Error: errText, Terminal: true}); err != nil {
 		t.Fatalf("terminal Release: %v", err)
 	}
 	b.wantStaleRejected("attempt 2 after its terminal Release", consumer, msg.ID, a2.Token)
 	res := b.acquire("after the terminal release", consumer, msg, longLease)
-	b.wantNotAcquired("after the terminal release", res, idem.StateFailed)
+	b.wantNotAcquired("after the terminal release", res, idemdriver.StateFailed)
 	if res.Error != errText || res.Attempt != 2 {
 		t.Errorf("failed record: Error %q, Attempt %d; want %q and 2", res.Error, res.Attempt, errText)
 	}
@@ -219,12 +220,12 @@ func testLeaseStoreCompletedTokenLoses(t *testing.T, b *leaseBundle) {
 	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
 	a := b.mustAcquire("attempt 1", consumer, msg, longLease, 1)
 	want := idem.Result{Body: []byte("first"), ContentType: "application/json"}
-	if err := b.s.Store.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
+	if err := b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	b.wantStaleRejected("after Complete", consumer, msg.ID, a.Token)
 	res := b.acquire("after completion", consumer, msg, longLease)
-	b.wantNotAcquired("after completion", res, idem.StateCompleted)
+	b.wantNotAcquired("after completion", res, idemdriver.StateCompleted)
 	b.wantResult("after completion", res.Result, res.ContentType, want)
 }
 
@@ -237,15 +238,15 @@ func testLeaseStoreCompleteAfterExpiry(t *testing.T, b *leaseBundle) {
 	s := b.s.Store
 	a := b.mustAcquire("attempt 1", consumer, msg, longLease, 1)
 	b.expire(consumer, msg.ID)
-	if err := s.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
+	if err := s.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
 		t.Errorf("SaveStep after the lease expired, nobody having taken over: %v, want nil", err)
 	}
 	want := idem.Result{Body: []byte("late"), ContentType: "text/plain"}
-	if err := s.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
+	if err := s.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: want.Body, ContentType: want.ContentType}); err != nil {
 		t.Fatalf("Complete after the lease expired, nobody having taken over: %v, want nil", err)
 	}
 	res := b.acquire("after the late completion", consumer, msg, longLease)
-	b.wantNotAcquired("after the late completion", res, idem.StateCompleted)
+	b.wantNotAcquired("after the late completion", res, idemdriver.StateCompleted)
 	b.wantResult("after the late completion", res.Result, res.ContentType, want)
 }
 
@@ -268,7 +269,7 @@ func testLeaseStoreSteps(t *testing.T, b *leaseBundle) {
 	}
 	save := func(name string, res []byte) {
 		t.Helper()
-		if err := s.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: name, Result: res}); err != nil {
+		if err := s.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: name, Result: res}); err != nil {
 			t.Errorf("SaveStep(%q): %v", name, err)
 		}
 	}
@@ -279,7 +280,7 @@ func testLeaseStoreSteps(t *testing.T, b *leaseBundle) {
 		save(name, res)
 	}
 	save("charge", []byte("ch_2")) // keeps ch_1
-	if err := s.Release(b.ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "retry"}); err != nil {
+	if err := s.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "retry"}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	a2 := b.mustAcquire("attempt 2", consumer, msg, longLease, 2)
@@ -296,7 +297,7 @@ func testLeaseStoreSteps(t *testing.T, b *leaseBundle) {
 func testLeaseStoreLeasePositive(t *testing.T, b *leaseBundle) {
 	consumer := b.name("c")
 	for _, lease := range []time.Duration{0, -time.Millisecond} {
-		_, err := b.s.Store.Acquire(b.ctx, &idem.AcquireParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("fp"), Lease: lease})
+		_, err := b.s.Store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("fp"), Lease: lease})
 		if !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("Acquire with lease %v: err = %v, want an error matching ErrInvalidConfig", lease, err)
 		}
@@ -311,7 +312,7 @@ func testLeaseStoreCancelledContext(t *testing.T, b *leaseBundle) {
 	s := b.s.Store
 	ctx, cancel := context.WithCancel(b.ctx)
 	cancel()
-	if _, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: consumer, MessageID: msg.ID, Fingerprint: fingerprint(msg.Payload), Lease: longLease}); !errors.Is(err, context.Canceled) {
+	if _, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: msg.ID, Fingerprint: fingerprint(msg.Payload), Lease: longLease}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Acquire with a cancelled context: err = %v, want an error matching context.Canceled", err)
 	}
 	b.wantRecords("after the cancelled Acquire", consumer, 0)
@@ -322,16 +323,16 @@ func testLeaseStoreCancelledContext(t *testing.T, b *leaseBundle) {
 		call func() error
 	}{
 		{"Renew", func() error {
-			return s.Renew(ctx, &idem.RenewParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Lease: longLease})
+			return s.Renew(ctx, &idemdriver.RenewParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Lease: longLease})
 		}},
 		{"SaveStep", func() error {
-			return s.SaveStep(ctx, &idem.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: "s", Result: []byte("v")})
+			return s.SaveStep(ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Step: "s", Result: []byte("v")})
 		}},
 		{"Complete", func() error {
-			return s.Complete(ctx, &idem.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: []byte("r")})
+			return s.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Result: []byte("r")})
 		}},
 		{"Release", func() error {
-			return s.Release(ctx, &idem.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "e", Terminal: true})
+			return s.Release(ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: msg.ID, Token: a.Token, Error: "e", Terminal: true})
 		}},
 	} {
 		if err := op.call(); !errors.Is(err, context.Canceled) {
@@ -339,14 +340,14 @@ func testLeaseStoreCancelledContext(t *testing.T, b *leaseBundle) {
 		}
 	}
 	res := b.acquire("after the cancelled calls", consumer, msg, longLease)
-	b.wantNotAcquired("after the cancelled calls (still attempt 1's live lease)", res, idem.StateInProgress)
+	b.wantNotAcquired("after the cancelled calls (still attempt 1's live lease)", res, idemdriver.StateInProgress)
 	if res.Attempt != 1 {
 		t.Errorf("after the cancelled calls: Attempt = %d, want 1", res.Attempt)
 	}
 	b.expire(consumer, msg.ID)
 	a2 := b.mustAcquire("attempt 2", consumer, msg, longLease, 2)
 	b.wantSteps("attempt 2 (the cancelled SaveStep saved nothing)", a2.Steps, nil)
-	if err := s.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Result: []byte("r")}); err != nil {
+	if err := s.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: msg.ID, Token: a2.Token, Result: []byte("r")}); err != nil {
 		t.Errorf("Complete of attempt 2: %v, want nil", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func lifecycleCases[TTx any]() []testCase[TTx] {
@@ -109,7 +110,7 @@ func testCloseDuringProcess[TTx any](t *testing.T, b *bundle[TTx]) {
 func testNewConsumerValidation[TTx any](t *testing.T, b *bundle[TTx]) {
 	for _, tt := range []struct {
 		name  string
-		store idem.TxStore[TTx]
+		store idemdriver.TxStore[TTx]
 		cfg   idem.Config
 		want  error
 	}{

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func mixedCases[TTx any]() []testCase[TTx] {
@@ -22,7 +23,7 @@ func mixedCases[TTx any]() []testCase[TTx] {
 // all report the record's state; the handler does not run and writes
 // nothing. Stores without lease mode skip this case.
 func testLeaseRecordNeverAcked[TTx any](t *testing.T, b *bundle[TTx]) {
-	ls, ok := any(b.s.Store).(idem.LeaseStore)
+	ls, ok := any(b.s.Store).(idemdriver.LeaseStore)
 	if !ok {
 		t.Skip("the store has no lease mode")
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // The Store cases exercise the TxStore contract directly, without a
@@ -24,14 +25,14 @@ func testClaimReturnsStoredFingerprint[TTx any](t *testing.T, b *bundle[TTx]) {
 	consumer := b.name("c")
 	stored := []byte{0x00, 0xff, 0x20, 0x00}
 	tx := b.begin()
-	res, err := b.s.Store.ClaimTx(b.ctx, tx, &idem.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: stored})
+	res, err := b.s.Store.ClaimTx(b.ctx, tx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: stored})
 	if err != nil || !res.Claimed {
 		t.Fatalf("first ClaimTx: %+v, %v; want Claimed and nil", res, err)
 	}
 	b.commit(tx)
 
 	tx = b.begin()
-	res, err = b.s.Store.ClaimTx(b.ctx, tx, &idem.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("other")})
+	res, err = b.s.Store.ClaimTx(b.ctx, tx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("other")})
 	if err != nil {
 		t.Fatalf("second ClaimTx: %v", err)
 	}
@@ -48,13 +49,13 @@ func testClaimBatchResultsInOrder[TTx any](t *testing.T, b *bundle[TTx]) {
 	consumer := b.name("c")
 	fpB := []byte("fingerprint of b")
 	tx := b.begin()
-	if _, err := b.s.Store.ClaimTx(b.ctx, tx, &idem.ClaimParams{Consumer: consumer, MessageID: "b", Fingerprint: fpB}); err != nil {
+	if _, err := b.s.Store.ClaimTx(b.ctx, tx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "b", Fingerprint: fpB}); err != nil {
 		t.Fatalf("ClaimTx: %v", err)
 	}
 	b.commit(tx)
 
 	tx = b.begin()
-	res, err := b.s.Store.ClaimBatchTx(b.ctx, tx, &idem.ClaimBatchParams{Consumer: consumer, Messages: []idem.ClaimMessage{
+	res, err := b.s.Store.ClaimBatchTx(b.ctx, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: []idemdriver.ClaimMessage{
 		{MessageID: "c", Fingerprint: []byte("c")},
 		{MessageID: "b", Fingerprint: []byte("b")},
 		{MessageID: "a", Fingerprint: []byte("a")},
@@ -65,7 +66,7 @@ func testClaimBatchResultsInOrder[TTx any](t *testing.T, b *bundle[TTx]) {
 	if len(res) != 3 {
 		t.Fatalf("ClaimBatchTx: %d results for 3 messages", len(res))
 	}
-	want := []idem.ClaimResult{{Claimed: true}, {Fingerprint: fpB}, {Claimed: true}}
+	want := []idemdriver.ClaimResult{{Claimed: true}, {Fingerprint: fpB}, {Claimed: true}}
 	for i, w := range want {
 		if res[i].Claimed != w.Claimed || (!w.Claimed && !bytes.Equal(res[i].Fingerprint, w.Fingerprint)) {
 			t.Errorf("ClaimBatchTx result %d: Claimed %v, Fingerprint %q; want Claimed %v, Fingerprint %q",
@@ -80,13 +81,13 @@ func testClaimBatchResultsInOrder[TTx any](t *testing.T, b *bundle[TTx]) {
 // that transaction rolls back.
 func testRollbackReleasesClaim[TTx any](t *testing.T, b *bundle[TTx]) {
 	consumer := b.name("c")
-	p := &idem.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("fp")}
+	p := &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("fp")}
 	tx1 := b.begin()
 	if res, err := b.s.Store.ClaimTx(b.ctx, tx1, p); err != nil || !res.Claimed {
 		t.Fatalf("first ClaimTx: %+v, %v", res, err)
 	}
 	type result struct {
-		res idem.ClaimResult
+		res idemdriver.ClaimResult
 		err error
 	}
 	second := make(chan result, 1)

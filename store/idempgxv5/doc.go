@@ -1,8 +1,8 @@
 // Package idempgxv5 is idem's store for PostgreSQL on pgx v5
-// (github.com/jackc/pgx/v5): an [idem.TxStore] whose transactions are
+// (github.com/jackc/pgx/v5): an [idemdriver.TxStore] whose transactions are
 // pgx.Tx, so a handler writes its side effects with the same transaction
 // that holds the message's claim, and they commit or roll back together.
-// It is also an [idem.LeaseStore], for [idem.LeaseConsumer] and side
+// It is also an [idemdriver.LeaseStore], for [idem.LeaseConsumer] and side
 // effects outside the database (see "Lease mode" below).
 //
 // It takes the caller's *pgxpool.Pool and owns nothing else:
@@ -130,7 +130,7 @@
 // [idem.LeaseConsumer] claims a message with a lease instead of a
 // transaction. Lease-mode records live in the same table, with the columns
 // of migration 002: state (1 in_progress, 2 completed, 3 failed, the values
-// of [idem.RecordState]; the default 2 makes every transactional record a
+// of [idemdriver.RecordState]; the default 2 makes every transactional record a
 // completed one), token (the fencing token of the attempt owning an
 // in_progress record; 0 for transactional records), attempt, lease_expires_at
 // (timestamptz), result (bytea), content_type, last_error and updated_at;

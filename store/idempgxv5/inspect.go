@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -31,7 +32,7 @@ type Record struct {
 	ProcessedAt time.Time
 	// State is the record's state: completed for every record written in
 	// transactional mode; in_progress or failed only in lease mode.
-	State idem.RecordState
+	State idemdriver.RecordState
 	// Token is the fencing token of the attempt owning an in_progress
 	// record (lease mode; 0 for transactional records). After a release
 	// it is one more than the released attempt's.
@@ -87,7 +88,7 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (Record
 		return Record{}, err
 	}
 	r.ProcessedAt = r.ProcessedAt.UTC()
-	r.State = idem.RecordState(state)
+	r.State = idemdriver.RecordState(state)
 	if leaseEnd.Valid {
 		r.LeaseExpiresAt = leaseEnd.Time.UTC()
 	}

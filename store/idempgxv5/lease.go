@@ -9,11 +9,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
 )
 
 // The store implements lease mode too.
-var _ idem.LeaseStore = (*Store)(nil)
+var _ idemdriver.LeaseStore = (*Store)(nil)
 
 // Limits of the lease-mode text columns, the same as store/idemsql's.
 const (
@@ -30,8 +31,8 @@ const (
 	maxAcquireAttempts = 4
 )
 
-// stateInProgress is the state column's value for idem.StateInProgress.
-const stateInProgress = int16(idem.StateInProgress)
+// stateInProgress is the state column's value for idemdriver.StateInProgress.
+const stateInProgress = int16(idemdriver.StateInProgress)
 
 // leaseQueries holds the lease-mode statements of one Store, with its
 // table names filled in once (so pgx's statement cache sees one text per
@@ -142,9 +143,9 @@ type leaseRecord struct {
 }
 
 // notAcquired reports r to a caller that did not acquire it.
-func (r *leaseRecord) notAcquired() idem.AcquireResult {
-	res := idem.AcquireResult{
-		State:       idem.RecordState(r.state),
+func (r *leaseRecord) notAcquired() idemdriver.AcquireResult {
+	res := idemdriver.AcquireResult{
+		State:       idemdriver.RecordState(r.state),
 		Attempt:     int(r.attempt),
 		Fingerprint: r.fingerprint,
 	}
@@ -154,7 +155,7 @@ func (r *leaseRecord) notAcquired() idem.AcquireResult {
 	if r.state == stateInProgress && r.remainingUS > 0 {
 		res.LeaseRemaining = time.Duration(r.remainingUS) * time.Microsecond
 	}
-	if res.State == idem.StateCompleted {
+	if res.State == idemdriver.StateCompleted {
 		res.Result = r.result
 		if r.contentType != nil {
 			res.ContentType = *r.contentType
@@ -169,7 +170,7 @@ func leaseMicros(d time.Duration) int64 {
 	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }
 
-// Acquire implements [idem.LeaseStore] with one statement, INSERT ... ON
+// Acquire implements [idemdriver.LeaseStore] with one statement, INSERT ... ON
 // CONFLICT (consumer, message_id) DO UPDATE ... WHERE <in_progress, lease
 // ended (lease_expires_at <= now()), same fingerprint> RETURNING, whose
 // outer SELECT also reads the record when it did not acquire it:
@@ -194,12 +195,12 @@ func leaseMicros(d time.Duration) int64 {
 // p.Lease must be positive (an error matching idem.ErrInvalidConfig
 // otherwise: a zero lease never means "no expiry"); the names must be
 // valid and the fingerprint 1 to idem.MaxFingerprintLength bytes.
-func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.AcquireResult{}, err
+		return idemdriver.AcquireResult{}, err
 	}
-	if err := idem.ValidateAcquireParams(p); err != nil {
-		return idem.AcquireResult{}, err
+	if err := idemdriver.ValidateAcquireParams(p); err != nil {
+		return idemdriver.AcquireResult{}, err
 	}
 	var last *leaseRecord
 	for range maxAcquireAttempts {
@@ -216,13 +217,13 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 	if last != nil {
 		return last.notAcquired(), nil
 	}
-	return idem.AcquireResult{}, fmt.Errorf("idempgxv5: acquire of consumer %q, message ID %q did not settle after %d attempts",
+	return idemdriver.AcquireResult{}, fmt.Errorf("idempgxv5: acquire of consumer %q, message ID %q did not settle after %d attempts",
 		p.Consumer, p.MessageID, maxAcquireAttempts)
 }
 
 // acquireOnce runs the acquire statement once. settled is false when the
 // statement must run again; rec is then the record it saw, if any.
-func (s *Store) acquireOnce(ctx context.Context, p *idem.AcquireParams) (res idem.AcquireResult, rec *leaseRecord, settled bool, err error) {
+func (s *Store) acquireOnce(ctx context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, rec *leaseRecord, settled bool, err error) {
 	var (
 		won bool
 		r   leaseRecord
@@ -244,7 +245,7 @@ func (s *Store) acquireOnce(ctx context.Context, p *idem.AcquireParams) (res ide
 				return res, nil, false, err
 			}
 		}
-		return idem.AcquireResult{Acquired: true, Token: r.token, Attempt: int(r.attempt), Steps: steps}, nil, true, nil
+		return idemdriver.AcquireResult{Acquired: true, Token: r.token, Attempt: int(r.attempt), Steps: steps}, nil, true, nil
 	}
 	if r.acquirable {
 		// The snapshot shows a record the DO UPDATE would have taken: the
@@ -278,12 +279,12 @@ func (s *Store) readSteps(ctx context.Context, consumer, id string) (map[string]
 	return steps, nil
 }
 
-// Renew implements [idem.LeaseStore]: one UPDATE that sets the lease to the
+// Renew implements [idemdriver.LeaseStore]: one UPDATE that sets the lease to the
 // server's now() plus p.Lease, only while p.Token owns the record
 // (in_progress with that token; an expired lease that nobody took over is
 // still owned). Otherwise it returns an error matching idem.ErrLeaseLost.
 // p.Lease must be positive (idem.ErrInvalidConfig otherwise).
-func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -294,7 +295,7 @@ func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
 		leaseMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
 }
 
-// Complete implements [idem.LeaseStore]: one UPDATE, fenced by p.Token,
+// Complete implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
 // that makes the record completed with p.Result (stored byte for byte; nil
 // as empty) and p.ContentType, ends the lease and stamps processed_at (so
 // the retention window counts from completion). The fingerprint stays
@@ -303,7 +304,7 @@ func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
 // The content type must be valid UTF-8 without NUL bytes, at most
 // [MaxContentTypeLength] bytes (an error matching idem.ErrInvalidConfig
 // otherwise): PostgreSQL text holds nothing else.
-func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -318,7 +319,7 @@ func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		result, p.ContentType, p.Consumer, p.MessageID, p.Token)
 }
 
-// Release implements [idem.LeaseStore]: one UPDATE, fenced by p.Token,
+// Release implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
 // that ends the lease now, keeps the error text, stamps processed_at and
 // moves the record's token on by one, so that the released attempt owns
 // nothing (the next attempt's token is one more again). With p.Terminal
@@ -328,7 +329,7 @@ func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
 // The error text is stored as valid UTF-8 without NUL bytes (others become
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
 // nothing else, and a failure must never fail to be recorded.
-func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -336,7 +337,7 @@ func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
 		errorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token)
 }
 
-// SaveStep implements [idem.LeaseStore] with one statement: it locks the
+// SaveStep implements [idemdriver.LeaseStore] with one statement: it locks the
 // record FOR SHARE while p.Token owns it and inserts the recovery point
 // (INSERT ... SELECT FROM the locked record ON CONFLICT DO NOTHING, so a
 // step saved before keeps its first result). The lock makes a concurrent
@@ -345,7 +346,7 @@ func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
 //
 // Step names are 1 to 255 bytes of valid UTF-8 without NUL bytes (an
 // error matching idem.ErrInvalidConfig otherwise).
-func (s *Store) SaveStep(ctx context.Context, p *idem.StepParams) error {
+func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}

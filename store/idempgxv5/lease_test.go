@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // TestLeaseRoundTrips counts the network writes (one per round trip) of
@@ -21,9 +22,9 @@ func TestLeaseRoundTrips(t *testing.T) {
 	var writes atomic.Int64
 	b := setup(t, poolOpts{maxConns: 1, countWrites: &writes, noPing: true})
 	s := b.store
-	acq := func(id string) idem.AcquireResult {
+	acq := func(id string) idemdriver.AcquireResult {
 		t.Helper()
-		r, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Minute})
+		r, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Minute})
 		if err != nil {
 			t.Fatalf("Acquire(%q): %v", id, err)
 		}
@@ -32,16 +33,16 @@ func TestLeaseRoundTrips(t *testing.T) {
 	// Warm up: prepare every statement on the pool's one connection.
 	w := acq("warm-up")
 	for _, err := range []error{
-		s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Lease: time.Minute}),
-		s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Step: "s", Result: []byte("v")}),
-		s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Error: "e"}),
+		s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Lease: time.Minute}),
+		s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Step: "s", Result: []byte("v")}),
+		s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "warm-up", Token: w.Token, Error: "e"}),
 	} {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	w = acq("warm-up") // a takeover: prepares the steps query
-	if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "warm-up", Token: w.Token}); err != nil {
+	if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "warm-up", Token: w.Token}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -53,33 +54,33 @@ func TestLeaseRoundTrips(t *testing.T) {
 			t.Errorf("%s took %d round trips, want %d", what, n, want)
 		}
 	}
-	var a idem.AcquireResult
+	var a idemdriver.AcquireResult
 	count("Acquire of a new message", 1, func() { a = acq("m") })
 	if !a.Acquired || a.Token != 1 || a.Attempt != 1 {
 		t.Fatalf("Acquire of a new message = %+v", a)
 	}
 	count("Acquire of a live lease", 1, func() {
-		if r := acq("m"); r.Acquired || r.State != idem.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > time.Minute {
+		if r := acq("m"); r.Acquired || r.State != idemdriver.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > time.Minute {
 			t.Errorf("Acquire of a live lease = %+v", r)
 		}
 	})
 	count("Renew", 1, func() {
-		if err := s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: a.Token, Lease: time.Minute}); err != nil {
+		if err := s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "m", Token: a.Token, Lease: time.Minute}); err != nil {
 			t.Error(err)
 		}
 	})
 	count("SaveStep", 1, func() {
-		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
+		if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
 			t.Error(err)
 		}
 	})
 	count("Release", 1, func() {
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "e"}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "e"}); err != nil {
 			t.Error(err)
 		}
 	})
 	count("a stale Complete", 1, func() {
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token}); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token}); !errors.Is(err, idem.ErrLeaseLost) {
 			t.Errorf("stale Complete = %v, want ErrLeaseLost", err)
 		}
 	})
@@ -88,12 +89,12 @@ func TestLeaseRoundTrips(t *testing.T) {
 		t.Errorf("takeover after a release = %+v; want token 3 (the release moved it to 2), attempt 2, step s", a)
 	}
 	count("Complete", 1, func() {
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, Result: []byte("r")}); err != nil {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, Result: []byte("r")}); err != nil {
 			t.Error(err)
 		}
 	})
 	count("Acquire of a completed record", 1, func() {
-		if r := acq("m"); r.Acquired || r.State != idem.StateCompleted || string(r.Result) != "r" {
+		if r := acq("m"); r.Acquired || r.State != idemdriver.StateCompleted || string(r.Result) != "r" {
 			t.Errorf("Acquire of a completed record = %+v", r)
 		}
 	})
@@ -111,7 +112,7 @@ func TestLeaseInspect(t *testing.T) {
 	if err := b.pool.QueryRow(ctx, `SELECT now()`).Scan(&serverNow); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: fp("x"), Lease: time.Hour})
+	a, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: fp("x"), Lease: time.Hour})
 	if err != nil || !a.Acquired {
 		t.Fatalf("Acquire = %+v, %v", a, err)
 	}
@@ -119,19 +120,19 @@ func TestLeaseInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.State != idem.StateInProgress || r.Token != 1 || r.Attempt != 1 || r.Error != "" ||
+	if r.State != idemdriver.StateInProgress || r.Token != 1 || r.Attempt != 1 || r.Error != "" ||
 		r.LeaseExpiresAt.Location() != time.UTC || r.ProcessedAt.Location() != time.UTC ||
 		d(r.LeaseExpiresAt.Sub(serverNow)-time.Hour) > time.Minute {
 		t.Errorf("Inspect of an in_progress record = %+v (server now %v)", r, serverNow)
 	}
-	if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "bad \x00 byte \xff", Terminal: true}); err != nil {
+	if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: a.Token, Error: "bad \x00 byte \xff", Terminal: true}); err != nil {
 		t.Fatal(err)
 	}
 	r, err = s.Inspect(ctx, "c", "m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.State != idem.StateFailed || r.Token != 2 || r.Attempt != 1 || r.Error != "bad \uFFFD byte \uFFFD" {
+	if r.State != idemdriver.StateFailed || r.Token != 2 || r.Attempt != 1 || r.Error != "bad \uFFFD byte \uFFFD" {
 		t.Errorf("Inspect of a failed record = %+v; want failed, token 2, attempt 1, the error with U+FFFD", r)
 	}
 
@@ -142,11 +143,11 @@ func TestLeaseInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, err = s.Inspect(ctx, "tx", "t")
-	if err != nil || r.State != idem.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() {
+	if err != nil || r.State != idemdriver.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() {
 		t.Errorf("Inspect of a transactional record = %+v, %v", r, err)
 	}
-	res, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "tx", MessageID: "t", Fingerprint: fp("p"), Lease: time.Minute})
-	if err != nil || res.Acquired || res.State != idem.StateCompleted || res.Result != nil || res.LeaseRemaining != 0 {
+	res, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "tx", MessageID: "t", Fingerprint: fp("p"), Lease: time.Minute})
+	if err != nil || res.Acquired || res.State != idemdriver.StateCompleted || res.Result != nil || res.LeaseRemaining != 0 {
 		t.Errorf("Acquire of a transactional record = %+v, %v; want completed, no result", res, err)
 	}
 }
@@ -161,17 +162,17 @@ func TestLeasePurgeDeletesSteps(t *testing.T) {
 	b := setup(t, poolOpts{})
 	s := b.store
 	for _, id := range []string{"done", "open"} {
-		a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Hour})
+		a, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("x"), Lease: time.Hour})
 		if err != nil || !a.Acquired {
 			t.Fatalf("Acquire(%q) = %+v, %v", id, a, err)
 		}
 		for _, step := range []string{"a", "b"} {
-			if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: step, Result: []byte(step)}); err != nil {
+			if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: step, Result: []byte(step)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if id == "done" {
-			if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
+			if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -180,7 +181,7 @@ func TestLeasePurgeDeletesSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A fresh record so that the horizon (newest minus the window) is now.
-	if a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "fresh", Fingerprint: fp("x"), Lease: time.Hour}); err != nil || !a.Acquired {
+	if a, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "fresh", Fingerprint: fp("x"), Lease: time.Hour}); err != nil || !a.Acquired {
 		t.Fatalf("Acquire(fresh) = %+v, %v", a, err)
 	}
 	res, err := s.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: time.Hour, BatchSize: 10})

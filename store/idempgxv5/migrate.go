@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Migrate implements [idem.Migrator]: it applies the PostgreSQL migrations
+// Migrate implements [idemdriver.Migrator]: it applies the PostgreSQL migrations
 // embedded in idem (internal/sqlschema) that the table has not had yet, in
 // one transaction, and records each version with the server's time in
 // Table + "_migrations" (version int primary key, applied_at timestamptz).

@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Purge implements [idem.TxStore] and [idem.LeaseStore]: it deletes
+// Purge implements [idemdriver.TxStore] and [idemdriver.LeaseStore]: it deletes
 // p.Consumer's completed and failed records written before the horizon,
 // the consumer's newest processed_at minus p.RetentionWindow (rounded up
 // to a microsecond), computed by the server, with their recovery points.
@@ -36,7 +37,7 @@ import (
 // already run stay deleted and are counted in the result.
 func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
 	var res idem.PurgeResult
-	if err := idem.ValidatePurgeParams(p); err != nil {
+	if err := idemdriver.ValidatePurgeParams(p); err != nil {
 		return res, err
 	}
 	conn, err := s.pool.Acquire(ctx)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,10 +35,10 @@ type Config struct {
 	Table string
 }
 
-// Store is an [idem.TxStore] for PostgreSQL on pgx v5. The transactions it
+// Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The transactions it
 // hands to handlers are ordinary pgx transactions (*pgxpool.Tx) on the
-// Store's pool. It also implements [idem.BeginClaimer] (begin and claim in
-// one round trip), [idem.Migrator], and [idem.LeaseStore] for
+// Store's pool. It also implements [idemdriver.BeginClaimer] (begin and claim in
+// one round trip), [idemdriver.Migrator], and [idemdriver.LeaseStore] for
 // [idem.LeaseConsumer] (lease mode, on the same table; see the package
 // doc).
 //
@@ -56,9 +57,9 @@ type Store struct {
 
 // Interface checks.
 var (
-	_ idem.TxStore[pgx.Tx]      = (*Store)(nil)
-	_ idem.BeginClaimer[pgx.Tx] = (*Store)(nil)
-	_ idem.Migrator             = (*Store)(nil)
+	_ idemdriver.TxStore[pgx.Tx]      = (*Store)(nil)
+	_ idemdriver.BeginClaimer[pgx.Tx] = (*Store)(nil)
+	_ idemdriver.Migrator             = (*Store)(nil)
 )
 
 // queries holds the statements of one Store, with its table name filled in
@@ -159,14 +160,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 // Table returns the processed-messages table name, as written in SQL.
 func (s *Store) Table() string { return s.table.Qualified }
 
-// Begin implements [idem.TxStore]: it begins a transaction on a connection
+// Begin implements [idemdriver.TxStore]: it begins a transaction on a connection
 // acquired from the pool (pgxpool.Pool.Begin). The connection goes back to
 // the pool at Commit or Rollback.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 	return s.pool.Begin(ctx)
 }
 
-// BeginClaim implements [idem.BeginClaimer]: it acquires a connection, and
+// BeginClaim implements [idemdriver.BeginClaimer]: it acquires a connection, and
 // sends BEGIN and the claim of p as one pipelined pgx.Batch (pgx's
 // Batch.BeginTx), so that beginning and claiming cost one network round
 // trip. The result is that of [Store.Begin] followed by [Store.ClaimTx].
@@ -175,7 +176,7 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // caller commits or rolls it back. On error no transaction is left open:
 // the transaction is rolled back (with a context detached from ctx) and the
 // connection goes back to the pool, or is closed if its state is unknown.
-func (s *Store) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, idem.ClaimResult, error) {
+func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(s.q.claim, p.Consumer, p.MessageID, p.Fingerprint)
@@ -199,12 +200,12 @@ func (s *Store) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, id
 	}
 	if err != nil {
 		abort(ctx, tx)
-		return nil, idem.ClaimResult{}, err
+		return nil, idemdriver.ClaimResult{}, err
 	}
 	return tx, res, nil
 }
 
-// ClaimTx implements [idem.TxStore]: one INSERT ... ON CONFLICT DO NOTHING
+// ClaimTx implements [idemdriver.TxStore]: one INSERT ... ON CONFLICT DO NOTHING
 // in tx, which also returns the stored fingerprint of a committed record.
 // tx may be any pgx transaction, including one the caller began itself
 // (Consumer.ProcessTx): a duplicate raises no error inside the database, so
@@ -214,14 +215,14 @@ func (s *Store) BeginClaim(ctx context.Context, p *idem.ClaimParams) (pgx.Tx, id
 // Under REPEATABLE READ or SERIALIZABLE, a conflict with a row committed
 // after tx's snapshot was taken is a serialization failure (SQLSTATE 40001)
 // from PostgreSQL; retry the whole transaction.
-func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	var (
 		claimed bool
 		fp      []byte
 		state   *int16
 	)
 	if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp, &state); err != nil {
-		return idem.ClaimResult{}, err
+		return idemdriver.ClaimResult{}, err
 	}
 	if claimed || fp != nil {
 		return claimResult(claimed, fp, state), nil
@@ -231,21 +232,21 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (id
 
 // claimResult builds the result of a claim statement's row: claimed, or
 // the stored fingerprint and state (NULL state: completed).
-func claimResult(claimed bool, fp []byte, state *int16) idem.ClaimResult {
+func claimResult(claimed bool, fp []byte, state *int16) idemdriver.ClaimResult {
 	if claimed {
-		return idem.ClaimResult{Claimed: true}
+		return idemdriver.ClaimResult{Claimed: true}
 	}
-	st := idem.StateCompleted
+	st := idemdriver.StateCompleted
 	if state != nil && *state != 0 {
-		st = idem.RecordState(*state)
+		st = idemdriver.RecordState(*state)
 	}
-	return idem.ClaimResult{Fingerprint: fp, State: st}
+	return idemdriver.ClaimResult{Fingerprint: fp, State: st}
 }
 
 // settle finishes a claim whose statement found a conflict but could not
 // see the committed row: it reads the fingerprint with a new snapshot, and
 // re-runs the claim if the row is gone.
-func (s *Store) settle(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *Store) settle(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	for range maxClaimAttempts {
 		var (
 			fp    []byte
@@ -256,28 +257,28 @@ func (s *Store) settle(ctx context.Context, tx pgx.Tx, p *idem.ClaimParams) (ide
 		case err == nil:
 			return claimResult(false, fp, state), nil
 		case !errors.Is(err, pgx.ErrNoRows):
-			return idem.ClaimResult{}, err
+			return idemdriver.ClaimResult{}, err
 		}
 		var claimed bool
 		if err := tx.QueryRow(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&claimed, &fp, &state); err != nil {
-			return idem.ClaimResult{}, err
+			return idemdriver.ClaimResult{}, err
 		}
 		if claimed || fp != nil {
 			return claimResult(claimed, fp, state), nil
 		}
 	}
-	return idem.ClaimResult{}, fmt.Errorf("idempgxv5: claim of consumer %q, message ID %q did not settle after %d attempts",
+	return idemdriver.ClaimResult{}, fmt.Errorf("idempgxv5: claim of consumer %q, message ID %q did not settle after %d attempts",
 		p.Consumer, p.MessageID, maxClaimAttempts)
 }
 
-// ClaimBatchTx implements [idem.TxStore]: the messages are claimed with one
+// ClaimBatchTx implements [idemdriver.TxStore]: the messages are claimed with one
 // INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING statement that
 // also returns the fingerprints of committed records, in one round trip.
 // Messages are inserted in byte order of their IDs, so that concurrent
 // batches with overlapping IDs take their row locks in the same order and
 // do not deadlock. Results come back in the order of p.Messages.
-func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
-	out := make([]idem.ClaimResult, len(p.Messages))
+func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	out := make([]idemdriver.ClaimResult, len(p.Messages))
 	if len(p.Messages) == 0 {
 		return out, nil
 	}
@@ -320,7 +321,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 				return fmt.Errorf("idempgxv5: claim returned unknown message ID %q", *id)
 			}
 			if fp == nil {
-				out[i] = idem.ClaimResult{Claimed: true}
+				out[i] = idemdriver.ClaimResult{Claimed: true}
 			} else if !out[i].Claimed { // a row this statement inserted wins
 				out[i] = claimResult(false, fp, state)
 			}
@@ -332,7 +333,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 		}
 		if all {
 			for _, id := range ids {
-				out[index[id]] = idem.ClaimResult{Claimed: true}
+				out[index[id]] = idemdriver.ClaimResult{Claimed: true}
 			}
 			return out, nil
 		}
@@ -376,7 +377,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idem.ClaimBatchP
 	return nil, fmt.Errorf("idempgxv5: batch claim of consumer %q did not settle after %d attempts", p.Consumer, maxClaimAttempts)
 }
 
-// Commit implements [idem.TxStore]: tx.Commit, which returns the
+// Commit implements [idemdriver.TxStore]: tx.Commit, which returns the
 // connection to the pool. An error means nothing committed, or that the
 // outcome is unknown (the connection was lost during COMMIT); a COMMIT of a
 // transaction aborted by an earlier error is reported as
@@ -385,7 +386,7 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 	return tx.Commit(ctx)
 }
 
-// Rollback implements [idem.TxStore]: tx.Rollback, which returns the
+// Rollback implements [idemdriver.TxStore]: tx.Rollback, which returns the
 // connection to the pool, or closes it when ROLLBACK fails. Rolling back a
 // transaction that already ended (committed, rolled back, or a failed
 // Commit) returns nil.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
@@ -135,7 +136,7 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	var writes atomic.Int64
 	b := setup(t, poolOpts{maxConns: 1, countWrites: &writes, noPing: true})
-	p := &idem.ClaimParams{Consumer: "c", MessageID: "warm-up", Fingerprint: fp("x")}
+	p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "warm-up", Fingerprint: fp("x")}
 
 	// The connection's first claim prepares the statements (pgx's cache).
 	tx, res, err := b.store.BeginClaim(ctx, p)
@@ -148,7 +149,7 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 
 	t.Run("New", func(t *testing.T) {
 		writes.Store(0)
-		tx, res, err := b.store.BeginClaim(ctx, &idem.ClaimParams{Consumer: "c", MessageID: "m1", Fingerprint: fp("x")})
+		tx, res, err := b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m1", Fingerprint: fp("x")})
 		if err != nil || !res.Claimed {
 			t.Fatalf("BeginClaim = %v, %v", res, err)
 		}
@@ -184,7 +185,7 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.store.ClaimTx(ctx, tx, &idem.ClaimParams{Consumer: "c", MessageID: "m2", Fingerprint: fp("x")}); err != nil {
+		if _, err := b.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m2", Fingerprint: fp("x")}); err != nil {
 			t.Fatal(err)
 		}
 		if n := writes.Load(); n != 2 {
@@ -341,7 +342,7 @@ func TestCommitRollbackIdempotent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t, poolOpts{})
-	p := &idem.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("x")}
+	p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("x")}
 
 	tx, _, err := b.store.BeginClaim(ctx, p)
 	if err != nil {
@@ -498,7 +499,7 @@ func TestConnHygiene(t *testing.T) {
 	// A claim that fails inside BeginClaim (an ID longer than the column
 	// allows, bypassing the Consumer's validation) leaves no transaction.
 	long := string(bytes.Repeat([]byte("x"), 300))
-	if _, _, err := b.store.BeginClaim(ctx, &idem.ClaimParams{Consumer: "hygiene", MessageID: long, Fingerprint: fp("x")}); err == nil {
+	if _, _, err := b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "hygiene", MessageID: long, Fingerprint: fp("x")}); err == nil {
 		t.Error("BeginClaim of a 300-byte ID succeeded")
 	} else {
 		var pgErr *pgconn.PgError
@@ -509,7 +510,7 @@ func TestConnHygiene(t *testing.T) {
 	// BeginClaim with a cancelled context.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, _, err := b.store.BeginClaim(cctx, &idem.ClaimParams{Consumer: "hygiene", MessageID: "x", Fingerprint: fp("x")}); !errors.Is(err, context.Canceled) {
+	if _, _, err := b.store.BeginClaim(cctx, &idemdriver.ClaimParams{Consumer: "hygiene", MessageID: "x", Fingerprint: fp("x")}); !errors.Is(err, context.Canceled) {
 		t.Errorf("BeginClaim with a cancelled context = %v, want context.Canceled", err)
 	}
 	checkPool(t, b.pool)
@@ -590,14 +591,14 @@ func TestClaimWaitsForConcurrentTx(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			b := setup(t, poolOpts{maxConns: 4})
-			p := &idem.ClaimParams{Consumer: "c", MessageID: "M", Fingerprint: fp("first")}
+			p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "M", Fingerprint: fp("first")}
 			first, res, err := b.store.BeginClaim(ctx, p)
 			if err != nil || !res.Claimed {
 				t.Fatal(res, err)
 			}
 
 			type result struct {
-				res []idem.ClaimResult
+				res []idemdriver.ClaimResult
 				err error
 			}
 			done := make(chan result, 1)
@@ -608,14 +609,14 @@ func TestClaimWaitsForConcurrentTx(t *testing.T) {
 			defer func() { _ = b.store.Rollback(ctx, second) }()
 			go func() {
 				if tt.batch {
-					r, err := b.store.ClaimBatchTx(ctx, second, &idem.ClaimBatchParams{Consumer: "c", Messages: []idem.ClaimMessage{
+					r, err := b.store.ClaimBatchTx(ctx, second, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{
 						{MessageID: "N", Fingerprint: fp("n")}, {MessageID: "M", Fingerprint: fp("second")},
 					}})
 					done <- result{r, err}
 					return
 				}
-				r, err := b.store.ClaimTx(ctx, second, &idem.ClaimParams{Consumer: "c", MessageID: "M", Fingerprint: fp("second")})
-				done <- result{[]idem.ClaimResult{r}, err}
+				r, err := b.store.ClaimTx(ctx, second, &idemdriver.ClaimParams{Consumer: "c", MessageID: "M", Fingerprint: fp("second")})
+				done <- result{[]idemdriver.ClaimResult{r}, err}
 			}()
 			waitForLockWaiters(t, b.pool, b.table, 1)
 			if tt.commit {
@@ -657,7 +658,7 @@ func TestClaimBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c", Messages: []idem.ClaimMessage{
+	if _, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{
 		{MessageID: "b", Fingerprint: fp("b")}, {MessageID: "d", Fingerprint: fp("old")},
 	}}); err != nil {
 		t.Fatal(err)
@@ -673,7 +674,7 @@ func TestClaimBatch(t *testing.T) {
 	defer func() { _ = b.store.Rollback(ctx, tx) }()
 	// Unsorted input, IDs that differ only by case and by a trailing space
 	// (byte-for-byte comparison), a multi-byte ID.
-	msgs := []idem.ClaimMessage{
+	msgs := []idemdriver.ClaimMessage{
 		{MessageID: "z", Fingerprint: fp("z")},
 		{MessageID: "d", Fingerprint: fp("d")},
 		{MessageID: "B", Fingerprint: fp("B")},
@@ -681,11 +682,11 @@ func TestClaimBatch(t *testing.T) {
 		{MessageID: "b ", Fingerprint: fp("b ")},
 		{MessageID: "é", Fingerprint: fp("é")},
 	}
-	res, err := b.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c", Messages: msgs})
+	res, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: msgs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []idem.ClaimResult{
+	want := []idemdriver.ClaimResult{
 		{Claimed: true}, {Fingerprint: fp("old")}, {Claimed: true}, {Fingerprint: fp("b")}, {Claimed: true}, {Claimed: true},
 	}
 	if len(res) != len(want) {
@@ -698,15 +699,15 @@ func TestClaimBatch(t *testing.T) {
 	}
 	// Claiming the same messages again in the same transaction: duplicates
 	// of the transaction's own claims.
-	res, err = b.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c", Messages: msgs[:1]})
+	res, err = b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: msgs[:1]})
 	if err != nil || res[0].Claimed {
 		t.Errorf("re-claim in the same transaction: %+v, %v; want not claimed", res, err)
 	}
-	if res, err := b.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c"}); err != nil || len(res) != 0 {
+	if res, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c"}); err != nil || len(res) != 0 {
 		t.Errorf("empty batch: %v, %v", res, err)
 	}
 	// IDs must be distinct (the Consumer settles repeats itself).
-	if _, err := b.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c", Messages: []idem.ClaimMessage{
+	if _, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{
 		{MessageID: "q", Fingerprint: fp("q")}, {MessageID: "q", Fingerprint: fp("q")},
 	}}); err == nil {
 		t.Error("batch with a repeated ID: no error")

@@ -1,5 +1,5 @@
 // Package idemredis is idem's store for Redis on go-redis v9
-// (github.com/redis/go-redis/v9): an [idem.LeaseStore], for handlers whose
+// (github.com/redis/go-redis/v9): an [idemdriver.LeaseStore], for handlers whose
 // side effects are outside any database (an HTTP call, an email). Redis has
 // no transaction a handler could share, so lease mode is its only mode:
 // [idem.LeaseConsumer] claims a message with a lease and a fencing token,
@@ -48,7 +48,7 @@
 // # Records
 //
 // A record hash has the fields state (1 in_progress, 2 completed, 3 failed:
-// [idem.RecordState]), fingerprint, token, attempt, lease_until_ms,
+// [idemdriver.RecordState]), fingerprint, token, attempt, lease_until_ms,
 // released (present while the attempt holding token has released it),
 // result, content_type, last_error, created_ms, updated_ms and finished_ms.
 // Binary values (fingerprint, result, step results) are stored byte for

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // ceilMillis converts a positive duration (a lease, a retention window)
@@ -20,17 +21,17 @@ func ceilMillis(d time.Duration) int64 {
 	return ms
 }
 
-// Acquire implements [idem.LeaseStore]: one script that creates the
+// Acquire implements [idemdriver.LeaseStore]: one script that creates the
 // record, takes over an in_progress record whose lease ended (expired or
 // released) when the fingerprint matches, or reports the record as it is.
 // A lease that is not positive is refused with an error matching
 // [idem.ErrInvalidConfig]; a lease is kept in whole milliseconds, rounded up.
-func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
-	var res idem.AcquireResult
+func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	var res idemdriver.AcquireResult
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	if err := idem.ValidateAcquireParams(p); err != nil {
+	if err := idemdriver.ValidateAcquireParams(p); err != nil {
 		return res, err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
@@ -46,26 +47,26 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 		res.Steps = r.steps(3)
 		return res, r.err
 	}
-	res.State = idem.RecordState(r.int(1))
+	res.State = idemdriver.RecordState(r.int(1))
 	res.Attempt = int(r.int(2))
 	res.Fingerprint = r.bytes(3)
 	res.LeaseRemaining = time.Duration(r.int(4)) * time.Millisecond
-	if res.State == idem.StateCompleted {
+	if res.State == idemdriver.StateCompleted {
 		res.Result = r.bytes(5)
 		res.ContentType = r.str(6)
 	}
 	res.Error = r.str(7)
-	if r.err == nil && (res.State < idem.StateInProgress || res.State > idem.StateFailed) {
+	if r.err == nil && (res.State < idemdriver.StateInProgress || res.State > idemdriver.StateFailed) {
 		r.err = fmt.Errorf("idemredis: acquire: record in unknown state %d", res.State)
 	}
 	return res, r.err
 }
 
-// Renew implements [idem.LeaseStore]: the lease of the attempt holding
+// Renew implements [idemdriver.LeaseStore]: the lease of the attempt holding
 // p.Token ends p.Lease (rounded up to a millisecond) after the server's
 // now. A lease that is not positive is refused with an error matching
 // [idem.ErrInvalidConfig].
-func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -77,14 +78,14 @@ func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
 	return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
-// Complete implements [idem.LeaseStore]. It first scores the message in
+// Complete implements [idemdriver.LeaseStore]. It first scores the message in
 // the consumer's retention index (another hash slot, so another command),
 // then runs the fenced script that sets the record's state, result and
 // content type field by field: the fingerprint, attempt count and
 // recovery points stay. A completed record is therefore always in the
 // index; a Complete that fails after indexing leaves an entry that Purge
 // skips while the record is in progress.
-func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -96,10 +97,10 @@ func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
 	return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
-// Release implements [idem.LeaseStore]: the lease ends now by the
+// Release implements [idemdriver.LeaseStore]: the lease ends now by the
 // server's clock and p.Error is kept; with p.Terminal the record becomes
 // failed, and is indexed for retention first, as in Complete.
-func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -115,9 +116,9 @@ func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
 	return s.fenced("release", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
-// SaveStep implements [idem.LeaseStore]: HSETNX on the record's steps
+// SaveStep implements [idemdriver.LeaseStore]: HSETNX on the record's steps
 // hash, fenced by the token in the same script.
-func (s *Store) SaveStep(ctx context.Context, p *idem.StepParams) error {
+func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) e
 	if r.int(0) == 1 {
 		return r.err
 	}
-	state, current, released := idem.RecordState(r.int(1)), r.int(2), r.int(3) == 1
+	state, current, released := idemdriver.RecordState(r.int(1)), r.int(2), r.int(3) == 1
 	if r.err != nil {
 		return r.err
 	}
@@ -152,7 +153,7 @@ func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) e
 	switch {
 	case state == 0:
 		why = "the record no longer exists"
-	case state != idem.StateInProgress:
+	case state != idemdriver.StateInProgress:
 		why = "the record is " + state.String()
 	case current != token:
 		why = fmt.Sprintf("attempt with token %d took over", current)

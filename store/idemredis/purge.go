@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,7 +22,7 @@ const purgeLockTTL = 30 * time.Second
 // context has ended.
 const unlockTimeout = 5 * time.Second
 
-// Purge implements [idem.LeaseStore]: it deletes p.Consumer's completed
+// Purge implements [idemdriver.LeaseStore]: it deletes p.Consumer's completed
 // and failed records finished before the horizon, the consumer's newest
 // completion or failure minus p.RetentionWindow (rounded up to a
 // millisecond), both by the Redis server's clock. The horizon follows the
@@ -46,7 +47,7 @@ const unlockTimeout = 5 * time.Second
 // deleted and are counted in the result.
 func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
 	var res idem.PurgeResult
-	if err := idem.ValidatePurgeParams(p); err != nil {
+	if err := idemdriver.ValidatePurgeParams(p); err != nil {
 		return res, err
 	}
 	if err := ctx.Err(); err != nil {

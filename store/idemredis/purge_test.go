@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemredis"
 )
 
@@ -20,7 +21,7 @@ func (b *testBundle) seed(t *testing.T, consumer, prefix string, n int) []string
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s%d", prefix, i)
 		a := b.mustAcquire(t, consumer, ids[i], fp("p"), longLease, 1)
-		if err := b.store.SaveStep(b.ctx, &idem.StepParams{Consumer: consumer, MessageID: ids[i], Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
+		if err := b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: ids[i], Token: a.Token, Step: "s", Result: []byte("v")}); err != nil {
 			t.Fatal(err)
 		}
 		b.complete(t, consumer, ids[i], a.Token, []byte("r"), "")
@@ -211,7 +212,7 @@ func TestPurgeIndexRepairs(t *testing.T) {
 		t.Fatal(err)
 	}
 	a2 := b.mustAcquire(t, "c", "taken", fp("p"), longLease, 2)
-	if err := b.store.Complete(b.ctx, &idem.CompleteParams{Consumer: "c", MessageID: "taken", Token: a1.Token, Result: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "taken", Token: a1.Token, Result: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("stale Complete: %v, want ErrLeaseLost", err)
 	}
 	b.age(t, "c", []string{"taken"}, 9*day)
@@ -226,7 +227,7 @@ func TestPurgeIndexRepairs(t *testing.T) {
 	if !slices.Equal(idx, []string{"taken", "new-0"}) {
 		t.Errorf("index after the purge: %q, want [taken new-0]", idx)
 	}
-	if r := b.acquire(t, "c", "taken", fp("p"), longLease); r.Acquired || r.State != idem.StateInProgress || r.Attempt != 2 {
+	if r := b.acquire(t, "c", "taken", fp("p"), longLease); r.Acquired || r.State != idemdriver.StateInProgress || r.Attempt != 2 {
 		t.Errorf("the record in progress: %+v, want it kept, held by attempt 2", r)
 	}
 	b.complete(t, "c", "taken", a2.Token, []byte("r2"), "")

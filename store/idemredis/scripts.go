@@ -10,7 +10,7 @@ import "github.com/redis/go-redis/v9"
 // ends at now has run out.
 //
 // Record fields: state (1 in_progress, 2 completed, 3 failed, as
-// idem.RecordState), fingerprint, token, attempt, lease_until_ms,
+// idemdriver.RecordState), fingerprint, token, attempt, lease_until_ms,
 // released (present once the attempt holding token has released),
 // result, content_type, last_error, created_ms, updated_ms, finished_ms.
 //

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -20,7 +21,7 @@ type Config struct {
 	Prefix string
 }
 
-// Store is an [idem.LeaseStore] on Redis: lease mode is the only mode
+// Store is an [idemdriver.LeaseStore] on Redis: lease mode is the only mode
 // Redis has. Every state change is one atomic Lua script on the Redis
 // server, timed by the server's clock; see the package doc for the keys,
 // the scripts and retention.
@@ -32,7 +33,7 @@ type Store struct {
 	prefix string
 }
 
-var _ idem.LeaseStore = (*Store)(nil)
+var _ idemdriver.LeaseStore = (*Store)(nil)
 
 // New returns a Store that keeps its records in the Redis behind client:
 // a *redis.Client, a *redis.ClusterClient, a failover client, or anything

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemredis"
 	"github.com/redis/go-redis/v9"
 )
@@ -29,16 +30,16 @@ func fp(payload string) []byte {
 	return f
 }
 
-func (b *testBundle) acquire(t *testing.T, consumer, id string, fingerprint []byte, lease time.Duration) idem.AcquireResult {
+func (b *testBundle) acquire(t *testing.T, consumer, id string, fingerprint []byte, lease time.Duration) idemdriver.AcquireResult {
 	t.Helper()
-	res, err := b.store.Acquire(b.ctx, &idem.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprint, Lease: lease})
+	res, err := b.store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprint, Lease: lease})
 	if err != nil {
 		t.Fatalf("Acquire(%q, %q): %v", consumer, id, err)
 	}
 	return res
 }
 
-func (b *testBundle) mustAcquire(t *testing.T, consumer, id string, fingerprint []byte, lease time.Duration, attempt int) idem.AcquireResult {
+func (b *testBundle) mustAcquire(t *testing.T, consumer, id string, fingerprint []byte, lease time.Duration, attempt int) idemdriver.AcquireResult {
 	t.Helper()
 	res := b.acquire(t, consumer, id, fingerprint, lease)
 	if !res.Acquired || res.Attempt != attempt || res.Token <= 0 {
@@ -50,7 +51,7 @@ func (b *testBundle) mustAcquire(t *testing.T, consumer, id string, fingerprint 
 
 func (b *testBundle) complete(t *testing.T, consumer, id string, token int64, res []byte, ctype string) {
 	t.Helper()
-	if err := b.store.Complete(b.ctx, &idem.CompleteParams{Consumer: consumer, MessageID: id, Token: token, Result: res, ContentType: ctype}); err != nil {
+	if err := b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: token, Result: res, ContentType: ctype}); err != nil {
 		t.Fatalf("Complete(%q, %q, token %d): %v", consumer, id, token, err)
 	}
 }
@@ -127,12 +128,12 @@ func TestConcurrentAcquire(t *testing.T) {
 	const n = 32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	res := make([]idem.AcquireResult, n)
+	res := make([]idemdriver.AcquireResult, n)
 	errs := make([]error, n)
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			res[i], errs[i] = b.store.Acquire(b.ctx, &idem.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: fp("p"), Lease: longLease})
+			res[i], errs[i] = b.store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: fp("p"), Lease: longLease})
 		})
 	}
 	close(start)
@@ -147,7 +148,7 @@ func TestConcurrentAcquire(t *testing.T) {
 			if r.Token != 1 || r.Attempt != 1 {
 				t.Errorf("winner: token %d, attempt %d; want 1 and 1", r.Token, r.Attempt)
 			}
-		case r.State != idem.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > longLease || !bytes.Equal(r.Fingerprint, fp("p")):
+		case r.State != idemdriver.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > longLease || !bytes.Equal(r.Fingerprint, fp("p")):
 			t.Errorf("loser %d: state %v, remaining %v, fingerprint %x", i, r.State, r.LeaseRemaining, r.Fingerprint)
 		}
 	}
@@ -165,7 +166,7 @@ func TestTakeoverAfterNaturalExpiry(t *testing.T) {
 	b := setup(t, nil)
 	const lease = 20 * time.Millisecond
 	a1 := b.mustAcquire(t, "c", "m", fp("p"), lease, 1)
-	if err := b.store.SaveStep(b.ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
+	if err := b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
 		t.Fatalf("SaveStep: %v", err)
 	}
 	leaseUntil, _ := strconv.ParseInt(b.record(t, "c", "m")["lease_until_ms"], 10, 64)
@@ -187,7 +188,7 @@ func TestTakeoverAfterNaturalExpiry(t *testing.T) {
 			}
 			break
 		}
-		if r.State != idem.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > lease {
+		if r.State != idemdriver.StateInProgress || r.LeaseRemaining <= 0 || r.LeaseRemaining > lease {
 			t.Fatalf("poll %d before the takeover: state %v, LeaseRemaining %v; want in_progress and (0, %v]", polls, r.State, r.LeaseRemaining, lease)
 		}
 		if time.Now().After(deadline) {
@@ -273,19 +274,19 @@ func TestStaleTokenRejected(t *testing.T) {
 	writes := func(token int64) map[string]func() error {
 		return map[string]func() error{
 			"Renew": func() error {
-				return b.store.Renew(b.ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: token, Lease: longLease})
+				return b.store.Renew(b.ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "m", Token: token, Lease: longLease})
 			},
 			"SaveStep": func() error {
-				return b.store.SaveStep(b.ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: token, Step: "stale", Result: []byte("x")})
+				return b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: token, Step: "stale", Result: []byte("x")})
 			},
 			"Complete": func() error {
-				return b.store.Complete(b.ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: token, Result: []byte("stale")})
+				return b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: token, Result: []byte("stale")})
 			},
 			"Release": func() error {
-				return b.store.Release(b.ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "stale", Terminal: true})
+				return b.store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "stale", Terminal: true})
 			},
 			"ReleaseRetry": func() error {
-				return b.store.Release(b.ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "stale"})
+				return b.store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "stale"})
 			},
 		}
 	}
@@ -313,7 +314,7 @@ func TestStaleTokenRejected(t *testing.T) {
 
 	check("no record", 1, "no longer exists")
 	a1 := b.mustAcquire(t, "c", "m", fp("p"), longLease, 1)
-	if err := b.store.SaveStep(b.ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "s1", Result: []byte("v1")}); err != nil {
+	if err := b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "s1", Result: []byte("v1")}); err != nil {
 		t.Fatal(err)
 	}
 	check("a token never issued", a1.Token+1, "took over")
@@ -322,7 +323,7 @@ func TestStaleTokenRejected(t *testing.T) {
 	}
 	a2 := b.mustAcquire(t, "c", "m", fp("p"), longLease, 2)
 	check("after a takeover", a1.Token, "took over")
-	if err := b.store.Release(b.ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a2.Token, Error: "boom"}); err != nil {
+	if err := b.store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: a2.Token, Error: "boom"}); err != nil {
 		t.Fatal(err)
 	}
 	check("after its release", a2.Token, "released")
@@ -343,13 +344,13 @@ func TestStepsKeptAcrossAttempts(t *testing.T) {
 		name := fmt.Sprintf("step-%d {%%}", attempt)
 		res := []byte{0, byte(attempt), 0xff, '}'}
 		for _, r := range [][]byte{res, []byte("second save ignored")} {
-			if err := b.store.SaveStep(b.ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: token, Step: name, Result: r}); err != nil {
+			if err := b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: token, Step: name, Result: r}); err != nil {
 				t.Fatalf("attempt %d: SaveStep: %v", attempt, err)
 			}
 		}
 		want[name] = res
 		if attempt%2 == 1 {
-			if err := b.store.Release(b.ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "retry"}); err != nil {
+			if err := b.store.Release(b.ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: token, Error: "retry"}); err != nil {
 				t.Fatal(err)
 			}
 		} else if err := b.store.ExpireLease(b.ctx, "c", "m"); err != nil {
@@ -393,7 +394,7 @@ func TestResultsByteExact(t *testing.T) {
 		a := b.mustAcquire(t, "c", id, fp("p"), longLease, 1)
 		b.complete(t, "c", id, a.Token, tt.body, tt.ctype)
 		r := b.acquire(t, "c", id, fp("p"), longLease)
-		if r.State != idem.StateCompleted || !bytes.Equal(r.Result, tt.body) || r.ContentType != tt.ctype || r.Result == nil {
+		if r.State != idemdriver.StateCompleted || !bytes.Equal(r.Result, tt.body) || r.ContentType != tt.ctype || r.Result == nil {
 			t.Errorf("%s: state %v, result %d bytes (equal %v, nil %v), content type %q; want completed, %d bytes, %q",
 				id, r.State, len(r.Result), bytes.Equal(r.Result, tt.body), r.Result == nil, tt.ctype, len(tt.body), tt.ctype)
 		}
@@ -553,7 +554,7 @@ func TestKeyEncoding(t *testing.T) {
 		if !validPair(p) {
 			// Keys are well formed for any bytes, but the store refuses
 			// names that break idem's ID rules, as every store does.
-			_, err := b.store.Acquire(b.ctx, &idem.AcquireParams{Consumer: p[0], MessageID: p[1], Fingerprint: fp("same payload"), Lease: longLease})
+			_, err := b.store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: p[0], MessageID: p[1], Fingerprint: fp("same payload"), Lease: longLease})
 			if !errors.Is(err, idem.ErrInvalidMessageID) && !errors.Is(err, idem.ErrInvalidConsumerName) {
 				t.Errorf("%q: Acquire = %v, want ErrInvalidMessageID or ErrInvalidConsumerName", p, err)
 			}
@@ -571,7 +572,7 @@ func TestKeyEncoding(t *testing.T) {
 			wantC++
 		}
 		r := b.acquire(t, p[0], p[1], fp("same payload"), longLease)
-		if want := fmt.Sprintf("result %d", i); r.State != idem.StateCompleted || string(r.Result) != want {
+		if want := fmt.Sprintf("result %d", i); r.State != idemdriver.StateCompleted || string(r.Result) != want {
 			t.Errorf("%q: state %v, result %q; want completed with %q (keys collide?)", p, r.State, r.Result, want)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Rows per multi-row statement: MySQL's claim reports duplicates in a
@@ -25,7 +26,7 @@ const (
 
 // claimPostgres runs one claim; found is false when the conflicting record
 // vanished before its fingerprint could be read.
-func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	var (
 		inserted bool
 		fp       []byte
@@ -35,7 +36,7 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimPara
 		return res, false, err
 	}
 	if inserted {
-		return idem.ClaimResult{Claimed: true}, true, nil
+		return idemdriver.ClaimResult{Claimed: true}, true, nil
 	}
 	if fp == nil {
 		// Committed by a transaction the insert waited for: a new
@@ -48,11 +49,11 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idem.ClaimPara
 			return res, false, err
 		}
 	}
-	return idem.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
+	return idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
 }
 
 // claimMySQL runs one claim; see mysqlClaimSQL.
-func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
 	if err != nil {
 		return res, false, err
@@ -62,14 +63,14 @@ func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams)
 		return res, false, err
 	}
 	if dups == 0 {
-		return idem.ClaimResult{Claimed: true}, true, nil
+		return idemdriver.ClaimResult{Claimed: true}, true, nil
 	}
 	return s.readExisting(ctx, tx, p)
 }
 
 // readExisting reads the fingerprint and state of the record a claim
 // found; found is false when it vanished before it could be read.
-func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	var (
 		fp    []byte
 		state sql.NullInt64
@@ -81,7 +82,7 @@ func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idem.ClaimParam
 	if err != nil {
 		return res, false, err
 	}
-	return idem.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
+	return idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
 }
 
 // mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
@@ -107,7 +108,7 @@ func mysqlDuplicates(r sql.Result, n int) (uint64, error) {
 
 // claimSQLite runs one claim. The transaction holds SQLite's write lock
 // from its first write on, so no other writer is in flight.
-func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (res idem.ClaimResult, found bool, err error) {
+func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint)
 	if err != nil {
 		return res, false, err
@@ -117,15 +118,15 @@ func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams
 		return res, false, err
 	}
 	if n == 1 {
-		return idem.ClaimResult{Claimed: true}, true, nil
+		return idemdriver.ClaimResult{Claimed: true}, true, nil
 	}
 	return s.readExisting(ctx, tx, p)
 }
 
 // claimBatchPostgres claims msgs (sorted by ID) with one statement, plus
 // one SELECT when some records were committed by transactions it waited for.
-func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
-	got := make(map[string]idem.ClaimResult, len(msgs))
+func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
+	got := make(map[string]idemdriver.ClaimResult, len(msgs))
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == maxClaimAttempts {
@@ -151,9 +152,9 @@ func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer str
 				return nil, err
 			}
 			if fp == nil {
-				got[id] = idem.ClaimResult{Claimed: true}
+				got[id] = idemdriver.ClaimResult{Claimed: true}
 			} else {
-				got[id] = idem.ClaimResult{Fingerprint: fp, State: recordState(state)}
+				got[id] = idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}
 			}
 		}
 		rows.Close()
@@ -176,8 +177,8 @@ func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer str
 
 // claimBatchSQLite claims msgs with a multi-row INSERT ... RETURNING, then
 // reads the fingerprints of the rows it did not insert.
-func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
-	got := make(map[string]idem.ClaimResult, len(msgs))
+func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
+	got := make(map[string]idemdriver.ClaimResult, len(msgs))
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == maxClaimAttempts {
@@ -206,7 +207,7 @@ func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer strin
 					rows.Close()
 					return nil, err
 				}
-				got[id] = idem.ClaimResult{Claimed: true}
+				got[id] = idemdriver.ClaimResult{Claimed: true}
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
@@ -225,14 +226,14 @@ func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer strin
 // claimBatchMySQL claims msgs (sorted by ID) on MySQL: one statement per
 // 64 messages (see mysqlClaimSQL), then one locking read of the
 // fingerprints of the duplicates.
-func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage) (map[string]idem.ClaimResult, error) {
-	got := make(map[string]idem.ClaimResult, len(msgs))
+func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
+	got := make(map[string]idemdriver.ClaimResult, len(msgs))
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == maxClaimAttempts {
 			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
 		}
-		var dups []idem.ClaimMessage
+		var dups []idemdriver.ClaimMessage
 		for chunk := range slices.Chunk(pending, mysqlClaimRows) {
 			args := make([]any, 0, 4*len(chunk))
 			for _, m := range chunk {
@@ -253,7 +254,7 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 				if mask&(1<<i) != 0 {
 					dups = append(dups, m)
 				} else {
-					got[m.MessageID] = idem.ClaimResult{Claimed: true}
+					got[m.MessageID] = idemdriver.ClaimResult{Claimed: true}
 				}
 			}
 		}
@@ -268,7 +269,7 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 // readFingerprintsIn reads the stored fingerprints of msgs with the
 // dialect's IN-list query (chunk IDs per statement) and records them in
 // got as duplicates. numbered selects SQLite's ?NNN placeholders.
-func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer string, msgs []idem.ClaimMessage, chunk int, numbered bool, got map[string]idem.ClaimResult) error {
+func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, chunk int, numbered bool, got map[string]idemdriver.ClaimResult) error {
 	for part := range slices.Chunk(msgs, chunk) {
 		var b strings.Builder
 		b.WriteString(s.q.fpsPrefix)
@@ -296,15 +297,15 @@ func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer str
 }
 
 // settle records found (ID -> stored record) in got as duplicates.
-func settle(got map[string]idem.ClaimResult, found map[string]idem.ClaimResult) {
+func settle(got map[string]idemdriver.ClaimResult, found map[string]idemdriver.ClaimResult) {
 	for id, r := range found {
 		got[id] = r
 	}
 }
 
 // unsettled returns the messages of msgs that have no result in got.
-func unsettled(msgs []idem.ClaimMessage, got map[string]idem.ClaimResult) []idem.ClaimMessage {
-	var out []idem.ClaimMessage
+func unsettled(msgs []idemdriver.ClaimMessage, got map[string]idemdriver.ClaimResult) []idemdriver.ClaimMessage {
+	var out []idemdriver.ClaimMessage
 	for _, m := range msgs {
 		if _, ok := got[m.MessageID]; !ok {
 			out = append(out, m)
@@ -313,7 +314,7 @@ func unsettled(msgs []idem.ClaimMessage, got map[string]idem.ClaimResult) []idem
 	return out
 }
 
-func messageIDs(msgs []idem.ClaimMessage) []string {
+func messageIDs(msgs []idemdriver.ClaimMessage) []string {
 	ids := make([]string, len(msgs))
 	for i, m := range msgs {
 		ids[i] = m.MessageID

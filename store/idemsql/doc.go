@@ -1,8 +1,8 @@
-// Package idemsql is idem's store over database/sql: an [idem.TxStore] of
+// Package idemsql is idem's store over database/sql: an [idemdriver.TxStore] of
 // *sql.Tx for PostgreSQL, MariaDB/MySQL and SQLite. Handlers receive the
 // *sql.Tx that holds the message's claim and write their side effects with
 // it, so the claim and the effects commit or roll back together. It is also
-// an [idem.LeaseStore], for [idem.LeaseConsumer] and side effects outside
+// an [idemdriver.LeaseStore], for [idem.LeaseConsumer] and side effects outside
 // the database (see "Lease mode" below).
 //
 // The store takes the caller's *sql.DB and imports no driver: open the
@@ -156,7 +156,7 @@
 // with more columns (migration 002):
 //
 //   - state: 1 in_progress, 2 completed, 3 failed (the values of
-//     [idem.RecordState]). Its default is 2, so the records of
+//     [idemdriver.RecordState]). Its default is 2, so the records of
 //     transactional mode, whose claims write only the columns of migration
 //     001, are completed records, and tables from before the migration keep
 //     their meaning;

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // ErrNotFound is returned (wrapped) by [Store.Inspect] when no record
@@ -31,7 +32,7 @@ type Record struct {
 	ProcessedAt time.Time
 	// State is the record's state: completed for every record written in
 	// transactional mode; in_progress or failed only in lease mode.
-	State idem.RecordState
+	State idemdriver.RecordState
 	// Token is the fencing token of the attempt owning an in_progress
 	// record (lease mode; 0 for transactional records).
 	Token int64
@@ -84,7 +85,7 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (Record
 		return Record{}, fmt.Errorf("idemsql: inspect: %w", err)
 	}
 	r.ProcessedAt = time.UnixMicro(at).UTC()
-	r.State = idem.RecordState(state)
+	r.State = idemdriver.RecordState(state)
 	if leaseEnd.Valid {
 		r.LeaseExpiresAt = time.UnixMicro(leaseEnd.Int64).UTC()
 	}

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // Limits of the lease-mode text columns, the same on every dialect.
@@ -29,8 +30,8 @@ const (
 
 // Lease-mode record states, as the state column stores them.
 const (
-	stateInProgress = int64(idem.StateInProgress)
-	stateCompleted  = int64(idem.StateCompleted)
+	stateInProgress = int64(idemdriver.StateInProgress)
+	stateCompleted  = int64(idemdriver.StateCompleted)
 )
 
 // leaseRecord is a record as recordCols reads it.
@@ -53,9 +54,9 @@ func (r *leaseRecord) scanArgs() []any {
 }
 
 // notAcquired reports r to a caller that did not acquire it.
-func (r *leaseRecord) notAcquired() idem.AcquireResult {
-	res := idem.AcquireResult{
-		State:       idem.RecordState(r.state),
+func (r *leaseRecord) notAcquired() idemdriver.AcquireResult {
+	res := idemdriver.AcquireResult{
+		State:       idemdriver.RecordState(r.state),
 		Attempt:     int(r.attempt),
 		Fingerprint: r.fingerprint,
 		Error:       r.lastError.String,
@@ -75,7 +76,7 @@ func leaseMicros(d time.Duration) int64 {
 	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }
 
-// Acquire implements [idem.LeaseStore]: it inserts an in_progress record
+// Acquire implements [idemdriver.LeaseStore]: it inserts an in_progress record
 // (token 1, attempt 1, lease until the server's now plus p.Lease), or takes
 // over an in_progress record whose lease has ended (expiry at or before
 // the server's now) and whose fingerprint is p.Fingerprint (the next token
@@ -99,17 +100,17 @@ func leaseMicros(d time.Duration) int64 {
 // p.Lease must be positive (an error matching idem.ErrInvalidConfig
 // otherwise: a zero lease never means "no expiry"); names and the
 // fingerprint are checked as in ClaimTx.
-func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, error) {
+func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if err := ctx.Err(); err != nil {
-		return idem.AcquireResult{}, err
+		return idemdriver.AcquireResult{}, err
 	}
-	if err := idem.ValidateAcquireParams(p); err != nil {
-		return idem.AcquireResult{}, err
+	if err := idemdriver.ValidateAcquireParams(p); err != nil {
+		return idemdriver.AcquireResult{}, err
 	}
 	var last *leaseRecord
 	for range maxClaimAttempts {
 		var (
-			res idem.AcquireResult
+			res idemdriver.AcquireResult
 			rec *leaseRecord
 			err error
 		)
@@ -133,20 +134,20 @@ func (s *Store) Acquire(ctx context.Context, p *idem.AcquireParams) (idem.Acquir
 	if last != nil {
 		return last.notAcquired(), nil
 	}
-	return idem.AcquireResult{}, fmt.Errorf("idemsql: acquire of %q: the record kept changing", p.MessageID)
+	return idemdriver.AcquireResult{}, fmt.Errorf("idemsql: acquire of %q: the record kept changing", p.MessageID)
 }
 
 // acquired is the result of an Acquire that holds the lease now.
-func acquired(token, attempt int64, steps map[string][]byte) idem.AcquireResult {
+func acquired(token, attempt int64, steps map[string][]byte) idemdriver.AcquireResult {
 	if steps == nil {
 		steps = map[string][]byte{}
 	}
-	return idem.AcquireResult{Acquired: true, Token: token, Attempt: int(attempt), Steps: steps}
+	return idemdriver.AcquireResult{Acquired: true, Token: token, Attempt: int(attempt), Steps: steps}
 }
 
 // acquirePostgres runs the acquire statement once. A zero result without
 // error means "run again"; rec is the record it saw, if any.
-func (s *Store) acquirePostgres(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, *leaseRecord, error) {
+func (s *Store) acquirePostgres(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, *leaseRecord, error) {
 	var (
 		won bool
 		r   leaseRecord
@@ -156,10 +157,10 @@ func (s *Store) acquirePostgres(ctx context.Context, p *idem.AcquireParams) (ide
 	if errors.Is(err, sql.ErrNoRows) {
 		// Inserted by a transaction the statement waited for (invisible to
 		// its snapshot), or deleted meanwhile: again.
-		return idem.AcquireResult{}, nil, nil
+		return idemdriver.AcquireResult{}, nil, nil
 	}
 	if err != nil {
-		return idem.AcquireResult{}, nil, err
+		return idemdriver.AcquireResult{}, nil, err
 	}
 	if won {
 		var steps map[string][]byte
@@ -168,7 +169,7 @@ func (s *Store) acquirePostgres(ctx context.Context, p *idem.AcquireParams) (ide
 			// takeover (a stale owner's SaveStep that held the row lock the
 			// takeover waited for included).
 			if steps, err = readSteps(ctx, s.db, s.lq.steps, p.Consumer, p.MessageID); err != nil {
-				return idem.AcquireResult{}, nil, err
+				return idemdriver.AcquireResult{}, nil, err
 			}
 		}
 		return acquired(r.token, r.attempt, steps), nil, nil
@@ -176,22 +177,22 @@ func (s *Store) acquirePostgres(ctx context.Context, p *idem.AcquireParams) (ide
 	if r.acquirable {
 		// The snapshot shows a record the DO UPDATE would have taken: the
 		// row it saw was newer. Again.
-		return idem.AcquireResult{}, &r, nil
+		return idemdriver.AcquireResult{}, &r, nil
 	}
 	return r.notAcquired(), &r, nil
 }
 
 // acquireMySQL inserts a new record or, if it exists, reads it and takes
 // it over when it can be.
-func (s *Store) acquireMySQL(ctx context.Context, p *idem.AcquireParams) (idem.AcquireResult, *leaseRecord, error) {
+func (s *Store) acquireMySQL(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, *leaseRecord, error) {
 	lease := leaseMicros(p.Lease)
 	r, err := s.db.ExecContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, lease)
 	if err != nil {
-		return idem.AcquireResult{}, nil, err
+		return idemdriver.AcquireResult{}, nil, err
 	}
 	dup, err := mysqlDuplicates(r, 1)
 	if err != nil {
-		return idem.AcquireResult{}, nil, err
+		return idemdriver.AcquireResult{}, nil, err
 	}
 	if dup == 0 {
 		return acquired(1, 1, nil), nil, nil
@@ -203,10 +204,10 @@ func (s *Store) acquireMySQL(ctx context.Context, p *idem.AcquireParams) (idem.A
 	var rec leaseRecord
 	err = s.db.QueryRowContext(ctx, s.lq.record, p.Fingerprint, p.Consumer, p.MessageID).Scan(rec.scanArgs()...)
 	if errors.Is(err, sql.ErrNoRows) {
-		return idem.AcquireResult{}, nil, nil // purged meanwhile: again
+		return idemdriver.AcquireResult{}, nil, nil // purged meanwhile: again
 	}
 	if err != nil {
-		return idem.AcquireResult{}, nil, err
+		return idemdriver.AcquireResult{}, nil, err
 	}
 	if !rec.acquirable {
 		return rec.notAcquired(), &rec, nil
@@ -217,7 +218,7 @@ func (s *Store) acquireMySQL(ctx context.Context, p *idem.AcquireParams) (idem.A
 // takeoverMySQL takes over an expired record in a short transaction: lock
 // it, check again that it can be taken over (another caller may have taken
 // it meanwhile), update it and read its recovery points.
-func (s *Store) takeoverMySQL(ctx context.Context, p *idem.AcquireParams, lease int64) (res idem.AcquireResult, last *leaseRecord, err error) {
+func (s *Store) takeoverMySQL(ctx context.Context, p *idemdriver.AcquireParams, lease int64) (res idemdriver.AcquireResult, last *leaseRecord, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return res, nil, err
@@ -271,7 +272,7 @@ func (s *Store) takeoverMySQL(ctx context.Context, p *idem.AcquireParams, lease 
 // acquireSQLite acquires in one BEGIN IMMEDIATE transaction (the DSN's
 // _txlock, which New checks): SQLite runs one writer at a time, so nothing
 // changes between its statements.
-func (s *Store) acquireSQLite(ctx context.Context, p *idem.AcquireParams) (res idem.AcquireResult, last *leaseRecord, err error) {
+func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *leaseRecord, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return res, nil, err
@@ -378,11 +379,11 @@ func checkLeaseWrite(ctx context.Context, consumer, id string) error {
 	return idem.ValidateMessageID(id, 0)
 }
 
-// Renew implements [idem.LeaseStore]: one UPDATE that sets the lease to the
+// Renew implements [idemdriver.LeaseStore]: one UPDATE that sets the lease to the
 // server's now plus p.Lease, only while p.Token owns the record (in_progress
 // with that token; an expired lease that nobody took over is still owned).
 // Otherwise it returns an error matching idem.ErrLeaseLost.
-func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
+func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -394,7 +395,7 @@ func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
 	return s.fenced(ctx, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew, args...)
 }
 
-// Complete implements [idem.LeaseStore]: one UPDATE, fenced by p.Token,
+// Complete implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
 // that makes the record completed with p.Result (stored byte for byte; nil
 // is stored as empty) and p.ContentType, ends the lease and stamps the
 // record time (so the retention window counts from completion). The
@@ -403,7 +404,7 @@ func (s *Store) Renew(ctx context.Context, p *idem.RenewParams) error {
 // The content type must be valid UTF-8 without NUL bytes, at most
 // [MaxContentTypeLength] bytes (an error matching idem.ErrInvalidConfig
 // otherwise), so that it is stored as it is on every dialect.
-func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
+func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -418,7 +419,7 @@ func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
 		result, p.ContentType, p.Consumer, p.MessageID, p.Token)
 }
 
-// Release implements [idem.LeaseStore]: one UPDATE, fenced by p.Token,
+// Release implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
 // that ends the lease now, keeps the error text, and moves the record's
 // token on by one so that the released attempt owns nothing (the next
 // attempt's token is one more again). With p.Terminal the record becomes
@@ -428,7 +429,7 @@ func (s *Store) Complete(ctx context.Context, p *idem.CompleteParams) error {
 // The error text is stored as valid UTF-8 without NUL bytes (others become
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
 // nothing else, and a failure must never fail to be recorded.
-func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
+func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -440,7 +441,7 @@ func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
 		errorText(p.Error), terminal, p.Consumer, p.MessageID, p.Token)
 }
 
-// SaveStep implements [idem.LeaseStore]: it inserts the recovery point only
+// SaveStep implements [idemdriver.LeaseStore]: it inserts the recovery point only
 // if p.Token owns the record; a step saved before keeps its first result.
 // An error matching idem.ErrLeaseLost if the token owns nothing.
 //
@@ -454,7 +455,7 @@ func (s *Store) Release(ctx context.Context, p *idem.ReleaseParams) error {
 //
 // Step names are 1 to 255 bytes of valid UTF-8 without NUL bytes (an
 // error matching idem.ErrInvalidConfig otherwise).
-func (s *Store) SaveStep(ctx context.Context, p *idem.StepParams) error {
+func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := checkLeaseWrite(ctx, p.Consumer, p.MessageID); err != nil {
 		return err
 	}
@@ -486,7 +487,7 @@ func (s *Store) SaveStep(ctx context.Context, p *idem.StepParams) error {
 	}
 }
 
-func (s *Store) saveStepMySQL(ctx context.Context, p *idem.StepParams, result []byte) (err error) {
+func (s *Store) saveStepMySQL(ctx context.Context, p *idemdriver.StepParams, result []byte) (err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

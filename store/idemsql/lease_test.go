@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/store/idemsql"
 )
@@ -52,9 +53,9 @@ func migrationsOf(t testing.TB, d idemsql.Dialect, table string) []sqlschema.Mig
 	return migs
 }
 
-func (e *env) mustAcquire(consumer, id string, fingerprint []byte, lease time.Duration) idem.AcquireResult {
+func (e *env) mustAcquire(consumer, id string, fingerprint []byte, lease time.Duration) idemdriver.AcquireResult {
 	e.t.Helper()
-	res, err := e.store.Acquire(context.Background(), &idem.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprint, Lease: lease})
+	res, err := e.store.Acquire(context.Background(), &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprint, Lease: lease})
 	if err != nil {
 		e.t.Fatalf("Acquire(%q): %v", id, err)
 	}
@@ -94,7 +95,7 @@ func TestLeaseRecordColumns(t *testing.T) {
 			t.Fatalf("first Acquire = %+v, want token 1, attempt 1, no steps (non-nil map)", a1)
 		}
 		r := e.inspect("c", "m")
-		if r.State != idem.StateInProgress || r.Token != 1 || r.Attempt != 1 || !bytes.Equal(r.Fingerprint, fp("p")) {
+		if r.State != idemdriver.StateInProgress || r.Token != 1 || r.Attempt != 1 || !bytes.Equal(r.Fingerprint, fp("p")) {
 			t.Errorf("after Acquire: %+v", r)
 		}
 		// The lease is the server's now plus a minute: within a few seconds
@@ -102,16 +103,16 @@ func TestLeaseRecordColumns(t *testing.T) {
 		if d := r.LeaseExpiresAt.Sub(r.ProcessedAt); d < time.Minute-time.Millisecond || d > time.Minute+time.Millisecond {
 			t.Errorf("lease ends %v after the record time, want 1m", d)
 		}
-		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
+		if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a1.Token, Step: "charge", Result: []byte("ch_1")}); err != nil {
 			t.Fatalf("SaveStep: %v", err)
 		}
-		if err := s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: a1.Token, Lease: time.Hour}); err != nil {
+		if err := s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "m", Token: a1.Token, Lease: time.Hour}); err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
 		// Renew twice at once and again: every renewal of the owner
 		// succeeds (MySQL without clientFoundRows counts only changed rows).
 		for range 3 {
-			if err := s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: a1.Token, Lease: time.Hour}); err != nil {
+			if err := s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "m", Token: a1.Token, Lease: time.Hour}); err != nil {
 				t.Fatalf("Renew again: %v", err)
 			}
 		}
@@ -119,14 +120,14 @@ func TestLeaseRecordColumns(t *testing.T) {
 		if d := r2.LeaseExpiresAt.Sub(r.ProcessedAt); d < time.Hour || d > time.Hour+time.Minute {
 			t.Errorf("after Renew(1h) the lease ends %v after the acquire, want about 1h", d)
 		}
-		if r2.Token != 1 || r2.Attempt != 1 || r2.State != idem.StateInProgress {
+		if r2.Token != 1 || r2.Attempt != 1 || r2.State != idemdriver.StateInProgress {
 			t.Errorf("after Renew: %+v", r2)
 		}
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a1.Token, Error: "boom"}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: a1.Token, Error: "boom"}); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
 		r3 := e.inspect("c", "m")
-		if r3.State != idem.StateInProgress || r3.Error != "boom" || r3.Attempt != 1 || r3.Token <= a1.Token {
+		if r3.State != idemdriver.StateInProgress || r3.Error != "boom" || r3.Attempt != 1 || r3.Token <= a1.Token {
 			t.Errorf("after Release: %+v, want in_progress, the error, attempt 1 and a token past %d", r3, a1.Token)
 		}
 		if r3.LeaseExpiresAt.After(r3.ProcessedAt) {
@@ -136,15 +137,15 @@ func TestLeaseRecordColumns(t *testing.T) {
 		if !a2.Acquired || a2.Attempt != 2 || a2.Token <= r3.Token || string(a2.Steps["charge"]) != "ch_1" || len(a2.Steps) != 1 {
 			t.Fatalf("Acquire after Release = %+v, want attempt 2, a token past %d, the step", a2, r3.Token)
 		}
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a2.Token, Result: []byte("done"), ContentType: "text/plain"}); err != nil {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a2.Token, Result: []byte("done"), ContentType: "text/plain"}); err != nil {
 			t.Fatalf("Complete: %v", err)
 		}
 		r4 := e.inspect("c", "m")
-		if r4.State != idem.StateCompleted || r4.Attempt != 2 || !bytes.Equal(r4.Fingerprint, fp("p")) || r4.Error != "boom" {
+		if r4.State != idemdriver.StateCompleted || r4.Attempt != 2 || !bytes.Equal(r4.Fingerprint, fp("p")) || r4.Error != "boom" {
 			t.Errorf("after Complete: %+v, want completed, attempt 2, the fingerprint kept (C12), the last error kept", r4)
 		}
 		res := e.mustAcquire("c", "m", fp("p"), time.Minute)
-		if res.Acquired || res.State != idem.StateCompleted || string(res.Result) != "done" || res.ContentType != "text/plain" || res.Attempt != 2 || res.LeaseRemaining != 0 {
+		if res.Acquired || res.State != idemdriver.StateCompleted || string(res.Result) != "done" || res.ContentType != "text/plain" || res.Attempt != 2 || res.LeaseRemaining != 0 {
 			t.Errorf("Acquire of the completed record = %+v", res)
 		}
 	})
@@ -164,10 +165,10 @@ func TestLeaseStaleTokenChangesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		a2 := e.mustAcquire("c", "m", fp("p"), leaseLong)
-		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a2.Token, Step: "s", Result: []byte("v")}); err != nil {
+		if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a2.Token, Step: "s", Result: []byte("v")}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: a2.Token, Error: "e2"}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: a2.Token, Error: "e2"}); err != nil {
 			t.Fatal(err)
 		}
 		a3 := e.mustAcquire("c", "m", fp("p"), leaseLong)
@@ -175,16 +176,16 @@ func TestLeaseStaleTokenChangesNothing(t *testing.T) {
 		for _, tok := range []int64{a1.Token, a2.Token, a3.Token + 1, a3.Token + 100, 0, -1} {
 			for name, call := range map[string]func() error{
 				"Renew": func() error {
-					return s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "m", Token: tok, Lease: time.Hour})
+					return s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "m", Token: tok, Lease: time.Hour})
 				},
 				"SaveStep": func() error {
-					return s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: tok, Step: "stale", Result: []byte("x")})
+					return s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: tok, Step: "stale", Result: []byte("x")})
 				},
 				"Complete": func() error {
-					return s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: tok, Result: []byte("x")})
+					return s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: tok, Result: []byte("x")})
 				},
 				"Release": func() error {
-					return s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "m", Token: tok, Error: "stale", Terminal: true})
+					return s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "m", Token: tok, Error: "stale", Terminal: true})
 				},
 			} {
 				if err := call(); !errors.Is(err, idem.ErrLeaseLost) {
@@ -193,10 +194,10 @@ func TestLeaseStaleTokenChangesNothing(t *testing.T) {
 			}
 		}
 		// Writes to a record that does not exist own nothing either.
-		if err := s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: "nothing", Token: 1, Lease: time.Hour}); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: "nothing", Token: 1, Lease: time.Hour}); !errors.Is(err, idem.ErrLeaseLost) {
 			t.Errorf("Renew of a missing record: %v, want ErrLeaseLost", err)
 		}
-		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "nothing", Token: 1, Step: "s"}); !errors.Is(err, idem.ErrLeaseLost) {
+		if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "nothing", Token: 1, Step: "s"}); !errors.Is(err, idem.ErrLeaseLost) {
 			t.Errorf("SaveStep of a missing record: %v, want ErrLeaseLost", err)
 		}
 		after := e.inspect("c", "m")
@@ -205,7 +206,7 @@ func TestLeaseStaleTokenChangesNothing(t *testing.T) {
 		}
 		e.wantSteps("c", 1)
 		// The owner still owns it.
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a3.Token, Result: []byte("r")}); err != nil {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a3.Token, Result: []byte("r")}); err != nil {
 			t.Errorf("owner's Complete: %v", err)
 		}
 	})
@@ -231,19 +232,19 @@ func TestLeaseStepsRace(t *testing.T) {
 			saved := make([]error, savers)
 			var (
 				wg  sync.WaitGroup
-				a2  idem.AcquireResult
+				a2  idemdriver.AcquireResult
 				err error
 			)
 			start := make(chan struct{})
 			for i := range savers {
 				wg.Go(func() {
 					<-start
-					saved[i] = e.store.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a1.Token, Step: fmt.Sprintf("old-%d", i), Result: []byte{byte(i)}})
+					saved[i] = e.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: a1.Token, Step: fmt.Sprintf("old-%d", i), Result: []byte{byte(i)}})
 				})
 			}
 			wg.Go(func() {
 				<-start
-				a2, err = e.store.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("p"), Lease: leaseLong})
+				a2, err = e.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp("p"), Lease: leaseLong})
 			})
 			close(start)
 			wg.Wait()
@@ -303,10 +304,10 @@ func TestLeaseResultsByteExact(t *testing.T) {
 		for name, want := range results {
 			id := "m-" + name
 			a := e.mustAcquire("c", id, fp(name), leaseLong)
-			if err := e.store.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: want}); err != nil {
+			if err := e.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: want}); err != nil {
 				t.Fatalf("%s: SaveStep: %v", name, err)
 			}
-			if err := e.store.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "again"}); err != nil {
+			if err := e.store.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "again"}); err != nil {
 				t.Fatal(err)
 			}
 			a = e.mustAcquire("c", id, fp(name), leaseLong)
@@ -314,11 +315,11 @@ func TestLeaseResultsByteExact(t *testing.T) {
 			if !ok || !bytes.Equal(got, want) {
 				t.Errorf("%s: step result is %d bytes (present %v), want %d bytes", name, len(got), ok, len(want))
 			}
-			if err := e.store.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token, Result: want, ContentType: "application/x-" + strings.ReplaceAll(name, " ", "-")}); err != nil {
+			if err := e.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token, Result: want, ContentType: "application/x-" + strings.ReplaceAll(name, " ", "-")}); err != nil {
 				t.Fatalf("%s: Complete: %v", name, err)
 			}
 			res := e.mustAcquire("c", id, fp(name), leaseLong)
-			if res.State != idem.StateCompleted || !bytes.Equal(res.Result, want) || res.ContentType != "application/x-"+strings.ReplaceAll(name, " ", "-") {
+			if res.State != idemdriver.StateCompleted || !bytes.Equal(res.Result, want) || res.ContentType != "application/x-"+strings.ReplaceAll(name, " ", "-") {
 				t.Errorf("%s: stored result is %d bytes, content type %q; want %d bytes", name, len(res.Result), res.ContentType, len(want))
 			}
 		}
@@ -336,21 +337,21 @@ func TestLeaseTextLimits(t *testing.T) {
 		s := e.store
 		a := e.mustAcquire("c", "m", fp("p"), leaseLong)
 		for _, ct := range []string{"a\x00b", "\xff", strings.Repeat("x", idemsql.MaxContentTypeLength+1)} {
-			if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, ContentType: ct}); !errors.Is(err, idem.ErrInvalidConfig) {
+			if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, ContentType: ct}); !errors.Is(err, idem.ErrInvalidConfig) {
 				t.Errorf("Complete with content type %.20q: %v, want ErrInvalidConfig", ct, err)
 			}
 		}
 		for _, step := range []string{"", "a\x00", "\xff", strings.Repeat("s", 256)} {
-			if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: step}); !errors.Is(err, idem.ErrInvalidConfig) {
+			if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: step}); !errors.Is(err, idem.ErrInvalidConfig) {
 				t.Errorf("SaveStep named %.20q: %v, want ErrInvalidConfig", step, err)
 			}
 		}
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, ContentType: strings.Repeat("x", idemsql.MaxContentTypeLength)}); err != nil {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, ContentType: strings.Repeat("x", idemsql.MaxContentTypeLength)}); err != nil {
 			t.Errorf("Complete with the longest content type: %v", err)
 		}
 
 		b := e.mustAcquire("c", "e", fp("p"), leaseLong)
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "e", Token: b.Token, Error: "a\x00b\xffc"}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "e", Token: b.Token, Error: "a\x00b\xffc"}); err != nil {
 			t.Fatalf("Release with NUL and invalid UTF-8: %v", err)
 		}
 		if got := e.inspect("c", "e").Error; got != "a\uFFFDb\uFFFDc" {
@@ -358,7 +359,7 @@ func TestLeaseTextLimits(t *testing.T) {
 		}
 		b = e.mustAcquire("c", "e", fp("p"), leaseLong)
 		long := strings.Repeat("é", idemsql.MaxErrorTextLength) // 2 bytes each
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "e", Token: b.Token, Error: long, Terminal: true}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "e", Token: b.Token, Error: long, Terminal: true}); err != nil {
 			t.Fatalf("Release with a long error: %v", err)
 		}
 		if got := e.inspect("c", "e").Error; len(got) != idemsql.MaxErrorTextLength || got != long[:idemsql.MaxErrorTextLength] {
@@ -379,7 +380,7 @@ func TestLeasePurge(t *testing.T) {
 		step := func(id string, token int64) {
 			t.Helper()
 			for _, name := range []string{"a", "b"} {
-				if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: token, Step: name, Result: []byte(id)}); err != nil {
+				if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: token, Step: name, Result: []byte(id)}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -389,14 +390,14 @@ func TestLeasePurge(t *testing.T) {
 			id := fmt.Sprintf("done-%d", i)
 			a := e.mustAcquire("c", id, fp(id), leaseLong)
 			step(id, a.Token)
-			if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
+			if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
 				t.Fatal(err)
 			}
 			old = append(old, id)
 		}
 		a := e.mustAcquire("c", "failed", fp("f"), leaseLong)
 		step("failed", a.Token)
-		if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: "failed", Token: a.Token, Error: "x", Terminal: true}); err != nil {
+		if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "failed", Token: a.Token, Error: "x", Terminal: true}); err != nil {
 			t.Fatal(err)
 		}
 		old = append(old, "failed")
@@ -410,7 +411,7 @@ func TestLeasePurge(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "released":
-				if err := s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "retry"}); err != nil {
+				if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "retry"}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -425,7 +426,7 @@ func TestLeasePurge(t *testing.T) {
 		old = append(old, "tx-old")
 		// The other consumer's steps are not touched.
 		o := e.mustAcquire("other", "done-0", fp("done-0"), leaseLong)
-		if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "other", MessageID: "done-0", Token: o.Token, Step: "a"}); err != nil {
+		if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "other", MessageID: "done-0", Token: o.Token, Step: "a"}); err != nil {
 			t.Fatal(err)
 		}
 
@@ -449,7 +450,7 @@ func TestLeasePurge(t *testing.T) {
 		e.wantSteps("c", 6)   // those of live, expired and released
 		e.wantSteps("other", 1)
 		for _, id := range []string{"live", "expired", "released"} {
-			if r := e.inspect("c", id); r.State != idem.StateInProgress {
+			if r := e.inspect("c", id); r.State != idemdriver.StateInProgress {
 				t.Errorf("%s after the purge: %+v", id, r)
 			}
 		}
@@ -481,18 +482,18 @@ func TestLeaseMixedModes(t *testing.T) {
 		ctx := t.Context()
 		s := e.store
 		a := e.mustAcquire("c", "lease", fp("p"), leaseLong)
-		if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "lease", Token: a.Token, Result: []byte("r")}); err != nil {
+		if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "lease", Token: a.Token, Result: []byte("r")}); err != nil {
 			t.Fatal(err)
 		}
 		tx, err := s.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := s.ClaimTx(ctx, tx, &idem.ClaimParams{Consumer: "c", MessageID: "lease", Fingerprint: fp("p")})
+		res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "lease", Fingerprint: fp("p")})
 		if err != nil || res.Claimed || !bytes.Equal(res.Fingerprint, fp("p")) {
 			t.Errorf("ClaimTx of a lease-completed record: %+v, %v; want a duplicate with its fingerprint", res, err)
 		}
-		batch, err := s.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: "c", Messages: []idem.ClaimMessage{
+		batch, err := s.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{
 			{MessageID: "new", Fingerprint: fp("n")}, {MessageID: "lease", Fingerprint: fp("p")},
 		}})
 		if err != nil || len(batch) != 2 || !batch[0].Claimed || batch[1].Claimed || !bytes.Equal(batch[1].Fingerprint, fp("p")) {
@@ -512,11 +513,11 @@ func TestLeaseMixedModes(t *testing.T) {
 
 		// "new" was claimed in transactional mode: a completed record with
 		// the defaults of migration 002.
-		if r := e.inspect("c", "new"); r.State != idem.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() {
+		if r := e.inspect("c", "new"); r.State != idemdriver.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() {
 			t.Errorf("transactional record: %+v", r)
 		}
 		got := e.mustAcquire("c", "new", fp("n"), leaseLong)
-		if got.Acquired || got.State != idem.StateCompleted || len(got.Result) != 0 || !bytes.Equal(got.Fingerprint, fp("n")) {
+		if got.Acquired || got.State != idemdriver.StateCompleted || len(got.Result) != 0 || !bytes.Equal(got.Fingerprint, fp("n")) {
 			t.Errorf("Acquire of a transactional record: %+v", got)
 		}
 		lc, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", PurgeInterval: -1})
@@ -538,12 +539,12 @@ func TestLeaseMixedModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res, err := s.ClaimTx(ctx, tx, &idem.ClaimParams{Consumer: "c", MessageID: "inflight", Fingerprint: fp("i")}); err != nil || !res.Claimed {
+		if res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "inflight", Fingerprint: fp("i")}); err != nil || !res.Claimed {
 			t.Fatalf("ClaimTx: %+v, %v", res, err)
 		}
-		done := make(chan idem.AcquireResult, 1)
+		done := make(chan idemdriver.AcquireResult, 1)
 		go func() {
-			r, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "inflight", Fingerprint: fp("i"), Lease: leaseLong})
+			r, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "inflight", Fingerprint: fp("i"), Lease: leaseLong})
 			if err != nil {
 				t.Errorf("Acquire during a claim: %v", err)
 			}
@@ -557,7 +558,7 @@ func TestLeaseMixedModes(t *testing.T) {
 		if err := s.Commit(ctx, tx); err != nil {
 			t.Fatal(err)
 		}
-		if r := <-done; r.Acquired || r.State != idem.StateCompleted {
+		if r := <-done; r.Acquired || r.State != idemdriver.StateCompleted {
 			t.Errorf("Acquire after the claim committed: %+v, want the completed record", r)
 		}
 	})
@@ -634,7 +635,7 @@ func TestLeaseMigrateFromV1(t *testing.T) {
 		}
 		for _, id := range []string{"v1-a", "v1-b"} {
 			r := e.inspect("c", id)
-			if r.State != idem.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() || r.Error != "" || !bytes.Equal(r.Fingerprint, fp(id)) {
+			if r.State != idemdriver.StateCompleted || r.Token != 0 || r.Attempt != 1 || !r.LeaseExpiresAt.IsZero() || r.Error != "" || !bytes.Equal(r.Fingerprint, fp(id)) {
 				t.Errorf("%s after the upgrade: %+v, want a completed record", id, r)
 			}
 		}
@@ -714,10 +715,10 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 		for i := range 60 {
 			id := fmt.Sprintf("old-%03d", i)
 			a := e.mustAcquire("c", id, fp(id), leaseLong)
-			if err := s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: []byte(id)}); err != nil {
+			if err := s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: []byte(id)}); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
+			if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
 				t.Fatal(err)
 			}
 			old = append(old, id)
@@ -738,20 +739,20 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 					default:
 					}
 					id := fmt.Sprintf("new-%d-%d", w, i)
-					a, err := s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp(id), Lease: leaseLong})
+					a, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp(id), Lease: leaseLong})
 					if err != nil || !a.Acquired {
 						t.Errorf("Acquire %s: %+v, %v", id, a, err)
 						return
 					}
 					for _, call := range []func() error{
 						func() error {
-							return s.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: []byte(id)})
+							return s.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: id, Token: a.Token, Step: "s", Result: []byte(id)})
 						},
 						func() error {
-							return s.Renew(ctx, &idem.RenewParams{Consumer: "c", MessageID: id, Token: a.Token, Lease: leaseLong})
+							return s.Renew(ctx, &idemdriver.RenewParams{Consumer: "c", MessageID: id, Token: a.Token, Lease: leaseLong})
 						},
 						func() error {
-							return s.Release(ctx, &idem.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "retry"})
+							return s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: id, Token: a.Token, Error: "retry"})
 						},
 					} {
 						if err := call(); err != nil {
@@ -759,12 +760,12 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 							return
 						}
 					}
-					a, err = s.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp(id), Lease: leaseLong})
+					a, err = s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: fp(id), Lease: leaseLong})
 					if err != nil || !a.Acquired || len(a.Steps) != 1 {
 						t.Errorf("second Acquire %s: %+v, %v", id, a, err)
 						return
 					}
-					if err := s.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
+					if err := s.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: id, Token: a.Token}); err != nil {
 						t.Errorf("Complete %s: %v", id, err)
 						return
 					}
@@ -825,17 +826,17 @@ func TestLeaseQualifiedTable(t *testing.T) {
 				t.Fatalf("Migrate again: %v", err)
 			}
 			a := e.mustAcquire("c", "m", fp("p"), leaseLong)
-			if err := e.store.SaveStep(ctx, &idem.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: "s"}); err != nil {
+			if err := e.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: a.Token, Step: "s"}); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.store.Complete(ctx, &idem.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, Result: []byte("r")}); err != nil {
+			if err := e.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "m", Token: a.Token, Result: []byte("r")}); err != nil {
 				t.Fatal(err)
 			}
 			e.wantSteps("c", 1)
 			if err := e.ageRecords(ctx, "c", []string{"m"}, 30*24*time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.store.Acquire(ctx, &idem.AcquireParams{Consumer: "c", MessageID: "n", Fingerprint: fp("n"), Lease: leaseLong}); err != nil {
+			if _, err := e.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "n", Fingerprint: fp("n"), Lease: leaseLong}); err != nil {
 				t.Fatal(err)
 			}
 			res, err := e.store.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 24 * time.Hour, BatchSize: 10})

@@ -10,7 +10,7 @@ import (
 	"github.com/idem-go/idem/internal/sqlschema"
 )
 
-// Migrate implements [idem.Migrator]: it applies the dialect's migrations
+// Migrate implements [idemdriver.Migrator]: it applies the dialect's migrations
 // embedded in idem (internal/sqlschema) that the table has not had yet,
 // and records each version, with the server's time, in Table +
 // "_migrations" (version, applied_at). It is idempotent and safe to run

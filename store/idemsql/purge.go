@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // sqlitePurging holds the in-process purge locks of SQLite stores, keyed
 // by database file, table and consumer.
 var sqlitePurging sync.Map
 
-// Purge implements [idem.TxStore] and [idem.LeaseStore]: it deletes
+// Purge implements [idemdriver.TxStore] and [idemdriver.LeaseStore]: it deletes
 // p.Consumer's completed and failed records written before the horizon,
 // the consumer's newest processed_at minus p.RetentionWindow (rounded up
 // to a microsecond), both computed by the server, together with their
@@ -53,7 +54,7 @@ var sqlitePurging sync.Map
 // in the result.
 func (s *Store) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
 	var res idem.PurgeResult
-	if err := idem.ValidatePurgeParams(p); err != nil {
+	if err := idemdriver.ValidatePurgeParams(p); err != nil {
 		return res, err
 	}
 	ex, release, err := s.purgeLock(ctx, p.Consumer)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 )
 
@@ -60,11 +61,11 @@ type Config struct {
 	Table string
 }
 
-// Store is an [idem.TxStore] over database/sql for PostgreSQL, MariaDB/MySQL
+// Store is an [idemdriver.TxStore] over database/sql for PostgreSQL, MariaDB/MySQL
 // and SQLite. The transactions it hands to handlers are ordinary *sql.Tx
 // values on the caller's *sql.DB; handlers write their side effects with
-// them. It also implements [idem.LeaseStore] (lease mode, for
-// [idem.LeaseConsumer]; see the package documentation) and [idem.Migrator],
+// them. It also implements [idemdriver.LeaseStore] (lease mode, for
+// [idem.LeaseConsumer]; see the package documentation) and [idemdriver.Migrator],
 // and offers [Store.Inspect] and [Store.Stats] for operators (the idem
 // command).
 //
@@ -83,9 +84,9 @@ type Store struct {
 
 // Interface checks.
 var (
-	_ idem.TxStore[*sql.Tx] = (*Store)(nil)
-	_ idem.LeaseStore       = (*Store)(nil)
-	_ idem.Migrator         = (*Store)(nil)
+	_ idemdriver.TxStore[*sql.Tx] = (*Store)(nil)
+	_ idemdriver.LeaseStore       = (*Store)(nil)
+	_ idemdriver.Migrator         = (*Store)(nil)
 )
 
 // New returns a Store over db for the given dialect. cfg may be nil.
@@ -137,7 +138,7 @@ func (s *Store) Dialect() Dialect { return s.dialect }
 // Table returns the processed-messages table name, as written in SQL.
 func (s *Store) Table() string { return s.table.Qualified }
 
-// Begin implements [idem.TxStore]: db.BeginTx with default options, so the
+// Begin implements [idemdriver.TxStore]: db.BeginTx with default options, so the
 // isolation level is the database's default (READ COMMITTED on
 // PostgreSQL, REPEATABLE READ on InnoDB; the claims are correct under
 // either) and, on SQLite, the transaction starts as the DSN says
@@ -147,14 +148,14 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
 	return s.db.BeginTx(ctx, nil)
 }
 
-// Commit implements [idem.TxStore]: tx.Commit. An error means the claims
+// Commit implements [idemdriver.TxStore]: tx.Commit. An error means the claims
 // did not commit, or that the outcome is unknown (a connection lost during
 // COMMIT).
 func (s *Store) Commit(ctx context.Context, tx *sql.Tx) error {
 	return tx.Commit()
 }
 
-// Rollback implements [idem.TxStore]: tx.Rollback. Rolling back a
+// Rollback implements [idemdriver.TxStore]: tx.Rollback. Rolling back a
 // transaction that already ended (after Commit, even a failed one, or after
 // its context was cancelled) returns nil: sql.ErrTxDone is not an error here.
 func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
@@ -164,7 +165,7 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 	return nil
 }
 
-// ClaimTx implements [idem.TxStore]: it inserts the record of p inside tx
+// ClaimTx implements [idemdriver.TxStore]: it inserts the record of p inside tx
 // and reports whether this transaction claimed it. A record that exists, or
 // that a concurrent transaction is inserting, makes the insert wait for that
 // transaction (the primary key does this) and then gives Claimed=false with
@@ -194,13 +195,13 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 // idem.ErrStore). With a REPEATABLE READ or SERIALIZABLE transaction on
 // PostgreSQL, a conflict with a row committed after the snapshot is a
 // serialization failure (SQLSTATE 40001), which is retryable.
-func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (idem.ClaimResult, error) {
+func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	if err := checkClaim(p.Consumer, p.MessageID, p.Fingerprint); err != nil {
-		return idem.ClaimResult{}, err
+		return idemdriver.ClaimResult{}, err
 	}
 	for range maxClaimAttempts {
 		var (
-			res   idem.ClaimResult
+			res   idemdriver.ClaimResult
 			found bool
 			err   error
 		)
@@ -218,10 +219,10 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (i
 		// The conflicting record vanished before we could read it (a purge
 		// deleted it): claim again.
 	}
-	return idem.ClaimResult{}, fmt.Errorf("idemsql: claim of %q: record kept vanishing after a conflict", p.MessageID)
+	return idemdriver.ClaimResult{}, fmt.Errorf("idemsql: claim of %q: record kept vanishing after a conflict", p.MessageID)
 }
 
-// ClaimBatchTx implements [idem.TxStore]: it claims every message of p
+// ClaimBatchTx implements [idemdriver.TxStore]: it claims every message of p
 // inside tx with one INSERT (split into several only past the dialect's
 // placeholder limit) and returns one result per message, in the order
 // given. Rows are inserted in byte order of their IDs, so two batches that
@@ -242,9 +243,9 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimParams) (i
 //
 // A message ID given twice is an error; so are invalid names (as in
 // ClaimTx). Other errors are the driver's.
-func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimBatchParams) ([]idem.ClaimResult, error) {
+func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	if len(p.Messages) == 0 {
-		return []idem.ClaimResult{}, nil
+		return []idemdriver.ClaimResult{}, nil
 	}
 	seen := make(map[string]bool, len(p.Messages))
 	for _, m := range p.Messages {
@@ -257,10 +258,10 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimBatch
 		seen[m.MessageID] = true
 	}
 	sorted := slices.Clone(p.Messages)
-	slices.SortFunc(sorted, func(a, b idem.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) })
+	slices.SortFunc(sorted, func(a, b idemdriver.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) })
 
 	var (
-		got map[string]idem.ClaimResult
+		got map[string]idemdriver.ClaimResult
 		err error
 	)
 	switch s.dialect {
@@ -274,7 +275,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idem.ClaimBatch
 	if err != nil {
 		return nil, err
 	}
-	out := make([]idem.ClaimResult, len(p.Messages))
+	out := make([]idemdriver.ClaimResult, len(p.Messages))
 	for i, m := range p.Messages {
 		r, ok := got[m.MessageID]
 		if !ok {
@@ -304,13 +305,13 @@ func checkClaim(consumer, id string, fp []byte) error {
 // readFingerprints runs query, which returns (message_id, fingerprint,
 // state) rows, and returns the existing records by message ID as
 // unclaimed results.
-func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string]idem.ClaimResult, error) {
+func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string]idemdriver.ClaimResult, error) {
 	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	found := map[string]idem.ClaimResult{}
+	found := map[string]idemdriver.ClaimResult{}
 	for rows.Next() {
 		var (
 			id    string
@@ -320,16 +321,16 @@ func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any
 		if err := rows.Scan(&id, &fp, &state); err != nil {
 			return nil, err
 		}
-		found[id] = idem.ClaimResult{Fingerprint: fp, State: recordState(state)}
+		found[id] = idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}
 	}
 	return found, rows.Err()
 }
 
 // recordState converts a scanned state column; NULL (no lease columns
 // read) is a completed record.
-func recordState(v sql.NullInt64) idem.RecordState {
+func recordState(v sql.NullInt64) idemdriver.RecordState {
 	if !v.Valid || v.Int64 == 0 {
-		return idem.StateCompleted
+		return idemdriver.StateCompleted
 	}
-	return idem.RecordState(v.Int64)
+	return idemdriver.RecordState(v.Int64)
 }

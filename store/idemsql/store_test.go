@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -234,15 +235,15 @@ func TestByteExactIDs(t *testing.T) {
 			}
 		}
 		// The batch path compares the same way.
-		var batch []idem.ClaimMessage
+		var batch []idemdriver.ClaimMessage
 		for _, id := range ids {
-			batch = append(batch, idem.ClaimMessage{MessageID: id + "/b", Fingerprint: fp(id)})
+			batch = append(batch, idemdriver.ClaimMessage{MessageID: id + "/b", Fingerprint: fp(id)})
 		}
 		tx, err := e.store.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := e.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: c.Name(), Messages: batch})
+		res, err := e.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: c.Name(), Messages: batch})
 		if err != nil {
 			t.Fatalf("ClaimBatchTx: %v", err)
 		}
@@ -262,7 +263,7 @@ func TestByteExactIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer e.store.Rollback(ctx, tx)
-		res, err = e.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: c.Name(), Messages: batch})
+		res, err = e.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: c.Name(), Messages: batch})
 		if err != nil {
 			t.Fatalf("ClaimBatchTx again: %v", err)
 		}
@@ -356,13 +357,13 @@ func mysqlVariants(d idemsql.Dialect) []mysqlVariant {
 func testClaimBatch(t *testing.T, e *env) {
 	ctx := t.Context()
 	const consumer = "batch"
-	claim := func(tx *sql.Tx, ids ...string) []idem.ClaimResult {
+	claim := func(tx *sql.Tx, ids ...string) []idemdriver.ClaimResult {
 		t.Helper()
-		var ms []idem.ClaimMessage
+		var ms []idemdriver.ClaimMessage
 		for _, id := range ids {
-			ms = append(ms, idem.ClaimMessage{MessageID: id, Fingerprint: fp(id)})
+			ms = append(ms, idemdriver.ClaimMessage{MessageID: id, Fingerprint: fp(id)})
 		}
-		res, err := e.store.ClaimBatchTx(ctx, tx, &idem.ClaimBatchParams{Consumer: consumer, Messages: ms})
+		res, err := e.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: ms})
 		if err != nil {
 			t.Fatalf("ClaimBatchTx(%v): %v", ids, err)
 		}
@@ -371,7 +372,7 @@ func testClaimBatch(t *testing.T, e *env) {
 		}
 		return res
 	}
-	want := func(what string, res []idem.ClaimResult, ids []string, claimed string) {
+	want := func(what string, res []idemdriver.ClaimResult, ids []string, claimed string) {
 		t.Helper()
 		for i, r := range res {
 			wantClaimed := claimed[i] == 'c'
@@ -397,7 +398,7 @@ func testClaimBatch(t *testing.T, e *env) {
 	e.store.Rollback(ctx, tx)
 	// Mixed, out of order, plus a message claimed earlier in the same tx.
 	tx, _ = e.store.Begin(ctx)
-	r, err := e.store.ClaimTx(ctx, tx, &idem.ClaimParams{Consumer: consumer, MessageID: "e", Fingerprint: fp("e")})
+	r, err := e.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "e", Fingerprint: fp("e")})
 	if err != nil || !r.Claimed {
 		t.Fatalf("ClaimTx(e): %v, %v", r, err)
 	}
@@ -413,7 +414,7 @@ func testClaimBatch(t *testing.T, e *env) {
 	tx1, _ := e.store.Begin(ctx)
 	ids = []string{"b2", "b3"}
 	want("tx1", claim(tx1, ids...), ids, "cc")
-	done := make(chan []idem.ClaimResult)
+	done := make(chan []idemdriver.ClaimResult)
 	go func() {
 		tx2, err := e.store.Begin(ctx)
 		if err != nil {
@@ -422,11 +423,11 @@ func testClaimBatch(t *testing.T, e *env) {
 			return
 		}
 		defer e.store.Rollback(ctx, tx2)
-		var ms []idem.ClaimMessage
+		var ms []idemdriver.ClaimMessage
 		for _, id := range []string{"b4", "b3", "b2", "b1"} {
-			ms = append(ms, idem.ClaimMessage{MessageID: id, Fingerprint: fp(id)})
+			ms = append(ms, idemdriver.ClaimMessage{MessageID: id, Fingerprint: fp(id)})
 		}
-		res, err := e.store.ClaimBatchTx(ctx, tx2, &idem.ClaimBatchParams{Consumer: consumer, Messages: ms})
+		res, err := e.store.ClaimBatchTx(ctx, tx2, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: ms})
 		if err != nil {
 			t.Errorf("tx2 ClaimBatchTx: %v", err)
 		}
@@ -562,7 +563,7 @@ func TestRollbackAfterCommit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.store.ClaimTx(cctx, tx, &idem.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("m")}); err != nil {
+		if _, err := e.store.ClaimTx(cctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("m")}); err != nil {
 			t.Fatal(err)
 		}
 		cancel()

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -187,7 +188,7 @@ func newInspectCmd() *cobra.Command {
 			fmt.Fprintf(tw, "processed at\t%s\n", fmtTime(rec.ProcessedAt))
 			fmt.Fprintf(tw, "fingerprint\t%x\n", rec.Fingerprint)
 			fmt.Fprintf(tw, "attempts\t%d\n", rec.Attempt)
-			if rec.State == idem.StateInProgress {
+			if rec.State == idemdriver.StateInProgress {
 				fmt.Fprintf(tw, "fencing token\t%d\n", rec.Token)
 				fmt.Fprintf(tw, "lease expires at\t%s\n", fmtTime(rec.LeaseExpiresAt))
 			}

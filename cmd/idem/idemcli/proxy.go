@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/store/idemredis"
 )
@@ -147,7 +148,7 @@ func (f *proxyFlags) check() (*url.URL, error) {
 
 // proxyStore is the opened store of `idem proxy`.
 type proxyStore struct {
-	store idem.LeaseStore
+	store idemdriver.LeaseStore
 	where string
 	ping  func(ctx context.Context) error
 	close func() error

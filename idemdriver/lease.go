@@ -1,94 +1,14 @@
-package idem
+package idemdriver
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 )
 
-// Lease-mode sentinel errors.
-var (
-	// ErrLeaseLost means the fencing token no longer owns the record: the
-	// lease expired and another attempt took over (with a higher token), or
-	// the record was completed or released. A stale owner's completion,
-	// renewal, release or recovery point is rejected with it, loudly, so
-	// two attempts never both record a result. Retryable: redeliver, and
-	// the redelivery sees what the new owner did.
-	ErrLeaseLost = errors.New("idem: lease lost")
-
-	// ErrInProgress means another attempt holds a live lease on the
-	// message. Not an ack: redeliver after Outcome.RetryAfter.
-	ErrInProgress = errors.New("idem: message in progress")
-
-	// ErrPoison means the message failed for good: it failed MaxAttempts
-	// times, or with an error marked Permanent. A terminal record keeps the
-	// error and the attempt count so redeliveries do not run it again.
-	// Dead-letter it.
-	ErrPoison = errors.New("idem: poison message")
-
-	// ErrPermanent marks a handler error that retrying cannot fix (see
-	// Permanent). It poisons the message at once: in lease mode with a
-	// terminal record, in transactional mode in the Outcome only (the
-	// claim rolls back with the effects).
-	ErrPermanent = errors.New("idem: permanent failure")
-)
-
-// Permanent wraps err so that it matches ErrPermanent (and still err):
-// a handler returns it for a failure that no redelivery can fix, such as a
-// payment the provider declined, so the Outcome is poison and the message
-// is dead-lettered on the first attempt instead of after MaxAttempts (lease
-// mode) or the broker's delivery limit (transactional mode). In a batch
-// (ProcessBatch) the handler's error fails every claimed message, so a
-// Permanent error there does not mark them poison: the adapter retries
-// them one by one to find the bad one.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string        { return e.err.Error() }
-func (e *permanentError) Unwrap() error        { return e.err }
-func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
-
-// RecordState is the state of a message's record in lease mode.
-type RecordState uint8
-
-// The record states.
-const (
-	// StateInProgress: an attempt holds (or held, if the lease expired) a
-	// lease on the message.
-	StateInProgress RecordState = iota + 1
-	// StateCompleted: the message was processed; the record keeps the
-	// result. Transactional-mode records are completed records.
-	StateCompleted
-	// StateFailed: the message is poison; the record keeps the last error
-	// and the attempt count.
-	StateFailed
-)
-
-// String returns "in_progress", "completed" or "failed", the names the
-// SQL stores write.
-func (s RecordState) String() string {
-	switch s {
-	case StateInProgress:
-		return "in_progress"
-	case StateCompleted:
-		return "completed"
-	case StateFailed:
-		return "failed"
-	}
-	return "invalid"
-}
-
 // LeaseStore records processed messages in lease mode: for side effects
 // outside the database (an HTTP call, an email), where no transaction can
-// hold the claim. It is the seam implemented by every store (Redis only
-// has this mode) and must pass the idemtest lease cases.
+// hold the claim. Every store implements it (Redis has only this mode), and
+// it passes the idemtest lease cases.
 //
 // A record moves in_progress -> completed or in_progress -> failed; a
 // retryable failure or an expired lease leaves it in_progress, available to
@@ -103,8 +23,12 @@ func (s RecordState) String() string {
 // Lease expiry is judged by the store's clock (the database or Redis
 // server's), never the caller's, in one time unit end to end; a lease
 // whose end is now has run out. Complete and Release stamp the record's
-// time, from which Purge counts the retention window.
+// time, from which retention counts. Every method refuses invalid
+// parameters before it talks to its database (the Validate functions of
+// this package): ValidateAcquireParams, ValidateRenewParams,
+// ValidateCompleteParams, ValidateReleaseParams, ValidateStepParams.
 type LeaseStore interface {
+	Retainer
 	// Acquire claims the message or reports its record; see AcquireResult.
 	// It acquires when no record exists, or when an in_progress record's
 	// lease has expired (or was released) and its fingerprint equals
@@ -131,14 +55,11 @@ type LeaseStore interface {
 	// Acquire. Saving a step that exists keeps the first result.
 	// ErrLeaseLost if p.Token does not own the record.
 	SaveStep(ctx context.Context, p *StepParams) error
-	// Purge deletes completed and failed records outside the retention
-	// window, as TxStore.Purge does; in_progress records are never purged.
-	Purge(ctx context.Context, p *PurgeParams) (PurgeResult, error)
 }
 
 // AcquireParams names the message to acquire.
 type AcquireParams struct {
-	// Consumer and MessageID identify the record, already validated.
+	// Consumer and MessageID identify the record.
 	Consumer, MessageID string
 	// Fingerprint is the payload fingerprint.
 	Fingerprint []byte
@@ -174,6 +95,7 @@ type AcquireResult struct {
 
 // RenewParams extends a lease.
 type RenewParams struct {
+	// Consumer and MessageID identify the record.
 	Consumer, MessageID string
 	// Token is the fencing token of the attempt.
 	Token int64
@@ -183,6 +105,7 @@ type RenewParams struct {
 
 // CompleteParams completes a record.
 type CompleteParams struct {
+	// Consumer and MessageID identify the record.
 	Consumer, MessageID string
 	// Token is the fencing token of the attempt.
 	Token int64
@@ -195,6 +118,7 @@ type CompleteParams struct {
 
 // ReleaseParams ends a failed attempt.
 type ReleaseParams struct {
+	// Consumer and MessageID identify the record.
 	Consumer, MessageID string
 	// Token is the fencing token of the attempt.
 	Token int64
@@ -206,33 +130,12 @@ type ReleaseParams struct {
 
 // StepParams saves a recovery point.
 type StepParams struct {
+	// Consumer and MessageID identify the record.
 	Consumer, MessageID string
 	// Token is the fencing token of the attempt.
 	Token int64
-	// Step names the step, 1 to 255 bytes.
+	// Step names the step (ValidateStepName).
 	Step string
 	// Result is the step's result, stored byte for byte.
 	Result []byte
-}
-
-// ValidateAcquireParams checks p as every store's Acquire does: a valid
-// consumer name and message ID (ValidateConsumerName, ValidateMessageID
-// with the default maximum), a fingerprint of 1 to MaxFingerprintLength
-// bytes (ErrInvalidPayload otherwise), and a positive lease (ErrInvalidConfig
-// otherwise: a zero lease never means "no expiry", field case C08). Store
-// implementations call it.
-func ValidateAcquireParams(p *AcquireParams) error {
-	if p.Lease <= 0 {
-		return fmt.Errorf("%w: lease %v, want a positive duration", ErrInvalidConfig, p.Lease)
-	}
-	if err := ValidateConsumerName(p.Consumer); err != nil {
-		return err
-	}
-	if err := ValidateMessageID(p.MessageID, 0); err != nil {
-		return err
-	}
-	if len(p.Fingerprint) == 0 || len(p.Fingerprint) > MaxFingerprintLength {
-		return fmt.Errorf("%w: fingerprint of %d bytes, want 1..%d", ErrInvalidPayload, len(p.Fingerprint), MaxFingerprintLength)
-	}
-	return nil
 }

@@ -1,0 +1,42 @@
+package idemdriver
+
+import "errors"
+
+// The errors a store returns, or wraps, for the conditions the core and
+// callers branch on. Package idem re-exports each under the same name
+// (idem.ErrLeaseLost is ErrLeaseLost), so errors.Is works whichever package
+// a caller names.
+var (
+	// ErrMissingMessageID means a message has no ID. The producer must set
+	// one; the consumer never makes one up, since a made-up ID is new on
+	// every redelivery. Permanent: dead-letter the message.
+	ErrMissingMessageID = errors.New("idem: missing message ID")
+
+	// ErrInvalidMessageID means a message ID breaks the rules of
+	// [ValidateMessageID] (length, UTF-8, control characters). Permanent.
+	ErrInvalidMessageID = errors.New("idem: invalid message ID")
+
+	// ErrInvalidConsumerName means a consumer name breaks the rules of
+	// [ValidateConsumerName]. A configuration error.
+	ErrInvalidConsumerName = errors.New("idem: invalid consumer name")
+
+	// ErrInvalidConfig means a configuration value or a parameter (a lease,
+	// a retention window, a batch size, a step name) is out of range.
+	ErrInvalidConfig = errors.New("idem: invalid config")
+
+	// ErrInvalidPayload means a payload's fingerprint could not be computed
+	// or is out of range (see [MaxFingerprintLength]). Permanent.
+	ErrInvalidPayload = errors.New("idem: invalid payload")
+
+	// ErrLeaseLost means the fencing token no longer owns the record: the
+	// lease ran out and another attempt took over (with a higher token), or
+	// the record was completed or released. A stale owner's Renew,
+	// Complete, Release or SaveStep is rejected with it, so two attempts
+	// never both record a result. Retryable: redeliver, and the redelivery
+	// sees what the new owner did.
+	ErrLeaseLost = errors.New("idem: lease lost")
+
+	// ErrPurgeInProgress means another cleaner holds the purge lock of the
+	// consumer; BeginPurge returns it at once instead of waiting.
+	ErrPurgeInProgress = errors.New("idem: purge already running")
+)

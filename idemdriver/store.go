@@ -1,0 +1,142 @@
+package idemdriver
+
+import "context"
+
+// TxStore records processed messages inside database transactions of type
+// TTx: pgx.Tx for PostgreSQL on pgx, *sql.Tx for the database/sql
+// dialects, *idem.MemoryTx for the in-memory store. It is what transactional
+// mode (idem.Consumer) runs on: the claim is the first statement of the
+// handler's own transaction, so the record and the side effects commit or
+// roll back together, as the Idempotent Consumer pattern requires.
+//
+// The processed-messages table holds one row per (consumer, message ID)
+// under a unique key, with the payload fingerprint, the record's state and
+// the time it was written, by the store's clock.
+//
+// Contract:
+//   - ClaimTx inserts the row inside tx. If a row with the same key exists,
+//     or is being inserted by a concurrent transaction, ClaimTx waits for
+//     that transaction to end (as a unique index does) and reports
+//     Claimed=false with the stored fingerprint and state if it committed,
+//     or claims the row if it rolled back. A duplicate never aborts tx: on
+//     PostgreSQL that means ON CONFLICT DO NOTHING, never catching SQLSTATE
+//     23505. Duplicates are detected by rows affected or error codes, never
+//     by error text.
+//   - Invalid parameters are refused before any statement runs (see
+//     [ValidateClaimParams]), so tx stays usable.
+//   - Errors other than a duplicate or invalid input are returned as they
+//     are; the core wraps them with idem.ErrStore.
+//   - Methods are safe for concurrent use; a TTx is used by one goroutine.
+type TxStore[TTx any] interface {
+	Retainer
+	// Begin starts a transaction for claims and side effects.
+	Begin(ctx context.Context) (TTx, error)
+	// ClaimTx claims one message inside tx; see the contract above.
+	ClaimTx(ctx context.Context, tx TTx, p *ClaimParams) (ClaimResult, error)
+	// Commit commits tx. An error means the claims did not commit, or that
+	// the outcome is unknown (as after a lost connection).
+	Commit(ctx context.Context, tx TTx) error
+	// Rollback rolls tx back. It is safe to call after a failed Commit.
+	Rollback(ctx context.Context, tx TTx) error
+}
+
+// BatchClaimer is an optional capability of a TxStore: claim many messages
+// with one statement (a multi-row insert with RETURNING, or the dialect's
+// equivalent), the throughput path of batch consumers. Without it the core
+// calls ClaimTx once per message, in the same order.
+//
+// IDs in one call are distinct and come sorted by message ID (byte order),
+// so that two concurrent batches sharing IDs take their locks in the same
+// order and cannot deadlock: insert the rows in the order given. The result
+// has one entry per message, in order. Invalid parameters are refused
+// before any statement runs ([ValidateClaimBatchParams]).
+type BatchClaimer[TTx any] interface {
+	ClaimBatchTx(ctx context.Context, tx TTx, p *ClaimBatchParams) ([]ClaimResult, error)
+}
+
+// BeginClaimer is an optional capability of a TxStore: begin a transaction
+// and claim the first message in one round trip (the claim pipelined with
+// BEGIN), so the claim costs no network round trip of its own. The result
+// and errors are those of Begin followed by ClaimTx; on error no
+// transaction is left open.
+type BeginClaimer[TTx any] interface {
+	BeginClaim(ctx context.Context, p *ClaimParams) (TTx, ClaimResult, error)
+}
+
+// Migrator is an optional capability of a store: create or upgrade its
+// tables from the migrations embedded in the store's package. It is
+// idempotent and safe to run from several processes at once.
+type Migrator interface {
+	Migrate(ctx context.Context) error
+}
+
+// ClaimParams names one message to claim.
+type ClaimParams struct {
+	// Consumer is the consumer name.
+	Consumer string
+	// MessageID is the message ID.
+	MessageID string
+	// Fingerprint is the payload fingerprint, 1 to MaxFingerprintLength bytes.
+	Fingerprint []byte
+}
+
+// ClaimBatchParams names the messages of one batch claim.
+type ClaimBatchParams struct {
+	// Consumer is the consumer name.
+	Consumer string
+	// Messages are the messages to claim, with distinct IDs.
+	Messages []ClaimMessage
+}
+
+// ClaimMessage is one message of a batch claim.
+type ClaimMessage struct {
+	// MessageID is the message ID.
+	MessageID string
+	// Fingerprint is the payload fingerprint.
+	Fingerprint []byte
+}
+
+// ClaimResult is the result of claiming one message.
+type ClaimResult struct {
+	// Claimed is true when this transaction inserted the record: the
+	// message is new and the handler runs. False means a committed record
+	// exists.
+	Claimed bool
+	// Fingerprint is the stored fingerprint when Claimed is false.
+	Fingerprint []byte
+	// State is the existing record's state when Claimed is false: a record
+	// written in lease mode under the same consumer name may be
+	// StateInProgress or StateFailed, which the core must not acknowledge
+	// as a duplicate. Zero is read as StateCompleted.
+	State RecordState
+}
+
+// RecordState is the state of a message's record.
+type RecordState uint8
+
+// The record states.
+const (
+	// StateInProgress: an attempt holds (or held, if the lease ran out) a
+	// lease on the message.
+	StateInProgress RecordState = iota + 1
+	// StateCompleted: the message was processed; in lease mode the record
+	// keeps the result. Transactional-mode records are completed records.
+	StateCompleted
+	// StateFailed: the message is poison; the record keeps the last error
+	// and the attempt count.
+	StateFailed
+)
+
+// String returns "in_progress", "completed" or "failed", the names the SQL
+// stores write.
+func (s RecordState) String() string {
+	switch s {
+	case StateInProgress:
+		return "in_progress"
+	case StateCompleted:
+		return "completed"
+	case StateFailed:
+		return "failed"
+	}
+	return "invalid"
+}
