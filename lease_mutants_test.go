@@ -23,17 +23,17 @@ type leaseMutant struct {
 }
 
 var leaseMutants = []leaseMutant{
-	{"LeaseInSeconds", "Expiry/TimeUnits", // field case C09
+	{"LeaseInSeconds", "Expiry/TimeUnits",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &secondsLease{s} }},
-	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner", // C08
+	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &latestToken{MemoryStore: s} }},
-	{"IgnoresLiveLease", "Process/ConcurrentSameMessage", // C02, C03
+	{"IgnoresLiveLease", "Process/ConcurrentSameMessage",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &alwaysExpired{s} }},
-	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim", // C08, lease too short
+	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &noRenew{s} }},
 	{"ReleaseForgetsAttempts", "Failure/PoisonAfterMaxAttempts",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &forgetfulRelease{MemoryStore: s} }},
-	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath", // C12
+	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &echoLeaseFingerprint{s} }},
 	{"TruncatesResults", "Process/ClaimCompleteReplay", // a 64 KiB BLOB column
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &truncatedResults{s} }},
@@ -200,7 +200,7 @@ func (s *forgetfulRelease) Acquire(ctx context.Context, p *idemdriver.AcquirePar
 }
 
 // echoLeaseFingerprint reports the caller's fingerprint for an existing
-// record instead of the stored one (field case C12).
+// record instead of the stored one.
 type echoLeaseFingerprint struct{ *idem.MemoryStore }
 
 func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {

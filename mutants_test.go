@@ -162,7 +162,7 @@ func (s *mapIDs) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *idemdri
 	return out, nil
 }
 
-// oneConsumer keys records by message ID only (field case C14).
+// oneConsumer keys records by message ID only.
 type oneConsumer struct{ *idem.MemoryStore }
 
 func (s *oneConsumer) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
@@ -178,7 +178,7 @@ func (s *oneConsumer) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *id
 }
 
 // echoFingerprint reports the caller's fingerprint on duplicates instead of
-// the stored one (field case C12).
+// the stored one.
 type echoFingerprint struct{ *idem.MemoryStore }
 
 func (s *echoFingerprint) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {

@@ -33,7 +33,7 @@ const (
 )
 
 // faultStore decorates a TxStore and fails the next call of an armed kind
-// once (field case C07). Its method set is TxStore's only: the inner
+// once. Its method set is TxStore's only: the inner
 // store's BeginClaim is hidden, so the Consumer takes the Begin-then-ClaimTx
 // path. faultBeginClaimStore adds a decorated BeginClaim.
 type faultStore[TTx any] struct {
@@ -218,7 +218,7 @@ func testFaultBegin[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxSt
 	b.wantEffects("after the redelivery", c.Name(), msg.ID, 1)
 }
 
-// Field case C07: the claim fails (after the store made it in the
+// the claim fails (after the store made it in the
 // transaction). The Consumer rolls back, remembers nothing, and the
 // redelivery on the same Consumer is processed.
 func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
@@ -234,7 +234,7 @@ func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxSt
 	}
 	b.wantCalls("after the failed claim", &calls, 0)
 	b.wantRecords("after the failed claim", c.Name(), 0)
-	b.process("C07: redelivery after the failed claim", c, msg, h, idem.Processed, nil)
+	b.process("redelivery after the failed claim", c, msg, h, idem.Processed, nil)
 	b.process("redelivery after success", c, msg, h, idem.Duplicate, nil)
 	b.wantCalls("after the redeliveries", &calls, 1)
 	b.wantEffects("after the redeliveries", c.Name(), msg.ID, 1)

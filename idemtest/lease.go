@@ -36,14 +36,14 @@ type leaseCase struct {
 // What a lease store must do, as the cases check it, beyond the
 // LeaseStore doc:
 //   - Acquire refuses a lease that is not positive with an error matching
-//     idem.ErrInvalidConfig (never a record without expiry, field case C08),
+//     idem.ErrInvalidConfig (never a record without expiry),
 //     and fails with an error matching context.Canceled, recording nothing,
 //     when its context has ended.
 //   - Tokens are positive. Of concurrent Acquire calls on a new message, or
 //     on an expired one, exactly one acquires; the others see the record
 //     with its attempt count and, while the lease is live, LeaseRemaining in
 //     (0, lease], measured by the store's clock in the unit of
-//     time.Duration (field case C09). A lease of 1ms works and runs out.
+//     time.Duration. A lease of 1ms works and runs out.
 //   - A lease that ended (expired, or released) is taken over by the next
 //     Acquire with the same fingerprint, never by another fingerprint.
 //   - After Release or Complete, the attempt's token owns nothing: its

@@ -245,7 +245,7 @@ func testLeaseStoreCompletedTokenLoses(t *testing.T, b *leaseBundle) {
 	b.wantResult("after completion", res.Result, res.ContentType, want)
 }
 
-// Field case C08, the late finisher: an attempt whose lease expired while
+// an attempt whose lease expired while
 // nobody took over still owns the record, so it may save a step and
 // complete (its work is not thrown away).
 func testLeaseStoreCompleteAfterExpiry(t *testing.T, b *leaseBundle) {
@@ -308,7 +308,7 @@ func testLeaseStoreSteps(t *testing.T, b *leaseBundle) {
 	}
 }
 
-// A lease that is not positive is refused (field case C08: zero must never
+// A lease that is not positive is refused (zero must never
 // mean "no expiry"), and nothing is recorded.
 func testLeaseStoreLeasePositive(t *testing.T, b *leaseBundle) {
 	consumer := b.name("c")
