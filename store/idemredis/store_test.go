@@ -109,6 +109,7 @@ func TestNew(t *testing.T) {
 		s.RecordKey("payments", "pay-1"):                         "idem:{payments\x1fpay-1}",
 		s.RecordKey("payments", "pay-1") + idemredis.StepsSuffix: "idem:{payments\x1fpay-1}:steps",
 		s.ConsumerKey("payments", idemredis.DoneSuffix):          "idem:{payments}:done",
+		s.ConsumerKey("payments", idemredis.RunsSuffix):          "idem:{payments}:runs",
 		s.ConsumerKey("payments", idemredis.PurgeSuffix):         "idem:{payments}:purge",
 		s.RecordKey("a{b", "%7B"):                                "idem:{a%7Bb\x1f%257B}",
 		s.RecordKey("c}\x1f", "\x00\x7f\u00e9\x1f%"):             "idem:{c%7D%1F\x1f%00%7F\u00e9%1F%25}",
@@ -542,8 +543,8 @@ func TestKeyEncoding(t *testing.T) {
 		if strings.Count(ck, "{") != 1 || strings.Count(ck, "}") != 1 || hashTag(ck) == hashTag(rk) {
 			t.Errorf("%q: consumer key %q malformed or in the record's tag", p, ck)
 		}
-		if keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.PurgeSuffix)) {
-			t.Errorf("%q: the consumer's index and lock are in different slots", p)
+		if keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.PurgeSuffix)) || keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.RunsSuffix)) {
+			t.Errorf("%q: the consumer's index, runs and lock are in different slots", p)
 		}
 		for _, k := range append(owned, ck) {
 			if other, dup := keys[k]; dup && other != p && !strings.HasSuffix(k, idemredis.DoneSuffix) {
@@ -658,7 +659,13 @@ func TestLeaseConsumerEndToEnd(t *testing.T) {
 			t.Errorf("poison delivery %d: %v poison %v, %v", n, out.Status, out.Poison, err)
 		}
 	}
+	// The poison record was written 8 days ago, and the consumer has been
+	// running since: it goes, and pay-1 (written just now) stays.
 	if err := b.store.AgeRecords(b.ctx, "payments", []string{"pay-poison"}, 8*24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(b.serverMillis(t))
+	if err := b.store.AddRun(b.ctx, "payments", now.Add(-9*24*time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	res, err := c.Purge(b.ctx)
