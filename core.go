@@ -73,7 +73,7 @@ func (c *core) prepare(msg Message) (out Outcome, fp []byte) {
 }
 
 // duplicate settles a message whose record exists, checking the fingerprint
-// on this path too (field case C12).
+// on this path too.
 func (c *core) duplicate(id string, fp, stored []byte) (Outcome, error) {
 	if bytes.Equal(fp, stored) {
 		return Outcome{Status: Duplicate, MessageID: id}, nil

@@ -33,7 +33,7 @@ func SHA256Fingerprint(payload []byte) ([]byte, error) {
 
 // JSONFingerprint is the opt-in Fingerprinter for JSON payloads: the SHA-256
 // of a canonical form, so a producer that re-serialises the same object with
-// its keys in another order does not trip a false mismatch (field case C11).
+// its keys in another order does not trip a false mismatch.
 //
 // The canonical form, close to RFC 8785 (JCS) but exact for numbers:
 //   - object keys sorted by their UTF-8 bytes, at every depth; array order kept;

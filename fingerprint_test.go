@@ -10,7 +10,7 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// TestJSONFingerprintSame is the equal half of field case C11's matrix:
+// TestJSONFingerprintSame is the equal half of the canonical-JSON matrix:
 // payloads that mean the same JSON value share one fingerprint.
 func TestJSONFingerprintSame(t *testing.T) {
 	t.Parallel()

@@ -142,7 +142,8 @@ func (m Mode) String() string {
 }
 
 // DuplicateReason says why a delivery found its message already known: the
-// three duplicate cases of DESIGN.md section 1, plus a poison record.
+// a completed record, one in progress, one with another fingerprint, plus
+// a poison record.
 type DuplicateReason uint8
 
 const (

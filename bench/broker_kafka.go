@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// kafkaIDHeader is the record header that carries the message ID (DESIGN.md
-// section 4's default).
+// kafkaIDHeader is the record header that carries the message ID (the
+// Kafka adapter's default).
 const kafkaIDHeader = "message-id"
 
 // kafkaPartitions is the number of partitions of each run's topic.

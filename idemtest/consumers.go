@@ -15,7 +15,7 @@ func consumerCases[TTx any]() []testCase[TTx] {
 	}
 }
 
-// Field case C14: the identity is (consumer name, message ID). Consumers of
+// the identity is (consumer name, message ID). Consumers of
 // one event each process it once, consumer names are compared byte for
 // byte too, and the fingerprint is per consumer.
 func testTwoConsumersSameMessage[TTx any](t *testing.T, b *bundle[TTx]) {

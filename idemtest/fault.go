@@ -33,7 +33,7 @@ const (
 )
 
 // faultStore decorates a TxStore and fails the next call of an armed kind
-// once (field case C07). Its method set is TxStore's only: the inner
+// once. Its method set is TxStore's only: the inner
 // store's BeginClaim is hidden, so the Consumer takes the Begin-then-ClaimTx
 // path. faultBeginClaimStore adds a decorated BeginClaim.
 type faultStore[TTx any] struct {
@@ -71,7 +71,7 @@ func (f *faultStore[TTx]) ClaimTx(ctx context.Context, tx TTx, p *idemdriver.Cla
 }
 
 func (f *faultStore[TTx]) ClaimBatchTx(ctx context.Context, tx TTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	res, err := f.inner.ClaimBatchTx(ctx, tx, p)
+	res, err := claimBatch(ctx, f.inner, tx, p)
 	if err == nil && f.fire(faultClaimBatch) {
 		return nil, errInjected
 	}
@@ -93,8 +93,30 @@ func (f *faultStore[TTx]) Rollback(ctx context.Context, tx TTx) error {
 	return f.inner.Rollback(ctx, tx)
 }
 
-func (f *faultStore[TTx]) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
-	return f.inner.Purge(ctx, p)
+func (f *faultStore[TTx]) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
+	return f.inner.MarkRunning(ctx, p)
+}
+
+func (f *faultStore[TTx]) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	return f.inner.BeginPurge(ctx, p)
+}
+
+// claimBatch claims p inside tx with the store's one-statement batch claim
+// when it has one, and one ClaimTx per message otherwise, as the Consumer
+// does.
+func claimBatch[TTx any](ctx context.Context, s idemdriver.TxStore[TTx], tx TTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	if bc, ok := s.(idemdriver.BatchClaimer[TTx]); ok {
+		return bc.ClaimBatchTx(ctx, tx, p)
+	}
+	out := make([]idemdriver.ClaimResult, len(p.Messages))
+	for i, m := range p.Messages {
+		r, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	return out, nil
 }
 
 // faultBeginClaimStore is a faultStore over a store with BeginClaim, which
@@ -196,7 +218,7 @@ func testFaultBegin[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxSt
 	b.wantEffects("after the redelivery", c.Name(), msg.ID, 1)
 }
 
-// Field case C07: the claim fails (after the store made it in the
+// the claim fails (after the store made it in the
 // transaction). The Consumer rolls back, remembers nothing, and the
 // redelivery on the same Consumer is processed.
 func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
@@ -212,7 +234,7 @@ func testFaultClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxSt
 	}
 	b.wantCalls("after the failed claim", &calls, 0)
 	b.wantRecords("after the failed claim", c.Name(), 0)
-	b.process("C07: redelivery after the failed claim", c, msg, h, idem.Processed, nil)
+	b.process("redelivery after the failed claim", c, msg, h, idem.Processed, nil)
 	b.process("redelivery after success", c, msg, h, idem.Duplicate, nil)
 	b.wantCalls("after the redeliveries", &calls, 1)
 	b.wantEffects("after the redeliveries", c.Name(), msg.ID, 1)

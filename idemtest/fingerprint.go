@@ -25,7 +25,7 @@ func fingerprintCases[TTx any]() []testCase[TTx] {
 	}
 }
 
-// Field case C12: the same ID with another payload, after the first
+// the same ID with another payload, after the first
 // delivery committed, is a FingerprintMismatch that does not run the
 // handler; the stored fingerprint is kept, so the original payload is still
 // a Duplicate; and the check does not depend on anything the Consumer
@@ -215,7 +215,7 @@ func testAcceptMismatchAsDuplicate[TTx any](t *testing.T, b *bundle[TTx]) {
 	b.wantRecords("after the accepted mismatches", c.Name(), 2)
 }
 
-// Field case C11 end to end: with JSONFingerprint, reordered keys, extra
+// with JSONFingerprint, reordered keys, extra
 // whitespace and other spellings of one number are the same payload; a
 // changed value is not.
 func testJSONCanonical[TTx any](t *testing.T, b *bundle[TTx]) {

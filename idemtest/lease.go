@@ -36,14 +36,14 @@ type leaseCase struct {
 // What a lease store must do, as the cases check it, beyond the
 // LeaseStore doc:
 //   - Acquire refuses a lease that is not positive with an error matching
-//     idem.ErrInvalidConfig (never a record without expiry, field case C08),
+//     idem.ErrInvalidConfig (never a record without expiry),
 //     and fails with an error matching context.Canceled, recording nothing,
 //     when its context has ended.
 //   - Tokens are positive. Of concurrent Acquire calls on a new message, or
 //     on an expired one, exactly one acquires; the others see the record
 //     with its attempt count and, while the lease is live, LeaseRemaining in
 //     (0, lease], measured by the store's clock in the unit of
-//     time.Duration (field case C09). A lease of 1ms works and runs out.
+//     time.Duration. A lease of 1ms works and runs out.
 //   - A lease that ended (expired, or released) is taken over by the next
 //     Acquire with the same fingerprint, never by another fingerprint.
 //   - After Release or Complete, the attempt's token owns nothing: its
@@ -99,8 +99,8 @@ func newLeaseBundle(t *testing.T, h LeaseHarness, nonce, name string) *leaseBund
 	switch {
 	case s == nil:
 		t.Fatal("idemtest: LeaseHarness.New returned nil")
-	case s.Store == nil, s.ExpireLease == nil, s.CountRecords == nil, s.AgeRecords == nil:
-		t.Fatal("idemtest: LeaseSetup has a nil field; Store, ExpireLease, CountRecords and AgeRecords are all required")
+	case s.Store == nil, s.ExpireLease == nil, s.CountRecords == nil, s.Shift == nil:
+		t.Fatal("idemtest: LeaseSetup has a nil field; Store, ExpireLease, CountRecords and Shift are all required")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 	t.Cleanup(cancel)
@@ -205,14 +205,6 @@ func (b *leaseBundle) wantRecords(what, consumer string, want int) {
 	}
 	if got != want {
 		b.t.Errorf("%s: records of consumer %q = %d, want %d", what, consumer, got, want)
-	}
-}
-
-// age moves consumer's records with ids back by d.
-func (b *leaseBundle) age(consumer string, ids []string, d time.Duration) {
-	b.t.Helper()
-	if err := b.s.AgeRecords(b.ctx, consumer, ids, d); err != nil {
-		b.t.Fatalf("AgeRecords(%q, %d ids, %v): %v", consumer, len(ids), d, err)
 	}
 }
 

@@ -25,7 +25,7 @@ func leaseExpiryCases() []leaseCase {
 	}
 }
 
-// Field case C08 at the store: after the lease of attempt 1 expires, the
+// after the lease of attempt 1 expires, the
 // next Acquire takes over as attempt 2 with a higher token and the
 // recovery points saved so far. The stale owner's Renew, SaveStep,
 // Complete and Release are rejected with ErrLeaseLost and change nothing:
@@ -42,7 +42,7 @@ func testLeaseTakeoverFences(t *testing.T, b *leaseBundle) {
 	steps := map[string][]byte{"charge": []byte("ch_1")}
 
 	b.expire(consumer, msg.ID)
-	a2 := b.mustAcquire("C08: attempt 2, after the lease of attempt 1 expired", consumer, msg, longLease, 2)
+	a2 := b.mustAcquire("attempt 2, after the lease of attempt 1 expired", consumer, msg, longLease, 2)
 	if a2.Token <= a1.Token {
 		t.Errorf("takeover: token %d, want more than the stale owner's %d", a2.Token, a1.Token)
 	}
@@ -82,7 +82,7 @@ func testLeaseTakeoverFences(t *testing.T, b *leaseBundle) {
 	b.wantRecords("after the takeovers", consumer, 1)
 }
 
-// Field case C08 through the LeaseConsumer: attempt 1's handler is still
+// attempt 1's handler is still
 // running when its lease expires; attempt 2 takes over and completes; when
 // attempt 1's handler then returns, its Process is Failed with ErrLeaseLost
 // (not acked, not poison) and the stored result stays attempt 2's.
@@ -111,7 +111,7 @@ func testLeaseStaleHandlerLoses(t *testing.T, b *leaseBundle) {
 	}
 	b.expire(c.Name(), msg.ID)
 	fresh := idem.Result{Body: []byte("fresh result"), ContentType: "text/plain"}
-	out := b.process("C08: takeover while attempt 1 still runs", c, msg, func(_ context.Context, a *idem.Attempt) (idem.Result, error) {
+	out := b.process("takeover while attempt 1 still runs", c, msg, func(_ context.Context, a *idem.Attempt) (idem.Result, error) {
 		runs.Add(1)
 		freshToken.Store(a.Token)
 		return fresh, nil
@@ -268,7 +268,7 @@ func testLeaseLostCancelsHandler(t *testing.T, b *leaseBundle) {
 // lease outside (0, 1.5s] or never lets it run out.
 const unitsLease = 1500 * time.Millisecond
 
-// Field case C09: one time unit end to end. While a 1.5s lease has more
+// one time unit end to end. While a 1.5s lease has more
 // than a second left, Acquire reports the record in progress with a
 // LeaseRemaining between what is left by the caller's clock (minus 10ms for
 // rounding) and the lease, and the LeaseConsumer's InProgress asks for a
@@ -286,28 +286,28 @@ func testLeaseTimeUnits(t *testing.T, b *leaseBundle) {
 	elapsed := time.Since(start)
 	out, err := c.Process(b.ctx, msg, h)
 	if total := time.Since(start); total > time.Second {
-		t.Skipf("C09: %v passed between the acquire and the checks (the machine stalled); a 1.5s lease cannot be checked", total)
+		t.Skipf("%v passed between the acquire and the checks (the machine stalled); a 1.5s lease cannot be checked", total)
 	}
-	b.wantNotAcquired("C09: Acquire while the lease is live", res, idemdriver.StateInProgress)
+	b.wantNotAcquired("Acquire while the lease is live", res, idemdriver.StateInProgress)
 	if lo := unitsLease - elapsed - 10*time.Millisecond; res.LeaseRemaining < lo || res.LeaseRemaining > unitsLease || res.LeaseRemaining <= 0 {
-		t.Errorf("C09: LeaseRemaining = %v (%d ns) %v after acquiring a %v lease; want between %v and %v (seconds and milliseconds mixed?)",
+		t.Errorf("LeaseRemaining = %v (%d ns) %v after acquiring a %v lease; want between %v and %v (seconds and milliseconds mixed?)",
 			res.LeaseRemaining, int64(res.LeaseRemaining), elapsed, unitsLease, max(lo, 0), unitsLease)
 	}
-	b.wantOutcome("C09: delivery while the lease is live", msg.ID, out, err, idem.InProgress, idem.ErrInProgress)
+	b.wantOutcome("delivery while the lease is live", msg.ID, out, err, idem.InProgress, idem.ErrInProgress)
 	if out.RetryAfter <= 0 || out.RetryAfter > unitsLease {
-		t.Errorf("C09: RetryAfter = %v, want in (0, %v]", out.RetryAfter, unitsLease)
+		t.Errorf("RetryAfter = %v, want in (0, %v]", out.RetryAfter, unitsLease)
 	}
 	b.wantCalls("while the lease is live", &calls, 0)
 
 	b.expire(c.Name(), msg.ID)
-	out = b.process("C09: delivery after the lease ended", c, msg, h, idem.Processed, nil)
-	b.wantAttempt("C09: delivery after the lease ended", out, 2)
+	out = b.process("delivery after the lease ended", c, msg, h, idem.Processed, nil)
+	b.wantAttempt("delivery after the lease ended", out, 2)
 	b.wantCalls("after the takeover", &calls, 1)
 }
 
 // The shortest lease the LeaseConsumer accepts, MinLease, works end to end;
 // and a 1ms lease is accepted by the store, is neither rounded down to "no
-// lease" (stuck for ever, field case C08) nor up to a second (C09): it runs
+// lease" (stuck for ever) nor up to a second (seconds and milliseconds mixed): it runs
 // out by itself well within a second and the next Acquire takes over.
 func testLeaseOneMillisecond(t *testing.T, b *leaseBundle) {
 	c := b.consumer("c", idem.Config{Lease: idem.MinLease})

@@ -38,7 +38,7 @@ func (b *leaseBundle) fingerprintPaths(c *idem.LeaseConsumer) map[string]idem.Me
 	return ms
 }
 
-// Field case C12 in lease mode: a copy with another payload is a
+// a copy with another payload is a
 // FingerprintMismatch whatever state the record is in, and never runs the
 // handler; an expired or released record is not taken over by it (the
 // original payload then is); the stored fingerprint survives completion.
@@ -49,7 +49,7 @@ func testLeaseMismatchEveryPath(t *testing.T, b *leaseBundle) {
 	h := result(&calls, idem.Result{Body: []byte("changed")})
 	for _, name := range []string{"completed", "live", "expired", "released", "poison"} {
 		changed := idem.Message{ID: ms[name].ID, Payload: []byte(`{"amount":500}`)}
-		what := "C12: another payload, record " + name
+		what := "another payload, record " + name
 		out := b.process(what, c, changed, h, idem.FingerprintMismatch, idem.ErrFingerprintMismatch)
 		if !out.DeadLetter() || !idem.IsPermanent(out.Err) || len(out.Result) != 0 {
 			t.Errorf("%s: DeadLetter %v, IsPermanent %v, Result %q; want true, true and no result", what, out.DeadLetter(), idem.IsPermanent(out.Err), out.Result)

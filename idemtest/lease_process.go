@@ -76,7 +76,7 @@ func testLeaseReplay(t *testing.T, b *leaseBundle) {
 // Copies of one message delivered at once while the first handler is
 // running (blocked): exactly one runs the handler; every other copy returns
 // InProgress at once, with ErrInProgress, a RetryAfter within the lease,
-// and no ack (field cases C02, C03). After completion, copies are
+// and no ack. After completion, copies are
 // Duplicates.
 func testLeaseConcurrentSameMessage(t *testing.T, b *leaseBundle) {
 	c := b.consumer("c", idem.Config{})
@@ -130,7 +130,7 @@ func testLeaseConcurrentSameMessage(t *testing.T, b *leaseBundle) {
 			b.wantAttempt(what+" (attempts so far)", o, 1)
 		}
 	}
-	b.wantCalls("C03: the handler's external counter", &calls, 1)
+	b.wantCalls("the handler's external counter", &calls, 1)
 	for i := range 3 {
 		out := b.process(fmt.Sprintf("redelivery %d after completion", i+1), c, msg, h, idem.Duplicate, nil)
 		b.wantResult("redelivery after completion", out.Result, out.ContentType, want)
@@ -317,7 +317,7 @@ func testLeaseIDsByteForByte(t *testing.T, b *leaseBundle) {
 	}
 }
 
-// Field case C14 in lease mode: consumers of one event (names compared
+// consumers of one event (names compared
 // byte for byte) each process it once, and keep their own results.
 func testLeaseTwoConsumers(t *testing.T, b *leaseBundle) {
 	names := []string{"billing", "shipping", "Billing"}

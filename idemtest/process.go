@@ -158,7 +158,7 @@ func race(n int, fn func(i int)) {
 	done.Wait()
 }
 
-// Field case C03: concurrent copies of one message. Exactly one is
+// concurrent copies of one message. Exactly one is
 // Processed and runs the handler (whose counter lives outside the
 // transaction, like an e-mail or an HTTP call); the others wait for it and
 // are Duplicates.
@@ -182,7 +182,7 @@ func testConcurrentSameMessage[TTx any](t *testing.T, b *bundle[TTx]) {
 			t.Errorf("copy %d: err = %v, want nil", i, err)
 		}
 	}
-	b.wantCalls("C03: the handler's external counter", &calls, 1)
+	b.wantCalls("the handler's external counter", &calls, 1)
 	b.wantEffects("after the concurrent copies", c.Name(), msg.ID, 1)
 	b.wantRecords("after the concurrent copies", c.Name(), 1)
 }

@@ -56,7 +56,7 @@ func testJoinsCallerTx[TTx any](t *testing.T, b *bundle[TTx]) {
 	b.wantCalls("ProcessTx", &calls, 3)
 }
 
-// Field case C05: a duplicate claimed inside the caller's transaction does
+// a duplicate claimed inside the caller's transaction does
 // not abort it. The caller writes before and after the duplicate ProcessTx
 // in the same transaction, commits, and both writes are there. (On
 // PostgreSQL a caught unique violation would have aborted the transaction.)
@@ -75,14 +75,14 @@ func testDuplicateKeepsTxUsable[TTx any](t *testing.T, b *bundle[TTx]) {
 	out, err := c.ProcessTx(b.ctx, tx, msg, h)
 	b.wantOutcome("ProcessTx of a processed message", msg.ID, out, err, idem.Duplicate, nil)
 	if err := b.s.WriteEffect(b.ctx, tx, after); err != nil {
-		t.Errorf("C05: WriteEffect after a duplicate ProcessTx in the same transaction: %v (the duplicate aborted the transaction)", err)
+		t.Errorf("WriteEffect after a duplicate ProcessTx in the same transaction: %v (the duplicate aborted the transaction)", err)
 	}
 	if err := b.s.Store.Commit(b.ctx, tx); err != nil {
-		t.Errorf("C05: Commit after a duplicate ProcessTx: %v (the duplicate aborted the transaction)", err)
+		t.Errorf("Commit after a duplicate ProcessTx: %v (the duplicate aborted the transaction)", err)
 		_ = b.s.Store.Rollback(b.ctx, tx)
 	}
-	b.wantEffectKey("C05: the write before the duplicate", before, 1)
-	b.wantEffectKey("C05: the write after the duplicate", after, 1)
+	b.wantEffectKey("the write before the duplicate", before, 1)
+	b.wantEffectKey("the write after the duplicate", after, 1)
 	b.wantCalls("after the duplicate", &calls, 1)
 	b.wantEffects("after the duplicate", c.Name(), msg.ID, 1)
 	b.wantRecords("after the duplicate", c.Name(), 1)

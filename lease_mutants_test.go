@@ -1,4 +1,4 @@
-package idemtest_test
+package idem_test
 
 import (
 	"context"
@@ -23,17 +23,17 @@ type leaseMutant struct {
 }
 
 var leaseMutants = []leaseMutant{
-	{"LeaseInSeconds", "Expiry/TimeUnits", // field case C09
+	{"LeaseInSeconds", "Expiry/TimeUnits",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &secondsLease{s} }},
-	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner", // C08
+	{"IgnoresFencingToken", "Expiry/TakeoverFencesStaleOwner",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &latestToken{MemoryStore: s} }},
-	{"IgnoresLiveLease", "Process/ConcurrentSameMessage", // C02, C03
+	{"IgnoresLiveLease", "Process/ConcurrentSameMessage",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &alwaysExpired{s} }},
-	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim", // C08, lease too short
+	{"RenewDoesNothing", "Expiry/RenewalKeepsClaim",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &noRenew{s} }},
 	{"ReleaseForgetsAttempts", "Failure/PoisonAfterMaxAttempts",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &forgetfulRelease{MemoryStore: s} }},
-	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath", // C12
+	{"EchoesFingerprint", "Fingerprint/MismatchOnEveryPath",
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &echoLeaseFingerprint{s} }},
 	{"TruncatesResults", "Process/ClaimCompleteReplay", // a 64 KiB BLOB column
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &truncatedResults{s} }},
@@ -75,14 +75,14 @@ func TestLeaseMutant(t *testing.T) {
 		return &idemtest.LeaseSetup{
 			Store: m.wrap(store),
 			ExpireLease: func(_ context.Context, consumer, id string) error {
-				if !store.ExpireLease(consumer, id) {
+				if !idem.ExpireLease(store, consumer, id) {
 					return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
 				}
 				return nil
 			},
-			CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
-			AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
-				store.AgeRecords(consumer, ids, d)
+			CountRecords: func(_ context.Context, consumer string) (int, error) { return idem.CountRecords(store, consumer), nil },
+			Shift: func(_ context.Context, consumer string, d time.Duration) error {
+				idem.Shift(store, consumer, d)
 				return nil
 			},
 		}
@@ -158,7 +158,7 @@ func (s *latestToken) SaveStep(ctx context.Context, p *idemdriver.StepParams) er
 type alwaysExpired struct{ *idem.MemoryStore }
 
 func (s *alwaysExpired) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
-	s.ExpireLease(p.Consumer, p.MessageID)
+	idem.ExpireLease(s.MemoryStore, p.Consumer, p.MessageID)
 	return s.MemoryStore.Acquire(ctx, p)
 }
 
@@ -200,7 +200,7 @@ func (s *forgetfulRelease) Acquire(ctx context.Context, p *idemdriver.AcquirePar
 }
 
 // echoLeaseFingerprint reports the caller's fingerprint for an existing
-// record instead of the stored one (field case C12).
+// record instead of the stored one.
 type echoLeaseFingerprint struct{ *idem.MemoryStore }
 
 func (s *echoLeaseFingerprint) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
