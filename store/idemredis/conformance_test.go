@@ -13,7 +13,6 @@ func (b *testBundle) leaseSetup() *idemtest.LeaseSetup {
 		Store:        b.store,
 		ExpireLease:  b.store.ExpireLease,
 		CountRecords: b.store.CountRecords,
-		AgeRecords:   b.store.AgeRecords,
 		Shift:        b.store.Shift,
 	}
 }

@@ -35,7 +35,7 @@
 // they share one hash slot:
 //
 //	idem:{payments}:done    sorted set: the retention index (message ID, scored by finish time)
-//	idem:{payments}:runs    sorted set: the consumer's runs ("start:end" in ms, scored by end)
+//	idem:{payments}:runs    sorted set: the consumer's runs ("start:end" in µs, scored by end)
 //	idem:{payments}:purge   string: the purge lock, with a TTL
 //
 // Inside a tag, '%', '{', '}', the C0 control bytes (0x1F among them) and
@@ -87,12 +87,16 @@
 // # Clock
 //
 // Every time is the Redis server's, read by the scripts with TIME and kept
-// in milliseconds since the Unix epoch: one unit for every stored time,
-// every lease, every run and every comparison. A lease (and a MaxGap) is
-// sent in whole milliseconds, rounded up, so a lease under a millisecond
-// is one millisecond, never zero; a lease that is not positive is refused
-// with [idemdriver.ErrInvalidConfig]. A lease ending at the server's now
-// has run out. The only key with a TTL, the purge lock, is set with PX,
+// in milliseconds since the Unix epoch: one unit for every record time,
+// every lease and every comparison of them. The consumer's runs alone are
+// kept in microseconds, TIME's own resolution, with their MaxGap in
+// microseconds too (rounded up), so that two marks within one millisecond
+// are still distinct runs in order; purge horizons are rounded up to the
+// unit of what they are compared with, so "before the horizon" is exact.
+// A lease is sent in whole milliseconds, rounded up, so a lease under a
+// millisecond is one millisecond, never zero; a lease that is not positive
+// is refused with [idemdriver.ErrInvalidConfig]. A lease ending at the
+// server's now has run out. The only key with a TTL, the purge lock, is set with PX,
 // never EX. The application's clock is never written.
 //
 // # Validation

@@ -26,7 +26,7 @@ const (
 	PurgeSuffix = purgeSuffix
 )
 
-// CeilMillis exposes the rounding of leases and gaps.
+// CeilMillis exposes the rounding of leases.
 func CeilMillis(d time.Duration) int64 { return ceilMillis(d) }
 
 // CeilUnixMilli exposes the rounding of purge horizons.
@@ -105,20 +105,22 @@ return #z / 2
 
 var shiftRunsScript = redis.NewScript(`
 local d = tonumber(ARGV[1])
+local function us(x) return string.format('%.0f', x) end
 local runs = redis.call('ZRANGE', KEYS[1], 0, -1)
 redis.call('DEL', KEYS[1])
 for _, m in ipairs(runs) do
 	local s, e = string.match(m, '^(%-?%d+):(%-?%d+)$')
 	s, e = tonumber(s) - d, tonumber(e) - d
-	redis.call('ZADD', KEYS[1], e, s .. ':' .. e)
+	redis.call('ZADD', KEYS[1], us(e), us(s) .. ':' .. us(e))
 end
 return #runs
 `)
 
 // Shift moves every time recorded for consumer back by d (whole
-// milliseconds): its records' created, updated, finished and lease times,
-// their retention index scores, and its runs, as if all of it had happened
-// d earlier and the consumer had not run since: the idemtest Shift hook.
+// milliseconds for records, microseconds for runs): its records' created,
+// updated, finished and lease times, their retention index scores, and its
+// runs, as if all of it had happened d earlier and the consumer had not
+// run since: the idemtest Shift hook.
 func (s *Store) Shift(ctx context.Context, consumer string, d time.Duration) error {
 	ms := d.Milliseconds()
 	keys, err := s.recordKeys(ctx, consumer)
@@ -133,14 +135,14 @@ func (s *Store) Shift(ctx context.Context, consumer string, d time.Duration) err
 	if err := shiftIndexScript.Run(ctx, s.client, []string{s.consumerKey(consumer, doneSuffix)}, ms).Err(); err != nil {
 		return err
 	}
-	return shiftRunsScript.Run(ctx, s.client, []string{s.consumerKey(consumer, runsSuffix)}, ms).Err()
+	return shiftRunsScript.Run(ctx, s.client, []string{s.consumerKey(consumer, runsSuffix)}, d.Microseconds()).Err()
 }
 
-// AddRun records a run of consumer from start to end (milliseconds), as
+// AddRun records a run of consumer from start to end (microseconds), as
 // MarkRunning calls would have.
 func (s *Store) AddRun(ctx context.Context, consumer string, start, end time.Time) error {
-	m := fmt.Sprintf("%d:%d", start.UnixMilli(), end.UnixMilli())
-	return s.client.ZAdd(ctx, s.consumerKey(consumer, runsSuffix), redis.Z{Score: float64(end.UnixMilli()), Member: m}).Err()
+	m := fmt.Sprintf("%d:%d", start.UnixMicro(), end.UnixMicro())
+	return s.client.ZAdd(ctx, s.consumerKey(consumer, runsSuffix), redis.Z{Score: float64(end.UnixMicro()), Member: m}).Err()
 }
 
 // CountRecords counts consumer's record hashes, whatever their state, by

@@ -8,7 +8,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 )
 
-// ceilMillis converts a positive duration (a lease, a MaxGap) to whole
+// ceilMillis converts a positive duration (a lease) to whole
 // milliseconds, rounding up, so that a lease shorter than a millisecond is
 // one millisecond: a lease stored as zero would have run out at once, and
 // no lease may ever mean "no expiry".

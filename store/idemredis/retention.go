@@ -29,10 +29,11 @@ var errSessionClosed = errors.New("idemredis: purge session already closed")
 
 // MarkRunning implements [idemdriver.Retainer], by the Redis server's
 // clock (TIME inside the script): the consumer's newest run is extended to
-// now when it ended no more than p.MaxGap (rounded up to a millisecond)
+// now when it ended no more than p.MaxGap (rounded up to a microsecond)
 // ago, and otherwise a new run [now, now] is added; a MaxGap of zero
-// always adds one. The runs are a sorted set under the consumer's hash tag
-// (see the package doc). Invalid parameters are refused before any
+// always adds one. The runs are a sorted set under the consumer's hash
+// tag, in microseconds (see the package doc); two runs [now, now] of one
+// microsecond are one. Invalid parameters are refused before any
 // command, with the errors of [idemdriver.ValidateMarkRunningParams].
 func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
 	if err := idemdriver.ValidateMarkRunningParams(p); err != nil {
@@ -41,7 +42,7 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := markRunningScript.Run(ctx, s.client, []string{s.consumerKey(p.Consumer, runsSuffix)}, ceilMillis(p.MaxGap)).Err()
+	err := markRunningScript.Run(ctx, s.client, []string{s.consumerKey(p.Consumer, runsSuffix)}, ceilMicros(p.MaxGap)).Err()
 	if err != nil {
 		return fmt.Errorf("idemredis: mark running: %w", err)
 	}
@@ -127,7 +128,7 @@ func (ps *purgeSession) refresh(ctx context.Context) error {
 }
 
 // Runs implements [idemdriver.PurgeSession]: the consumer's runs, by the
-// server's clock in milliseconds, oldest start first.
+// server's clock in microseconds, oldest start first.
 func (ps *purgeSession) Runs(ctx context.Context) ([]idemdriver.Run, error) {
 	if err := ps.refresh(ctx); err != nil {
 		return nil, err
@@ -142,7 +143,7 @@ func (ps *purgeSession) Runs(ctx context.Context) ([]idemdriver.Run, error) {
 		if !ok {
 			return nil, fmt.Errorf("idemredis: purge: malformed run %q in %s", m, ps.runs)
 		}
-		runs = append(runs, idemdriver.Run{Start: time.UnixMilli(start).UTC(), End: time.UnixMilli(end).UTC()})
+		runs = append(runs, idemdriver.Run{Start: time.UnixMicro(start).UTC(), End: time.UnixMicro(end).UTC()})
 	}
 	slices.SortStableFunc(runs, func(a, b idemdriver.Run) int {
 		return cmp.Or(a.Start.Compare(b.Start), a.End.Compare(b.End))
@@ -150,7 +151,7 @@ func (ps *purgeSession) Runs(ctx context.Context) ([]idemdriver.Run, error) {
 	return runs, nil
 }
 
-// parseRun reads a runs member, "start:end" in milliseconds.
+// parseRun reads a runs member, "start:end" in microseconds.
 func parseRun(m string) (start, end int64, ok bool) {
 	a, b, found := strings.Cut(m, ":")
 	if !found {
@@ -269,9 +270,9 @@ func (ps *purgeSession) PruneRuns(ctx context.Context, t time.Time) error {
 	if err := ps.refresh(ctx); err != nil {
 		return err
 	}
-	// End < t in nanoseconds is end_ms < ceil(t in ms), ends being whole
-	// milliseconds.
-	max := "(" + strconv.FormatInt(ceilUnixMilli(t), 10)
+	// End < t in nanoseconds is end_us < ceil(t in µs), ends being whole
+	// microseconds.
+	max := "(" + strconv.FormatInt(ceilUnixMicro(t), 10)
 	if err := ps.s.client.ZRemRangeByScore(ctx, ps.runs, "-inf", max).Err(); err != nil {
 		return fmt.Errorf("idemredis: purge: prune runs: %w", err)
 	}
@@ -370,6 +371,25 @@ func ceilUnixMilli(t time.Time) int64 {
 		ms++
 	}
 	return ms
+}
+
+// ceilUnixMicro is ceilUnixMilli in microseconds, for runs.
+func ceilUnixMicro(t time.Time) int64 {
+	us := t.UnixMicro()
+	if time.UnixMicro(us).Before(t) {
+		us++
+	}
+	return us
+}
+
+// ceilMicros converts a duration that is not negative (a MaxGap) to whole
+// microseconds, rounding up.
+func ceilMicros(d time.Duration) int64 {
+	us := int64(d / time.Microsecond)
+	if d%time.Microsecond > 0 {
+		us++
+	}
+	return us
 }
 
 // firstErr returns the first error among cmds.

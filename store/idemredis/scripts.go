@@ -182,13 +182,17 @@ end
 return 0
 `)
 
-// markRunningScript: KEYS consumer runs; ARGV max gap (ms, 0 for none).
-// The runs are a sorted set whose members are "start:end" (milliseconds)
-// scored by end, so the newest run is the last. If it ended no more than
-// the max gap before now it is extended to now (1); otherwise, and always
-// with a max gap of 0, a run [now, now] is added (2).
-var markRunningScript = redis.NewScript(luaPrelude + `
-local now = now_ms()
+// markRunningScript: KEYS consumer runs; ARGV max gap (µs, 0 for none).
+// The runs are a sorted set whose members are "start:end" in microseconds
+// (TIME's resolution, so that marks in one millisecond still make distinct
+// runs) scored by end, so the newest run is the last. If it ended no more
+// than the max gap before now it is extended to now (1); otherwise, and
+// always with a max gap of 0, a run [now, now] is added (2). Numbers are
+// written with %.0f: Lua's default format would round 16 digits.
+var markRunningScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function us(x) return string.format('%.0f', x) end
 local gap = tonumber(ARGV[1])
 if gap > 0 then
 	local last = redis.call('ZRANGE', KEYS[1], -1, -1)[1]
@@ -198,12 +202,12 @@ if gap > 0 then
 		if e and now <= e + gap then
 			if now > e then
 				redis.call('ZREM', KEYS[1], last)
-				redis.call('ZADD', KEYS[1], now, s .. ':' .. now)
+				redis.call('ZADD', KEYS[1], us(now), s .. ':' .. us(now))
 			end
 			return 1
 		end
 	end
 end
-redis.call('ZADD', KEYS[1], now, now .. ':' .. now)
+redis.call('ZADD', KEYS[1], us(now), us(now) .. ':' .. us(now))
 return 2
 `)
