@@ -2,7 +2,7 @@
 // (github.com/redis/go-redis/v9): an [idemdriver.LeaseStore], for handlers whose
 // side effects are outside any database (an HTTP call, an email). Redis has
 // no transaction a handler could share, so lease mode is its only mode:
-// [idem.LeaseConsumer] claims a message with a lease and a fencing token,
+// idem.LeaseConsumer (package github.com/idem-go/idem) claims a message with a lease and a fencing token,
 // renews it while the handler runs, and completes it with the handler's
 // result only while the token still owns the record.
 //
@@ -134,7 +134,7 @@
 //
 // # Retention
 //
-// The retention policy is idem's ([idem.Purge]): a settled record is
+// The retention policy is idem's (idem.Purge): a settled record is
 // deleted once its consumer has been running for the retention window
 // since the record was written, so downtime never counts. The store keeps
 // what that needs and deletes what it is told to, as an

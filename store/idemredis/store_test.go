@@ -198,7 +198,7 @@ func TestTakeoverAfterNaturalExpiry(t *testing.T) {
 	}
 }
 
-// Field case C09: one unit, milliseconds, end to end. The stored lease is
+// One time unit, milliseconds, end to end. The stored lease is
 // exactly the lease in milliseconds (rounded up, never to zero), no key
 // gets a TTL (no EX anywhere), and at the boundaries a lease ending one
 // minute from now is live with about a minute left, a lease ending now
@@ -405,8 +405,7 @@ func TestResultsByteExact(t *testing.T) {
 	}
 }
 
-// Field case C12, lifecycle variant: completion updates fields and keeps
-// the fingerprint (and attempt, created time and steps), so after a
+// Completion updates fields and keeps the fingerprint (and attempt, created time and steps), so after a
 // restart (a new Store and consumer, nothing cached) the same payload is
 // a Duplicate and another payload a FingerprintMismatch.
 func TestCompleteKeepsFingerprint(t *testing.T) {
