@@ -63,9 +63,9 @@ type Config struct {
 	MaxIDLength int
 	// MismatchPolicy is the fingerprint mismatch policy. Defaults to RejectMismatch.
 	MismatchPolicy MismatchPolicy
-	// RetentionWindow is how long processed IDs are kept, counted back from
-	// the consumer's newest record. Make it longer than the broker's longest
-	// redelivery horizon. Defaults to DefaultRetentionWindow (7 days).
+	// RetentionWindow is how long processed IDs are kept, in running time of
+	// the consumer (time it was not running does not count; see [Purge]).
+	// Make it longer than the broker's longest redelivery horizon. Defaults to DefaultRetentionWindow (7 days).
 	RetentionWindow time.Duration
 	// PurgeInterval is the period of the background purge loop started by
 	// NewConsumer and stopped by Close, with 10% jitter. Defaults to

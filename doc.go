@@ -37,10 +37,18 @@
 //
 // # Retention
 //
-// Records are kept for a retention window (7 days by default) counted back
-// from the consumer's newest record, then purged in bounded batches by one
-// cleaner at a time: by [Consumer.Purge], or by the background loop that
-// [NewConsumer] starts and [Consumer.Close] stops.
+// A processed record is deleted only after its consumer has been running
+// for at least the retention window (7 days by default) since the record
+// was written. Time in which the consumer was not running does not count,
+// whatever new messages arrive after a restart and whichever process runs
+// the purge, so the redeliveries of a downtime of any length are still
+// duplicates. A running Consumer or LeaseConsumer records its runs in the
+// store (at start, then every heartbeat: a tenth of the window, between 1s
+// and 1m; a start, or a heartbeat more than three intervals late, begins a
+// new run), and [Purge] sums them backwards from the newest to find the
+// horizon ([RetentionHorizon]). Records go in bounded batches, one cleaner
+// at a time: by [Consumer.Purge], by `idem purge`, or by the background
+// loop that [NewConsumer] starts and [Consumer.Close] stops.
 //
 // # Observing
 //
