@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -14,7 +13,9 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/idemredis"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -30,14 +31,13 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
+		if testenv.Required() {
 			t.Fatalf("redis-server not found (required: IDEM_TEST_REQUIRE_ALL=1): %v", err)
 		}
 		t.Skipf("redis-server not found, so no Redis Cluster to test on: %v", err)
 	}
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := t.Context()
 	addrs := make([]string, clusterNodes)
 	nodes := make([]*redis.Client, clusterNodes)
 	for i, port := range freeClusterPorts(t, clusterNodes) {
@@ -58,14 +58,14 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: addrs[i]})
 		t.Cleanup(func() { _ = nodes[i].Close() })
 	}
-	waitUntil(t, ctx, "the cluster nodes answering PING", func() bool {
+	testenv.Eventually(t, time.Minute, "the cluster nodes answering PING", func() bool {
 		for _, n := range nodes {
 			if n.Ping(ctx).Err() != nil {
 				return false
 			}
 		}
 		return true
-	})
+	}, nil)
 	for i, n := range nodes {
 		if i > 0 {
 			host, port, _ := net.SplitHostPort(addrs[i])
@@ -78,7 +78,7 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
 		}
 	}
-	waitUntil(t, ctx, "cluster_state:ok on every node", func() bool {
+	testenv.Eventually(t, time.Minute, "cluster_state:ok on every node", func() bool {
 		for _, n := range nodes {
 			info, err := n.ClusterInfo(ctx).Result()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") ||
@@ -87,10 +87,10 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 			}
 		}
 		return true
-	})
+	}, nil)
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = cc.Close() })
-	waitUntil(t, ctx, "the cluster client seeing every primary", func() bool {
+	testenv.Eventually(t, time.Minute, "the cluster client seeing every primary", func() bool {
 		var mu sync.Mutex
 		seen := 0
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
@@ -104,7 +104,7 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 			return false
 		}
 		return true
-	})
+	}, nil)
 	return cc
 }
 
@@ -137,21 +137,11 @@ func freeClusterPorts(t *testing.T, n int) []int {
 	return ports
 }
 
-func waitUntil(t *testing.T, ctx context.Context, what string, ok func() bool) {
-	t.Helper()
-	for !ok() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // TestCluster runs the store on a Redis Cluster of three primaries: the
 // lease conformance suite (any script touching keys of two slots would
-// fail with CROSSSLOT), one consumer's records spread over the primaries,
-// and a purge whose records and index live on different nodes.
+// fail with CROSSSLOT), one consumer's records spread over the primaries
+// while its index, runs and purge lock share one slot, and a purge whose
+// records and index live on different nodes.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -167,22 +157,54 @@ func TestCluster(t *testing.T) {
 
 	t.Run("Conformance", func(t *testing.T) {
 		t.Parallel()
-		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
-			return setup(t, cc).leaseSetup()
-		}})
+		clusterConformance(t, cc)
+	})
+
+	t.Run("ConsumerKeysShareASlot", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, cc)
+		for _, consumer := range []string{"c", "payments", "a{b}", "x\u00e9"} {
+			var slots []int64
+			for _, suffix := range []string{idemredis.DoneSuffix, idemredis.RunsSuffix, idemredis.PurgeSuffix} {
+				k := b.store.ConsumerKey(consumer, suffix)
+				slot, err := cc.ClusterKeySlot(b.ctx, k).Result()
+				if err != nil {
+					t.Fatalf("CLUSTER KEYSLOT %q: %v", k, err)
+				}
+				if int(slot) != keySlot(k) {
+					t.Errorf("%q: the server puts %q in slot %d, keySlot says %d", consumer, k, slot, keySlot(k))
+				}
+				slots = append(slots, slot)
+			}
+			if slots[0] != slots[1] || slots[1] != slots[2] {
+				t.Errorf("%q: index, runs and lock in slots %v, want one slot", consumer, slots)
+			}
+		}
+		// A purge and the runs work on the cluster: each script touches
+		// one slot.
+		if err := b.store.MarkRunning(b.ctx, &idemdriver.MarkRunningParams{Consumer: "c"}); err != nil {
+			t.Fatal(err)
+		}
+		if runs := b.runs(t, "c"); len(runs) != 1 {
+			t.Errorf("runs on the cluster: %v, want 1", runs)
+		}
 	})
 
 	t.Run("RecordsSpreadAndPurge", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, cc)
-		ids := b.seed(t, "c", "m-", 60)
+		old := b.seed(t, "c", "old-", 50)
+		b.shift(t, "c", 8*day)
+		ids := append(old, b.seed(t, "c", "new-", 10)...)
+		now := b.serverNow(t)
+		b.addRun(t, "c", now.Add(-8*day-time.Minute), now)
 		var mu sync.Mutex
 		perNode := map[string]int{}
 		err := cc.ForEachMaster(b.ctx, func(ctx context.Context, c *redis.Client) error {
 			iter := c.Scan(ctx, 0, b.prefix+"*", 1000).Iterator()
 			n := 0
 			for iter.Next(ctx) {
-				if !strings.HasSuffix(iter.Val(), ":steps") && !strings.HasSuffix(iter.Val(), ":done") {
+				if k := iter.Val(); !strings.HasSuffix(k, idemredis.StepsSuffix) && !strings.HasSuffix(k, idemredis.DoneSuffix) && !strings.HasSuffix(k, idemredis.RunsSuffix) {
 					n++
 				}
 			}
@@ -204,9 +226,8 @@ func TestCluster(t *testing.T) {
 		if total != len(ids) || nonEmpty < 2 {
 			t.Errorf("records per primary %v: want %d in all, on more than one primary", perNode, len(ids))
 		}
-		b.age(t, "c", ids[:50], 8*day)
 		var calls []int64
-		res, err := b.store.Purge(b.ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * day, BatchSize: 20, OnBatch: func(n int64) { calls = append(calls, n) }})
+		res, err := idem.Purge(b.ctx, b.store, idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * day, BatchSize: 20, OnBatch: func(n int64) { calls = append(calls, n) }})
 		if err != nil || res.Deleted != 50 || fmt.Sprint(calls) != "[20 40 50]" {
 			t.Errorf("purge on the cluster: %+v, %v, OnBatch %v; want 50 deleted in [20 40 50]", res, err, calls)
 		}

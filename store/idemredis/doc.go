@@ -2,7 +2,7 @@
 // (github.com/redis/go-redis/v9): an [idemdriver.LeaseStore], for handlers whose
 // side effects are outside any database (an HTTP call, an email). Redis has
 // no transaction a handler could share, so lease mode is its only mode:
-// [idem.LeaseConsumer] claims a message with a lease and a fencing token,
+// idem.LeaseConsumer (package github.com/idem-go/idem) claims a message with a lease and a fencing token,
 // renews it while the handler runs, and completes it with the handler's
 // result only while the token still owns the record.
 //
@@ -31,9 +31,11 @@
 //	idem:{payments\x1Fpay-1}         hash: the record
 //	idem:{payments\x1Fpay-1}:steps   hash: its recovery points, step name -> result
 //
-// and a consumer has two keys of its own, tagged with its name alone:
+// and a consumer has three keys of its own, tagged with its name alone, so
+// they share one hash slot:
 //
 //	idem:{payments}:done    sorted set: the retention index (message ID, scored by finish time)
+//	idem:{payments}:runs    sorted set: the consumer's runs ("start:end" in µs, scored by end)
 //	idem:{payments}:purge   string: the purge lock, with a TTL
 //
 // Inside a tag, '%', '{', '}', the C0 control bytes (0x1F among them) and
@@ -66,16 +68,18 @@
 //     the recovery points); or returns the record's state, attempt count,
 //     fingerprint, remaining lease, result, content type and last error.
 //     The fingerprint is returned on every path, so the consumer compares
-//     it whatever the state (field case C12).
+//     it whatever the state: a redelivery with another payload is a
+//     mismatch even after completion.
 //   - Renew, Complete, Release and SaveStep first check, in the script,
 //     that the caller's token owns the record: in progress, same token, not
 //     released. An attempt whose lease expired still owns the record until
 //     another attempt takes over, so a late finisher's work is kept. When
 //     the token does not own it the script changes nothing and answers why;
-//     the store returns an error matching [idem.ErrLeaseLost] that says so.
+//     the store returns an error matching [idemdriver.ErrLeaseLost] that says so.
 //   - Complete sets the state, result and content type with HSET, field by
-//     field: the fingerprint, attempt count and recovery points stay (the
-//     lifecycle variant of field case C12). Release ends the lease now and
+//     field: the fingerprint, attempt count and recovery points stay, so a
+//     completed record still tells another payload from the same one.
+//     Release ends the lease now and
 //     keeps the error text; a terminal Release makes the record failed.
 //     SaveStep is HSETNX on the steps hash: a step saved twice keeps its
 //     first result.
@@ -83,13 +87,28 @@
 // # Clock
 //
 // Every time is the Redis server's, read by the scripts with TIME and kept
-// in milliseconds since the Unix epoch: one unit for every stored time,
-// every lease and every comparison (field case C09). A lease is sent in
-// whole milliseconds, rounded up, so a lease under a millisecond is one
-// millisecond, never zero (field case C08); a lease that is not positive
-// is refused with [idem.ErrInvalidConfig]. A lease ending at the server's
-// now has run out. The only key with a TTL, the purge lock, is set with
-// PX, never EX. The application's clock is never written.
+// in milliseconds since the Unix epoch: one unit for every record time,
+// every lease and every comparison of them. The consumer's runs alone are
+// kept in microseconds, TIME's own resolution, with their MaxGap in
+// microseconds too (rounded up), so that two marks within one millisecond
+// are still distinct runs in order; purge horizons are rounded up to the
+// unit of what they are compared with, so "before the horizon" is exact.
+// A lease is sent in whole milliseconds, rounded up, so a lease under a
+// millisecond is one millisecond, never zero; a lease that is not positive
+// is refused with [idemdriver.ErrInvalidConfig]. A lease ending at the
+// server's now has run out. The only key with a TTL, the purge lock, is set with PX,
+// never EX. The application's clock is never written.
+//
+// # Validation
+//
+// Every exported method checks its parameters with the Validate functions
+// of package idemdriver before it sends any command (consumer names and
+// message IDs, fingerprints, tokens, leases, step names, MaxGap, purge
+// horizons and batch limits) and returns their errors, matching
+// [idemdriver.ErrInvalidConsumerName], [idemdriver.ErrInvalidMessageID],
+// [idemdriver.ErrMissingMessageID], [idemdriver.ErrInvalidPayload],
+// [idemdriver.ErrInvalidConfig] or, for a token that is not positive,
+// [idemdriver.ErrLeaseLost].
 //
 // # Redis Cluster
 //
@@ -101,8 +120,9 @@
 // record that is completed or failed is always in the index, whatever
 // fails between the two commands. What such a failure can leave is an
 // index entry for a record still in progress (or one a stale owner's
-// Complete wrote after a takeover): Purge skips it, and a later completion
-// scores it again. An entry whose record is gone is removed by Purge.
+// Complete wrote after a takeover): the purge skips it, and a later
+// completion scores it again. An entry whose record is gone is removed by
+// the purge.
 // Two commands cost Complete and a terminal Release a second network round
 // trip; Acquire, Renew, SaveStep and a retryable Release take one.
 //
@@ -114,23 +134,32 @@
 //
 // # Retention
 //
-// [Store.Purge] deletes a consumer's completed and failed records whose
-// index score is before the horizon: the consumer's newest score (its
-// latest completion or failure) minus the retention window. The horizon
-// follows the consumer's activity, not the clock, so a consumer that was
-// down for longer than the window keeps its history (downtime-safe).
-// In_progress records are never deleted. The purge reads the index in
-// batches of PurgeParams.BatchSize, deletes each batch's records (one
-// script per record, in one pipeline) with their recovery points, then
-// removes their index entries, each only if its score has not changed
-// meanwhile. One cleaner runs at a time per prefix and consumer, under a
-// lock taken with SET NX PX, extended after each batch, deleted by its
-// holder at the end, and expiring 30 seconds after a cleaner that died.
-// Another cleaner gets [idem.ErrPurgeInProgress].
+// The retention policy is idem's (idem.Purge): a settled record is
+// deleted once its consumer has been running for the retention window
+// since the record was written, so downtime never counts. The store keeps
+// what that needs and deletes what it is told to, as an
+// [idemdriver.Retainer]:
+//   - [Store.MarkRunning] records, by the server's clock, that the
+//     consumer runs: one script on its runs key extends the newest run to
+//     now if it ended no more than MaxGap ago, or adds a run [now, now].
+//   - [Store.BeginPurge] takes the purge lock of the prefix and consumer
+//     (SET NX PX with a random holder value and a 30-second TTL), or
+//     returns [idemdriver.ErrPurgeInProgress] at once. The session extends
+//     the lock at the start of every call and deletes it on Close, by
+//     holder only; a cleaner that dies leaves it to expire.
+//   - The session's DeleteBatch reads at most its limit of the oldest
+//     index entries scored before the horizon, deletes their records
+//     (one script per record, pipelined) with their recovery points when
+//     they are completed or failed and their finish time is before the
+//     horizon, then removes the entries of deleted or vanished records,
+//     each only if its score has not changed meanwhile. In_progress
+//     records are never deleted; their entries stay and later batches
+//     read past them. CountBefore makes the same walk without deleting.
+//     PruneRuns deletes the runs that ended before the horizon.
 //
 // Records get no TTL, not even a generous safety one: Redis expiry follows
 // the wall clock, which would break downtime safety, and every finished
-// record is reachable by Purge (see Redis Cluster above). An in_progress
+// record is reachable by the purge (see Redis Cluster above). An in_progress
 // record that is never redelivered stays until it is deleted by hand, as
 // on every idem store.
 //

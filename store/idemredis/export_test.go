@@ -22,11 +22,15 @@ func (s *Store) ConsumerKey(consumer, suffix string) string { return s.consumerK
 const (
 	StepsSuffix = stepsSuffix
 	DoneSuffix  = doneSuffix
+	RunsSuffix  = runsSuffix
 	PurgeSuffix = purgeSuffix
 )
 
-// CeilMillis exposes the rounding of leases and windows.
+// CeilMillis exposes the rounding of leases.
 func CeilMillis(d time.Duration) int64 { return ceilMillis(d) }
+
+// CeilUnixMilli exposes the rounding of purge horizons.
+func CeilUnixMilli(t time.Time) int64 { return ceilUnixMilli(t) }
 
 var expireScript = redis.NewScript(luaPrelude + `
 local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
@@ -81,26 +85,91 @@ func (s *Store) AgeRecords(ctx context.Context, consumer string, ids []string, d
 	return nil
 }
 
+var shiftRecordScript = redis.NewScript(`
+local d = tonumber(ARGV[1])
+for _, f in ipairs({'created_ms', 'updated_ms', 'finished_ms', 'lease_until_ms'}) do
+	local v = redis.call('HGET', KEYS[1], f)
+	if v then redis.call('HSET', KEYS[1], f, tonumber(v) - d) end
+end
+return 1
+`)
+
+var shiftIndexScript = redis.NewScript(`
+local d = tonumber(ARGV[1])
+local z = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #z, 2 do
+	redis.call('ZADD', KEYS[1], tonumber(z[i + 1]) - d, z[i])
+end
+return #z / 2
+`)
+
+var shiftRunsScript = redis.NewScript(`
+local d = tonumber(ARGV[1])
+local function us(x) return string.format('%.0f', x) end
+local runs = redis.call('ZRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+for _, m in ipairs(runs) do
+	local s, e = string.match(m, '^(%-?%d+):(%-?%d+)$')
+	s, e = tonumber(s) - d, tonumber(e) - d
+	redis.call('ZADD', KEYS[1], us(e), us(s) .. ':' .. us(e))
+end
+return #runs
+`)
+
+// Shift moves every time recorded for consumer back by d (whole
+// milliseconds for records, microseconds for runs): its records' created,
+// updated, finished and lease times, their retention index scores, and its
+// runs, as if all of it had happened d earlier and the consumer had not
+// run since: the idemtest Shift hook.
+func (s *Store) Shift(ctx context.Context, consumer string, d time.Duration) error {
+	ms := d.Milliseconds()
+	keys, err := s.recordKeys(ctx, consumer)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := shiftRecordScript.Run(ctx, s.client, []string{k}, ms).Err(); err != nil {
+			return err
+		}
+	}
+	if err := shiftIndexScript.Run(ctx, s.client, []string{s.consumerKey(consumer, doneSuffix)}, ms).Err(); err != nil {
+		return err
+	}
+	return shiftRunsScript.Run(ctx, s.client, []string{s.consumerKey(consumer, runsSuffix)}, d.Microseconds()).Err()
+}
+
+// AddRun records a run of consumer from start to end (microseconds), as
+// MarkRunning calls would have.
+func (s *Store) AddRun(ctx context.Context, consumer string, start, end time.Time) error {
+	m := fmt.Sprintf("%d:%d", start.UnixMicro(), end.UnixMicro())
+	return s.client.ZAdd(ctx, s.consumerKey(consumer, runsSuffix), redis.Z{Score: float64(end.UnixMicro()), Member: m}).Err()
+}
+
 // CountRecords counts consumer's record hashes, whatever their state, by
 // scanning every primary for prefix{consumer␟*}.
 func (s *Store) CountRecords(ctx context.Context, consumer string) (int, error) {
+	keys, err := s.recordKeys(ctx, consumer)
+	return len(keys), err
+}
+
+// recordKeys returns the keys of consumer's record hashes, scanning every
+// primary for prefix{consumer␟*}.
+func (s *Store) recordKeys(ctx context.Context, consumer string) ([]string, error) {
 	var b strings.Builder
 	escape(&b, consumer)
 	pattern := globEscape(s.prefix+"{"+b.String()+string(idSeparator)) + "*}"
 	var mu sync.Mutex
-	n := 0
+	var keys []string
 	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
-		k := 0
 		for iter.Next(ctx) {
-			k++
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
 		}
-		mu.Lock()
-		n += k
-		mu.Unlock()
 		return iter.Err()
 	})
-	return n, err
+	return keys, err
 }
 
 // Keys returns every key under the Store's prefix.

@@ -4,37 +4,23 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/idemredis"
 	"github.com/redis/go-redis/v9"
 )
 
-const urlEnv = "IDEM_TEST_REDIS_URL"
-
-// testURL returns the test Redis URL, skipping the test when it is not set
-// (failing it under IDEM_TEST_REQUIRE_ALL=1).
-func testURL(tb testing.TB) string {
-	tb.Helper()
-	u := os.Getenv(urlEnv)
-	if u == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
-		}
-		tb.Skipf("missing environment variable %s; set it to a Redis URL such as redis://127.0.0.1:6379/0", urlEnv)
-	}
-	return u
-}
-
-// newClient opens a client on the test Redis, closed at cleanup.
+// newClient opens a client on the test Redis (testenv.RedisEnv), closed at
+// cleanup; the test skips without it, or fails under
+// IDEM_TEST_REQUIRE_ALL=1.
 func newClient(tb testing.TB) *redis.Client {
 	tb.Helper()
-	opts, err := redis.ParseURL(testURL(tb))
+	u := testenv.URL(tb, testenv.RedisEnv, "redis://127.0.0.1:6379/0")
+	opts, err := redis.ParseURL(u)
 	if err != nil {
-		tb.Fatalf("parse %s: %v", urlEnv, err)
+		tb.Fatalf("parse %s: %v", testenv.RedisEnv, err)
 	}
 	c := redis.NewClient(opts)
 	tb.Cleanup(func() { _ = c.Close() })
@@ -78,14 +64,4 @@ func setup(tb testing.TB, client redis.UniversalClient) *testBundle {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	tb.Cleanup(cancel)
 	return &testBundle{client: client, store: store, prefix: prefix, ctx: ctx}
-}
-
-// leaseSetup adapts a bundle to idemtest.
-func (b *testBundle) leaseSetup() *idemtest.LeaseSetup {
-	return &idemtest.LeaseSetup{
-		Store:        b.store,
-		ExpireLease:  b.store.ExpireLease,
-		CountRecords: b.store.CountRecords,
-		AgeRecords:   b.store.AgeRecords,
-	}
 }

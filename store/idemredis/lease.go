@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
-// ceilMillis converts a positive duration (a lease, a retention window)
-// to whole milliseconds, rounding up, so that a lease shorter than a
-// millisecond is one millisecond and never zero (field case C08: zero must
-// never mean "no expiry").
+// ceilMillis converts a positive duration (a lease) to whole
+// milliseconds, rounding up, so that a lease shorter than a millisecond is
+// one millisecond: a lease stored as zero would have run out at once, and
+// no lease may ever mean "no expiry".
 func ceilMillis(d time.Duration) int64 {
 	ms := int64(d / time.Millisecond)
 	if d%time.Millisecond > 0 {
@@ -24,14 +23,16 @@ func ceilMillis(d time.Duration) int64 {
 // Acquire implements [idemdriver.LeaseStore]: one script that creates the
 // record, takes over an in_progress record whose lease ended (expired or
 // released) when the fingerprint matches, or reports the record as it is.
-// A lease that is not positive is refused with an error matching
-// [idem.ErrInvalidConfig]; a lease is kept in whole milliseconds, rounded up.
+// Invalid parameters are refused before any command, with the errors of
+// [idemdriver.ValidateAcquireParams] (a lease that is not positive matches
+// [idemdriver.ErrInvalidConfig]); a lease is kept in whole milliseconds,
+// rounded up.
 func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	var res idemdriver.AcquireResult
-	if err := ctx.Err(); err != nil {
+	if err := idemdriver.ValidateAcquireParams(p); err != nil {
 		return res, err
 	}
-	if err := idemdriver.ValidateAcquireParams(p); err != nil {
+	if err := ctx.Err(); err != nil {
 		return res, err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
@@ -64,14 +65,14 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 
 // Renew implements [idemdriver.LeaseStore]: the lease of the attempt holding
 // p.Token ends p.Lease (rounded up to a millisecond) after the server's
-// now. A lease that is not positive is refused with an error matching
-// [idem.ErrInvalidConfig].
+// now. Invalid parameters are refused before any command, with the errors
+// of [idemdriver.ValidateRenewParams].
 func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
-	if err := ctx.Err(); err != nil {
+	if err := idemdriver.ValidateRenewParams(p); err != nil {
 		return err
 	}
-	if p.Lease <= 0 {
-		return fmt.Errorf("%w: idemredis: lease %v is not positive", idem.ErrInvalidConfig, p.Lease)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	v, err := renewScript.Run(ctx, s.client, []string{rk}, p.Token, ceilMillis(p.Lease)).Result()
@@ -83,9 +84,14 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 // then runs the fenced script that sets the record's state, result and
 // content type field by field: the fingerprint, attempt count and
 // recovery points stay. A completed record is therefore always in the
-// index; a Complete that fails after indexing leaves an entry that Purge
-// skips while the record is in progress.
+// index; a Complete that fails after indexing leaves an entry that the
+// purge skips while the record is in progress. Invalid parameters are
+// refused before any command, with the errors of
+// [idemdriver.ValidateCompleteParams].
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
+	if err := idemdriver.ValidateCompleteParams(p); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -99,8 +105,13 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 
 // Release implements [idemdriver.LeaseStore]: the lease ends now by the
 // server's clock and p.Error is kept; with p.Terminal the record becomes
-// failed, and is indexed for retention first, as in Complete.
+// failed, and is indexed for retention first, as in Complete. Invalid
+// parameters are refused before any command, with the errors of
+// [idemdriver.ValidateReleaseParams].
 func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
+	if err := idemdriver.ValidateReleaseParams(p); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -117,8 +128,13 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 }
 
 // SaveStep implements [idemdriver.LeaseStore]: HSETNX on the record's steps
-// hash, fenced by the token in the same script.
+// hash, fenced by the token in the same script. Invalid parameters are
+// refused before any command, with the errors of
+// [idemdriver.ValidateStepParams].
 func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
+	if err := idemdriver.ValidateStepParams(p); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -136,7 +152,7 @@ func (s *Store) index(ctx context.Context, op, consumer, id string) error {
 }
 
 // fenced turns the reply of a fenced script into nil, an error matching
-// idem.ErrLeaseLost that says why, or a store error.
+// idemdriver.ErrLeaseLost that says why, or a store error.
 func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: %s: %w", op, err)
@@ -161,7 +177,7 @@ func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) e
 		why = "the attempt was released"
 	}
 	return fmt.Errorf("%w: idemredis: %s of message %q (consumer %q) with token %d: %s",
-		idem.ErrLeaseLost, op, id, consumer, token, why)
+		idemdriver.ErrLeaseLost, op, id, consumer, token, why)
 }
 
 // reply reads a script's array reply; the first malformed element sets

@@ -3,8 +3,8 @@ package idemredis
 import "github.com/redis/go-redis/v9"
 
 // The Lua scripts. Each runs atomically on the Redis server and touches
-// only keys of one hash slot: a record's hash and its steps hash, or a
-// consumer's index and lock. Times are milliseconds since the Unix epoch
+// only keys of one hash slot: a record's hash and its steps hash, or one
+// of a consumer's keys (its index, its runs, its purge lock). Times are milliseconds since the Unix epoch
 // by the server's clock (TIME), the one unit of every stored time and of
 // every duration passed in; expiries are compared with >=, so a lease that
 // ends at now has run out.
@@ -16,7 +16,7 @@ import "github.com/redis/go-redis/v9"
 //
 // A fenced script (renew, complete, release, step) answers {1, ...} when
 // the token owns the record, and otherwise {0, state, token, released}
-// (state 0: no record), which the Go side turns into idem.ErrLeaseLost.
+// (state 0: no record), which the Go side turns into idemdriver.ErrLeaseLost.
 
 // luaPrelude defines what the scripts share.
 const luaPrelude = `
@@ -125,15 +125,19 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 return now
 `)
 
-// purgeRecordScript: KEYS record, steps; ARGV "1" to delete, "0" to only
-// look. Returns 0 when there is no record, 1 when it is completed or
-// failed (and was deleted, with its steps), 2 when it is in progress (and
-// stays).
+// purgeRecordScript: KEYS record, steps; ARGV horizon (ms), "1" to
+// delete or "0" to only look. Returns 0 when there is no record, 1 when it
+// is completed or failed and was written before the horizon (and, with
+// "1", was deleted with its steps), 2 when it stays: in progress, however
+// old, or written at or after the horizon. A record's time is finished_ms,
+// the time of the Complete or terminal Release that settled it.
 var purgeRecordScript = redis.NewScript(`
-local state = tonumber(redis.call('HGET', KEYS[1], 'state'))
+local r = redis.call('HMGET', KEYS[1], 'state', 'finished_ms', 'updated_ms')
+local state = tonumber(r[1])
 if not state then return 0 end
-if state == 2 or state == 3 then
-	if ARGV[1] == '1' then redis.call('UNLINK', KEYS[1], KEYS[2]) end
+local at = tonumber(r[2]) or tonumber(r[3]) or 0
+if (state == 2 or state == 3) and at < tonumber(ARGV[1]) then
+	if ARGV[2] == '1' then redis.call('UNLINK', KEYS[1], KEYS[2]) end
 	return 1
 end
 return 2
@@ -155,10 +159,17 @@ return n
 `)
 
 // lockRefreshScript: KEYS lock; ARGV holder, ttl (ms). Extends the lock
-// if holder still holds it: 1, else 0.
+// if holder holds it, or takes it again if it expired and nobody else
+// took it: 1; when another holder has it: 0.
 var lockRefreshScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-	return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	return 1
+end
+if not v then
+	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+	return 1
 end
 return 0
 `)
@@ -169,4 +180,34 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 	return redis.call('DEL', KEYS[1])
 end
 return 0
+`)
+
+// markRunningScript: KEYS consumer runs; ARGV max gap (µs, 0 for none).
+// The runs are a sorted set whose members are "start:end" in microseconds
+// (TIME's resolution, so that marks in one millisecond still make distinct
+// runs) scored by end, so the newest run is the last. If it ended no more
+// than the max gap before now it is extended to now (1); otherwise, and
+// always with a max gap of 0, a run [now, now] is added (2). Numbers are
+// written with %.0f: Lua's default format would round 16 digits.
+var markRunningScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function us(x) return string.format('%.0f', x) end
+local gap = tonumber(ARGV[1])
+if gap > 0 then
+	local last = redis.call('ZRANGE', KEYS[1], -1, -1)[1]
+	if last then
+		local s, e = string.match(last, '^(%-?%d+):(%-?%d+)$')
+		e = tonumber(e)
+		if e and now <= e + gap then
+			if now > e then
+				redis.call('ZREM', KEYS[1], last)
+				redis.call('ZADD', KEYS[1], us(now), s .. ':' .. us(now))
+			end
+			return 1
+		end
+	end
+end
+redis.call('ZADD', KEYS[1], us(now), us(now) .. ':' .. us(now))
+return 2
 `)

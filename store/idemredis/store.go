@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
 )
@@ -21,10 +20,10 @@ type Config struct {
 	Prefix string
 }
 
-// Store is an [idemdriver.LeaseStore] on Redis: lease mode is the only mode
-// Redis has. Every state change is one atomic Lua script on the Redis
-// server, timed by the server's clock; see the package doc for the keys,
-// the scripts and retention.
+// Store is an [idemdriver.LeaseStore] (and so an [idemdriver.Retainer]) on
+// Redis: lease mode is the only mode Redis has. Every state change is one
+// atomic Lua script on the Redis server, timed by the server's clock; see
+// the package doc for the keys, the scripts and retention.
 //
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the client.
@@ -38,11 +37,11 @@ var _ idemdriver.LeaseStore = (*Store)(nil)
 // New returns a Store that keeps its records in the Redis behind client:
 // a *redis.Client, a *redis.ClusterClient, a failover client, or anything
 // else implementing redis.UniversalClient. cfg may be nil. It returns an
-// error matching [idem.ErrInvalidConfig] when client is nil or cfg is
+// error matching [idemdriver.ErrInvalidConfig] when client is nil or cfg is
 // invalid. New does not contact the server.
 func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: idemredis: nil client", idem.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: idemredis: nil client", idemdriver.ErrInvalidConfig)
 	}
 	var c Config
 	if cfg != nil {
@@ -52,7 +51,7 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		c.Prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(c.Prefix, "{}") {
-		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idem.ErrInvalidConfig, c.Prefix)
+		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idemdriver.ErrInvalidConfig, c.Prefix)
 	}
 	return &Store{client: client, prefix: c.Prefix}, nil
 }
@@ -65,6 +64,7 @@ const (
 	idSeparator = '\x1f'
 	stepsSuffix = ":steps"
 	doneSuffix  = ":done"
+	runsSuffix  = ":runs"
 	purgeSuffix = ":purge"
 )
 
@@ -84,7 +84,8 @@ func (s *Store) recordKey(consumer, id string) string {
 }
 
 // consumerKey returns prefix{consumer}suffix, a key of the consumer's own
-// hash slot: its retention index (doneSuffix) and purge lock (purgeSuffix).
+// hash slot: its retention index (doneSuffix), its runs (runsSuffix) and
+// its purge lock (purgeSuffix).
 func (s *Store) consumerKey(consumer, suffix string) string {
 	var b strings.Builder
 	b.Grow(len(s.prefix) + len(consumer) + len(suffix) + 2)

@@ -109,6 +109,7 @@ func TestNew(t *testing.T) {
 		s.RecordKey("payments", "pay-1"):                         "idem:{payments\x1fpay-1}",
 		s.RecordKey("payments", "pay-1") + idemredis.StepsSuffix: "idem:{payments\x1fpay-1}:steps",
 		s.ConsumerKey("payments", idemredis.DoneSuffix):          "idem:{payments}:done",
+		s.ConsumerKey("payments", idemredis.RunsSuffix):          "idem:{payments}:runs",
 		s.ConsumerKey("payments", idemredis.PurgeSuffix):         "idem:{payments}:purge",
 		s.RecordKey("a{b", "%7B"):                                "idem:{a%7Bb\x1f%257B}",
 		s.RecordKey("c}\x1f", "\x00\x7f\u00e9\x1f%"):             "idem:{c%7D%1F\x1f%00%7F\u00e9%1F%25}",
@@ -197,7 +198,7 @@ func TestTakeoverAfterNaturalExpiry(t *testing.T) {
 	}
 }
 
-// Field case C09: one unit, milliseconds, end to end. The stored lease is
+// One time unit, milliseconds, end to end. The stored lease is
 // exactly the lease in milliseconds (rounded up, never to zero), no key
 // gets a TTL (no EX anywhere), and at the boundaries a lease ending one
 // minute from now is live with about a minute left, a lease ending now
@@ -404,8 +405,7 @@ func TestResultsByteExact(t *testing.T) {
 	}
 }
 
-// Field case C12, lifecycle variant: completion updates fields and keeps
-// the fingerprint (and attempt, created time and steps), so after a
+// Completion updates fields and keeps the fingerprint (and attempt, created time and steps), so after a
 // restart (a new Store and consumer, nothing cached) the same payload is
 // a Duplicate and another payload a FingerprintMismatch.
 func TestCompleteKeepsFingerprint(t *testing.T) {
@@ -542,8 +542,8 @@ func TestKeyEncoding(t *testing.T) {
 		if strings.Count(ck, "{") != 1 || strings.Count(ck, "}") != 1 || hashTag(ck) == hashTag(rk) {
 			t.Errorf("%q: consumer key %q malformed or in the record's tag", p, ck)
 		}
-		if keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.PurgeSuffix)) {
-			t.Errorf("%q: the consumer's index and lock are in different slots", p)
+		if keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.PurgeSuffix)) || keySlot(ck) != keySlot(b.store.ConsumerKey(p[0], idemredis.RunsSuffix)) {
+			t.Errorf("%q: the consumer's index, runs and lock are in different slots", p)
 		}
 		for _, k := range append(owned, ck) {
 			if other, dup := keys[k]; dup && other != p && !strings.HasSuffix(k, idemredis.DoneSuffix) {
@@ -658,7 +658,13 @@ func TestLeaseConsumerEndToEnd(t *testing.T) {
 			t.Errorf("poison delivery %d: %v poison %v, %v", n, out.Status, out.Poison, err)
 		}
 	}
+	// The poison record was written 8 days ago, and the consumer has been
+	// running since: it goes, and pay-1 (written just now) stays.
 	if err := b.store.AgeRecords(b.ctx, "payments", []string{"pay-poison"}, 8*24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	now := time.UnixMilli(b.serverMillis(t))
+	if err := b.store.AddRun(b.ctx, "payments", now.Add(-9*24*time.Hour), now); err != nil {
 		t.Fatal(err)
 	}
 	res, err := c.Purge(b.ctx)
