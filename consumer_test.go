@@ -82,29 +82,32 @@ func TestPurgeLoop(t *testing.T) {
 		c, err := idem.NewConsumer(store, idem.Config{
 			Name:            "c",
 			PurgeInterval:   time.Hour,
-			RetentionWindow: 24 * time.Hour,
+			RetentionWindow: 2 * time.Hour,
 			Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		h := func(context.Context, *idem.MemoryTx, idem.Message) error { return nil }
-		for _, id := range []string{"old-1", "old-2", "new"} {
+		process := func(id string) {
 			if _, err := c.Process(t.Context(), idem.Message{ID: id}, h); err != nil {
 				t.Fatal(err)
 			}
 		}
-		store.AgeRecords("c", []string{"old-1", "old-2"}, 48*time.Hour)
-
-		<-time.After(50 * time.Minute) // before the first tick (54 to 66 minutes)
+		process("old-1")
+		process("old-2")
+		<-time.After(90 * time.Minute) // one purge tick (54 to 66 minutes) has passed
 		synctest.Wait()
-		if n := store.CountRecords("c"); n != 3 {
-			t.Errorf("records before the first purge tick: %d, want 3", n)
+		if n := idem.CountRecords(store, "c"); n != 2 {
+			t.Errorf("records after 90 minutes of running with a 2-hour window: %d, want 2", n)
 		}
-		<-time.After(20 * time.Minute) // past it
+		process("new")
+		// The third tick comes 162 to 198 minutes in: the consumer has run
+		// for more than 2 hours since old-1 and old-2, not since new.
+		<-time.After(110 * time.Minute)
 		synctest.Wait()
-		if n := store.CountRecords("c"); n != 1 {
-			t.Errorf("records after the first purge tick: %d, want 1", n)
+		if n := idem.CountRecords(store, "c"); n != 1 {
+			t.Errorf("records after 200 minutes of running: %d, want 1 (new)", n)
 		}
 		if err := c.Close(); err != nil {
 			t.Errorf("Close: %v", err)
@@ -146,8 +149,8 @@ type purgeErrStore struct {
 	err error
 }
 
-func (s purgeErrStore) Purge(context.Context, *idem.PurgeParams) (idem.PurgeResult, error) {
-	return idem.PurgeResult{}, s.err
+func (s purgeErrStore) BeginPurge(context.Context, *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	return nil, s.err
 }
 
 func TestOutcome(t *testing.T) {

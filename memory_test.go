@@ -64,9 +64,9 @@ func newMemorySetup(t *testing.T) (*idem.MemoryStore, *idemtest.Setup[*idem.Memo
 			return nil
 		},
 		CountEffects: func(_ context.Context, key string) (int, error) { return eff.count(key), nil },
-		CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
-		AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
-			store.AgeRecords(consumer, ids, d)
+		CountRecords: func(_ context.Context, consumer string) (int, error) { return idem.CountRecords(store, consumer), nil },
+		Shift: func(_ context.Context, consumer string, d time.Duration) error {
+			idem.Shift(store, consumer, d)
 			return nil
 		},
 	}
@@ -113,14 +113,14 @@ func newMemoryLeaseSetup(now func() time.Time) *idemtest.LeaseSetup {
 	return &idemtest.LeaseSetup{
 		Store: store,
 		ExpireLease: func(_ context.Context, consumer, id string) error {
-			if !store.ExpireLease(consumer, id) {
+			if !idem.ExpireLease(store, consumer, id) {
 				return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
 			}
 			return nil
 		},
-		CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
-		AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
-			store.AgeRecords(consumer, ids, d)
+		CountRecords: func(_ context.Context, consumer string) (int, error) { return idem.CountRecords(store, consumer), nil },
+		Shift: func(_ context.Context, consumer string, d time.Duration) error {
+			idem.Shift(store, consumer, d)
 			return nil
 		},
 	}
@@ -144,4 +144,33 @@ func TestMemoryStoreLeaseConformance(t *testing.T) {
 			return newMemoryLeaseSetup(time.Now)
 		}})
 	})
+}
+
+// txOnlyStore hides the memory store's optional capabilities (the
+// one-statement batch claim), so the suite covers the Consumer's fallback
+// of one ClaimTx per message.
+type txOnlyStore struct{ s *idem.MemoryStore }
+
+func (t txOnlyStore) Begin(ctx context.Context) (*idem.MemoryTx, error) { return t.s.Begin(ctx) }
+func (t txOnlyStore) ClaimTx(ctx context.Context, tx *idem.MemoryTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	return t.s.ClaimTx(ctx, tx, p)
+}
+func (t txOnlyStore) Commit(ctx context.Context, tx *idem.MemoryTx) error { return t.s.Commit(ctx, tx) }
+func (t txOnlyStore) Rollback(ctx context.Context, tx *idem.MemoryTx) error {
+	return t.s.Rollback(ctx, tx)
+}
+func (t txOnlyStore) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
+	return t.s.MarkRunning(ctx, p)
+}
+func (t txOnlyStore) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	return t.s.BeginPurge(ctx, p)
+}
+
+func TestMemoryStoreWithoutBatchClaimConformance(t *testing.T) {
+	t.Parallel()
+	idemtest.Run(t, idemtest.Harness[*idem.MemoryTx]{New: func(t *testing.T) *idemtest.Setup[*idem.MemoryTx] {
+		store, s := newMemorySetup(t)
+		s.Store = txOnlyStore{store}
+		return s
+	}})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemotel"
 	"github.com/idem-go/idem/internal/leakcheck"
 )
@@ -28,11 +30,32 @@ type testBundle struct {
 	tp     *sdktrace.TracerProvider
 	obs    *idemotel.Observer
 	store  *idem.MemoryStore
+	clock  *clock
+}
+
+// clock is the memory store's clock in these tests: it starts five hours
+// in the past and moves only when a test advances it.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	b := &testBundle{reader: sdkmetric.NewManualReader(), spans: tracetest.NewInMemoryExporter(), store: idem.NewMemoryStore(nil)}
+	clk := &clock{t: time.Now().Add(-5 * time.Hour)}
+	b := &testBundle{reader: sdkmetric.NewManualReader(), spans: tracetest.NewInMemoryExporter(), store: idem.NewMemoryStore(clk.Now), clock: clk}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.reader))
 	b.tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(b.spans))
 	t.Cleanup(func() {
@@ -311,9 +334,7 @@ func TestLeaseMetrics(t *testing.T) {
 		stale <- out
 	}()
 	<-inside
-	if !b.store.ExpireLease("mailer", "m2") {
-		t.Fatal("ExpireLease found no lease")
-	}
+	b.clock.Advance(31 * time.Second) // m2's 30-second lease runs out
 	if out, err := c.Process(ctx, idem.Message{ID: "m2", Payload: p}, done); out.Status != idem.Processed {
 		t.Fatalf("takeover of m2: %v %v", out.Status, err)
 	}
@@ -360,14 +381,28 @@ func TestStoreErrorsAndPurge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	for _, id := range []string{"a", "b", "c"} {
+	for _, id := range []string{"a", "b"} {
 		if _, err := c.Process(t.Context(), idem.Message{ID: id, Payload: []byte("p")}, func(context.Context, *idem.MemoryTx, idem.Message) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b.store.AgeRecords("good", []string{"a", "b"}, 4*time.Hour)
-	b.store.AgeRecords("good", []string{"c"}, 2*time.Hour)
+	// "good" runs for three hours after a and b, then is down for two:
+	// the horizon is three hours back, two hours of lag.
+	_ = c.Close()
+	mark := func(gap time.Duration) {
+		if err := b.store.MarkRunning(t.Context(), &idemdriver.MarkRunningParams{Consumer: "good", MaxGap: gap}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark(0)
+	b.clock.Advance(3 * time.Hour)
+	mark(4 * time.Hour)
+	b.clock.Advance(2 * time.Hour)
+	c, err = idem.NewConsumer[*idem.MemoryTx](b.store, b.config(idem.Config{Name: "good", RetentionWindow: time.Hour}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	if res, err := c.Purge(t.Context()); err != nil || res.Deleted != 2 {
 		t.Fatalf("Purge: %+v %v", res, err)
 	}
@@ -384,7 +419,7 @@ func TestStoreErrorsAndPurge(t *testing.T) {
 		t.Fatalf("idem.purge.lag: %+v", ms["idem.purge.lag"].Data)
 	}
 	if lag := g.DataPoints[0].Value; lag < 7100 || lag > 7300 {
-		t.Errorf("purge lag %vs, want about 7200 (the newest record is 2h old)", lag)
+		t.Errorf("purge lag %vs, want about 7200 (the two hours down)", lag)
 	}
 	var purgeSpan bool
 	for _, s := range b.spans.GetSpans() {

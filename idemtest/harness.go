@@ -5,14 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
 // Setup is one isolated store under test, with a side-effect table beside
 // it that the suite writes through the store's own transactions.
 //
-// The suite calls CountEffects, CountRecords and AgeRecords, and begins a
+// The suite calls CountEffects, CountRecords and Shift, and begins a
 // transaction, only when the calling goroutine holds no open transaction,
 // so a single-writer database (SQLite) never waits on itself. Other
 // goroutines may hold transactions at the time.
@@ -28,10 +27,6 @@ type Setup[TTx any] struct {
 	CountEffects func(ctx context.Context, key string) (int, error)
 	// CountRecords counts the committed processed-message records of consumer.
 	CountRecords func(ctx context.Context, consumer string) (int, error)
-	// AgeRecords moves the recorded time of consumer's records with the
-	// given message IDs back by d, as if they had been written d earlier.
-	// It lets the retention tests run without waiting.
-	AgeRecords func(ctx context.Context, consumer string, ids []string, d time.Duration) error
 	// Shift moves every time the store recorded for consumer back by d:
 	// its records' times, their lease expiries, and its runs (see
 	// idemdriver.Retainer.MarkRunning), as if all of it had happened d
@@ -73,10 +68,6 @@ type LeaseSetup struct {
 	// CountRecords counts consumer's records in every state: in_progress
 	// (live, expired or released), completed and failed.
 	CountRecords func(ctx context.Context, consumer string) (int, error)
-	// AgeRecords moves the recorded time of consumer's records with the
-	// given message IDs back by d, as if they had been written d earlier,
-	// whatever their state. It lets the retention cases run without waiting.
-	AgeRecords func(ctx context.Context, consumer string, ids []string, d time.Duration) error
 	// Shift is Setup.Shift, for the lease store.
 	Shift func(ctx context.Context, consumer string, d time.Duration) error
 }

@@ -136,8 +136,8 @@ func newBundle[TTx any](t *testing.T, h Harness[TTx], nonce, name string) *bundl
 	switch {
 	case s == nil:
 		t.Fatal("idemtest: Harness.New returned nil")
-	case s.Store == nil, s.WriteEffect == nil, s.CountEffects == nil, s.CountRecords == nil, s.AgeRecords == nil:
-		t.Fatal("idemtest: Setup has a nil field; Store, WriteEffect, CountEffects, CountRecords and AgeRecords are all required")
+	case s.Store == nil, s.WriteEffect == nil, s.CountEffects == nil, s.CountRecords == nil, s.Shift == nil:
+		t.Fatal("idemtest: Setup has a nil field; Store, WriteEffect, CountEffects, CountRecords and Shift are all required")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 	t.Cleanup(cancel)
@@ -302,14 +302,6 @@ func (b *bundle[TTx]) wantCalls(what string, calls *atomic.Int64, want int64) {
 	b.t.Helper()
 	if got := calls.Load(); got != want {
 		b.t.Errorf("%s: handler calls = %d, want %d", what, got, want)
-	}
-}
-
-// age moves consumer's records with ids back by d.
-func (b *bundle[TTx]) age(consumer string, ids []string, d time.Duration) {
-	b.t.Helper()
-	if err := b.s.AgeRecords(b.ctx, consumer, ids, d); err != nil {
-		b.t.Fatalf("AgeRecords(%q, %d ids, %v): %v", consumer, len(ids), d, err)
 	}
 }
 

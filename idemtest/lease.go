@@ -99,8 +99,8 @@ func newLeaseBundle(t *testing.T, h LeaseHarness, nonce, name string) *leaseBund
 	switch {
 	case s == nil:
 		t.Fatal("idemtest: LeaseHarness.New returned nil")
-	case s.Store == nil, s.ExpireLease == nil, s.CountRecords == nil, s.AgeRecords == nil:
-		t.Fatal("idemtest: LeaseSetup has a nil field; Store, ExpireLease, CountRecords and AgeRecords are all required")
+	case s.Store == nil, s.ExpireLease == nil, s.CountRecords == nil, s.Shift == nil:
+		t.Fatal("idemtest: LeaseSetup has a nil field; Store, ExpireLease, CountRecords and Shift are all required")
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), caseTimeout)
 	t.Cleanup(cancel)
@@ -205,14 +205,6 @@ func (b *leaseBundle) wantRecords(what, consumer string, want int) {
 	}
 	if got != want {
 		b.t.Errorf("%s: records of consumer %q = %d, want %d", what, consumer, got, want)
-	}
-}
-
-// age moves consumer's records with ids back by d.
-func (b *leaseBundle) age(consumer string, ids []string, d time.Duration) {
-	b.t.Helper()
-	if err := b.s.AgeRecords(b.ctx, consumer, ids, d); err != nil {
-		b.t.Fatalf("AgeRecords(%q, %d ids, %v): %v", consumer, len(ids), d, err)
 	}
 }
 

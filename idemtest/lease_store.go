@@ -16,6 +16,7 @@ func leasePurgeCases() []leaseCase {
 	return []leaseCase{
 		{"Window", testLeasePurgeWindow},
 		{"ConsumerPurge", testLeaseConsumerPurge},
+		{"RetainerPrimitives", testLeaseRetainerPrimitives},
 	}
 }
 
@@ -31,13 +32,14 @@ func leaseStoreCases() []leaseCase {
 		{"StepsStoredExactly", testLeaseStoreSteps},
 		{"LeaseMustBePositive", testLeaseStoreLeasePositive},
 		{"CancelledContext", testLeaseStoreCancelledContext},
+		{"Validation", testLeaseStoreValidation},
 	}
 }
 
-// Completed and failed records outside the retention window are purged;
-// in_progress records never are, whether their lease is live, expired or
-// released, however old they are. Records completed now (after attempts
-// that started long ago) are inside the window.
+// Completed and failed records the consumer has outrun by the retention
+// window are purged; in_progress records never are, whether their lease
+// ran out or was released, however old they are. Records completed now
+// (after attempts that started long ago) are inside the window.
 func testLeasePurgeWindow(t *testing.T, b *leaseBundle) {
 	c := b.consumer("c", idem.Config{MaxAttempts: 3})
 	var calls atomic.Int64
@@ -48,68 +50,82 @@ func testLeasePurgeWindow(t *testing.T, b *leaseBundle) {
 	}
 	poison := idem.Message{ID: "poison", Payload: []byte("p")}
 	b.process("seeding poison", c, poison, failing(&calls, idem.Permanent(errBoom)), idem.Failed, idem.ErrPoison)
-	live := idem.Message{ID: "live", Payload: []byte("p")}
-	b.mustAcquire("seeding live", c.Name(), live, longLease, 1)
-	expired := idem.Message{ID: "expired", Payload: []byte("p")}
-	b.mustAcquire("seeding expired", c.Name(), expired, longLease, 1)
-	b.expire(c.Name(), expired.ID)
+	held := idem.Message{ID: "held", Payload: []byte("p")}
+	b.mustAcquire("seeding held", c.Name(), held, longLease, 1)
 	released := idem.Message{ID: "released", Payload: []byte("p")}
 	b.process("seeding released", c, released, failing(&calls, errBoom), idem.Failed, errBoom)
+	_ = c.Close()
+	elapse(t, b.ctx, b.s.Store, b.s.Shift, c.Name(), 8*day)
+
+	c = b.consumer("c", idem.Config{MaxAttempts: 3})
 	fresh := idem.Message{ID: "fresh", Payload: []byte("p")}
 	b.process("seeding fresh", c, fresh, ok, idem.Processed, nil)
+	b.wantRecords("before the purge", c.Name(), 7)
 
-	old := append(msgIDs(done), poison.ID, live.ID, expired.ID, released.ID)
-	b.age(c.Name(), old, 8*day)
-	b.wantRecords("before the purge", c.Name(), 8)
-
-	res, err := b.s.Store.Purge(b.ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: window, BatchSize: 2})
+	res, err := purgeWith(b.ctx, b.s.Store, c.Name(), window, 2, false, nil)
 	if err != nil {
 		t.Fatalf("Purge: %v", err)
 	}
 	if res.Deleted != 4 {
-		t.Errorf("Purge: Deleted = %d, want 4 (3 completed and 1 failed record older than the window; in_progress records stay)", res.Deleted)
+		t.Errorf("Purge: Deleted = %d, want 4 (3 completed and 1 failed record outrun by the window; in_progress records stay)", res.Deleted)
 	}
-	if want := time.Now().Add(-window); res.Horizon.IsZero() || res.Horizon.Sub(want).Abs() > horizonSlack {
-		t.Errorf("Purge: Horizon = %v, want about %v (the newest record minus the window)", res.Horizon, want)
-	}
-	b.wantRecords("after the purge", c.Name(), 4)
+	wantHorizonNear(t, "Purge", res.Horizon, time.Now().Add(-window))
+	b.wantRecords("after the purge", c.Name(), 3)
 
-	b.process("live after the purge", c, live, ok, idem.InProgress, idem.ErrInProgress)
-	out := b.process("expired after the purge (takes over)", c, expired, ok, idem.Processed, nil)
-	b.wantAttempt("expired after the purge", out, 2)
+	out := b.process("held 8 days ago, after the purge (its lease ran out: takes over)", c, held, ok, idem.Processed, nil)
+	b.wantAttempt("held after the purge", out, 2)
 	out = b.process("released after the purge (takes over)", c, released, ok, idem.Processed, nil)
 	b.wantAttempt("released after the purge", out, 2)
 	b.process("fresh after the purge", c, fresh, ok, idem.Duplicate, nil)
 	out = b.process("a purged record, redelivered after the window", c, done[0], ok, idem.Processed, nil)
 	b.wantAttempt("a purged record, redelivered after the window", out, 1)
 
-	res, err = b.s.Store.Purge(b.ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: window, BatchSize: 2})
+	res, err = purgeWith(b.ctx, b.s.Store, c.Name(), window, 2, false, nil)
 	if err != nil || res.Deleted != 0 {
 		t.Errorf("second Purge: Deleted %d, err %v; want 0 and nil (records completed now, after attempts that began 8 days ago, are inside the window: Complete stamps the record time)", res.Deleted, err)
 	}
-	b.wantRecords("after the second purge", c.Name(), 5)
+	b.wantRecords("after the second purge", c.Name(), 4)
 }
 
-// LeaseConsumer.Purge uses the Config's window and batch size.
+// LeaseConsumer.Purge uses the Config's window and batch size, and a
+// downtime does not count.
 func testLeaseConsumerPurge(t *testing.T, b *leaseBundle) {
-	c := b.consumer("c", idem.Config{RetentionWindow: day, PurgeBatchSize: 2})
+	cfg := idem.Config{RetentionWindow: day, PurgeBatchSize: 2}
+	c := b.consumer("c", cfg)
 	var calls atomic.Int64
 	ok := result(&calls, idem.Result{})
 	old := msgs("old-", 3)
-	for _, m := range append(old, idem.Message{ID: "new", Payload: []byte("p")}) {
+	for _, m := range old {
 		b.process("seeding "+m.ID, c, m, ok, idem.Processed, nil)
+	}
+	_ = c.Close()
+	downtime(t, b.ctx, b.s.Shift, c.Name(), 3*day)
+	c = b.consumer("c", cfg)
+	b.process("seeding new", c, idem.Message{ID: "new", Payload: []byte("p")}, ok, idem.Processed, nil)
+	if res, err := c.Purge(b.ctx); err != nil || res.Deleted != 0 {
+		t.Errorf("LeaseConsumer.Purge after 3 days down with a 1-day window: %+v, err %v; want nothing deleted", res, err)
+	}
+	for _, m := range old {
+		b.process("a redelivery of before the downtime", c, m, ok, idem.Duplicate, nil)
 	}
 	inflight := idem.Message{ID: "inflight", Payload: []byte("p")}
 	b.mustAcquire("seeding inflight", c.Name(), inflight, longLease, 1)
-	b.age(c.Name(), append(msgIDs(old), inflight.ID), 2*day)
+	_ = c.Close()
+	elapse(t, b.ctx, b.s.Store, b.s.Shift, c.Name(), 2*day)
+	c = b.consumer("c", cfg)
 	res, err := c.Purge(b.ctx)
 	if err != nil {
 		t.Fatalf("LeaseConsumer.Purge: %v", err)
 	}
-	if res.Deleted != 3 || res.Batches < 2 || res.Batches > 3 {
-		t.Errorf("LeaseConsumer.Purge with a 1-day window and batches of 2: Deleted %d in %d batches, want 3 in 2 (or 3)", res.Deleted, res.Batches)
+	if res.Deleted != 4 || res.Batches < 2 || res.Batches > 3 {
+		t.Errorf("LeaseConsumer.Purge with a 1-day window and batches of 2: Deleted %d in %d batches, want 4 in 2 (or 3)", res.Deleted, res.Batches)
 	}
-	b.wantRecords("after LeaseConsumer.Purge", c.Name(), 2)
+	b.wantRecords("after LeaseConsumer.Purge", c.Name(), 1)
+}
+
+// The Retainer primitives of a lease store, called directly.
+func testLeaseRetainerPrimitives(t *testing.T, b *leaseBundle) {
+	retainerCases(t, b.ctx, b.s.Store, b.name("direct"))
 }
 
 // A new message is acquired as attempt 1 with a positive token and no

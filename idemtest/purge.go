@@ -32,6 +32,7 @@ func purgeCases[TTx any]() []testCase[TTx] {
 		{"WhileProcessing", testPurgeWhileProcessing[TTx]},
 		{"ConcurrentPurges", testConcurrentPurges[TTx]},
 		{"CancelledReleasesLock", testPurgeCancelled[TTx]},
+		{"RetainerPrimitives", testRetainerPrimitives[TTx]},
 	}
 }
 
@@ -49,118 +50,111 @@ func (b *bundle[TTx]) seed(c *idem.Consumer[TTx], ms []idem.Message) {
 	}
 }
 
-// purge runs Store.Purge for consumer.
+// purge runs idem.Purge on the Setup's store for consumer with the 7-day
+// window.
 func (b *bundle[TTx]) purge(ctx context.Context, consumer string, batchSize int, dryRun bool, onBatch func(int64)) (idem.PurgeResult, error) {
-	return b.s.Store.Purge(ctx, &idem.PurgeParams{
-		Consumer:        consumer,
-		RetentionWindow: window,
-		BatchSize:       batchSize,
-		DryRun:          dryRun,
-		OnBatch:         onBatch,
-	})
+	return purgeWith(ctx, b.s.Store, consumer, window, batchSize, dryRun, onBatch)
 }
 
-// wantHorizon checks a purge horizon against the newest record's age.
-func (b *bundle[TTx]) wantHorizon(what string, got time.Time, newestAge time.Duration) {
+// elapse closes c and makes d of running time pass for its consumer name.
+func (b *bundle[TTx]) elapse(c *idem.Consumer[TTx], d time.Duration) {
 	b.t.Helper()
-	want := time.Now().Add(-newestAge - window)
-	if d := got.Sub(want); got.IsZero() || d > horizonSlack || d < -horizonSlack {
-		b.t.Errorf("%s: Horizon = %v, want about %v (the newest record, %v old, minus the %v window)", what, got, want, newestAge, window)
-	}
+	_ = c.Close()
+	elapse(b.t, b.ctx, b.s.Store, b.s.Shift, c.Name(), d)
 }
 
-// Records older than the window, counted back from the consumer's newest
-// record, are deleted in batches of at most BatchSize; records inside the
-// window stay and are still deduplicated.
+// Records the consumer has outrun by the window, in running time, are
+// deleted in batches of at most BatchSize; records inside the window stay
+// and are still deduplicated.
 func testPurgeWindow[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
-	old, mid, recent := msgs("old-", 5), msgs("mid-", 3), msgs("new-", 4)
+	old, recent := msgs("old-", 5), msgs("new-", 3)
 	b.seed(c, old)
-	b.seed(c, mid)
+	b.elapse(c, 2*window)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, recent)
-	b.age(c.Name(), msgIDs(old), 8*day)
-	b.age(c.Name(), msgIDs(mid), 6*day)
-
-	var mu sync.Mutex
-	var seen []int64
-	res, err := b.purge(b.ctx, c.Name(), 2, false, func(n int64) {
-		mu.Lock()
-		seen = append(seen, n)
-		mu.Unlock()
-	})
+	var batches []int64
+	res, err := b.purge(b.ctx, c.Name(), 2, false, func(n int64) { batches = append(batches, n) })
 	if err != nil {
 		t.Fatalf("Purge: %v", err)
 	}
 	if res.Deleted != 5 {
 		t.Errorf("Purge: Deleted = %d, want 5", res.Deleted)
 	}
-	// 5 rows in batches of 2: 3 DELETEs, or 4 if the store stops only on an
-	// empty batch.
 	if res.Batches < 3 || res.Batches > 4 {
 		t.Errorf("Purge with BatchSize 2: Batches = %d, want 3 (or 4) for 5 rows", res.Batches)
 	}
-	b.wantHorizon("Purge", res.Horizon, 0)
-	mu.Lock()
-	prev := int64(0)
-	for _, n := range seen {
-		if n < prev || n-prev > 2 {
-			t.Errorf("OnBatch reported %v: want non-decreasing totals growing by at most BatchSize (2)", seen)
-			break
-		}
-		prev = n
+	if len(batches) != res.Batches || (len(batches) > 0 && batches[len(batches)-1] != res.Deleted) {
+		t.Errorf("OnBatch calls %v, want one per batch ending at %d", batches, res.Deleted)
 	}
-	if len(seen) == 0 || seen[len(seen)-1] != res.Deleted {
-		t.Errorf("OnBatch reported %v, want its last total to be Deleted (%d)", seen, res.Deleted)
-	}
-	mu.Unlock()
-	b.wantRecords("after the purge", c.Name(), len(mid)+len(recent))
+	wantHorizonNear(t, "Purge", res.Horizon, time.Now().Add(-window))
+	b.wantRecords("after the purge", c.Name(), 3)
 
 	var calls atomic.Int64
 	h := b.handler(c, &calls)
-	b.process("a record inside the window", c, mid[0], h, idem.Duplicate, nil)
-	b.process("a recent record", c, recent[0], h, idem.Duplicate, nil)
-	b.process("a purged record, redelivered after the window", c, old[0], h, idem.Processed, nil)
-
-	// A second purge finds nothing more (and the purge lock was released).
+	b.process("a record inside the window", c, recent[0], h, idem.Duplicate, nil)
+	b.process("a purged record, redelivered", c, old[0], h, idem.Processed, nil)
+	b.wantCalls("after the purge", &calls, 1)
 	res, err = b.purge(b.ctx, c.Name(), 2, false, nil)
 	if err != nil || res.Deleted != 0 {
 		t.Errorf("second Purge: Deleted %d, err %v; want 0 and nil", res.Deleted, err)
 	}
 }
 
-// Downtime-safe retention: after a month without traffic every record is
-// 30 days old, but the horizon counts back from the newest record, so
-// nothing inside the window is deleted. Only records older than the newest
-// by more than the window go.
+// Downtime does not count: a consumer with a 5-minute window that was down
+// for 3 hours, then processed new messages, keeps every record of before
+// the downtime, whoever runs the purge, so the redeliveries of the
+// downtime are duplicates. Its records go only once it has been running
+// for 5 minutes since they were written.
 func testPurgeDowntimeSafe[TTx any](t *testing.T, b *bundle[TTx]) {
-	c := b.consumer("c", idem.Config{})
-	ms := msgs("r-", 6)
-	b.seed(c, ms)
-	ids := msgIDs(ms)
-	b.age(c.Name(), ids, 30*day)
-	b.age(c.Name(), ids[:2], 3*day) // 33 days: 3 days before the newest
-
-	res, err := b.purge(b.ctx, c.Name(), 2, false, nil)
-	if err != nil {
-		t.Fatalf("Purge: %v", err)
-	}
-	if res.Deleted != 0 {
-		t.Errorf("Purge after 30 days of downtime with a 7-day window: Deleted = %d, want 0 (horizon from the newest record, not from now)", res.Deleted)
-	}
-	b.wantHorizon("Purge after downtime", res.Horizon, 30*day)
-	b.wantRecords("after the purge", c.Name(), len(ms))
-
-	b.age(c.Name(), ids[:1], 10*day) // 43 days: 13 days before the newest
-	res, err = b.purge(b.ctx, c.Name(), 2, false, nil)
-	if err != nil {
-		t.Fatalf("second Purge: %v", err)
-	}
-	if res.Deleted != 1 {
-		t.Errorf("second Purge: Deleted = %d, want 1 (the record 13 days older than the newest)", res.Deleted)
-	}
-	b.wantRecords("after the second purge", c.Name(), len(ms)-1)
+	const win = 5 * time.Minute
+	cfg := idem.Config{RetentionWindow: win}
+	c := b.consumer("c", cfg)
+	before := msgs("before-", 3)
 	var calls atomic.Int64
-	b.process("a record 3 days older than the newest", c, ms[1], b.handler(c, &calls), idem.Duplicate, nil)
+	for _, m := range before {
+		b.process("before the downtime", c, m, b.handler(c, &calls), idem.Processed, nil)
+	}
+	calls.Store(0)
+	_ = c.Close()
+	downtime(t, b.ctx, b.s.Shift, c.Name(), 3*time.Hour)
+
+	c = b.consumer("c", cfg)
+	after := msgs("after-", 3)
+	b.seed(c, after)
+	res, err := c.Purge(b.ctx)
+	if err != nil || res.Deleted != 0 || !res.Horizon.IsZero() {
+		t.Errorf("Consumer.Purge after 3 hours down and new messages: %+v, err %v; want nothing deleted and a zero horizon", res, err)
+	}
+	res, err = purgeWith(b.ctx, b.s.Store, c.Name(), win, 10, false, nil)
+	if err != nil || res.Deleted != 0 {
+		t.Errorf("idem.Purge from another process after the downtime: %+v, err %v; want nothing deleted", res, err)
+	}
+	h := b.handler(c, &calls)
+	for _, m := range before {
+		b.process("a redelivery of before the downtime", c, m, h, idem.Duplicate, nil)
+		b.wantEffects("a redelivery of before the downtime", c.Name(), m.ID, 1)
+	}
+	b.wantCalls("redeliveries of before the downtime", &calls, 0)
+
+	// Running for 3 minutes since: still inside the window.
+	b.elapse(c, 3*time.Minute)
+	res, err = purgeWith(b.ctx, b.s.Store, c.Name(), win, 10, false, nil)
+	if err != nil || res.Deleted != 0 {
+		t.Errorf("Purge after 3 minutes of running since the downtime: %+v, err %v; want nothing deleted", res, err)
+	}
+	// 7 more minutes: everything of before and just after the downtime
+	// has been outrun by the window; a message processed now stays.
+	elapse(t, b.ctx, b.s.Store, b.s.Shift, c.Name(), 7*time.Minute)
+	c = b.consumer("c", cfg)
+	now := msgs("now-", 1)
+	b.seed(c, now)
+	res, err = c.Purge(b.ctx)
+	if err != nil || res.Deleted != int64(len(before)+len(after)) {
+		t.Errorf("Consumer.Purge after 10 minutes of running: %+v, err %v; want %d deleted", res, err, len(before)+len(after))
+	}
+	b.wantRecords("after the purge", c.Name(), 1)
+	b.process("the message processed after the runs", c, now[0], b.handler(c, &calls), idem.Duplicate, nil)
 }
 
 // DryRun counts and deletes nothing.
@@ -168,8 +162,9 @@ func testPurgeDryRun[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
 	old, recent := msgs("old-", 3), msgs("new-", 2)
 	b.seed(c, old)
+	b.elapse(c, 2*window)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, recent)
-	b.age(c.Name(), msgIDs(old), 8*day)
 
 	res, err := b.purge(b.ctx, c.Name(), 2, true, nil)
 	if err != nil {
@@ -190,35 +185,37 @@ func testPurgeDryRun[TTx any](t *testing.T, b *bundle[TTx]) {
 	b.wantRecords("after the purge", c.Name(), 2)
 }
 
-// A purge touches one consumer's records, and its horizon is that
-// consumer's newest record, not the table's.
+// A purge touches one consumer's records and counts that consumer's
+// running time only: a consumer that was down while another kept running
+// keeps its records.
 func testPurgePerConsumer[TTx any](t *testing.T, b *bundle[TTx]) {
 	a, z := b.consumer("a", idem.Config{}), b.consumer("z", idem.Config{})
 	for _, c := range []*idem.Consumer[TTx]{a, z} {
-		old := msgs("old-", 3)
-		b.seed(c, old)
-		b.seed(c, msgs("new-", 1))
-		b.age(c.Name(), msgIDs(old), 8*day)
+		b.seed(c, msgs("old-", 3))
 	}
+	b.elapse(a, 8*day)
+	a = b.consumer("a", idem.Config{})
+	b.seed(a, msgs("new-", 1))
 	res, err := b.purge(b.ctx, a.Name(), 10, false, nil)
 	if err != nil || res.Deleted != 3 {
 		t.Errorf("Purge of consumer a: Deleted %d, err %v; want 3 and nil", res.Deleted, err)
 	}
 	b.wantRecords("consumer a after its purge", a.Name(), 1)
-	b.wantRecords("consumer z after consumer a's purge", z.Name(), 4)
+	b.wantRecords("consumer z after consumer a's purge", z.Name(), 3)
 
-	// Consumer idle has been idle for 30 days while busy kept going: idle's
-	// horizon is its own newest record minus the window.
-	idle, busy := b.consumer("idle", idem.Config{}), b.consumer("busy", idem.Config{})
-	im := msgs("m-", 3)
-	b.seed(idle, im)
-	b.seed(busy, msgs("m-", 3))
-	b.age(idle.Name(), msgIDs(im), 30*day)
-	res, err = b.purge(b.ctx, idle.Name(), 10, false, nil)
-	if err != nil || res.Deleted != 0 {
-		t.Errorf("Purge of a consumer idle for 30 days while another was busy: Deleted %d, err %v; want 0 and nil", res.Deleted, err)
+	// z was down for 30 days while a kept running: z keeps everything.
+	_ = z.Close()
+	downtime(t, b.ctx, b.s.Shift, z.Name(), 30*day)
+	b.elapse(a, 30*day)
+	if _, err := b.purge(b.ctx, a.Name(), 10, false, nil); err != nil {
+		t.Errorf("Purge of consumer a: %v", err)
 	}
-	b.wantRecords("idle consumer after its purge", idle.Name(), 3)
+	b.wantRecords("consumer z after consumer a's second purge", z.Name(), 3)
+	res, err = b.purge(b.ctx, z.Name(), 10, false, nil)
+	if err != nil || res.Deleted != 0 {
+		t.Errorf("Purge of a consumer down for 30 days while another ran: Deleted %d, err %v; want 0 and nil", res.Deleted, err)
+	}
+	b.wantRecords("consumer z after its purge", z.Name(), 3)
 }
 
 // A consumer with no records: nothing to do, and no horizon.
@@ -234,8 +231,9 @@ func testPurgeInvalidParams[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
 	old := msgs("old-", 2)
 	b.seed(c, old)
+	b.elapse(c, 8*day)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, msgs("new-", 1))
-	b.age(c.Name(), msgIDs(old), 8*day)
 	for _, tt := range []struct {
 		name string
 		p    idem.PurgeParams
@@ -248,7 +246,7 @@ func testPurgeInvalidParams[TTx any](t *testing.T, b *bundle[TTx]) {
 		{"empty consumer", idem.PurgeParams{RetentionWindow: window, BatchSize: 10}, idem.ErrInvalidConsumerName},
 		{"consumer with a control character", idem.PurgeParams{Consumer: "a\nb", RetentionWindow: window, BatchSize: 10}, idem.ErrInvalidConsumerName},
 	} {
-		_, err := b.s.Store.Purge(b.ctx, &tt.p)
+		_, err := idem.Purge(b.ctx, b.s.Store, tt.p)
 		if !errors.Is(err, tt.want) {
 			t.Errorf("Purge with %s: err = %v, want an error matching %v", tt.name, err, tt.want)
 		}
@@ -258,13 +256,15 @@ func testPurgeInvalidParams[TTx any](t *testing.T, b *bundle[TTx]) {
 
 // Consumer.Purge uses the Config's window and batch size.
 func testConsumerPurge[TTx any](t *testing.T, b *bundle[TTx]) {
-	c := b.consumer("c", idem.Config{RetentionWindow: day, PurgeBatchSize: 2})
-	old, young := msgs("old-", 3), msgs("young-", 2)
-	b.seed(c, old)
-	b.seed(c, young)
+	cfg := idem.Config{RetentionWindow: day, PurgeBatchSize: 2}
+	c := b.consumer("c", cfg)
+	b.seed(c, msgs("old-", 3))
+	b.elapse(c, 36*time.Hour)
+	c = b.consumer("c", cfg)
+	b.seed(c, msgs("young-", 2))
+	b.elapse(c, 12*time.Hour)
+	c = b.consumer("c", cfg)
 	b.seed(c, msgs("new-", 1))
-	b.age(c.Name(), msgIDs(old), 2*day)
-	b.age(c.Name(), msgIDs(young), 12*time.Hour)
 	res, err := c.Purge(b.ctx)
 	if err != nil {
 		t.Fatalf("Consumer.Purge: %v", err)
@@ -281,8 +281,9 @@ func testPurgeWhileProcessing[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
 	old := msgs("old-", 6)
 	b.seed(c, old)
+	b.elapse(c, 8*day)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, msgs("kept-", 2))
-	b.age(c.Name(), msgIDs(old), 8*day)
 
 	paused, resume := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -342,8 +343,9 @@ func testConcurrentPurges[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
 	old := msgs("old-", 10)
 	b.seed(c, old)
+	b.elapse(c, 8*day)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, msgs("kept-", 2))
-	b.age(c.Name(), msgIDs(old), 8*day)
 
 	type result struct {
 		res idem.PurgeResult
@@ -416,8 +418,9 @@ func testPurgeCancelled[TTx any](t *testing.T, b *bundle[TTx]) {
 	c := b.consumer("c", idem.Config{})
 	old := msgs("old-", 4)
 	b.seed(c, old)
+	b.elapse(c, 8*day)
+	c = b.consumer("c", idem.Config{})
 	b.seed(c, msgs("kept-", 2))
-	b.age(c.Name(), msgIDs(old), 8*day)
 
 	ctx, cancel := context.WithCancel(b.ctx)
 	cancel()
@@ -444,4 +447,10 @@ func testPurgeCancelled[TTx any](t *testing.T, b *bundle[TTx]) {
 			res1.Deleted, res2.Deleted, len(old))
 	}
 	b.wantRecords("after the purges", c.Name(), 2)
+}
+
+// The Retainer primitives, called directly: runs, the purge lock, bounds
+// and validation.
+func testRetainerPrimitives[TTx any](t *testing.T, b *bundle[TTx]) {
+	retainerCases(t, b.ctx, b.s.Store, b.name("direct"))
 }

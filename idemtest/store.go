@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -16,6 +15,7 @@ func storeCases[TTx any]() []testCase[TTx] {
 		{"ClaimReturnsStoredFingerprint", testClaimReturnsStoredFingerprint[TTx]},
 		{"ClaimBatchResultsInOrder", testClaimBatchResultsInOrder[TTx]},
 		{"RollbackReleasesClaim", testRollbackReleasesClaim[TTx]},
+		{"Validation", testStoreValidation[TTx]},
 	}
 }
 
@@ -55,7 +55,7 @@ func testClaimBatchResultsInOrder[TTx any](t *testing.T, b *bundle[TTx]) {
 	b.commit(tx)
 
 	tx = b.begin()
-	res, err := b.s.Store.ClaimBatchTx(b.ctx, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: []idemdriver.ClaimMessage{
+	res, err := claimBatch(b.ctx, b.s.Store, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: []idemdriver.ClaimMessage{
 		{MessageID: "c", Fingerprint: []byte("c")},
 		{MessageID: "b", Fingerprint: []byte("b")},
 		{MessageID: "a", Fingerprint: []byte("a")},

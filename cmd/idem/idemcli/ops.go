@@ -85,9 +85,11 @@ func newPurgeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge",
 		Short: "Delete a consumer's processed records outside the retention window",
-		Long: `purge deletes the consumer's processed-message records written more than
---older-than before its newest record (downtime-safe: a consumer that was
-down keeps the history it needs), in batches, one cleaner at a time.`,
+		Long: `purge deletes the consumer's processed-message records that the consumer
+has outrun by --older-than of running time: time in which the consumer was
+not running does not count, so a consumer that was down keeps the history
+its redeliveries need. Deletes in batches, one cleaner at a time; the
+consumer need not be running.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {
@@ -114,7 +116,7 @@ down keeps the history it needs), in batches, one cleaner at a time.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			res, err := st.store.Purge(cmd.Context(), &idem.PurgeParams{
+			res, err := idem.Purge(cmd.Context(), st.store, idem.PurgeParams{
 				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun,
 				OnBatch: func(n int64) {
 					if !dryRun {
@@ -129,7 +131,7 @@ down keeps the history it needs), in batches, one cleaner at a time.`,
 			if dryRun {
 				verb = "would delete"
 			}
-			fmt.Fprintf(out, "%s %d records of consumer %q older than %s before its newest record (horizon %s)",
+			fmt.Fprintf(out, "%s %d records of consumer %q outrun by %s of running time (horizon %s)",
 				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon))
 			if !dryRun {
 				fmt.Fprintf(out, " in %d batch(es)", res.Batches)

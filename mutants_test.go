@@ -1,4 +1,4 @@
-package idemtest_test
+package idem_test
 
 import (
 	"context"
@@ -12,10 +12,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemtest"
-	"github.com/idem-go/idem/internal/leakcheck"
 )
-
-func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
 
 // mutant is a deliberately broken store: a decorator over the memory store
 // with one classic idempotency bug. The suite must fail against each, in
@@ -46,14 +43,12 @@ var mutants = []mutant{
 		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &shortFingerprint{s} }},
 	{"ClaimsOutsideTx", "Process/HandlerErrorRollsBack", "Process/HandlerErrorRollsBack",
 		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &claimOutsideTx{MemoryStore: s} }},
-	{"PurgesHalfTheWindow", "Purge/Window", "Purge/Window",
-		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
-			return &purgeWith{s, func(p *idem.PurgeParams) { p.RetentionWindow /= 2 }}
-		}},
+	{"CountsDowntimeAsRunning", "Purge/DowntimeSafe", "Purge/DowntimeSafe",
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &wallClockRuns{s} }},
+	{"ExtendsRunsAcrossRestarts", "Purge/DowntimeSafe", "Purge/DowntimeSafe",
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &alwaysExtend{s} }},
 	{"PurgesUnbounded", "Purge/Window", "Purge/Window",
-		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] {
-			return &purgeWith{s, func(p *idem.PurgeParams) { p.BatchSize = 1 << 30 }}
-		}},
+		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &unboundedPurge{s} }},
 	{"PurgesAllConsumers", "Purge/PerConsumer", "Purge/PerConsumer",
 		func(s *idem.MemoryStore) idemdriver.TxStore[*idem.MemoryTx] { return &purgeEveryone{MemoryStore: s} }},
 }
@@ -134,9 +129,9 @@ func memorySetup(store *idem.MemoryStore) *idemtest.Setup[*idem.MemoryTx] {
 			defer mu.Unlock()
 			return effects[key], nil
 		},
-		CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
-		AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
-			store.AgeRecords(consumer, ids, d)
+		CountRecords: func(_ context.Context, consumer string) (int, error) { return idem.CountRecords(store, consumer), nil },
+		Shift: func(_ context.Context, consumer string, d time.Duration) error {
+			idem.Shift(store, consumer, d)
 			return nil
 		},
 	}
@@ -225,20 +220,56 @@ func (s *claimOutsideTx) ClaimTx(ctx context.Context, _ *idem.MemoryTx, p *idemd
 	return r, s.Commit(ctx, own)
 }
 
-// purgeWith alters the purge parameters.
-type purgeWith struct {
-	*idem.MemoryStore
-	f func(*idem.PurgeParams)
+// wallClockRuns reports the consumer as always running, as a store that
+// counted retention by the wall clock would.
+type wallClockRuns struct{ *idem.MemoryStore }
+
+func (s *wallClockRuns) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	ps, err := s.MemoryStore.BeginPurge(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return &fakeRuns{ps}, nil
 }
 
-func (s *purgeWith) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
+type fakeRuns struct{ idemdriver.PurgeSession }
+
+func (f *fakeRuns) Runs(context.Context) ([]idemdriver.Run, error) {
+	now := time.Now()
+	return []idemdriver.Run{{Start: now.Add(-100 * 365 * 24 * time.Hour), End: now}}, nil
+}
+
+// alwaysExtend extends the newest run whatever MaxGap says, so a restart
+// after a downtime counts the downtime as running.
+type alwaysExtend struct{ *idem.MemoryStore }
+
+func (s *alwaysExtend) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
 	q := *p
-	s.f(&q)
-	return s.MemoryStore.Purge(ctx, &q)
+	q.MaxGap = 100 * 365 * 24 * time.Hour
+	return s.MemoryStore.MarkRunning(ctx, &q)
 }
 
-// purgeEveryone purges the other consumers that the test bundle created,
-// as a DELETE that forgot its consumer condition would.
+// unboundedPurge ignores the batch limit.
+type unboundedPurge struct{ *idem.MemoryStore }
+
+func (s *unboundedPurge) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	ps, err := s.MemoryStore.BeginPurge(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return &unboundedSession{ps}, nil
+}
+
+type unboundedSession struct{ idemdriver.PurgeSession }
+
+func (u *unboundedSession) DeleteBatch(ctx context.Context, p *idemdriver.PurgeBatchParams) (int64, error) {
+	q := *p
+	q.Limit = 1 << 30
+	return u.PurgeSession.DeleteBatch(ctx, &q)
+}
+
+// purgeEveryone deletes the other consumers' records that the test bundle
+// created too, as a DELETE that forgot its consumer condition would.
 type purgeEveryone struct {
 	*idem.MemoryStore
 	mu   sync.Mutex
@@ -255,26 +286,34 @@ func (s *purgeEveryone) ClaimBatchTx(ctx context.Context, tx *idem.MemoryTx, p *
 	return s.MemoryStore.ClaimBatchTx(ctx, tx, p)
 }
 
-func (s *purgeEveryone) Purge(ctx context.Context, p *idem.PurgeParams) (idem.PurgeResult, error) {
-	s.mu.Lock()
-	var names []string
-	for n := range s.seen {
-		names = append(names, n)
+func (s *purgeEveryone) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
+	ps, err := s.MemoryStore.BeginPurge(ctx, p)
+	if err != nil {
+		return nil, err
 	}
-	s.mu.Unlock()
-	var total idem.PurgeResult
-	for _, n := range names {
-		q := *p
-		q.Consumer = n
-		r, err := s.MemoryStore.Purge(ctx, &q)
-		if err != nil {
-			return total, err
-		}
-		total.Deleted += r.Deleted
-		total.Batches += r.Batches
-		if n == p.Consumer {
-			total.Horizon = r.Horizon
+	return &everyoneSession{PurgeSession: ps, s: s, own: p.Consumer}, nil
+}
+
+type everyoneSession struct {
+	idemdriver.PurgeSession
+	s   *purgeEveryone
+	own string
+}
+
+func (e *everyoneSession) DeleteBatch(ctx context.Context, p *idemdriver.PurgeBatchParams) (int64, error) {
+	e.s.mu.Lock()
+	var others []string
+	for n := range e.s.seen {
+		if n != e.own {
+			others = append(others, n)
 		}
 	}
-	return total, nil
+	e.s.mu.Unlock()
+	for _, n := range others {
+		if ps, err := e.s.MemoryStore.BeginPurge(ctx, &idemdriver.BeginPurgeParams{Consumer: n}); err == nil {
+			_, _ = ps.DeleteBatch(ctx, p)
+			_ = ps.Close(ctx)
+		}
+	}
+	return e.PurgeSession.DeleteBatch(ctx, p)
 }

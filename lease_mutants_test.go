@@ -1,4 +1,4 @@
-package idemtest_test
+package idem_test
 
 import (
 	"context"
@@ -75,14 +75,14 @@ func TestLeaseMutant(t *testing.T) {
 		return &idemtest.LeaseSetup{
 			Store: m.wrap(store),
 			ExpireLease: func(_ context.Context, consumer, id string) error {
-				if !store.ExpireLease(consumer, id) {
+				if !idem.ExpireLease(store, consumer, id) {
 					return fmt.Errorf("no in_progress record %q of consumer %q", id, consumer)
 				}
 				return nil
 			},
-			CountRecords: func(_ context.Context, consumer string) (int, error) { return store.CountRecords(consumer), nil },
-			AgeRecords: func(_ context.Context, consumer string, ids []string, d time.Duration) error {
-				store.AgeRecords(consumer, ids, d)
+			CountRecords: func(_ context.Context, consumer string) (int, error) { return idem.CountRecords(store, consumer), nil },
+			Shift: func(_ context.Context, consumer string, d time.Duration) error {
+				idem.Shift(store, consumer, d)
 				return nil
 			},
 		}
@@ -158,7 +158,7 @@ func (s *latestToken) SaveStep(ctx context.Context, p *idemdriver.StepParams) er
 type alwaysExpired struct{ *idem.MemoryStore }
 
 func (s *alwaysExpired) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
-	s.ExpireLease(p.Consumer, p.MessageID)
+	idem.ExpireLease(s.MemoryStore, p.Consumer, p.MessageID)
 	return s.MemoryStore.Acquire(ctx, p)
 }
 
