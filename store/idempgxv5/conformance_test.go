@@ -78,7 +78,7 @@ func leaseHarness(mode pgx.QueryExecMode) idemtest.LeaseHarness {
 				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
 				return n, err
 			},
-			Shift:      b.shift,
+			Shift: b.shift,
 		}
 	}}
 }
