@@ -3,7 +3,6 @@ package idempgxv5_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/idem-go/idem/idemtest"
 	"github.com/jackc/pgx/v5"
@@ -27,11 +26,7 @@ func TestConformance(t *testing.T) {
 func harness(mode pgx.QueryExecMode) idemtest.Harness[pgx.Tx] {
 	return idemtest.Harness[pgx.Tx]{New: func(t *testing.T) *idemtest.Setup[pgx.Tx] {
 		b := setup(t, poolOpts{maxConns: 40, mode: mode})
-		t.Cleanup(func() {
-			if n := b.pool.Stat().AcquiredConns(); n != 0 {
-				t.Errorf("pool has %d acquired connections after the case, want 0", n)
-			}
-		})
+		t.Cleanup(func() { noneAcquired(t, b.pool) })
 		return &idemtest.Setup[pgx.Tx]{
 			Store:       b.store,
 			WriteEffect: b.writeEffect,
@@ -43,9 +38,7 @@ func harness(mode pgx.QueryExecMode) idemtest.Harness[pgx.Tx] {
 				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
 				return n, err
 			},
-			AgeRecords: func(ctx context.Context, consumer string, ids []string, d time.Duration) error {
-				return b.ageRecords(ctx, consumer, ids, d)
-			},
+			Shift: b.shift,
 		}
 	}}
 }
@@ -77,11 +70,7 @@ func TestLeaseConformance(t *testing.T) {
 func leaseHarness(mode pgx.QueryExecMode) idemtest.LeaseHarness {
 	return idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
 		b := setup(t, poolOpts{maxConns: 40, mode: mode})
-		t.Cleanup(func() {
-			if n := b.pool.Stat().AcquiredConns(); n != 0 {
-				t.Errorf("pool has %d acquired connections after the case, want 0", n)
-			}
-		})
+		t.Cleanup(func() { noneAcquired(t, b.pool) })
 		return &idemtest.LeaseSetup{
 			Store:       b.store,
 			ExpireLease: b.expireLease,
@@ -89,7 +78,7 @@ func leaseHarness(mode pgx.QueryExecMode) idemtest.LeaseHarness {
 				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
 				return n, err
 			},
-			AgeRecords: b.ageRecords,
+			Shift: b.shift,
 		}
 	}}
 }

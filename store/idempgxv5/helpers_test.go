@@ -6,32 +6,23 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-const urlEnv = "IDEM_TEST_POSTGRES_URL"
-
 // testURL returns the test database URL, skipping the test when it is not
 // set (failing it under IDEM_TEST_REQUIRE_ALL=1).
 func testURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv(urlEnv)
-	if u == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
-		}
-		tb.Skipf("missing environment variable %s; set it to a PostgreSQL URL such as postgres://idem:idem@127.0.0.1:5432/idem_test?sslmode=disable", urlEnv)
-	}
-	return u
+	return testenv.URL(tb, testenv.PostgresEnv, "postgres://idem:idem@127.0.0.1:5432/idem_test?sslmode=disable")
 }
 
 type poolOpts struct {
@@ -49,7 +40,7 @@ func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(testURL(tb))
 	if err != nil {
-		tb.Fatalf("parse %s: %v", urlEnv, err)
+		tb.Fatalf("parse %s: %v", testenv.PostgresEnv, err)
 	}
 	cfg.MaxConns = 8
 	if o.maxConns > 0 {
@@ -179,14 +170,21 @@ func (b *bundle) countRecords(tb testing.TB, consumer string) int {
 	return n
 }
 
-// ageRecords moves the processed_at and updated_at (NULL for
-// transactional records) of consumer's records with ids back by d,
-// whatever their state.
-func (b *bundle) ageRecords(ctx context.Context, consumer string, ids []string, d time.Duration) error {
-	_, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - $3::bigint * interval '1 microsecond',
-		updated_at = updated_at - $3::bigint * interval '1 microsecond'
-		WHERE consumer = $1 AND message_id = ANY ($2::text[])`, consumer, ids, d.Microseconds())
-	return err
+// shift moves every time recorded for consumer back by d: its records'
+// processed_at, lease_expires_at and updated_at (NULL for transactional
+// records), and its runs (idemtest's Setup.Shift).
+func (b *bundle) shift(ctx context.Context, consumer string, d time.Duration) error {
+	iv := `$2::bigint * interval '1 microsecond'`
+	for _, q := range []string{
+		`UPDATE ` + b.table + ` SET processed_at = processed_at - ` + iv + `, lease_expires_at = lease_expires_at - ` + iv +
+			`, updated_at = updated_at - ` + iv + ` WHERE consumer = $1`,
+		`UPDATE ` + b.table + `_runs SET started_at = started_at - ` + iv + `, ended_at = ended_at - ` + iv + ` WHERE consumer = $1`,
+	} {
+		if _, err := b.pool.Exec(ctx, q, consumer, d.Microseconds()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // expireLease ends the live lease of consumer's in_progress record id at
@@ -223,13 +221,11 @@ func (b *bundle) effectHandler() idem.Handler[pgx.Tx] {
 	}
 }
 
-// checkPool fails the test if the pool has acquired connections, or an
-// idle connection that is closed, busy or inside a transaction.
+// checkPool fails the test if the pool keeps acquired connections, or has
+// an idle connection that is closed, busy or inside a transaction.
 func checkPool(tb testing.TB, pool *pgxpool.Pool) {
 	tb.Helper()
-	if n := pool.Stat().AcquiredConns(); n != 0 {
-		tb.Fatalf("pool has %d acquired connections, want 0 (leaked)", n)
-	}
+	noneAcquired(tb, pool)
 	ctx := context.Background()
 	idle := pool.AcquireAllIdle(ctx)
 	for _, c := range idle {
@@ -243,26 +239,29 @@ func checkPool(tb testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
+// noneAcquired waits until pool has no acquired connection, and fails the
+// test if one stays acquired (leaked). It waits because a running
+// Consumer's heartbeat (MarkRunning) may hold a connection for a moment,
+// and because pgxpool destroys a connection whose statement was cancelled
+// (as Close cancels a heartbeat in flight) in the background, counting it
+// as acquired until then.
+func noneAcquired(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	testenv.Eventually(tb, 5*time.Second, "no acquired connections", func() bool { return pool.Stat().AcquiredConns() == 0 },
+		func() string { return fmt.Sprintf("%d acquired (leaked)", pool.Stat().AcquiredConns()) })
+}
+
 // waitForLockWaiters waits until n sessions wait on a lock on the server
 // while running a statement containing query.
 func waitForLockWaiters(tb testing.TB, pool *pgxpool.Pool, query string, n int) {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
-		var got int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+	var got int
+	testenv.Eventually(tb, 30*time.Second, fmt.Sprintf("%d lock waiters", n), func() bool {
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0`, query).Scan(&got)
 		if err != nil {
 			tb.Fatalf("pg_stat_activity: %v", err)
 		}
-		if got >= n {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			tb.Fatalf("timed out waiting for %d lock waiters (have %d)", n, got)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+		return got >= n
+	}, func() string { return fmt.Sprintf("%d waiting", got) })
 }

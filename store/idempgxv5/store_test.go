@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -454,6 +455,69 @@ func TestProcessTxDuplicateKeepsTxUsable(t *testing.T) {
 	checkPool(t, b.pool)
 }
 
+// TestInvalidClaimKeepsTxUsable: ClaimTx, ClaimBatchTx and BeginClaim
+// refuse invalid parameters before any statement, so the caller's
+// transaction is not aborted by a constraint violation (SQLSTATE 23514,
+// then 25P02 for every later statement): it keeps its writes, claims and
+// commits.
+func TestInvalidClaimKeepsTxUsable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, poolOpts{})
+	long := strings.Repeat("x", idemdriver.DefaultMaxIDLength+1)
+	good := fp("p")
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := b.writeEffect(ctx, tx, "before"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		p    idemdriver.ClaimParams
+		want error
+	}{
+		{idemdriver.ClaimParams{Consumer: "c", MessageID: long, Fingerprint: good}, idemdriver.ErrInvalidMessageID},
+		{idemdriver.ClaimParams{Consumer: "c", MessageID: "", Fingerprint: good}, idemdriver.ErrMissingMessageID},
+		{idemdriver.ClaimParams{Consumer: long, MessageID: "m", Fingerprint: good}, idemdriver.ErrInvalidConsumerName},
+		{idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: make([]byte, 65)}, idemdriver.ErrInvalidPayload},
+	} {
+		if _, err := b.store.ClaimTx(ctx, tx, &tt.p); !errors.Is(err, tt.want) {
+			t.Errorf("ClaimTx(%.20q, %.20q) = %v, want %v", tt.p.Consumer, tt.p.MessageID, err, tt.want)
+		}
+		if _, _, err := b.store.BeginClaim(ctx, &tt.p); !errors.Is(err, tt.want) {
+			t.Errorf("BeginClaim(%.20q, %.20q) = %v, want %v", tt.p.Consumer, tt.p.MessageID, err, tt.want)
+		}
+	}
+	for _, p := range []idemdriver.ClaimBatchParams{
+		{Consumer: "c", Messages: []idemdriver.ClaimMessage{{MessageID: "ok", Fingerprint: good}, {MessageID: long, Fingerprint: good}}},
+		{Consumer: "c", Messages: []idemdriver.ClaimMessage{{MessageID: "ok", Fingerprint: good}, {MessageID: "ok", Fingerprint: good}}},
+		{Consumer: "c"},
+	} {
+		if _, err := b.store.ClaimBatchTx(ctx, tx, &p); err == nil {
+			t.Errorf("ClaimBatchTx(%d messages) = nil error, want a validation error", len(p.Messages))
+		}
+	}
+	if st := tx.Conn().PgConn().TxStatus(); st != 'T' {
+		t.Fatalf("transaction status %c after the invalid claims, want T (not aborted)", st)
+	}
+	res, err := b.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: good})
+	if err != nil || !res.Claimed {
+		t.Fatalf("valid ClaimTx after the invalid ones = %+v, %v", res, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	if n := b.countEffects(t, "before"); n != 1 {
+		t.Errorf("effect written before the invalid claims: %d rows, want 1", n)
+	}
+	if n := b.countRecords(t, "c"); n != 1 {
+		t.Errorf("%d records, want 1", n)
+	}
+	checkPool(t, b.pool)
+}
+
 // After many duplicates, mismatches, handler errors, panics, aborted
 // transactions and cancellations, no connection is leaked or left in a
 // transaction, and every pooled connection works.
@@ -496,15 +560,18 @@ func TestConnHygiene(t *testing.T) {
 				return h(ctx, tx, msgs[0])
 			})
 	}
-	// A claim that fails inside BeginClaim (an ID longer than the column
-	// allows, bypassing the Consumer's validation) leaves no transaction.
-	long := string(bytes.Repeat([]byte("x"), 300))
-	if _, _, err := b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "hygiene", MessageID: long, Fingerprint: fp("x")}); err == nil {
-		t.Error("BeginClaim of a 300-byte ID succeeded")
+	// A claim that fails inside BeginClaim, after BEGIN reached the
+	// server (its table does not exist), leaves no transaction.
+	missing, err := idempgxv5.New(b.pool, &idempgxv5.Config{Table: b.table + "_none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := missing.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "hygiene", MessageID: "x", Fingerprint: fp("x")}); err == nil {
+		t.Error("BeginClaim on a missing table succeeded")
 	} else {
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
-			t.Errorf("BeginClaim error = %v, want check_violation 23514", err)
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {
+			t.Errorf("BeginClaim error = %v, want undefined_table 42P01", err)
 		}
 	}
 	// BeginClaim with a cancelled context.
@@ -703,8 +770,8 @@ func TestClaimBatch(t *testing.T) {
 	if err != nil || res[0].Claimed {
 		t.Errorf("re-claim in the same transaction: %+v, %v; want not claimed", res, err)
 	}
-	if res, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c"}); err != nil || len(res) != 0 {
-		t.Errorf("empty batch: %v, %v", res, err)
+	if res, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c"}); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+		t.Errorf("empty batch: %v, %v; want ErrInvalidConfig", res, err)
 	}
 	// IDs must be distinct (the Consumer settles repeats itself).
 	if _, err := b.store.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{

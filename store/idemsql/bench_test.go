@@ -33,9 +33,6 @@ const benchParallelism = 4
 func BenchmarkStore(b *testing.B) {
 	for _, d := range []idemsql.Dialect{idemsql.SQLite, idemsql.Postgres} {
 		b.Run(string(d), func(b *testing.B) {
-			if d == idemsql.Postgres && serverURLOptional(envPostgres) == "" {
-				b.Skipf("missing environment variable %s", envPostgres)
-			}
 			e := newEnv(b, d, envOptions{})
 			c, err := idem.NewConsumer[*sql.Tx](e.store, idem.Config{Name: "bench", PurgeInterval: -1})
 			if err != nil {

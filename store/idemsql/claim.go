@@ -3,15 +3,14 @@ package idemsql
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
 	"strings"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // Rows per multi-row statement: MySQL's claim reports duplicates in a
@@ -24,34 +23,6 @@ const (
 	sqliteBatchRows      = 400
 )
 
-// claimPostgres runs one claim; found is false when the conflicting record
-// vanished before its fingerprint could be read.
-func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	var (
-		inserted bool
-		fp       []byte
-		state    sql.NullInt64
-	)
-	if err := tx.QueryRowContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint).Scan(&inserted, &fp, &state); err != nil {
-		return res, false, err
-	}
-	if inserted {
-		return idemdriver.ClaimResult{Claimed: true}, true, nil
-	}
-	if fp == nil {
-		// Committed by a transaction the insert waited for: a new
-		// statement has a snapshot that shows it.
-		err := tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
-		if errors.Is(err, sql.ErrNoRows) {
-			return res, false, nil
-		}
-		if err != nil {
-			return res, false, err
-		}
-	}
-	return idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
-}
-
 // claimMySQL runs one claim; see mysqlClaimSQL.
 func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
@@ -63,7 +34,7 @@ func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimP
 		return res, false, err
 	}
 	if dups == 0 {
-		return idemdriver.ClaimResult{Claimed: true}, true, nil
+		return sqlstore.Claimed, true, nil
 	}
 	return s.readExisting(ctx, tx, p)
 }
@@ -82,7 +53,7 @@ func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idemdriver.Clai
 	if err != nil {
 		return res, false, err
 	}
-	return idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}, true, nil
+	return sqlstore.Existing(fp, state), true, nil
 }
 
 // mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
@@ -118,61 +89,9 @@ func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.Claim
 		return res, false, err
 	}
 	if n == 1 {
-		return idemdriver.ClaimResult{Claimed: true}, true, nil
+		return sqlstore.Claimed, true, nil
 	}
 	return s.readExisting(ctx, tx, p)
-}
-
-// claimBatchPostgres claims msgs (sorted by ID) with one statement, plus
-// one SELECT when some records were committed by transactions it waited for.
-func (s *Store) claimBatchPostgres(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
-	got := make(map[string]idemdriver.ClaimResult, len(msgs))
-	pending := msgs
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == maxClaimAttempts {
-			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
-		}
-		ids := make([]string, len(pending))
-		fps := make([]string, len(pending))
-		for i, m := range pending {
-			ids[i], fps[i] = m.MessageID, hex.EncodeToString(m.Fingerprint)
-		}
-		rows, err := tx.QueryContext(ctx, s.q.claimBatch, consumer, pgTextArray(ids), pgTextArray(fps))
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var (
-				id    string
-				fp    []byte
-				state sql.NullInt64
-			)
-			if err := rows.Scan(&id, &fp, &state); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			if fp == nil {
-				got[id] = idemdriver.ClaimResult{Claimed: true}
-			} else {
-				got[id] = idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		waited := unsettled(pending, got)
-		if len(waited) == 0 {
-			break
-		}
-		found, err := readFingerprints(ctx, tx, s.q.fingerprints, consumer, pgTextArray(messageIDs(waited)))
-		if err != nil {
-			return nil, err
-		}
-		settle(got, found)
-		pending = unsettled(waited, got)
-	}
-	return got, nil
 }
 
 // claimBatchSQLite claims msgs with a multi-row INSERT ... RETURNING, then
@@ -182,7 +101,7 @@ func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer strin
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == maxClaimAttempts {
-			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
+			return nil, sqlstore.ErrUnsettled("batch claim", consumer)
 		}
 		for chunk := range slices.Chunk(pending, sqliteBatchRows) {
 			var b strings.Builder
@@ -207,18 +126,18 @@ func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer strin
 					rows.Close()
 					return nil, err
 				}
-				got[id] = idemdriver.ClaimResult{Claimed: true}
+				got[id] = sqlstore.Claimed
 			}
 			rows.Close()
 			if err := rows.Err(); err != nil {
 				return nil, err
 			}
 		}
-		dups := unsettled(pending, got)
+		dups := sqlstore.Unsettled(pending, got)
 		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, sqliteBatchRows, true, got); err != nil {
 			return nil, err
 		}
-		pending = unsettled(dups, got)
+		pending = sqlstore.Unsettled(dups, got)
 	}
 	return got, nil
 }
@@ -231,7 +150,7 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == maxClaimAttempts {
-			return nil, fmt.Errorf("idemsql: batch claim: records kept vanishing after conflicts")
+			return nil, sqlstore.ErrUnsettled("batch claim", consumer)
 		}
 		var dups []idemdriver.ClaimMessage
 		for chunk := range slices.Chunk(pending, mysqlClaimRows) {
@@ -254,14 +173,14 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 				if mask&(1<<i) != 0 {
 					dups = append(dups, m)
 				} else {
-					got[m.MessageID] = idemdriver.ClaimResult{Claimed: true}
+					got[m.MessageID] = sqlstore.Claimed
 				}
 			}
 		}
 		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, mysqlFingerprintRows, false, got); err != nil {
 			return nil, err
 		}
-		pending = unsettled(dups, got)
+		pending = sqlstore.Unsettled(dups, got)
 	}
 	return got, nil
 }
@@ -287,37 +206,10 @@ func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer str
 			args = append(args, m.MessageID)
 		}
 		b.WriteString(s.q.fpsSuffix)
-		found, err := readFingerprints(ctx, tx, b.String(), args...)
-		if err != nil {
+		rows, err := querier{tx}.Query(ctx, b.String(), args...)
+		if err := sqlstore.ReadExisting(rows, err, got); err != nil {
 			return err
 		}
-		settle(got, found)
 	}
 	return nil
-}
-
-// settle records found (ID -> stored record) in got as duplicates.
-func settle(got map[string]idemdriver.ClaimResult, found map[string]idemdriver.ClaimResult) {
-	for id, r := range found {
-		got[id] = r
-	}
-}
-
-// unsettled returns the messages of msgs that have no result in got.
-func unsettled(msgs []idemdriver.ClaimMessage, got map[string]idemdriver.ClaimResult) []idemdriver.ClaimMessage {
-	var out []idemdriver.ClaimMessage
-	for _, m := range msgs {
-		if _, ok := got[m.MessageID]; !ok {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-func messageIDs(msgs []idemdriver.ClaimMessage) []string {
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.MessageID
-	}
-	return ids
 }

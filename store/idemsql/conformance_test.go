@@ -52,7 +52,7 @@ func (e *env) setup() *idemtest.Setup[*sql.Tx] {
 		WriteEffect:  e.writeEffect,
 		CountEffects: e.countEffects,
 		CountRecords: e.countRecords,
-		AgeRecords:   e.ageRecords,
+		Shift:        e.shift,
 	}
 }
 
@@ -86,6 +86,6 @@ func (e *env) leaseSetup() *idemtest.LeaseSetup {
 		Store:        e.store,
 		ExpireLease:  e.expireLease,
 		CountRecords: e.countRecords,
-		AgeRecords:   e.ageRecords,
+		Shift:        e.shift,
 	}
 }

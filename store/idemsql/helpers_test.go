@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,14 +17,15 @@ import (
 	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
-// Environment variables naming the test servers (see DESIGN.md, section 5).
+// The variables naming the test servers, with example values.
 const (
-	envPostgres   = "IDEM_TEST_POSTGRES_URL"
-	envMySQL      = "IDEM_TEST_MYSQL_URL"
-	envRequireAll = "IDEM_TEST_REQUIRE_ALL"
+	envPostgres = testenv.PostgresEnv
+	envMySQL    = testenv.MySQLEnv
 )
 
 // dialects is every dialect, for tests that run on each.
@@ -35,15 +35,11 @@ var dialects = []idemsql.Dialect{idemsql.SQLite, idemsql.Postgres, idemsql.MySQL
 // or failing it when IDEM_TEST_REQUIRE_ALL=1.
 func serverURL(t testing.TB, env string) string {
 	t.Helper()
-	u := os.Getenv(env)
-	if u == "" {
-		msg := fmt.Sprintf("missing environment variable %s: set it to run the tests against that server (scripts/services prints it)", env)
-		if os.Getenv(envRequireAll) == "1" {
-			t.Fatalf("%s; %s=1 requires every server", msg, envRequireAll)
-		}
-		t.Skip(msg)
+	example := "postgres://idem:idem@127.0.0.1:5432/idem_test?sslmode=disable"
+	if env == envMySQL {
+		example = "idem:idem@tcp(127.0.0.1:3306)/idem_test"
 	}
-	return u
+	return testenv.URL(t, env, example)
 }
 
 // env is one isolated store: a database handle, a Store over fresh
@@ -141,7 +137,7 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 	}
 	ctx := context.Background()
 	t.Cleanup(func() {
-		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_migrations", e.effects} {
+		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_runs", e.table + "_migrations", e.effects} {
 			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
@@ -300,5 +296,67 @@ func forEachDialect(t *testing.T, f func(t *testing.T, d idemsql.Dialect)) {
 	}
 }
 
-// serverURLOptional returns the URL in env, or "" (benchmarks skip quietly).
-func serverURLOptional(env string) string { return os.Getenv(env) }
+// shift moves every time recorded for consumer back by d: its records'
+// processed_at, lease_expires_at and updated_at, and its runs
+// (idemtest's Setup.Shift).
+func (e *env) shift(ctx context.Context, consumer string, d time.Duration) error {
+	minus := map[idemsql.Dialect]string{
+		idemsql.Postgres: `%[1]s = %[1]s - ? * interval '1 microsecond'`,
+		idemsql.MySQL:    `%[1]s = %[1]s - INTERVAL ? MICROSECOND`,
+		idemsql.SQLite:   `%[1]s = %[1]s - ?`,
+	}[e.dialect]
+	us := d.Microseconds()
+	for table, cols := range map[string][]string{
+		e.table:           {"processed_at", "lease_expires_at", "updated_at"},
+		e.table + "_runs": {"started_at", "ended_at"},
+	} {
+		var set []string
+		args := []any{}
+		for _, c := range cols {
+			set = append(set, fmt.Sprintf(minus, c))
+			args = append(args, us)
+		}
+		q := e.q(`UPDATE ` + table + ` SET ` + strings.Join(set, ", ") + ` WHERE consumer = ?`)
+		if _, err := e.db.ExecContext(ctx, q, append(args, consumer)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// purge deletes (or with p.DryRun counts) p.Consumer's completed and
+// failed records written more than p.RetentionWindow ago by the test's
+// clock, through one purge session of store, in batches of p.BatchSize,
+// calling p.OnBatch: the store's primitives, without the core's
+// running-time horizon (idemtest covers that).
+func purge(ctx context.Context, store *idemsql.Store, p *idem.PurgeParams) (idem.PurgeResult, error) {
+	res := idem.PurgeResult{Horizon: time.Now().Add(-p.RetentionWindow)}
+	s, err := store.BeginPurge(ctx, &idemdriver.BeginPurgeParams{Consumer: p.Consumer})
+	if err != nil {
+		return res, err
+	}
+	defer s.Close(ctx)
+	if p.DryRun {
+		n, err := s.CountBefore(ctx, res.Horizon)
+		if res.Deleted = n; n > 0 {
+			res.Batches = 1
+		}
+		return res, err
+	}
+	for {
+		n, err := s.DeleteBatch(ctx, &idemdriver.PurgeBatchParams{Horizon: res.Horizon, Limit: p.BatchSize})
+		if err != nil {
+			return res, err
+		}
+		if n > 0 {
+			res.Deleted += n
+			res.Batches++
+			if p.OnBatch != nil {
+				p.OnBatch(res.Deleted)
+			}
+		}
+		if n < int64(p.BatchSize) {
+			return res, nil
+		}
+	}
+}

@@ -1,26 +1,26 @@
 package idemsql
 
-// leaseQueries holds the lease-mode statements of one Store (see lease.go),
-// with its table names filled in once. Lease durations and remaining
+// leaseQueries holds the MySQL or SQLite lease-mode statements of one
+// Store (see lease.go), with its table names filled in once (PostgreSQL's
+// are internal/pgsql's). Lease durations and remaining
 // leases cross the driver as int64 microseconds; every time is computed by
 // the server.
 //
 // Every statement that reads a record for Acquire returns the columns of
-// recordCols, in that order: state, token, attempt, fingerprint, the
-// remaining lease in microseconds (0 unless in_progress with a live lease),
-// result, content type, last error, and whether the record could be taken
-// over by the caller now (in_progress, lease ended, same fingerprint).
+// recordCols, in the order of sqlstore.LeaseRecord: state, token, attempt,
+// fingerprint, the remaining lease in microseconds (0 unless in_progress
+// with a live lease), result, content type, last error, and whether the
+// record could be taken over by the caller now (in_progress, lease ended,
+// same fingerprint).
 //
 // The remaining lease is the expiry minus the later of now and updated_at,
 // the time of the write that set the expiry (now plus the lease): never
 // more than the lease granted. A read's now can be earlier than that
-// write's and yet see it: PostgreSQL's now() is its transaction's start,
-// taken before its snapshot; MySQL's UTC_TIMESTAMP is its statement's
-// start, before its read view (and any lock wait).
+// write's and yet see it: MySQL's UTC_TIMESTAMP is its statement's start,
+// before its read view (and any lock wait).
 type leaseQueries struct {
-	// acquire: PostgreSQL, SQLite: consumer, message ID, fingerprint,
-	// lease (µs). MySQL: the INSERT of a new record only, with the same
-	// arguments.
+	// acquire: SQLite: consumer, message ID, fingerprint, lease (µs).
+	// MySQL: the INSERT of a new record only, with the same arguments.
 	acquire string
 	// record reads recordCols: consumer, message ID, fingerprint.
 	record string
@@ -38,16 +38,14 @@ type leaseQueries struct {
 	// release: error text, terminal (0 or 1), consumer, message ID, token.
 	release string
 	// ownStep (MySQL): consumer, message ID, token -> a row when owned,
-	// locked in share mode. saveStep: PostgreSQL, SQLite: consumer,
-	// message ID, token, step, result (PostgreSQL returns the owner count,
-	// SQLite is judged by rows affected); MySQL: consumer, message ID,
-	// step, result, inside the transaction that ran ownStep.
+	// locked in share mode. saveStep: SQLite: consumer, message ID,
+	// token, step, result, judged by rows affected; MySQL: consumer,
+	// message ID, step, result, inside the transaction that ran ownStep.
 	ownStep, saveStep string
 
-	// purgeBatch: PostgreSQL: consumer, horizon (µs), batch size -> the
-	// number of records deleted (their steps too). MySQL: the locking
-	// SELECT of a batch: consumer, horizon, batch size -> message ID,
-	// token. SQLite: DELETE ... RETURNING message ID, token.
+	// purgeBatch: MySQL: the locking SELECT of a batch: consumer,
+	// horizon (µs), batch size -> message ID, token. SQLite: DELETE ...
+	// RETURNING message ID, token.
 	purgeBatch string
 	// purgeSteps (MySQL, SQLite): the DELETE of steps, completed with an
 	// IN list of message IDs: consumer, IDs...
@@ -61,77 +59,6 @@ type leaseQueries struct {
 // dialect's expressions for now and for the remaining lease filled in.
 func recordCols(remaining, expired string) string {
 	return `state, token, attempt, fingerprint, ` + remaining + `, result, content_type, last_error, ` + expired
-}
-
-func postgresLeaseQueries(t string) leaseQueries {
-	steps := t + `_steps`
-	remaining := `CASE WHEN state = 1 AND lease_expires_at > now() THEN ` + pgMicros(`lease_expires_at`) + ` - ` +
-		pgMicros(`GREATEST(now(), COALESCE(updated_at, now()))`) + ` ELSE 0 END`
-	expired := `COALESCE(state = 1 AND lease_expires_at <= now() AND fingerprint = $3::bytea, false)`
-	cols := recordCols(remaining, expired)
-	pk := `consumer = $1::text AND message_id = $2::text`
-	return leaseQueries{
-		// One statement inserts a new record or takes over an expired one
-		// (the DO UPDATE runs only when its WHERE holds, judged on the
-		// latest committed version of the row, which ON CONFLICT locks), and
-		// otherwise reads the record as of the statement's snapshot. That
-		// snapshot misses a record committed by a transaction the insert
-		// waited for (no row at all), and may show a version older than the
-		// one the WHERE saw: when it shows a record that could be taken over
-		// although the DO UPDATE did not take it, the record changed since
-		// the snapshot. In both cases the caller runs the statement again,
-		// with a new snapshot.
-		acquire: `WITH up AS (
-	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
-	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + $4::bigint * interval '1 microsecond', now())
-	ON CONFLICT (consumer, message_id) DO UPDATE
-	SET token = r.token + 1, attempt = r.attempt + 1, lease_expires_at = excluded.lease_expires_at,
-		processed_at = excluded.processed_at, updated_at = excluded.updated_at
-	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
-	RETURNING r.token, r.attempt
-)
-SELECT true, 0::smallint, token, attempt, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
-UNION ALL
-SELECT false, ` + cols + ` FROM ` + t + `
-WHERE ` + pk + ` AND NOT EXISTS (SELECT 1 FROM up)`,
-		record: `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + pk,
-		steps:  `SELECT step, result FROM ` + steps + ` WHERE ` + pk,
-		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + $1::bigint * interval '1 microsecond', updated_at = now()
-WHERE consumer = $2::text AND message_id = $3::text AND state = 1 AND token = $4::bigint`,
-		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
-	lease_expires_at = now(), processed_at = now(), updated_at = now()
-WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
-		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::int = 1 THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
-	lease_expires_at = now(), processed_at = now(), updated_at = now()
-WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
-		// FOR SHARE conflicts with the row lock of a takeover, Complete or
-		// Release; under READ COMMITTED the owner check is then made again
-		// on the row they committed, so a stale owner's step is never
-		// saved after a takeover.
-		saveStep: `WITH owner AS (
-	SELECT 1 FROM ` + t + `
-	WHERE ` + pk + ` AND state = 1 AND token = $3::bigint
-	FOR SHARE
-), ins AS (
-	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $4::text, $5::bytea, now() FROM owner
-	ON CONFLICT (consumer, message_id, step) DO NOTHING
-)
-SELECT count(*) FROM owner`,
-		purgeBatch: `WITH batch AS (
-	SELECT message_id FROM ` + t + `
-	WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + ` AND state <> 1
-	ORDER BY processed_at
-	LIMIT $3::bigint
-	FOR UPDATE SKIP LOCKED
-), del AS (
-	DELETE FROM ` + t + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM batch)
-	RETURNING message_id
-), del_steps AS (
-	DELETE FROM ` + steps + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
-)
-SELECT count(*) FROM del`,
-	}
 }
 
 // mysqlNewerUpdatedAt is the updated_at of every fenced MySQL UPDATE: the

@@ -62,7 +62,7 @@ func (e *env) mustAcquire(consumer, id string, fingerprint []byte, lease time.Du
 	return res
 }
 
-func (e *env) inspect(consumer, id string) idemsql.Record {
+func (e *env) inspect(consumer, id string) idemdriver.Record {
 	e.t.Helper()
 	r, err := e.store.Inspect(context.Background(), consumer, id)
 	if err != nil {
@@ -437,12 +437,12 @@ func TestLeasePurge(t *testing.T) {
 		e.wantSteps("c", 18)
 		p := &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 2}
 		p.DryRun = true
-		res, err := s.Purge(ctx, p)
+		res, err := purge(ctx, s, p)
 		if err != nil || res.Deleted != 7 {
 			t.Errorf("DryRun: %+v, %v; want 7 (5 completed, 1 failed, 1 transactional)", res, err)
 		}
 		p.DryRun = false
-		res, err = s.Purge(ctx, p)
+		res, err = purge(ctx, s, p)
 		if err != nil || res.Deleted != 7 || res.Batches != 4 {
 			t.Errorf("Purge: %+v, %v; want 7 deleted in 4 batches", res, err)
 		}
@@ -684,7 +684,7 @@ func TestLeaseMigrateFromV1(t *testing.T) {
 		if err := e.ageRecords(ctx, "c", []string{"v1-a", "v1-b"}, 30*24*time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		res, err := e.store.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 10})
+		res, err := purge(ctx, e.store, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 10})
 		if err != nil || res.Deleted != 2 {
 			t.Errorf("Purge after the upgrade: %+v, %v; want the 2 version-1 records", res, err)
 		}
@@ -780,7 +780,7 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 		var purged int64
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
-			res, err := s.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 2})
+			res, err := purge(ctx, s, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 2})
 			if err != nil {
 				t.Errorf("Purge: %v", err)
 				break
@@ -839,7 +839,7 @@ func TestLeaseQualifiedTable(t *testing.T) {
 			if _, err := e.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "n", Fingerprint: fp("n"), Lease: leaseLong}); err != nil {
 				t.Fatal(err)
 			}
-			res, err := e.store.Purge(ctx, &idem.PurgeParams{Consumer: "c", RetentionWindow: 24 * time.Hour, BatchSize: 10})
+			res, err := purge(ctx, e.store, &idem.PurgeParams{Consumer: "c", RetentionWindow: 24 * time.Hour, BatchSize: 10})
 			if err != nil || res.Deleted != 1 {
 				t.Errorf("Purge: %+v, %v; want 1 deleted", res, err)
 			}

@@ -5,9 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // Migrate implements [idemdriver.Migrator]: it applies the dialect's migrations
@@ -17,10 +17,10 @@ import (
 // from several processes at once; each takes a lock first and the later
 // ones find nothing left to do:
 //
-//   - PostgreSQL: one transaction holding pg_advisory_xact_lock (the key
-//     derives from the table name, as in store/idempgxv5, so the two stores
-//     exclude each other). DDL is transactional: a failed migration leaves
-//     nothing behind.
+//   - PostgreSQL: store/idempgxv5's: one transaction holding
+//     pg_advisory_xact_lock (the key derives from the table name, the same
+//     in both stores, so they exclude each other). DDL is transactional: a
+//     failed migration leaves nothing behind.
 //   - MySQL: GET_LOCK on one connection (the lock name derives from the
 //     database and table names), released with RELEASE_LOCK. MySQL commits
 //     DDL implicitly, so each statement stands alone; the migrations are
@@ -47,70 +47,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 	}
 }
 
-// execer is what the migration steps need of a *sql.Tx or *sql.Conn.
-type execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// applyMigrations creates the migrations table with createTable, then runs
-// every migration of migs not recorded in it, recording each with record
-// (which takes the version).
-func (s *Store) applyMigrations(ctx context.Context, ex execer, migs []sqlschema.Migration, createTable, record string) error {
-	if _, err := ex.ExecContext(ctx, createTable); err != nil {
-		return fmt.Errorf("idemsql: create %s: %w", s.q.migTable, err)
-	}
-	rows, err := ex.QueryContext(ctx, `SELECT version FROM `+s.q.migTable)
-	if err != nil {
-		return fmt.Errorf("idemsql: read %s: %w", s.q.migTable, err)
-	}
-	done := map[int]bool{}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return fmt.Errorf("idemsql: read %s: %w", s.q.migTable, err)
-		}
-		done[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("idemsql: read %s: %w", s.q.migTable, err)
-	}
-	for _, m := range migs {
-		if done[m.Version] {
-			continue
-		}
-		for _, st := range m.Statements() {
-			if _, err := ex.ExecContext(ctx, st); err != nil {
-				return fmt.Errorf("idemsql: migration %s: %w", m.Name, err)
-			}
-		}
-		if _, err := ex.ExecContext(ctx, record, m.Version); err != nil {
-			return fmt.Errorf("idemsql: record migration %s: %w", m.Name, err)
-		}
-	}
-	return nil
-}
-
 func (s *Store) migratePostgres(ctx context.Context, migs []sqlschema.Migration) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("idemsql: migrate: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey("migrate", s.table.Qualified)); err != nil {
-		return fmt.Errorf("idemsql: migrate lock: %w", err)
-	}
-	err = s.applyMigrations(ctx, tx, migs,
-		`CREATE TABLE IF NOT EXISTS `+s.q.migTable+` (
-	version    int PRIMARY KEY,
-	applied_at timestamptz NOT NULL DEFAULT now()
-)`,
-		`INSERT INTO `+s.q.migTable+` (version, applied_at) VALUES ($1, now())`)
-	if err != nil {
-		return err
+	if err := s.pg.Migrate(ctx, querier{tx}, migs); err != nil {
+		return fmt.Errorf("idemsql: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("idemsql: migrate commit: %w", err)
@@ -152,26 +96,29 @@ func (s *Store) migrateMySQL(ctx context.Context, migs []sqlschema.Migration) er
 			return fmt.Errorf("idemsql: migrate lock: %w", err)
 		}
 	}
-	defer releaseMySQLLock(ctx, conn, name, s.table.Qualified)
-	return s.applyMigrations(ctx, conn, migs,
-		`CREATE TABLE IF NOT EXISTS `+s.q.migTable+` (
-    version    INT NOT NULL PRIMARY KEY,
-    applied_at DATETIME(6) NOT NULL
-) ENGINE=InnoDB`,
-		`INSERT INTO `+s.q.migTable+` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))`)
+	defer func() { _ = releaseMySQLLock(ctx, conn, name, s.table.Qualified) }()
+	if err := sqlstore.Apply(ctx, querier{conn}, migs, s.q.migrations); err != nil {
+		return fmt.Errorf("idemsql: %w", err)
+	}
+	return nil
 }
 
 // releaseMySQLLock releases a GET_LOCK lock held by conn. A connection
 // whose lock could not be released is closed rather than pooled, which
-// releases the lock (it belongs to the session).
-func releaseMySQLLock(ctx context.Context, conn *sql.Conn, name string, args ...any) {
-	rctx, cancel := detached(ctx)
+// releases the lock (it belongs to the session); the error says so.
+func releaseMySQLLock(ctx context.Context, conn *sql.Conn, name string, args ...any) error {
+	rctx, cancel := sqlstore.Detached(ctx)
 	defer cancel()
 	var released sql.NullInt64
 	err := conn.QueryRowContext(rctx, `SELECT RELEASE_LOCK(`+name+`)`, args...).Scan(&released)
-	if err != nil || !released.Valid || released.Int64 != 1 {
-		discard(conn)
+	if err == nil && (!released.Valid || released.Int64 != 1) {
+		err = errors.New("the session did not hold the lock")
 	}
+	if err != nil {
+		discard(conn)
+		return fmt.Errorf("idemsql: release lock: %w", err)
+	}
+	return nil
 }
 
 func (s *Store) migrateSQLite(ctx context.Context, migs []sqlschema.Migration) (err error) {
@@ -190,42 +137,18 @@ func (s *Store) migrateSQLite(ctx context.Context, migs []sqlschema.Migration) (
 		if committed {
 			return
 		}
-		rctx, cancel := detached(ctx)
+		rctx, cancel := sqlstore.Detached(ctx)
 		defer cancel()
 		if _, rerr := conn.ExecContext(rctx, "ROLLBACK"); rerr != nil {
 			discard(conn)
 		}
 	}()
-	err = s.applyMigrations(ctx, conn, migs,
-		`CREATE TABLE IF NOT EXISTS `+s.q.migTable+` (
-    version    INTEGER PRIMARY KEY,
-    applied_at INTEGER NOT NULL
-)`,
-		`INSERT INTO `+s.q.migTable+` (version, applied_at) VALUES (?1, `+sqliteNow+`)`)
-	if err != nil {
-		return err
+	if err := sqlstore.Apply(ctx, querier{conn}, migs, s.q.migrations); err != nil {
+		return fmt.Errorf("idemsql: %w", err)
 	}
 	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
 		return fmt.Errorf("idemsql: migrate commit: %w", err)
 	}
 	committed = true
 	return nil
-}
-
-// lockKey derives a 64-bit PostgreSQL advisory lock key from a purpose and
-// names: FNV-1a over "idem" and the NUL-separated parts, the same keys as
-// store/idempgxv5, stable across processes and versions of idem.
-func lockKey(parts ...string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("idem"))
-	for _, p := range parts {
-		h.Write([]byte{0})
-		h.Write([]byte(p))
-	}
-	return int64(h.Sum64())
-}
-
-// detached returns a context for cleanup after ctx may have ended.
-func detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }

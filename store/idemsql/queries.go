@@ -3,11 +3,14 @@ package idemsql
 import (
 	"strconv"
 	"strings"
+
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
-// queries holds the statements of one Store, with its table name filled in
-// once. Statements whose length depends on a batch size are built from the
-// parts named *Prefix, *Row and *Suffix.
+// queries holds the MySQL or SQLite statements of one Store, with its
+// table name filled in once (PostgreSQL's are internal/pgsql's, shared
+// with store/idempgxv5). Statements whose length depends on a batch size
+// are built from the parts named *Prefix, *Row and *Suffix.
 //
 // Times cross the driver as int64 microseconds since the Unix epoch (UTC),
 // converted by the server, so nothing depends on a driver's time handling
@@ -19,84 +22,21 @@ type queries struct {
 	// message ID.
 	fingerprint string
 
-	// PostgreSQL batch claim: consumer, text[] of IDs, text[] of hex
-	// fingerprints -> message ID, fingerprint, state.
-	claimBatch string
-	// PostgreSQL fingerprints and states: consumer, text[] of IDs.
-	fingerprints string
-
 	// MySQL and SQLite multi-row statements (batchRow and batchSuffix:
 	// SQLite only; see mysqlClaimSQL).
 	batchPrefix, batchRow, batchSuffix string
 	fpsPrefix, fpsSuffix               string
 
-	// newest: the consumer's newest record time minus a window: window
-	// (µs), consumer. NULL when the consumer has no records.
-	horizon string
-	// purgeCount: consumer, horizon (µs): the records a purge would
-	// delete (not in_progress). The batches are in leaseQueries.
-	purgeCount string
+	// runs are the retention statements (the purge batches are in
+	// leaseQueries).
+	runs sqlstore.RunQueries
 	// inspect: consumer, message ID -> fingerprint, processed at (µs),
 	// state, token, attempt, lease expiry (µs, NULL when none), last error.
 	inspect string
 	// stats -> consumer, count, oldest (µs), newest (µs).
 	stats string
-	// migTable is the migrations table.
-	migTable string
-}
-
-// pgMicros is a timestamptz as int64 microseconds since the epoch: exact on
-// PostgreSQL 14 and later, where extract returns numeric.
-func pgMicros(x string) string {
-	return `(extract(epoch from ` + x + `) * 1000000)::bigint`
-}
-
-// pgTime is the timestamptz of a $n parameter holding microseconds.
-func pgTime(param string) string {
-	return `('epoch'::timestamptz + ` + param + `::bigint * interval '1 microsecond')`
-}
-
-func postgresQueries(t string) queries {
-	return queries{
-		// One statement claims and, on a conflict with a record committed
-		// before it began, reads the stored fingerprint and state (a
-		// lease-mode record may be in progress or failed): the outer SELECT
-		// sees the statement's snapshot, which holds neither this
-		// statement's insert nor a record committed by a concurrent
-		// transaction the insert waited for. In that last case (not
-		// inserted, NULL fingerprint) a new statement, with a new READ
-		// COMMITTED snapshot, reads it.
-		claim: `WITH ins AS (
-	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	VALUES ($1::text, $2::text, $3::bytea)
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM ins), r.fingerprint, r.state
-FROM (SELECT 1) AS one
-LEFT JOIN ` + t + ` AS r ON r.consumer = $1::text AND r.message_id = $2::text`,
-		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
-		// The batch version: rows with a NULL fingerprint were inserted by
-		// this statement, the others are records committed before it began.
-		// IDs in neither were committed by transactions it waited for.
-		claimBatch: `WITH ins AS (
-	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	SELECT $1::text, u.id, decode(u.fp, 'hex') FROM unnest($2::text[], $3::text[]) AS u(id, fp)
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING message_id
-)
-SELECT message_id, NULL::bytea, NULL::smallint FROM ins
-UNION ALL
-SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
-		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
-		horizon:      `SELECT ` + pgMicros(`max(processed_at)`) + ` - $1::bigint FROM ` + t + ` WHERE consumer = $2::text`,
-		purgeCount:   `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + pgTime(`$2`) + ` AND state <> 1`,
-		inspect: `SELECT fingerprint, ` + pgMicros(`processed_at`) + `, state, token, attempt, ` + pgMicros(`lease_expires_at`) + `, last_error
-FROM ` + t + ` WHERE consumer = $1::text AND message_id = $2::text`,
-		stats: `SELECT consumer, count(*), ` + pgMicros(`min(processed_at)`) + `, ` + pgMicros(`max(processed_at)`) +
-			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
-		migTable: t + `_migrations`,
-	}
+	// migrations is the migrations table.
+	migrations sqlstore.MigrationTable
 }
 
 // MySQL times: processed_at is a UTC DATETIME(6); these convert it to and
@@ -143,6 +83,7 @@ func mysqlClaimSQL(prefix string, n int) string {
 
 func mysqlQueries(t string) queries {
 	batchPrefix := `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES `
+	runs := t + `_runs`
 	return queries{
 		claim: mysqlClaimSQL(batchPrefix, 1),
 		// A locking read: under REPEATABLE READ a plain SELECT reads the
@@ -157,13 +98,34 @@ func mysqlQueries(t string) queries {
 		batchPrefix: batchPrefix,
 		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` FORCE INDEX (PRIMARY) WHERE consumer = ? AND message_id IN (`,
 		fpsSuffix:   `) LOCK IN SHARE MODE`,
-		horizon:     `SELECT ` + mysqlMicros(`MAX(processed_at)`) + ` - ? FROM ` + t + ` WHERE consumer = ?`,
-		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
+		// Runs: a plain read of the newest run, then an UPDATE of that row
+		// by primary key (no locking read that could take gap locks), then,
+		// unless it extended the run, an INSERT. rows affected is 0 when
+		// the end was already now (without CLIENT_FOUND_ROWS): the INSERT
+		// then adds an empty run, which adds no running time.
+		runs: sqlstore.RunQueries{
+			Newest: `SELECT ` + mysqlMicros(`started_at`) + `, ` + mysqlMicros(`ended_at`) + `, ` + mysqlMicros(`UTC_TIMESTAMP(6)`) + `
+FROM ` + runs + ` WHERE consumer = ? ORDER BY started_at DESC LIMIT 1`,
+			Extend: `UPDATE ` + runs + ` SET ended_at = GREATEST(ended_at, UTC_TIMESTAMP(6))
+WHERE consumer = ? AND started_at = ` + mysqlTimeParam + ` AND ended_at >= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND`,
+			Insert: `INSERT INTO ` + runs + ` (consumer, started_at, ended_at) VALUES (?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE ended_at = GREATEST(ended_at, UTC_TIMESTAMP(6))`,
+			Runs:  `SELECT ` + mysqlMicros(`started_at`) + `, ` + mysqlMicros(`ended_at`) + ` FROM ` + runs + ` WHERE consumer = ? ORDER BY started_at`,
+			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
+			Prune: `DELETE FROM ` + runs + ` WHERE consumer = ? AND ended_at < ` + mysqlTimeParam,
+		},
 		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, state, token, attempt, ` + mysqlMicros(`lease_expires_at`) + `, last_error
 FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 		stats: `SELECT consumer, COUNT(*), ` + mysqlMicros(`MIN(processed_at)`) + `, ` + mysqlMicros(`MAX(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
-		migTable: t + `_migrations`,
+		migrations: sqlstore.MigrationTable{
+			Name: t + `_migrations`,
+			Create: `CREATE TABLE IF NOT EXISTS ` + t + `_migrations (
+    version    INT NOT NULL PRIMARY KEY,
+    applied_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB`,
+			Record: `INSERT INTO ` + t + `_migrations (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))`,
+		},
 	}
 }
 
@@ -174,6 +136,7 @@ FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 const sqliteNow = `(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000)`
 
 func sqliteQueries(t string) queries {
+	runs := t + `_runs`
 	return queries{
 		// ON CONFLICT DO NOTHING, not INSERT OR IGNORE, which would also
 		// swallow NOT NULL and CHECK violations.
@@ -185,37 +148,30 @@ func sqliteQueries(t string) queries {
 		batchSuffix: ` ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
 		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
 		fpsSuffix:   `)`,
-		horizon:     `SELECT MAX(processed_at) - ?1 FROM ` + t + ` WHERE consumer = ?2`,
-		purgeCount:  `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1`,
+		// Runs, as on MySQL: a read of the newest run, an UPDATE of it,
+		// and an INSERT unless it extended the run.
+		runs: sqlstore.RunQueries{
+			Newest: `SELECT started_at, ended_at, ` + sqliteNow + ` FROM ` + runs + ` WHERE consumer = ?1 ORDER BY started_at DESC LIMIT 1`,
+			Extend: `UPDATE ` + runs + ` SET ended_at = MAX(ended_at, ` + sqliteNow + `)
+WHERE consumer = ?1 AND started_at = ?2 AND ended_at >= ` + sqliteNow + ` - ?3`,
+			Insert: `INSERT INTO ` + runs + ` (consumer, started_at, ended_at) VALUES (?1, ` + sqliteNow + `, ` + sqliteNow + `)
+ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = MAX(ended_at, excluded.ended_at)`,
+			Runs:  `SELECT started_at, ended_at FROM ` + runs + ` WHERE consumer = ?1 ORDER BY started_at`,
+			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1`,
+			Prune: `DELETE FROM ` + runs + ` WHERE consumer = ?1 AND ended_at < ?2`,
+		},
 		inspect: `SELECT fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error
 FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
-		stats:    `SELECT consumer, COUNT(*), MIN(processed_at), MAX(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
-		migTable: t + `_migrations`,
+		stats: `SELECT consumer, COUNT(*), MIN(processed_at), MAX(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
+		migrations: sqlstore.MigrationTable{
+			Name: t + `_migrations`,
+			Create: `CREATE TABLE IF NOT EXISTS ` + t + `_migrations (
+    version    INTEGER PRIMARY KEY,
+    applied_at INTEGER NOT NULL
+)`,
+			Record: `INSERT INTO ` + t + `_migrations (version, applied_at) VALUES (?1, ` + sqliteNow + `)`,
+		},
 	}
-}
-
-// pgTextArray renders ss as a PostgreSQL array literal ('{"a","b"}'), sent
-// as an ordinary string parameter and cast with ::text[] in SQL, so the
-// store works with any driver, not only one that maps []string to arrays.
-// Every element is quoted, so none is read as NULL or loses spaces.
-func pgTextArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for j := 0; j < len(s); j++ {
-			if c := s[j]; c == '"' || c == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(s[j])
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 // sqliteRow is the i-th (from 0) row of a SQLite batch insert: parameters

@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
 
 // SQLiteBusyTimeoutMS is the busy timeout [SQLiteDSN] sets, in
@@ -60,7 +61,7 @@ func SQLiteDSN(path string) string {
 }
 
 // SQLiteSettingError is returned by [New] for a SQLite database opened
-// without a setting the store depends on. It matches idem.ErrInvalidConfig
+// without a setting the store depends on. It matches idemdriver.ErrInvalidConfig
 // with errors.Is. Open the database with [SQLiteDSN] to get them all.
 type SQLiteSettingError struct {
 	// Setting is what is wrong: "busy_timeout", "journal_mode", "_txlock"
@@ -77,8 +78,8 @@ func (e *SQLiteSettingError) Error() string {
 	return fmt.Sprintf("idemsql: SQLite %s is %s, want %s (open the database with idemsql.SQLiteDSN)", e.Setting, e.Got, e.Want)
 }
 
-// Is reports whether target is idem.ErrInvalidConfig.
-func (e *SQLiteSettingError) Is(target error) bool { return target == idem.ErrInvalidConfig }
+// Is reports whether target is idemdriver.ErrInvalidConfig.
+func (e *SQLiteSettingError) Is(target error) bool { return target == idemdriver.ErrInvalidConfig }
 
 // checkSQLite checks db's settings and returns the scope of the in-process
 // purge lock: the main database file, or the *sql.DB for an in-memory one.
@@ -184,7 +185,7 @@ func probeImmediate(ctx context.Context, db *sql.DB) (bool, error) {
 		return false, err
 	}
 	defer func() {
-		rctx, cancel := detached(ctx)
+		rctx, cancel := sqlstore.Detached(ctx)
 		defer cancel()
 		if _, err := prober.ExecContext(rctx, "PRAGMA busy_timeout = "+strconv.FormatInt(timeout, 10)); err != nil {
 			discard(prober)
@@ -194,7 +195,7 @@ func probeImmediate(ctx context.Context, db *sql.DB) (bool, error) {
 		// The write lock is held: the holder's BEGIN took it.
 		return true, nil
 	}
-	rctx, cancel := detached(ctx)
+	rctx, cancel := sqlstore.Detached(ctx)
 	defer cancel()
 	if _, err := prober.ExecContext(rctx, "ROLLBACK"); err != nil {
 		discard(prober)

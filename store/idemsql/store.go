@@ -5,24 +5,18 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/internal/sqlstore"
 )
-
-// finishTimeout bounds a rollback, unlock or lock release that runs after
-// the caller's context has ended, so a pooled connection is never handed
-// back in an unknown state.
-const finishTimeout = 10 * time.Second
 
 // maxClaimAttempts bounds how often one claim is re-run when a record that
 // conflicted vanished before its fingerprint could be read (a purge deleted
 // it in that instant). In practice the first attempt settles.
-const maxClaimAttempts = 4
+const maxClaimAttempts = sqlstore.MaxClaimAttempts
 
 // Dialect is the SQL dialect of the database behind a *sql.DB: [Postgres],
 // [MySQL] or [SQLite]. The store imports no driver; the caller opens the
@@ -56,18 +50,20 @@ type Config struct {
 	// Table is the processed-messages table: an identifier or
 	// schema.identifier of letters, digits and underscores, at most 48 bytes
 	// each, never quoted (on MySQL the "schema" is a database). Migrate
-	// creates it, and the table that records the applied migrations, named
-	// Table + "_migrations". Defaults to idem_processed.
+	// creates it, the recovery points table Table + "_steps", the runs
+	// table Table + "_runs", and the table that records the applied
+	// migrations, Table + "_migrations". Defaults to idem_processed.
 	Table string
 }
 
-// Store is an [idemdriver.TxStore] over database/sql for PostgreSQL, MariaDB/MySQL
-// and SQLite. The transactions it hands to handlers are ordinary *sql.Tx
-// values on the caller's *sql.DB; handlers write their side effects with
-// them. It also implements [idemdriver.LeaseStore] (lease mode, for
-// [idem.LeaseConsumer]; see the package documentation) and [idemdriver.Migrator],
-// and offers [Store.Inspect] and [Store.Stats] for operators (the idem
-// command).
+// Store is an [idemdriver.TxStore] over database/sql for PostgreSQL,
+// MariaDB/MySQL and SQLite. The transactions it hands to handlers are
+// ordinary *sql.Tx values on the caller's *sql.DB; handlers write their
+// side effects with them. It also implements [idemdriver.LeaseStore]
+// (lease mode, for [idem.LeaseConsumer]; see the package documentation),
+// [idemdriver.Retainer] for retention, and the optional
+// [idemdriver.BatchClaimer], [idemdriver.Migrator] and
+// [idemdriver.Inspector] (for operators: the idem command).
 //
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the *sql.DB.
@@ -75,8 +71,11 @@ type Store struct {
 	db      *sql.DB
 	dialect Dialect
 	table   sqlschema.Table
-	q       queries
-	lq      leaseQueries
+	// pg is the PostgreSQL dialect's statements and logic, shared with
+	// store/idempgxv5; q and lq are MySQL's or SQLite's.
+	pg *pgsql.Queries
+	q  queries
+	lq leaseQueries
 	// lockScope names the database file for SQLite's in-process purge
 	// lock, so two Stores over one file share it.
 	lockScope string
@@ -84,36 +83,38 @@ type Store struct {
 
 // Interface checks.
 var (
-	_ idemdriver.TxStore[*sql.Tx] = (*Store)(nil)
-	_ idemdriver.LeaseStore       = (*Store)(nil)
-	_ idemdriver.Migrator         = (*Store)(nil)
+	_ idemdriver.TxStore[*sql.Tx]      = (*Store)(nil)
+	_ idemdriver.BatchClaimer[*sql.Tx] = (*Store)(nil)
+	_ idemdriver.LeaseStore            = (*Store)(nil)
+	_ idemdriver.Retainer              = (*Store)(nil)
+	_ idemdriver.Migrator              = (*Store)(nil)
+	_ idemdriver.Inspector             = (*Store)(nil)
 )
 
 // New returns a Store over db for the given dialect. cfg may be nil.
 //
-// It returns an error matching [idem.ErrInvalidConfig] when db is nil, the
+// It returns an error matching [idemdriver.ErrInvalidConfig] when db is nil, the
 // dialect is unknown or cfg.Table is not a valid table name. For SQLite it
 // also checks the connection settings the store depends on (see
-// [SQLiteSettingError], which matches idem.ErrInvalidConfig too) and so
+// [SQLiteSettingError], which matches idemdriver.ErrInvalidConfig too) and so
 // needs the database to answer; for PostgreSQL and MySQL it does not touch
 // the database. Call [Store.Migrate] (or `idem migrate`) to create the
 // tables.
 func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	if db == nil {
-		return nil, fmt.Errorf("%w: idemsql: nil *sql.DB", idem.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: idemsql: nil *sql.DB", idemdriver.ErrInvalidConfig)
 	}
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	table, err := sqlschema.ParseTable(cfg.Table)
 	if err != nil {
-		return nil, fmt.Errorf("%w: idemsql: %w", idem.ErrInvalidConfig, err)
+		return nil, fmt.Errorf("%w: idemsql: %w", idemdriver.ErrInvalidConfig, err)
 	}
 	s := &Store{db: db, dialect: dialect, table: table}
 	switch dialect {
 	case Postgres:
-		s.q = postgresQueries(table.Qualified)
-		s.lq = postgresLeaseQueries(table.Qualified)
+		s.pg = pgsql.New(table.Qualified)
 	case MySQL:
 		s.q = mysqlQueries(table.Qualified)
 		s.lq = mysqlLeaseQueries(table.Qualified)
@@ -127,7 +128,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 		}
 	default:
 		return nil, fmt.Errorf("%w: idemsql: unknown dialect %q (want %q, %q or %q)",
-			idem.ErrInvalidConfig, string(dialect), Postgres, MySQL, SQLite)
+			idemdriver.ErrInvalidConfig, string(dialect), Postgres, MySQL, SQLite)
 	}
 	return s, nil
 }
@@ -172,11 +173,12 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 // the stored fingerprint; if that transaction rolled back, the claim is ours.
 // A duplicate never raises an error inside the database, so tx stays usable.
 //
-//   - PostgreSQL: INSERT ... ON CONFLICT DO NOTHING RETURNING, with the
-//     stored fingerprint read in the same statement when the record was
-//     committed before it began, and by a new statement (a new READ
-//     COMMITTED snapshot) when it was committed by a transaction we waited
-//     for.
+//   - PostgreSQL: the statements of store/idempgxv5 (internal/pgsql):
+//     INSERT ... ON CONFLICT DO NOTHING in a CTE whose outer SELECT reads
+//     the stored fingerprint when the record was committed before the
+//     statement began (a branch PostgreSQL runs only on a conflict), and a
+//     new statement (a new READ COMMITTED snapshot) when it was committed
+//     by a transaction we waited for.
 //   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE whose update clause, which
 //     runs only for a duplicate, leaves the row as it is and sets
 //     LAST_INSERT_ID: the insert ID the server reports tells a duplicate
@@ -187,17 +189,21 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 //   - SQLite: INSERT ... ON CONFLICT DO NOTHING judged by rows affected,
 //     then a SELECT; writers are serialised, so nothing is in flight.
 //
-// p is checked first: an invalid consumer name or message ID, or a
-// fingerprint outside 1 to idem.MaxFingerprintLength bytes, is an error
-// matching idem.ErrInvalidConsumerName, idem.ErrInvalidMessageID or
-// idem.ErrInvalidPayload (the Consumer has validated them already). Other
-// errors are the driver's, unwrapped (the Consumer wraps them with
-// idem.ErrStore). With a REPEATABLE READ or SERIALIZABLE transaction on
-// PostgreSQL, a conflict with a row committed after the snapshot is a
-// serialization failure (SQLSTATE 40001), which is retryable.
+// p is checked before any statement runs (idemdriver.ValidateClaimParams),
+// so tx stays usable: an invalid consumer name or message ID, or a
+// fingerprint outside 1 to idemdriver.MaxFingerprintLength bytes, is an
+// error matching idemdriver.ErrInvalidConsumerName, ErrInvalidMessageID,
+// ErrMissingMessageID or ErrInvalidPayload. Other errors are the driver's,
+// unwrapped (the Consumer wraps them with idem.ErrStore). With a
+// REPEATABLE READ or SERIALIZABLE transaction on PostgreSQL, a conflict
+// with a row committed after the snapshot is a serialization failure
+// (SQLSTATE 40001), which is retryable.
 func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	if err := checkClaim(p.Consumer, p.MessageID, p.Fingerprint); err != nil {
+	if err := idemdriver.ValidateClaimParams(p); err != nil {
 		return idemdriver.ClaimResult{}, err
+	}
+	if s.dialect == Postgres {
+		return s.pg.ClaimTx(ctx, querier{tx}, p)
 	}
 	for range maxClaimAttempts {
 		var (
@@ -205,12 +211,9 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 			found bool
 			err   error
 		)
-		switch s.dialect {
-		case Postgres:
-			res, found, err = s.claimPostgres(ctx, tx, p)
-		case MySQL:
+		if s.dialect == MySQL {
 			res, found, err = s.claimMySQL(ctx, tx, p)
-		default:
+		} else {
 			res, found, err = s.claimSQLite(ctx, tx, p)
 		}
 		if err != nil || found {
@@ -219,20 +222,22 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 		// The conflicting record vanished before we could read it (a purge
 		// deleted it): claim again.
 	}
-	return idemdriver.ClaimResult{}, fmt.Errorf("idemsql: claim of %q: record kept vanishing after a conflict", p.MessageID)
+	return idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)
 }
 
-// ClaimBatchTx implements [idemdriver.TxStore]: it claims every message of p
-// inside tx with one INSERT (split into several only past the dialect's
-// placeholder limit) and returns one result per message, in the order
-// given. Rows are inserted in byte order of their IDs, so two batches that
-// overlap take their row locks in the same order and do not deadlock.
+// ClaimBatchTx implements [idemdriver.BatchClaimer]: it claims every
+// message of p inside tx with one INSERT (split into several only past the
+// dialect's placeholder limit) and returns one result per message, in the
+// order given. Rows are inserted in byte order of their IDs, so two
+// batches that overlap take their row locks in the same order and do not
+// deadlock.
 //
-//   - PostgreSQL: INSERT ... SELECT FROM unnest(ids, fingerprints) ON
-//     CONFLICT DO NOTHING RETURNING message_id, in a statement that also
-//     reads the fingerprints of the records committed before it began; the
-//     records committed by transactions it waited for are read by one more
-//     SELECT.
+//   - PostgreSQL: the statement of store/idempgxv5 (internal/pgsql):
+//     INSERT ... SELECT FROM unnest(ids, fingerprints) ON CONFLICT DO
+//     NOTHING RETURNING message_id, which also reads the fingerprints of
+//     the records committed before it began and returns one row when every
+//     message was new; the records committed by transactions it waited for
+//     are read by one more SELECT.
 //   - SQLite: a multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING
 //     message_id, then one SELECT of the fingerprints of the rows not
 //     returned.
@@ -241,96 +246,28 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 //     package documentation, "MySQL batch claims"), then one locking SELECT
 //     of the duplicates' fingerprints.
 //
-// A message ID given twice is an error; so are invalid names (as in
-// ClaimTx). Other errors are the driver's.
+// p is checked before any statement runs
+// (idemdriver.ValidateClaimBatchParams): an empty batch or a message ID
+// given twice is an error matching idemdriver.ErrInvalidConfig, invalid
+// names as in ClaimTx. Other errors are the driver's.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	if len(p.Messages) == 0 {
-		return []idemdriver.ClaimResult{}, nil
+	if err := idemdriver.ValidateClaimBatchParams(p); err != nil {
+		return nil, err
 	}
-	seen := make(map[string]bool, len(p.Messages))
-	for _, m := range p.Messages {
-		if err := checkClaim(p.Consumer, m.MessageID, m.Fingerprint); err != nil {
-			return nil, err
-		}
-		if seen[m.MessageID] {
-			return nil, fmt.Errorf("idemsql: message ID %q appears twice in one batch claim", m.MessageID)
-		}
-		seen[m.MessageID] = true
+	if s.dialect == Postgres {
+		return s.pg.ClaimBatchTx(ctx, querier{tx}, p)
 	}
-	sorted := slices.Clone(p.Messages)
-	slices.SortFunc(sorted, func(a, b idemdriver.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) })
-
 	var (
 		got map[string]idemdriver.ClaimResult
 		err error
 	)
-	switch s.dialect {
-	case Postgres:
-		got, err = s.claimBatchPostgres(ctx, tx, p.Consumer, sorted)
-	case MySQL:
-		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sorted)
-	default:
-		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sorted)
+	if s.dialect == MySQL {
+		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sqlstore.Sorted(p))
+	} else {
+		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sqlstore.Sorted(p))
 	}
 	if err != nil {
 		return nil, err
 	}
-	out := make([]idemdriver.ClaimResult, len(p.Messages))
-	for i, m := range p.Messages {
-		r, ok := got[m.MessageID]
-		if !ok {
-			return nil, fmt.Errorf("idemsql: batch claim settled no result for message ID %q", m.MessageID)
-		}
-		out[i] = r
-	}
-	return out, nil
-}
-
-// checkClaim guards the columns' limits. The Consumer validates before
-// claiming; a direct caller of ClaimTx gets an error instead of a silent
-// truncation or a constraint violation.
-func checkClaim(consumer, id string, fp []byte) error {
-	if err := idem.ValidateConsumerName(consumer); err != nil {
-		return err
-	}
-	if err := idem.ValidateMessageID(id, 0); err != nil {
-		return err
-	}
-	if len(fp) == 0 || len(fp) > idem.MaxFingerprintLength {
-		return fmt.Errorf("%w: fingerprint of %d bytes, want 1..%d", idem.ErrInvalidPayload, len(fp), idem.MaxFingerprintLength)
-	}
-	return nil
-}
-
-// readFingerprints runs query, which returns (message_id, fingerprint,
-// state) rows, and returns the existing records by message ID as
-// unclaimed results.
-func readFingerprints(ctx context.Context, tx *sql.Tx, query string, args ...any) (map[string]idemdriver.ClaimResult, error) {
-	rows, err := tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	found := map[string]idemdriver.ClaimResult{}
-	for rows.Next() {
-		var (
-			id    string
-			fp    []byte
-			state sql.NullInt64
-		)
-		if err := rows.Scan(&id, &fp, &state); err != nil {
-			return nil, err
-		}
-		found[id] = idemdriver.ClaimResult{Fingerprint: fp, State: recordState(state)}
-	}
-	return found, rows.Err()
-}
-
-// recordState converts a scanned state column; NULL (no lease columns
-// read) is a completed record.
-func recordState(v sql.NullInt64) idemdriver.RecordState {
-	if !v.Valid || v.Int64 == 0 {
-		return idemdriver.StateCompleted
-	}
-	return idemdriver.RecordState(v.Int64)
+	return sqlstore.InOrder(p, got)
 }

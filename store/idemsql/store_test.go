@@ -648,7 +648,7 @@ func TestInspectAndStats(t *testing.T) {
 			rec.ProcessedAt.Before(before) || rec.ProcessedAt.After(time.Now().Add(time.Minute)) || rec.ProcessedAt.Location() != time.UTC {
 			t.Errorf("Inspect = %+v", rec)
 		}
-		if _, err := e.store.Inspect(ctx, "a-consumer", "M1"); !errors.Is(err, idemsql.ErrNotFound) {
+		if _, err := e.store.Inspect(ctx, "a-consumer", "M1"); !errors.Is(err, idemdriver.ErrNotFound) {
 			t.Errorf("Inspect of a missing record: err = %v, want ErrNotFound", err)
 		}
 		if _, err := e.store.Inspect(ctx, "a-consumer", ""); !errors.Is(err, idem.ErrMissingMessageID) {
@@ -671,80 +671,6 @@ func TestInspectAndStats(t *testing.T) {
 		m0, _ := e.store.Inspect(ctx, "a-consumer", "m0")
 		if !a.Oldest.Equal(m0.ProcessedAt) {
 			t.Errorf("Stats[a].Oldest = %v, Inspect(m0).ProcessedAt = %v", a.Oldest, m0.ProcessedAt)
-		}
-	})
-}
-
-// TestPurge checks the horizon (the consumer's newest record minus the
-// window), bounded batches, OnBatch, DryRun, other consumers left alone,
-// and a consumer that was down for longer than the window.
-func TestPurge(t *testing.T) {
-	t.Parallel()
-	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
-		e := newEnv(t, d, envOptions{})
-		ctx := t.Context()
-		c := e.consumer("purged")
-		other := e.consumer("other")
-		var old []string
-		for i := range 7 {
-			id := fmt.Sprintf("old-%d", i)
-			old = append(old, id)
-			for _, cc := range []*idem.Consumer[*sql.Tx]{c, other} {
-				if _, err := cc.Process(ctx, idem.Message{ID: id, Payload: []byte(id)}, e.effectHandler); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		if _, err := c.Process(ctx, idem.Message{ID: "new", Payload: []byte("new")}, e.effectHandler); err != nil {
-			t.Fatal(err)
-		}
-		// Everything is 10 days old: the consumer was down. Nothing is
-		// older than newest - 7 days.
-		if err := e.ageRecords(ctx, c.Name(), append(old, "new"), 10*24*time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		p := &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: 7 * 24 * time.Hour, BatchSize: 3}
-		res, err := e.store.Purge(ctx, p)
-		if err != nil || res.Deleted != 0 {
-			t.Fatalf("Purge after downtime: %+v, %v; want nothing deleted", res, err)
-		}
-		newest, _ := e.store.Inspect(ctx, c.Name(), "new")
-		if want := newest.ProcessedAt.Add(-7 * 24 * time.Hour); !res.Horizon.Equal(want) {
-			t.Errorf("Horizon = %v, want newest - window = %v", res.Horizon, want)
-		}
-		// Now the old ones are 8 days older than "new".
-		if err := e.ageRecords(ctx, c.Name(), old, 8*24*time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		p.DryRun = true
-		res, err = e.store.Purge(ctx, p)
-		if err != nil || res.Deleted != 7 || res.Batches != 1 {
-			t.Errorf("DryRun: %+v, %v; want 7 counted in 1 batch", res, err)
-		}
-		e.wantRecords(c.Name(), 8)
-		p.DryRun = false
-		var progress []int64
-		p.OnBatch = func(n int64) { progress = append(progress, n) }
-		res, err = e.store.Purge(ctx, p)
-		if err != nil || res.Deleted != 7 || res.Batches != 3 {
-			t.Errorf("Purge: %+v, %v; want 7 deleted in 3 batches", res, err)
-		}
-		if fmt.Sprint(progress) != "[3 6 7]" {
-			t.Errorf("OnBatch calls: %v, want [3 6 7]", progress)
-		}
-		e.wantRecords(c.Name(), 1)
-		e.wantRecords(other.Name(), 7)
-		// A purged message is new again (the window is the user's promise).
-		if out, _ := c.Process(ctx, idem.Message{ID: "old-0", Payload: []byte("old-0")}, e.effectHandler); out.Status != idem.Processed {
-			t.Errorf("redelivery after purge: %v", out.Status)
-		}
-		// An unknown consumer has nothing.
-		res, err = e.store.Purge(ctx, &idem.PurgeParams{Consumer: "nobody", RetentionWindow: time.Hour, BatchSize: 10})
-		if err != nil || res != (idem.PurgeResult{}) {
-			t.Errorf("Purge of an unknown consumer: %+v, %v", res, err)
-		}
-		if _, err := e.store.Purge(ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: 0, BatchSize: 10}); !errors.Is(err, idem.ErrInvalidConfig) {
-			t.Errorf("Purge with a zero window: err = %v", err)
 		}
 	})
 }
@@ -784,7 +710,7 @@ func TestPurgeLock(t *testing.T) {
 		done := make(chan error)
 		go func() {
 			first := true
-			_, err := e.store.Purge(ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1,
+			_, err := purge(ctx, e.store, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1,
 				OnBatch: func(int64) {
 					if first {
 						first = false
@@ -795,10 +721,10 @@ func TestPurgeLock(t *testing.T) {
 			done <- err
 		}()
 		<-paused
-		if _, err := s2.Purge(ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1}); !errors.Is(err, idem.ErrPurgeInProgress) {
+		if _, err := purge(ctx, s2, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1}); !errors.Is(err, idem.ErrPurgeInProgress) {
 			t.Errorf("second cleaner: err = %v, want ErrPurgeInProgress", err)
 		}
-		if _, err := s2.Purge(ctx, &idem.PurgeParams{Consumer: "another", RetentionWindow: time.Hour, BatchSize: 1}); err != nil {
+		if _, err := purge(ctx, s2, &idem.PurgeParams{Consumer: "another", RetentionWindow: time.Hour, BatchSize: 1}); err != nil {
 			t.Errorf("cleaner of another consumer: %v", err)
 		}
 		if out, err := c.Process(ctx, idem.Message{ID: "during", Payload: []byte("p")}, e.effectHandler); err != nil || out.Status != idem.Processed {
@@ -810,7 +736,7 @@ func TestPurgeLock(t *testing.T) {
 		}
 		e.wantRecords(c.Name(), 2)
 		// The lock is free again.
-		if _, err := s2.Purge(ctx, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1}); err != nil {
+		if _, err := purge(ctx, s2, &idem.PurgeParams{Consumer: c.Name(), RetentionWindow: time.Hour, BatchSize: 1}); err != nil {
 			t.Errorf("purge after the first ended: %v", err)
 		}
 	})

@@ -1,0 +1,267 @@
+package pgsql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/internal/sqlstore"
+)
+
+// ClaimArgs are the arguments of q.Claim for p.
+func ClaimArgs(p *idemdriver.ClaimParams) []any {
+	return []any{p.Consumer, p.MessageID, p.Fingerprint}
+}
+
+// ScanClaim reads the row of q.Claim. settled is false when the claim
+// conflicted with a record its snapshot cannot show (committed by a
+// transaction it waited for): Settle then finishes it.
+func ScanClaim(row sqlstore.Row) (res idemdriver.ClaimResult, settled bool, err error) {
+	var (
+		claimed bool
+		fp      []byte
+		state   sql.NullInt64
+	)
+	if err := row.Scan(&claimed, &fp, &state); err != nil {
+		return res, false, err
+	}
+	switch {
+	case claimed:
+		return sqlstore.Claimed, true, nil
+	case fp != nil:
+		return sqlstore.Existing(fp, state), true, nil
+	}
+	return res, false, nil
+}
+
+// ClaimTx claims p inside tx: q.Claim, and Settle when needed. p must
+// have been validated.
+func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	res, settled, err := ScanClaim(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...))
+	if err != nil || settled {
+		return res, err
+	}
+	return q.Settle(ctx, tx, p)
+}
+
+// Settle finishes a claim whose statement found a conflict but could not
+// see the committed record: it reads the record with a new snapshot, and
+// claims again if the record is gone (a purge deleted it).
+func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	for range sqlstore.MaxClaimAttempts {
+		var (
+			fp    []byte
+			state sql.NullInt64
+		)
+		err := tx.QueryRow(ctx, q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
+		switch {
+		case err == nil:
+			return sqlstore.Existing(fp, state), nil
+		case !errors.Is(err, sqlstore.ErrNoRows):
+			return idemdriver.ClaimResult{}, err
+		}
+		res, settled, err := ScanClaim(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...))
+		if err != nil || settled {
+			return res, err
+		}
+	}
+	return idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)
+}
+
+// ClaimBatchTx claims the messages of p inside tx with one statement (q's
+// batch claim, in byte order of the IDs), plus one SELECT of the records
+// committed by transactions it waited for, and returns one result per
+// message in the order of p.Messages. p must have been validated.
+func (q *Queries) ClaimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	got := make(map[string]idemdriver.ClaimResult, len(p.Messages))
+	pending := sqlstore.Sorted(p)
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == sqlstore.MaxClaimAttempts {
+			return nil, sqlstore.ErrUnsettled("batch claim", p.Consumer)
+		}
+		fps := make([]string, len(pending))
+		for i, m := range pending {
+			fps[i] = hex.EncodeToString(m.Fingerprint)
+		}
+		ids := TextArray(sqlstore.IDs(pending))
+		rows, err := tx.Query(ctx, q.claimBatch, p.Consumer, ids, TextArray(fps))
+		if err != nil {
+			return nil, err
+		}
+		all := false
+		err = sqlstore.ForEach(rows, func(r sqlstore.Row) error {
+			var (
+				id    sql.NullString
+				fp    []byte
+				state sql.NullInt64
+			)
+			if err := r.Scan(&id, &fp, &state); err != nil {
+				return err
+			}
+			switch {
+			case !id.Valid: // every message was inserted
+				all = true
+			case fp == nil:
+				got[id.String] = sqlstore.Claimed
+			case !got[id.String].Claimed: // a row this statement inserted wins
+				got[id.String] = sqlstore.Existing(fp, state)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if all {
+			for _, m := range pending {
+				got[m.MessageID] = sqlstore.Claimed
+			}
+			break
+		}
+		// Conflicts with records committed while the statement waited:
+		// read them with a new snapshot, and claim again what vanished.
+		waited := sqlstore.Unsettled(pending, got)
+		if len(waited) == 0 {
+			break
+		}
+		rows, err = tx.Query(ctx, q.fingerprints, p.Consumer, TextArray(sqlstore.IDs(waited)))
+		if err := sqlstore.ReadExisting(rows, err, got); err != nil {
+			return nil, err
+		}
+		pending = sqlstore.Unsettled(waited, got)
+	}
+	return sqlstore.InOrder(p, got)
+}
+
+// Acquire runs the acquire statement until it settles (see Queries.acquire),
+// on db outside any transaction, and reads a takeover's recovery points
+// with one more statement, whose new snapshot sees a step that the
+// previous owner committed while the takeover waited for the row. p must
+// have been validated.
+func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	var last *sqlstore.LeaseRecord
+	for range sqlstore.MaxClaimAttempts {
+		var (
+			won bool
+			r   sqlstore.LeaseRecord
+		)
+		err := db.QueryRow(ctx, q.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)).
+			Scan(append([]any{&won}, r.ScanArgs()...)...)
+		switch {
+		case errors.Is(err, sqlstore.ErrNoRows):
+			// Inserted by a transaction the statement waited for
+			// (invisible to its snapshot), or deleted meanwhile: again.
+			continue
+		case err != nil:
+			return idemdriver.AcquireResult{}, err
+		case won:
+			var steps map[string][]byte
+			if r.Token > 1 { // a takeover: earlier attempts may have saved steps
+				if steps, err = sqlstore.ReadSteps(ctx, db, q.steps, p.Consumer, p.MessageID); err != nil {
+					return idemdriver.AcquireResult{}, err
+				}
+			}
+			return sqlstore.Acquired(r.Token, r.Attempt, steps), nil
+		case r.Acquirable:
+			// The snapshot shows a record the DO UPDATE would have taken:
+			// the row it judged was newer. Again.
+			last = &r
+			continue
+		}
+		return r.NotAcquired(), nil
+	}
+	// The record kept changing (or vanishing) between snapshots: leases
+	// ending as fast as they are taken, or a purge. Report what was seen.
+	if last != nil {
+		return last.NotAcquired(), nil
+	}
+	return idemdriver.AcquireResult{}, sqlstore.ErrAcquireUnsettled(p)
+}
+
+// Renew extends the lease of p.Token to now plus p.Lease (validated).
+func (q *Queries) Renew(ctx context.Context, db sqlstore.Querier, p *idemdriver.RenewParams) error {
+	return sqlstore.Fenced(ctx, db, "renew", p.Consumer, p.MessageID, p.Token, q.renew,
+		sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
+}
+
+// Complete completes the record of p.Token (p validated, content type
+// checked).
+func (q *Queries) Complete(ctx context.Context, db sqlstore.Querier, p *idemdriver.CompleteParams) error {
+	return sqlstore.Fenced(ctx, db, "complete", p.Consumer, p.MessageID, p.Token, q.complete,
+		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
+}
+
+// Release ends the attempt of p.Token (p validated).
+func (q *Queries) Release(ctx context.Context, db sqlstore.Querier, p *idemdriver.ReleaseParams) error {
+	return sqlstore.Fenced(ctx, db, "release", p.Consumer, p.MessageID, p.Token, q.release,
+		sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token)
+}
+
+// SaveStep saves the recovery point of p (validated) while p.Token owns
+// the record.
+func (q *Queries) SaveStep(ctx context.Context, db sqlstore.Querier, p *idemdriver.StepParams) error {
+	var owned int64
+	if err := db.QueryRow(ctx, q.saveStep, p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result)).Scan(&owned); err != nil {
+		return err
+	}
+	if owned == 0 {
+		return sqlstore.LeaseLost("save step", p.Consumer, p.MessageID, p.Token)
+	}
+	return nil
+}
+
+// BeginPurge takes consumer's purge lock on conn, a connection of its own
+// (pg_try_advisory_lock, key sqlstore.LockKey("purge", table, consumer)),
+// and returns the purge session on it. It returns
+// idemdriver.ErrPurgeInProgress when another session holds the lock.
+// closeConn gives the connection back to its pool, or, with discard,
+// closes it (which ends the session and its locks); it is called once:
+// here when no session is returned, else by the session's Close after
+// pg_advisory_unlock (discarding when that fails).
+func (q *Queries) BeginPurge(ctx context.Context, conn sqlstore.Querier, consumer string, closeConn func(ctx context.Context, discard bool) error) (idemdriver.PurgeSession, error) {
+	key := sqlstore.LockKey("purge", q.Table, consumer)
+	var locked bool
+	if err := conn.QueryRow(ctx, TryLock, key).Scan(&locked); err != nil {
+		_ = closeConn(ctx, true)
+		return nil, fmt.Errorf("purge lock: %w", err)
+	}
+	if !locked {
+		return nil, errors.Join(idemdriver.ErrPurgeInProgress, closeConn(ctx, false))
+	}
+	batch := func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
+		var n int64
+		err := conn.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+		return n, err
+	}
+	release := func(ctx context.Context) error {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		var unlocked bool
+		err := conn.QueryRow(rctx, Unlock, key).Scan(&unlocked)
+		if err == nil && !unlocked {
+			err = errors.New("the session did not hold the lock")
+		}
+		if err != nil {
+			_ = closeConn(rctx, true) // ending the session releases the lock
+			return fmt.Errorf("purge unlock: %w", err)
+		}
+		return closeConn(rctx, false)
+	}
+	return sqlstore.NewSession(conn, &q.Runs, consumer, batch, release), nil
+}
+
+// Migrate applies migs on tx, a transaction the caller commits: it waits
+// for the migration lock (pg_advisory_xact_lock, key
+// sqlstore.LockKey("migrate", table)), so processes migrating one table at
+// once run one after the other and the later ones find nothing to do, then
+// runs the migrations the table has not had. DDL is transactional: a
+// failed migration leaves nothing behind.
+func (q *Queries) Migrate(ctx context.Context, tx sqlstore.Querier, migs []sqlschema.Migration) error {
+	if _, err := tx.Exec(ctx, MigrateLock, sqlstore.LockKey("migrate", q.Table)); err != nil {
+		return fmt.Errorf("migrate lock: %w", err)
+	}
+	return sqlstore.Apply(ctx, tx, migs, q.Migrations)
+}

@@ -1,0 +1,304 @@
+// Package pgsql is the PostgreSQL that idem's stores run: every statement
+// text, and the logic that runs them through an sqlstore.Querier. Both
+// store/idempgxv5 (pgx) and store/idemsql's PostgreSQL dialect
+// (database/sql) use it, so the two behave the same on one table, down to
+// the statement text. It is internal: not part of idem's API.
+//
+// Parameters are the same Go values for every driver: text as string,
+// bytea as []byte, bigint as int64, boolean as bool; arrays as PostgreSQL
+// array literals in a string (TextArray), cast in SQL, so that no driver
+// needs an array type; times and durations as int64 microseconds since
+// the Unix epoch (results too), so that no driver's time handling plays a
+// part.
+//
+// # Clocks
+//
+// Every time written is the server's now(): the time the statement's
+// transaction began, the same for every row and column a statement writes,
+// so a record's lease_expires_at minus its updated_at is exactly the lease
+// granted. A claim inside a long transaction stamps processed_at with the
+// transaction's start, which only makes the record look older than its
+// commit by the transaction's length.
+//
+// The remaining lease an Acquire reports is the one read that is not
+// now(): it is counted from GREATEST(clock_timestamp(), updated_at).
+// now() would be wrong twice over: it is read before the statement's
+// snapshot, so a takeover or renewal that committed in between (visible to
+// the snapshot, with a later now() of its own) would look longer than the
+// lease it was granted; and it is read before any lock wait of the
+// statement (ON CONFLICT waits for a concurrent transaction on the same
+// row), after which the lease has really run for longer. clock_timestamp()
+// is read after both, so it is the true current time and, the server's
+// clock being monotonic, never earlier than the updated_at of a write the
+// snapshot shows; the updated_at floor keeps the remaining lease within the
+// lease granted even if the server's wall clock is stepped back. Whether a
+// lease has ended is judged by now() in the one statement that takes over
+// (ON CONFLICT ... DO UPDATE ... WHERE lease_expires_at <= now()), where a
+// stale now() errs on the safe side: a lease that ended during a lock wait
+// is taken over by the next attempt.
+//
+// # Claims
+//
+// A claim is INSERT ... ON CONFLICT DO NOTHING in a data-modifying CTE
+// whose outer SELECT also reads a committed record's fingerprint and
+// state. The lookup is a CASE branch (an InitPlan) that PostgreSQL runs
+// only when the insert did nothing, so a new message costs the INSERT
+// alone whatever plan the lookup gets; a LEFT JOIN would run the lookup
+// for every new message too, and with pgx's cached generic plan on a young
+// table that can be a sequential scan. The batch claim is built the same
+// way: one row when every message was new, and the lookup skipped.
+// Concurrency is the primary key's: a claim of a key that a concurrent
+// transaction inserted waits for it, then claims (rolled back) or reports
+// the record, which its snapshot (READ COMMITTED, taken before the wait)
+// cannot see: then a second statement, with a new snapshot, reads it.
+package pgsql
+
+import (
+	"strings"
+
+	"github.com/idem-go/idem/internal/sqlstore"
+)
+
+// Micros is the SQL expression of a timestamptz x as int64 microseconds
+// since the epoch: exact on PostgreSQL 14 and later, where extract returns
+// numeric.
+func Micros(x string) string {
+	return `(extract(epoch from ` + x + `) * 1000000)::bigint`
+}
+
+// TimeParam is the SQL expression of the timestamptz whose microseconds
+// since the epoch are the bigint parameter param ("$2").
+func TimeParam(param string) string {
+	return `('epoch'::timestamptz + ` + param + `::bigint * interval '1 microsecond')`
+}
+
+// durationParam is the SQL expression of the interval whose microseconds
+// are the bigint parameter param.
+func durationParam(param string) string {
+	return `(` + param + `::bigint * interval '1 microsecond')`
+}
+
+// Queries holds the statements of one table, its name filled in once so
+// that a driver's statement cache sees one text per statement.
+type Queries struct {
+	// Table is the processed-messages table as written in SQL.
+	Table string
+	// Claim: consumer, message ID, fingerprint -> claimed (bool), stored
+	// fingerprint and state (NULL unless a record committed before the
+	// statement began conflicted).
+	Claim string
+	// fingerprint: consumer, message ID -> fingerprint, state.
+	fingerprint string
+	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints ->
+	// one row (NULL, NULL, NULL) when every message was inserted, else
+	// (message ID, NULL, NULL) per inserted message and (message ID,
+	// fingerprint, state) per record committed before the statement.
+	claimBatch string
+	// fingerprints: consumer, text[] of IDs -> message ID, fingerprint,
+	// state.
+	fingerprints string
+
+	// acquire: consumer, message ID, fingerprint, lease (µs) -> acquired,
+	// then the columns of sqlstore.LeaseRecord.
+	acquire string
+	// steps: consumer, message ID -> step, result.
+	steps string
+	// renew: lease (µs), consumer, message ID, token.
+	renew string
+	// complete: result, content type, consumer, message ID, token.
+	complete string
+	// release: error text, terminal (bool), consumer, message ID, token.
+	release string
+	// saveStep: consumer, message ID, token, step, result -> 1 when the
+	// token owns the record (the step is then saved, or was already).
+	saveStep string
+
+	// purgeBatch: consumer, horizon (µs), limit -> records deleted.
+	purgeBatch string
+	// Inspect and Stats: see sqlstore.Inspect and sqlstore.Stats.
+	Inspect, Stats string
+	// Runs are the retention statements (MarkRunning is one statement,
+	// Runs.Extend).
+	Runs sqlstore.RunQueries
+	// Migrations is the migrations table.
+	Migrations sqlstore.MigrationTable
+}
+
+// New returns the statements of table t (validated by
+// sqlschema.ParseTable).
+func New(t string) *Queries {
+	steps, runs := t+`_steps`, t+`_runs`
+	pk := `consumer = $1::text AND message_id = $2::text`
+	return &Queries{
+		Table: t,
+		Claim: `WITH ins AS (
+	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
+	VALUES ($1::text, $2::text, $3::bytea)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM ins),
+	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
+	ELSE (SELECT fingerprint FROM ` + t + ` WHERE ` + pk + `) END,
+	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
+	ELSE (SELECT state FROM ` + t + ` WHERE ` + pk + `) END`,
+		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
+		claimBatch: `WITH ins AS (
+	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
+	SELECT $1::text, u.id, decode(u.fp, 'hex') FROM unnest($2::text[], $3::text[]) AS u(id, fp)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING message_id
+), n AS (
+	SELECT count(*) = cardinality($2::text[]) AS all_claimed FROM ins
+)
+SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
+UNION ALL
+SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
+UNION ALL
+SELECT message_id, fingerprint, state FROM ` + t + `
+WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)`,
+		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+
+		// One statement inserts a new record, or takes over an expired one
+		// (the DO UPDATE runs only when its WHERE holds, judged on the
+		// latest committed version of the row, which ON CONFLICT locks),
+		// and otherwise reads the record as of the statement's snapshot,
+		// in a branch with a one-time filter on "up", so a new message
+		// costs the INSERT alone. The snapshot misses a record committed
+		// by a transaction the insert waited for (no row at all), and may
+		// show an older version than the one the WHERE saw: a record that
+		// could be taken over although the DO UPDATE did not take it. In
+		// both cases Acquire runs the statement again.
+		acquire: `WITH up AS (
+	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `, now())
+	ON CONFLICT (consumer, message_id) DO UPDATE
+	SET token = r.token + 1, attempt = r.attempt + 1, lease_expires_at = excluded.lease_expires_at,
+		processed_at = excluded.processed_at, updated_at = excluded.updated_at
+	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
+	RETURNING r.token, r.attempt
+)
+SELECT true, 0::bigint, token::bigint, attempt::bigint, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
+UNION ALL
+SELECT false, state::bigint, token, attempt::bigint, fingerprint,
+	CASE WHEN state = 1 AND lease_expires_at > now()
+	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at)`) + `, 0) ELSE 0 END,
+	result, content_type, last_error,
+	COALESCE(state = 1 AND lease_expires_at <= now() AND fingerprint = $3::bytea, false)
+FROM ` + t + `
+WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM up)`,
+		steps: `SELECT step, result FROM ` + steps + ` WHERE ` + pk,
+		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()
+WHERE consumer = $2::text AND message_id = $3::text AND state = 1 AND token = $4::bigint`,
+		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
+	lease_expires_at = now(), processed_at = now(), updated_at = now()
+WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
+		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
+	lease_expires_at = now(), processed_at = now(), updated_at = now()
+WHERE consumer = $3::text AND message_id = $4::text AND state = 1 AND token = $5::bigint`,
+		// FOR SHARE conflicts with the row lock of a takeover, Complete or
+		// Release; under READ COMMITTED the owner check is then made again
+		// on the row they committed, so a stale owner's step is never
+		// saved after a takeover. The INSERT runs whether or not the outer
+		// SELECT reads it (a data-modifying CTE always runs).
+		saveStep: `WITH owner AS (
+	SELECT FROM ` + t + `
+	WHERE ` + pk + ` AND state = 1 AND token = $3::bigint
+	FOR SHARE
+), ins AS (
+	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+	SELECT $1::text, $2::text, $4::text, $5::bytea, now() FROM owner
+	ON CONFLICT (consumer, message_id, step) DO NOTHING
+)
+SELECT count(*) FROM owner`,
+
+		// One statement per batch: the batch (oldest first, skipping rows
+		// locked by others, so claims and other cleaners are never
+		// waited for), the records, and their recovery points. Purges
+		// never touch in_progress (state 1) records.
+		purgeBatch: `WITH batch AS (
+	SELECT message_id FROM ` + t + `
+	WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state <> 1
+	ORDER BY processed_at
+	LIMIT $3::bigint
+	FOR UPDATE SKIP LOCKED
+), del AS (
+	DELETE FROM ` + t + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM batch)
+	RETURNING message_id
+), del_steps AS (
+	DELETE FROM ` + steps + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
+)
+SELECT count(*) FROM del`,
+		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, state::bigint, token, attempt::bigint, ` + Micros(`lease_expires_at`) + `, last_error
+FROM ` + t + ` WHERE ` + pk,
+		Stats: `SELECT consumer, count(*), ` + Micros(`min(processed_at)`) + `, ` + Micros(`max(processed_at)`) +
+			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
+		Runs: sqlstore.RunQueries{
+			// One statement: extend the newest run to now when the gap
+			// ($2 µs) is positive and the run ended no more than the gap
+			// ago (judged again on the latest version of the row, under
+			// READ COMMITTED), else add a run [now, now], merged with one
+			// that starts at the same instant.
+			Extend: `WITH newest AS (
+	SELECT started_at FROM ` + runs + ` WHERE consumer = $1::text ORDER BY started_at DESC LIMIT 1
+), ext AS (
+	UPDATE ` + runs + ` AS r SET ended_at = GREATEST(r.ended_at, now())
+	FROM newest
+	WHERE r.consumer = $1::text AND r.started_at = newest.started_at
+		AND $2::bigint > 0 AND r.ended_at >= now() - ` + durationParam(`$2`) + `
+	RETURNING 1
+)
+INSERT INTO ` + runs + ` AS r (consumer, started_at, ended_at)
+SELECT $1::text, now(), now() WHERE NOT EXISTS (SELECT FROM ext)
+ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at, excluded.ended_at)`,
+			Runs:  `SELECT ` + Micros(`started_at`) + `, ` + Micros(`ended_at`) + ` FROM ` + runs + ` WHERE consumer = $1::text ORDER BY started_at`,
+			Count: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state <> 1`,
+			Prune: `DELETE FROM ` + runs + ` WHERE consumer = $1::text AND ended_at < ` + TimeParam(`$2`),
+		},
+		Migrations: sqlstore.MigrationTable{
+			Name: t + `_migrations`,
+			Create: `CREATE TABLE IF NOT EXISTS ` + t + `_migrations (
+	version    int PRIMARY KEY,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`,
+			Record: `INSERT INTO ` + t + `_migrations (version, applied_at) VALUES ($1, now())`,
+		},
+	}
+}
+
+// Lock statements: a session advisory lock for purges (held on one
+// connection for the purge's length, released by unlock or by the end of
+// the session), and a transaction-level one for migrations. Keys come from
+// sqlstore.LockKey.
+const (
+	// TryLock: key -> whether the lock was taken, without waiting.
+	TryLock = `SELECT pg_try_advisory_lock($1::bigint)`
+	// Unlock: key -> whether the session held the lock.
+	Unlock = `SELECT pg_advisory_unlock($1::bigint)`
+	// MigrateLock: key; waits, and holds until the transaction ends.
+	MigrateLock = `SELECT pg_advisory_xact_lock($1::bigint)`
+)
+
+// TextArray renders ss as a PostgreSQL array literal ('{"a","b"}'), sent
+// as a string parameter and cast with ::text[] in SQL, so that every
+// driver can send it. Every element is quoted, so none is read as NULL or
+// loses spaces.
+func TextArray(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ {
+			if c := s[j]; c == '"' || c == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}

@@ -1,0 +1,58 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idem-go/idem/internal/sqlschema"
+)
+
+// MigrationTable is the statements of a dialect's migrations table
+// (Table + "_migrations": version, applied_at).
+type MigrationTable struct {
+	// Name is the table, as written in SQL.
+	Name string
+	// Create creates it if it does not exist.
+	Create string
+	// Record records one version (its only parameter) with the server's
+	// time.
+	Record string
+}
+
+// Apply creates the migrations table and runs, on db (a transaction or a
+// connection holding the dialect's migration lock), every migration of
+// migs whose version it does not record, statement by statement, recording
+// each. Errors name the step that failed.
+func Apply(ctx context.Context, db Querier, migs []sqlschema.Migration, mt MigrationTable) error {
+	if _, err := db.Exec(ctx, mt.Create); err != nil {
+		return fmt.Errorf("create %s: %w", mt.Name, err)
+	}
+	rows, err := db.Query(ctx, `SELECT version FROM `+mt.Name)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", mt.Name, err)
+	}
+	done := map[int64]bool{}
+	err = ForEach(rows, func(r Row) error {
+		var v int64
+		err := r.Scan(&v)
+		done[v] = true
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read %s: %w", mt.Name, err)
+	}
+	for _, m := range migs {
+		if done[int64(m.Version)] {
+			continue
+		}
+		for _, st := range m.Statements() {
+			if _, err := db.Exec(ctx, st); err != nil {
+				return fmt.Errorf("migration %s: %w", m.Name, err)
+			}
+		}
+		if _, err := db.Exec(ctx, mt.Record, m.Version); err != nil {
+			return fmt.Errorf("record migration %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
