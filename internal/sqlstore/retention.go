@@ -13,9 +13,9 @@ import (
 // "_runs": consumer, started_at, ended_at, times in the dialect's
 // representation, converted to and from microseconds by the statements).
 type RunQueries struct {
-	// Newest: consumer, gap (µs) -> the newest run's started_at (µs) and
-	// whether it ended no more than gap ago. Empty for a dialect whose
-	// Extend is the whole of MarkRunning.
+	// Newest: consumer -> the newest run's started_at and ended_at, and
+	// the server's now (µs). Empty for a dialect whose Extend is the
+	// whole of MarkRunning.
 	Newest string
 	// Extend: with Newest, consumer, started_at (µs), gap (µs): sets that
 	// run's end to now if it ended no more than gap ago. Without Newest,
@@ -49,13 +49,10 @@ func MarkRunning(ctx context.Context, db Querier, q *RunQueries, p *idemdriver.M
 		return err
 	}
 	if p.MaxGap > 0 {
-		var (
-			start  int64
-			recent bool
-		)
-		err := db.QueryRow(ctx, q.Newest, p.Consumer, DurationMicros(p.MaxGap)).Scan(&start, &recent)
+		var start, end, now int64
+		err := db.QueryRow(ctx, q.Newest, p.Consumer).Scan(&start, &end, &now)
 		switch {
-		case err == nil && recent:
+		case err == nil && now-end <= DurationMicros(p.MaxGap):
 			n, err := db.Exec(ctx, q.Extend, p.Consumer, start, DurationMicros(p.MaxGap))
 			if err != nil || n > 0 {
 				return err

@@ -141,14 +141,17 @@
 // The clock is the server's only: a lease is sent as whole microseconds
 // (rounded up, so no positive lease becomes zero; a lease that is not
 // positive is refused with an error matching [idem.ErrInvalidConfig], field
-// case C08), lease_expires_at is now() plus the lease, a lease has ended
-// when lease_expires_at <= now(), and the remaining lease a loser is told
-// is computed by the server in microseconds and returned as a
-// time.Duration (one unit end to end, field case C09). That remaining
-// lease is counted from clock_timestamp(), read after the statement's
-// snapshot, rather than now(), the statement's start: a lease granted by a
-// takeover that committed in between could otherwise look longer than it
-// is. Go's clock is never read.
+// lease_expires_at is now() plus the lease, a lease has ended when
+// lease_expires_at <= now(), and the remaining lease a loser is told is
+// computed by the server in microseconds and returned as a time.Duration
+// (one unit end to end). That remaining lease is counted from
+// GREATEST(clock_timestamp(), updated_at): clock_timestamp() is read after
+// the statement's snapshot and after any lock wait, where now() (the
+// statement's start) would make a lease granted by a takeover that
+// committed in between, or a lease that ran on while the statement waited,
+// look longer than it is; updated_at (when the lease was set) bounds it by
+// the lease granted even if the server's clock steps back. Go's clock is
+// never read.
 //
 // The statements, each one round trip in pgx's default mode once prepared
 // (and in simple protocol mode):
@@ -173,7 +176,7 @@
 //     [idem.ErrLeaseLost]. An expired lease that nobody took over is still
 //     owned, so a late finisher may complete. Complete sets the state,
 //     result (byte for byte, nil as empty) and content type, and keeps the
-//     fingerprint (field case C12). Release ends the lease now, keeps the
+//     fingerprint. Release ends the lease now, keeps the
 //     error text and moves the token on by one, so the released attempt
 //     owns nothing; the next attempt's token is one more again (tokens
 //     strictly increase; they are not attempt numbers).
@@ -198,18 +201,25 @@
 //
 // # Retention
 //
-// [Store.Purge] computes the downtime-safe horizon in SQL (the consumer's
-// newest processed_at minus the window), deletes in bounded batches, each
-// its own transaction, and lets one cleaner run per table and consumer
-// through a session advisory lock. It never deletes an in_progress lease
+// Retention counts the consumer's running time, not the clock: idem.Purge
+// (the core's policy) deletes a record only once its consumer has been
+// running for the retention window since the record was written. The store
+// keeps the runs in Table + "_runs" (migration 003): [Store.MarkRunning],
+// which a running consumer calls as its heartbeat, extends the newest run
+// to the server's now() or adds a new one, in one statement.
+// [Store.BeginPurge] takes the one-cleaner lock (a session advisory lock
+// on a connection of its own) and returns the session that reads the runs
+// and deletes bounded batches, each its own transaction, oldest first,
+// skipping rows locked by others. It never deletes an in_progress lease
 // record, however old, and deletes the recovery points of the records it
 // deletes in the same statement. [Store.Inspect] and [Store.Stats] serve
 // `idem inspect` and `idem stats`.
 //
 // # Sharing a table
 //
-// Store/idemsql's PostgreSQL dialect uses the same schema, the same
-// migrations table and the same advisory lock keys (FNV-1a 64 of "idem",
+// Store/idemsql's PostgreSQL dialect runs the same statements (one source,
+// internal/pgsql, shared by both stores), on the same schema, the same
+// migrations table and with the same advisory lock keys (FNV-1a 64 of "idem",
 // NUL, "migrate" or "purge", NUL, the table name as configured, and for
 // purges NUL and the consumer name), so the two stores, and `idem migrate`
 // and `idem purge`, can work on one table at once. The keys derive from the
@@ -218,10 +228,11 @@
 //
 // # Times
 //
-// Every time is the database server's: processed_at defaults to now(),
-// lease expiries and remaining leases are computed from now(), and the
-// purge horizon is computed by the server. The application's clock is
-// never written.
+// Every time is the database server's: processed_at defaults to now() (the
+// claiming transaction's start), lease expiries are computed from now(),
+// remaining leases from clock_timestamp() (see "Lease mode"), and runs
+// from now(). Times cross the wire as integer microseconds. The
+// application's clock is never written.
 //
 // # Testing
 //

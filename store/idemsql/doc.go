@@ -19,8 +19,8 @@
 //
 // Tested with github.com/jackc/pgx/v5/stdlib, github.com/go-sql-driver/mysql
 // and modernc.org/sqlite. For PostgreSQL on pgx without database/sql, use
-// store/idempgxv5, which shares this store's schema, migrations table and
-// lock keys.
+// store/idempgxv5, which shares this store's PostgreSQL statements (one
+// source, internal/pgsql), schema, migrations table and lock keys.
 //
 // # Schema and byte-exact IDs
 //
@@ -39,7 +39,7 @@
 // # Duplicate detection
 //
 // A claim is an INSERT that a duplicate never turns into an error, so the
-// caller's transaction stays usable (field case C05), and duplicates are
+// caller's transaction stays usable, and duplicates are
 // told from new rows by what the server reports, never by error text:
 //
 //   - PostgreSQL: INSERT ... ON CONFLICT (consumer, message_id) DO NOTHING
@@ -118,9 +118,9 @@
 // Every time comes from the database server's clock, never from Go's:
 // processed_at is now() on PostgreSQL (the transaction's start),
 // UTC_TIMESTAMP(6) on MySQL (a UTC DATETIME(6)) and SQLite's clock in Unix
-// microseconds on SQLite (with SQLite's millisecond precision). The purge
-// horizon is computed by the server from the consumer's newest record, and
-// so are lease expiries and remaining leases (see "Lease mode").
+// microseconds on SQLite (with SQLite's millisecond precision). So are
+// the runs of the consumer that retention counts (see "Purging"), and
+// lease expiries and remaining leases (see "Lease mode").
 // Times cross the driver as integer microseconds, so go-sql-driver's
 // parseTime and session time zones play no part; Go values are in UTC.
 //
@@ -174,11 +174,13 @@
 // The clock: lease expiry is judged by the database server's clock only.
 // Acquire writes lease_expires_at as the server's now plus the lease
 // (sent as whole microseconds, rounded up, so no positive lease becomes
-// zero: field case C08); a lease has ended when lease_expires_at <= now;
-// the remaining lease an Acquire reports is lease_expires_at minus now,
-// computed by the server in microseconds and returned as a time.Duration
-// (one unit end to end: field case C09). On PostgreSQL now() is the
-// statement's transaction start; on MySQL UTC_TIMESTAMP(6), the time its
+// zero); a lease has ended when lease_expires_at <= now; the remaining
+// lease an Acquire reports is lease_expires_at minus now, computed by the
+// server in microseconds and returned as a time.Duration (one unit end to
+// end). On PostgreSQL now() is the statement's transaction start, and the
+// remaining lease is counted from clock_timestamp() instead (read after
+// the statement's snapshot and any lock wait; store/idempgxv5's
+// statements, see internal/pgsql); on MySQL UTC_TIMESTAMP(6), the time its
 // statement began (so a read that may wait for a lock is made after the
 // lock is held); on SQLite its clock, to the millisecond. Since a read's
 // now can be a little earlier than the write it sees, the remaining lease
@@ -219,8 +221,8 @@
 // changes a column (updated_at always moves forward by at least a
 // microsecond, and the token or state change where they do), so rows
 // affected is 1 on success with or without clientFoundRows. Complete sets
-// the state, result and content type and keeps the fingerprint (field case
-// C12). Release ends the lease now, keeps the error text and moves the
+// the state, result and content type and keeps the fingerprint.
+// Release ends the lease now, keeps the error text and moves the
 // token on by one, so that the released attempt owns nothing; the next
 // attempt's token is one more again (tokens strictly increase; they are not
 // attempt numbers). [Store.SaveStep] inserts a recovery point only while
@@ -256,16 +258,23 @@
 //
 // # Purging
 //
-// [Store.Purge] deletes a consumer's records older than its newest record
-// minus the retention window, in bounded batches, each its own short
-// transaction, with one cleaner at a time per table and consumer: a
-// PostgreSQL advisory lock, a MySQL GET_LOCK, or an in-process lock for
-// SQLite (whose writers serialise across processes anyway). It never
+// Retention counts the consumer's running time, not the clock: idem.Purge
+// (the core's policy) deletes a record only once its consumer has been
+// running for the retention window since the record was written, so a
+// consumer that was down for longer than the window still recognises the
+// redeliveries of its downtime. The store keeps the runs in Table +
+// "_runs" (migration 003), extended or added by [Store.MarkRunning], the
+// running consumer's heartbeat. [Store.BeginPurge] takes the one-cleaner
+// lock per table and consumer (a PostgreSQL advisory lock, a MySQL
+// GET_LOCK, or an in-process lock for SQLite, whose writers serialise
+// across processes anyway) and returns the session that reads the runs
+// and deletes bounded batches, each its own short transaction. It never
 // deletes an in_progress lease record, however old, and deletes the
 // recovery points of the records it deletes in the same transaction.
 //
 // # Operators
 //
 // [Store.Inspect] reads one record and [Store.Stats] summarises each
-// consumer's records, for `idem inspect` and `idem stats`.
+// consumer's records ([idemdriver.Inspector]), for `idem inspect` and
+// `idem stats`.
 package idemsql

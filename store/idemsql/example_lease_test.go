@@ -17,11 +17,11 @@ import (
 )
 
 // A lease-mode consumer over SQLite, for a side effect outside the
-// database: a call to a payment provider. The first attempt charges the
-// card (a recovery point records the charge) and then fails before it
-// sends the receipt; the redelivery runs as attempt 2, finds the charge
-// done and does not charge again; later redeliveries replay the stored
-// result.
+// database: a webhook delivery. The receiver rejects the payload for good
+// (a 400), so the handler marks the error permanent with idem.Permanent:
+// the record becomes failed (poison) at once, keeps the error text, and a
+// redelivery is not run again but reported as the same failure, for the
+// caller to dead-letter.
 func Example_leaseConsumer() {
 	dir, err := os.MkdirTemp("", "idemsql-lease-example")
 	if err != nil {
@@ -43,44 +43,32 @@ func Example_leaseConsumer() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	consumer, err := idem.NewLeaseConsumer(store, idem.Config{Name: "receipts", Lease: 30 * time.Second})
+	consumer, err := idem.NewLeaseConsumer(store, idem.Config{Name: "webhooks", Lease: 30 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer consumer.Close()
 
-	charges := map[string]int{} // the provider's charges, by idempotency key
-	errMailer := errors.New("mailer unavailable")
-	handler := func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
-		charge, err := a.Step(ctx, "charge", func(ctx context.Context) ([]byte, error) {
-			charges[a.Key("charge")]++ // the provider dedupes on this key too
-			return []byte("ch_42"), nil
-		})
-		if err != nil {
-			return idem.Result{}, err
-		}
-		if a.Number == 1 {
-			return idem.Result{}, errMailer // retryable: the lease is released
-		}
-		return idem.Result{Body: []byte(`{"charge":"` + string(charge) + `"}`), ContentType: "application/json"}, nil
+	calls := 0 // requests the receiver got
+	deliver := func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		calls++
+		return idem.Result{}, idem.Permanent(errors.New("receiver said 400: unknown event type"))
 	}
-
-	msg := idem.Message{ID: "order-42/receipt", Payload: []byte(`{"order":"order-42"}`)}
-	for range 3 {
-		out, err := consumer.Process(ctx, msg, handler)
-		fmt.Printf("%v, attempt %d, result %s, error: %v\n", out.Status, out.Attempt, out.Result, err)
+	msg := idem.Message{ID: "evt-7", Payload: []byte(`{"type":"order.teleported"}`)}
+	for range 2 {
+		out, err := consumer.Process(ctx, msg, deliver)
+		fmt.Printf("%v (poison %v), dead-letter: %v\n", out.Status, out.Poison, idem.IsPermanent(err))
 	}
-	fmt.Println("charges:", len(charges), "calls:", charges[idem.DeriveKey("receipts", msg.ID, "charge")])
+	fmt.Println("receiver calls:", calls)
 
-	rec, err := store.Inspect(ctx, "receipts", msg.ID)
+	rec, err := store.Inspect(ctx, "webhooks", msg.ID)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("record: %v after %d attempts, last error %q\n", rec.State, rec.Attempt, rec.Error)
+	fmt.Printf("record: %v after %d attempt, last error %q\n", rec.State, rec.Attempt, rec.Error)
 	// Output:
-	// Failed, attempt 1, result , error: mailer unavailable
-	// Processed, attempt 2, result {"charge":"ch_42"}, error: <nil>
-	// Duplicate, attempt 0, result {"charge":"ch_42"}, error: <nil>
-	// charges: 1 calls: 1
-	// record: completed after 2 attempts, last error "mailer unavailable"
+	// Failed (poison true), dead-letter: true
+	// Failed (poison true), dead-letter: true
+	// receiver calls: 1
+	// record: failed after 1 attempt, last error "receiver said 400: unknown event type"
 }

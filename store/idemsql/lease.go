@@ -46,9 +46,12 @@ const (
 //   - SQLite: one BEGIN IMMEDIATE transaction: INSERT ... ON CONFLICT DO
 //     UPDATE ... WHERE ... RETURNING, then a read.
 //
-// p.Lease must be positive (an error matching idem.ErrInvalidConfig
+// p.Lease must be positive (an error matching idemdriver.ErrInvalidConfig
 // otherwise: a zero lease never means "no expiry"); names and the
-// fingerprint are checked as in ClaimTx.
+// fingerprint are checked as in ClaimTx (idemdriver.ValidateAcquireParams),
+// before any statement. Renew, Complete, Release and SaveStep check theirs
+// with the matching idemdriver.Validate function first too. A call whose
+// ctx has ended changes nothing.
 func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if err := ctx.Err(); err != nil {
 		return idemdriver.AcquireResult{}, err
@@ -221,7 +224,7 @@ func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) 
 // Renew implements [idemdriver.LeaseStore]: one UPDATE that sets the lease to the
 // server's now plus p.Lease, only while p.Token owns the record (in_progress
 // with that token; an expired lease that nobody took over is still owned).
-// Otherwise it returns an error matching idem.ErrLeaseLost.
+// Otherwise it returns an error matching idemdriver.ErrLeaseLost.
 func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -240,10 +243,10 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 // that makes the record completed with p.Result (stored byte for byte; nil
 // is stored as empty) and p.ContentType, ends the lease and stamps the
 // record time (so the retention window counts from completion). The
-// fingerprint stays. Otherwise an error matching idem.ErrLeaseLost.
+// fingerprint stays. Otherwise an error matching idemdriver.ErrLeaseLost.
 //
 // The content type must be valid UTF-8 without NUL bytes, at most
-// [MaxContentTypeLength] bytes (an error matching idem.ErrInvalidConfig
+// [MaxContentTypeLength] bytes (an error matching idemdriver.ErrInvalidConfig
 // otherwise), so that it is stored as it is on every dialect.
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := ctx.Err(); err != nil {
@@ -267,7 +270,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 // token on by one so that the released attempt owns nothing (the next
 // attempt's token is one more again). With p.Terminal the record becomes
 // failed. The attempt count and the recovery points stay. Otherwise an
-// error matching idem.ErrLeaseLost.
+// error matching idemdriver.ErrLeaseLost.
 //
 // The error text is stored as valid UTF-8 without NUL bytes (others become
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
@@ -292,7 +295,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 
 // SaveStep implements [idemdriver.LeaseStore]: it inserts the recovery point only
 // if p.Token owns the record; a step saved before keeps its first result.
-// An error matching idem.ErrLeaseLost if the token owns nothing.
+// An error matching idemdriver.ErrLeaseLost if the token owns nothing.
 //
 //   - PostgreSQL: one statement, INSERT ... SELECT FROM (the record, locked
 //     FOR SHARE while the token owns it) ON CONFLICT DO NOTHING.
@@ -302,8 +305,9 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 //   - SQLite: one statement, INSERT ... SELECT ... ON CONFLICT DO UPDATE
 //     (a no-op), judged by rows affected.
 //
-// Step names are 1 to 255 bytes of valid UTF-8 without NUL bytes (an
-// error matching idem.ErrInvalidConfig otherwise).
+// p is checked first (idemdriver.ValidateStepParams): step names follow
+// the rules of message IDs, up to idemdriver.MaxStepNameLength bytes (an
+// error matching idemdriver.ErrInvalidConfig otherwise).
 func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := ctx.Err(); err != nil {
 		return err

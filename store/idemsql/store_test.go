@@ -196,6 +196,42 @@ func TestDuplicateKeepsTxUsable(t *testing.T) {
 // TestByteExactIDs checks that IDs differing only in case, trailing
 // space, Unicode normalisation or other collation-equal ways are distinct
 // messages on every dialect, whatever the server's default collation
+// TestInvalidClaimKeepsTxUsable: ClaimTx and ClaimBatchTx refuse invalid
+// parameters before any statement, so the caller's transaction is not
+// aborted (on PostgreSQL a CHECK violation would abort it) or left with a
+// truncated row (MySQL): it keeps its writes, claims and commits.
+func TestInvalidClaimKeepsTxUsable(t *testing.T) {
+	t.Parallel()
+	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
+		e := newEnv(t, d, envOptions{})
+		ctx := t.Context()
+		long := strings.Repeat("x", idemdriver.DefaultMaxIDLength+1)
+		tx, err := e.store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if err := e.writeEffect(ctx, tx, "before"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: long, Fingerprint: fp("p")}); !errors.Is(err, idemdriver.ErrInvalidMessageID) {
+			t.Errorf("ClaimTx of a %d-byte ID = %v, want ErrInvalidMessageID", len(long), err)
+		}
+		batch := &idemdriver.ClaimBatchParams{Consumer: "c", Messages: []idemdriver.ClaimMessage{{MessageID: "ok", Fingerprint: fp("p")}, {MessageID: long, Fingerprint: fp("p")}}}
+		if _, err := e.store.ClaimBatchTx(ctx, tx, batch); !errors.Is(err, idemdriver.ErrInvalidMessageID) {
+			t.Errorf("ClaimBatchTx with a %d-byte ID = %v, want ErrInvalidMessageID", len(long), err)
+		}
+		if res, err := e.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("p")}); err != nil || !res.Claimed {
+			t.Fatalf("valid ClaimTx after the invalid ones = %+v, %v", res, err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		e.wantEffects("before", 1)
+		e.wantRecords("c", 1)
+	})
+}
+
 // (MariaDB here runs utf8mb4_general_ci, which folds all of these).
 func TestByteExactIDs(t *testing.T) {
 	t.Parallel()
