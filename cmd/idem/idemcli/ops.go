@@ -174,7 +174,7 @@ func newInspectCmd() *cobra.Command {
 			}
 			defer st.db.Close()
 			rec, err := st.store.Inspect(cmd.Context(), consumer, id)
-			if errors.Is(err, idemsql.ErrNotFound) {
+			if errors.Is(err, idemdriver.ErrNotFound) {
 				if kerr := knownConsumer(cmd, st, consumer); kerr != nil {
 					return kerr
 				}
