@@ -36,6 +36,10 @@ type Middleware struct {
 	o        Options
 	consumer string
 	hooks    *hooks // nil without Options.Hooks
+	// runs is the core's lease consumer of this namespace, used for its
+	// run marking: it records in the store that the namespace is served,
+	// from which retention counts (see idem.Purge).
+	runs *idem.LeaseConsumer
 
 	stats struct {
 		passThrough, executed, replayed, inProgress, waited, keyReused,
@@ -102,6 +106,11 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 	if m.hooks, err = newHooks(o.Hooks, m.consumer, o.Logger); err != nil {
 		return nil, err
 	}
+	if m.runs, err = idem.NewLeaseConsumer(store, idem.Config{
+		Name: m.consumer, RetentionWindow: o.Retention, PurgeInterval: -1, Logger: o.Logger,
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
 	if o.PurgeInterval > 0 {
 		go m.purgeLoop()
 	} else {
@@ -115,7 +124,7 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 func (m *Middleware) Close() error {
 	m.closeOnce.Do(func() { close(m.stop) })
 	<-m.done
-	return nil
+	return m.runs.Close()
 }
 
 // Consumer returns the consumer name of this Middleware's records:
@@ -149,10 +158,10 @@ func (m *Middleware) Stats() Stats {
 	}
 }
 
-// Purge deletes this namespace's completed records older than
-// Options.Retention (counted by the store from each record's completion,
-// back from the namespace's newest record; see idem.PurgeParams), in
-// batches. In-progress records are never purged. It returns
+// Purge deletes this namespace's completed records that the middleware
+// has outrun by Options.Retention of running time (counted from each
+// record's completion; time in which no middleware of the namespace ran
+// does not count; see idem.Purge), in batches. In-progress records are never purged. It returns
 // idem.ErrPurgeInProgress when another cleaner holds the purge lock.
 //
 // Each call is reported to the idem.HookPurge hooks of Options.Hooks, and
@@ -160,7 +169,7 @@ func (m *Middleware) Stats() Stats {
 // hooks (op "purge"), as a consumer's purge is.
 func (m *Middleware) Purge(ctx context.Context) (idem.PurgeResult, error) {
 	start := time.Now()
-	res, err := m.store.Purge(ctx, &idem.PurgeParams{
+	res, err := idem.Purge(ctx, m.store, idem.PurgeParams{
 		Consumer:        m.consumer,
 		RetentionWindow: m.o.Retention,
 		BatchSize:       m.o.PurgeBatchSize,
