@@ -378,9 +378,13 @@ func caseBadMessages(f *fixture) {
 	f.checkDeadLetters(want)
 	f.stop(m1)
 	f.checkEffects(good)
+	// Not retried: once, or again only if an ack timeout redelivered it
+	// while the first run was in flight; a retry loop would have run it at
+	// every retry delay (a quarter of a second) through checkDeadLetters'
+	// quiet second.
 	for _, p := range poison {
-		if runs := f.rec.started(p.ID); runs != 1 {
-			f.t.Errorf("brokertest: the permanently failing message %q ran %d times, want 1", p.ID, runs)
+		if runs := f.rec.started(p.ID); runs > 2 {
+			f.t.Errorf("brokertest: the permanently failing message %q ran %d times, want 1 (2 after an ack timeout): it was retried", p.ID, runs)
 		}
 	}
 }
