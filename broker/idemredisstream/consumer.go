@@ -27,8 +27,7 @@ const (
 
 // Defaults applied by NewConsumer to zero Config fields.
 const (
-	// DefaultIDField is the field holding the message ID (DESIGN.md
-	// section 4).
+	// DefaultIDField is the field holding the message ID.
 	DefaultIDField = "message-id"
 	// DefaultPayloadField is the field holding the payload.
 	DefaultPayloadField = "payload"
