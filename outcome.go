@@ -84,13 +84,16 @@ type Outcome struct {
 }
 
 // Ack reports whether the broker may be told the delivery is done: true for
-// Processed and Duplicate, and for nothing else.
+// Processed and Duplicate, and for nothing else. Broker adapters use
+// [Outcome.Settle], which makes the whole decision (and refuses to ack an
+// ackable Status that carries an error).
 func (o Outcome) Ack() bool { return o.Status == Processed || o.Status == Duplicate }
 
 // DeadLetter reports whether the delivery can never succeed as it is
 // (FingerprintMismatch, Rejected, or a poison Failed) and belongs in a dead
 // letter with Err as the reason. Other Failed and InProgress deliveries are
-// redelivered instead.
+// redelivered instead. [Outcome.Settle] also dead-letters a Failed outcome
+// whose Err matches [IsPermanent] without Poison set, and says why.
 func (o Outcome) DeadLetter() bool {
 	return o.Status == FingerprintMismatch || o.Status == Rejected || o.Poison
 }

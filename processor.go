@@ -8,14 +8,16 @@ import (
 )
 
 // Processor runs one delivery through an Idempotent Consumer with its handler
-// already bound. It is the seam broker adapters drive: an adapter reads the
-// message ID from the broker's place for it, calls Process, and maps the
-// Outcome to the broker (Ack for Processed and Duplicate, a delayed
-// redelivery for InProgress and Failed, a dead letter for DeadLetter()).
+// already bound. It is what an application hands to a broker adapter
+// (Bind, BindLease, or a ProcessorFunc wrapping one of them).
 //
-// Process returns the Outcome and the same error as Outcome.Err. A
-// Processor must be safe for concurrent use when the adapter runs more than
-// one message at a time; Bind and BindLease are.
+// Process returns the Outcome and the same error as Outcome.Err, the
+// (value, error) shape a wrapper author expects. An adapter never calls it
+// directly: it calls [Guard], which returns one value, the Outcome carrying
+// its error, and then [Outcome.Settle], which decides ack, redeliver after a
+// delay, or dead-letter, and why. A Processor must be safe for concurrent
+// use when the adapter runs more than one message at a time; Bind and
+// BindLease are.
 type Processor interface {
 	Process(ctx context.Context, msg Message) (Outcome, error)
 }
@@ -69,8 +71,9 @@ func (f batchFunc) ProcessBatch(ctx context.Context, msgs []Message) ([]Outcome,
 }
 
 // Guard runs msg through p the way a broker adapter must before it settles
-// the delivery, so that nothing a Processor gets wrong is ever acknowledged
-// as done:
+// the delivery, and returns one value: the Outcome, carrying its error in
+// Err. It is the only way an adapter calls a Processor, so that nothing a
+// Processor gets wrong is ever acknowledged as done:
 //
 //   - a panic in p becomes a Failed Outcome whose Err is a *PanicError
 //     (matching ErrHandlerPanic);
@@ -82,9 +85,8 @@ func (f batchFunc) ProcessBatch(ctx context.Context, msgs []Message) ([]Outcome,
 //     DeadLetter() is true even for a Processor that did not set it;
 //   - an empty MessageID is set to msg.ID.
 //
-// The adapter then maps the result: Ack() to an ack, DeadLetter() to a dead
-// letter with Err as the reason, anything else to a redelivery (after
-// RetryAfter for InProgress).
+// The adapter then calls Settle on the result (out.Settle(retryDelay)) and
+// carries the Settlement out on its broker.
 func Guard(ctx context.Context, p Processor, msg Message) (out Outcome) {
 	var err error
 	func() {
@@ -117,4 +119,43 @@ func Guard(ctx context.Context, p Processor, msg Message) (out Outcome) {
 		out.Poison = true
 	}
 	return out
+}
+
+// GuardBatch is Guard for a batch: it runs msgs through p and returns
+// exactly one Outcome per message, in order, each normalised as Guard
+// normalises one (a valid Status, an error on everything that is not an
+// ack, Poison for a permanent failure, the MessageID filled in). A panic in
+// p, or a result of the wrong length, makes every message Failed with that
+// error (a panic matching ErrHandlerPanic): the batch's transaction did not
+// commit, so each is redelivered.
+func GuardBatch(ctx context.Context, p BatchProcessor, msgs []Message) []Outcome {
+	var (
+		outs []Outcome
+		err  error
+	)
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				outs, err = nil, &PanicError{Value: v, Stack: debug.Stack()}
+			}
+		}()
+		outs, err = p.ProcessBatch(ctx, msgs)
+	}()
+	if len(outs) != len(msgs) {
+		if _, panicked := err.(*PanicError); !panicked {
+			err = errors.Join(fmt.Errorf("idem: the BatchProcessor returned %d outcomes for %d messages", len(outs), len(msgs)), err)
+		}
+		outs = make([]Outcome, len(msgs))
+		for i, m := range msgs {
+			outs[i] = Outcome{Status: Failed, MessageID: m.ID, Err: err}
+		}
+		return outs
+	}
+	for i, m := range msgs {
+		out := outs[i]
+		outs[i] = Guard(ctx, ProcessorFunc(func(context.Context, Message) (Outcome, error) {
+			return out, out.Err
+		}), m)
+	}
+	return outs
 }

@@ -53,11 +53,15 @@
 //   - AckTimeout: a handler runs past [StartOptions.Redelivery]; a
 //     redelivery of its message while it runs waits for it (transactional)
 //     or is InProgress and is redelivered later (lease); one row.
-//   - BadMessages: messages without an ID, with an invalid ID (a control
-//     byte), reusing an ID with another payload (a fingerprint mismatch), and
-//     in lease mode whose handler returns idem.Permanent (poison), end up in
-//     the dead letter, ID and payload byte for byte, with a reason containing
-//     the idem sentinel error's text; none has an effect row.
+//   - BadMessages: messages without an ID, with an invalid ID (control
+//     bytes, over 255 bytes where the broker can carry it), reusing an ID
+//     with another payload (a fingerprint mismatch), and whose handler
+//     returns idem.Permanent, end up in the dead letter, ID and payload byte
+//     for byte, with the reason word ("missing-message-id",
+//     "invalid-message-id", "fingerprint-mismatch", "permanent") and an
+//     error text containing the cause's; none has an effect row, and the
+//     permanently failing handler ran once. IDs of 255 bytes and non-ASCII
+//     IDs are processed.
 //   - GroupCrashAndJoin: two members share the work, one crashes mid-stream,
 //     a third joins.
 //   - StopWaitsForInFlight: [Member.Stop] does not return while a handler is
@@ -65,24 +69,46 @@
 //   - Batch: for a [BatchBroker] only, in transactional mode: the basics
 //     through StartBatch and idem.BindBatch, batches no larger than
 //     BatchSize, and a crash after a committed batch.
+//   - Lifecycle (once, not per mode): through [Broker.NewConsumer], the
+//     [Runner] contract: Stop before Run (twice) makes Run return nil; of
+//     two Runs at once one returns idem.ErrAlreadyRunning; eight concurrent
+//     Stops return nil and so does Run; a Run after Run returned is
+//     idem.ErrAlreadyRunning; and no goroutine Run started (counted by a
+//     goroutine label the suite puts on the Run call) is left after it.
+//   - Panics: a handler that panics and a Processor wrapper that panics:
+//     not acknowledged, redelivered, one row each, no dead letters.
+//   - StoreDown: the store's *sql.DB is closed under a member: every
+//     delivery is Failed with idem.ErrStore, none is acknowledged or
+//     dead-lettered, there are no rows; a member on a working handle then
+//     processes every message once.
+//   - ContextCancelled: Run's context is cancelled while a handler runs:
+//     Run returns ctx.Err(), no row stays, and the next member processes
+//     the message once.
+//   - HugePayload (once): a 1 MiB payload (or the [PayloadLimiter]'s
+//     limit) is processed, its row byte for byte, and an ID-less one is
+//     dead-lettered byte for byte.
 //
 // # What an adapter must do to pass
 //
-//   - Read the message ID from the broker's place for it (DESIGN.md section
-//     4) and pass every delivery to the Processor, an ID-less one with ID "".
-//   - Ack Processed and Duplicate outcomes (Outcome.Ack); dead-letter the
-//     outcomes for which Outcome.DeadLetter is true, with the original ID and
-//     payload and the outcome's error text as the reason, then ack them;
-//     redeliver InProgress after Outcome.RetryAfter and Failed after a retry
-//     delay shorter than StartOptions.Redelivery (the suite uses 1s, and 3s
-//     in StopWaitsForInFlight).
+//   - Read the message ID from the broker's place for it (a header or
+//     property the broker defines for it where there is one) and pass every
+//     delivery to the Processor through idem.Guard, an ID-less one with ID
+//     "".
+//   - Carry out what idem.Outcome.Settle decides, with a retry delay shorter
+//     than StartOptions.Redelivery (the suite uses 1s, and 3s in
+//     StopWaitsForInFlight): Ack, Redeliver after Settlement.Delay, or
+//     DeadLetter with the original ID and payload and
+//     Settlement.DeadLetterHeaders, then ack. Log with Settlement.Log.
 //   - Honour StartOptions: Concurrency deliveries at once; Redelivery as the
 //     broker's timeout for unacknowledged messages where it has one.
 //   - Stop: take no new deliveries, let the handlers in flight finish with
 //     their context intact, ack what finished, then return.
 //   - Crash: return at once; from then on nothing of that member reaches the
 //     broker (close its connection or client), so the broker redelivers.
-//   - DeadLetters: read the dead letter without consuming it.
+//   - NewConsumer: the adapter's Consumer, not running, with the lifecycle
+//     of [Runner].
+//   - DeadLetters: read the dead letter without consuming it, reporting the
+//     idem.HeaderDeadLetterReason and idem.HeaderDeadLetterError values.
 //   - A broker that drops repeated publishes itself (JetStream's duplicate
 //     window) implements [PublishDeduper], so the suite knows which repeats
 //     reach the consumer.

@@ -30,4 +30,9 @@ func Example() {
 	// GroupCrashAndJoin
 	// StopWaitsForInFlight
 	// Batch
+	// Lifecycle
+	// Panics
+	// StoreDown
+	// ContextCancelled
+	// HugePayload
 }

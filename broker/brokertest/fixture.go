@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,8 +52,9 @@ type record struct {
 	id      string
 	payload []byte
 	status  idem.Status
+	err     error
 	poison  bool
-	done    bool // the call returned
+	done    bool // the call returned (or panicked: then Failed, err nil)
 }
 
 // recorder keeps every Process call the members made.
@@ -68,7 +73,7 @@ func (r *recorder) begin(member int, msg idem.Message) *record {
 
 func (r *recorder) end(rec *record, out idem.Outcome) {
 	r.mu.Lock()
-	rec.status, rec.poison, rec.done = out.Status, out.Poison, true
+	rec.status, rec.err, rec.poison, rec.done = out.Status, out.Err, out.Poison, true
 	r.mu.Unlock()
 }
 
@@ -137,6 +142,7 @@ type fixture struct {
 	ctx    context.Context
 	mode   mode
 	broker Broker
+	dsn    string // the SQLite database of idem's table and the effects
 	db     *sql.DB
 	proc   idem.Processor
 	batch  idem.BatchProcessor // transactional mode only
@@ -166,18 +172,9 @@ func newFixture(t *testing.T, h Harness, md mode) *fixture {
 
 	// synchronous(NORMAL) spares an fsync per commit; the suite simulates
 	// crashes in process, so durability across power loss plays no part.
-	dsn := idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "effects.db")) + "&_pragma=synchronous(NORMAL)"
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		t.Fatalf("brokertest: open SQLite: %v", err)
-	}
-	db.SetMaxOpenConns(8)
-	t.Cleanup(func() { db.Close() })
+	f.dsn = idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "effects.db")) + "&_pragma=synchronous(NORMAL)"
+	db, store := f.openStore()
 	f.db = db
-	store, err := idemsql.New(db, idemsql.SQLite, nil)
-	if err != nil {
-		t.Fatalf("brokertest: idemsql.New: %v", err)
-	}
 	if err := store.Migrate(ctx); err != nil {
 		t.Fatalf("brokertest: migrate: %v", err)
 	}
@@ -193,24 +190,7 @@ func newFixture(t *testing.T, h Harness, md mode) *fixture {
 		t.Fatalf("brokertest: create effects table: %v", err)
 	}
 
-	cfg := idem.Config{Name: consumerName, PurgeInterval: -1}
-	if md.lease {
-		cfg.Lease = lease
-		lc, err := idem.NewLeaseConsumer(store, cfg)
-		if err != nil {
-			t.Fatalf("brokertest: NewLeaseConsumer: %v", err)
-		}
-		t.Cleanup(func() { lc.Close() })
-		f.proc = idem.BindLease(lc, f.leaseHandler)
-	} else {
-		c, err := idem.NewConsumer[*sql.Tx](store, cfg)
-		if err != nil {
-			t.Fatalf("brokertest: NewConsumer: %v", err)
-		}
-		t.Cleanup(func() { c.Close() })
-		f.proc = idem.Bind(c, f.txHandler)
-		f.batch = idem.BindBatch(c, f.batchHandler)
-	}
+	f.proc, f.batch = f.bind(store)
 
 	f.broker = h.New(t)
 	if f.broker == nil {
@@ -221,7 +201,49 @@ func newFixture(t *testing.T, h Harness, md mode) *fixture {
 	return f
 }
 
-// setHook sets the fault injected at the start of every handler run.
+// openStore opens another handle on the case's SQLite database and an
+// idemsql store over it; the handle is closed at cleanup (if the case did
+// not close it first).
+func (f *fixture) openStore() (*sql.DB, *idemsql.Store) {
+	f.t.Helper()
+	db, err := sql.Open("sqlite", f.dsn)
+	if err != nil {
+		f.t.Fatalf("brokertest: open SQLite: %v", err)
+	}
+	db.SetMaxOpenConns(8)
+	f.t.Cleanup(func() { db.Close() })
+	store, err := idemsql.New(db, idemsql.SQLite, nil)
+	if err != nil {
+		f.t.Fatalf("brokertest: idemsql.New: %v", err)
+	}
+	return db, store
+}
+
+// bind returns the case's Processor over store, in the case's claim mode,
+// and in transactional mode its BatchProcessor.
+func (f *fixture) bind(store *idemsql.Store) (idem.Processor, idem.BatchProcessor) {
+	f.t.Helper()
+	cfg := idem.Config{Name: consumerName, PurgeInterval: -1}
+	if f.mode.lease {
+		cfg.Lease = lease
+		lc, err := idem.NewLeaseConsumer(store, cfg)
+		if err != nil {
+			f.t.Fatalf("brokertest: NewLeaseConsumer: %v", err)
+		}
+		f.t.Cleanup(func() { lc.Close() })
+		return idem.BindLease(lc, f.leaseHandler), nil
+	}
+	c, err := idem.NewConsumer[*sql.Tx](store, cfg)
+	if err != nil {
+		f.t.Fatalf("brokertest: NewConsumer: %v", err)
+	}
+	f.t.Cleanup(func() { c.Close() })
+	return idem.Bind(c, f.txHandler), idem.BindBatch(c, f.batchHandler)
+}
+
+// setHook sets the fault injected into every handler run: in transactional
+// mode after the effect row was written in the claim's transaction (so a
+// failure must roll it back), in lease mode before the effect is written.
 func (f *fixture) setHook(h func(ctx context.Context, msg idem.Message) error) {
 	f.hookMu.Lock()
 	f.hook = h
@@ -238,13 +260,13 @@ func (f *fixture) runHook(ctx context.Context, msg idem.Message) error {
 	return h(ctx, msg)
 }
 
-// txHandler is the transactional-mode handler: one row in the claim's tx.
+// txHandler is the transactional-mode handler: one row in the claim's tx,
+// then the hook.
 func (f *fixture) txHandler(ctx context.Context, tx *sql.Tx, msg idem.Message) error {
-	if err := f.runHook(ctx, msg); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO effects (message_id, payload) VALUES (?, ?)`, msg.ID, msg.Payload); err != nil {
 		return err
 	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO effects (message_id, payload) VALUES (?, ?)`, msg.ID, msg.Payload)
-	return err
+	return f.runHook(ctx, msg)
 }
 
 // batchHandler is the batch-mode handler: one row per new message.
@@ -279,20 +301,37 @@ type around func(ctx context.Context, msg idem.Message, next func(context.Contex
 // (if not nil) around the bound Processor.
 func (f *fixture) start(opts StartOptions, a around) *member {
 	f.t.Helper()
-	mb := f.newMember()
-	p := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-		rec := f.rec.begin(mb.idx, msg)
-		var out idem.Outcome
-		var err error
+	return f.startWith(opts, f.proc, a)
+}
+
+// recording returns the Processor of member idx: it records every call of
+// proc, with a (if not nil) around it. A panic is recorded as a Failed
+// outcome and goes on up to the adapter.
+func (f *fixture) recording(idx int, proc idem.Processor, a around) idem.Processor {
+	return idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (out idem.Outcome, err error) {
+		rec := f.rec.begin(idx, msg)
+		returned := false
+		defer func() {
+			if !returned {
+				f.rec.end(rec, idem.Outcome{Status: idem.Failed})
+			}
+		}()
 		if a != nil {
-			out, err = a(ctx, msg, f.proc.Process)
+			out, err = a(ctx, msg, proc.Process)
 		} else {
-			out, err = f.proc.Process(ctx, msg)
+			out, err = proc.Process(ctx, msg)
 		}
+		returned = true
 		f.rec.end(rec, out)
 		return out, err
 	})
-	m, err := f.broker.Start(f.ctx, p, opts)
+}
+
+// startWith is start with another bound Processor than the case's.
+func (f *fixture) startWith(opts StartOptions, proc idem.Processor, a around) *member {
+	f.t.Helper()
+	mb := f.newMember()
+	m, err := f.broker.Start(f.ctx, f.recording(mb.idx, proc, a), opts)
 	if err != nil {
 		f.t.Fatalf("brokertest: Start member %d: %v", mb.idx, err)
 	}
@@ -421,6 +460,25 @@ func (f *fixture) publish(ms ...idem.Message) {
 	}
 }
 
+// publishCarried publishes the messages the broker can carry and returns
+// them; the others (ErrNotCarried) are left out and logged.
+func (f *fixture) publishCarried(ms ...idem.Message) []idem.Message {
+	f.t.Helper()
+	var out []idem.Message
+	for _, m := range ms {
+		err := f.broker.Publish(f.ctx, m.ID, m.Payload)
+		switch {
+		case errors.Is(err, ErrNotCarried):
+			f.t.Logf("brokertest: the broker cannot carry message ID %q (%d bytes); left out", m.ID, len(m.ID))
+		case err != nil:
+			f.t.Fatalf("brokertest: Publish %q: %v", m.ID, err)
+		default:
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
 // dedupeWindow is the broker's own duplicate window (PublishDeduper), or 0.
 func (f *fixture) dedupeWindow() time.Duration {
 	if d, ok := f.broker.(PublishDeduper); ok {
@@ -543,7 +601,7 @@ func (f *fixture) deadLetters() []DeadLetter {
 func (f *fixture) checkNoDeadLetters() {
 	f.t.Helper()
 	for _, dl := range f.deadLetters() {
-		f.t.Errorf("brokertest: unexpected dead letter: ID %q, payload %q, reason %q", dl.ID, dl.Payload, dl.Reason)
+		f.t.Errorf("brokertest: unexpected dead letter: ID %q, payload %s, reason %q, error %q", dl.ID, short(dl.Payload), dl.Reason, dl.Error)
 	}
 }
 
@@ -556,17 +614,19 @@ func (f *fixture) quiet(d time.Duration) {
 	}
 }
 
-// expectedDL is a dead letter the suite expects: its ID, payload and the
-// sentinel error whose text the reason must contain.
+// expectedDL is a dead letter the suite expects: its ID, payload, the
+// reason word (idem.Reason...) and an error whose text the dead letter's
+// error text must contain.
 type expectedDL struct {
 	id      string
 	payload []byte
-	reason  error
+	reason  string
+	err     error
 }
 
 // checkDeadLetters waits for the dead letter to hold want, then asserts it
-// holds exactly want: the IDs and payloads byte for byte, and a reason that
-// contains the text of the expected sentinel error.
+// holds exactly want: the IDs and payloads byte for byte, the reason word,
+// and an error text that contains the expected error's.
 func (f *fixture) checkDeadLetters(want []expectedDL) {
 	f.t.Helper()
 	f.waitFor(waitLong, func() (bool, string) {
@@ -584,22 +644,31 @@ func (f *fixture) checkDeadLetters(want []expectedDL) {
 				continue
 			}
 			used[i], found = true, true
-			if dl.Reason == "" {
-				f.t.Errorf("brokertest: dead letter %q (%q) has an empty reason", dl.ID, dl.Payload)
-			} else if !strings.Contains(dl.Reason, w.reason.Error()) {
-				f.t.Errorf("brokertest: dead letter %q (%q) reason %q, want one containing %q", dl.ID, dl.Payload, dl.Reason, w.reason.Error())
+			if dl.Reason != w.reason {
+				f.t.Errorf("brokertest: dead letter %q (%s) reason %q, want %q", dl.ID, short(dl.Payload), dl.Reason, w.reason)
+			}
+			if !strings.Contains(dl.Error, w.err.Error()) {
+				f.t.Errorf("brokertest: dead letter %q (%s) error %q, want one containing %q", dl.ID, short(dl.Payload), dl.Error, w.err.Error())
 			}
 			break
 		}
 		if !found {
-			f.t.Errorf("brokertest: dead letter lacks ID %q with payload %q (%v)", w.id, w.payload, w.reason)
+			f.t.Errorf("brokertest: dead letter lacks ID %q with payload %s (%s)", w.id, short(w.payload), w.reason)
 		}
 	}
 	for i, dl := range got {
 		if !used[i] {
-			f.t.Errorf("brokertest: unexpected dead letter: ID %q, payload %q, reason %q", dl.ID, dl.Payload, dl.Reason)
+			f.t.Errorf("brokertest: unexpected dead letter: ID %q, payload %s, reason %q, error %q", dl.ID, short(dl.Payload), dl.Reason, dl.Error)
 		}
 	}
+}
+
+// short quotes p, cut to 80 bytes, for failure messages.
+func short(p []byte) string {
+	if len(p) > 80 {
+		return fmt.Sprintf("%q... (%d bytes)", p[:80], len(p))
+	}
+	return fmt.Sprintf("%q", p)
 }
 
 // ids returns the IDs of ms.
@@ -610,3 +679,86 @@ func ids(ms []idem.Message) []string {
 	}
 	return out
 }
+
+// runner is a Runner from Broker.NewConsumer whose Run calls run under a
+// goroutine label of their own, so that the goroutines they start can be
+// counted apart from every other case's.
+type runner struct {
+	Runner
+	label string
+}
+
+var runnerSeq atomic.Int64
+
+// labelKey is the goroutine label the suite puts on the Run calls it makes.
+const labelKey = "brokertest-run"
+
+// newRunner returns a consumer not yet running whose Processor records
+// every call as member idx of a fresh member number (through a, if not nil).
+func (f *fixture) newRunner(opts StartOptions, a around) (*runner, int) {
+	f.t.Helper()
+	mb := f.newMember() // no Member: stopAll leaves it to the case
+	r, err := f.broker.NewConsumer(f.recording(mb.idx, f.proc, a), opts)
+	if err != nil {
+		f.t.Fatalf("brokertest: NewConsumer: %v", err)
+	}
+	if r == nil {
+		f.t.Fatal("brokertest: NewConsumer returned a nil Runner")
+	}
+	rn := &runner{Runner: r, label: strconv.FormatInt(runnerSeq.Add(1), 10)}
+	f.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	return rn, mb.idx
+}
+
+// run calls Run in a goroutine carrying r's label and returns where its
+// result arrives.
+func (r *runner) run(ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go pprof.Do(ctx, pprof.Labels(labelKey, r.label), func(ctx context.Context) {
+		done <- r.Run(ctx)
+	})
+	return done
+}
+
+// goroutines counts the goroutines that carry r's label (those Run
+// started, and Run itself), and returns their stacks.
+func (r *runner) goroutines() (int, string) {
+	var buf bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)
+	want := fmt.Sprintf("# labels: {%q:%q}", labelKey, r.label)
+	n := 0
+	var stacks strings.Builder
+	for _, block := range strings.Split(buf.String(), "\n\n") {
+		if !strings.Contains(block, want) {
+			continue
+		}
+		count, _, _ := strings.Cut(block, " ")
+		c, err := strconv.Atoi(count)
+		if err != nil {
+			c = 1
+		}
+		n += c
+		stacks.WriteString(block)
+		stacks.WriteString("\n\n")
+	}
+	return n, stacks.String()
+}
+
+// result waits up to waitLong for a Run result.
+func (f *fixture) result(what string, done <-chan error) error {
+	f.t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(waitLong):
+		f.t.Fatalf("brokertest: after %v: %s did not return", waitLong, what)
+		return nil
+	}
+}
+
+// any reports whether a record satisfies keep.
+func (r *recorder) any(keep func(*record) bool) bool { return r.count(keep) > 0 }

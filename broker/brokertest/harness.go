@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -25,14 +26,25 @@ type Broker interface {
 	// adapter's producer helper, and returns once the broker has it. An
 	// empty id publishes a message that carries no message ID at all (the
 	// header, property or field is absent), bypassing the helper's default
-	// ID; the adapter must dead-letter it.
+	// ID; the adapter must dead-letter it. An id the broker cannot carry
+	// in its place for IDs at all (RabbitMQ's message_id property holds at
+	// most 255 bytes) returns an error matching ErrNotCarried, and the
+	// suite leaves that message out.
 	Publish(ctx context.Context, id string, payload []byte) error
 	// Start starts one consumer instance (one member of the consumer
-	// group) that runs every delivery through p and maps the Outcome to
-	// the broker as DESIGN.md section 4 says. It returns once the member
-	// is consuming (for Kafka: has joined the group). Members started on
-	// one Broker share the work as a consumer group does.
+	// group) that runs every delivery through p (idem.Guard) and carries
+	// out what idem.Outcome.Settle decides. It returns once the member is
+	// consuming (for Kafka: has joined the group). Members started on one
+	// Broker share the work as a consumer group does.
 	Start(ctx context.Context, p idem.Processor, opts StartOptions) (Member, error)
+	// NewConsumer returns one member that is not running yet: the
+	// adapter's Consumer as an application gets it, configured as Start
+	// configures one (the Processor p, opts, the same retry delays). The
+	// suite calls its Run and Stop itself, to check the lifecycle every
+	// adapter promises (see Runner). What it needs (a client, a
+	// connection) is released by t.Cleanup, or when Run returns if the
+	// application would release it then (a Kafka client leaves its group).
+	NewConsumer(p idem.Processor, opts StartOptions) (Runner, error)
 	// DeadLetters returns every message in this Broker's dead letter so
 	// far, in any order, without consuming them destructively (a second
 	// call returns them again, plus any new ones).
@@ -47,6 +59,28 @@ type BatchBroker interface {
 	// messages per ProcessBatch call.
 	StartBatch(ctx context.Context, p idem.BatchProcessor, opts StartOptions) (Member, error)
 }
+
+// Runner is an adapter's Consumer as the application drives it. Every
+// adapter's Consumer promises the same lifecycle, which the suite checks:
+//
+//   - Run consumes until Stop is called or ctx ends. It returns nil after
+//     Stop, and ctx.Err() (so errors.Is(err, context.Canceled)) when ctx
+//     ended first; the handlers in flight then see their context
+//     cancelled and nothing they did not finish is acknowledged.
+//   - A Consumer runs once: a second Run, while the first runs or after it
+//     returned, returns an error matching idem.ErrAlreadyRunning at once.
+//   - Stop before Run makes Run return nil at once; Stop is safe to call
+//     more than once and concurrently, and returns nil once Run has
+//     returned (or ctx's error if ctx ends first).
+//   - Once Run has returned, no goroutine it started is left.
+type Runner interface {
+	Run(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
+
+// ErrNotCarried is what Broker.Publish returns (wrapped or not) for a
+// message ID that the broker cannot carry in its place for IDs at all.
+var ErrNotCarried = errors.New("brokertest: the broker cannot carry this message ID")
 
 // Member is one running consumer instance.
 type Member interface {
@@ -84,9 +118,23 @@ type DeadLetter struct {
 	ID string
 	// Payload is the original payload, byte for byte.
 	Payload []byte
-	// Reason is the reason the adapter gave (the Outcome's error text).
-	// It is never empty.
+	// Reason is the idem.HeaderDeadLetterReason header (or field) the
+	// adapter wrote: the Settlement's reason word, e.g.
+	// "invalid-message-id". It is never empty.
 	Reason string
+	// Error is the idem.HeaderDeadLetterError header (or field): the
+	// Outcome's error text. It is never empty.
+	Error string
+}
+
+// PayloadLimiter is implemented by a Broker whose broker refuses payloads
+// of a mebibyte (NATS's max_payload is 1 MiB including headers, a Kafka
+// producer batch about 1 MB). PayloadLimit is the largest payload the
+// suite may publish, leaving room for the headers the adapter adds to a
+// dead letter. Brokers without such a limit do not implement it; the
+// suite then uses 1 MiB.
+type PayloadLimiter interface {
+	PayloadLimit() int
 }
 
 // PublishDeduper is implemented by a Broker whose broker itself drops a

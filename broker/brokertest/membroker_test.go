@@ -2,6 +2,7 @@ package brokertest_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,92 +66,153 @@ func (b *memBroker) take(n int, redelivery time.Duration) []*memMsg {
 	return out
 }
 
-// settle applies one outcome to m.
+// settle carries out what idem decides for the outcome of m, as every
+// adapter does: idem.Outcome.Settle.
 func (b *memBroker) settle(m *memMsg, out idem.Outcome) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	switch {
-	case out.Ack():
+	st := out.Settle(memRetryDelay)
+	switch st.Action {
+	case idem.Ack:
 		m.acked = true
-	case out.DeadLetter():
-		reason := "no reason"
-		if out.Err != nil {
-			reason = out.Err.Error()
-		}
-		b.dead = append(b.dead, brokertest.DeadLetter{ID: m.id, Payload: m.payload, Reason: reason})
+	case idem.DeadLetter:
+		h := st.DeadLetterHeaders()
+		b.dead = append(b.dead, brokertest.DeadLetter{ID: m.id, Payload: m.payload,
+			Reason: h[idem.HeaderDeadLetterReason], Error: h[idem.HeaderDeadLetterError]})
 		m.acked = true
-	case out.Status == idem.InProgress:
-		m.visibleAt = time.Now().Add(out.RetryAfter)
 	default:
-		m.visibleAt = time.Now().Add(memRetryDelay)
+		m.visibleAt = time.Now().Add(st.Delay)
 	}
 }
 
-type memMember struct {
-	stopping atomic.Bool
-	crashed  atomic.Bool
-	wg       sync.WaitGroup
+// memConsumer is the memBroker's Consumer, with the lifecycle every
+// adapter's Consumer has (brokertest.Runner).
+type memConsumer struct {
+	b       *memBroker
+	opts    brokertest.StartOptions
+	batch   int
+	handle  func(ctx context.Context, ms []*memMsg, crashed *atomic.Bool)
+	crashed atomic.Bool
+
+	mu      sync.Mutex
+	started bool
+	stop    chan struct{} // closed by Stop
+	stopped bool
+	done    chan struct{} // closed when Run returns
 }
 
-func (m *memMember) Stop(ctx context.Context) error {
-	m.stopping.Store(true)
-	done := make(chan struct{})
-	go func() { m.wg.Wait(); close(done) }()
+func (b *memBroker) newConsumer(opts brokertest.StartOptions, batch int, handle func(context.Context, []*memMsg, *atomic.Bool)) *memConsumer {
+	return &memConsumer{b: b, opts: opts, batch: max(batch, 1), handle: handle, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+func (c *memConsumer) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return fmt.Errorf("membroker: %w", idem.ErrAlreadyRunning)
+	}
+	c.started = true
+	c.mu.Unlock()
+	defer close(c.done)
+	var wg sync.WaitGroup
+	for range max(c.opts.Concurrency, 1) {
+		wg.Go(func() {
+			for {
+				select {
+				case <-c.stop:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				ms := c.b.take(c.batch, c.opts.Redelivery)
+				if len(ms) == 0 {
+					time.Sleep(5 * time.Millisecond)
+					continue
+				}
+				c.handle(ctx, ms, &c.crashed)
+			}
+		})
+	}
+	wg.Wait()
 	select {
-	case <-done:
+	case <-c.stop:
+		return nil
+	default:
+		return ctx.Err()
+	}
+}
+
+func (c *memConsumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	if !c.stopped {
+		c.stopped = true
+		close(c.stop)
+	}
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-c.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func (m *memMember) Crash() { m.crashed.Store(true); m.stopping.Store(true) }
+// memMember is a memConsumer running.
+type memMember struct{ c *memConsumer }
 
-func (b *memBroker) Start(_ context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
-	return b.run(opts, 1, func(ctx context.Context, ms []*memMsg, mem *memMember) {
+func (m memMember) Stop(ctx context.Context) error { return m.c.Stop(ctx) }
+
+// Crash returns at once, as a killed process would not wait for its
+// handlers; nothing of this member is settled any more.
+func (m memMember) Crash() {
+	m.c.crashed.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = m.c.Stop(ctx) // asks to stop; does not wait
+}
+
+func (b *memBroker) one(p idem.Processor) func(context.Context, []*memMsg, *atomic.Bool) {
+	return func(ctx context.Context, ms []*memMsg, crashed *atomic.Bool) {
 		m := ms[0]
-		out, _ := p.Process(ctx, idem.Message{ID: m.id, Payload: m.payload})
-		if !mem.crashed.Load() {
+		out := idem.Guard(ctx, p, idem.Message{ID: m.id, Payload: m.payload})
+		if !crashed.Load() {
 			b.settle(m, out)
 		}
-	}), nil
+	}
+}
+
+func (b *memBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions) (brokertest.Runner, error) {
+	return b.newConsumer(opts, 1, b.one(p)), nil
+}
+
+func (b *memBroker) Start(_ context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	return b.run(b.newConsumer(opts, 1, b.one(p))), nil
 }
 
 func (b *memBroker) StartBatch(_ context.Context, p idem.BatchProcessor, opts brokertest.StartOptions) (brokertest.Member, error) {
-	return b.run(opts, opts.BatchSize, func(ctx context.Context, ms []*memMsg, mem *memMember) {
+	return b.run(b.newConsumer(opts, opts.BatchSize, func(ctx context.Context, ms []*memMsg, crashed *atomic.Bool) {
 		in := make([]idem.Message, len(ms))
 		for i, m := range ms {
 			in[i] = idem.Message{ID: m.id, Payload: m.payload}
 		}
-		outs, _ := p.ProcessBatch(ctx, in)
-		if mem.crashed.Load() {
+		outs := idem.GuardBatch(ctx, p, in)
+		if crashed.Load() {
 			return
 		}
 		for i, m := range ms {
-			var out idem.Outcome
-			if i < len(outs) {
-				out = outs[i]
-			}
-			b.settle(m, out)
+			b.settle(m, outs[i])
 		}
-	}), nil
+	})), nil
 }
 
-func (b *memBroker) run(opts brokertest.StartOptions, batch int, handle func(context.Context, []*memMsg, *memMember)) *memMember {
-	mem := &memMember{}
-	for range max(opts.Concurrency, 1) {
-		mem.wg.Go(func() {
-			for !mem.stopping.Load() {
-				ms := b.take(max(batch, 1), opts.Redelivery)
-				if len(ms) == 0 {
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
-				handle(context.Background(), ms, mem)
-			}
-		})
-	}
-	return mem
+func (b *memBroker) run(c *memConsumer) memMember {
+	go func() { _ = c.Run(context.Background()) }()
+	return memMember{c}
 }
 
 func TestRunMemoryBroker(t *testing.T) {

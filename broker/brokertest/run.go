@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,6 +22,9 @@ type testCase struct {
 	transactionalOnly bool
 	// batch cases run only when the Broker is a BatchBroker.
 	batch bool
+	// modeless cases do not depend on the claim mode: they run once, in
+	// transactional mode.
+	modeless bool
 }
 
 var cases = []testCase{
@@ -33,12 +37,19 @@ var cases = []testCase{
 	{name: "GroupCrashAndJoin", doc: "two members share the work; one crashes mid-stream, a third joins: N rows", run: caseGroupCrashAndJoin},
 	{name: "StopWaitsForInFlight", doc: "Stop returns only after the handler in flight finished, and its message is acknowledged", run: caseStopWaitsForInFlight},
 	{name: "Batch", doc: "batch mode (BatchBroker only): N rows through idem.BindBatch, duplicates and a crash after a committed batch", run: caseBatch, transactionalOnly: true, batch: true},
+	{name: "Lifecycle", doc: "Stop before Run, a second Run (idem.ErrAlreadyRunning), concurrent Stops, and no goroutine of Run left after it returned", run: caseLifecycle, modeless: true},
+	{name: "Panics", doc: "a panicking handler and a panicking Processor: nothing acked, redelivered, one row each, no dead letters", run: casePanics},
+	{name: "StoreDown", doc: "the store's database closed under a member: nothing acked or dead-lettered, all redelivered and processed once the store is back", run: caseStoreDown},
+	{name: "ContextCancelled", doc: "Run's context cancelled mid-handler: Run returns ctx.Err(), the effect is not kept, the message is redelivered and processed once", run: caseContextCancelled},
+	{name: "HugePayload", doc: "a payload near the broker's limit (1 MiB by default) is processed, an ID-less one dead-lettered, byte for byte", run: caseHugePayload, modeless: true},
 }
 
 // CaseNames returns the names of the suite's cases, in order, with a short
 // description of each: the subtests Run runs in each claim mode (as
 // Run/<mode>/<case>, mode being "transactional" or "lease"). Batch runs only
-// in transactional mode and only for a BatchBroker.
+// in transactional mode and only for a BatchBroker; Lifecycle and
+// HugePayload, which do not depend on the claim mode, only in
+// transactional mode.
 func CaseNames() []string {
 	out := make([]string, len(cases))
 	for i, c := range cases {
@@ -63,7 +74,7 @@ func Run(t *testing.T, h Harness) {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
 			for _, c := range cases {
-				if c.transactionalOnly && md.lease {
+				if (c.transactionalOnly || c.modeless) && md.lease {
 					continue
 				}
 				t.Run(c.name, func(t *testing.T) {
@@ -309,33 +320,41 @@ func caseAckTimeout(f *fixture) {
 	f.checkNoDeadLetters()
 }
 
-// errPoison is the permanent failure caseBadMessages injects in lease mode.
+// errPoison is the permanent failure caseBadMessages injects.
 var errPoison = errors.New("brokertest: poison payload")
 
 // caseBadMessages: messages that can never be processed go to the dead
-// letter, byte for byte, and nothing else does.
+// letter, byte for byte, with the reason, and nothing else does.
 func caseBadMessages(f *fixture) {
 	const n = 40
 	good := msgs("good", n)
+	// IDs at the edge of idem's rules are good: 255 bytes, not ASCII.
+	good = append(good,
+		idem.Message{ID: strings.Repeat("y", 255), Payload: []byte("255-byte id")},
+		idem.Message{ID: "été-🙂", Payload: []byte("non-ASCII id")})
 	noID := []idem.Message{{Payload: []byte("no-id: first")}, {Payload: []byte("no-id: second\x00\xff")}}
-	// A control character: every broker can carry it, idem rejects it.
-	invalid := idem.Message{ID: "bad\x01id", Payload: []byte("invalid id")}
-	mismatch := idem.Message{ID: good[0].ID, Payload: []byte("same ID, other payload")}
-	var poison []idem.Message
-	if f.mode.lease {
-		poison = msgs("poison", 2)
-		isPoison := map[string]bool{poison[0].ID: true, poison[1].ID: true}
-		f.setHook(func(ctx context.Context, msg idem.Message) error {
-			if isPoison[msg.ID] {
-				return idem.Permanent(errPoison)
-			}
-			return nil
-		})
+	// Control characters (every broker can carry these; idem rejects
+	// them), and an ID over the 255-byte limit (where the broker carries it).
+	invalid := []idem.Message{
+		{ID: "bad\x01id", Payload: []byte("invalid id: SOH")},
+		{ID: "del\x7f", Payload: []byte("invalid id: DEL")},
+		{ID: strings.Repeat("x", 256), Payload: []byte("invalid id: 256 bytes")},
 	}
+	mismatch := idem.Message{ID: good[0].ID, Payload: []byte("same ID, other payload")}
+	// A handler error marked idem.Permanent is dead-lettered at once, in
+	// both modes: its claim and effects roll back, and it runs once.
+	poison := msgs("poison", 2)
+	isPoison := map[string]bool{poison[0].ID: true, poison[1].ID: true}
+	f.setHook(func(ctx context.Context, msg idem.Message) error {
+		if isPoison[msg.ID] {
+			return idem.Permanent(errPoison)
+		}
+		return nil
+	})
 
 	f.publish(good[:n/2]...)
 	f.publish(noID...)
-	f.publish(invalid)
+	invalid = f.publishCarried(invalid...)
 	f.publish(poison...)
 	m1 := f.start(StartOptions{Concurrency: 4, Redelivery: redelivery}, nil)
 	f.publish(good[n/2:]...)
@@ -346,17 +365,28 @@ func caseBadMessages(f *fixture) {
 	f.publish(mismatch)
 
 	want := []expectedDL{
-		{id: "", payload: noID[0].Payload, reason: idem.ErrMissingMessageID},
-		{id: "", payload: noID[1].Payload, reason: idem.ErrMissingMessageID},
-		{id: invalid.ID, payload: invalid.Payload, reason: idem.ErrInvalidMessageID},
-		{id: mismatch.ID, payload: mismatch.Payload, reason: idem.ErrFingerprintMismatch},
+		{id: "", payload: noID[0].Payload, reason: idem.ReasonMissingMessageID, err: idem.ErrMissingMessageID},
+		{id: "", payload: noID[1].Payload, reason: idem.ReasonMissingMessageID, err: idem.ErrMissingMessageID},
+		{id: mismatch.ID, payload: mismatch.Payload, reason: idem.ReasonFingerprintMismatch, err: idem.ErrFingerprintMismatch},
+	}
+	for _, m := range invalid {
+		want = append(want, expectedDL{id: m.ID, payload: m.Payload, reason: idem.ReasonInvalidMessageID, err: idem.ErrInvalidMessageID})
 	}
 	for _, p := range poison {
-		want = append(want, expectedDL{id: p.ID, payload: p.Payload, reason: idem.ErrPoison})
+		want = append(want, expectedDL{id: p.ID, payload: p.Payload, reason: idem.ReasonPermanent, err: errPoison})
 	}
 	f.checkDeadLetters(want)
 	f.stop(m1)
 	f.checkEffects(good)
+	// Not retried: once, or again only if an ack timeout redelivered it
+	// while the first run was in flight; a retry loop would have run it at
+	// every retry delay (a quarter of a second) through checkDeadLetters'
+	// quiet second.
+	for _, p := range poison {
+		if runs := f.rec.started(p.ID); runs > 2 {
+			f.t.Errorf("brokertest: the permanently failing message %q ran %d times, want 1 (2 after an ack timeout): it was retried", p.ID, runs)
+		}
+	}
 }
 
 // caseGroupCrashAndJoin: two members share the stream; one crashes

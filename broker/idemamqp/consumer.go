@@ -15,19 +15,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Header names the Consumer adds to a dead letter.
-const (
-	// HeaderDeadLetterReason is the reason a message was dead-lettered:
-	// the Outcome's error text.
-	HeaderDeadLetterReason = "Idem-Dead-Letter-Reason"
-	// HeaderDeadLetterStatus is the Outcome's status ("Rejected",
-	// "FingerprintMismatch", "Failed" for poison).
-	HeaderDeadLetterStatus = "Idem-Dead-Letter-Status"
-	// HeaderDeadLetterQueue is the queue the message was consumed from.
-	HeaderDeadLetterQueue = "Idem-Dead-Letter-Queue"
-	// HeaderMessageID is the message ID the Consumer read, when not empty.
-	HeaderMessageID = "Idem-Message-Id"
-)
+// HeaderOriginalQueue is the header of a dead letter that names the queue
+// the message was consumed from. A dead letter also carries the headers
+// every idem adapter writes (idem.HeaderDeadLetterReason,
+// idem.HeaderDeadLetterError, idem.HeaderDeadLetterStatus,
+// idem.HeaderOriginalMessageID) on top of the original's own.
+const HeaderOriginalQueue = "Idem-Original-Queue"
 
 // Defaults applied by NewConsumer to zero Config fields.
 const (
@@ -46,10 +39,6 @@ var (
 	// Config.Redial was given to get another one; Run returns an error
 	// matching it. RabbitMQ has requeued every unacknowledged delivery.
 	ErrConnectionClosed = errors.New("idemamqp: connection closed")
-
-	// ErrAlreadyRunning is returned by Run when the Consumer is already
-	// running or has run: a Consumer runs once.
-	ErrAlreadyRunning = errors.New("idemamqp: consumer already running")
 
 	// ErrDeadLetterUnroutable means the broker returned a dead letter as
 	// unroutable (the dead-letter queue is gone). The delivery was not
@@ -71,7 +60,7 @@ type Config struct {
 	// that cannot be routed to it is not acked.
 	DeadLetter string
 	// IDHeader names the header that holds the message ID. Defaults to ""
-	// meaning the message_id property (DESIGN.md section 4). A header value
+	// meaning the message_id property, AMQP's own place for it. A header value
 	// must be a string or bytes; any other type counts as missing.
 	IDHeader string
 	// Concurrency is how many deliveries are processed at once. Defaults
@@ -101,8 +90,9 @@ type Config struct {
 	// get a connection or open channels. Defaults to
 	// DefaultMaxReconnectInterval (30s).
 	MaxReconnectInterval time.Duration
-	// Logger receives connection and settlement problems (warn) and
-	// dead letters (info). Duplicates are not logged. Defaults to
+	// Logger receives every settlement at the level idem.Settlement.Level
+	// gives it (duplicates at debug, dead letters at warn, store failures
+	// and panics at error), and connection problems at warn. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 }
@@ -206,13 +196,14 @@ func (cfg *Config) withDefaults() error {
 	return nil
 }
 
-// Run consumes until Stop is called or ctx ends, and then returns nil.
-// It returns an error when it cannot go on: the queue or the dead-letter
+// Run consumes until Stop is called or ctx ends. It returns nil after Stop
+// (also when Stop came before Run), and ctx.Err() when ctx ended first. It
+// returns an error when it cannot go on: the queue or the dead-letter
 // queue does not exist or is not accessible (an AMQP 403, 404, 405 or 406
 // from the broker), or the connection closed and Config.Redial is nil
 // (ErrConnectionClosed). Other failures to open channels or to consume are
-// retried with backoff. A Consumer runs once: a second Run returns
-// ErrAlreadyRunning.
+// retried with backoff. A Consumer runs once: a second Run returns an error
+// matching idem.ErrAlreadyRunning.
 //
 // ctx is the parent of every handler's context: cancelling it stops the
 // Consumer at once, without waiting for handlers (use Stop to finish them).
@@ -220,7 +211,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.started {
 		c.mu.Unlock()
-		return ErrAlreadyRunning
+		return fmt.Errorf("idemamqp: queue %s: %w", c.cfg.Queue, idem.ErrAlreadyRunning)
 	}
 	c.started = true
 	runCtx, hard := context.WithCancel(ctx)
@@ -228,7 +219,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	defer close(c.done)
 	defer hard()
+	err := c.run(runCtx)
+	if err == nil && ctx.Err() != nil && !c.stopping() {
+		return ctx.Err()
+	}
+	return err
+}
 
+// run is Run's loop; it returns nil when runCtx ends or Stop is called.
+func (c *Consumer) run(runCtx context.Context) error {
 	conn, owned := c.conn, false
 	defer func() {
 		if owned {
@@ -481,14 +480,14 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	default:
 	}
 	id := c.messageID(&d)
-	out := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body})
-	switch {
-	case out.Ack():
+	st := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body}).Settle(c.cfg.RetryDelay)
+	switch st.Action {
+	case idem.Ack:
 		if err := d.Ack(false); err != nil {
 			c.log.Warn("idemamqp: ack failed; the broker will redeliver", "message_id", id, "err", err)
 		}
-	case out.DeadLetter():
-		if err := s.deadLetter(ctx, d, id, out); err != nil {
+	case idem.DeadLetter:
+		if err := s.deadLetter(ctx, d, st); err != nil {
 			c.log.Warn("idemamqp: dead letter not published; requeueing", "message_id", id, "dead_letter", c.cfg.DeadLetter, "err", err)
 			s.hold(d, c.cfg.RetryDelay)
 			return
@@ -496,24 +495,10 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 		if err := d.Ack(false); err != nil {
 			c.log.Warn("idemamqp: ack of a dead-lettered message failed; the broker will redeliver it", "message_id", id, "err", err)
 		}
-		c.log.Info("idemamqp: message dead-lettered", "message_id", id, "status", out.Status.String(), "reason", reason(out))
-	case out.Status == idem.InProgress:
-		delay := out.RetryAfter
-		if delay <= 0 {
-			delay = c.cfg.RetryDelay
-		}
-		s.hold(d, delay)
-	default: // Failed, retryable
-		c.log.Warn("idemamqp: processing failed; requeueing after the retry delay", "message_id", id, "delay", c.cfg.RetryDelay, "err", out.Err)
-		s.hold(d, c.cfg.RetryDelay)
+	default: // Redeliver: held for the delay, then requeued
+		s.hold(d, st.Delay)
 	}
-}
-
-func reason(out idem.Outcome) string {
-	if out.Err != nil {
-		return out.Err.Error()
-	}
-	return out.Status.String()
+	st.Log(ctx, c.log, "idemamqp", "dead_letter", c.cfg.DeadLetter)
 }
 
 // hold keeps d unacknowledged for delay, then nacks it with requeue. A
@@ -554,18 +539,16 @@ func (s *session) releaseHeld() {
 
 // deadLetter publishes d to the dead-letter queue with the reason headers
 // and waits for the broker's confirm.
-func (s *session) deadLetter(ctx context.Context, d amqp.Delivery, id string, out idem.Outcome) error {
+func (s *session) deadLetter(ctx context.Context, d amqp.Delivery, st idem.Settlement) error {
 	c := s.c
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
-	headers[HeaderDeadLetterReason] = reason(out)
-	headers[HeaderDeadLetterStatus] = out.Status.String()
-	headers[HeaderDeadLetterQueue] = c.cfg.Queue
-	if id != "" {
-		headers[HeaderMessageID] = id
+	for k, v := range st.DeadLetterHeaders() {
+		headers[k] = v
 	}
+	headers[HeaderOriginalQueue] = c.cfg.Queue
 	msg := amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.ContentType,

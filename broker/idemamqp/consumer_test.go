@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"os"
 	"os/exec"
 	"strings"
@@ -185,7 +186,7 @@ func TestRunMissingQueues(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
 			t.Errorf("missing %s: Run = %v, want an AMQP 404", name, err)
 		}
-		if err := c.Run(context.Background()); !errors.Is(err, idemamqp.ErrAlreadyRunning) {
+		if err := c.Run(context.Background()); !errors.Is(err, idem.ErrAlreadyRunning) {
 			t.Errorf("second Run = %v, want ErrAlreadyRunning", err)
 		}
 	}
@@ -248,13 +249,13 @@ func TestOutcomeMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waitFor(t, 30*time.Second, "every message settled", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every message settled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen["in-progress"]) >= 2 && len(seen["failed"]) >= 2 && len(seen["no-status"]) >= 2 &&
 			len(seen["ok"]) >= 1 && len(seen["mismatch"]) >= 1 && len(seen["no-id"]) >= 1 &&
 			queueDepth(t, conn.Connection, dead) == 2 && queueDepth(t, conn.Connection, q) == 0
-	})
+	}, nil)
 	mu.Lock()
 	for payload, min := range map[string]time.Duration{"in-progress": 700 * time.Millisecond, "failed": 400 * time.Millisecond, "no-status": 400 * time.Millisecond} {
 		if gap := seen[payload][1].Sub(seen[payload][0]); gap < min {
@@ -286,16 +287,18 @@ func TestOutcomeMapping(t *testing.T) {
 		got[string(d.Body)] = d
 	}
 	noID := got["no-id"]
-	if noID.Headers[idemamqp.HeaderDeadLetterReason] != idem.ErrMissingMessageID.Error() ||
-		noID.Headers[idemamqp.HeaderDeadLetterStatus] != "Rejected" ||
-		noID.Headers[idemamqp.HeaderDeadLetterQueue] != q ||
+	if noID.Headers[idem.HeaderDeadLetterReason] != idem.ReasonMissingMessageID ||
+		noID.Headers[idem.HeaderDeadLetterError] != idem.ErrMissingMessageID.Error() ||
+		noID.Headers[idem.HeaderDeadLetterStatus] != "Rejected" ||
+		noID.Headers[idemamqp.HeaderOriginalQueue] != q ||
+		noID.Headers[idem.HeaderOriginalMessageID] != nil ||
 		noID.Headers["trace"] != "t-1" || noID.Type != "payment" || noID.MessageId != "" ||
 		noID.DeliveryMode != amqp.Persistent {
 		t.Errorf("dead letter of the ID-less message: %+v", noID)
 	}
 	mm := got["mismatch"]
-	if mm.Headers[idemamqp.HeaderDeadLetterStatus] != "FingerprintMismatch" || mm.MessageId == "" ||
-		mm.Headers[idemamqp.HeaderMessageID] != mm.MessageId || mm.ContentType != "text/plain" {
+	if mm.Headers[idem.HeaderDeadLetterStatus] != "FingerprintMismatch" || mm.Headers[idem.HeaderDeadLetterReason] != idem.ReasonFingerprintMismatch ||
+		mm.MessageId == "" || mm.Headers[idem.HeaderOriginalMessageID] != mm.MessageId || mm.ContentType != "text/plain" {
 		t.Errorf("dead letter of the mismatch: %+v", mm)
 	}
 }
@@ -324,12 +327,12 @@ func TestDeadLetterUnroutable(t *testing.T) {
 	if err := rawPublish(context.Background(), conn.Connection, q, amqp.Publishing{Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "three attempts", func() bool { return deliveries.Load() >= 3 })
+	testenv.Eventually(t, 30*time.Second, "three attempts", func() bool { return deliveries.Load() >= 3 }, nil)
 	if _, err := ch.QueueDeclare(dead, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the dead letter", func() bool { return queueDepth(t, conn.Connection, dead) == 1 })
-	waitFor(t, 30*time.Second, "the queue to drain", func() bool { return queueDepth(t, conn.Connection, q) == 0 })
+	testenv.Eventually(t, 30*time.Second, "the dead letter", func() bool { return queueDepth(t, conn.Connection, dead) == 1 }, nil)
+	testenv.Eventually(t, 30*time.Second, "the queue to drain", func() bool { return queueDepth(t, conn.Connection, q) == 0 }, nil)
 }
 
 // Stop waits for the handlers in flight, acks what they finished, and
@@ -380,7 +383,7 @@ func TestStopGraceful(t *testing.T) {
 		t.Fatalf("%d messages processed, want the 2 in flight", n)
 	}
 	// The two finished were acked; the other four are back in the queue.
-	waitFor(t, 10*time.Second, "4 messages back in the queue", func() bool { return queueDepth(t, conn.Connection, q) == 4 })
+	testenv.Eventually(t, 10*time.Second, "4 messages back in the queue", func() bool { return queueDepth(t, conn.Connection, q) == 4 }, nil)
 	if conn.IsClosed() {
 		t.Error("Stop closed the caller's connection")
 	}
@@ -465,11 +468,11 @@ func testReconnect(t *testing.T, how string) {
 	if err := killer(first); err != nil {
 		t.Fatalf("close the connection: %v", err)
 	}
-	waitFor(t, 30*time.Second, "the connection to close", first.IsClosed)
+	testenv.Eventually(t, 30*time.Second, "the connection to close", first.IsClosed, nil)
 	close(killed)
-	waitFor(t, 60*time.Second, "every message processed", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every message processed", func() bool {
 		return len(e.snapshot()) == n && queueDepth(t, admin.Connection, q) == 0
-	})
+	}, nil)
 	for id, c := range e.snapshot() {
 		if c != 1 {
 			t.Errorf("%s: %d effects", id, c)

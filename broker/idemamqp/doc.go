@@ -4,8 +4,8 @@
 // A [Consumer] consumes one queue with manual acknowledgements and a
 // prefetch, reads each delivery's message ID from the message_id property
 // (or a header), passes it to an [idem.Processor] (made with idem.Bind or
-// idem.BindLease), and settles the delivery by the [idem.Outcome], as
-// DESIGN.md section 4 says for RabbitMQ:
+// idem.BindLease), and settles the delivery as [idem.Outcome.Settle]
+// decides, for every idem adapter alike; on RabbitMQ that is:
 //
 //   - Processed, Duplicate: basic.ack.
 //   - InProgress (lease mode: another attempt holds a live lease): the
@@ -18,8 +18,10 @@
 //     FingerprintMismatch, poison, and Failed with an error marked
 //     idem.Permanent: published to the dead-letter queue
 //     with publisher confirms, carrying the original body and properties
-//     plus the headers Idem-Dead-Letter-Reason (the Outcome's error text)
-//     and Idem-Dead-Letter-Status, then acked. A dead letter that cannot be
+//     plus the headers every idem adapter writes (Idem-Dead-Letter-Reason,
+//     a stable word such as "invalid-message-id"; Idem-Dead-Letter-Error,
+//     the Outcome's error text; Idem-Dead-Letter-Status;
+//     Idem-Original-Message-Id) and Idem-Original-Queue, then acked. A dead letter that cannot be
 //     published (no confirm, unroutable, channel lost) is not acked: the
 //     delivery is requeued after RetryDelay. Nothing is dropped silently and
 //     nothing that failed is acked as done.
@@ -68,7 +70,8 @@
 // requeue, the ones in flight finish and are settled, held ones are nacked
 // with requeue, then the channels close. Cancelling Run's context instead
 // stops at once: handlers' contexts are cancelled and the channels close,
-// so RabbitMQ requeues whatever was not settled.
+// so RabbitMQ requeues whatever was not settled. Run returns nil after
+// Stop, and ctx.Err() when its context ended first.
 //
 // # Producing
 //

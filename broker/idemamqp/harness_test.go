@@ -34,6 +34,10 @@ func newAMQPBroker(t *testing.T) brokertest.Broker {
 }
 
 func (b *amqpBroker) Publish(ctx context.Context, id string, payload []byte) error {
+	if len(id) > 255 {
+		// The message_id property is a shortstr.
+		return brokertest.ErrNotCarried
+	}
 	if idem.ValidateMessageID(id, 0) != nil {
 		// No ID, or one the Producer refuses: published as is, for the
 		// consumer to dead-letter.
@@ -43,22 +47,41 @@ func (b *amqpBroker) Publish(ctx context.Context, id string, payload []byte) err
 	return err
 }
 
-func (b *amqpBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+// newConsumer returns a Consumer of the queue on a connection of its own.
+func (b *amqpBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions) (*tapConn, *idemamqp.Consumer, error) {
 	conn, err := dialTap(b.url, "idem-test-member")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	retry := max(opts.Redelivery/4, 50*time.Millisecond)
 	c, err := idemamqp.NewConsumer(conn.Connection, idemamqp.Config{
 		Processor:   p,
 		Queue:       b.queue,
 		DeadLetter:  b.dead,
 		Concurrency: max(opts.Concurrency, 1),
-		RetryDelay:  retry,
+		RetryDelay:  max(opts.Redelivery/4, 50*time.Millisecond),
 		Logger:      quiet(),
 	})
 	if err != nil {
 		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, c, nil
+}
+
+// NewConsumer implements brokertest.Broker: the Consumer, on its own
+// connection, closed at cleanup.
+func (b *amqpBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions) (brokertest.Runner, error) {
+	conn, c, err := b.newConsumer(p, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.t.Cleanup(func() { _ = conn.Close() })
+	return c, nil
+}
+
+func (b *amqpBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	conn, c, err := b.newConsumer(p, opts)
+	if err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -102,8 +125,9 @@ func readDeadLetters(conn *amqp.Connection, dead string) ([]brokertest.DeadLette
 		if !ok {
 			return out, nil
 		}
-		reason, _ := d.Headers[idemamqp.HeaderDeadLetterReason].(string)
-		out = append(out, brokertest.DeadLetter{ID: d.MessageId, Payload: d.Body, Reason: reason})
+		reason, _ := d.Headers[idem.HeaderDeadLetterReason].(string)
+		text, _ := d.Headers[idem.HeaderDeadLetterError].(string)
+		out = append(out, brokertest.DeadLetter{ID: d.MessageId, Payload: d.Body, Reason: reason, Error: text})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/idem-go/idem/internal/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -15,20 +16,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-const urlEnv = "IDEM_TEST_AMQP_URL"
-
 // testURL returns the RabbitMQ URL, skipping the test when it is not set
 // (failing it under IDEM_TEST_REQUIRE_ALL=1).
 func testURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv(urlEnv)
-	if u == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
-		}
-		tb.Skipf("missing environment variable %s; set it to a RabbitMQ URL such as amqp://guest:guest@127.0.0.1:5672/", urlEnv)
-	}
-	return u
+	return testenv.URL(tb, testenv.AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/")
 }
 
 // quiet is the logger of consumers under test: warnings only, to stderr
@@ -147,18 +139,6 @@ func queueDepth(tb testing.TB, conn *amqp.Connection, q string) int {
 		tb.Fatal(err)
 	}
 	return st.Messages
-}
-
-// waitFor polls cond every 20ms until it holds or timeout passes.
-func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // rawPublish publishes msg to queue with confirms, bypassing the Producer

@@ -1,7 +1,6 @@
 package idemkafka
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -14,8 +13,7 @@ import (
 
 // Defaults applied by NewConsumer to zero Config fields.
 const (
-	// DefaultIDHeader is the record header that carries the message ID
-	// (DESIGN.md section 4).
+	// DefaultIDHeader is the record header that carries the message ID.
 	DefaultIDHeader = "message-id"
 	// DefaultConcurrency is how many partitions a Consumer processes at once.
 	DefaultConcurrency = 1
@@ -32,26 +30,18 @@ const (
 	DefaultCommitTimeout = 10 * time.Second
 )
 
-// Headers the Consumer adds to a dead-lettered record, after the original
-// record's own headers (the message ID header among them, when it had one).
+// Headers of a dead-lettered record that locate the original, added after
+// the original record's own headers (the message ID header among them, when
+// it had one) and the headers every idem adapter writes
+// (idem.HeaderDeadLetterReason, idem.HeaderDeadLetterError,
+// idem.HeaderDeadLetterStatus, idem.HeaderOriginalMessageID).
 const (
-	// HeaderDeadLetterReason is the Outcome's error text: why the record
-	// cannot be processed. Never empty.
-	HeaderDeadLetterReason = "Idem-Dead-Letter-Reason"
-	// HeaderDeadLetterStatus is the Outcome's Status, e.g. "Rejected".
-	HeaderDeadLetterStatus = "Idem-Dead-Letter-Status"
-	// HeaderDeadLetterTopic, HeaderDeadLetterPartition and
-	// HeaderDeadLetterOffset say where the original record was (partition and
-	// offset in decimal).
-	HeaderDeadLetterTopic     = "Idem-Dead-Letter-Topic"
-	HeaderDeadLetterPartition = "Idem-Dead-Letter-Partition"
-	HeaderDeadLetterOffset    = "Idem-Dead-Letter-Offset"
+	// HeaderOriginalTopic, HeaderOriginalPartition and HeaderOriginalOffset
+	// say where the original record was (partition and offset in decimal).
+	HeaderOriginalTopic     = "Idem-Original-Topic"
+	HeaderOriginalPartition = "Idem-Original-Partition"
+	HeaderOriginalOffset    = "Idem-Original-Offset"
 )
-
-// ErrAlreadyRunning is returned by Run when Run was already called on the
-// Consumer: a Consumer runs once (build a new one, on a new client, to
-// consume again).
-var ErrAlreadyRunning = errors.New("idemkafka: Run already called")
 
 // Config configures a Consumer. Zero values take the documented defaults;
 // NewConsumer rejects out-of-range values with an error matching
@@ -102,13 +92,14 @@ type Config struct {
 	// RetentionWindow, when set, is the retention window of the processed
 	// IDs behind Processor (idem.Config.RetentionWindow). Run then reads
 	// retention.ms of the consumed topics once and logs a warning for each
-	// topic that keeps records longer (DESIGN.md, "Retention"): a replay of
+	// topic that keeps records longer: a replay of
 	// records older than the window (a group reset to the start, a new
 	// group) would process them again. Zero skips the check.
 	RetentionWindow time.Duration
-	// Logger receives warnings (failed records, dead letters, commit
-	// errors); duplicates are logged at debug level only. Defaults to
-	// slog.Default().
+	// Logger receives every settlement at the level idem.Settlement.Level
+	// gives it (duplicates at debug, dead letters at warn, store failures
+	// and panics at error), and commit and fetch problems at warn. Defaults
+	// to slog.Default().
 	Logger *slog.Logger
 
 	// testOnRevoke, if set, is called when a revocation of these partitions

@@ -119,7 +119,7 @@ func TestNewConsumerConfigErrors(t *testing.T) {
 		if err := c.Run(context.Background()); err != nil {
 			t.Fatalf("Run after Stop = %v, want nil", err)
 		}
-		if err := c.Run(context.Background()); !errors.Is(err, ErrAlreadyRunning) {
+		if err := c.Run(context.Background()); !errors.Is(err, idem.ErrAlreadyRunning) {
 			t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
 		}
 		// Finished: the client may get a new Consumer.
@@ -228,36 +228,7 @@ func TestHeaderID(t *testing.T) {
 	}
 }
 
-// TestActionFor checks the Outcome → broker mapping.
-func TestActionFor(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		out  idem.Outcome
-		want action
-	}{
-		{idem.Outcome{Status: idem.Processed}, actAck},
-		{idem.Outcome{Status: idem.Duplicate}, actAck},
-		{idem.Outcome{Status: idem.Rejected, Err: idem.ErrMissingMessageID}, actDeadLetter},
-		{idem.Outcome{Status: idem.FingerprintMismatch, Err: idem.ErrFingerprintMismatch}, actDeadLetter},
-		{idem.Outcome{Status: idem.Failed, Err: idem.ErrPoison, Poison: true}, actDeadLetter},
-		{idem.Outcome{Status: idem.Failed, Err: idem.Permanent(errors.New("declined"))}, actDeadLetter},
-		{idem.Outcome{Status: idem.Failed, Err: errors.New("db down")}, actRetry},
-		{idem.Outcome{Status: idem.InProgress, Err: idem.ErrInProgress}, actRetry},
-		{normalise("m", idem.Outcome{}, errors.New("broken processor")), actRetry},
-		{normalise("m", idem.Outcome{}, nil), actRetry},
-	}
-	for i, tt := range tests {
-		if got := actionFor(tt.out); got != tt.want {
-			t.Errorf("%d: actionFor(%v) = %d, want %d", i, tt.out.Status, got, tt.want)
-		}
-	}
-	if out := normalise("m", idem.Outcome{}, nil); out.Status != idem.Failed || out.Err == nil || out.MessageID != "m" {
-		t.Errorf("normalise of a zero Outcome = %+v, want Failed with an error", out)
-	}
-}
-
-// TestRetentionWarning checks the start-up warning of DESIGN.md
-// "Retention": a topic that keeps records longer than the processed IDs'
+// TestRetentionWarning checks the start-up warning: a topic that keeps records longer than the processed IDs'
 // retention window is named in a warning; a shorter one is not.
 func TestRetentionWarning(t *testing.T) {
 	t.Parallel()

@@ -31,7 +31,15 @@ type testBroker struct {
 	prod             *Producer
 }
 
-var _ brokertest.BatchBroker = (*testBroker)(nil)
+var (
+	_ brokertest.BatchBroker    = (*testBroker)(nil)
+	_ brokertest.PayloadLimiter = (*testBroker)(nil)
+)
+
+// PayloadLimit implements brokertest.PayloadLimiter: a kgo producer batch
+// holds at most about 1 MB (kgo.ProducerBatchMaxBytes), and a dead letter
+// adds its headers to the payload.
+func (b *testBroker) PayloadLimit() int { return 900 << 10 }
 
 func newTestBroker(t *testing.T) *testBroker {
 	b := &testBroker{t: t, topic: uniqueName("events"), dead: uniqueName("events-dead"), grp: uniqueName("group")}
@@ -64,11 +72,46 @@ func (b *testBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts
 	return b.start(Config{BatchProcessor: p, BatchSize: opts.BatchSize}, opts)
 }
 
-func (b *testBroker) start(cfg Config, opts brokertest.StartOptions) (brokertest.Member, error) {
+func (b *testBroker) config(cfg Config, opts brokertest.StartOptions) Config {
 	cfg.DeadLetter = b.dead
 	cfg.Concurrency = opts.Concurrency
 	cfg.RetryDelay = max(opts.Redelivery/4, 50*time.Millisecond)
-	return startMember(b.t, b.seeds, b.grp, b.topic, cfg), nil
+	return cfg
+}
+
+func (b *testBroker) start(cfg Config, opts brokertest.StartOptions) (brokertest.Member, error) {
+	return startMember(b.t, b.seeds, b.grp, b.topic, b.config(cfg, opts)), nil
+}
+
+// NewConsumer implements brokertest.Broker: a Consumer on a group client of
+// its own, which leaves the group when Run returns, as an application
+// closes its client then.
+func (b *testBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions) (brokertest.Runner, error) {
+	cl, err := kgo.NewClient(groupOpts(b.seeds, b.grp, b.topic)...)
+	if err != nil {
+		return nil, err
+	}
+	b.t.Cleanup(cl.Close)
+	c, err := NewConsumer(cl, b.config(Config{Processor: p}, opts))
+	if err != nil {
+		return nil, err
+	}
+	return closingRunner{c, cl}, nil
+}
+
+// closingRunner closes the client once Run has returned (unless it was a
+// second Run, refused).
+type closingRunner struct {
+	*Consumer
+	cl *kgo.Client
+}
+
+func (r closingRunner) Run(ctx context.Context) error {
+	err := r.Consumer.Run(ctx)
+	if !errors.Is(err, idem.ErrAlreadyRunning) {
+		r.cl.Close()
+	}
+	return err
 }
 
 func (b *testBroker) DeadLetters(ctx context.Context) ([]brokertest.DeadLetter, error) {
@@ -78,7 +121,8 @@ func (b *testBroker) DeadLetters(ctx context.Context) ([]brokertest.DeadLetter, 
 	}
 	out := make([]brokertest.DeadLetter, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, brokertest.DeadLetter{ID: header(r, DefaultIDHeader), Payload: r.Value, Reason: header(r, HeaderDeadLetterReason)})
+		out = append(out, brokertest.DeadLetter{ID: header(r, DefaultIDHeader), Payload: r.Value,
+			Reason: header(r, idem.HeaderDeadLetterReason), Error: header(r, idem.HeaderDeadLetterError)})
 	}
 	return out, nil
 }

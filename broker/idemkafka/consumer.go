@@ -39,6 +39,7 @@ type Consumer struct {
 	parts      map[topicPartition]*partition
 	ran        bool
 	stopping   bool
+	stopCalled bool // Stop was called: Run returns nil, not ctx's error
 	cancelPoll context.CancelFunc
 	cancelWork context.CancelFunc
 	finalErr   error // the final commit's error, returned by Stop
@@ -121,12 +122,13 @@ func NewConsumer(cl *kgo.Client, cfg Config) (*Consumer, error) {
 // the client is closed. It returns nil after Stop; ctx.Err() when ctx ended
 // (handlers in flight see their context canceled; what finished is still
 // committed); an error matching kgo.ErrClientClosed when the client was
-// closed under it; ErrAlreadyRunning on a second call.
+// closed under it; an error matching idem.ErrAlreadyRunning on a second
+// call.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.ran {
 		c.mu.Unlock()
-		return ErrAlreadyRunning
+		return fmt.Errorf("idemkafka: %w", idem.ErrAlreadyRunning)
 	}
 	c.ran = true
 	if c.stopping {
@@ -173,7 +175,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.finish()
 
-	if err == nil && ctx.Err() != nil {
+	c.mu.Lock()
+	stopCalled := c.stopCalled
+	c.mu.Unlock()
+	if err == nil && ctx.Err() != nil && !stopCalled {
 		err = ctx.Err()
 	}
 	return err
@@ -189,7 +194,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 // client may be given to a new Consumer).
 func (c *Consumer) Stop(ctx context.Context) error {
 	c.mu.Lock()
-	c.stopping = true
+	c.stopping, c.stopCalled = true, true
 	ran, cancelPoll, cancelWork := c.ran, c.cancelPoll, c.cancelWork
 	c.mu.Unlock()
 	if !ran {
@@ -386,8 +391,9 @@ func (c *Consumer) work(p *partition, exited chan struct{}) {
 	}
 }
 
-// process runs recs through the Processor (one record) or the
-// BatchProcessor, returning one normalised Outcome per record.
+// process runs recs through the Processor (one record, idem.Guard) or the
+// BatchProcessor (idem.GuardBatch), returning one normalised Outcome per
+// record.
 func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outcome {
 	outs := make([]idem.Outcome, len(recs))
 	msgs := make([]idem.Message, 0, len(recs))
@@ -410,22 +416,12 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 		}
 		return outs
 	}
-	bouts, err := c.callBatch(ctx, msgs)
-	if len(bouts) != len(msgs) {
-		berr := fmt.Errorf("idemkafka: BatchProcessor returned %d outcomes for %d messages", len(bouts), len(msgs))
-		if err != nil {
-			berr = errors.Join(berr, err)
-		}
-		for j, m := range msgs {
-			outs[idx[j]] = idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: berr}
-		}
-		return outs
-	}
+	bouts := idem.GuardBatch(ctx, c.cfg.BatchProcessor, msgs)
 	if len(msgs) > 1 {
 		c.isolate(ctx, msgs, bouts)
 	}
-	for j, m := range msgs {
-		outs[idx[j]] = normalise(m.ID, bouts[j], bouts[j].Err)
+	for j := range msgs {
+		outs[idx[j]] = bouts[j]
 	}
 	return outs
 }
@@ -439,67 +435,18 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 // dead-lettered. Transient failures are left to the retry of the batch.
 func (c *Consumer) isolate(ctx context.Context, msgs []idem.Message, bouts []idem.Outcome) {
 	for j, m := range msgs {
-		out := normalise(m.ID, bouts[j], bouts[j].Err)
-		if out.Status != idem.Failed || actionFor(out) != actDeadLetter {
+		if bouts[j].Status != idem.Failed || bouts[j].Settle(c.cfg.RetryDelay).Action != idem.DeadLetter {
 			continue
 		}
-		one, err := c.callBatch(ctx, []idem.Message{m})
-		if len(one) != 1 {
-			berr := fmt.Errorf("idemkafka: BatchProcessor returned %d outcomes for 1 message", len(one))
-			bouts[j] = idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errors.Join(berr, err)}
-			continue
-		}
-		bouts[j] = one[0]
+		bouts[j] = idem.GuardBatch(ctx, c.cfg.BatchProcessor, []idem.Message{m})[0]
 	}
 }
 
-func (c *Consumer) callBatch(ctx context.Context, msgs []idem.Message) (outs []idem.Outcome, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: batch processor: %v", idem.ErrHandlerPanic, v)
-			outs = nil
-		}
-	}()
-	return c.cfg.BatchProcessor.ProcessBatch(ctx, msgs)
-}
-
-// normalise is idem.Guard for an Outcome a BatchProcessor already
-// returned: one without a valid Status is Failed, every Outcome but an ack
-// carries an error, and a permanent failure is poison.
-func normalise(id string, out idem.Outcome, err error) idem.Outcome {
-	return idem.Guard(context.Background(), idem.ProcessorFunc(func(context.Context, idem.Message) (idem.Outcome, error) {
-		return out, err
-	}), idem.Message{ID: id})
-}
-
-// action is what the adapter does with a record after its Outcome.
-type action uint8
-
-const (
-	actAck        action = iota + 1 // done: count the offset for commit
-	actDeadLetter                   // produce to the dead letter, then done
-	actRetry                        // process again after a delay
-)
-
-// actionFor maps an Outcome to the broker (DESIGN.md section 4): Processed
-// and Duplicate are acknowledged; Rejected, FingerprintMismatch, poison and
-// a Failed outcome whose error says no retry can help (idem.IsPermanent or
-// idem.ErrPermanent) are dead-lettered; InProgress and other Failed
-// outcomes are retried in place.
-func actionFor(out idem.Outcome) action {
-	switch {
-	case out.Ack():
-		return actAck
-	case out.DeadLetter():
-		return actDeadLetter
-	case out.Status == idem.Failed && idem.IsPermanent(out.Err):
-		return actDeadLetter
-	}
-	return actRetry
-}
-
-// settle acts on the outcomes of recs and returns the records to process
-// again, in order, and how long to wait first.
+// settle carries out what idem.Outcome.Settle decides for each of recs:
+// Ack counts the offset as done, DeadLetter produces to the dead letter and
+// then counts it done, Redeliver keeps the record to process again in
+// place. It returns those records, in order, and how long to wait first
+// (the longest of their delays).
 func (c *Consumer) settle(p *partition, recs []*kgo.Record, outs []idem.Outcome) ([]*kgo.Record, time.Duration) {
 	var retry []*kgo.Record
 	var delay time.Duration
@@ -507,36 +454,23 @@ func (c *Consumer) settle(p *partition, recs []*kgo.Record, outs []idem.Outcome)
 		if c.crashed.Load() {
 			return nil, 0
 		}
-		out := outs[i]
-		switch actionFor(out) {
-		case actAck:
-			if out.Status == idem.Duplicate {
-				c.log.Debug("idemkafka: duplicate", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "message_id", out.MessageID)
-			}
+		st := outs[i].Settle(c.cfg.RetryDelay)
+		switch st.Action {
+		case idem.Ack:
 			c.markDone(p, r)
-		case actDeadLetter:
-			if err := c.deadLetter(p.ctx, r, out); err != nil {
+		case idem.DeadLetter:
+			if err := c.deadLetter(p.ctx, r, st); err != nil {
 				c.log.Warn("idemkafka: dead letter not produced; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 				retry = append(retry, r)
 				delay = max(delay, c.cfg.RetryDelay)
 				continue
 			}
-			c.log.Warn("idemkafka: record dead-lettered", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
-				"message_id", out.MessageID, "status", out.Status.String(), "reason", out.Err, "dead_letter", c.cfg.DeadLetter)
 			c.markDone(p, r)
-		default:
+		default: // Redeliver: in place, after the delay
 			retry = append(retry, r)
-			d := c.cfg.RetryDelay
-			if out.Status == idem.InProgress {
-				if out.RetryAfter > 0 {
-					d = out.RetryAfter
-				}
-				c.log.Debug("idemkafka: record in progress elsewhere; retrying", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "message_id", out.MessageID, "retry_after", d)
-			} else {
-				c.log.Warn("idemkafka: record failed; retrying", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "message_id", out.MessageID, "err", out.Err, "retry_after", d)
-			}
-			delay = max(delay, d)
+			delay = max(delay, st.Delay)
 		}
+		st.Log(p.ctx, c.log, "idemkafka", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dead_letter", c.cfg.DeadLetter)
 	}
 	return retry, delay
 }

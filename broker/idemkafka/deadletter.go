@@ -37,19 +37,19 @@ func headerID(r *kgo.Record, key string) (string, error) {
 // deadLetter produces r to the dead-letter topic, synchronously: its key,
 // value and headers as they were, plus the reason headers. The original
 // record counts as done only when this returns nil.
-func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, out idem.Outcome) error {
-	reason := out.Status.String()
-	if out.Err != nil && out.Err.Error() != "" {
-		reason = out.Err.Error()
-	}
-	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+5)
+func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, st idem.Settlement) error {
+	add := st.DeadLetterHeaders()
+	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+len(add)+3)
 	headers = append(headers, r.Headers...)
+	for _, k := range []string{idem.HeaderDeadLetterReason, idem.HeaderDeadLetterError, idem.HeaderDeadLetterStatus, idem.HeaderOriginalMessageID} {
+		if v, ok := add[k]; ok {
+			headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
 	headers = append(headers,
-		kgo.RecordHeader{Key: HeaderDeadLetterReason, Value: []byte(reason)},
-		kgo.RecordHeader{Key: HeaderDeadLetterStatus, Value: []byte(out.Status.String())},
-		kgo.RecordHeader{Key: HeaderDeadLetterTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderDeadLetterPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
-		kgo.RecordHeader{Key: HeaderDeadLetterOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
 	dl := &kgo.Record{Topic: c.cfg.DeadLetter, Key: r.Key, Value: r.Value, Headers: headers}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)

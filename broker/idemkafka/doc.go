@@ -39,7 +39,7 @@
 // # The message ID
 //
 // The ID is the value of a record header, "message-id" by default
-// (Config.IDHeader), compared byte for byte (DESIGN.md section 4). The
+// (Config.IDHeader), compared byte for byte. The
 // record key is not the ID: keys pick partitions and are shared by every
 // event of one entity. A record without the header is passed to the
 // Processor with ID "" and comes back Rejected with idem.ErrMissingMessageID;
@@ -82,12 +82,15 @@
 // the same record after Outcome.RetryAfter; a Failed one (the handler or the
 // store failed, everything rolled back) after Config.RetryDelay. Later
 // records of that partition wait; other partitions go on. A record that can
-// never succeed (Outcome.DeadLetter: missing or invalid ID, fingerprint
-// mismatch, poison; or a Failed outcome whose error matches
+// never succeed (idem.Outcome.Settle says DeadLetter: missing or invalid
+// ID, fingerprint mismatch, poison, or a Failed outcome whose error matches
 // idem.ErrPermanent) is produced to Config.DeadLetter with the original key,
-// value and headers plus [HeaderDeadLetterReason] (the error text),
-// [HeaderDeadLetterStatus], and the original topic, partition and offset;
-// only once the broker has it is the record done. If the produce fails, the
+// value and headers plus the headers every idem adapter writes
+// (Idem-Dead-Letter-Reason, a stable word such as "invalid-message-id";
+// Idem-Dead-Letter-Error, the Outcome's error text;
+// Idem-Dead-Letter-Status; Idem-Original-Message-Id) and
+// [HeaderOriginalTopic], [HeaderOriginalPartition] and
+// [HeaderOriginalOffset]; only once the broker has it is the record done. If the produce fails, the
 // record is retried instead. In transactional mode a handler that keeps
 // failing blocks its partition until fixed: mark errors that no retry can
 // fix with idem.Permanent, or use lease mode, whose MaxAttempts turns a
@@ -122,12 +125,14 @@
 // group reset to the start, a new group on an old topic) is processed again.
 // Set Config.RetentionWindow to the same value and Run reads the consumed
 // topics' retention.ms once at start, warning about every topic that keeps
-// records longer (DESIGN.md, "Retention").
+// records longer: such a topic can replay a record whose ID idem has
+// already forgotten.
 //
 // # Stopping
 //
 // [Consumer.Stop] stops polling, lets the records in flight finish with
 // their context intact, commits, and returns; Run then returns nil. The
 // client stays in the group until the caller closes it. Cancelling Run's
-// context instead cancels the handlers' context.
+// context instead cancels the handlers' context, and Run returns
+// ctx.Err().
 package idemkafka

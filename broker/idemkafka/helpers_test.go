@@ -100,19 +100,6 @@ func countRows(t *testing.T, db *sql.DB, query string, args ...any) int {
 	return n
 }
 
-// eventually polls cond every 50ms until it holds, failing after waitFor
-// with what describe says of the state reached.
-func eventually(t *testing.T, what string, cond func() bool, describe func() string) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s not reached: %s", waitFor, what, describe())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // member is a running Consumer on its own group client.
 type member struct {
 	t       *testing.T

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,12 +129,12 @@ func TestInvoicesReplayedAfterRebalance(t *testing.T) {
 
 	// B joins the group after the rebalance and is replayed the events.
 	b := startMember(t, seeds, group, topic, Config{Processor: record("B", bound, nil), DeadLetter: dead, Concurrency: 4, RetryDelay: 100 * time.Millisecond})
-	eventually(t, fmt.Sprintf("%d invoices", n),
+	testenv.Eventually(t, waitFor, fmt.Sprintf("%d invoices", n),
 		func() bool { return countRows(t, db, `SELECT COUNT(DISTINCT invoice_id) FROM invoices`) == n },
 		func() string {
 			return fmt.Sprintf("%d invoices", countRows(t, db, `SELECT COUNT(DISTINCT invoice_id) FROM invoices`))
 		})
-	eventually(t, "B's duplicates acknowledged", func() bool { return statuses("B", idem.Duplicate) >= 1 },
+	testenv.Eventually(t, waitFor, "B's duplicates acknowledged", func() bool { return statuses("B", idem.Duplicate) >= 1 },
 		func() string { return fmt.Sprintf("B saw %d duplicates", statuses("B", idem.Duplicate)) })
 	if err := b.stop(ctx); err != nil {
 		t.Fatalf("stop B: %v", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"sync"
 	"testing"
 	"time"
@@ -121,7 +122,7 @@ func (f *effectsFixture) count(keep func(id string, o memberOutcome) bool) int {
 // waitRows waits until the effects table holds one row per ID.
 func (f *effectsFixture) waitRows(ids []string) {
 	f.t.Helper()
-	eventually(f.t, fmt.Sprintf("%d effect rows", len(ids)),
+	testenv.Eventually(f.t, waitFor, fmt.Sprintf("%d effect rows", len(ids)),
 		func() bool { return countRows(f.t, f.db, `SELECT COUNT(DISTINCT message_id) FROM effects`) == len(ids) },
 		func() string {
 			return fmt.Sprintf("%d distinct of %d", countRows(f.t, f.db, `SELECT COUNT(DISTINCT message_id) FROM effects`), len(ids))
@@ -311,7 +312,7 @@ func TestRebalanceLeaveWithoutCommitWhileBatchInFlight(t *testing.T) {
 	// Every message of the held batch was replayed to the survivor, as a
 	// Duplicate.
 	for _, m := range hb.msgs {
-		eventually(t, "replay of "+m.ID+" to "+survivor, func() bool {
+		testenv.Eventually(t, waitFor, "replay of "+m.ID+" to "+survivor, func() bool {
 			return f.count(func(id string, o memberOutcome) bool {
 				return id == m.ID && o.member == survivor && o.status == idem.Duplicate
 			}) > 0

@@ -20,8 +20,7 @@ type topicRetention struct {
 }
 
 // checkRetention warns, once at the start of Run, for each consumed topic
-// that keeps records longer than Config.RetentionWindow (DESIGN.md,
-// "Retention"): a record replayed after idem purged its ID would be
+// that keeps records longer than Config.RetentionWindow: a record replayed after idem purged its ID would be
 // processed again. It does nothing when RetentionWindow is zero; a failure
 // to read the topics' configuration is logged at debug level only.
 func (c *Consumer) checkRetention(ctx context.Context) {

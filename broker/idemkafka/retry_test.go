@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"slices"
 	"strconv"
 	"sync"
@@ -73,7 +74,7 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 		return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
 	})
 	m := startMember(t, seeds, group, topic, Config{Processor: proc, DeadLetter: dead, Concurrency: 4, RetryDelay: retryDelay})
-	eventually(t, "all records processed", func() bool {
+	testenv.Eventually(t, waitFor, "all records processed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(done) == len(ids)
@@ -113,18 +114,19 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 	}
 	dl := dls[0]
 	wantHeaders := map[string]string{
-		HeaderDeadLetterReason: idem.ErrMissingMessageID.Error(),
-		HeaderDeadLetterStatus: "Rejected",
-		HeaderDeadLetterTopic:  topic,
-		HeaderDeadLetterOffset: "3",
+		idem.HeaderDeadLetterReason: idem.ReasonMissingMessageID,
+		idem.HeaderDeadLetterError:  idem.ErrMissingMessageID.Error(),
+		idem.HeaderDeadLetterStatus: "Rejected",
+		HeaderOriginalTopic:         topic,
+		HeaderOriginalOffset:        "3",
 	}
 	for k, v := range wantHeaders {
 		if got := header(dl, k); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, got, v)
 		}
 	}
-	if _, err := strconv.Atoi(header(dl, HeaderDeadLetterPartition)); err != nil || string(dl.Value) != "no id" || string(dl.Key) != "k" {
-		t.Errorf("dead letter %q key %q partition %q: want the original record", dl.Value, dl.Key, header(dl, HeaderDeadLetterPartition))
+	if _, err := strconv.Atoi(header(dl, HeaderOriginalPartition)); err != nil || string(dl.Value) != "no id" || string(dl.Key) != "k" {
+		t.Errorf("dead letter %q key %q partition %q: want the original record", dl.Value, dl.Key, header(dl, HeaderOriginalPartition))
 	}
 	if lag := groupLag(t, seeds, group, topic); lag != 0 {
 		t.Errorf("group lag %d after Stop, want 0: every record, the dead-lettered one included, is committed", lag)
@@ -154,7 +156,7 @@ func TestDeadLetterFailureIsNotAck(t *testing.T) {
 	})
 	m := startMember(t, seeds, group, topic, Config{Processor: proc, DeadLetter: uniqueName("missing"),
 		RetryDelay: 50 * time.Millisecond, CommitTimeout: 300 * time.Millisecond})
-	eventually(t, "the record retried", func() bool {
+	testenv.Eventually(t, waitFor, "the record retried", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return calls >= 3

@@ -31,17 +31,13 @@ const (
 	DefaultHandlerTimeout = 5 * time.Minute
 )
 
-// Dead-letter headers, set on every message published to Config.DeadLetter.
-// The dead letter also keeps the original message's own headers, except
-// JetStream's Nats-* control headers.
+// Dead-letter headers that locate the original, set on every message
+// published to Config.DeadLetter besides the headers every idem adapter
+// writes (idem.HeaderDeadLetterReason, idem.HeaderDeadLetterError,
+// idem.HeaderDeadLetterStatus, idem.HeaderOriginalMessageID). The dead
+// letter also keeps the original message's own headers, except JetStream's
+// Nats-* control headers.
 const (
-	// HeaderReason is the reason: the Outcome's error text.
-	HeaderReason = "Idem-Dead-Letter-Reason"
-	// HeaderStatus is the Outcome's Status (Rejected, FingerprintMismatch,
-	// Failed for poison).
-	HeaderStatus = "Idem-Dead-Letter-Status"
-	// HeaderOriginalID is the original message ID, when it had one.
-	HeaderOriginalID = "Idem-Original-Message-Id"
 	// HeaderOriginalSubject is the subject the message was published to.
 	HeaderOriginalSubject = "Idem-Original-Subject"
 	// HeaderOriginalStream and HeaderOriginalSequence locate the original
@@ -49,10 +45,6 @@ const (
 	HeaderOriginalStream   = "Idem-Original-Stream"
 	HeaderOriginalSequence = "Idem-Original-Sequence"
 )
-
-// ErrAlreadyRun is returned by Run when the Consumer has already run: a
-// Consumer runs once; make a new one to consume again.
-var ErrAlreadyRun = errors.New("idemnats: consumer already ran")
 
 // Config configures a Consumer. Zero values take the documented defaults.
 type Config struct {
@@ -62,7 +54,7 @@ type Config struct {
 	// Concurrency > 1.
 	Processor idem.Processor
 	// IDHeader is the header holding the message ID. Defaults to
-	// DefaultIDHeader (Nats-Msg-Id, DESIGN.md section 4). Header names
+	// DefaultIDHeader (Nats-Msg-Id, JetStream's own place for it). Header names
 	// are case-sensitive in NATS. A message without the header is passed
 	// to the Processor with an empty ID, which idem rejects
 	// (idem.ErrMissingMessageID), and is dead-lettered.
@@ -99,8 +91,10 @@ type Config struct {
 	// handlers (jetstream.PullMaxMessages). Defaults to Concurrency: a
 	// larger buffer holds messages whose ack wait runs while they wait.
 	MaxMessages int
-	// Logger receives warnings (dead letters, failed acks). Defaults to
-	// slog.Default(). Duplicates are logged at debug level only.
+	// Logger receives every settlement at the level idem.Settlement.Level
+	// gives it (duplicates at debug, dead letters at warn, store failures
+	// and panics at error), and failed acks at warn. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -283,13 +277,14 @@ func subjectMatches(pattern, subject string) bool {
 // error when ctx ended (the handlers in flight see their context cancelled,
 // and their deliveries are settled as their outcomes say), and an error
 // when JetStream ends the consumption (the consumer was deleted, the
-// connection closed). ErrAlreadyRun if Run was called before; an error
+// connection closed). An error matching idem.ErrAlreadyRunning if Run was
+// called before; an error
 // matching idem.ErrInvalidConfig, before consuming anything, when the
 // consumer has no filter subject and its stream captures the dead-letter
 // subject.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
-		return ErrAlreadyRun
+		return fmt.Errorf("idemnats: %w", idem.ErrAlreadyRunning)
 	}
 	defer close(c.done)
 	if c.stopping.Load() {
@@ -489,73 +484,40 @@ func (c *Consumer) keepAlive(ctx context.Context, m jetstream.Msg) func() {
 	return func() { close(done); <-stopped }
 }
 
-// action is what settle does to a delivery.
-type action int
-
-const (
-	actAck        action = iota + 1 // Ack
-	actDeadLetter                   // publish to the dead letter, then Term
-	actRedeliver                    // NakWithDelay
-)
-
-// decide maps an Outcome to an action and, for a redelivery, its delay:
-// DESIGN.md section 4 (duplicate is Ack, in progress is NakWithDelay).
-func decide(out idem.Outcome, retryDelay time.Duration) (action, time.Duration) {
-	switch {
-	case out.Ack():
-		return actAck, 0
-	case out.DeadLetter():
-		return actDeadLetter, 0
-	case out.Status == idem.InProgress && out.RetryAfter > 0:
-		return actRedeliver, out.RetryAfter
-	default:
-		return actRedeliver, retryDelay
-	}
-}
-
-// settle tells JetStream what became of m.
+// settle tells JetStream what became of m, as out.Settle decides: Ack,
+// NakWithDelay, or a publish to the dead letter followed by Term.
 func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message, out idem.Outcome) {
-	act, delay := decide(out, c.cfg.RetryDelay)
-	if act == actRedeliver && c.lastDelivery(m) {
+	st := out.Settle(c.cfg.RetryDelay)
+	if st.Action == idem.Redeliver && c.lastDelivery(m) {
 		// JetStream would drop it after this Nak (MaxDeliver): dead-letter
 		// it instead, so that it is not lost unseen.
-		act = actDeadLetter
-		cause := "no error"
-		if out.Err != nil {
-			cause = out.Err.Error()
-		}
-		out.Err = fmt.Errorf("idemnats: JetStream MaxDeliver (%d) reached, last outcome %s: %s", c.maxDeliver, out.Status, cause)
+		st = idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Poison: true,
+			Err: fmt.Errorf("%w: JetStream MaxDeliver (%d) reached, last outcome %s: %w", idem.ErrTooManyDeliveries, c.maxDeliver, out.Status, st.Err),
+		}.Settle(c.cfg.RetryDelay)
 	}
 	var err error
-	switch act {
-	case actAck:
-		if out.Status == idem.Duplicate {
-			c.log.Debug("idemnats: duplicate", "message_id", msg.ID)
-		}
+	switch st.Action {
+	case idem.Ack:
 		err = m.Ack()
-	case actDeadLetter:
-		reason := "unknown"
-		if out.Err != nil {
-			reason = out.Err.Error()
-		}
-		if dlErr := c.deadLetter(ctx, m, msg, out.Status, reason); dlErr != nil {
+	case idem.DeadLetter:
+		if dlErr := c.deadLetter(ctx, m, msg, st); dlErr != nil {
 			what := "idemnats: dead letter publish failed; the message will be redelivered"
 			if c.lastDelivery(m) {
 				what = "idemnats: dead letter publish failed on the last delivery (MaxDeliver): JetStream will not redeliver the message; it stays in its stream"
 			}
-			c.log.Error(what, "message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", reason, "err", dlErr)
+			c.log.Error(what, "message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", st.Reason, "err", dlErr)
 			err = m.NakWithDelay(c.cfg.RetryDelay)
 			break
 		}
-		c.log.Warn("idemnats: message dead-lettered", "message_id", msg.ID, "status", out.Status.String(),
-			"subject", c.cfg.DeadLetter, "reason", reason)
-		err = m.TermWithReason(out.Status.String())
-	case actRedeliver:
-		err = m.NakWithDelay(delay)
+		err = m.TermWithReason(st.Reason)
+	default:
+		err = m.NakWithDelay(st.Delay)
 	}
 	if err != nil {
 		c.log.Warn("idemnats: settle delivery", "message_id", msg.ID, "status", out.Status.String(), "err", err)
+		return
 	}
+	st.Log(ctx, c.log, "idemnats", "subject", m.Subject(), "dead_letter", c.cfg.DeadLetter)
 }
 
 // deadLetter publishes m's payload and headers to the dead-letter subject,
@@ -565,7 +527,7 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 // dropped by the server's duplicate window rather than stored twice. (The
 // original's Nats-Msg-Id is not reused: a dead-letter subject captured by
 // the original's stream would drop the dead letter as a duplicate of it.)
-func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, msg idem.Message, status idem.Status, reason string) error {
+func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, msg idem.Message, st idem.Settlement) error {
 	dl := nats.NewMsg(c.cfg.DeadLetter)
 	dl.Data = msg.Payload
 	for k, vs := range m.Headers() {
@@ -574,10 +536,8 @@ func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, msg idem.Mes
 		}
 		dl.Header[k] = append([]string(nil), vs...)
 	}
-	dl.Header.Set(HeaderReason, headerValue(reason))
-	dl.Header.Set(HeaderStatus, status.String())
-	if msg.ID != "" {
-		dl.Header.Set(HeaderOriginalID, msg.ID)
+	for k, v := range st.DeadLetterHeaders() {
+		dl.Header.Set(k, headerValue(v))
 	}
 	dl.Header.Set(HeaderOriginalSubject, m.Subject())
 	var opts []jetstream.PublishOpt

@@ -24,7 +24,10 @@
 // values, so Producer.Publish refuses an ID with a leading or trailing
 // space rather than publish another ID than the one it returns.
 //
-// # Outcomes (DESIGN.md section 4)
+// # Outcomes
+//
+// Each delivery is settled as [idem.Outcome.Settle] decides, for every idem
+// adapter alike; on JetStream that is:
 //
 //   - Processed, Duplicate: Ack.
 //   - InProgress (lease mode: another attempt holds the lease):
@@ -34,11 +37,13 @@
 //   - Rejected (missing or invalid ID, invalid payload), FingerprintMismatch,
 //     and poison (a Failed Outcome with Poison set): the payload and headers
 //     (minus JetStream's Nats-* headers) are published with JetStream to
-//     Config.DeadLetter with Idem-Dead-Letter-Reason (the Outcome's error
-//     text), Idem-Dead-Letter-Status, Idem-Original-Message-Id,
+//     Config.DeadLetter with the headers every idem adapter writes
+//     (Idem-Dead-Letter-Reason, a stable word such as "invalid-message-id";
+//     Idem-Dead-Letter-Error, the Outcome's error text;
+//     Idem-Dead-Letter-Status; Idem-Original-Message-Id) and
 //     Idem-Original-Subject, Idem-Original-Stream and Idem-Original-Sequence,
 //     and once the server has stored it the original is terminated
-//     (AckTerm with the status as reason: done, never redelivered, and told
+//     (AckTerm with the reason word: done, never redelivered, and told
 //     apart from a processed message by JetStream's advisory). If the
 //     dead-letter publish fails (no stream captures the subject, a timeout)
 //     the original is Nak'ed for redelivery, never dropped.
@@ -65,7 +70,8 @@
 // JetStream drops a message after its MaxDeliver-th delivery; so that it
 // is not lost unseen, a delivery that reaches MaxDeliver (as the consumer's
 // info said at NewConsumer) and is not acknowledged is dead-lettered with
-// its last outcome as the reason, and a message buffered at Stop on its
+// reason "too-many-deliveries" (idem.ErrTooManyDeliveries, wrapping its
+// last outcome's error), and a message buffered at Stop on its
 // last delivery is processed rather than Nak'ed.
 //
 // The Consumer must not receive its own dead letters (they carry a new
@@ -83,7 +89,7 @@
 // messages. Stop is graceful: no new deliveries (buffered ones are Nak'ed
 // so another member gets them at once), the handlers in flight finish with
 // their context intact, their acks are flushed to the server, then Run
-// returns nil. Stop's context bounds the wait; when it ends, the handlers
+// returns nil. When Run's context ends instead, Run returns ctx.Err(). Stop's context bounds the wait; when it ends, the handlers
 // still running are cancelled.
 //
 // Retention: keep idem's RetentionWindow longer than the stream's MaxAge

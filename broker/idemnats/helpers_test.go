@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"github.com/idem-go/idem/internal/testenv"
 	"io"
 	"log/slog"
 	"os"
@@ -19,8 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-const urlEnv = "IDEM_TEST_NATS_URL"
 
 // connector opens connections to one NATS server.
 type connector func(t testing.TB) *nats.Conn
@@ -58,13 +57,7 @@ func inProcess(t testing.TB) connector {
 // test when it is unset, or failing it under IDEM_TEST_REQUIRE_ALL=1.
 func external(t testing.TB) connector {
 	t.Helper()
-	url := os.Getenv(urlEnv)
-	if url == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
-		}
-		t.Skipf("missing environment variable %s; set it to a JetStream-enabled server such as nats://127.0.0.1:4222", urlEnv)
-	}
+	url := testenv.URL(t, testenv.NATSEnv, "nats://127.0.0.1:4222 (a JetStream-enabled server)")
 	return func(t testing.TB) *nats.Conn {
 		t.Helper()
 		nc, err := nats.Connect(url, nats.Timeout(10*time.Second))
@@ -185,7 +178,12 @@ type natsBroker struct {
 var (
 	_ brokertest.Broker         = (*natsBroker)(nil)
 	_ brokertest.PublishDeduper = (*natsBroker)(nil)
+	_ brokertest.PayloadLimiter = (*natsBroker)(nil)
 )
+
+// PayloadLimit implements brokertest.PayloadLimiter: NATS's max_payload
+// (1 MiB by default) counts the headers too, and a dead letter adds its own.
+func (b *natsBroker) PayloadLimit() int { return 1<<20 - 8<<10 }
 
 // brokerDedupe is the test streams' duplicate window: short, so that the
 // suite's late duplicates reach the consumer.
@@ -223,7 +221,8 @@ func (b *natsBroker) DeadLetters(ctx context.Context) ([]brokertest.DeadLetter, 
 	}
 	out := make([]brokertest.DeadLetter, len(msgs))
 	for i, m := range msgs {
-		out[i] = brokertest.DeadLetter{ID: m.Header.Get(idemnats.HeaderOriginalID), Payload: m.Data, Reason: m.Header.Get(idemnats.HeaderReason)}
+		out[i] = brokertest.DeadLetter{ID: m.Header.Get(idem.HeaderOriginalMessageID), Payload: m.Data,
+			Reason: m.Header.Get(idem.HeaderDeadLetterReason), Error: m.Header.Get(idem.HeaderDeadLetterError)}
 	}
 	return out, nil
 }
@@ -246,11 +245,13 @@ func (b *natsBroker) consumer(ctx context.Context, js jetstream.JetStream, ackWa
 	return js.Consumer(ctx, b.streams.name, b.durable)
 }
 
-func (b *natsBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+// newConsumer returns a Consumer of the durable consumer on a connection of
+// its own, closed at cleanup.
+func (b *natsBroker) newConsumer(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (*nats.Conn, *idemnats.Consumer, error) {
 	nc, js := newJS(b.t, b.conn)
 	cons, err := b.consumer(ctx, js, opts.Redelivery)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
 		Processor: p, Concurrency: opts.Concurrency, DeadLetter: b.streams.dlSubject,
@@ -260,6 +261,17 @@ func (b *natsBroker) Start(ctx context.Context, p idem.Processor, opts brokertes
 		ProgressInterval: -1,
 		Logger:           testLogger(),
 	})
+	return nc, c, err
+}
+
+// NewConsumer implements brokertest.Broker.
+func (b *natsBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions) (brokertest.Runner, error) {
+	_, c, err := b.newConsumer(context.Background(), p, opts)
+	return c, err
+}
+
+func (b *natsBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	nc, c, err := b.newConsumer(ctx, p, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 // Producer publishes messages to JetStream with a stable message ID in the
 // Nats-Msg-Id header, so the server drops a re-publish within the stream's
 // duplicate window (StreamConfig.Duplicates, 2 minutes by default) and idem
-// deduplicates whatever gets through (DESIGN.md section 4).
+// deduplicates whatever gets through.
 type Producer struct {
 	js       jetstream.JetStream
 	idHeader string

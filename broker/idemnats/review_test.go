@@ -5,8 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,18 +22,6 @@ import (
 
 	_ "modernc.org/sqlite" // the side-effect database of the store tests
 )
-
-// waitFor polls cond every 10ms until it holds, failing the test after d.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // runConsumer starts c.Run and registers a cleanup that stops it and
 // checks that Run returned nil.
@@ -128,59 +116,6 @@ func TestReviewProducerIDWithSurroundingSpaces(t *testing.T) {
 	}
 }
 
-// IDs that break idem's rules, from a foreign producer, are dead-lettered
-// with status Rejected and never processed or acknowledged as processed;
-// a 255-byte ID is valid.
-func TestReviewBadIDsFromTheWire(t *testing.T) {
-	t.Parallel()
-	conn := inProcess(t)
-	var processed atomic.Int32
-	store := idem.NewMemoryStore(nil)
-	ic, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "review", PurgeInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ic.Close()
-	proc := idem.Bind(ic, func(context.Context, *idem.MemoryTx, idem.Message) error { processed.Add(1); return nil })
-	e := newMappingEnv(t, conn, idemnats.Config{}, func(_ int, msg idem.Message) (idem.Outcome, error) {
-		return proc.Process(context.Background(), msg)
-	})
-	bad := map[string]string{
-		"long":    strings.Repeat("x", 256),
-		"control": "a\x01b",
-		"nonutf8": "a\xff\xfeb",
-		"del":     "a\x7fb",
-	}
-	for name, id := range bad {
-		e.publish(id, name)
-	}
-	e.publish(strings.Repeat("y", 255), "max")
-	for name := range bad {
-		e.callTimes(name, 1)
-	}
-	e.callTimes("max", 1)
-	e.settled()
-	if n := processed.Load(); n != 1 {
-		t.Errorf("handler ran %d times, want 1 (only the 255-byte ID)", n)
-	}
-	dls, err := e.s.deadLetters(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(dls) != len(bad) {
-		t.Fatalf("%d dead letters, want %d", len(dls), len(bad))
-	}
-	for _, dl := range dls {
-		name := string(dl.Data)
-		if dl.Header.Get(idemnats.HeaderStatus) != "Rejected" || !strings.Contains(dl.Header.Get(idemnats.HeaderReason), idem.ErrInvalidMessageID.Error()) {
-			t.Errorf("dead letter %s: headers %v", name, dl.Header)
-		}
-		if got := dl.Header.Get(idemnats.HeaderOriginalID); got != bad[name] {
-			t.Errorf("dead letter %s: original ID %q, want %q", name, got, bad[name])
-		}
-	}
-}
-
 // A message with two different values of its ID header has no single
 // identity: it is dead-lettered as an invalid ID rather than processed
 // under whichever value comes first.
@@ -209,7 +144,7 @@ func TestReviewTwoIDHeaderValues(t *testing.T) {
 	if len(dls) != 1 {
 		t.Fatalf("%d dead letters, want 1 (the Processor saw ID %q)", len(dls), seen.Load())
 	}
-	if h := dls[0].Header; h.Get(idemnats.HeaderStatus) != "Rejected" || !strings.Contains(h.Get(idemnats.HeaderReason), idem.ErrInvalidMessageID.Error()) {
+	if h := dls[0].Header; h.Get(idem.HeaderDeadLetterStatus) != "Rejected" || h.Get(idem.HeaderDeadLetterReason) != idem.ReasonInvalidMessageID || !strings.Contains(h.Get(idem.HeaderDeadLetterError), idem.ErrInvalidMessageID.Error()) {
 		t.Errorf("dead letter headers %v", h)
 	}
 }
@@ -246,12 +181,12 @@ func TestReviewMaxDeliverDeadLetters(t *testing.T) {
 	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("doomed"), idemnats.WithMessageID("m-1")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the message was not dead-lettered after MaxDeliver deliveries", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the message was not dead-lettered after MaxDeliver deliveries", func() bool {
 		dls, err := s.deadLetters(ctx)
 		return err == nil && len(dls) == 1
-	})
+	}, nil)
 	dls, _ := s.deadLetters(ctx)
-	if h := dls[0].Header; h.Get(idemnats.HeaderOriginalID) != "m-1" || !strings.Contains(h.Get(idemnats.HeaderReason), "downstream unavailable") {
+	if h := dls[0].Header; h.Get(idem.HeaderOriginalMessageID) != "m-1" || h.Get(idem.HeaderDeadLetterReason) != idem.ReasonTooManyDeliveries || !strings.Contains(h.Get(idem.HeaderDeadLetterError), "downstream unavailable") {
 		t.Errorf("dead letter headers %v", h)
 	}
 	if n := calls.Load(); n != 3 {
@@ -342,7 +277,7 @@ func TestReviewConsumerDeleted(t *testing.T) {
 	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("one")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "first message not processed", func() bool { return calls.Load() == 1 })
+	testenv.Eventually(t, 30*time.Second, "first message not processed", func() bool { return calls.Load() == 1 }, nil)
 	if err := s.stream.DeleteConsumer(ctx, "gone"); err != nil {
 		t.Fatal(err)
 	}
@@ -354,56 +289,6 @@ func TestReviewConsumerDeleted(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		_ = c.Stop(ctx)
 		t.Fatal("Run still running 60s after its consumer was deleted")
-	}
-}
-
-// The SQL store closed under a running consumer: every delivery fails
-// with a store error and is redelivered; nothing is acknowledged or
-// dead-lettered.
-func TestReviewStoreClosed(t *testing.T) {
-	t.Parallel()
-	conn := inProcess(t)
-	st := newSQLiteTx(t)
-	var mu sync.Mutex
-	outs := map[string][]idem.Outcome{}
-	e := newMappingEnv(t, conn, idemnats.Config{RetryDelay: 100 * time.Millisecond}, func(_ int, msg idem.Message) (idem.Outcome, error) {
-		out, err := st.proc.Process(context.Background(), msg)
-		mu.Lock()
-		outs[msg.ID] = append(outs[msg.ID], out)
-		mu.Unlock()
-		return out, err
-	})
-	e.publish("m-0", "before")
-	e.callTimes("before", 1)
-	e.settled()
-	st.db.Close()
-	for i := 1; i <= 3; i++ {
-		e.publish(fmt.Sprintf("m-%d", i), fmt.Sprintf("after-%d", i))
-	}
-	for i := 1; i <= 3; i++ {
-		e.callTimes(fmt.Sprintf("after-%d", i), 3) // redelivered, again and again
-	}
-	info, err := e.cons.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.AckFloor.Stream != 1 {
-		t.Errorf("ack floor %d, want 1: a message was acknowledged while the store was closed", info.AckFloor.Stream)
-	}
-	if dls, _ := e.s.deadLetters(context.Background()); len(dls) != 0 {
-		t.Errorf("%d dead letters, want 0: a store outage is not a poison message", len(dls))
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for id, os := range outs {
-		if id == "m-0" {
-			continue
-		}
-		for _, o := range os {
-			if o.Status != idem.Failed || o.Poison || !errors.Is(o.Err, idem.ErrStore) {
-				t.Errorf("%s: outcome %v poison=%v err=%v, want Failed with ErrStore", id, o.Status, o.Poison, o.Err)
-			}
-		}
 	}
 }
 
@@ -431,7 +316,7 @@ func TestReviewMaxAckPendingBelowConcurrency(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 90*time.Second, "not every message was processed", func() bool { r, _ := st.effects(t); return r >= n })
+	testenv.Eventually(t, 90*time.Second, "not every message was processed", func() bool { r, _ := st.effects(t); return r >= n }, nil)
 	if r, d := st.effects(t); r != n || d != n {
 		t.Errorf("%d effects for %d distinct IDs, want %d", r, d, n)
 	}
@@ -472,174 +357,12 @@ func TestReviewRetryAfterLongerThanAckWait(t *testing.T) {
 	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "not redelivered", func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= 2 })
+	testenv.Eventually(t, 60*time.Second, "not redelivered", func() bool { mu.Lock(); defer mu.Unlock(); return len(times) >= 2 }, nil)
 	mu.Lock()
 	d := times[1].Sub(times[0])
 	mu.Unlock()
 	if d < retryAfter-100*time.Millisecond {
 		t.Errorf("redelivered after %v, want RetryAfter %v (the ack wait is 1s)", d, retryAfter)
-	}
-}
-
-// Stop from many goroutines at once, while a handler runs, and Run
-// cancelled by its context mid-handler.
-func TestReviewStopConcurrentAndCancel(t *testing.T) {
-	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
-	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "stop", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	entered, release := make(chan struct{}, 10), make(chan struct{})
-	var processed atomic.Int32
-	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-			entered <- struct{}{}
-			<-release
-			processed.Add(1)
-			return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
-		}),
-		DeadLetter: s.dlSubject, Logger: testLogger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	<-entered
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Go(func() {
-			sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			defer cancel()
-			errs <- c.Stop(sctx)
-		})
-	}
-	time.Sleep(50 * time.Millisecond) // let the Stops start waiting
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("Stop = %v", err)
-		}
-	}
-	if err := <-done; err != nil {
-		t.Errorf("Run = %v", err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.AckFloor.Stream != 1 {
-		t.Errorf("ack floor %d after a graceful stop, want 1", info.AckFloor.Stream)
-	}
-
-	// Run's context cancelled mid-handler: the handler sees it, its
-	// delivery is not acknowledged, and a new Consumer gets it again.
-	entered2 := make(chan struct{}, 10)
-	var got atomic.Int32
-	mk := func(block bool) *idemnats.Consumer {
-		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-			Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-				got.Add(1)
-				if block {
-					entered2 <- struct{}{}
-					<-ctx.Done()
-					return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: ctx.Err()}, ctx.Err()
-				}
-				return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
-			}),
-			DeadLetter: s.dlSubject, RetryDelay: 100 * time.Millisecond, Logger: testLogger(),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	c2 := mk(true)
-	rctx, cancel := context.WithCancel(ctx)
-	done2 := make(chan error, 1)
-	go func() { done2 <- c2.Run(rctx) }()
-	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("y")); err != nil {
-		t.Fatal(err)
-	}
-	<-entered2
-	cancel()
-	if err := <-done2; !errors.Is(err, context.Canceled) {
-		t.Errorf("Run after cancel = %v, want context.Canceled", err)
-	}
-	c3 := mk(false)
-	runConsumer(t, c3)
-	waitFor(t, 60*time.Second, "the cancelled delivery was not redelivered", func() bool { return got.Load() >= 2 })
-}
-
-// Run leaves no goroutine of its own, nor of the jetstream iterator,
-// once it has returned. Not parallel: it counts the process's goroutines.
-func TestReviewNoGoroutineLeak(t *testing.T) {
-	conn := inProcess(t)
-	nc, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
-	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "leak", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 3 {
-		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-			Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-				time.Sleep(200 * time.Millisecond)
-				return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
-			}),
-			Concurrency: 3, DeadLetter: s.dlSubject, Logger: testLogger(),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- c.Run(ctx) }()
-		for range 5 {
-			if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte(fmt.Sprint(i))); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(300 * time.Millisecond)
-		if err := c.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	_ = nc
-	leaked := func() []string {
-		buf := make([]byte, 1<<22)
-		buf = buf[:runtime.Stack(buf, true)]
-		var out []string
-		for g := range strings.SplitSeq(string(buf), "\n\n") {
-			if strings.Contains(g, "broker/idemnats.") || strings.Contains(g, "nats.go/jetstream.") {
-				out = append(out, g)
-			}
-		}
-		return out
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l := leaked()
-		if len(l) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines left after Run returned:\n%s", len(l), strings.Join(l, "\n\n"))
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -701,13 +424,13 @@ func TestReviewServerRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 60*time.Second, "consumption did not start", func() bool { return calls.Load() >= 20 })
+	testenv.Eventually(t, 60*time.Second, "consumption did not start", func() bool { return calls.Load() >= 20 }, nil)
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	p := mustPort(t, addr)
 	srv2 := start(p)
 	cur.Store(srv2)
-	waitFor(t, 120*time.Second, "not every message processed after the restart", func() bool { r, _ := st.effects(t); return r >= n })
+	testenv.Eventually(t, 120*time.Second, "not every message processed after the restart", func() bool { r, _ := st.effects(t); return r >= n }, nil)
 	select {
 	case err := <-done:
 		t.Fatalf("Run returned %v across the restart", err)

@@ -14,24 +14,20 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Field names the Consumer adds to a dead letter.
+// Fields of a dead letter that locate the original, besides the fields
+// every idem adapter writes (idem.HeaderDeadLetterReason,
+// idem.HeaderDeadLetterError, idem.HeaderDeadLetterStatus,
+// idem.HeaderOriginalMessageID) and the original entry's own fields.
 const (
-	// FieldDeadLetterReason is the reason an entry was dead-lettered: the
-	// Outcome's error text.
-	FieldDeadLetterReason = "idem-dead-letter-reason"
-	// FieldDeadLetterStatus is the Outcome's status ("Rejected",
-	// "FingerprintMismatch", "Failed" for poison).
-	FieldDeadLetterStatus = "idem-dead-letter-status"
-	// FieldDeadLetterStream is the stream the entry was read from.
-	FieldDeadLetterStream = "idem-dead-letter-stream"
-	// FieldDeadLetterEntry is the original entry's stream ID.
-	FieldDeadLetterEntry = "idem-dead-letter-entry"
+	// FieldOriginalStream is the stream the entry was read from.
+	FieldOriginalStream = "Idem-Original-Stream"
+	// FieldOriginalEntry is the original entry's stream ID.
+	FieldOriginalEntry = "Idem-Original-Entry"
 )
 
 // Defaults applied by NewConsumer to zero Config fields.
 const (
-	// DefaultIDField is the field holding the message ID (DESIGN.md
-	// section 4).
+	// DefaultIDField is the field holding the message ID.
 	DefaultIDField = "message-id"
 	// DefaultPayloadField is the field holding the payload.
 	DefaultPayloadField = "payload"
@@ -44,16 +40,6 @@ const (
 	DefaultBlock = 2 * time.Second
 	// DefaultSettleTimeout bounds one XACK or dead letter.
 	DefaultSettleTimeout = 30 * time.Second
-)
-
-var (
-	// ErrAlreadyRunning is returned by Run when the Consumer is already
-	// running or has run: a Consumer runs once.
-	ErrAlreadyRunning = errors.New("idemredisstream: consumer already running")
-
-	// ErrTooManyDeliveries is the reason given to a dead letter for an
-	// entry delivered more than Config.MaxDeliveries times.
-	ErrTooManyDeliveries = errors.New("idemredisstream: too many deliveries")
 )
 
 // Config configures a Consumer. Zero values take the documented defaults.
@@ -103,11 +89,13 @@ type Config struct {
 	// DefaultBlock (2s).
 	Block time.Duration
 	// MaxDeliveries, when positive, dead-letters an entry reclaimed after
-	// more than MaxDeliveries deliveries, with ErrTooManyDeliveries (see
+	// more than MaxDeliveries deliveries, with idem.ErrTooManyDeliveries (see
 	// the package doc). Defaults to 0: no limit.
 	MaxDeliveries int
-	// Logger receives settlement problems (warn) and dead letters (info).
-	// Duplicates are not logged. Defaults to slog.Default().
+	// Logger receives every settlement at the level idem.Settlement.Level
+	// gives it (duplicates at debug, dead letters at warn, store failures
+	// and panics at error), and read, claim and ack problems at warn.
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -217,12 +205,13 @@ func (cfg *Config) withDefaults() error {
 	return nil
 }
 
-// Run consumes until Stop is called or ctx ends, and then returns nil.
+// Run consumes until Stop is called or ctx ends. It returns nil after Stop
+// (also when Stop came before Run), and ctx.Err() when ctx ended first.
 // It first creates the group (XGROUP CREATE ... MKSTREAM at GroupStart) if
 // it does not exist, and returns that error if it fails for another reason;
 // it returns redis.ErrClosed wrapped if the client is closed. Failed reads
 // and claims are retried after RetryDelay. A Consumer runs once: a second
-// Run returns ErrAlreadyRunning.
+// Run returns an error matching idem.ErrAlreadyRunning.
 //
 // ctx is the parent of every handler's context: cancelling it stops the
 // Consumer at once, without waiting for handlers (use Stop to finish them).
@@ -230,7 +219,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.started {
 		c.mu.Unlock()
-		return ErrAlreadyRunning
+		return fmt.Errorf("idemredisstream: stream %s, consumer %s: %w", c.cfg.Stream, c.cfg.Consumer, idem.ErrAlreadyRunning)
 	}
 	c.started = true
 	runCtx, hard := context.WithCancel(ctx)
@@ -239,6 +228,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer close(c.done)
 	defer hard()
 
+	err := c.run(runCtx)
+	if err == nil && ctx.Err() != nil && !c.stopping() {
+		return ctx.Err()
+	}
+	return err
+}
+
+// run is Run's body; it returns nil when runCtx ends or Stop is called.
+func (c *Consumer) run(runCtx context.Context) error {
 	if err := c.createGroup(runCtx); err != nil {
 		if runCtx.Err() != nil {
 			return nil
@@ -433,9 +431,11 @@ func (c *Consumer) overLimit(ctx context.Context, msgs []redis.XMessage, slots c
 	for _, m := range msgs {
 		if n := counts[m.ID]; n > int64(c.cfg.MaxDeliveries) {
 			id := c.field(m, c.cfg.IDField)
-			out := idem.Outcome{Status: idem.Failed, MessageID: id, Poison: true,
-				Err: fmt.Errorf("%w: delivered %d times, more than %d", ErrTooManyDeliveries, n, c.cfg.MaxDeliveries)}
-			c.settleDeadLetter(ctx, m, id, out)
+			st := idem.Outcome{Status: idem.Failed, MessageID: id, Poison: true,
+				Err: fmt.Errorf("%w: delivered %d times, more than %d", idem.ErrTooManyDeliveries, n, c.cfg.MaxDeliveries)}.Settle(c.cfg.RetryDelay)
+			if c.settleDeadLetter(ctx, m, st) {
+				st.Log(ctx, c.log, "idemredisstream", "entry", m.ID, "dead_letter", c.cfg.DeadLetter)
+			}
 			continue
 		}
 		keep = append(keep, m)
@@ -554,23 +554,21 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 	// Settle even when ctx ended: the handler's effects may have committed.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
 	defer cancel()
-	switch {
-	case out.Ack():
+	st := out.Settle(c.cfg.RetryDelay)
+	switch st.Action {
+	case idem.Ack:
 		if err := c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, m.ID).Err(); err != nil {
 			c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", id, "err", err)
+			return
 		}
-	case out.DeadLetter():
-		c.settleDeadLetter(sctx, m, id, out)
-	case out.Status == idem.InProgress:
-		delay := out.RetryAfter
-		if delay <= 0 {
-			delay = c.cfg.RetryDelay
+	case idem.DeadLetter:
+		if !c.settleDeadLetter(sctx, m, st) {
+			return
 		}
-		c.retryAfter(sctx, m, delay)
-	default: // Failed, retryable
-		c.log.Warn("idemredisstream: processing failed; the entry will be reclaimed after the retry delay", "entry", m.ID, "message_id", id, "delay", c.cfg.RetryDelay, "err", out.Err)
-		c.retryAfter(sctx, m, c.cfg.RetryDelay)
+	default: // Redeliver: left pending, reclaimable after the delay
+		c.retryAfter(sctx, m, st.Delay)
 	}
+	st.Log(sctx, c.log, "idemredisstream", "entry", m.ID, "dead_letter", c.cfg.DeadLetter)
 }
 
 // retryAfter leaves m pending and makes it claimable by XAUTOCLAIM after
@@ -599,36 +597,28 @@ redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
 return redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 `)
 
-// settleDeadLetter adds m to the dead-letter stream with the reason and
-// acks it, atomically, the ack only if the dead letter was written; on
-// failure m stays pending.
-func (c *Consumer) settleDeadLetter(ctx context.Context, m redis.XMessage, id string, out idem.Outcome) {
-	args := make([]any, 0, 2+2*(len(m.Values)+4))
+// settleDeadLetter adds m to the dead-letter stream with the settlement's
+// fields and acks it, atomically, the ack only if the dead letter was
+// written. It reports whether it was; on failure m stays pending.
+func (c *Consumer) settleDeadLetter(ctx context.Context, m redis.XMessage, st idem.Settlement) bool {
+	add := st.DeadLetterHeaders()
+	add[FieldOriginalStream] = c.cfg.Stream
+	add[FieldOriginalEntry] = m.ID
+	args := make([]any, 0, 2+2*(len(m.Values)+len(add)))
 	args = append(args, c.cfg.Group, m.ID)
 	for k, v := range m.Values {
-		switch k {
-		case FieldDeadLetterReason, FieldDeadLetterStatus, FieldDeadLetterStream, FieldDeadLetterEntry:
-			continue // replaced below, not repeated
+		if _, replaced := add[k]; !replaced {
+			args = append(args, k, v)
 		}
+	}
+	for k, v := range add {
 		args = append(args, k, v)
 	}
-	args = append(args,
-		FieldDeadLetterReason, reason(out),
-		FieldDeadLetterStatus, out.Status.String(),
-		FieldDeadLetterStream, c.cfg.Stream,
-		FieldDeadLetterEntry, m.ID)
 	err := deadLetterScript.Run(ctx, c.rdb, []string{c.cfg.Stream, c.cfg.DeadLetter}, args...).Err()
 	if err != nil {
-		c.log.Warn("idemredisstream: dead letter not written; the entry stays pending", "entry", m.ID, "message_id", id, "dead_letter", c.cfg.DeadLetter, "err", err)
+		c.log.Warn("idemredisstream: dead letter not written; the entry stays pending", "entry", m.ID, "message_id", st.MessageID, "dead_letter", c.cfg.DeadLetter, "err", err)
 		c.retryAfter(ctx, m, c.cfg.RetryDelay)
-		return
+		return false
 	}
-	c.log.Info("idemredisstream: message dead-lettered", "entry", m.ID, "message_id", id, "status", out.Status.String(), "reason", reason(out))
-}
-
-func reason(out idem.Outcome) string {
-	if out.Err != nil {
-		return out.Err.Error()
-	}
-	return out.Status.String()
+	return true
 }

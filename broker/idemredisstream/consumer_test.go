@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idem-go/idem/internal/testenv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -151,7 +152,7 @@ func TestConfigErrors(t *testing.T) {
 	if err := c.Run(context.Background()); err != nil {
 		t.Errorf("Run after Stop = %v, want nil", err)
 	}
-	if err := c.Run(context.Background()); !errors.Is(err, idemredisstream.ErrAlreadyRunning) {
+	if err := c.Run(context.Background()); !errors.Is(err, idem.ErrAlreadyRunning) {
 		t.Errorf("second Run = %v, want ErrAlreadyRunning", err)
 	}
 
@@ -229,13 +230,13 @@ func TestOutcomeMapping(t *testing.T) {
 	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{"payload", "no-id", "trace", "t-no-id"}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "every entry settled", func() bool {
+	testenv.Eventually(t, 15*time.Second, "every entry settled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen["in-progress"]) >= 2 && len(seen["failed"]) >= 2 && len(seen["no-status"]) >= 2 &&
 			len(seen["ok"]) >= 1 && len(seen["mismatch"]) >= 1 && len(seen["no-id"]) >= 1 &&
 			pendingCount(t, rdb, stream, "g") == 0
-	})
+	}, nil)
 	if time.Since(began) >= minIdle {
 		t.Fatalf("settling took %v, not less than MinIdle", time.Since(began))
 	}
@@ -266,15 +267,17 @@ func TestOutcomeMapping(t *testing.T) {
 		v := e.Values
 		switch v["payload"] {
 		case "no-id":
-			if v[idemredisstream.FieldDeadLetterReason] != idem.ErrMissingMessageID.Error() || v[idemredisstream.FieldDeadLetterStatus] != "Rejected" ||
-				v["trace"] != "t-no-id" || v[idemredisstream.FieldDeadLetterStream] != stream || v[idemredisstream.FieldDeadLetterEntry] == nil {
+			if v[idem.HeaderDeadLetterReason] != idem.ReasonMissingMessageID || v[idem.HeaderDeadLetterError] != idem.ErrMissingMessageID.Error() ||
+				v[idem.HeaderDeadLetterStatus] != "Rejected" || v[idem.HeaderOriginalMessageID] != nil ||
+				v["trace"] != "t-no-id" || v[idemredisstream.FieldOriginalStream] != stream || v[idemredisstream.FieldOriginalEntry] == nil {
 				t.Errorf("dead letter of the ID-less entry: %v", v)
 			}
 			if _, ok := v["message-id"]; ok {
 				t.Errorf("dead letter of the ID-less entry has a message-id: %v", v)
 			}
 		case "mismatch":
-			if v[idemredisstream.FieldDeadLetterStatus] != "FingerprintMismatch" || v["message-id"] == "" || v["trace"] != "t-mismatch" {
+			if v[idem.HeaderDeadLetterStatus] != "FingerprintMismatch" || v[idem.HeaderDeadLetterReason] != idem.ReasonFingerprintMismatch ||
+				v["message-id"] == "" || v[idem.HeaderOriginalMessageID] != v["message-id"] || v["trace"] != "t-mismatch" {
 				t.Errorf("dead letter of the mismatch: %v", v)
 			}
 		default:
@@ -334,7 +337,7 @@ func TestAutoClaimAfterCrash(t *testing.T) {
 		}
 		return out, err
 	}), Stream: stream, Group: "g", Consumer: "m1", DeadLetter: dead, Concurrency: n, MinIdle: minIdle})
-	waitFor(t, 15*time.Second, "member 1 to take every entry", func() bool { return entered.Load() == n })
+	testenv.Eventually(t, 15*time.Second, "member 1 to take every entry", func() bool { return entered.Load() == n }, nil)
 	if got := len(e.snapshot()); got != n/2 {
 		t.Fatalf("%d effects before the crash, want %d", got, n/2)
 	}
@@ -345,9 +348,9 @@ func TestAutoClaimAfterCrash(t *testing.T) {
 	crashedAt.Store(time.Now().UnixNano())
 	_ = c1.Close()
 
-	waitFor(t, 30*time.Second, "member 2 to reclaim and settle everything", func() bool {
+	testenv.Eventually(t, 30*time.Second, "member 2 to reclaim and settle everything", func() bool {
 		return pendingCount(t, rdb, stream, "g") == 0
-	})
+	}, nil)
 	if took := time.Duration(time.Now().UnixNano() - crashedAt.Load()); took < minIdle/2 {
 		t.Errorf("reclaimed %v after the crash, before MinIdle %v could pass", took, minIdle)
 	}
@@ -369,7 +372,7 @@ func TestAutoClaimAfterCrash(t *testing.T) {
 }
 
 // With MaxDeliveries, an entry that keeps failing is dead-lettered with
-// ErrTooManyDeliveries after that many deliveries.
+// idem.ErrTooManyDeliveries after that many deliveries.
 func TestMaxDeliveries(t *testing.T) {
 	t.Parallel()
 	stream, dead := keys(t)
@@ -385,10 +388,10 @@ func TestMaxDeliveries(t *testing.T) {
 	if _, err := idemredisstream.NewProducer(rdb, idemredisstream.ProducerConfig{}).Publish(context.Background(), stream, []byte("x"), idemredisstream.WithMessageID("poison")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the dead letter", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the dead letter", func() bool {
 		n, _ := rdb.XLen(context.Background(), dead).Result()
 		return n == 1
-	})
+	}, nil)
 	if got := runs.Load(); got != 3 {
 		t.Errorf("processed %d times, want 3", got)
 	}
@@ -396,7 +399,7 @@ func TestMaxDeliveries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dl[0].ID != "poison" || dl[0].Reason == "" || !strings.Contains(dl[0].Reason, idemredisstream.ErrTooManyDeliveries.Error()) {
+	if dl[0].ID != "poison" || dl[0].Reason != idem.ReasonTooManyDeliveries || !strings.Contains(dl[0].Error, idem.ErrTooManyDeliveries.Error()) {
 		t.Errorf("dead letter %+v", dl[0])
 	}
 	if pendingCount(t, rdb, stream, "g") != 0 {

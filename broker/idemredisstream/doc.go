@@ -4,10 +4,11 @@
 //
 // A [Consumer] is one member of a consumer group. It reads new entries with
 // XREADGROUP (COUNT and BLOCK), takes each entry's message ID from a field
-// (message-id by default; DESIGN.md section 4) and its payload from another
+// (message-id by default) and its payload from another
 // (payload by default), passes them to an [idem.Processor] (made with
-// idem.Bind or idem.BindLease), and settles the entry by the
-// [idem.Outcome]:
+// idem.Bind or idem.BindLease), and settles the entry as
+// [idem.Outcome.Settle] decides, for every idem adapter alike; on Redis
+// Streams that is:
 //
 //   - Processed, Duplicate: XACK.
 //   - InProgress (lease mode: another attempt holds a live lease) and
@@ -18,8 +19,11 @@
 //   - Rejected (no or invalid message ID, unreadable payload),
 //     FingerprintMismatch, poison, and Failed with an error marked
 //     idem.Permanent: XADD to the dead-letter stream with
-//     the original fields plus idem-dead-letter-reason (the Outcome's error
-//     text) and idem-dead-letter-status, and XACK, in one Lua script
+//     the original fields plus the fields every idem adapter writes
+//     (Idem-Dead-Letter-Reason, a stable word such as "invalid-message-id";
+//     Idem-Dead-Letter-Error, the Outcome's error text;
+//     Idem-Dead-Letter-Status; Idem-Original-Message-Id) and
+//     Idem-Original-Stream and Idem-Original-Entry, and XACK, in one Lua script
 //     (EVALSHA) that acks only once the XADD succeeded: the dead letter and
 //     the ack happen together or not at all (MULTI/EXEC would not do: EXEC
 //     runs the XACK even when the XADD fails, as on a dead-letter key of
@@ -62,19 +66,20 @@
 // is dead-lettered at once). Config.MaxDeliveries bounds that from the
 // broker's side: an entry that XAUTOCLAIM reclaims after it was delivered
 // more than MaxDeliveries times (its XPENDING delivery count) is
-// dead-lettered with [ErrTooManyDeliveries] instead of being processed
-// again. A reclaim of an
+// dead-lettered with idem.ErrTooManyDeliveries (reason
+// "too-many-deliveries") instead of being processed again. A reclaim of an
 // entry found InProgress counts as a delivery too, so set it well above the
 // number of retries a lease may take.
 //
 // # Stopping
 //
 // [Consumer.Stop] stops gracefully: no new XREADGROUP or XAUTOCLAIM,
-// the entries already read are processed and settled, then Run returns.
+// the entries already read are processed and settled, then Run returns
+// nil.
 // It waits at most one BLOCK period (Config.Block) for the read in
 // progress. Cancelling Run's context instead stops at once: handlers'
-// contexts are cancelled, and whatever was not settled stays pending for
-// XAUTOCLAIM.
+// contexts are cancelled, whatever was not settled stays pending for
+// XAUTOCLAIM, and Run returns ctx.Err().
 //
 // # Redis Cluster
 //

@@ -48,7 +48,8 @@ func (b *streamBroker) Publish(ctx context.Context, id string, payload []byte) e
 	return err
 }
 
-func (b *streamBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+// newConsumer returns a new member of the group on a client of its own.
+func (b *streamBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions) (*redis.Client, *idemredisstream.Consumer, error) {
 	rdb := newClient(b.t)
 	redelivery := max(opts.Redelivery, 100*time.Millisecond)
 	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{
@@ -65,6 +66,25 @@ func (b *streamBroker) Start(ctx context.Context, p idem.Processor, opts brokert
 	})
 	if err != nil {
 		_ = rdb.Close()
+		return nil, nil, err
+	}
+	return rdb, c, nil
+}
+
+// NewConsumer implements brokertest.Broker: the Consumer, on a client of its
+// own closed at cleanup.
+func (b *streamBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions) (brokertest.Runner, error) {
+	rdb, c, err := b.newConsumer(p, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.t.Cleanup(func() { _ = rdb.Close() })
+	return c, nil
+}
+
+func (b *streamBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	rdb, c, err := b.newConsumer(p, opts)
+	if err != nil {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -98,8 +118,9 @@ func readDeadLetters(ctx context.Context, rdb *redis.Client, dead string) ([]bro
 	for _, e := range entries {
 		id, _ := e.Values[idemredisstream.DefaultIDField].(string)
 		payload, _ := e.Values[idemredisstream.DefaultPayloadField].(string)
-		reason, _ := e.Values[idemredisstream.FieldDeadLetterReason].(string)
-		out = append(out, brokertest.DeadLetter{ID: id, Payload: []byte(payload), Reason: reason})
+		reason, _ := e.Values[idem.HeaderDeadLetterReason].(string)
+		text, _ := e.Values[idem.HeaderDeadLetterError].(string)
+		out = append(out, brokertest.DeadLetter{ID: id, Payload: []byte(payload), Reason: reason, Error: text})
 	}
 	return out, nil
 }

@@ -4,29 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"github.com/idem-go/idem/internal/testenv"
 	"io"
 	"log/slog"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
-
-const urlEnv = "IDEM_TEST_REDIS_URL"
 
 // testURL returns the Redis URL, skipping the test when it is not set
 // (failing it under IDEM_TEST_REQUIRE_ALL=1).
 func testURL(tb testing.TB) string {
 	tb.Helper()
-	u := os.Getenv(urlEnv)
-	if u == "" {
-		if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-			tb.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", urlEnv)
-		}
-		tb.Skipf("missing environment variable %s; set it to a Redis URL such as redis://127.0.0.1:6379/0", urlEnv)
-	}
-	return u
+	return testenv.URL(tb, testenv.RedisEnv, "redis://127.0.0.1:6379/0")
 }
 
 // newClient returns a client of its own on the test Redis; the caller
@@ -35,7 +26,7 @@ func newClient(tb testing.TB) *redis.Client {
 	tb.Helper()
 	opts, err := redis.ParseURL(testURL(tb))
 	if err != nil {
-		tb.Fatalf("parse %s: %v", urlEnv, err)
+		tb.Fatalf("parse %s: %v", testenv.RedisEnv, err)
 	}
 	return redis.NewClient(opts)
 }
@@ -74,18 +65,6 @@ func quiet() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// waitFor polls cond every 20ms until it holds or timeout passes.
-func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // pendingCount returns the number of pending entries of the group.

@@ -3,6 +3,7 @@ package idemnats_test
 import (
 	"context"
 	"database/sql"
+	"github.com/idem-go/idem/internal/testenv"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -16,14 +17,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Field cases C03 and C14 through JetStream. C03: two physical copies of
-// one logical message (distinct Nats-Msg-Id, so the server's dedupe does
-// not hide them; the same application ID in another header), processed at
-// once by two members of one durable consumer, must run the handler once.
-// C14: two consumers of one subject (billing, shipping) sharing one
-// processed-messages table each process the event once: the dedupe
-// identity is (consumer name, message ID).
-func TestFieldCasesC03C14(t *testing.T) {
+// Through JetStream: two physical copies of one logical message (distinct
+// Nats-Msg-Id, so the server's dedupe does not hide them; the same
+// application ID in another header), processed at once by two members of
+// one durable consumer, run the handler once; and two consumers of one
+// subject (billing, shipping) sharing one processed-messages table each
+// process the event once, since the dedupe identity is (consumer name,
+// message ID).
+func TestCopiesAndConsumersShareOneTable(t *testing.T) {
 	t.Parallel()
 	conn := inProcess(t)
 	_, js := newJS(t, conn)
@@ -111,7 +112,7 @@ func TestFieldCasesC03C14(t *testing.T) {
 			t.Fatalf("publish copy %d: %v", i, err)
 		}
 	}
-	waitFor(t, 60*time.Second, "4 deliveries (2 copies x 2 consumers) acknowledged", func() bool { return settled.Load() == 4 })
+	testenv.Eventually(t, 60*time.Second, "4 deliveries (2 copies x 2 consumers) acknowledged", func() bool { return settled.Load() == 4 }, nil)
 	for _, stop := range stops {
 		stop()
 	}
@@ -125,7 +126,7 @@ func TestFieldCasesC03C14(t *testing.T) {
 		n := calls[name]
 		mu.Unlock()
 		if rows != 1 || n != 1 {
-			t.Errorf("%s: %d effect rows and %d handler runs for two copies of invoice-7, want 1 and 1 (C03: the claim comes before the handler; C14: each consumer once)", name, rows, n)
+			t.Errorf("%s: %d effect rows and %d handler runs for two copies of invoice-7, want 1 and 1 (the claim comes before the handler; each consumer once)", name, rows, n)
 		}
 	}
 }
