@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // effectsFixture is a topic on a kfake cluster and a SQLite database with an
@@ -40,7 +41,7 @@ func newEffectsFixture(t *testing.T) *effectsFixture {
 	f := &effectsFixture{t: t, topic: uniqueName("orders"), dead: uniqueName("orders-dead"), group: uniqueName("billing"),
 		outcomes: map[string][]memberOutcome{}}
 	f.seeds = newCluster(t, f.topic, f.dead).ListenAddrs()
-	var store idem.TxStore[*sql.Tx]
+	var store idemdriver.TxStore[*sql.Tx]
 	f.db, store = openSQLite(t)
 	if _, err := f.db.Exec(`CREATE TABLE effects (message_id TEXT NOT NULL, payload BLOB NOT NULL)`); err != nil {
 		t.Fatal(err)

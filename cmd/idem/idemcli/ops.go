@@ -12,7 +12,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
-	"github.com/idem-go/idem/store/idemsql"
 )
 
 // storeFlags are the flags every operating command takes.
