@@ -9,10 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -86,7 +88,22 @@ func testOperatingCommands(t *testing.T, url string) {
 		idemsql.MySQL:    `UPDATE %s SET processed_at = processed_at - INTERVAL 2 HOUR WHERE consumer = 'orders' AND message_id <> 'm-9'`,
 		idemsql.SQLite:   `UPDATE %s SET processed_at = processed_at - 7200000000 WHERE consumer = 'orders' AND message_id <> 'm-9'`,
 	}[st.dialect]
+	// The consumer ran for those two hours: a run from before m-0 to now.
+	if err := st.store.MarkRunning(ctx, &idemdriver.MarkRunningParams{Consumer: "orders"}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.db.ExecContext(ctx, fmt.Sprintf(age, table)); err != nil {
+		t.Fatal(err)
+	}
+	ageRuns := map[idemsql.Dialect]string{
+		idemsql.Postgres: `UPDATE %s_runs SET started_at = started_at - interval '2 hours', ended_at = ended_at - interval '2 hours' WHERE consumer = 'orders'`,
+		idemsql.MySQL:    `UPDATE %s_runs SET started_at = started_at - INTERVAL 2 HOUR, ended_at = ended_at - INTERVAL 2 HOUR WHERE consumer = 'orders'`,
+		idemsql.SQLite:   `UPDATE %s_runs SET started_at = started_at - 7300000000, ended_at = ended_at - 7300000000 WHERE consumer = 'orders'`,
+	}[st.dialect]
+	if _, err := st.db.ExecContext(ctx, fmt.Sprintf(ageRuns, table)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.store.MarkRunning(ctx, &idemdriver.MarkRunningParams{Consumer: "orders", MaxGap: 3 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 
