@@ -56,7 +56,7 @@ const maxProblemPeek = 64 << 10
 const maxDrain = 64 << 10
 
 // inProgressSuffix ends the problem type of the 409 a duplicate gets while
-// the first request is still running (DESIGN.md section 2).
+// the first request is still running.
 const inProgressSuffix = "request-in-progress"
 
 // ErrBodyNotReplayable means a retry was warranted but the request body
@@ -95,7 +95,7 @@ type TransportOptions struct {
 	Base http.RoundTripper
 	// Methods are the methods that get an idempotency key and retries.
 	// Defaults to POST and PATCH, the methods the middleware protects by
-	// default (DESIGN.md section 2). A request that already carries an
+	// default. A request that already carries an
 	// Idempotency-Key header is retried whatever its method; any other
 	// request is sent once, untouched.
 	Methods []string
@@ -182,7 +182,7 @@ func (b *RetryBudget) withdraw() bool {
 // retries it: each logical operation (one RoundTrip call) gets one
 // Idempotency-Key, sent unchanged on every attempt, so a server behind the
 // idemhttp middleware or `idem proxy` runs it at most once however many
-// attempts reach it (DESIGN.md section 2; Stripe's client libraries behave
+// attempts reach it (the design; Stripe's client libraries behave
 // the same way).
 //
 // The key is, in order: the request's own Idempotency-Key header; the key

@@ -1,7 +1,7 @@
 // Package idemhttp makes retrying an HTTP request safe: a net/http
 // middleware that honours the Idempotency-Key header
 // (draft-ietf-httpapi-idempotency-key-header, with Stripe's behaviour where
-// the draft is silent; DESIGN.md section 2 decides where they differ), a
+// the draft is silent; the design decides where they differ), a
 // Go client that retries with the same key, and a reverse proxy that puts
 // the middleware in front of any HTTP service.
 //
@@ -20,7 +20,7 @@
 //     bytes; one field line. Invalid: 400.
 //  2. The scope function (mandatory: [ErrNoScope]) names the principal or
 //     tenant; the record is keyed by (namespace, SHA-256 of the scope,
-//     key), never one global namespace (field case C13).
+//     key), never one global namespace.
 //  3. The body is read once, hashed while it is read, and spooled (memory
 //     up to Options.MemoryBodyBytes, then a temporary file), so the
 //     fingerprint is known before the claim without holding a large body
@@ -54,7 +54,7 @@
 // [SetDisposition] from the handler):
 //
 //	2xx, 3xx, 4xx but 408 and 429       stored and replayed, 4xx included (Stripe's rule)
-//	5xx, 408, 429                       released: the retry runs the handler again (field case C16)
+//	5xx, 408, 429                       released: the retry runs the handler again
 //	handler panic                       released; 500 handler-panic if nothing was sent yet
 //	Hijack (WebSocket upgrade)          refused with ErrHijackNotSupported; released
 //	body over MaxResponseBytes          sent in full; completed, not replayable

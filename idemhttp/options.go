@@ -16,7 +16,7 @@ import (
 // Defaults applied by New to zero Options fields.
 const (
 	// DefaultMaxKeyLength is the longest Idempotency-Key accepted, in bytes
-	// of the decoded key (DESIGN.md section 2: 1 to 255 bytes).
+	// of the decoded key (the design: 1 to 255 bytes).
 	DefaultMaxKeyLength = 255
 	// DefaultLease is how long a request owns its key before a duplicate may
 	// take over; the middleware renews it every Lease/3 while the handler
@@ -60,7 +60,7 @@ var (
 	// ErrInvalidOptions means an Options field is out of range or missing.
 	ErrInvalidOptions = fmt.Errorf("idemhttp: invalid options: %w", idem.ErrInvalidConfig)
 	// ErrNoScope means Options.Scope is nil. Idempotency keys are always
-	// scoped to a principal or tenant (DESIGN.md section 2; field case
+	// scoped to a principal or tenant (the design; field case
 	// C13): one global namespace would let one user replay another's
 	// response, so there is no default.
 	ErrNoScope = fmt.Errorf("%w: Scope is mandatory (keys are per principal or tenant, never global)", ErrInvalidOptions)
@@ -109,7 +109,7 @@ type Options struct {
 	Namespace string
 	// Scope returns the principal or tenant of a request (an account ID, a
 	// hash of the credentials): keys are unique per scope, so user B
-	// never sees user A's response (field case C13). Mandatory: New
+	// never sees user A's response. Mandatory: New
 	// returns ErrNoScope without it. It is called only for requests that
 	// carry a key (or need one) with a covered method. An empty scope or
 	// an error is handled by Unscoped; a returned *Problem is written as
@@ -120,7 +120,7 @@ type Options struct {
 	Unscoped UnscopedPolicy
 
 	// Methods are the methods the middleware applies to. Defaults to POST
-	// and PATCH (DESIGN.md section 2); other methods pass through, key or
+	// and PATCH; other methods pass through, key or
 	// not. GET, HEAD and OPTIONS always pass through, even if listed.
 	Methods []string
 	// RequireKey makes a missing key a 400 idempotency-key-missing on
@@ -137,7 +137,7 @@ type Options struct {
 	// CanonicalJSON fingerprints JSON request bodies (application/json and
 	// +json media types) by their canonical form (idem.CanonicalJSON), so
 	// a retry that re-serialises the same object with another key order or
-	// whitespace still matches (field case C11). Only bodies held in
+	// whitespace still matches. Only bodies held in
 	// memory (up to MemoryBodyBytes) are canonicalised; larger ones, and
 	// bodies that are not valid JSON, are fingerprinted byte for byte.
 	CanonicalJSON bool
@@ -157,7 +157,7 @@ type Options struct {
 	// MaxResponseBytes is the largest response body stored for replay.
 	// A larger response is sent to the client in full and its key is
 	// completed but not replayable: a retry never runs the handler again
-	// and gets 410 replay-unavailable (field case C15). Defaults to
+	// and gets 410 replay-unavailable. Defaults to
 	// DefaultMaxResponseBytes (1 MiB).
 	MaxResponseBytes int64
 	// StoreSetCookie keeps Set-Cookie headers in the stored response, to be
@@ -186,7 +186,7 @@ type Options struct {
 
 	// FailOpen runs the handler without idempotency when the store is
 	// unavailable, counted in Stats.FailOpen and logged. By default such a
-	// request gets 503 idempotency-unavailable (DESIGN.md section 2).
+	// request gets 503 idempotency-unavailable.
 	FailOpen bool
 	// UnavailableRetryAfter is the Retry-After sent with 503
 	// idempotency-unavailable. Defaults to DefaultUnavailableRetryAfter.
@@ -248,7 +248,7 @@ type Options struct {
 
 // DefaultReleaseStatus is the default Options.ReleaseStatus: 5xx, 408
 // (Request Timeout) and 429 (Too Many Requests) release the key, so the
-// retry runs again (DESIGN.md section 2; field case C16). Every other
+// retry runs again (the design; field case C16). Every other
 // status, 4xx included, is stored and replayed.
 func DefaultReleaseStatus(status int) bool {
 	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests

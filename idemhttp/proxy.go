@@ -57,7 +57,7 @@ const (
 	// upstream but the connection failed (reset, EOF, timeout) before its
 	// response was complete, so whether the upstream acted on it is
 	// unknown. By default this answer is stored and replayed to every
-	// retry, so the request is never sent twice (DESIGN.md section 2); the
+	// retry, so the request is never sent twice; the
 	// caller must find out the outcome another way (a GET on the resource).
 	ProblemUpstreamOutcomeUnknown = ProblemTypeBase + "upstream-outcome-unknown"
 )
@@ -147,7 +147,7 @@ type ProxyOptions struct {
 // Proxy is a reverse proxy that puts the idempotency middleware in front of
 // any HTTP service: `idem proxy` serves one. A request with an
 // Idempotency-Key is forwarded once per (scope, key); its retries replay the
-// stored upstream response without reaching the upstream (DESIGN.md
+// stored upstream response without reaching the upstream (the design
 // section 2; the scenarios tagged [PX] in cases/http-scenarios.md).
 //
 // The upstream outcome is classified so that a request reaches the upstream

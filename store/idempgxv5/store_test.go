@@ -383,7 +383,7 @@ func TestCommitRollbackIdempotent(t *testing.T) {
 	checkPool(t, b.pool)
 }
 
-// Field case C05: a duplicate in the caller's own transaction must not
+// a duplicate in the caller's own transaction must not
 // abort it.
 func TestProcessTxDuplicateKeepsTxUsable(t *testing.T) {
 	t.Parallel()
@@ -588,7 +588,7 @@ func TestConnHygiene(t *testing.T) {
 	checkPool(t, b.pool)
 }
 
-// Field case C03: 32 concurrent deliveries of one message commit exactly
+// 32 concurrent deliveries of one message commit exactly
 // one effect; the others wait on the unique index and are duplicates.
 func TestConcurrentDeliveries(t *testing.T) {
 	t.Parallel()

@@ -145,7 +145,7 @@ func TestSQLiteDSNFileName(t *testing.T) {
 	}
 }
 
-// TestDuplicateKeepsTxUsable is field case C05: a duplicate claim inside
+// TestDuplicateKeepsTxUsable is a duplicate claim inside
 // the caller's transaction must not abort it. On PostgreSQL a caught
 // unique violation would (SQLSTATE 25P02 on the next statement).
 func TestDuplicateKeepsTxUsable(t *testing.T) {
@@ -312,7 +312,7 @@ func TestByteExactIDs(t *testing.T) {
 	})
 }
 
-// TestConcurrentCopies is field case C03: 32 goroutines deliver the same
+// TestConcurrentCopies is 32 goroutines deliver the same
 // message at once; exactly one effect commits, and every other delivery
 // is a Duplicate (never an error).
 func TestConcurrentCopies(t *testing.T) {
