@@ -127,7 +127,10 @@ func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq ide
 		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
 	}
 	a.hctx = ctx
-	a.ctx, a.cancel = context.WithCancelCause(ctx)
+	var cancelLease, cancelCtx context.CancelCauseFunc
+	a.lctx, cancelLease = context.WithCancelCause(context.WithoutCancel(ctx))
+	a.ctx, cancelCtx = context.WithCancelCause(ctx)
+	a.cancel = func(cause error) { cancelLease(cause); cancelCtx(cause) }
 	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	a.stopRenew = stop
 	go func() {
@@ -167,9 +170,10 @@ type Attempt struct {
 
 	c         *LeaseConsumer
 	t         *track
-	hctx      context.Context // the hooks' context, as the start hooks returned it
-	ctx       context.Context // hctx, cancelled when the lease is lost or the attempt ends
-	cancel    context.CancelCauseFunc
+	hctx      context.Context         // the hooks' context, as the start hooks returned it
+	ctx       context.Context         // hctx, also cancelled when lctx is
+	lctx      context.Context         // cancelled when the lease is lost or the attempt ends
+	cancel    context.CancelCauseFunc // cancels lctx and ctx
 	stopRenew context.CancelFunc
 	renewDone chan struct{}
 
@@ -188,6 +192,13 @@ type Attempt struct {
 // Another attempt may then take over, so side effects must stop. It is
 // also cancelled, with cause ErrAttemptEnded, when the attempt ends.
 func (a *Attempt) Context() context.Context { return a.ctx }
+
+// LeaseContext is Context without the caller's cancellation: it ends only
+// when the lease is lost (cause ErrLeaseLost) or the attempt ends (cause
+// ErrAttemptEnded), not when the context given to Acquire ends. It bounds
+// the work that must go on while the lease is held even after the caller
+// left, such as retrying the final write of a result.
+func (a *Attempt) LeaseContext() context.Context { return a.lctx }
 
 // Deadline returns the instant, by the local clock, until which the lease
 // is known to be held: the start of the last successful renewal (or of
@@ -245,7 +256,7 @@ func (a *Attempt) state() error {
 		return fmt.Errorf("%w: attempt %d (token %d) of message %q", ErrAttemptEnded, a.Number, a.Token, a.Message.ID)
 	case lost:
 		return a.lostErr("is no longer the record's owner")
-	case a.ctx.Err() != nil && errors.Is(context.Cause(a.ctx), ErrLeaseLost):
+	case a.lctx.Err() != nil && errors.Is(context.Cause(a.lctx), ErrLeaseLost):
 		return a.lostErr("ran out of lease by the local clock with no renewal confirmed")
 	}
 	return nil
@@ -381,7 +392,7 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 // leaseCause returns an ErrLeaseLost error when ctx or the attempt's own
 // context ended because the lease was lost, nil otherwise.
 func (a *Attempt) leaseCause(ctx context.Context) error {
-	for _, c := range []context.Context{ctx, a.ctx} {
+	for _, c := range []context.Context{ctx, a.lctx} {
 		if c.Err() != nil && errors.Is(context.Cause(c), ErrLeaseLost) {
 			return a.lostErr("lost its lease while the step ran")
 		}

@@ -30,11 +30,34 @@ type recHook struct {
 	reqs    []*recReq
 	loose   []string
 	purges  []idem.PurgeEvent
-	renewed chan struct{} // a value per renewal, when not nil
+	resps   []ResponseEvent // HookResponse, in order
+	renewed chan struct{}   // a value per renewal, when not nil
+}
+
+// OnResponse records the HTTP side of a request (HookResponse).
+func (h *recHook) OnResponse(_ context.Context, e ResponseEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.resps = append(h.resps, e)
+}
+
+// response returns the oldest unclaimed response event of record id and
+// removes it.
+func (h *recHook) response(id string) (ResponseEvent, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, e := range h.resps {
+		if e.RecordID == id {
+			h.resps = slices.Delete(h.resps, i, i+1)
+			return e, true
+		}
+	}
+	return ResponseEvent{}, false
 }
 
 // recReq is what one request reported.
 type recReq struct {
+	h        *recHook
 	kinds    []string
 	start    idem.ProcessStartEvent
 	claim    *idem.ClaimEvent
@@ -69,7 +92,7 @@ func (h *recHook) add(ctx context.Context, kind string, f func(r *recReq)) {
 }
 
 func (h *recHook) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent) context.Context {
-	r := &recReq{start: e, kinds: []string{"start"}}
+	r := &recReq{h: h, start: e, kinds: []string{"start"}}
 	h.mu.Lock()
 	h.reqs = append(h.reqs, r)
 	h.mu.Unlock()
@@ -172,9 +195,13 @@ func (h *recHook) none(t *testing.T) {
 func wantOutcome(t *testing.T, r *recReq, status idem.Status, reason idem.DuplicateReason, code int, claimed, released bool) {
 	t.Helper()
 	e := r.outcome
-	if e.Outcome.Status != status || e.Reason != reason || e.HTTPStatus != code || e.Claimed != claimed || e.Released != released {
+	resp, _ := r.h.response(r.start.MessageID)
+	if e.Outcome.Status != status || e.Reason != reason || resp.Status != code || e.Claimed != claimed || e.Released != released {
 		t.Fatalf("outcome %v reason %q HTTP %d claimed %v released %v (err %v); want %v %q %d %v %v",
-			e.Outcome.Status, e.Reason, e.HTTPStatus, e.Claimed, e.Released, e.Outcome.Err, status, reason, code, claimed, released)
+			e.Outcome.Status, e.Reason, resp.Status, e.Claimed, e.Released, e.Outcome.Err, status, reason, code, claimed, released)
+	}
+	if resp.Outcome != status {
+		t.Fatalf("response event outcome %v, want %v", resp.Outcome, status)
 	}
 	if e.Consumer != r.start.Consumer || e.Mode != idem.ModeLease || r.start.Mode != idem.ModeLease || e.Outcome.MessageID != r.start.MessageID {
 		t.Fatalf("outcome %+v does not match its start %+v", e, r.start)
