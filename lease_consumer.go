@@ -141,7 +141,7 @@ func (c *LeaseConsumer) existing(id string, fp []byte, acq idemdriver.AcquireRes
 	}
 	switch acq.State {
 	case idemdriver.StateCompleted:
-		out.Result, out.ContentType = acq.Result, acq.ContentType
+		out.Result, out.ContentType, out.Attempt = acq.Result, acq.ContentType, acq.Attempt
 		return out, nil
 	case idemdriver.StateInProgress:
 		ra := acq.LeaseRemaining
