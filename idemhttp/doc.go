@@ -130,7 +130,7 @@
 //	replay                                 Duplicate             completed
 //	410 replay-unavailable                 Duplicate             completed
 //	409 request-in-progress                InProgress            in_progress
-//	client left during Options.Wait        InProgress            in_progress           (HTTPStatus 0)
+//	client left during Options.Wait        InProgress            in_progress           (ResponseEvent.Status 0)
 //	422 idempotency-key-reused             FingerprintMismatch   fingerprint_mismatch
 //	422 idempotency-key-expired            Duplicate             completed
 //	500 idempotency-record-corrupt         Duplicate             completed
