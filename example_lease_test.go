@@ -43,6 +43,6 @@ func ExampleLeaseConsumer_Process() {
 	// Output:
 	// Failed attempt=1 result= err=true
 	// Processed attempt=2 result={"charge":"ch_1"} err=false
-	// Duplicate attempt=0 result={"charge":"ch_1"} err=false
+	// Duplicate attempt=2 result={"charge":"ch_1"} err=false
 	// provider charges: 1 calls: 1
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idem-go/idem/idemdriver"
-	"sync"
 	"time"
 )
 
@@ -34,77 +33,6 @@ type Result struct {
 	Body []byte
 	// ContentType describes Body, e.g. "application/json"; may be empty.
 	ContentType string
-}
-
-// Attempt is one lease-mode attempt at a message, as its handler sees it.
-type Attempt struct {
-	leaseFrom time.Time // the lease runs until at least leaseFrom + Lease, by our clock
-
-	// Message is the delivery being processed.
-	Message Message
-	// Consumer is the consumer name.
-	Consumer string
-	// Number is the attempt number: 1 for the first, one more for each
-	// retry or takeover of an expired lease.
-	Number int
-	// Token is the attempt's fencing token: a number that strictly
-	// increases with every attempt at this message. Pass it to a system
-	// that can reject writes from a stale owner.
-	Token int64
-
-	store idemdriver.LeaseStore
-	core  *core // for the hooks
-	mu    sync.Mutex
-	steps map[string][]byte
-}
-
-// Key returns the idempotency key for the external call named step, the
-// same on every attempt and redelivery: DeriveKey(consumer, message ID, step).
-// Send it as the third party's idempotency key (Stripe's Idempotency-Key)
-// so that a call made before a crash is not made twice.
-func (a *Attempt) Key(step string) string { return DeriveKey(a.Consumer, a.Message.ID, step) }
-
-// Step runs fn once across all attempts at the message: a recovery point
-// (Stripe's atomic phases). If an earlier attempt completed the step, Step
-// returns its saved result without calling fn. Otherwise it calls fn and
-// saves the result under this attempt's fencing token before returning it;
-// if the lease was lost meanwhile the save fails with ErrLeaseLost and the
-// attempt must stop. name is 1 to 255 bytes.
-func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
-	if name == "" || len(name) > 255 {
-		return nil, fmt.Errorf("%w: step name must be 1 to 255 bytes", ErrInvalidConfig)
-	}
-	a.mu.Lock()
-	res, done := a.steps[name]
-	a.mu.Unlock()
-	if done {
-		return res, nil
-	}
-	res, err := fn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	since := a.core.now()
-	err = a.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: res})
-	if err != nil {
-		if errors.Is(err, ErrLeaseLost) {
-			a.core.leaseLost(ctx, a, "step", since, err)
-			return nil, err
-		}
-		return nil, a.core.storeErr(ctx, "save step", a.Message.ID, err)
-	}
-	a.mu.Lock()
-	a.steps[name] = res
-	a.mu.Unlock()
-	return res, nil
-}
-
-// Completed reports whether an earlier attempt completed the step name.
-func (a *Attempt) Completed(name string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	_, ok := a.steps[name]
-	return ok
 }
 
 // LeaseConsumer is an Idempotent Consumer in lease mode, for side effects
@@ -168,76 +96,41 @@ func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) { return
 //   - Failed, the handler's error (or ErrHandlerPanic, ErrStore,
 //     ErrLeaseLost): the lease was released or lost; redeliver.
 func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseHandler) (Outcome, error) {
-	ctx, t := c.begin(ctx, msg.ID, 0)
-	if t != nil {
-		defer t.endPanic(ctx, msg.ID, nil)
+	a, out, err := c.Acquire(ctx, msg, AcquireOptions{})
+	if a == nil {
+		return out, err
 	}
-	out, err := c.process(ctx, t, msg, handler)
-	t.end(ctx, out, err)
-	return out, err
-}
-
-func (c *LeaseConsumer) process(ctx context.Context, t *track, msg Message, handler LeaseHandler) (Outcome, error) {
-	out, fp := c.prepare(msg)
-	if out.Status != 0 {
-		return out, out.Err
-	}
-	// The lease cannot have started before this instant, by our clock.
-	leaseFrom := time.Now()
-	acq, err := c.store.Acquire(ctx, &idemdriver.AcquireParams{
-		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
+	var res Result
+	herr := runHandler(func() error {
+		var err error
+		res, err = handler(a.ctx, a)
+		return err
 	})
-	if err != nil {
-		return c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
-	}
-	if !acq.Acquired {
-		return c.existing(msg.ID, fp, acq)
-	}
-	a := &Attempt{leaseFrom: leaseFrom, Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token, store: c.store, core: &c.core, steps: acq.Steps}
-	if a.steps == nil {
-		a.steps = map[string][]byte{}
-	}
-	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, leaseFrom)
-	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
-		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
-	}
-	if acq.Attempt > c.cfg.MaxAttempts {
-		// Earlier attempts died without releasing (their leases expired):
-		// a crash loop. Stop it here.
-		cause := fmt.Errorf("%d attempts (MaxAttempts %d) ended without a result or a release: their leases expired", acq.Attempt-1, c.cfg.MaxAttempts)
-		return c.release(ctx, t, a, cause, true)
-	}
-
-	res, lost, herr := c.runLeased(ctx, a, handler)
-	if lost {
-		err := fmt.Errorf("%w: attempt %d (token %d) of message %q lost its lease while the handler ran", ErrLeaseLost, a.Number, a.Token, msg.ID)
+	// The result must be stored even if the caller's context has ended
+	// (a client that hung up does not lose it), bounded by finishTimeout.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(a.hctx), finishTimeout)
+	defer cancel()
+	a.mu.Lock()
+	lost := a.lost
+	a.mu.Unlock()
+	switch {
+	case lost:
+		err := a.lostErr("lost its lease while the handler ran")
 		if herr != nil {
 			err = errors.Join(err, herr)
 		}
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
+		return a.Abandon(fctx, err)
+	case herr != nil:
+		out, err = a.Release(fctx, herr)
+	default:
+		out, err = a.Complete(fctx, res)
 	}
-	if herr != nil {
-		terminal := !c.cfg.Retryable(herr) || a.Number >= c.cfg.MaxAttempts
-		return c.release(ctx, t, a, herr, terminal)
+	if !a.isEnded() {
+		// The final write failed: the lease runs out and a later attempt
+		// takes over.
+		return a.Abandon(fctx, err)
 	}
-	// The result must be stored even if the caller's context has ended
-	// (a client that hung up does not lose it), bounded by finishTimeout.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	since := c.now()
-	err = c.store.Complete(fctx, &idemdriver.CompleteParams{
-		Consumer: c.cfg.Name, MessageID: msg.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
-	})
-	if errors.Is(err, ErrLeaseLost) {
-		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, msg.ID)
-		c.leaseLost(ctx, a, "complete", since, err)
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
-	}
-	if err != nil {
-		err = c.storeErr(ctx, "complete", msg.ID, err)
-		return Outcome{Status: Failed, MessageID: msg.ID, Err: err, Attempt: a.Number}, err
-	}
-	return Outcome{Status: Processed, MessageID: msg.ID, Result: res.Body, ContentType: res.ContentType, Attempt: a.Number}, nil
+	return out, err
 }
 
 // existing settles a delivery whose record another attempt holds or finished.
@@ -248,7 +141,7 @@ func (c *LeaseConsumer) existing(id string, fp []byte, acq idemdriver.AcquireRes
 	}
 	switch acq.State {
 	case idemdriver.StateCompleted:
-		out.Result, out.ContentType = acq.Result, acq.ContentType
+		out.Result, out.ContentType, out.Attempt = acq.Result, acq.ContentType, acq.Attempt
 		return out, nil
 	case idemdriver.StateInProgress:
 		ra := acq.LeaseRemaining
@@ -263,108 +156,4 @@ func (c *LeaseConsumer) existing(id string, fp []byte, acq idemdriver.AcquireRes
 	}
 	err = fmt.Errorf("%w: store returned an unacquired record in state %d", ErrStore, acq.State)
 	return c.failed(id, err)
-}
-
-// runLeased runs handler, renewing the lease every Lease/3 until it
-// returns. lost reports that a renewal found the lease gone; the handler's
-// context was then cancelled with cause ErrLeaseLost.
-//
-// The renewals run as long as the handler does, whatever happens to ctx: a
-// handler still working after the caller's context ended keeps its lease
-// (it may still produce effects, so no other attempt may take over). They
-// stop, and a renewal in flight is cancelled, as soon as the handler returns.
-func (c *LeaseConsumer) runLeased(ctx context.Context, a *Attempt, handler LeaseHandler) (res Result, lost bool, err error) {
-	hctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	rctx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRenewing()
-	renewed := make(chan bool, 1)
-	go func() {
-		renewed <- c.renewUntil(rctx, a, cancel)
-	}()
-	err = runHandler(func() error {
-		var herr error
-		res, herr = handler(hctx, a)
-		return herr
-	})
-	stopRenewing()
-	lost = !<-renewed
-	return res, lost, err
-}
-
-// renewUntil renews a's lease every Lease/3 until ctx ends (the handler
-// returned). It returns false if the store reported the lease lost, after
-// cancelling the handler's context with cause ErrLeaseLost. If the lease
-// runs out by the local clock with no successful renewal, it cancels the
-// handler's context the same way but returns true: the store's fencing at
-// Complete or Release then says whether the attempt still owns the record.
-func (c *LeaseConsumer) renewUntil(ctx context.Context, a *Attempt, cancel context.CancelCauseFunc) bool {
-	t := time.NewTicker(c.cfg.Lease / 3)
-	defer t.Stop()
-	// The lease is only known to be held until validFrom + Lease: if no
-	// renewal succeeds by then (the store is unreachable or slow), another
-	// attempt may take over, so the handler's context is cancelled rather
-	// than left running beside it. Whether the attempt still owns the record
-	// is not decided here but by the store's fencing at Complete or Release.
-	validFrom := a.leaseFrom
-	expiry := time.NewTimer(c.cfg.Lease)
-	defer expiry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return true
-		case <-expiry.C:
-			if ctx.Err() == nil {
-				cancel(ErrLeaseLost)
-			}
-			return true
-		case <-t.C:
-		}
-		start := time.Now()
-		// A renewal that hangs past the lease is as good as lost.
-		callCtx, cancelCall := context.WithDeadline(ctx, validFrom.Add(c.cfg.Lease))
-		err := c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Lease: c.cfg.Lease})
-		cancelCall()
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			cancel(ErrLeaseLost)
-			c.leaseLost(ctx, a, "renew", start, err)
-			return false
-		case err == nil:
-			validFrom = start
-			expiry.Reset(time.Until(validFrom.Add(c.cfg.Lease)))
-			if h := c.hooks; h != nil && len(h.renewed) > 0 {
-				h.onLease(ctx, h.renewed, LeaseEvent{MessageID: a.Message.ID, Attempt: a.Number, Token: a.Token, Latency: time.Since(start)})
-			}
-		case ctx.Err() == nil:
-			_ = c.storeErr(ctx, "renew", a.Message.ID, err)
-			c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
-				"consumer", c.cfg.Name, "message_id", a.Message.ID, "err", err,
-				"lease_left", time.Until(validFrom.Add(c.cfg.Lease)))
-		}
-	}
-}
-
-// release ends a failed attempt: available for a retry, or poison.
-func (c *LeaseConsumer) release(ctx context.Context, t *track, a *Attempt, cause error, terminal bool) (Outcome, error) {
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
-	since := c.now()
-	err := c.store.Release(fctx, &idemdriver.ReleaseParams{
-		Consumer: c.cfg.Name, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
-	})
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		c.leaseLost(ctx, a, "release", since, err)
-		cause = errors.Join(cause, err)
-		terminal = false
-	case err != nil:
-		cause = errors.Join(cause, c.storeErr(ctx, "release", a.Message.ID, err))
-		terminal = false
-	case !terminal && t != nil:
-		t.released = true
-	case terminal:
-		cause = fmt.Errorf("%w: message %q, after attempt %d (MaxAttempts %d): %w", ErrPoison, a.Message.ID, a.Number, c.cfg.MaxAttempts, cause)
-	}
-	return Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number, Poison: terminal}, cause
 }

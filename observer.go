@@ -254,12 +254,6 @@ type OutcomeEvent struct {
 	// Latency is the time from the start of the call to this outcome (for
 	// a batch, the whole batch's).
 	Latency time.Duration
-	// HTTPStatus is the status code of the HTTP response the request got,
-	// for the outcomes of package idemhttp's middleware (a request on its
-	// idempotency path is one delivery in lease mode); 0 when no response
-	// was written (the client left, the connection was aborted, or a
-	// fail-open request ran unprotected). Always 0 for message consumers.
-	HTTPStatus int
 }
 
 // LeaseEvent reports a lease-mode event of one attempt; see

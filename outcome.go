@@ -74,7 +74,7 @@ type Outcome struct {
 	Result      []byte
 	ContentType string
 	// Attempt is the lease-mode attempt number that ran (Processed,
-	// Failed) or the attempts made so far (InProgress, poison).
+	// Failed) or the attempts made so far (InProgress, Duplicate, poison).
 	Attempt int
 	// Poison is true for a Failed outcome that will never be retried: the
 	// message failed MaxAttempts times (lease mode), or its handler

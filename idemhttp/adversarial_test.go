@@ -15,8 +15,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
-	"github.com/idem-go/idem/store/idemredis"
-	"github.com/redis/go-redis/v9"
 )
 
 // advServer serves h behind a fresh Middleware on store.
@@ -290,32 +288,6 @@ func TestAdvStaleAttemptNeverCompletes(t *testing.T) {
 			t.Fatalf("n=%d", n.Load())
 		}
 	})
-}
-
-// TestAdvRedisDown: a Redis store that cannot be reached answers 503 with
-// Retry-After and never runs the handler; FailOpen runs it.
-func TestAdvRedisDown(t *testing.T) {
-	t.Parallel()
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
-	defer c.Close()
-	s, err := idemredis.New(c, &idemredis.Config{Prefix: "adv-down:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, failOpen := range []bool{false, true} {
-		var n atomic.Int64
-		_, u := advServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			n.Add(1)
-			w.WriteHeader(201)
-		}), Options{FailOpen: failOpen})
-		resp, _ := advPost(t, u, `"d"`, `{}`, nil)
-		if !failOpen && (resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || n.Load() != 0) {
-			t.Fatalf("store down: %d, Retry-After %q, n=%d", resp.StatusCode, resp.Header.Get("Retry-After"), n.Load())
-		}
-		if failOpen && (resp.StatusCode != 201 || n.Load() != 1) {
-			t.Fatalf("fail open: %d, n=%d", resp.StatusCode, n.Load())
-		}
-	}
 }
 
 // TestAdvWrongContentLength: a handler that declares a Content-Length

@@ -29,8 +29,25 @@ type Info struct {
 	// from a stale owner.
 	Token int64
 
-	disp  *atomic.Int32
-	abort *atomic.Pointer[Problem] // set by abortWith
+	disp    *atomic.Int32
+	abort   *atomic.Pointer[Problem] // set by abortWith
+	attempt *idem.Attempt
+}
+
+// AttemptFromContext returns the lease-engine attempt that holds the key
+// of the request whose handler received ctx, so the handler can check its
+// lease before an effect that must not run twice (Attempt.Valid, by the
+// store's clock and the local deadline; Attempt.Deadline), record its own
+// recovery points (Attempt.Step, Attempt.SaveStep) or watch
+// Attempt.LeaseContext. The handler must not end the attempt (Complete,
+// Release, Abandon): the Middleware does when the handler returns. False
+// when the request is not on the idempotency path.
+func AttemptFromContext(ctx context.Context) (*idem.Attempt, bool) {
+	i, ok := ctx.Value(infoKey{}).(*Info)
+	if !ok || i.attempt == nil {
+		return nil, false
+	}
+	return i.attempt, true
 }
 
 // DeriveKey returns a key for one call this handler makes to a third party
@@ -79,6 +96,15 @@ const (
 // request's context. It reports false, and does nothing, when the request
 // is not on the idempotency path or d is unknown. The last call before
 // the handler returns wins.
+func SetDisposition(ctx context.Context, d Disposition) bool {
+	i, ok := ctx.Value(infoKey{}).(*Info)
+	if !ok || i.disp == nil || d < DispositionDefault || d > DispositionRelease {
+		return false
+	}
+	i.disp.Store(int32(d))
+	return true
+}
+
 // abortWith tells the middleware, from inside the handler, that the
 // response it streamed is broken: the client's connection is to be
 // aborted (so a short body is never taken as complete) and, when the key
@@ -90,14 +116,5 @@ func abortWith(ctx context.Context, p *Problem) bool {
 		return false
 	}
 	i.abort.Store(p)
-	return true
-}
-
-func SetDisposition(ctx context.Context, d Disposition) bool {
-	i, ok := ctx.Value(infoKey{}).(*Info)
-	if !ok || i.disp == nil || d < DispositionDefault || d > DispositionRelease {
-		return false
-	}
-	i.disp.Store(int32(d))
 	return true
 }

@@ -1,7 +1,7 @@
 // Package idemhttp makes retrying an HTTP request safe: a net/http
 // middleware that honours the Idempotency-Key header
 // (draft-ietf-httpapi-idempotency-key-header, with Stripe's behaviour where
-// the draft is silent; the design decides where they differ), a
+// the draft is silent), a
 // Go client that retries with the same key, and a reverse proxy that puts
 // the middleware in front of any HTTP service.
 //
@@ -20,7 +20,7 @@
 //     bytes; one field line. Invalid: 400.
 //  2. The scope function (mandatory: [ErrNoScope]) names the principal or
 //     tenant; the record is keyed by (namespace, SHA-256 of the scope,
-//     key), never one global namespace.
+//     key), never one global namespace: one user never gets another's response.
 //  3. The body is read once, hashed while it is read, and spooled (memory
 //     up to Options.MemoryBodyBytes, then a temporary file), so the
 //     fingerprint is known before the claim without holding a large body
@@ -28,10 +28,15 @@
 //     path, the sorted query, the media type, any method-override header
 //     (X-HTTP-Method-Override and the like) and the body's SHA-256. The
 //     handler reads the same bytes from the spool.
-//  4. The key is claimed with a lease and a fencing token
-//     (idemdriver.LeaseStore.Acquire). The lease is renewed every Lease/3 while
-//     the handler runs; the handler's context is cancelled with cause
-//     idem.ErrLeaseLost if the lease is lost.
+//  4. The key is claimed with a lease and a fencing token by the core's
+//     lease engine (idem.LeaseConsumer.Acquire, consumer
+//     "idemhttp:"+Namespace, message ID the record ID), which renews it every
+//     Lease/3 while the handler runs; the handler's context is cancelled
+//     with cause idem.ErrLeaseLost if the lease is lost, and
+//     [AttemptFromContext] lets the handler check the lease itself. Under
+//     Options.AfterCrash = AnswerUnknownAfterCrash (a Proxy's default) a
+//     recovery point is recorded first, so a takeover after a crash
+//     answers outcome-unknown instead of running the request again.
 //  5. The response is recorded while it is written: held back until the
 //     handler returns (so the client never sees a success that is not
 //     recorded), or streamed at once when the handler calls Flush or the
@@ -43,7 +48,7 @@
 //
 //	no record, or a released one        the handler runs (attempt 1, 2, ...)
 //	completed, same fingerprint         replay: status, headers, body, Idempotent-Replayed: true
-//	completed, over the cap             410 replay-unavailable (never run again; field case C15)
+//	completed, over the cap             410 replay-unavailable (never run again)
 //	in progress, same fingerprint       409 request-in-progress + Retry-After (or Options.Wait, then replay)
 //	any record, other fingerprint       422 idempotency-key-reused
 //	completed, older than ReplayWindow  422 idempotency-key-expired (tombstone mode only)
@@ -58,9 +63,11 @@
 //	handler panic                       released; 500 handler-panic if nothing was sent yet
 //	Hijack (WebSocket upgrade)          refused with ErrHijackNotSupported; released
 //	body over MaxResponseBytes          sent in full; completed, not replayable
-//	final write fails                   record stays in progress (409, then takeover after the
-//	                                    lease: at least once); a response not yet sent becomes
-//	                                    503 idempotency-unavailable (Options.CompleteFailure)
+//	final write fails                   retried with backoff while the lease is held; when the
+//	                                    lease is lost first, a response not yet sent becomes 503
+//	                                    idempotency-unavailable (Options.CompleteFailure) and the
+//	                                    takeover runs again (at least once) or answers
+//	                                    outcome-unknown (Options.AfterCrash)
 //
 // A released key keeps its record (in progress, lease ended): the next
 // request with the same fingerprint takes it over as the next attempt,
@@ -92,10 +99,10 @@
 //
 // # Retention
 //
-// Completed keys are kept for Options.Retention (24 hours by default),
-// counted by the store from completion, and deleted by [Middleware.Purge]
-// or the background loop that New starts and Close stops; after that the
-// key is new again. Options.ReplayWindow adds a tombstone mode: past the
+// Completed keys are kept for Options.Retention (24 hours by default) of
+// running time of the namespace (the core's retention, idem.Purge), and
+// deleted by [Middleware.Purge] or the lease engine's background loop that
+// New starts and Close stops; after that the key is new again. Options.ReplayWindow adds a tombstone mode: past the
 // window (counted from the first request's arrival), a retry gets 422
 // idempotency-key-expired instead of a replay or a new execution.
 //
@@ -107,29 +114,33 @@
 // requests" section), idem.LogHook log records. A request on the
 // idempotency path is reported as one lease-mode delivery of the consumer
 // "idemhttp:"+Namespace ([Middleware.Consumer]) whose message ID is the
-// record ID ([Middleware.RecordID]; empty when the key or the scope is
-// invalid): exactly one idem.HookProcessStart call (its context becomes the
+// record ID ([Middleware.RecordID]), reported by the core's lease engine:
+// exactly one idem.HookProcessStart call (its context becomes the
 // request's, down to the handler), one idem.HookOutcome call and one
-// idem.HookProcessEnd call, in that order, with these outcomes
-// (OutcomeEvent.HTTPStatus is the status the client got, 0 when none):
+// idem.HookProcessEnd call, in that order. The HTTP side is idemhttp's
+// own event: a [HookResponse] in Options.Hooks gets one [ResponseEvent]
+// per request on the idempotency path, with the status the client got
+// (0 when none) and the problem type, after the core's events. Requests
+// answered before their key reached the store (400 key missing or
+// invalid, 401 no scope, 413 or 400 body) get only the ResponseEvent.
+// The core's outcomes:
 //
 //	answer                                 Outcome.Status        DuplicateReason       other events
 //	handler ran, response stored           Processed             -                     Claim (+ LeaseTakenOver when Attempt > 1)
 //	replay                                 Duplicate             completed
 //	410 replay-unavailable                 Duplicate             completed
 //	409 request-in-progress                InProgress            in_progress
-//	client left during Options.Wait        InProgress            in_progress           (HTTPStatus 0)
+//	client left during Options.Wait        InProgress            in_progress           (ResponseEvent.Status 0)
 //	422 idempotency-key-reused             FingerprintMismatch   fingerprint_mismatch
-//	400 key missing or invalid, 401 no     Rejected              -
-//	scope, 413 or 400 body
-//	422 idempotency-key-expired            Rejected              completed
+//	422 idempotency-key-expired            Duplicate             completed
+//	500 idempotency-record-corrupt         Duplicate             completed
 //	5xx, 408, 429, DispositionRelease,     Failed, Released      -                     Claim; LeaseLost or StoreError
 //	Hijack, handler panic: key released                                                (op "release") if the release fails
 //	final write failed (503, or the        Failed                -                     Claim; LeaseLost or StoreError
 //	response as it was)                                                                (op "complete")
 //	503 store unavailable, 500 store       Failed                -                     StoreError (op "acquire")
 //	refused, FailOpen run
-//	500 idempotency-record-corrupt         Failed                -
+//	outcome-unknown stored after a crash   Processed             -                     Claim, LeaseTakenOver
 //
 // While the handler runs, each lease renewal is an idem.HookLeaseRenewed
 // call, and a failed one an idem.HookLeaseLost (op "renew") or an

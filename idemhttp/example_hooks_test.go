@@ -11,17 +11,23 @@ import (
 	"github.com/idem-go/idem/idemhttp"
 )
 
-// outcomePrinter is a hook that prints each request's outcome. Package
-// idemotel's Observer, given the same way, turns the same events into
-// metrics and spans.
+// outcomePrinter is a hook that prints each request's outcome (a core
+// hook, idem.HookOutcome) and its HTTP answer (idemhttp.HookResponse).
+// Package idemotel's Observer, given the same way, turns the core's events
+// into metrics and spans.
 type outcomePrinter struct{}
 
 func (outcomePrinter) OnOutcome(_ context.Context, e idem.OutcomeEvent) {
-	fmt.Printf("%s: %v %q HTTP %d, handler ran: %v\n", e.Consumer, e.Outcome.Status, e.Reason, e.HTTPStatus, e.Claimed)
+	fmt.Printf("%s: %v %q, handler ran: %v\n", e.Consumer, e.Outcome.Status, e.Reason, e.Claimed)
+}
+
+func (outcomePrinter) OnResponse(_ context.Context, e idemhttp.ResponseEvent) {
+	fmt.Printf("  HTTP %d %s replayed: %v\n", e.Status, strings.TrimPrefix(e.Problem, idemhttp.ProblemTypeBase), e.Replayed)
 }
 
 // Options.Hooks takes the core's hooks: each request with a key is one
-// delivery of the consumer "idemhttp:"+Namespace.
+// delivery of the consumer "idemhttp:"+Namespace; and idemhttp's own
+// HookResponse, which reports the HTTP status.
 func ExampleOptions_hooks() {
 	mw, err := idemhttp.New(idem.NewMemoryStore(nil), idemhttp.Options{
 		Namespace: "payments",
@@ -42,7 +48,10 @@ func ExampleOptions_hooks() {
 		h.ServeHTTP(httptest.NewRecorder(), req)
 	}
 	// Output:
-	// idemhttp:payments: Processed "" HTTP 201, handler ran: true
-	// idemhttp:payments: Duplicate "completed" HTTP 201, handler ran: false
-	// idemhttp:payments: FingerprintMismatch "fingerprint_mismatch" HTTP 422, handler ran: false
+	// idemhttp:payments: Processed "", handler ran: true
+	//   HTTP 201  replayed: false
+	// idemhttp:payments: Duplicate "completed", handler ran: false
+	//   HTTP 201  replayed: true
+	// idemhttp:payments: FingerprintMismatch "fingerprint_mismatch", handler ran: false
+	//   HTTP 422 idempotency-key-reused replayed: false
 }

@@ -7,14 +7,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"math"
 	"net/http"
 	"runtime/debug"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
@@ -27,29 +28,39 @@ const consumerPrefix = "idemhttp:"
 // hash (22 bytes) and a separator leave 232 of the store's 255 bytes.
 const maxInlineKey = 255 - 23
 
+// Recovery points of an attempt in at-most-once mode (AnswerUnknownAfterCrash),
+// named by the attempt's fencing token: runStep is saved before the handler
+// runs (for a Proxy: before the first byte goes to the upstream), settledStep
+// before a release whose outcome is known (nothing was done, or the response
+// released the key). An attempt that takes over a record with a runStep and
+// no settledStep of the same token knows an earlier attempt may have acted.
+const (
+	runStepPrefix     = "idemhttp:run:"
+	settledStepPrefix = "idemhttp:settled:"
+)
+
 // Middleware is idempotency-key middleware for net/http over an
 // idemdriver.LeaseStore (memory, PostgreSQL, MariaDB/MySQL, SQLite or Redis).
-// See the package documentation for its semantics. It is safe for
-// concurrent use; Close stops its purge loop.
+// See the package documentation for its semantics. It runs each keyed
+// request as one attempt of an idem.LeaseConsumer (the lease engine of
+// package idem: the lease, its renewal, recovery points, completion,
+// release, retention and the core's hooks), adding the HTTP semantics:
+// keys, scope, fingerprint, recording, replay and problem responses. It is
+// safe for concurrent use; Close stops its background loops.
 type Middleware struct {
-	store    idemdriver.LeaseStore
+	lc       *idem.LeaseConsumer
 	o        Options
 	consumer string
-	hooks    *hooks // nil without Options.Hooks
-	// runs is the core's lease consumer of this namespace, used for its
-	// run marking: it records in the store that the namespace is served,
-	// from which retention counts (see idem.Purge).
-	runs *idem.LeaseConsumer
+	resp     []HookResponse
+	// unknown is the answer stored for a key whose earlier attempt may
+	// have acted and never recorded its response (AnswerUnknownAfterCrash).
+	unknown func() *Problem
 
 	stats struct {
 		passThrough, executed, replayed, inProgress, waited, keyReused,
 		released, completed, notReplayable, rejected, storeErrors,
-		failOpen, leaseLost, panics atomic.Int64
+		failOpen, leaseLost, panics, unknown atomic.Int64
 	}
-
-	closeOnce sync.Once
-	stop      chan struct{}
-	done      chan struct{}
 }
 
 // Stats counts what a Middleware did since New. Every field is a count of
@@ -58,7 +69,9 @@ type Stats struct {
 	// PassThrough: methods not covered, no key on an optional route, or
 	// unscoped requests under PassUnscoped.
 	PassThrough int64
-	// Executed: the handler ran holding the key's lease.
+	// Executed: the handler ran holding the key's lease (or, in
+	// at-most-once mode, an attempt that found an earlier one's outcome
+	// unknown answered that; see Unknown).
 	Executed int64
 	// Replayed: a stored response was replayed.
 	Replayed int64
@@ -79,21 +92,29 @@ type Stats struct {
 	// Rejected: answered 400, 401, 413 or 422 idempotency-key-expired
 	// before any handler ran.
 	Rejected int64
-	// StoreErrors: store calls that failed (each answered 503, or logged).
+	// StoreErrors: store calls that failed (each answered 503, retried, or
+	// logged).
 	StoreErrors int64
 	// FailOpen: handler runs without idempotency because the store was
 	// unavailable (Options.FailOpen).
 	FailOpen int64
-	// LeaseLost: attempts whose lease was lost while the handler ran.
+	// LeaseLost: attempts whose lease was lost while the handler ran or
+	// before its response was recorded.
 	LeaseLost int64
 	// Panics: handler panics.
 	Panics int64
+	// Unknown: attempts that took over a key whose earlier attempt ran
+	// and ended without recording or releasing it, and stored the
+	// outcome-unknown answer instead of running the handler
+	// (AnswerUnknownAfterCrash).
+	Unknown int64
 }
 
 // New returns a Middleware over store. Errors match ErrNoScope when
 // opts.Scope is nil, and ErrInvalidOptions (and idem.ErrInvalidConfig)
-// for any other invalid field. Unless opts.PurgeInterval is negative it
-// starts the background purge loop, which Close stops.
+// for any other invalid field. It starts the lease engine's background
+// loops (marking the namespace running for retention, and, unless
+// opts.PurgeInterval is negative, purging), which Close stops.
 func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidOptions)
@@ -102,30 +123,58 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{store: store, o: o, consumer: consumerPrefix + o.Namespace, stop: make(chan struct{}), done: make(chan struct{})}
-	if m.hooks, err = newHooks(o.Hooks, m.consumer, o.Logger); err != nil {
-		return nil, err
+	m := &Middleware{o: o, consumer: consumerPrefix + o.Namespace}
+	m.unknown = func() *Problem {
+		return newProblem(ProblemOutcomeUnknown, "an earlier attempt with this Idempotency-Key ran and ended without recording its response (its process stopped or lost the store); whether it took effect is unknown, so it is not run again. This answer is stored for the key")
 	}
-	if m.runs, err = idem.NewLeaseConsumer(store, idem.Config{
-		Name: m.consumer, RetentionWindow: o.Retention, PurgeInterval: -1, Logger: o.Logger,
-	}); err != nil {
+	var core []idem.Hook
+	for i, h := range o.Hooks {
+		r, isResp := h.(HookResponse)
+		if isResp {
+			m.resp = append(m.resp, r)
+		}
+		switch {
+		case isCoreHook(h):
+			core = append(core, h)
+		case !isResp:
+			return nil, fmt.Errorf("%w: Hooks[%d] (%T) implements none of the idem.Hook* interfaces nor HookResponse", ErrInvalidOptions, i, h)
+		}
+	}
+	m.lc, err = idem.NewLeaseConsumer(store, idem.Config{
+		Name:            m.consumer,
+		Fingerprinter:   func(fp []byte) ([]byte, error) { return fp, nil }, // the payload is the request's fingerprint
+		RetentionWindow: o.Retention,
+		PurgeInterval:   o.PurgeInterval,
+		PurgeBatchSize:  o.PurgeBatchSize,
+		Logger:          o.Logger,
+		Hooks:           core,
+		Lease:           o.Lease,
+		// A key is retried for as long as its clients retry: a released
+		// response never poisons it.
+		MaxAttempts: math.MaxInt32,
+		Retryable:   func(error) bool { return true },
+	})
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-	}
-	if o.PurgeInterval > 0 {
-		go m.purgeLoop()
-	} else {
-		close(m.done)
 	}
 	return m, nil
 }
 
-// Close stops the background purge loop and waits for it. The Middleware
-// keeps serving requests. Idempotent; always returns nil.
-func (m *Middleware) Close() error {
-	m.closeOnce.Do(func() { close(m.stop) })
-	<-m.done
-	return m.runs.Close()
+// isCoreHook reports whether h implements one of the core's hook interfaces.
+func isCoreHook(h idem.Hook) bool {
+	switch h.(type) {
+	case idem.HookProcessStart, idem.HookProcessEnd, idem.HookClaim, idem.HookOutcome,
+		idem.HookLeaseRenewed, idem.HookLeaseTakenOver, idem.HookLeaseLost, idem.HookPurge, idem.HookStoreError:
+		return true
+	}
+	return false
 }
+
+// Close stops the background loops and waits for them. Keyed requests
+// that arrive later get 503 idempotency-unavailable (idem.ErrClosed);
+// requests that pass through are still served. Idempotent; always
+// returns nil.
+func (m *Middleware) Close() error { return m.lc.Close() }
 
 // Consumer returns the consumer name of this Middleware's records:
 // "idemhttp:" + Options.Namespace.
@@ -154,61 +203,17 @@ func (m *Middleware) Stats() Stats {
 		InProgress: s.inProgress.Load(), Waited: s.waited.Load(), KeyReused: s.keyReused.Load(),
 		Released: s.released.Load(), Completed: s.completed.Load(), NotReplayable: s.notReplayable.Load(),
 		Rejected: s.rejected.Load(), StoreErrors: s.storeErrors.Load(), FailOpen: s.failOpen.Load(),
-		LeaseLost: s.leaseLost.Load(), Panics: s.panics.Load(),
+		LeaseLost: s.leaseLost.Load(), Panics: s.panics.Load(), Unknown: s.unknown.Load(),
 	}
 }
 
-// Purge deletes this namespace's completed records that the middleware
-// has outrun by Options.Retention of running time (counted from each
-// record's completion; time in which no middleware of the namespace ran
-// does not count; see idem.Purge), in batches. In-progress records are never purged. It returns
-// idem.ErrPurgeInProgress when another cleaner holds the purge lock.
-//
-// Each call is reported to the idem.HookPurge hooks of Options.Hooks, and
-// a failure other than idem.ErrPurgeInProgress to the idem.HookStoreError
-// hooks (op "purge"), as a consumer's purge is.
-func (m *Middleware) Purge(ctx context.Context) (idem.PurgeResult, error) {
-	start := time.Now()
-	res, err := idem.Purge(ctx, m.store, idem.PurgeParams{
-		Consumer:        m.consumer,
-		RetentionWindow: m.o.Retention,
-		BatchSize:       m.o.PurgeBatchSize,
-	})
-	if m.hooks != nil {
-		herr := err
-		if err != nil && !errors.Is(err, idem.ErrPurgeInProgress) {
-			herr = m.storeErr(ctx, "purge", "", err)
-		}
-		m.purged(ctx, res, herr, time.Since(start))
-	}
-	return res, err
-}
-
-func (m *Middleware) purgeLoop() {
-	defer close(m.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-m.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	for {
-		jitter := time.Duration(rand.Int64N(int64(m.o.PurgeInterval)/10 + 1))
-		t := time.NewTimer(m.o.PurgeInterval - m.o.PurgeInterval/20 + jitter)
-		select {
-		case <-m.stop:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		if _, err := m.Purge(ctx); err != nil && !errors.Is(err, idem.ErrPurgeInProgress) && ctx.Err() == nil {
-			m.o.Logger.Warn("idemhttp: purge failed", "consumer", m.consumer, "error", err)
-		}
-	}
-}
+// Purge deletes this namespace's completed records that the namespace has
+// outrun by Options.Retention of running time (idem.Purge: time in which
+// no Middleware of the namespace was running does not count), in batches.
+// In-progress records are never purged. It returns an error matching
+// idem.ErrPurgeInProgress when another cleaner holds the purge lock. Each
+// call is reported to the idem.HookPurge hooks of Options.Hooks.
+func (m *Middleware) Purge(ctx context.Context) (idem.PurgeResult, error) { return m.lc.Purge(ctx) }
 
 // Wrap returns h behind the middleware. A request with a covered method
 // and an Idempotency-Key runs h at most once per (scope, key) while its
@@ -238,20 +243,11 @@ func (m *Middleware) covered(method string) bool {
 }
 
 // reject answers a request that cannot be processed as sent (400, 401,
-// 413, 422 idempotency-key-expired): outcome idem.Rejected, its error
-// wrapping cause (an idem sentinel, when one fits) and p.
-func (m *Middleware) reject(w http.ResponseWriter, t *reqTrack, p *Problem, cause error, reason idem.DuplicateReason) {
+// 413, 422 idempotency-key-expired).
+func (m *Middleware) reject(w http.ResponseWriter, ev *respTrack, p *Problem) {
 	m.stats.rejected.Add(1)
-	t.settle(idem.Outcome{Status: idem.Rejected, Err: wrapProblem(cause, p)}, reason, p.Status)
+	ev.problem(p)
 	p.Write(w)
-}
-
-// wrapProblem returns p as an error that also matches cause (nil: p).
-func wrapProblem(cause error, p *Problem) error {
-	if cause == nil {
-		return p
-	}
-	return fmt.Errorf("%w: %w", cause, p)
 }
 
 // serve is the idempotency path of one request.
@@ -282,20 +278,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if keyErr == nil && scopeErr == nil && scope != "" {
 		id = m.RecordID(scope, key)
 	}
-	// From here on the request is one delivery for the hooks.
-	ctx, t := m.begin(r.Context(), id)
-	if t != nil {
-		defer t.end()
-		r = r.WithContext(ctx)
+	ev := m.track(r.Context(), id)
+	if ev != nil {
+		defer ev.emit()
 	}
 	if keyErr != nil {
-		typ, cause := ProblemKeyInvalid, idem.ErrInvalidMessageID
+		typ := ProblemKeyInvalid
 		if errors.Is(keyErr, ErrKeyMissing) {
-			typ, cause = ProblemKeyMissing, idem.ErrMissingMessageID
+			typ = ProblemKeyMissing
 		}
-		m.reject(w, t, newProblem(typ, keyErr.(*KeyError).Reason), cause, idem.NotDuplicate)
+		m.reject(w, ev, newProblem(typ, keyErr.(*KeyError).Reason))
 		return
 	}
+	// Every answer on the idempotency path echoes the key, as Stripe does,
+	// so a client (or a log) ties the response to the request it retried.
+	w.Header()[HeaderIdempotencyKey] = []string{values[0]}
 	if scopeErr != nil || scope == "" {
 		var p *Problem
 		if !errors.As(scopeErr, &p) {
@@ -305,21 +302,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			p = newProblem(ProblemScopeMissing, detail)
 		}
-		m.reject(w, t, p, nil, idem.NotDuplicate)
+		m.reject(w, ev, p)
 		return
 	}
 
 	if r.ContentLength > m.o.MaxRequestBytes {
-		m.reject(w, t, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)), idem.ErrInvalidPayload, idem.NotDuplicate)
+		m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)))
 		return
 	}
 	sp, err := spoolBody(r.Body, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
-			m.reject(w, t, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)), idem.ErrInvalidPayload, idem.NotDuplicate)
+			m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)))
 			return
 		}
-		m.reject(w, t, newProblem(ProblemBodyUnreadable, err.Error()), idem.ErrInvalidPayload, idem.NotDuplicate)
+		m.reject(w, ev, newProblem(ProblemBodyUnreadable, err.Error()))
 		return
 	}
 	defer sp.close()
@@ -334,152 +331,63 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.ContentLength = sp.size
 	r.TransferEncoding = nil
 
-	info := &Info{Key: key, Scope: scope, Namespace: m.o.Namespace, Consumer: m.consumer, RecordID: id}
-	since := t.now()
-	ar, err := m.acquire(r.Context(), id, fp)
-	if err != nil {
-		m.storeDown(w, r, next, t, err)
+	opt := idem.AcquireOptions{Wait: m.o.Wait, OnWait: func() { m.stats.waited.Add(1) }}
+	a, out, err := m.lc.Acquire(r.Context(), idem.Message{ID: id, Payload: fp}, opt)
+	if a == nil {
+		ev.outcome(out)
+		m.answerExisting(w, r, next, ev, out, err)
 		return
 	}
-	var waitUntil time.Time
-	if !ar.Acquired && ar.State == idemdriver.StateInProgress && m.o.Wait > 0 && slices.Equal(ar.Fingerprint, fp) {
-		m.stats.waited.Add(1)
-		waitUntil = time.Now().Add(m.o.Wait)
-		ar, since, err = m.wait(r.Context(), id, fp, waitUntil)
-		if err != nil {
-			if cerr := r.Context().Err(); cerr != nil {
-				// The client left while it waited for the first request.
-				t.settle(idem.Outcome{Status: idem.InProgress, Attempt: ar.Attempt,
-					Err: fmt.Errorf("%w: the client left while waiting: %w", idem.ErrInProgress, context.Cause(r.Context()))},
-					idem.DuplicateInProgress, 0)
-				return
-			}
-			m.storeDown(w, r, next, t, err)
-			return
-		}
-	}
-	if !ar.Acquired {
-		m.answerExisting(w, t, ar, fp)
-		return
-	}
-	info.Attempt, info.Token = ar.Attempt, ar.Token
-	t.claimedKey(ar.Attempt, ar.Token, since)
-	m.run(w, r, next, info, t)
+	info := &Info{Key: key, Scope: scope, Namespace: m.o.Namespace, Consumer: m.consumer, RecordID: id,
+		Attempt: a.Number, Token: a.Token, attempt: a}
+	ev.acquired(a.Number)
+	m.run(w, r, next, info, a, ev)
 }
 
-// now returns the time for a latency measurement, or the zero time when
-// nothing is tracked.
-func (t *reqTrack) now() time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// acquire calls Acquire with a bounded context.
-func (m *Middleware) acquire(ctx context.Context, id string, fp []byte) (idemdriver.AcquireResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, m.o.StoreTimeout)
-	defer cancel()
-	return m.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: m.consumer, MessageID: id, Fingerprint: fp, Lease: m.o.Lease})
-}
-
-// wait polls the record until it is completed, acquired (the first
-// attempt released it, or its lease ran out) or the deadline passes. It
-// returns the last Acquire's result and start time.
-func (m *Middleware) wait(ctx context.Context, id string, fp []byte, until time.Time) (idemdriver.AcquireResult, time.Time, error) {
-	delay := 20 * time.Millisecond
-	for {
-		left := time.Until(until)
-		if left <= 0 {
-			return idemdriver.AcquireResult{State: idemdriver.StateInProgress, Fingerprint: fp}, time.Time{}, nil
+// answerExisting answers a request whose key the lease engine did not
+// acquire: a replay, a problem, or a store outage.
+func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, next http.Handler, ev *respTrack, out idem.Outcome, err error) {
+	switch {
+	case out.Status == idem.Duplicate:
+		m.replay(w, ev, out)
+	case out.Status == idem.InProgress:
+		if r.Context().Err() != nil {
+			return // the client left while it waited for the first request
 		}
-		t := time.NewTimer(min(delay, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return idemdriver.AcquireResult{}, time.Time{}, ctx.Err()
-		case <-t.C:
-		}
-		delay = min(delay*3/2, 250*time.Millisecond)
-		since := time.Now()
-		ar, err := m.acquire(ctx, id, fp)
-		if err != nil {
-			return ar, since, err
-		}
-		if ar.Acquired || ar.State != idemdriver.StateInProgress {
-			return ar, since, nil
-		}
-	}
-}
-
-// storeDown answers a request whose Acquire failed.
-func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http.Handler, t *reqTrack, err error) {
-	m.stats.storeErrors.Add(1)
-	serr := m.storeErr(r.Context(), "acquire", t.trackID(), err)
-	if errIsConfig(err) {
-		m.o.Logger.Error("idemhttp: store refused the claim", "consumer", m.consumer, "error", err)
-		p := newProblem(ProblemUnavailable, "the idempotency store refused the request")
-		p.Status = http.StatusInternalServerError
-		p.Err = err
-		t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, p.Status)
-		p.Write(w)
-		return
-	}
-	if m.o.FailOpen {
-		m.stats.failOpen.Add(1)
-		m.o.Logger.Warn("idemhttp: store unavailable, running without idempotency (FailOpen)", "consumer", m.consumer, "error", err)
-		// Nothing protects or records this run: Failed for the pattern,
-		// whatever the handler answers.
-		t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, 0)
-		next.ServeHTTP(w, r)
-		return
-	}
-	m.o.Logger.Warn("idemhttp: store unavailable", "consumer", m.consumer, "error", err)
-	p := newProblem(ProblemUnavailable, "the idempotency store is unavailable; retry with the same key")
-	p.RetryAfter = m.o.UnavailableRetryAfter
-	t.settle(idem.Outcome{Status: idem.Failed, Err: serr}, idem.NotDuplicate, p.Status)
-	p.Write(w)
-}
-
-// answerExisting answers a request whose key has a record it did not
-// acquire: a replay, or a problem.
-func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idemdriver.AcquireResult, fp []byte) {
-	if !slices.Equal(ar.Fingerprint, fp) {
-		m.stats.keyReused.Add(1)
-		m.stats.rejected.Add(1)
-		p := newProblem(ProblemKeyReused, "this Idempotency-Key was used with another request (method, path, query, media type or body); use a new key")
-		t.settle(idem.Outcome{Status: idem.FingerprintMismatch, Err: wrapProblem(idem.ErrFingerprintMismatch, p)}, idem.DuplicateFingerprintMismatch, p.Status)
-		p.Write(w)
-		return
-	}
-	switch ar.State {
-	case idemdriver.StateInProgress:
 		m.stats.inProgress.Add(1)
 		p := newProblem(ProblemInProgress, "a request with this Idempotency-Key is being processed; retry later with the same key")
 		p.RetryAfter = m.o.InProgressRetryAfter
-		t.settle(idem.Outcome{Status: idem.InProgress, Err: wrapProblem(idem.ErrInProgress, p), RetryAfter: p.RetryAfter, Attempt: ar.Attempt},
-			idem.DuplicateInProgress, p.Status)
+		ev.problem(p)
 		p.Write(w)
-		return
-	case idemdriver.StateCompleted:
+	case out.Status == idem.FingerprintMismatch:
+		m.stats.keyReused.Add(1)
+		m.stats.rejected.Add(1)
+		p := newProblem(ProblemKeyReused, "this Idempotency-Key was used with another request (method, path, query, media type or body); use a new key")
+		ev.problem(p)
+		p.Write(w)
+	case out.Poison:
+		m.o.Logger.Error("idemhttp: record in an unexpected state", "consumer", m.consumer, "error", err)
+		p := newProblem(ProblemRecordCorrupt, "the record of this key is failed")
+		ev.problem(p)
+		p.Write(w)
 	default:
-		m.o.Logger.Error("idemhttp: record in an unexpected state", "consumer", m.consumer, "state", ar.State, "error", ar.Error)
-		p := newProblem(ProblemRecordCorrupt, fmt.Sprintf("the record of this key is %s", ar.State))
-		t.settle(idem.Outcome{Status: idem.Failed, Err: p, Attempt: ar.Attempt}, idem.NotDuplicate, p.Status)
-		p.Write(w)
-		return
+		m.storeDown(w, r, next, ev, err)
 	}
-	sr, err := decodeRecord(ar.ContentType, ar.Result)
+}
+
+// replay answers a key whose record is completed.
+func (m *Middleware) replay(w http.ResponseWriter, ev *respTrack, out idem.Outcome) {
+	sr, err := decodeRecord(out.ContentType, out.Result)
 	if err != nil {
 		m.o.Logger.Error("idemhttp: stored record undecodable", "consumer", m.consumer, "error", err)
 		p := newProblem(ProblemRecordCorrupt, "the stored response of this key cannot be decoded; the request was not run again")
 		p.Err = errors.Join(ErrRecordCorrupt, err)
-		t.settle(idem.Outcome{Status: idem.Failed, Err: p, Attempt: ar.Attempt}, idem.NotDuplicate, p.Status)
+		ev.problem(p)
 		p.Write(w)
 		return
 	}
 	if m.o.ReplayWindow > 0 && m.o.Now().Sub(sr.created) > m.o.ReplayWindow {
-		m.reject(w, t, newProblem(ProblemKeyExpired, fmt.Sprintf("this Idempotency-Key was first used at %s; keys replay for %v", sr.created.UTC().Format(time.RFC3339), m.o.ReplayWindow)), nil, idem.DuplicateCompleted)
+		m.reject(w, ev, newProblem(ProblemKeyExpired, fmt.Sprintf("this Idempotency-Key was first used at %s; keys replay for %v", sr.created.UTC().Format(time.RFC3339), m.o.ReplayWindow)))
 		return
 	}
 	if !sr.replayable {
@@ -490,14 +398,12 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idemd
 		p := newProblem(ProblemReplayUnavailable, fmt.Sprintf(
 			"the request was processed (status %d, %d-byte response, SHA-256 %x) but its response was too large to store; it is not run again",
 			sr.status, sr.size, sr.digest[:]))
-		// Processed before and not run again: a duplicate absorbed,
-		// whose response cannot be replayed.
-		t.settle(idem.Outcome{Status: idem.Duplicate, Attempt: ar.Attempt}, idem.DuplicateCompleted, p.Status)
+		ev.problem(p)
 		p.Write(w)
 		return
 	}
 	m.stats.replayed.Add(1)
-	t.settle(idem.Outcome{Status: idem.Duplicate, Attempt: ar.Attempt}, idem.DuplicateCompleted, sr.status)
+	ev.replayed(sr.status)
 	h := w.Header()
 	for k, vs := range sr.header {
 		h[k] = vs
@@ -506,6 +412,32 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, t *reqTrack, ar idemd
 	h.Set(HeaderReplayed, "true")
 	w.WriteHeader(sr.status)
 	_, _ = w.Write(sr.body)
+}
+
+// storeDown answers a request whose Acquire failed.
+func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http.Handler, ev *respTrack, err error) {
+	m.stats.storeErrors.Add(1)
+	if errIsConfig(err) {
+		m.o.Logger.Error("idemhttp: store refused the claim", "consumer", m.consumer, "error", err)
+		p := newProblem(ProblemUnavailable, "the idempotency store refused the request")
+		p.Status = http.StatusInternalServerError
+		p.Err = err
+		ev.problem(p)
+		p.Write(w)
+		return
+	}
+	if m.o.FailOpen && !errors.Is(err, idem.ErrClosed) {
+		m.stats.failOpen.Add(1)
+		m.o.Logger.Warn("idemhttp: store unavailable, running without idempotency (FailOpen)", "consumer", m.consumer, "error", err)
+		ev.failOpen()
+		next.ServeHTTP(w, r)
+		return
+	}
+	m.o.Logger.Warn("idemhttp: store unavailable", "consumer", m.consumer, "error", err)
+	p := newProblem(ProblemUnavailable, "the idempotency store is unavailable and nothing was run; retry with the same key")
+	p.RetryAfter = m.o.UnavailableRetryAfter
+	ev.problem(p)
+	p.Write(w)
 }
 
 // errReleased is the cause of the Failed outcome of a request whose
@@ -519,45 +451,85 @@ func (e *errReleased) Error() string {
 	return fmt.Sprintf("idemhttp: response %d released the key (%s); the retry runs the handler again", e.status, e.why)
 }
 
-// run runs the handler holding the lease, renewing it, then completes or
-// releases the key and delivers the response.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, info *Info, t *reqTrack) {
+// atMostOnce reports whether the middleware records a recovery point
+// before the handler runs and answers outcome-unknown after a crash.
+func (m *Middleware) atMostOnce() bool { return m.o.AfterCrash == AnswerUnknownAfterCrash }
+
+// unsettled returns the token of an earlier attempt that saved a run
+// point and no settled point: it may have acted, and it never recorded
+// its response nor released the key with a known outcome.
+func unsettled(a *idem.Attempt) (string, bool) {
+	steps := a.Steps()
+	for name := range steps {
+		if tok, ok := cutPrefix(name, runStepPrefix); ok {
+			if _, settled := steps[settledStepPrefix+tok]; !settled {
+				return tok, true
+			}
+		}
+	}
+	return "", false
+}
+
+func cutPrefix(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
+		return "", false
+	}
+	return s[len(prefix):], true
+}
+
+// run runs the handler holding the attempt's lease (renewed by the lease
+// engine), then completes or releases the key and delivers the response.
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, info *Info, a *idem.Attempt, ev *respTrack) {
 	m.stats.executed.Add(1)
 	created := m.o.Now()
+	tok := strconv.FormatInt(a.Token, 10)
+	// Every way out ends the attempt: Processed when the response (or
+	// the outcome-unknown answer) was recorded, Failed otherwise.
+	ev.outcome(idem.Outcome{Status: idem.Failed})
+	if m.atMostOnce() {
+		if prev, ok := unsettled(a); ok {
+			m.answerUnknown(w, a, ev, prev, created)
+			return
+		}
+		// The recovery point goes first: if this process dies while the
+		// handler (or the upstream) works, the attempt that takes the key
+		// over finds it and does not run the request again.
+		err := m.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, runStepPrefix+tok, nil) })
+		if err != nil {
+			m.o.Logger.Warn("idemhttp: could not record the recovery point; nothing was run", "consumer", m.consumer, "record", info.RecordID, "error", err)
+			relErr := m.release(a, &errReleased{0, "recovery point not recorded"})
+			if errors.Is(err, idem.ErrLeaseLost) || errors.Is(relErr, idem.ErrLeaseLost) {
+				m.leaseLostAnswer(w, ev)
+				return
+			}
+			p := newProblem(ProblemUnavailable, "the idempotency store is unavailable and nothing was run; retry with the same key")
+			p.RetryAfter = m.o.UnavailableRetryAfter
+			ev.problem(p)
+			p.Write(w)
+			return
+		}
+	}
 	info.disp = new(atomic.Int32)
 	info.abort = new(atomic.Pointer[Problem])
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	r = r.WithContext(context.WithValue(ctx, infoKey{}, info))
-
-	var lost atomic.Bool
-	stop := make(chan struct{})
-	renewed := make(chan struct{})
-	go m.renew(context.WithoutCancel(ctx), info, t, cancel, &lost, stop, renewed)
+	r = r.WithContext(context.WithValue(a.Context(), infoKey{}, info))
 
 	rc := newRecorder(w, m.o.MaxResponseBytes)
 	panicked, pv := runHandler(next, rc, r)
 	rc.seal()
-	close(stop)
-	<-renewed
-	if lost.Load() {
+	if errors.Is(context.Cause(a.LeaseContext()), idem.ErrLeaseLost) {
 		m.stats.leaseLost.Add(1)
 	}
 
-	detached := context.WithoutCancel(r.Context())
-	final, fcancel := context.WithTimeout(detached, m.o.StoreTimeout)
-	defer fcancel()
 	if panicked {
 		m.stats.panics.Add(1)
 		m.o.Logger.Error("idemhttp: handler panicked; key released", "consumer", m.consumer, "panic", pv, "stack", string(debug.Stack()))
-		relErr := m.release(final, detached, info, t, fmt.Sprintf("panic: %v", pv))
-		cause := errors.Join(fmt.Errorf("%w: %v", idem.ErrHandlerPanic, pv), relErr)
+		_ = m.release(a, fmt.Errorf("%w: %v", idem.ErrHandlerPanic, pv))
 		if pv == http.ErrAbortHandler || rc.started() {
-			t.settle(idem.Outcome{Status: idem.Failed, Err: cause}, idem.NotDuplicate, 0)
+			ev.aborted()
 			panic(http.ErrAbortHandler)
 		}
 		p := newProblem(ProblemHandlerPanic, "the handler failed; the key was released, retry with it")
-		t.settle(idem.Outcome{Status: idem.Failed, Err: cause}, idem.NotDuplicate, p.Status)
+		ev.problem(p)
 		p.Write(w)
 		return
 	}
@@ -587,51 +559,152 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		rel, why = true, "status"
 	}
 	if rel {
-		relErr := m.release(final, detached, info, t, fmt.Sprintf("status %d", sr.status))
-		t.settle(idem.Outcome{Status: idem.Failed, Err: errors.Join(&errReleased{sr.status, why}, relErr)}, idem.NotDuplicate, sr.status)
+		_ = m.release(a, &errReleased{sr.status, why})
+		ev.handler(sr.status, abort != nil)
 		deliver(rc, abort)
 		return
 	}
-	since := time.Now()
-	err := m.store.Complete(final, &idemdriver.CompleteParams{
-		Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token,
-		Result: encodeRecord(sr), ContentType: recordContentType,
-	})
+	err := m.complete(a, sr)
 	if err == nil {
+		ev.outcome(idem.Outcome{Status: idem.Processed})
 		m.stats.completed.Add(1)
 		if !sr.replayable {
 			m.stats.notReplayable.Add(1)
 		}
-		t.settle(idem.Outcome{Status: idem.Processed}, idem.NotDuplicate, sr.status)
+		ev.handler(sr.status, abort != nil)
 		deliver(rc, abort)
 		return
 	}
-	m.stats.storeErrors.Add(1)
-	m.o.Logger.Error("idemhttp: could not record the response; the key stays in progress until its lease runs out",
+	m.o.Logger.Error("idemhttp: could not record the response before the lease ended",
 		"consumer", m.consumer, "record", info.RecordID, "attempt", info.Attempt, "error", err)
-	isLost := errors.Is(err, idem.ErrLeaseLost)
-	if isLost {
-		err = fmt.Errorf("%w: attempt %d (token %d) finished after another attempt took the key over; its response was not stored", err, info.Attempt, info.Token)
-		t.leaseLost(detached, "complete", time.Since(since), err)
-	} else {
-		err = m.storeErr(detached, "complete", info.RecordID, err)
-	}
 	if rc.started() || m.o.CompleteFailure == DeliverResponse {
-		t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, sr.status)
+		ev.handler(sr.status, abort != nil)
 		deliver(rc, abort)
 		return
 	}
-	if isLost {
-		p := newProblem(ProblemLeaseLost, "another attempt took this Idempotency-Key over; retry with the same key to get its result")
-		p.RetryAfter = m.o.InProgressRetryAfter
-		t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, p.Status)
-		p.Write(w)
+	if errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrStore) {
+		m.leaseLostAnswer(w, ev)
 		return
 	}
-	p := newProblem(ProblemUnavailable, "the request ran but its response could not be recorded; retry with the same key")
-	p.RetryAfter = m.o.UnavailableRetryAfter
-	t.settle(idem.Outcome{Status: idem.Failed, Err: err}, idem.NotDuplicate, p.Status)
+	detail := "the request ran but its response could not be recorded before this attempt's lease ended; a retry with the same key may run it again"
+	if m.atMostOnce() {
+		detail = "the request ran but its response could not be recorded before this attempt's lease ended; a retry with the same key is answered that its outcome is unknown"
+	}
+	p := newProblem(ProblemUnavailable, detail)
+	p.RetryAfter = m.o.Lease // when a retry can take the key over
+	ev.problem(p)
 	p.Write(w)
+}
+
+// leaseLostAnswer answers 409 idempotency-lease-lost: another attempt
+// owns the key now.
+func (m *Middleware) leaseLostAnswer(w http.ResponseWriter, ev *respTrack) {
+	m.stats.leaseLost.Add(1)
+	p := newProblem(ProblemLeaseLost, "another attempt took this Idempotency-Key over; retry with the same key to get its result")
+	p.RetryAfter = m.o.InProgressRetryAfter
+	ev.problem(p)
+	p.Write(w)
+}
+
+// answerUnknown stores and answers the outcome-unknown problem for a key
+// whose attempt with token prev may have acted and never recorded its
+// response: the request is not run again, and every retry gets the same.
+func (m *Middleware) answerUnknown(w http.ResponseWriter, a *idem.Attempt, ev *respTrack, prev string, created time.Time) {
+	m.stats.unknown.Add(1)
+	m.o.Logger.Warn("idemhttp: an earlier attempt ran and never recorded its response; storing outcome-unknown",
+		"consumer", m.consumer, "record", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
+	p := m.unknown()
+	sr := problemResponse(p, false)
+	sr.created = created
+	if err := m.complete(a, sr); err != nil {
+		m.o.Logger.Error("idemhttp: could not record outcome-unknown", "consumer", m.consumer, "record", a.Message.ID, "error", err)
+	} else {
+		ev.outcome(idem.Outcome{Status: idem.Processed})
+	}
+	ev.problem(p)
+	p.Write(w)
+}
+
+// newBackOff is the backoff of the final writes: from 20ms, doubling with
+// jitter, at most 1s apart; they go on while the lease is held.
+func newBackOff() backoff.BackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 20 * time.Millisecond
+	b.MaxInterval = time.Second
+	return b
+}
+
+// retryWrite calls write, each call bounded by StoreTimeout, until it
+// succeeds or fails for a reason other than the store's (ErrLeaseLost:
+// another attempt owns the key; ErrAttemptEnded), retrying store failures
+// with backoff while the attempt holds its lease: the retries end when the
+// lease is lost (by the store, or by the local clock when no renewal lands
+// in time), with an error matching idem.ErrLeaseLost (and the last store
+// error, matching idem.ErrStore), or after one Lease of retries (a store
+// that renews leases but refuses this write), with the last store error;
+// the caller then abandons the attempt, whose lease runs out. They go on
+// after the client left.
+func (m *Middleware) retryWrite(a *idem.Attempt, write func(ctx context.Context) error) error {
+	lctx := a.LeaseContext()
+	var last error
+	_, err := backoff.Retry(lctx, func() (struct{}, error) {
+		ctx, cancel := context.WithTimeout(lctx, m.o.StoreTimeout)
+		defer cancel()
+		err := write(ctx)
+		if err == nil || !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrLeaseLost) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		m.stats.storeErrors.Add(1)
+		last = err
+		return struct{}{}, err
+	}, backoff.WithBackOff(newBackOff()), backoff.WithMaxElapsedTime(m.o.Lease))
+	if err != nil && last != nil && !errors.Is(err, idem.ErrStore) {
+		err = errors.Join(err, last)
+	}
+	return err
+}
+
+// complete records sr as the key's response (retried while the lease is
+// held) and ends the attempt; nil when it was recorded.
+func (m *Middleware) complete(a *idem.Attempt, sr *storedResponse) error {
+	res := idem.Result{Body: encodeRecord(sr), ContentType: recordContentType}
+	err := m.retryWrite(a, func(ctx context.Context) error {
+		_, err := a.Complete(ctx, res)
+		return err
+	})
+	if err != nil {
+		_, _ = a.Abandon(context.WithoutCancel(a.Context()), err)
+	}
+	return err
+}
+
+// release releases the key after cause so the next retry runs (retried
+// while the lease is held), first recording, in at-most-once mode, that
+// this attempt's outcome is known. It returns nil, or the error (matching
+// idem.ErrLeaseLost or idem.ErrStore) that kept the key from being
+// released; the lease then runs out and a later attempt takes over.
+func (m *Middleware) release(a *idem.Attempt, cause error) error {
+	m.stats.released.Add(1)
+	var err error
+	if m.atMostOnce() {
+		tok := strconv.FormatInt(a.Token, 10)
+		err = m.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, settledStepPrefix+tok, nil) })
+	}
+	if err == nil {
+		err = m.retryWrite(a, func(ctx context.Context) error {
+			_, err := a.Release(ctx, cause)
+			if err != nil && !errors.Is(err, idem.ErrStore) && !errors.Is(err, idem.ErrLeaseLost) {
+				return nil // the cause itself: released
+			}
+			return err
+		})
+	}
+	if err != nil {
+		m.o.Logger.Warn("idemhttp: could not release the key; it frees when its lease runs out",
+			"consumer", m.consumer, "record", a.Message.ID, "error", err)
+		_, _ = a.Abandon(context.WithoutCancel(a.Context()), errors.Join(cause, err))
+	}
+	return err
 }
 
 // deliver sends the client what it has not had of the response, or, when
@@ -668,67 +741,4 @@ func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (pani
 	}()
 	next.ServeHTTP(w, r)
 	return false, nil
-}
-
-// release releases the attempt's lease so the next retry runs. It returns
-// nil, or the error (matching idem.ErrLeaseLost or idem.ErrStore) that
-// kept the key from being released. hctx is the hooks' context.
-func (m *Middleware) release(ctx, hctx context.Context, info *Info, t *reqTrack, why string) error {
-	m.stats.released.Add(1)
-	since := time.Now()
-	err := m.store.Release(ctx, &idemdriver.ReleaseParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Error: why})
-	if err == nil {
-		if t != nil {
-			t.released = true
-		}
-		return nil
-	}
-	m.stats.storeErrors.Add(1)
-	m.o.Logger.Warn("idemhttp: could not release the key; it frees when its lease runs out",
-		"consumer", m.consumer, "record", info.RecordID, "error", err)
-	if errors.Is(err, idem.ErrLeaseLost) {
-		t.leaseLost(hctx, "release", time.Since(since), err)
-		return err
-	}
-	return m.storeErr(hctx, "release", info.RecordID, err)
-}
-
-// renew renews the lease every Lease/3 until stop is closed. When the
-// lease is lost (another attempt took over, or no renewal reached the
-// store for a whole lease) it cancels the handler's context with cause
-// idem.ErrLeaseLost.
-func (m *Middleware) renew(ctx context.Context, info *Info, tr *reqTrack, cancel context.CancelCauseFunc, lost *atomic.Bool, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	t := time.NewTicker(m.o.Lease / 3)
-	defer t.Stop()
-	last := time.Now()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		rctx, rcancel := context.WithTimeout(ctx, min(m.o.StoreTimeout, m.o.Lease))
-		err := m.store.Renew(rctx, &idemdriver.RenewParams{Consumer: m.consumer, MessageID: info.RecordID, Token: info.Token, Lease: m.o.Lease})
-		rcancel()
-		if err == nil {
-			last = start
-			tr.renewed(ctx, time.Since(start))
-			continue
-		}
-		if errors.Is(err, idem.ErrLeaseLost) {
-			tr.leaseLost(ctx, "renew", time.Since(start), err)
-		} else {
-			_ = m.storeErr(ctx, "renew", info.RecordID, err)
-		}
-		if errors.Is(err, idem.ErrLeaseLost) || time.Since(last) >= m.o.Lease {
-			lost.Store(true)
-			m.o.Logger.Warn("idemhttp: lease lost while the handler runs", "consumer", m.consumer, "record", info.RecordID, "error", err)
-			cancel(idem.ErrLeaseLost)
-			return
-		}
-		m.stats.storeErrors.Add(1)
-		m.o.Logger.Warn("idemhttp: lease renewal failed", "consumer", m.consumer, "record", info.RecordID, "error", err)
-	}
 }

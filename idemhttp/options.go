@@ -16,7 +16,8 @@ import (
 // Defaults applied by New to zero Options fields.
 const (
 	// DefaultMaxKeyLength is the longest Idempotency-Key accepted, in bytes
-	// of the decoded key (the design: 1 to 255 bytes).
+	// of the decoded key (1 to 255 bytes:
+	// the IETF draft leaves the length open; Stripe allows 255).
 	DefaultMaxKeyLength = 255
 	// DefaultLease is how long a request owns its key before a duplicate may
 	// take over; the middleware renews it every Lease/3 while the handler
@@ -60,8 +61,7 @@ var (
 	// ErrInvalidOptions means an Options field is out of range or missing.
 	ErrInvalidOptions = fmt.Errorf("idemhttp: invalid options: %w", idem.ErrInvalidConfig)
 	// ErrNoScope means Options.Scope is nil. Idempotency keys are always
-	// scoped to a principal or tenant (the design; field case
-	// C13): one global namespace would let one user replay another's
+	// scoped to a principal or tenant: one global namespace would let one user replay another's
 	// response, so there is no default.
 	ErrNoScope = fmt.Errorf("%w: Scope is mandatory (keys are per principal or tenant, never global)", ErrInvalidOptions)
 )
@@ -80,19 +80,51 @@ const (
 	PassUnscoped
 )
 
+// AfterCrashPolicy says what an attempt does when it takes over a key whose
+// earlier attempt ran the handler and ended without recording its response
+// or releasing the key: its process was killed while the handler (or a
+// Proxy's upstream) ran, or it could not reach the store for the final
+// write before its lease ran out. Whether that earlier run took effect is
+// unknown.
+type AfterCrashPolicy uint8
+
+const (
+	// RunAgainAfterCrash (the default of New) runs the handler again:
+	// at least once. Right for handlers whose effects are themselves
+	// idempotent (a database write keyed by Info.DeriveKey, a third-party
+	// call that carries one).
+	RunAgainAfterCrash AfterCrashPolicy = iota
+	// AnswerUnknownAfterCrash makes a request run at most once across
+	// crashes: before the handler runs, the attempt records a recovery
+	// point under its fencing token (idem.Attempt.SaveStep), and an
+	// attempt that takes over a key carrying such a point with no known
+	// outcome does not run the handler but stores and answers 500
+	// request-outcome-unknown (ProblemOutcomeUnknown; a Proxy answers 502
+	// upstream-outcome-unknown), replayed to every retry. The point costs
+	// one store write per executed request. A Proxy uses it unless its
+	// UnknownOutcome is ReleaseUnknownOutcome.
+	AnswerUnknownAfterCrash
+)
+
 // CompleteFailurePolicy says what the client gets when the handler ran but
-// its response could not be recorded (the store failed on the final write).
-// It applies to responses still buffered by the middleware, that is
-// responses within MaxResponseBytes that never called Flush; a response
-// already streaming to the client is delivered as it is. Either way the
-// record stays in_progress: a retry gets 409 until the lease runs out, and
-// then takes over (attempt 2): at least once, never silently lost.
+// its response could not be recorded: the final write (Complete) failed and
+// kept failing, retried with exponential backoff while the attempt still
+// held its lease, until the lease was lost (another attempt took the key
+// over, or no renewal reached the store for a whole Lease). It applies to
+// responses still buffered by the middleware, that is responses within
+// MaxResponseBytes that never called Flush; a response already streaming to
+// the client is delivered as it is. Either way the record stays
+// in_progress until its lease runs out; then a retry takes it over and,
+// under RunAgainAfterCrash, runs the handler again (at least once), or,
+// under AnswerUnknownAfterCrash, gets request-outcome-unknown.
 type CompleteFailurePolicy uint8
 
 const (
 	// RespondUnavailable (the default) replaces the handler's response with
-	// a 503 idempotency-unavailable problem and Retry-After: the client
-	// learns that the outcome is not recorded and retries with the key.
+	// a 503 idempotency-unavailable problem (without Retry-After): the
+	// client learns that the request ran and its outcome is not recorded;
+	// its detail says what a retry with the key gets (a new run, or
+	// request-outcome-unknown, by AfterCrash).
 	RespondUnavailable CompleteFailurePolicy = iota
 	// DeliverResponse sends the handler's response anyway.
 	DeliverResponse
@@ -191,14 +223,23 @@ type Options struct {
 	// UnavailableRetryAfter is the Retry-After sent with 503
 	// idempotency-unavailable. Defaults to DefaultUnavailableRetryAfter.
 	UnavailableRetryAfter time.Duration
-	// CompleteFailure is the policy when the final write fails. Defaults
-	// to RespondUnavailable.
+	// CompleteFailure is the policy when the final write fails for good.
+	// Defaults to RespondUnavailable.
 	CompleteFailure CompleteFailurePolicy
+	// AfterCrash is the policy for a key whose earlier attempt ran and
+	// ended without recording its response (see AfterCrashPolicy).
+	// Defaults to RunAgainAfterCrash (at least once); AnswerUnknownAfterCrash
+	// gives at most once across crashes. NewProxy sets it from
+	// ProxyOptions.UnknownOutcome.
+	AfterCrash AfterCrashPolicy
 	// StoreTimeout bounds each store call. Defaults to DefaultStoreTimeout.
 	StoreTimeout time.Duration
 
-	// Retention is how long completed keys are kept, measured by the store
-	// from the time the record was completed (its server clock), and
+	// Retention is how long completed keys are kept, in running time of
+	// the namespace's middleware from the time the record was completed,
+	// by the store's clock (idem.Purge: time in which no Middleware of the
+	// namespace ran does not count, so a proxy that was down for a day
+	// still replays the keys its clients retry after the downtime), and
 	// enforced by purging (Purge, or the background loop). A key whose
 	// record was purged is new again: a retry runs the handler. Defaults to
 	// DefaultRetention (24h).
@@ -248,7 +289,8 @@ type Options struct {
 
 // DefaultReleaseStatus is the default Options.ReleaseStatus: 5xx, 408
 // (Request Timeout) and 429 (Too Many Requests) release the key, so the
-// retry runs again (the design; field case C16). Every other
+// retry runs again (Stripe's rule: a
+// server error is not a result). Every other
 // status, 4xx included, is stored and replayed.
 func DefaultReleaseStatus(status int) bool {
 	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
@@ -268,6 +310,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Unscoped > PassUnscoped {
 		return o, fmt.Errorf("%w: unknown Unscoped policy %d", ErrInvalidOptions, o.Unscoped)
+	}
+	if o.AfterCrash > AnswerUnknownAfterCrash {
+		return o, fmt.Errorf("%w: unknown AfterCrash policy %d", ErrInvalidOptions, o.AfterCrash)
 	}
 	if o.CompleteFailure > DeliverResponse {
 		return o, fmt.Errorf("%w: unknown CompleteFailure policy %d", ErrInvalidOptions, o.CompleteFailure)

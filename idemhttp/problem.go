@@ -57,7 +57,19 @@ const (
 	// attempt took the key over before its response was recorded; a
 	// retry sees what the other attempt did.
 	ProblemLeaseLost = ProblemTypeBase + "idempotency-lease-lost"
+	// ProblemOutcomeUnknown: 500, an earlier attempt with this key ran the
+	// handler and ended without recording its response (its process was
+	// killed, or it lost the store before the final write), so whether it
+	// took effect is unknown; under AnswerUnknownAfterCrash the request
+	// is not run again and this answer is stored and replayed to every
+	// retry. Find the outcome another way (a GET on the resource).
+	ProblemOutcomeUnknown = ProblemTypeBase + "request-outcome-unknown"
 )
+
+// HeaderShouldRetry is Stripe's response header telling its client
+// libraries whether to retry ("true") or not ("false"), whatever the
+// status; the middleware's own answers carry it (see Problem.Write).
+const HeaderShouldRetry = "Stripe-Should-Retry"
 
 // Sentinel errors, one per problem type: a *Problem written by the
 // middleware wraps the matching one, so Go code branches with errors.Is.
@@ -75,6 +87,7 @@ var (
 	ErrScopeMissing      = errors.New("idemhttp: no scope for request")
 	ErrHandlerPanic      = errors.New("idemhttp: handler panicked")
 	ErrLeaseLost         = errors.New("idemhttp: lease lost before the response was recorded")
+	ErrOutcomeUnknown    = errors.New("idemhttp: outcome of an earlier attempt unknown")
 	// ErrHijackNotSupported is returned by Hijack on the ResponseWriter the
 	// middleware gives a handler: a hijacked connection (a WebSocket
 	// upgrade) has no response to record, so protected routes refuse it.
@@ -98,6 +111,20 @@ var problemErrs = map[string]error{
 	ProblemScopeMissing:      ErrScopeMissing,
 	ProblemHandlerPanic:      ErrHandlerPanic,
 	ProblemLeaseLost:         ErrLeaseLost,
+	ProblemOutcomeUnknown:    ErrOutcomeUnknown,
+}
+
+// retryableProblems are the problem types a retry with the same key can
+// change: the request is running (409), the store is unreachable (503),
+// another attempt took the key over (409), the handler panicked and its
+// key was released (500), nothing reached the upstream (502). Every other
+// answer is final for the key, or for the request as sent.
+var retryableProblems = map[string]bool{
+	ProblemInProgress:          true,
+	ProblemUnavailable:         true,
+	ProblemLeaseLost:           true,
+	ProblemHandlerPanic:        true,
+	ProblemUpstreamUnavailable: true,
 }
 
 // Problem is an RFC 9457 problem detail, the body of every error response
@@ -140,7 +167,15 @@ func (p *Problem) Is(target error) bool {
 }
 
 // Write writes p to w as application/problem+json, with Cache-Control:
-// no-store and, when p.RetryAfter is positive, Retry-After.
+// no-store, Retry-After when p.RetryAfter is positive, and
+// Stripe-Should-Retry (HeaderShouldRetry): "true" for the answers a retry
+// with the same key can change (409 request-in-progress and
+// idempotency-lease-lost, 503 idempotency-unavailable, 500 handler-panic,
+// 502 upstream-unavailable), "false" for every other one (400, 401, 410,
+// 413, 422, outcome-unknown), so Stripe's clients stop at once. The final
+// answers carry no Retry-After either, which is what clients following
+// RFC 9110 (urllib3's Retry, for one) need to stop; the IETF draft calls
+// them client errors that the client must not retry unchanged.
 func (p *Problem) Write(w http.ResponseWriter) {
 	body, err := json.Marshal(p)
 	if err != nil { // cannot happen: strings and an int
@@ -151,6 +186,7 @@ func (p *Problem) Write(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Del(HeaderReplayed)
+	h.Set(HeaderShouldRetry, strconv.FormatBool(retryableProblems[p.Type]))
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
 	}
@@ -215,6 +251,8 @@ func newProblem(typ, detail string) *Problem {
 		p.Status, p.Title = http.StatusInternalServerError, "Internal server error"
 	case ProblemLeaseLost:
 		p.Status, p.Title = http.StatusConflict, "Idempotency-Key taken over by another attempt"
+	case ProblemOutcomeUnknown:
+		p.Status, p.Title = http.StatusInternalServerError, "Outcome of an earlier attempt unknown"
 	default:
 		p.Status, p.Title = http.StatusInternalServerError, "Internal server error"
 	}

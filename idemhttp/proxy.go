@@ -56,9 +56,11 @@ const (
 	// ProblemUpstreamOutcomeUnknown: 502, the request was sent to the
 	// upstream but the connection failed (reset, EOF, timeout) before its
 	// response was complete, so whether the upstream acted on it is
-	// unknown. By default this answer is stored and replayed to every
-	// retry, so the request is never sent twice; the
-	// caller must find out the outcome another way (a GET on the resource).
+	// unknown; or an earlier attempt was forwarded and its proxy was killed
+	// (or lost its store) before recording the response. By default this
+	// answer is stored and replayed to every retry, so the request is never
+	// sent twice; the caller must find out the outcome another way (a GET
+	// on the resource).
 	ProblemUpstreamOutcomeUnknown = ProblemTypeBase + "upstream-outcome-unknown"
 )
 
@@ -85,12 +87,14 @@ type UnknownOutcomePolicy uint8
 const (
 	// StoreUnknownOutcome (the default) stores a 502
 	// upstream-outcome-unknown answer for the key: every retry replays it
-	// and the request reaches the upstream at most once.
+	// and the request reaches the upstream at most once, across crashes of
+	// the proxy too (Options.AfterCrash becomes AnswerUnknownAfterCrash).
 	StoreUnknownOutcome UnknownOutcomePolicy = iota
 	// ReleaseUnknownOutcome releases the key: the retry is forwarded
 	// again, so an upstream that did act on the first request may act
-	// twice. For upstreams that deduplicate by the forwarded
-	// Idempotency-Key themselves.
+	// twice; after a crash of the proxy the retry is forwarded too
+	// (RunAgainAfterCrash). For upstreams that deduplicate by the
+	// forwarded Idempotency-Key themselves.
 	ReleaseUnknownOutcome
 )
 
@@ -147,8 +151,7 @@ type ProxyOptions struct {
 // Proxy is a reverse proxy that puts the idempotency middleware in front of
 // any HTTP service: `idem proxy` serves one. A request with an
 // Idempotency-Key is forwarded once per (scope, key); its retries replay the
-// stored upstream response without reaching the upstream (the design
-// section 2; the scenarios tagged [PX] in cases/http-scenarios.md).
+// stored upstream response without reaching the upstream.
 //
 // The upstream outcome is classified so that a request reaches the upstream
 // at most once per key:
@@ -159,7 +162,20 @@ type ProxyOptions struct {
 //     (reset, EOF, timeout): 502 upstream-outcome-unknown, stored under the
 //     key by default (UnknownOutcomePolicy);
 //   - a response: stored or released by Options.ReleaseStatus, as the
-//     middleware does for a handler.
+//     middleware does for a handler;
+//   - the proxy was killed (or lost its store) while the upstream worked:
+//     before forwarding, the attempt recorded a recovery point under its
+//     fencing token (Options.AfterCrash is AnswerUnknownAfterCrash), so
+//     the retry that takes the key over when the lease runs out answers
+//     502 upstream-outcome-unknown, stored, instead of forwarding again.
+//     A final write (recording the response) that fails is retried with
+//     backoff while the lease is held; if the lease is lost first, the
+//     client gets 503 idempotency-unavailable and its retries get
+//     upstream-outcome-unknown.
+//
+// With ReleaseUnknownOutcome (`idem proxy --release-unknown`) both unknown
+// cases release the key instead: at least once, for upstreams that
+// deduplicate by the forwarded Idempotency-Key themselves.
 //
 // The upstream response is read to its end and recorded even when the
 // client hangs up: the forwarded request runs on a context detached from the
@@ -193,7 +209,7 @@ type Proxy struct {
 // https URL; its path prefixes every forwarded path) with keys recorded in
 // store. opts may be nil (all defaults). Errors match idem.ErrInvalidConfig
 // (and ErrInvalidOptions for middleware options). Close it to stop the
-// middleware's purge loop and the upstream connections.
+// middleware's background loops and the upstream connections.
 func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions) (*Proxy, error) {
 	if upstream == nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 		return nil, fmt.Errorf("%w: upstream %v: want an absolute http:// or https:// URL", idem.ErrInvalidConfig, upstream)
@@ -237,6 +253,14 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 	if mo.Scope == nil {
 		mo.Scope = HeaderScope(o.ScopeHeader)
 	}
+	// The proxy's guarantee holds across its own crashes too: unless the
+	// operator chose at least once, a recovery point is recorded before
+	// the request is forwarded, and an attempt that takes over a key
+	// whose forwarding never ended answers upstream-outcome-unknown.
+	mo.AfterCrash = AnswerUnknownAfterCrash
+	if o.UnknownOutcome == ReleaseUnknownOutcome {
+		mo.AfterCrash = RunAgainAfterCrash
+	}
 	mw, err := New(store, mo)
 	if err != nil {
 		return nil, err
@@ -274,6 +298,15 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 		ErrorHandler:   p.upstreamError,
 		ModifyResponse: p.guardBody,
 		ErrorLog:       slog.NewLogLogger(cmp.Or(mo.Logger, slog.Default()).Handler(), slog.LevelWarn),
+	}
+	mw.unknown = func() *Problem {
+		return &Problem{
+			Type:   ProblemUpstreamOutcomeUnknown,
+			Title:  "Upstream outcome unknown",
+			Status: http.StatusBadGateway,
+			Detail: "an earlier attempt with this Idempotency-Key was forwarded to the upstream and never recorded its response (the proxy stopped or lost its store); the upstream may have processed it. This answer is stored for the key: retries get it too",
+			Err:    ErrUpstreamOutcomeUnknown,
+		}
 	}
 	p.handler = mw.Wrap(http.HandlerFunc(p.forward))
 	return p, nil
@@ -314,7 +347,7 @@ func newUpstreamTransport(dial, idle time.Duration) *http.Transport {
 // Purge).
 func (p *Proxy) Middleware() *Middleware { return p.mw }
 
-// Close stops the middleware's background purge loop and closes idle
+// Close stops the middleware's background loops and closes idle
 // upstream connections of the default Transport. Requests in flight are
 // not interrupted; stop the http.Server first (Shutdown). Idempotent.
 func (p *Proxy) Close() error {

@@ -24,7 +24,8 @@ func httpRequest(obs *idemotel.Observer, id string, out idem.Outcome, reason ide
 	}
 	out.MessageID = id
 	obs.OnOutcome(ctx, idem.OutcomeEvent{Outcome: out, Consumer: consumer, Mode: idem.ModeLease, Reason: reason,
-		Claimed: claimed, Latency: 2 * time.Millisecond, HTTPStatus: code})
+		Claimed: claimed, Latency: 2 * time.Millisecond})
+	_ = code // the HTTP status is idemhttp's own event now (idemhttp.ResponseEvent), not the core's
 	var err error
 	if !out.Ack() {
 		err = out.Err

@@ -223,7 +223,7 @@ func (o *Observer) attrs(consumer string, kv ...attribute.KeyValue) metric.Measu
 type spanState struct {
 	span   trace.Span
 	status string // single delivery: set by OnOutcome
-	code   int    // HTTP requests: the response status, set by OnOutcome
+	code   int    // HTTP requests: the response status; 0 since idem.OutcomeEvent no longer carries it
 }
 
 type stateKey struct{}
@@ -318,9 +318,6 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 	if e.Reason != idem.NotDuplicate {
 		kv = append(kv, DuplicateReasonKey.String(e.Reason.String()))
 	}
-	if e.HTTPStatus != 0 {
-		kv = append(kv, semconv.HTTPResponseStatusCode(e.HTTPStatus))
-	}
 	o.messages.Add(ctx, 1, o.attrs(e.Consumer, kv...))
 	if e.Claimed {
 		o.claimsActive.Add(ctx, -1, o.attrs(e.Consumer, mode))
@@ -341,13 +338,10 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 		}
 		return
 	}
-	st.status, st.code = status, e.HTTPStatus
+	st.status = status
 	kv = []attribute.KeyValue{StatusKey.String(status)}
 	if e.Reason != idem.NotDuplicate {
 		kv = append(kv, DuplicateReasonKey.String(e.Reason.String()))
-	}
-	if e.HTTPStatus != 0 {
-		kv = append(kv, semconv.HTTPResponseStatusCode(e.HTTPStatus))
 	}
 	if e.Outcome.Attempt > 0 {
 		kv = append(kv, AttemptKey.Int(e.Outcome.Attempt))

@@ -90,7 +90,7 @@ func Example_leaseConsumer() {
 	// Output:
 	// Failed, attempt 1, result , error: mailer unavailable
 	// Processed, attempt 2, result {"charge":"ch_42"}, error: <nil>
-	// Duplicate, attempt 0, result {"charge":"ch_42"}, error: <nil>
+	// Duplicate, attempt 2, result {"charge":"ch_42"}, error: <nil>
 	// charges: 1 calls: 1
 	// record: completed after 2 attempts, last error "mailer unavailable"
 }

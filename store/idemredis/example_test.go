@@ -82,7 +82,7 @@ func Example() {
 	// Output:
 	// Failed attempt=1 result= ack=false error=true
 	// Processed attempt=2 result={"charge":"ch_1"} ack=true error=false
-	// Duplicate attempt=0 result={"charge":"ch_1"} ack=true error=false
+	// Duplicate attempt=2 result={"charge":"ch_1"} ack=true error=false
 	// FingerprintMismatch attempt=0 result= ack=false error=true
 	// charges: 1 calls: 1
 }

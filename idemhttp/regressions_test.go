@@ -1,7 +1,7 @@
 package idemhttp
 
-// Field cases from /work/shared/cases/field-cases.md that concern HTTP:
-// each reproduces a production failure of another implementation and
+// Regressions from the field that concern HTTP: each reproduces a
+// production failure seen in other idempotency-key implementations and
 // asserts idem's behaviour, on every store, through the middleware.
 
 import (
@@ -53,10 +53,10 @@ func (r *rows) count() int {
 	return len(r.rows)
 }
 
-// C01: the key was written after a slow commit; the client timed out,
+// the key was written after a slow commit; the client timed out,
 // retried, and a second row was created. Here the key is claimed before
 // the handler runs: the retry gets 409, then the replay; one row.
-func TestFieldCaseC01TimeoutRetry(t *testing.T) {
+func TestTimeoutRetry(t *testing.T) {
 	t.Parallel()
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
 		var db rows
@@ -84,9 +84,9 @@ func TestFieldCaseC01TimeoutRetry(t *testing.T) {
 	})
 }
 
-// C02: no in-flight claim, so two concurrent requests with one key both
+// no in-flight claim, so two concurrent requests with one key both
 // ran. Here exactly one runs; the other gets 409. Repeated N times.
-func TestFieldCaseC02ConcurrentSameKey(t *testing.T) {
+func TestConcurrentSameKey(t *testing.T) {
 	t.Parallel()
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
 		n := 20
@@ -132,9 +132,9 @@ func TestFieldCaseC02ConcurrentSameKey(t *testing.T) {
 	})
 }
 
-// C13: keys were global, so user B replayed user A's response. Here keys
+// keys were global, so user B replayed user A's response. Here keys
 // are scoped (and a Middleware cannot be built without a scope).
-func TestFieldCaseC13CrossUserReplay(t *testing.T) {
+func TestCrossUserReplay(t *testing.T) {
 	t.Parallel()
 	if _, err := New(nil, Options{Namespace: "orders"}); err == nil {
 		t.Fatal("New without a store succeeded")
@@ -168,11 +168,11 @@ func TestFieldCaseC13CrossUserReplay(t *testing.T) {
 	})
 }
 
-// C15: a response over the size limit was not stored, so the retry ran
+// a response over the size limit was not stored, so the retry ran
 // the handler again. Here it is completed but not replayable: the retry
 // gets 410 and the counter stays at 1; a truncated body is never
 // replayed.
-func TestFieldCaseC15OversizedResponse(t *testing.T) {
+func TestOversizedResponse(t *testing.T) {
 	t.Parallel()
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
 		big := strings.Repeat("x", 10<<10)
@@ -200,10 +200,10 @@ func TestFieldCaseC15OversizedResponse(t *testing.T) {
 	})
 }
 
-// C16: a transient 5xx was stored and replayed until the TTL. Each row of
+// a transient 5xx was stored and replayed until the TTL. Each row of
 // the policy: validation 4xx released by the handler, rollback + 5xx
 // released, commit + 2xx stored, commit + 5xx stored by the handler.
-func TestFieldCaseC16TransientFailures(t *testing.T) {
+func TestTransientFailures(t *testing.T) {
 	t.Parallel()
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
 		var db rows
@@ -258,12 +258,12 @@ func TestFieldCaseC16TransientFailures(t *testing.T) {
 	})
 }
 
-// C20: the duplicate was detected but the replay path ran creation-only
+// the duplicate was detected but the replay path ran creation-only
 // code and failed with 500. Here a replay never enters the handler: after
 // a restart (a new Middleware on the same store), after the resource was
 // edited or deleted, and for non-2xx outcomes; and every branch of the
 // endpoint is behind the same gate.
-func TestFieldCaseC20ReplayPath(t *testing.T) {
+func TestReplayPath(t *testing.T) {
 	t.Parallel()
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
 		var mu sync.Mutex

@@ -1,0 +1,595 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// The lease engine: one held lease on one message (or HTTP key) with its
+// background renewal, its recovery points and its end. LeaseConsumer.Process
+// runs a handler on it; package idemhttp runs an HTTP handler on it.
+
+// ErrAttemptEnded is returned by the methods of an [Attempt] called after
+// it ended (Complete, Release or Abandon succeeded, or the lease was lost
+// at a write): the attempt holds nothing any more.
+var ErrAttemptEnded = errors.New("idem: attempt already ended")
+
+// AcquireOptions tunes one [LeaseConsumer.Acquire].
+type AcquireOptions struct {
+	// Wait, when positive, makes a delivery that finds another attempt
+	// holding a live lease on the same payload wait up to this long for
+	// that attempt to end, polling the store (every 20ms, growing to
+	// 250ms): it then gets the stored result (Duplicate), or the lease
+	// (the other attempt released it or its lease ran out). Zero (the
+	// default) answers InProgress at once. The wait ends early, with
+	// InProgress and an error matching ErrInProgress and the context's
+	// cause, when ctx ends.
+	Wait time.Duration
+	// OnWait, if set, is called once, before the first poll, when the
+	// delivery starts waiting.
+	OnWait func()
+}
+
+// Acquire claims msg in lease mode and returns the held lease as an
+// *Attempt, whose lease is renewed in the background every Lease/3 until
+// the attempt ends: the caller runs the side effects (Attempt.Step,
+// Attempt.SaveStep for recovery points) and then ends it with exactly one
+// of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
+// that is never ended keeps renewing its lease.
+//
+// When msg is not acquired, Acquire returns a nil *Attempt and the settled
+// outcome, as Process would: Duplicate (Outcome.Result is the stored
+// result; error nil), InProgress (ErrInProgress), FingerprintMismatch,
+// Rejected, a poison Failed (ErrPoison: the record is terminal, or the
+// attempts that died without a result exceeded MaxAttempts) or Failed with
+// ErrStore or ErrClosed. The hooks (Config.Hooks) see one delivery from
+// Acquire to the attempt's end: the start, the claim, then the outcome and
+// the end when the attempt ends (or at once when not acquired).
+func (c *LeaseConsumer) Acquire(ctx context.Context, msg Message, opt AcquireOptions) (*Attempt, Outcome, error) {
+	ctx, t := c.begin(ctx, msg.ID, 0)
+	if t != nil {
+		defer t.endPanic(ctx, msg.ID, nil)
+	}
+	a, out, err := c.acquire(ctx, t, msg, opt)
+	if a == nil {
+		t.end(ctx, out, err)
+	}
+	return a, out, err
+}
+
+func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt AcquireOptions) (*Attempt, Outcome, error) {
+	out, fp := c.prepare(msg)
+	if out.Status != 0 {
+		return nil, out, out.Err
+	}
+	var waitUntil time.Time
+	delay := 20 * time.Millisecond
+	for {
+		// The lease cannot have started before this instant, by our clock.
+		leaseFrom := time.Now()
+		since := t.now()
+		acq, err := c.store.Acquire(ctx, &idemdriver.AcquireParams{
+			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
+		})
+		if err != nil {
+			out, err := c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
+			return nil, out, err
+		}
+		if acq.Acquired {
+			return c.held(ctx, t, msg, acq, leaseFrom, since)
+		}
+		out, err := c.existing(msg.ID, fp, acq)
+		if out.Status != InProgress || opt.Wait <= 0 {
+			return nil, out, err
+		}
+		if waitUntil.IsZero() {
+			waitUntil = leaseFrom.Add(opt.Wait)
+			if opt.OnWait != nil {
+				opt.OnWait()
+			}
+		}
+		left := time.Until(waitUntil)
+		if left <= 0 {
+			return nil, out, err
+		}
+		tm := time.NewTimer(min(delay, left))
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			err := fmt.Errorf("%w: message %q: the caller stopped waiting: %w", ErrInProgress, msg.ID, context.Cause(ctx))
+			out.Err = err
+			return nil, out, err
+		case <-tm.C:
+		}
+		delay = min(delay*3/2, 250*time.Millisecond)
+	}
+}
+
+// held starts the attempt that acquired msg: its renewals, its hooks, and
+// the crash-loop check.
+func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time) (*Attempt, Outcome, error) {
+	a := &Attempt{
+		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
+		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease), renewDone: make(chan struct{}),
+	}
+	if a.steps == nil {
+		a.steps = map[string][]byte{}
+	}
+	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, since)
+	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
+		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
+	}
+	a.hctx = ctx
+	var cancelLease, cancelCtx context.CancelCauseFunc
+	a.lctx, cancelLease = context.WithCancelCause(context.WithoutCancel(ctx))
+	a.ctx, cancelCtx = context.WithCancelCause(ctx)
+	a.cancel = func(cause error) { cancelLease(cause); cancelCtx(cause) }
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	a.stopRenew = stop
+	go func() {
+		defer close(a.renewDone)
+		a.renewLoop(rctx)
+	}()
+	if acq.Attempt > c.cfg.MaxAttempts {
+		// Earlier attempts died without releasing (their leases expired):
+		// a crash loop. Stop it here.
+		cause := fmt.Errorf("%d attempts (MaxAttempts %d) ended without a result or a release: their leases expired", acq.Attempt-1, c.cfg.MaxAttempts)
+		out, err := a.release(ctx, cause, func() bool { return true })
+		if !a.isEnded() {
+			out, err = a.Abandon(ctx, err)
+		}
+		return nil, out, err
+	}
+	return a, Outcome{}, nil
+}
+
+// Attempt is one lease-mode attempt at a message: the lease it holds,
+// renewed in the background, with its fencing token and recovery points.
+// It comes from [LeaseConsumer.Acquire] (the caller ends it) or is given
+// to a [LeaseHandler] by [LeaseConsumer.Process] (which ends it when the
+// handler returns). Its methods are safe for concurrent use.
+type Attempt struct {
+	// Message is the delivery being processed.
+	Message Message
+	// Consumer is the consumer name.
+	Consumer string
+	// Number is the attempt number: 1 for the first, one more for each
+	// retry or takeover of an expired lease.
+	Number int
+	// Token is the attempt's fencing token: a number that strictly
+	// increases with every attempt at this message. Pass it to a system
+	// that can reject writes from a stale owner.
+	Token int64
+
+	c         *LeaseConsumer
+	t         *track
+	hctx      context.Context         // the hooks' context, as the start hooks returned it
+	ctx       context.Context         // hctx, also cancelled when lctx is
+	lctx      context.Context         // cancelled when the lease is lost or the attempt ends
+	cancel    context.CancelCauseFunc // cancels lctx and ctx
+	stopRenew context.CancelFunc
+	renewDone chan struct{}
+
+	mu         sync.Mutex
+	steps      map[string][]byte
+	validUntil time.Time // the lease is held until at least then, by our clock
+	lost       bool      // the store said another attempt owns the record
+	ended      bool
+}
+
+// Context returns the attempt's context: derived from the context given
+// to Acquire (as the HookProcessStart hooks returned it), and cancelled
+// with cause ErrLeaseLost (see context.Cause) when the lease is lost: a
+// renewal found another attempt owning the record, or the lease ran out
+// by the local clock because no renewal reached the store in time.
+// Another attempt may then take over, so side effects must stop. It is
+// also cancelled, with cause ErrAttemptEnded, when the attempt ends.
+func (a *Attempt) Context() context.Context { return a.ctx }
+
+// LeaseContext is Context without the caller's cancellation: it ends only
+// when the lease is lost (cause ErrLeaseLost) or the attempt ends (cause
+// ErrAttemptEnded), not when the context given to Acquire ends. It bounds
+// the work that must go on while the lease is held even after the caller
+// left, such as retrying the final write of a result.
+func (a *Attempt) LeaseContext() context.Context { return a.lctx }
+
+// Deadline returns the instant, by the local clock, until which the lease
+// is known to be held: the start of the last successful renewal (or of
+// the Acquire) plus Config.Lease. The store's own expiry (by its clock) is
+// no earlier, provided the two clocks run at the same rate. Past it, the
+// attempt's context is cancelled unless a renewal lands.
+func (a *Attempt) Deadline() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.validUntil
+}
+
+// Valid checks that the attempt still holds its lease, by the local
+// deadline and by the store's clock: it renews the lease (a fenced write,
+// judged by the store) and returns nil when the renewal succeeded, or
+// when the store could not be reached but the local deadline (Deadline)
+// is still ahead. It returns an error matching ErrLeaseLost when another
+// attempt owns the record, or when the deadline passed and the store
+// could not confirm the lease; ErrAttemptEnded after the attempt ended.
+// Call it before an effect that must not run twice; Step calls it before
+// every step.
+func (a *Attempt) Valid(ctx context.Context) error {
+	if err := a.state(); err != nil {
+		return err
+	}
+	start := time.Now()
+	callCtx, cancel := context.WithDeadline(ctx, a.Deadline())
+	err := a.c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Lease: a.c.cfg.Lease})
+	cancel()
+	switch {
+	case err == nil:
+		a.renewed(start)
+		return nil
+	case errors.Is(err, ErrLeaseLost):
+		a.markLost(ctx, "renew", start, err)
+		return a.lostErr("is no longer the record's owner")
+	}
+	if time.Now().Before(a.Deadline()) {
+		_ = a.c.storeErr(ctx, "renew", a.Message.ID, err)
+		return nil
+	}
+	a.expire()
+	return errors.Join(a.lostErr("has passed its lease and the store could not confirm it"), storeError("renew", err))
+}
+
+// state returns ErrAttemptEnded after the end, and ErrLeaseLost when the
+// store said another attempt owns the record or the attempt's context was
+// cancelled because the lease ran out by the local clock.
+func (a *Attempt) state() error {
+	a.mu.Lock()
+	ended, lost := a.ended, a.lost
+	a.mu.Unlock()
+	switch {
+	case ended:
+		return fmt.Errorf("%w: attempt %d (token %d) of message %q", ErrAttemptEnded, a.Number, a.Token, a.Message.ID)
+	case lost:
+		return a.lostErr("is no longer the record's owner")
+	case a.lctx.Err() != nil && errors.Is(context.Cause(a.lctx), ErrLeaseLost):
+		return a.lostErr("ran out of lease by the local clock with no renewal confirmed")
+	}
+	return nil
+}
+
+func (a *Attempt) lostErr(why string) error {
+	return fmt.Errorf("%w: attempt %d (token %d) of message %q %s", ErrLeaseLost, a.Number, a.Token, a.Message.ID, why)
+}
+
+func (a *Attempt) isEnded() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ended
+}
+
+// renewed records a successful renewal that started at start.
+func (a *Attempt) renewed(start time.Time) {
+	a.mu.Lock()
+	if u := start.Add(a.c.cfg.Lease); u.After(a.validUntil) {
+		a.validUntil = u
+	}
+	a.mu.Unlock()
+}
+
+// markLost records that the store rejected a write of this attempt with
+// ErrLeaseLost, cancels the attempt's context and reports it.
+func (a *Attempt) markLost(ctx context.Context, op string, since time.Time, err error) {
+	a.mu.Lock()
+	a.lost = true
+	a.mu.Unlock()
+	a.cancel(ErrLeaseLost)
+	a.c.leaseLost(ctx, a, op, since, err)
+}
+
+// expire cancels the attempt's context: its lease ran out by the local
+// clock with no renewal confirmed. Whether it still owns the record is
+// decided by the store's fencing at the next write.
+func (a *Attempt) expire() { a.cancel(ErrLeaseLost) }
+
+// renewLoop renews the lease every Lease/3 until ctx ends (the attempt
+// ended). A renewal that finds the lease gone marks the attempt lost; one
+// that does not land before the local deadline expires it. Renewals go on
+// whatever happens to the caller's context: an attempt whose caller left
+// may still be producing effects, so no other attempt may take over.
+func (a *Attempt) renewLoop(ctx context.Context) {
+	lease := a.c.cfg.Lease
+	tick := time.NewTicker(lease / 3)
+	defer tick.Stop()
+	expiry := time.NewTimer(time.Until(a.Deadline()))
+	defer expiry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-expiry.C:
+			if ctx.Err() == nil && !time.Now().Before(a.Deadline()) {
+				a.expire()
+			}
+			expiry.Reset(max(time.Until(a.Deadline()), lease/3))
+			continue
+		case <-tick.C:
+		}
+		start := time.Now()
+		// A renewal that hangs past the lease is as good as lost.
+		callCtx, cancel := context.WithDeadline(ctx, a.Deadline())
+		err := a.c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Lease: lease})
+		cancel()
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			a.markLost(ctx, "renew", start, err)
+			return
+		case err == nil:
+			a.renewed(start)
+			expiry.Reset(time.Until(a.Deadline()))
+			if h := a.c.hooks; h != nil && len(h.renewed) > 0 {
+				h.onLease(ctx, h.renewed, LeaseEvent{MessageID: a.Message.ID, Attempt: a.Number, Token: a.Token, Latency: time.Since(start)})
+			}
+		case ctx.Err() == nil:
+			_ = a.c.storeErr(ctx, "renew", a.Message.ID, err)
+			a.c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
+				"consumer", a.Consumer, "message_id", a.Message.ID, "err", err,
+				"lease_left", time.Until(a.Deadline()))
+		}
+	}
+}
+
+// Key returns the idempotency key for the external call named step, the
+// same on every attempt and redelivery: DeriveKey(consumer, message ID, step).
+// Send it as the third party's idempotency key (Stripe's Idempotency-Key)
+// so that a call made before a crash is not made twice.
+func (a *Attempt) Key(step string) string { return DeriveKey(a.Consumer, a.Message.ID, step) }
+
+// Step runs fn once across all attempts at the message: a recovery point
+// (Stripe's atomic phases). If an earlier attempt completed the step, Step
+// returns its saved result without calling fn. Otherwise it checks that
+// the lease is still held (Valid: by the local deadline and the store's
+// clock) and only then calls fn, so a step never starts after the lease is
+// gone (an attempt paused past its lease, by a stop signal or a long GC
+// pause, does not run its next step when it wakes); then it saves the
+// result under this attempt's fencing token before returning it.
+//
+// Errors: ErrLeaseLost when the lease was gone before fn, when fn failed
+// because the lease ended meanwhile (its context's cause, see
+// context.Cause), or when the save was refused because another attempt
+// took over; the attempt must then stop. fn's own error otherwise, and
+// ErrStore when the save failed. name is 1 to 255 bytes.
+func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
+	if err := idemdriver.ValidateStepName(name); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	res, done := a.steps[name]
+	a.mu.Unlock()
+	if done {
+		return res, nil
+	}
+	if err := a.Valid(ctx); err != nil {
+		return nil, err
+	}
+	res, err := fn(ctx)
+	if err != nil {
+		if cerr := a.leaseCause(ctx); cerr != nil {
+			return nil, errors.Join(cerr, err)
+		}
+		return nil, err
+	}
+	if err := a.SaveStep(ctx, name, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// leaseCause returns an ErrLeaseLost error when ctx or the attempt's own
+// context ended because the lease was lost, nil otherwise.
+func (a *Attempt) leaseCause(ctx context.Context) error {
+	for _, c := range []context.Context{ctx, a.lctx} {
+		if c.Err() != nil && errors.Is(context.Cause(c), ErrLeaseLost) {
+			return a.lostErr("lost its lease while the step ran")
+		}
+	}
+	return nil
+}
+
+// SaveStep records a recovery point without running anything: the step
+// name is marked completed with result under this attempt's fencing
+// token, and later attempts see it (Completed, Steps). A step that exists
+// keeps its first result. It is what an attempt records just before an
+// effect that cannot be undone or repeated (a reverse proxy records one
+// before the first byte goes to its upstream), so that an attempt taking
+// over after a crash knows the effect may have happened.
+//
+// Errors: ErrLeaseLost when the lease is gone (the local deadline passed
+// and the store's fencing refused the write, or another attempt owns the
+// record), ErrStore when the store failed, ErrAttemptEnded after the end.
+func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) error {
+	if err := idemdriver.ValidateStepName(name); err != nil {
+		return err
+	}
+	if err := a.state(); err != nil {
+		return err
+	}
+	since := time.Now()
+	err := a.c.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: result})
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		a.markLost(ctx, "step", since, err)
+		return a.lostErr("lost its lease before its recovery point was saved")
+	case err != nil:
+		if cerr := a.leaseCause(ctx); cerr != nil {
+			return errors.Join(cerr, err)
+		}
+		return a.c.storeErr(ctx, "save step", a.Message.ID, err)
+	}
+	a.mu.Lock()
+	if _, done := a.steps[name]; !done {
+		a.steps[name] = slices.Clone(result)
+	}
+	a.mu.Unlock()
+	return nil
+}
+
+// Completed reports whether the step name is completed: by an earlier
+// attempt, or by this one.
+func (a *Attempt) Completed(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.steps[name]
+	return ok
+}
+
+// Steps returns a copy of the completed steps and their results, those of
+// earlier attempts (as Acquire found them) and this attempt's.
+func (a *Attempt) Steps() map[string][]byte {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := maps.Clone(a.steps)
+	for k, v := range out {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// checkEnd returns ErrAttemptEnded when the attempt already ended.
+func (a *Attempt) checkEnd() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ended {
+		return fmt.Errorf("%w: attempt %d (token %d) of message %q", ErrAttemptEnded, a.Number, a.Token, a.Message.ID)
+	}
+	return nil
+}
+
+// finish ends the attempt: stops the renewals, cancels its context and
+// reports the outcome to the hooks.
+func (a *Attempt) finish(out Outcome, err error) (Outcome, error) {
+	a.mu.Lock()
+	if a.ended {
+		a.mu.Unlock()
+		return out, err
+	}
+	a.ended = true
+	a.mu.Unlock()
+	a.stopRenew()
+	<-a.renewDone
+	a.cancel(ErrAttemptEnded)
+	a.t.end(a.hctx, out, err)
+	return out, err
+}
+
+// endOnPanic is deferred by the ending writes: a store that panics ends
+// the attempt with a Failed outcome for the hooks, and the panic goes on.
+func (a *Attempt) endOnPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	err := fmt.Errorf("idem: panic while ending the attempt: %v", r)
+	_, _ = a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err)
+	panic(r)
+}
+
+// Complete records res as the message's result while this attempt's token
+// owns the record, and ends the attempt: Processed, nil. ctx bounds the
+// store call; pass one detached from a caller that may leave
+// (context.WithoutCancel with a timeout) so the result is stored anyway.
+//
+// An error matching ErrLeaseLost means another attempt took over: the
+// result was not stored and the attempt has ended (Failed). An error
+// matching ErrStore means the store failed: the attempt is still held
+// (its renewals go on), so the caller may call Complete again (with
+// backoff, while Context is not done), or Release or Abandon it; the
+// Failed outcome is then not reported to the hooks yet.
+func (a *Attempt) Complete(ctx context.Context, res Result) (Outcome, error) {
+	if err := a.checkEnd(); err != nil {
+		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err
+	}
+	defer a.endOnPanic()
+	since := time.Now()
+	err := a.c.store.Complete(ctx, &idemdriver.CompleteParams{
+		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
+	})
+	if errors.Is(err, ErrLeaseLost) {
+		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, a.Message.ID)
+		a.markLost(ctx, "complete", since, err)
+		return a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err)
+	}
+	if err != nil {
+		err = a.c.storeErr(ctx, "complete", a.Message.ID, err)
+		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err
+	}
+	return a.finish(Outcome{Status: Processed, MessageID: a.Message.ID, Result: res.Body, ContentType: res.ContentType, Attempt: a.Number}, nil)
+}
+
+// Release ends a failed attempt after cause: the lease ends now and the
+// message is available to the next attempt (Failed, cause), or, when cause
+// is not retryable (Config.Retryable; see Permanent) or this was attempt
+// MaxAttempts, the record becomes terminal (Failed, Poison, ErrPoison).
+// ctx bounds the store call, as for Complete.
+//
+// An error matching ErrLeaseLost (joined with cause) means another attempt
+// owns the record; the attempt has ended. One matching ErrStore means the
+// release failed and the attempt is still held: the caller may retry, or
+// Abandon it (the lease then runs out and a later attempt takes over).
+func (a *Attempt) Release(ctx context.Context, cause error) (Outcome, error) {
+	if cause == nil {
+		cause = errors.New("idem: released without a cause")
+	}
+	return a.release(ctx, cause, func() bool { return !a.c.cfg.Retryable(cause) || a.Number >= a.c.cfg.MaxAttempts })
+}
+
+// release writes the release; isTerminal (which may call the user's
+// Retryable, so it runs under endOnPanic) says whether it is terminal.
+func (a *Attempt) release(ctx context.Context, cause error, isTerminal func() bool) (Outcome, error) {
+	if err := a.checkEnd(); err != nil {
+		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err
+	}
+	defer a.endOnPanic()
+	terminal := isTerminal()
+	since := time.Now()
+	err := a.c.store.Release(ctx, &idemdriver.ReleaseParams{
+		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
+	})
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		a.markLost(ctx, "release", since, err)
+		cause = errors.Join(cause, err)
+		return a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number}, cause)
+	case err != nil:
+		cause = errors.Join(cause, a.c.storeErr(ctx, "release", a.Message.ID, err))
+		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number}, cause
+	case terminal:
+		cause = fmt.Errorf("%w: message %q, after attempt %d (MaxAttempts %d): %w", ErrPoison, a.Message.ID, a.Number, a.c.cfg.MaxAttempts, cause)
+	case a.t != nil:
+		a.t.released = true
+	}
+	return a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number, Poison: terminal}, cause)
+}
+
+// Abandon ends the attempt without a store write: the renewals stop and
+// the record stays in progress until its lease runs out, when a later
+// attempt takes it over (seeing this attempt's recovery points). It is
+// the end of an attempt whose Complete or Release failed, or whose lease
+// was lost. The outcome is Failed with err (an error matching
+// ErrLeaseLost when the lease was lost and err is nil).
+func (a *Attempt) Abandon(ctx context.Context, err error) (Outcome, error) {
+	if e := a.checkEnd(); e != nil {
+		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: e, Attempt: a.Number}, e
+	}
+	if err == nil {
+		err = a.leaseCause(ctx)
+	}
+	if err == nil {
+		err = fmt.Errorf("idem: attempt %d (token %d) of message %q abandoned; a later attempt takes over when its lease runs out", a.Number, a.Token, a.Message.ID)
+	}
+	return a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err)
+}
