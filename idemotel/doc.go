@@ -27,8 +27,8 @@
 //
 //	name                        instrument          unit        attributes (besides the two above)     meaning
 //	idem.messages               Int64Counter        {message}   idem.mode, idem.status,                deliveries settled, one per message (each
-//	                                                            idem.duplicate.reason,                 message of a batch counts); for idemhttp, one
-//	                                                            http.response.status_code (idemhttp)   per request on the idempotency path
+//	                                                            idem.duplicate.reason                  message of a batch counts); for idemhttp, one
+//	                                                                                                   per request that reached the store
 //	idem.claims                 Int64Counter        {claim}     idem.mode                              new claims: the handler ran
 //	idem.claims.active          Int64UpDownCounter  {claim}     idem.mode                              claims in progress: claimed, not yet settled
 //	idem.claims.released        Int64Counter        {claim}     idem.mode                              claims given up after an error for a redelivery
@@ -36,9 +36,11 @@
 //	messaging.process.duration  Float64Histogram    s           messaging.operation.name ("process"),  one Process, ProcessTx or ProcessBatch call,
 //	                                                            idem.mode, idem.status (single         from start to outcome
 //	                                                            deliveries), error.type (on error)     (not idemhttp's requests: see the next one)
-//	idem.http.request.duration  Float64Histogram    s           idem.mode, idem.status,                one request on an idemhttp middleware's
-//	                                                            http.response.status_code,             idempotency path, from the key's parsing to
-//	                                                            error.type (on error)                  the outcome
+//	idem.http.request.duration  Float64Histogram    s           idem.status,                           one request on an idemhttp middleware's
+//	                                                            http.response.status_code,             idempotency path (rejected ones included),
+//	                                                            error.type (on error)                  from the key's parsing to the answer
+//	idem.http.responses         Int64Counter        {response}  http.response.status_code,             answers on an idemhttp middleware's
+//	                                                            idem.status, idem.http.replayed        idempotency path, one per request
 //	idem.claim.duration         Float64Histogram    s           idem.mode                              the claim's store round trip (Begin+ClaimTx,
 //	                                                                                                   ClaimBatchTx or Acquire)
 //	idem.lease.renewals         Int64Counter        {renewal}                                          lease renewals that succeeded
@@ -61,7 +63,10 @@
 //   - idem.mode: transactional, lease.
 //   - idem.status: processed, duplicate, in_progress, fingerprint_mismatch,
 //     failed, poison (a failed delivery that goes to the dead letter for
-//     good), rejected.
+//     good), rejected. On the idem.http.* metrics, the status of the
+//     core's outcome of the request (idemhttp.ResponseEvent.Outcome), or
+//     rejected for a request answered with an error before its key reached
+//     the store (400 key missing or invalid, 401 no scope, 413 or 400 body).
 //   - idem.duplicate.reason, only on deliveries that found the message
 //     known: completed, in_progress, fingerprint_mismatch, poison. The
 //     duplicates absorbed are idem.messages{idem.status="duplicate"}.
@@ -70,18 +75,27 @@
 //     purge; and, for idem.lease.lost, renew, complete, release, step.
 //   - error.type: the class of a call's error: store, handler, handler_panic,
 //     lease_lost, poison, fingerprint_mismatch, in_progress,
-//     invalid_message, closed, canceled; for an idemhttp request whose error
-//     is none of these, the HTTP status code ("401", "422", "503": the
-//     semantic conventions' choice for HTTP errors).
+//     invalid_message, closed, canceled. On idem.http.request.duration, the
+//     class of the middleware's answer where it has one (422
+//     idempotency-key-reused: fingerprint_mismatch; 409 request-in-progress:
+//     in_progress; 409 idempotency-lease-lost: lease_lost; 500
+//     handler-panic: handler_panic; 503 idempotency-unavailable and
+//     fail-open runs: store; no response after a released attempt: handler;
+//     a client that left while waiting: in_progress), else the status code
+//     of an error status, >= 400 ("400", "401", "410", "500": the semantic
+//     conventions' choice for HTTP errors); absent on success.
 //   - http.response.status_code: the status of the response an idemhttp
-//     request got (idem.OutcomeEvent.HTTPStatus), absent when none was
+//     request got (idemhttp.ResponseEvent.Status), absent when none was
 //     written (the client left, the connection was aborted, a fail-open
 //     request). A bounded set: the statuses the handler answers with and
 //     the middleware's own (400, 401, 409, 410, 413, 422, 500, 503).
+//   - idem.http.replayed: true for a stored response replayed
+//     (Idempotent-Replayed: true), else false.
 //
 // With the Prometheus exporter the names become, e.g., idem_messages_total,
 // idem_claims_active, messaging_process_duration_seconds,
-// idem_http_request_duration_seconds and idem_purge_lag_seconds, with the
+// idem_http_request_duration_seconds, idem_http_responses_total and
+// idem_purge_lag_seconds, with the
 // attributes as labels (dots as underscores).
 //
 // # Spans
@@ -104,19 +118,27 @@
 //
 // # HTTP requests
 //
-// Package idemhttp's middleware reports through the same hooks (its
-// Options.Hooks): a request on its idempotency path is one lease-mode
-// delivery of the consumer "idemhttp:" and its namespace (names starting
-// with [HTTPConsumerPrefix]), whose message ID is the record ID (the SHA-256
-// of the scope, truncated, and the key). For those consumers the Observer:
-//   - counts idem.messages with http.response.status_code besides the
-//     status and reason (processed: the handler's status; duplicate: the
-//     replayed status, or 410; in_progress: 409; fingerprint_mismatch:
-//     422; rejected: 400, 401, 413 or 422 for an expired key; failed: 5xx,
-//     408 or 429 that released the key, 500 for a panic, 503 when the
-//     store failed);
-//   - records idem.http.request.duration instead of
+// Package idemhttp's middleware reports through the same hooks (give the
+// Observer in its Options.Hooks): a request on its idempotency path that
+// reaches the store is one lease-mode delivery of the consumer "idemhttp:"
+// and its namespace (names starting with [HTTPConsumerPrefix]), whose
+// message ID is the record ID (the SHA-256 of the scope, truncated, and the
+// key); and every request on the path, those answered before the store
+// included, ends with an idemhttp.ResponseEvent, which the Observer gets
+// as an idemhttp.HookResponse ([Observer.OnResponse]). For those consumers
+// the Observer:
+//   - counts idem.messages, idem.claims and the rest from the core's
+//     events, without the HTTP status (processed: the handler ran;
+//     duplicate: a replay, a 410, 422 for an expired key, 500 for a corrupt
+//     record; in_progress: 409; fingerprint_mismatch: 422; failed: 5xx, 408
+//     or 429 that released the key, 500 for a panic, 503 when the store
+//     failed);
+//   - records idem.http.request.duration and idem.http.responses from the
+//     ResponseEvent, with http.response.status_code, and no
 //     messaging.process.duration;
+//   - sets http.response.status_code on the span of the ResponseEvent's
+//     context, the request's (the HTTP server span, when the server is
+//     traced), if it is recording: the idempotency span has ended by then;
 //   - never sets messaging.system, even when [WithMessagingSystem] is given
 //     (an HTTP request went through no broker), so one Observer can serve
 //     a service's consumers and its HTTP middleware;

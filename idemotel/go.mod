@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/idemhttp v0.0.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
@@ -12,13 +13,23 @@ require (
 )
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
 )
 
 replace github.com/idem-go/idem => ..
+
+replace github.com/idem-go/idem/idemhttp => ../idemhttp
+
+// Test dependencies of idemhttp, for go mod tidy (replace is not transitive).
+replace github.com/idem-go/idem/store/idemsql => ../store/idemsql
+
+replace github.com/idem-go/idem/store/idempgxv5 => ../store/idempgxv5
+
+replace github.com/idem-go/idem/store/idemredis => ../store/idemredis

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -42,6 +43,9 @@ const (
 	// scope and the Idempotency-Key; spans only, in place of
 	// messaging.message.id).
 	RecordIDKey = attribute.Key("idem.record.id")
+	// ReplayedKey tells whether an idemhttp response was a stored one
+	// replayed (idemhttp.ResponseEvent.Replayed; idem.http.responses only).
+	ReplayedKey = attribute.Key("idem.http.replayed")
 )
 
 // HTTPConsumerPrefix starts the consumer name of every idemhttp middleware
@@ -108,7 +112,8 @@ func WithMessagingSystem(system string) Option {
 
 // Observer is an idem hook (see idem.Hook) that records the metrics and
 // spans listed in the package doc. It implements every idem.Hook*
-// interface, is safe for concurrent use, and may be shared by consumers.
+// interface and idemhttp.HookResponse, is safe for concurrent use, and may
+// be shared by consumers and idemhttp middlewares.
 type Observer struct {
 	tracer trace.Tracer
 	system attribute.KeyValue // empty Key when unset
@@ -119,6 +124,7 @@ type Observer struct {
 	claimsReleased metric.Int64Counter
 	processDur     metric.Float64Histogram
 	httpDur        metric.Float64Histogram
+	httpResponses  metric.Int64Counter
 	claimDur       metric.Float64Histogram
 	renewals       metric.Int64Counter
 	takeovers      metric.Int64Counter
@@ -141,6 +147,8 @@ var (
 	_ idem.HookLeaseLost      = (*Observer)(nil)
 	_ idem.HookPurge          = (*Observer)(nil)
 	_ idem.HookStoreError     = (*Observer)(nil)
+
+	_ idemhttp.HookResponse = (*Observer)(nil)
 )
 
 // NewObserver returns an Observer that creates its instruments on the
@@ -188,6 +196,7 @@ func NewObserver(opts ...Option) (*Observer, error) {
 		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
 	obs.httpDur = hist("idem.http.request.duration", "Duration of one request on the idempotency path of an idemhttp middleware.",
 		0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+	obs.httpResponses = ic("idem.http.responses", "{response}", "Answers to requests on the idempotency path of an idemhttp middleware, by status code.")
 	obs.claimDur = hist("idem.claim.duration", "Round trip of a claim to the store.",
 		0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 	obs.renewals = ic("idem.lease.renewals", "{renewal}", "Lease renewals that succeeded.")
@@ -223,7 +232,6 @@ func (o *Observer) attrs(consumer string, kv ...attribute.KeyValue) metric.Measu
 type spanState struct {
 	span   trace.Span
 	status string // single delivery: set by OnOutcome
-	code   int    // HTTP requests: the response status; 0 since idem.OutcomeEvent no longer carries it
 }
 
 type stateKey struct{}
@@ -254,34 +262,23 @@ func (o *Observer) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent)
 	return context.WithValue(ctx, stateKey{}, &spanState{span: span})
 }
 
-// OnProcessEnd records messaging.process.duration and ends the span;
+// OnProcessEnd records messaging.process.duration (not for an idemhttp
+// middleware's requests, which OnResponse times) and ends the span;
 // implements idem.HookProcessEnd.
 func (o *Observer) OnProcessEnd(ctx context.Context, e idem.ProcessEndEvent) {
 	st, _ := ctx.Value(stateKey{}).(*spanState)
-	web := isHTTP(e.Consumer)
-	kv := []attribute.KeyValue{ModeKey.String(e.Mode.String())}
-	if !web {
-		kv = append(kv, semconv.MessagingOperationName("process"))
-	}
-	if st != nil && st.status != "" {
-		kv = append(kv, StatusKey.String(st.status))
-	}
-	if web && st != nil && st.code != 0 {
-		kv = append(kv, semconv.HTTPResponseStatusCode(st.code))
-	}
 	var errType string
 	if e.Err != nil {
 		errType = errorType(e.Err)
-		if web && errType == "handler" && st != nil && st.code >= 400 {
-			// Not one of idem's classes: the HTTP status, as the
-			// semantic conventions for HTTP name an error.
-			errType = strconv.Itoa(st.code)
-		}
-		kv = append(kv, semconv.ErrorTypeKey.String(errType))
 	}
-	if web {
-		o.httpDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
-	} else {
+	if !isHTTP(e.Consumer) {
+		kv := []attribute.KeyValue{ModeKey.String(e.Mode.String()), semconv.MessagingOperationName("process")}
+		if st != nil && st.status != "" {
+			kv = append(kv, StatusKey.String(st.status))
+		}
+		if e.Err != nil {
+			kv = append(kv, semconv.ErrorTypeKey.String(errType))
+		}
 		o.processDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
 	}
 	if st != nil {
@@ -352,6 +349,76 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 		st.span.RecordError(e.Outcome.Err)
 		st.span.SetStatus(codes.Error, status)
 	}
+}
+
+// OnResponse records the answer of a request on an idemhttp middleware's
+// idempotency path: idem.http.request.duration and idem.http.responses,
+// and http.response.status_code on the span of ctx (the request's
+// context, the HTTP server span's when the server is traced) when it is
+// recording. It sees every request on the path, those answered before
+// their key reached the store (which produce no core events) included;
+// implements idemhttp.HookResponse.
+func (o *Observer) OnResponse(ctx context.Context, e idemhttp.ResponseEvent) {
+	var code attribute.KeyValue
+	if e.Status != 0 {
+		code = semconv.HTTPResponseStatusCode(e.Status)
+	}
+	var status attribute.KeyValue
+	switch {
+	case e.Outcome != 0:
+		status = StatusKey.String(statusName(idem.Outcome{Status: e.Outcome}))
+	case e.Status >= 400:
+		status = StatusKey.String("rejected")
+	}
+	kv := make([]attribute.KeyValue, 0, 3)
+	for _, a := range []attribute.KeyValue{code, status} {
+		if a.Key != "" {
+			kv = append(kv, a)
+		}
+	}
+	o.httpResponses.Add(ctx, 1, o.attrs(e.Consumer, append(kv, ReplayedKey.Bool(e.Replayed))...))
+	if errType := httpErrorType(e); errType != "" {
+		kv = append(kv, semconv.ErrorTypeKey.String(errType))
+	}
+	o.httpDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+	if span := trace.SpanFromContext(ctx); e.Status != 0 && span.IsRecording() {
+		span.SetAttributes(code)
+	}
+}
+
+// httpErrorType is the error.type of an idemhttp answer: idem's class of
+// the condition when the answer names one, else the status code of an
+// error status (>= 400), as the semantic conventions for HTTP name an
+// error; "" for a success.
+func httpErrorType(e idemhttp.ResponseEvent) string {
+	switch e.Problem {
+	case idemhttp.ProblemKeyReused:
+		return "fingerprint_mismatch"
+	case idemhttp.ProblemInProgress:
+		return "in_progress"
+	case idemhttp.ProblemLeaseLost:
+		return "lease_lost"
+	case idemhttp.ProblemHandlerPanic:
+		return "handler_panic"
+	case idemhttp.ProblemUnavailable:
+		return "store"
+	}
+	if e.Status >= 400 {
+		return strconv.Itoa(e.Status)
+	}
+	if e.Status == 0 {
+		// No response: a fail-open run, a client that left while
+		// another attempt held the key, an attempt aborted or released.
+		switch {
+		case e.FailOpen:
+			return "store"
+		case e.Outcome == idem.InProgress:
+			return "in_progress"
+		case e.Outcome == idem.Failed:
+			return "handler"
+		}
+	}
+	return ""
 }
 
 func (o *Observer) leaseEvent(ctx context.Context, name string, e idem.LeaseEvent) {
