@@ -197,6 +197,9 @@ func validatePurge(p *PurgeParams) error {
 // caller's context ended: a rollback, releasing a purge lock.
 const finishTimeout = 10 * time.Second
 
+// markTimeout bounds one MarkRunning of the run loop.
+const markTimeout = 5 * time.Second
+
 // heartbeat returns how often a consumer with the given retention window
 // marks itself running: a tenth of the window, between 1s and 1m, so a
 // stall or a crash costs at most that much of counted running time.
@@ -214,8 +217,14 @@ func (c *core) runLoop(ctx context.Context) {
 	var gap time.Duration // zero until the first mark of this process lands
 	t := time.NewTicker(beat)
 	defer t.Stop()
-	for {
-		if err := c.store.MarkRunning(ctx, &idemdriver.MarkRunningParams{Consumer: c.cfg.Name, MaxGap: gap}); err != nil {
+	for ctx.Err() == nil {
+		// A mark in flight when Close comes is let finish (bounded), rather
+		// than cancelled mid-statement, which would cost the store its
+		// connection.
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(beat, markTimeout))
+		err := c.store.MarkRunning(mctx, &idemdriver.MarkRunningParams{Consumer: c.cfg.Name, MaxGap: gap})
+		cancel()
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}

@@ -142,7 +142,7 @@ func TestLeaseRecordColumns(t *testing.T) {
 		}
 		r4 := e.inspect("c", "m")
 		if r4.State != idemdriver.StateCompleted || r4.Attempt != 2 || !bytes.Equal(r4.Fingerprint, fp("p")) || r4.Error != "boom" {
-			t.Errorf("after Complete: %+v, want completed, attempt 2, the fingerprint kept (C12), the last error kept", r4)
+			t.Errorf("after Complete: %+v, want completed, attempt 2, the fingerprint kept, the last error kept", r4)
 		}
 		res := e.mustAcquire("c", "m", fp("p"), time.Minute)
 		if res.Acquired || res.State != idemdriver.StateCompleted || string(res.Result) != "done" || res.ContentType != "text/plain" || res.Attempt != 2 || res.LeaseRemaining != 0 {
