@@ -85,14 +85,24 @@ func TestProxyServesMetrics(t *testing.T) {
 		}
 		return l
 	}
-	expectValue(t, mfs, "idem_messages_total", with("idem_status", "processed", "http_response_status_code", "201"), 1)
-	expectValue(t, mfs, "idem_messages_total", with("idem_status", "duplicate", "idem_duplicate_reason", "completed", "http_response_status_code", "201"), 1)
-	expectValue(t, mfs, "idem_messages_total", with("idem_status", "fingerprint_mismatch", "idem_duplicate_reason", "fingerprint_mismatch", "http_response_status_code", "422"), 1)
+	web := func(kv ...string) map[string]string {
+		l := map[string]string{"messaging_consumer_group_name": consumer}
+		for i := 0; i < len(kv); i += 2 {
+			l[kv[i]] = kv[i+1]
+		}
+		return l
+	}
+	expectValue(t, mfs, "idem_messages_total", with("idem_status", "processed"), 1)
+	expectValue(t, mfs, "idem_messages_total", with("idem_status", "duplicate", "idem_duplicate_reason", "completed"), 1)
+	expectValue(t, mfs, "idem_messages_total", with("idem_status", "fingerprint_mismatch", "idem_duplicate_reason", "fingerprint_mismatch"), 1)
 	expectValue(t, mfs, "idem_messages_total", with(), 3)
 	expectValue(t, mfs, "idem_claims_total", with(), 1)
 	expectValue(t, mfs, "idem_claims_active", with(), 0)
-	expectValue(t, mfs, "idem_http_request_duration_seconds", with(), 3)
-	expectValue(t, mfs, "idem_http_request_duration_seconds", with("idem_status", "fingerprint_mismatch", "error_type", "fingerprint_mismatch"), 1)
+	expectValue(t, mfs, "idem_http_responses_total", web("idem_status", "processed", "http_response_status_code", "201"), 1)
+	expectValue(t, mfs, "idem_http_responses_total", web("idem_status", "duplicate", "http_response_status_code", "201", "idem_http_replayed", "true"), 1)
+	expectValue(t, mfs, "idem_http_responses_total", web("idem_status", "fingerprint_mismatch", "http_response_status_code", "422"), 1)
+	expectValue(t, mfs, "idem_http_request_duration_seconds", web(), 3)
+	expectValue(t, mfs, "idem_http_request_duration_seconds", web("idem_status", "fingerprint_mismatch", "error_type", "fingerprint_mismatch"), 1)
 	if _, ok := mfs["messaging_process_duration_seconds"]; ok {
 		t.Error("HTTP requests were recorded as message processing")
 	}
