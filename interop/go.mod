@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/idem-go/idem v0.0.0
 	github.com/idem-go/idem/idemhttp v0.0.0
+	github.com/stripe/stripe-go/v85 v85.0.0
 )
 
 require (

@@ -7,6 +7,7 @@ package interop
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -90,6 +91,7 @@ func newUpstream(t *testing.T) *upstream {
 func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	reqBody, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(reqBody))
 	u.mu.Lock()
 	u.requests[key]++
 	n := u.requests[key]
