@@ -114,10 +114,19 @@ func newStreams(t testing.TB, js jetstream.JetStream, dedupe time.Duration) *tes
 		dlName: "IDEMNATS_DL_" + u, dlSubject: "idemnats." + u + ".dead",
 	}
 	var err error
-	s.stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: s.name, Subjects: []string{s.subject}, Storage: jetstream.FileStorage,
-		Duplicates: dedupe,
-	})
+	// A loaded machine occasionally makes the server fail to create a file
+	// store (API error 500, "error creating store for stream"); that is the
+	// server's internal error, which a client may retry.
+	for try := 0; try < 3; try++ {
+		s.stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: s.name, Subjects: []string{s.subject}, Storage: jetstream.FileStorage,
+			Duplicates: dedupe,
+		})
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.Code != 500 {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
