@@ -27,13 +27,14 @@
 //
 // # Stores
 //
-// A [idemdriver.TxStore] is the seam to a database. This module has [MemoryStore];
-// store/idempgxv5 (PostgreSQL on pgx v5) and store/idemsql (database/sql for
-// PostgreSQL, MariaDB/MySQL and SQLite) are modules of their own, so a user
-// of one store downloads no other driver. This module imports only the
-// standard library. The idemdriver.TxStore interface is meant to be implemented by
-// third parties and is kept small; every store must pass the idemtest
-// conformance suite.
+// A store keeps the processed-messages records. This module has
+// [MemoryStore]; store/idempgxv5 (PostgreSQL on pgx v5) and store/idemsql
+// (database/sql for PostgreSQL, MariaDB/MySQL and SQLite) serve both modes,
+// store/idemredis (Redis) lease mode only. Each is a module of its own, so a
+// user of one store downloads no other driver; this module imports only the
+// standard library. Store authors implement the interfaces of package
+// idemdriver (idemdriver.TxStore, idemdriver.LeaseStore) and pass the
+// idemtest conformance suite.
 //
 // # Retention
 //

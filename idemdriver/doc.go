@@ -15,12 +15,13 @@
 //   - [Retainer] for retention, required by both: MarkRunning and
 //     BeginPurge, whose [PurgeSession] deletes one bounded batch at a time.
 //
-// Optional capabilities are found by type assertion, as database/sql finds
-// driver.ExecerContext: [BatchClaimer] (claim a batch with one statement),
-// [BeginClaimer] (claim pipelined with BEGIN), [Migrator] and [Inspector].
-// Where a store lacks one, the core takes a correct, slower path (one
-// ClaimTx per message, in byte order of message ID) or the command reports
-// the capability missing.
+// Optional capabilities are separate interfaces. The core finds
+// [BatchClaimer] (claim a batch with one statement) and [BeginClaimer]
+// (claim pipelined with BEGIN) by type assertion, as database/sql finds
+// driver.ExecerContext, and where a store lacks one takes a correct, slower
+// path (one ClaimTx per message, in byte order of message ID, or Begin then
+// ClaimTx). [Migrator] and [Inspector] are for operators' tools, such as the
+// idem command's migrate, inspect and stats.
 //
 // # Validation
 //

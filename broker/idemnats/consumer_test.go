@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -332,9 +333,9 @@ func TestCustomIDHeader(t *testing.T) {
 		t.Fatalf("Publish = %q, %v", id, err)
 	}
 	e.callTimes("x", 1)
-	if got.Load() != "order-42" {
-		t.Errorf("Processor saw ID %q, want order-42", got.Load())
-	}
+	// The call is counted before the Processor stores the ID it saw.
+	testenv.Eventually(t, 10*time.Second, "the Processor to see order-42", func() bool { return got.Load() == "order-42" },
+		func() string { return fmt.Sprintf("it saw %q", got.Load()) })
 }
 
 // TestProgressKeepsLongHandler: with progress reports (the default), a

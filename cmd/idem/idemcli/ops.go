@@ -209,7 +209,7 @@ func newStatsCmd() *cobra.Command {
 	var sf storeFlags
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Show record counts per consumer and the oldest record",
+		Short: "Show record counts per consumer, with the oldest and newest record",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {

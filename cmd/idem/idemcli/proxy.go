@@ -57,15 +57,21 @@ upstream-unavailable, the retry is forwarded); a connection lost after the
 request was sent stores 502 upstream-outcome-unknown, so the request never
 reaches the upstream twice; upstream 5xx, 408 and 429 release the key unless
 --store-5xx. The upstream response is read and recorded even when the client
-has hung up.
+has hung up. The same holds when the proxy itself dies (or loses its store)
+while the upstream runs: a recovery point is recorded before the request is
+forwarded, and the retry that takes the key over gets the stored 502
+upstream-outcome-unknown instead of a second forward. --release-unknown turns
+both protections off (at least once).
 
 GET --health-path (default /healthz) reports whether the store answers.
 --metrics-addr serves Prometheus metrics on http://ADDR/metrics: requests on
 the idempotency path by outcome and response status
-(idem_messages_total{idem_status="duplicate",http_response_status_code="201"}
-counts replays), their durations, claims, lease renewals and takeovers, store
-errors, purges, and the Go runtime. On SIGINT or SIGTERM the proxy stops accepting connections and lets requests in
-flight finish (up to --shutdown-timeout).`,
+(idem_http_responses_total{idem_http_replayed="true"} counts replays), their
+durations, claims, lease renewals and takeovers, store errors, purges, and the
+Go runtime.
+
+On SIGINT or SIGTERM the proxy stops accepting connections and lets requests
+in flight finish (up to --shutdown-timeout).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runProxy(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &f)
@@ -86,7 +92,7 @@ flight finish (up to --shutdown-timeout).`,
 	fl.BoolVar(&f.strictKey, "strict-key", false, `accept only the RFC 9651 sf-string form of the key ("...")`)
 	fl.BoolVar(&f.canonicalJSON, "canonical-json", false, "fingerprint JSON bodies by their canonical form (key order and whitespace ignored)")
 	fl.BoolVar(&f.store5xx, "store-5xx", false, "store and replay upstream 5xx responses instead of releasing the key")
-	fl.BoolVar(&f.releaseUnknown, "release-unknown", false, "release the key when the upstream outcome is unknown (for upstreams that deduplicate by the forwarded key)")
+	fl.BoolVar(&f.releaseUnknown, "release-unknown", false, "release the key when the upstream outcome is unknown, after a lost connection or the proxy's own crash: at least once (for upstreams that deduplicate by the forwarded key)")
 	fl.BoolVar(&f.failOpen, "fail-open", false, "forward requests without idempotency when the store is unavailable (default: 503)")
 	fl.DurationVar(&f.lease, "lease", idemhttp.DefaultLease, "lease of a request on its key, renewed while the upstream works")
 	fl.DurationVar(&f.wait, "wait", 0, "how long a duplicate waits for the first request's response (0: 409 at once)")
