@@ -414,7 +414,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(c.storeErr(ctx, "begin", "", err))
 		return
 	}
-	res, err := c.claimBatch(ctx, tx, claim)
+	res, err := idemdriver.ClaimBatch(ctx, c.store, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim})
 	if err == nil && len(res) != len(claim) {
 		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
 	}
@@ -485,22 +485,4 @@ func runHandler(fn func() error) (err error) {
 		}
 	}()
 	return fn()
-}
-
-// claimBatch claims msgs (sorted by ID) inside tx: with one statement when
-// the store is an idemdriver.BatchClaimer, otherwise with one ClaimTx per
-// message in the same order, which takes the same locks in the same order.
-func (c *Consumer[TTx]) claimBatch(ctx context.Context, tx TTx, msgs []idemdriver.ClaimMessage) ([]idemdriver.ClaimResult, error) {
-	if bc, ok := c.store.(idemdriver.BatchClaimer[TTx]); ok {
-		return bc.ClaimBatchTx(ctx, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: msgs})
-	}
-	out := make([]idemdriver.ClaimResult, len(msgs))
-	for i, m := range msgs {
-		r, err := c.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
-		if err != nil {
-			return nil, err
-		}
-		out[i] = r
-	}
-	return out, nil
 }

@@ -6,10 +6,6 @@ import "time"
 
 func CountRecords(s *MemoryStore, consumer string) int { return s.countRecords(consumer) }
 
-func AgeRecords(s *MemoryStore, consumer string, ids []string, d time.Duration) int {
-	return s.ageRecords(consumer, ids, d)
-}
-
 func ExpireLease(s *MemoryStore, consumer, id string) bool { return s.expireLease(consumer, id) }
 
 func Shift(s *MemoryStore, consumer string, d time.Duration) { s.shift(consumer, d) }

@@ -342,24 +342,6 @@ func (s *MemoryStore) countRecords(consumer string) int {
 	return n
 }
 
-// ageRecords moves the recorded time of consumer's committed records with
-// the given message IDs back by d, as if they had been written d earlier,
-// and returns how many it moved: the memory store's idemtest Setup.
-func (s *MemoryStore) ageRecords(consumer string, ids []string, d time.Duration) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, id := range ids {
-		k := memKey{consumer, id}
-		if r, ok := s.records[k]; ok {
-			r.at = r.at.Add(-d)
-			s.records[k] = r
-			n++
-		}
-	}
-	return n
-}
-
 // expireLease ends the lease of consumer's in_progress record id now, by
 // the store's clock, as if it had run out, and reports whether there was
 // such a record: the memory store's idemtest LeaseSetup.

@@ -140,3 +140,22 @@ func (s RecordState) String() string {
 	}
 	return "invalid"
 }
+
+// ClaimBatch claims p's messages inside tx on s: with one statement when s
+// is a BatchClaimer, otherwise with one ClaimTx per message in the order
+// given, which takes the same locks in the same order. It is the path the
+// core takes for a batch, for tools and tests that claim directly.
+func ClaimBatch[TTx any](ctx context.Context, s TxStore[TTx], tx TTx, p *ClaimBatchParams) ([]ClaimResult, error) {
+	if bc, ok := s.(BatchClaimer[TTx]); ok {
+		return bc.ClaimBatchTx(ctx, tx, p)
+	}
+	out := make([]ClaimResult, len(p.Messages))
+	for i, m := range p.Messages {
+		r, err := s.ClaimTx(ctx, tx, &ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	return out, nil
+}

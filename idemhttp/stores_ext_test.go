@@ -1,10 +1,6 @@
-//go:build !idemhttp_memonly
-
 package idemhttp
 
 // The stores beside the memory store that the middleware's tests run on.
-// Build with -tags idemhttp_memonly to test on the memory store alone
-// (while a store module does not compile, say).
 
 import (
 	"context"

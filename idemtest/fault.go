@@ -71,7 +71,7 @@ func (f *faultStore[TTx]) ClaimTx(ctx context.Context, tx TTx, p *idemdriver.Cla
 }
 
 func (f *faultStore[TTx]) ClaimBatchTx(ctx context.Context, tx TTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	res, err := claimBatch(ctx, f.inner, tx, p)
+	res, err := idemdriver.ClaimBatch(ctx, f.inner, tx, p)
 	if err == nil && f.fire(faultClaimBatch) {
 		return nil, errInjected
 	}
@@ -99,24 +99,6 @@ func (f *faultStore[TTx]) MarkRunning(ctx context.Context, p *idemdriver.MarkRun
 
 func (f *faultStore[TTx]) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
 	return f.inner.BeginPurge(ctx, p)
-}
-
-// claimBatch claims p inside tx with the store's one-statement batch claim
-// when it has one, and one ClaimTx per message otherwise, as the Consumer
-// does.
-func claimBatch[TTx any](ctx context.Context, s idemdriver.TxStore[TTx], tx TTx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	if bc, ok := s.(idemdriver.BatchClaimer[TTx]); ok {
-		return bc.ClaimBatchTx(ctx, tx, p)
-	}
-	out := make([]idemdriver.ClaimResult, len(p.Messages))
-	for i, m := range p.Messages {
-		r, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
-		if err != nil {
-			return nil, err
-		}
-		out[i] = r
-	}
-	return out, nil
 }
 
 // faultBeginClaimStore is a faultStore over a store with BeginClaim, which

@@ -55,7 +55,7 @@ func testClaimBatchResultsInOrder[TTx any](t *testing.T, b *bundle[TTx]) {
 	b.commit(tx)
 
 	tx = b.begin()
-	res, err := claimBatch(b.ctx, b.s.Store, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: []idemdriver.ClaimMessage{
+	res, err := idemdriver.ClaimBatch(b.ctx, b.s.Store, tx, &idemdriver.ClaimBatchParams{Consumer: consumer, Messages: []idemdriver.ClaimMessage{
 		{MessageID: "c", Fingerprint: []byte("c")},
 		{MessageID: "b", Fingerprint: []byte("b")},
 		{MessageID: "a", Fingerprint: []byte("a")},
