@@ -30,7 +30,7 @@ require (
 	github.com/idem-go/idem/store/idempgxv5 v0.0.0
 	github.com/idem-go/idem/store/idemredis v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	modernc.org/sqlite v1.62.0
 )
