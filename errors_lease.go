@@ -31,6 +31,15 @@ var (
 	// terminal record, in transactional mode in the Outcome only (the
 	// claim rolls back with the effects).
 	ErrPermanent = errors.New("idem: permanent failure")
+
+	// ErrOutcomeUnknown marks a failure after which an external effect may
+	// or may not have happened: a call was sent and its answer never
+	// recorded (the connection broke, or the process died and a later
+	// attempt found the call's recovery point without its result). Running
+	// it again could do the effect twice, so a Processor that returns it
+	// wrapped in Permanent has the message dead-lettered with reason
+	// ReasonOutcomeUnknown, for a person or a reconciliation job to decide.
+	ErrOutcomeUnknown = errors.New("idem: outcome unknown")
 )
 
 // Permanent wraps err so that it matches ErrPermanent (and still err):

@@ -19,6 +19,13 @@ type Message struct {
 	ID string
 	// Payload is the message body. It is fingerprinted, not stored.
 	Payload []byte
+	// Headers are the delivery's broker metadata as the adapter read it
+	// (NATS and Kafka headers, AMQP header table, Redis Streams fields
+	// other than the payload), by name, values in the broker's order;
+	// nil when there are none. They are neither fingerprinted nor stored:
+	// they are there for a Processor that passes them on, such as
+	// `idem consume`, which forwards them as HTTP headers.
+	Headers map[string][]string
 }
 
 // ValidateMessageID checks id against idem's message ID rules with the given

@@ -65,7 +65,9 @@ type Outcome struct {
 	// a duplicate.
 	MismatchAccepted bool
 	// RetryAfter is how long to wait before redelivering an InProgress
-	// message; zero otherwise.
+	// message; for a Failed one, a Processor may set it to ask for a
+	// longer wait than the adapter's retry delay (Settle takes the longer
+	// of the two); zero otherwise.
 	RetryAfter time.Duration
 	// Result and ContentType are the stored result in lease mode: what the
 	// handler returned (Processed), or what the first processing stored

@@ -64,6 +64,7 @@ const (
 	ReasonPermanent           = "permanent"            // a handler error marked with Permanent
 	ReasonTooManyDeliveries   = "too-many-deliveries"  // ErrTooManyDeliveries: the broker's delivery limit
 	ReasonPoison              = "poison"               // ErrPoison: failed MaxAttempts times (lease mode)
+	ReasonOutcomeUnknown      = "outcome-unknown"      // ErrOutcomeUnknown: an effect may have happened; not run again
 )
 
 // Settlement is the broker-independent decision for one delivery: what to
@@ -76,7 +77,8 @@ type Settlement struct {
 	// Delay is how long to wait before the redelivery (Action Redeliver
 	// only; zero otherwise): the Outcome's RetryAfter for InProgress (what
 	// is left of the other delivery's lease), the adapter's retry delay for
-	// Failed.
+	// Failed, or the Outcome's RetryAfter when that is longer (a Processor
+	// that backs off, or honours a Retry-After it was given).
 	Delay time.Duration
 	// Reason is one of the Reason constants: why Action was chosen.
 	Reason string
@@ -101,7 +103,8 @@ type Settlement struct {
 //     message fails the same way on every redelivery; redelivering it would
 //     block its queue or partition for ever, and dropping it would lose it.
 //   - Failed otherwise, and anything else (an invalid Status, an ackable
-//     Status with an error): Redeliver after retryDelay. The claim and the
+//     Status with an error): Redeliver after retryDelay, or after
+//     o.RetryAfter when that is longer. The claim and the
 //     effects were rolled back together, so the redelivery runs the
 //     handler again; nothing that went wrong is ever acknowledged as done.
 //
@@ -127,7 +130,7 @@ func (o Outcome) Settle(retryDelay time.Duration) Settlement {
 		o.Status == Failed && (o.Poison || IsPermanent(o.Err)):
 		s.Action, s.Reason = DeadLetter, deadLetterReason(o)
 	default:
-		s.Action, s.Reason, s.Delay = Redeliver, ReasonFailed, retryDelay
+		s.Action, s.Reason, s.Delay = Redeliver, ReasonFailed, max(retryDelay, o.RetryAfter)
 	}
 	if s.Err == nil {
 		s.Err = fmt.Errorf("idem: %s outcome without an error", o.Status)
@@ -151,6 +154,8 @@ func deadLetterReason(o Outcome) string {
 		return ReasonRejected
 	case errors.Is(o.Err, ErrTooManyDeliveries):
 		return ReasonTooManyDeliveries
+	case errors.Is(o.Err, ErrOutcomeUnknown):
+		return ReasonOutcomeUnknown
 	case errors.Is(o.Err, ErrPermanent):
 		return ReasonPermanent
 	}

@@ -45,6 +45,9 @@ func TestSettle(t *testing.T) {
 		{"permanent in lease mode", idem.Outcome{Status: idem.Failed, Poison: true, Err: fmt.Errorf("%w: %w", idem.ErrPoison, idem.Permanent(boom))}, idem.DeadLetter, 0, idem.ReasonPermanent, slog.LevelWarn},
 		{"max attempts", idem.Outcome{Status: idem.Failed, Poison: true, Err: fmt.Errorf("%w: 5 attempts", idem.ErrPoison)}, idem.DeadLetter, 0, idem.ReasonPoison, slog.LevelWarn},
 		{"delivery limit", idem.Outcome{Status: idem.Failed, Poison: true, Err: fmt.Errorf("%w: 10", idem.ErrTooManyDeliveries)}, idem.DeadLetter, 0, idem.ReasonTooManyDeliveries, slog.LevelWarn},
+		{"outcome unknown", idem.Outcome{Status: idem.Failed, Poison: true, Err: idem.Permanent(fmt.Errorf("%w: sent, no answer", idem.ErrOutcomeUnknown))}, idem.DeadLetter, 0, idem.ReasonOutcomeUnknown, slog.LevelWarn},
+		{"failed asking for a longer wait", idem.Outcome{Status: idem.Failed, RetryAfter: 5 * time.Second, Err: boom}, idem.Redeliver, 5 * time.Second, idem.ReasonFailed, slog.LevelWarn},
+		{"failed asking for a shorter wait", idem.Outcome{Status: idem.Failed, RetryAfter: time.Millisecond, Err: boom}, idem.Redeliver, retry, idem.ReasonFailed, slog.LevelWarn},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

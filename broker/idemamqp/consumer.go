@@ -480,7 +480,7 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	default:
 	}
 	id := c.messageID(&d)
-	st := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body}).Settle(c.cfg.RetryDelay)
+	st := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body, Headers: deliveryHeaders(&d)}).Settle(c.cfg.RetryDelay)
 	switch st.Action {
 	case idem.Ack:
 		if err := d.Ack(false); err != nil {
@@ -591,4 +591,24 @@ func (s *session) deadLetter(ctx context.Context, d amqp.Delivery, st idem.Settl
 	default:
 	}
 	return nil
+}
+
+// deliveryHeaders returns d's header table (values printed with fmt.Sprint)
+// and its content type, correlation ID and type properties, when set, as
+// Content-Type, Correlation-Id and Type (idem.Message.Headers); nil when
+// there are none.
+func deliveryHeaders(d *amqp.Delivery) map[string][]string {
+	h := make(map[string][]string, len(d.Headers)+3)
+	for k, v := range d.Headers {
+		h[k] = []string{fmt.Sprint(v)}
+	}
+	for k, v := range map[string]string{"Content-Type": d.ContentType, "Correlation-Id": d.CorrelationId, "Type": d.Type} {
+		if v != "" {
+			h[k] = []string{v}
+		}
+	}
+	if len(h) == 0 {
+		return nil
+	}
+	return h
 }

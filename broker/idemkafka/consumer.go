@@ -404,7 +404,7 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 			outs[i] = idem.Outcome{Status: idem.Rejected, Err: err}
 			continue
 		}
-		msgs = append(msgs, idem.Message{ID: id, Payload: r.Value})
+		msgs = append(msgs, idem.Message{ID: id, Payload: r.Value, Headers: recordHeaders(r)})
 		idx = append(idx, i)
 	}
 	if len(msgs) == 0 {
@@ -662,4 +662,17 @@ func (c *Consumer) revoke(ctx context.Context, m map[string][]int32, commit bool
 		c.resumeLocked(p)
 	}
 	c.mu.Unlock()
+}
+
+// recordHeaders returns r's headers by key (idem.Message.Headers), values
+// in record order; nil when it has none.
+func recordHeaders(r *kgo.Record) map[string][]string {
+	if len(r.Headers) == 0 {
+		return nil
+	}
+	h := make(map[string][]string, len(r.Headers))
+	for _, rh := range r.Headers {
+		h[rh.Key] = append(h[rh.Key], string(rh.Value))
+	}
+	return h
 }

@@ -418,7 +418,7 @@ func (c *Consumer) Stop(ctx context.Context) error {
 // handle processes one delivery and settles it.
 func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	ids := m.Headers().Values(c.cfg.IDHeader)
-	msg := idem.Message{Payload: m.Data()}
+	msg := idem.Message{Payload: m.Data(), Headers: m.Headers()}
 	if len(ids) > 0 {
 		msg.ID = ids[0]
 	}
