@@ -1,0 +1,478 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem"
+)
+
+// The request headers a [Deliverer] sends with each message, beside
+// Idempotency-Key (the message ID, as it is: not an sf-string).
+const (
+	// HeaderMessageID is the message ID again, under a name no proxy or
+	// framework gives another meaning.
+	HeaderMessageID = "Idem-Message-Id"
+	// HeaderAttempt is the lease-mode attempt number: 1 for the first
+	// delivery, one more for each retry or takeover.
+	HeaderAttempt = "Idem-Attempt"
+	// HeaderDeadline is the instant (RFC 3339, UTC, milliseconds) after
+	// which the Deliverer stops waiting for the answer: an answer that
+	// comes later is not recorded, and the call's outcome counts as
+	// unknown.
+	HeaderDeadline = "Idem-Deadline"
+	// HeaderBrokerPrefix starts the name of every broker header of the
+	// message (idem.Message.Headers): broker header "trace-id" is sent as
+	// "Idem-Header-Trace-Id" (net/http's canonical form). Headers whose
+	// name is not an HTTP token or whose value holds a control character
+	// are left out. A broker header named Content-Type (any case) is also
+	// the request's Content-Type.
+	HeaderBrokerPrefix = "Idem-Header-"
+)
+
+// Deliverer defaults, applied by NewDeliverer to zero DelivererOptions fields.
+const (
+	// DefaultDeliveryTimeout bounds one call to the service, from sending
+	// the request to the end of the response body.
+	DefaultDeliveryTimeout = 30 * time.Second
+	// DefaultDeliveryRetryBase is the first redelivery delay after a
+	// retryable answer or a call that could not be sent; it doubles with
+	// each attempt (with jitter) up to DefaultDeliveryRetryMax.
+	DefaultDeliveryRetryBase = 500 * time.Millisecond
+	// DefaultDeliveryRetryMax caps the backoff (not a longer Retry-After).
+	DefaultDeliveryRetryMax = time.Minute
+	// DefaultMaxAnswerBytes is the most of a response body that is read
+	// and recorded; the rest is discarded.
+	DefaultMaxAnswerBytes = 64 << 10
+	// answerContentType is the content type of a recorded answer.
+	answerContentType = "application/vnd.idem.delivery-answer+json"
+)
+
+// Recovery points of a delivery in at-most-once mode, named by the
+// attempt's fencing token: sendStep is saved before the request leaves,
+// deliverySettledStep when the call ended with a known outcome that does not
+// complete the message (nothing sent, or a retryable answer).
+const (
+	sendStep            = "idemhttp:deliver:send:"
+	deliverySettledStep = "idemhttp:deliver:settled:"
+)
+
+// ErrServiceRefused matches the error of a message the service answered
+// with a status that is neither a success nor retryable (400, 404, 422,
+// ...; also 3xx, which is not followed): the message is dead-lettered
+// with reason permanent and the answer in the error text.
+var ErrServiceRefused = errors.New("idemhttp: the service refused the message")
+
+// ServiceAnswerError is a service's answer that did not complete the
+// message: retryable (409, 429, 5xx; RetryAfter from its Retry-After
+// header) or a refusal (matching ErrServiceRefused).
+type ServiceAnswerError struct {
+	// Status is the HTTP status code.
+	Status int
+	// Body is the start of the response body (at most 512 bytes).
+	Body string
+	// RetryAfter is the wait its Retry-After header asked for; zero when
+	// it had none.
+	RetryAfter time.Duration
+}
+
+func (e *ServiceAnswerError) Error() string {
+	s := fmt.Sprintf("idemhttp: the service answered %d %s", e.Status, http.StatusText(e.Status))
+	if e.Body != "" {
+		s += ": " + e.Body
+	}
+	return s
+}
+
+// Is matches ErrServiceRefused for a status that is not retryable.
+func (e *ServiceAnswerError) Is(target error) bool {
+	return target == ErrServiceRefused && !retryableDeliveryStatus(e.Status)
+}
+
+// DelivererOptions configures a Deliverer. Zero values take the defaults
+// named in the comments.
+type DelivererOptions struct {
+	// Target is the URL every message is POSTed to (required): an
+	// absolute http or https URL.
+	Target *url.URL
+	// Transport sends the requests. Defaults to an *http.Transport with
+	// DefaultUpstreamDialTimeout and DefaultUpstreamIdleTimeout. Either
+	// way net/http's own re-send of a failed request on a reused
+	// connection is turned off: it would send a message twice.
+	Transport http.RoundTripper
+	// Timeout bounds one call (HeaderDeadline tells the service). Defaults
+	// to DefaultDeliveryTimeout.
+	Timeout time.Duration
+	// AtLeastOnce turns the at-most-once protection off: a call whose
+	// outcome is unknown (the connection broke after the request was
+	// sent, or the process died and a later attempt takes the message
+	// over) is sent again instead of being dead-lettered with reason
+	// outcome-unknown. For services that deduplicate by Idempotency-Key.
+	AtLeastOnce bool
+	// RetryBase and RetryMax shape the backoff of redeliveries after a
+	// retryable answer or a call not sent: RetryBase * 2^(attempt-1), at
+	// most RetryMax, with jitter (between half and all of it), or the
+	// answer's Retry-After when that is longer. Default to
+	// DefaultDeliveryRetryBase and DefaultDeliveryRetryMax.
+	RetryBase, RetryMax time.Duration
+	// MaxAnswerBytes is the most of a response body read and recorded.
+	// Defaults to DefaultMaxAnswerBytes.
+	MaxAnswerBytes int64
+	// ContentType is the request's Content-Type when the message has no
+	// Content-Type header. Defaults to "application/octet-stream".
+	ContentType string
+	// Logger gets a warning for every unknown outcome. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Deliverer delivers each message to an HTTP service, once: it is the
+// idem.Processor of `idem consume`, which a broker adapter drives. Each
+// message is POSTed to Target (the payload as the body, the message ID in
+// Idempotency-Key and HeaderMessageID, the broker's headers under
+// HeaderBrokerPrefix, HeaderAttempt and HeaderDeadline) in lease mode,
+// under the core's lease engine (idem.LeaseConsumer: the lease, its
+// renewal, recovery points, MaxAttempts, retention), and the service's
+// answer is recorded before the delivery is settled:
+//
+//	2xx                               recorded; ack (a redelivery is acked without a call)
+//	409, 429, 5xx                     not recorded; redelivered after the backoff or Retry-After;
+//	                                  poison (dead letter, reason poison) after MaxAttempts
+//	another status (4xx, 3xx)         recorded; dead letter, reason permanent, the answer as the error
+//	not sent (refused, DNS, dial)     redelivered after the backoff
+//	sent, no complete answer          recorded as unknown; dead letter, reason outcome-unknown
+//	earlier attempt died after send   recorded as unknown; dead letter, reason outcome-unknown
+//
+// The last two rows are the at-most-once protection, the same as a Proxy's:
+// before the request leaves, the attempt records a recovery point under its
+// fencing token, so the attempt that takes the message over after a crash
+// (when the lease runs out) knows the service may have acted and does not
+// call it again. With DelivererOptions.AtLeastOnce both rows send the
+// message again instead. A recorded answer is kept for the retention
+// window: every redelivery of the message is settled the same way (acked,
+// or dead-lettered with the same reason) without calling the service.
+//
+// A Deliverer is safe for concurrent use.
+type Deliverer struct {
+	lc     *idem.LeaseConsumer
+	o      DelivererOptions
+	client *http.Client
+	stats  struct {
+		calls, delivered, replayed, retried, refused, unknown atomic.Int64
+	}
+}
+
+// DeliveryStats counts what a Deliverer did since NewDeliverer.
+type DeliveryStats struct {
+	// Calls: requests that reached the service, or may have.
+	Calls int64
+	// Delivered: messages acknowledged after a 2xx answer of this process.
+	Delivered int64
+	// Replayed: deliveries settled from a recorded answer, without a call.
+	Replayed int64
+	// Retried: deliveries left for redelivery (retryable answer, not sent,
+	// store failure, another delivery in progress).
+	Retried int64
+	// Refused: deliveries dead-lettered because of the service's answer.
+	Refused int64
+	// Unknown: deliveries dead-lettered as outcome-unknown.
+	Unknown int64
+}
+
+// NewDeliverer returns a Deliverer that runs each message through lc (its
+// Config sets the consumer name, the lease, MaxAttempts and the hooks).
+// Errors match idem.ErrInvalidConfig.
+func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, error) {
+	o := opts
+	switch {
+	case lc == nil:
+		return nil, fmt.Errorf("%w: nil LeaseConsumer", idem.ErrInvalidConfig)
+	case o.Target == nil || (o.Target.Scheme != "http" && o.Target.Scheme != "https") || o.Target.Host == "":
+		return nil, fmt.Errorf("%w: target %v: want an absolute http:// or https:// URL", idem.ErrInvalidConfig, o.Target)
+	case o.Timeout < 0, o.RetryBase < 0, o.RetryMax < 0, o.MaxAnswerBytes < 0:
+		return nil, fmt.Errorf("%w: negative delivery option", idem.ErrInvalidConfig)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultDeliveryTimeout
+	}
+	if o.RetryBase == 0 {
+		o.RetryBase = DefaultDeliveryRetryBase
+	}
+	if o.RetryMax == 0 {
+		o.RetryMax = DefaultDeliveryRetryMax
+	}
+	if o.MaxAnswerBytes == 0 {
+		o.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
+	if o.ContentType == "" {
+		o.ContentType = "application/octet-stream"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	tr := o.Transport
+	if tr == nil {
+		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
+	}
+	d := &Deliverer{lc: lc, o: o, client: &http.Client{
+		Transport: noInternalRetry{tr},
+		// A redirect is an answer, not an instruction to send the
+		// message somewhere else.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+	return d, nil
+}
+
+// Stats returns the counts so far.
+func (d *Deliverer) Stats() DeliveryStats {
+	s := &d.stats
+	return DeliveryStats{Calls: s.calls.Load(), Delivered: s.delivered.Load(), Replayed: s.replayed.Load(),
+		Retried: s.retried.Load(), Refused: s.refused.Load(), Unknown: s.unknown.Load()}
+}
+
+// Process delivers msg (see Deliverer) and returns its Outcome, which the
+// adapter settles (idem.Outcome.Settle): Processed or Duplicate for a 2xx
+// answer; Failed with RetryAfter set for a retry; Failed and Poison with
+// an error matching ErrServiceRefused (reason permanent) or
+// idem.ErrOutcomeUnknown (reason outcome-unknown) for a dead letter; the
+// lease engine's other outcomes (InProgress, FingerprintMismatch,
+// Rejected, poison after MaxAttempts) as they are.
+func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+	out, _ := d.lc.Process(ctx, msg, d.deliver)
+	out = d.settle(out)
+	return out, out.Err
+}
+
+// settle turns the lease engine's outcome into the delivery's: a recorded
+// answer decides ack or dead letter, and a retry gets its backoff.
+func (d *Deliverer) settle(out idem.Outcome) idem.Outcome {
+	switch {
+	case out.Ack() && out.Err == nil:
+		ans, err := decodeAnswer(out.ContentType, out.Result)
+		if err != nil {
+			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
+		}
+		if out.Status == idem.Duplicate {
+			d.stats.replayed.Add(1)
+		}
+		switch {
+		case ans.Unknown != "":
+			d.stats.unknown.Add(1)
+			err := fmt.Errorf("%w: message %q: %s", idem.ErrOutcomeUnknown, out.MessageID, ans.Unknown)
+			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
+		case ans.Status < 200 || ans.Status > 299:
+			d.stats.refused.Add(1)
+			err := &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body)}
+			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
+		}
+		if out.Status == idem.Processed {
+			d.stats.delivered.Add(1)
+		}
+		return out
+	case out.Status == idem.Failed && !out.Poison:
+		d.stats.retried.Add(1)
+		wait := d.backoff(out.Attempt)
+		var se *ServiceAnswerError
+		if errors.As(out.Err, &se) {
+			wait = max(wait, se.RetryAfter)
+		}
+		out.RetryAfter = wait
+	case out.Status == idem.InProgress:
+		d.stats.retried.Add(1)
+	}
+	return out
+}
+
+// backoff is the redelivery delay after attempt n (1 for the first).
+func (d *Deliverer) backoff(n int) time.Duration {
+	c := d.o.RetryBase
+	for i := 1; i < n && c < d.o.RetryMax; i++ {
+		c *= 2
+	}
+	c = min(c, d.o.RetryMax)
+	return c/2 + rand.N(c/2+1)
+}
+
+// deliver is the LeaseHandler: one call to the service under the attempt's
+// lease.
+func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+	tok := strconv.FormatInt(a.Token, 10)
+	if !d.o.AtLeastOnce {
+		if prev, ok := unsettledDelivery(a); ok {
+			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
+				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
+			return encodeAnswer(&answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}), nil
+		}
+		// The recovery point goes first: if this process dies while the
+		// service works, the attempt that takes the message over finds
+		// it and does not send the message again.
+		if err := a.SaveStep(ctx, sendStep+tok, nil); err != nil {
+			return idem.Result{}, fmt.Errorf("idemhttp: recovery point not recorded; nothing was sent: %w", err)
+		}
+	}
+	ans, sent, err := d.call(ctx, a)
+	switch {
+	case err != nil && !sent:
+		return idem.Result{}, d.settled(ctx, a, tok, fmt.Errorf("idemhttp: the message was not sent: %w", err))
+	case err != nil:
+		if d.o.AtLeastOnce {
+			return idem.Result{}, fmt.Errorf("idemhttp: the message was sent and its answer is unknown; sending it again (at least once): %w", err)
+		}
+		d.o.Logger.Warn("idemhttp: the message was sent and its answer is unknown; not sending it again",
+			"consumer", a.Consumer, "message_id", a.Message.ID, "attempt", a.Number, "error", err)
+		return encodeAnswer(&answer{Unknown: "sent, and no complete answer came back: " + err.Error()}), nil
+	case retryableDeliveryStatus(ans.Status):
+		ra, _ := retryAfter(ans.retryAfter, time.Now())
+		return idem.Result{}, d.settled(ctx, a, tok, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
+	}
+	return encodeAnswer(ans), nil
+}
+
+// settled records, in at-most-once mode, that the attempt's call ended
+// with a known outcome that does not complete the message, and returns
+// cause (joined with the store's error when the point could not be
+// recorded: the next attempt will then take the call as unknown, which
+// never sends a message twice).
+func (d *Deliverer) settled(ctx context.Context, a *idem.Attempt, tok string, cause error) error {
+	if d.o.AtLeastOnce {
+		return cause
+	}
+	if err := a.SaveStep(context.WithoutCancel(ctx), deliverySettledStep+tok, nil); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// unsettledDelivery returns the token of an earlier attempt that saved a
+// send point and no settled point.
+func unsettledDelivery(a *idem.Attempt) (string, bool) {
+	steps := a.Steps()
+	for name := range steps {
+		if tok, ok := strings.CutPrefix(name, sendStep); ok {
+			if _, settled := steps[deliverySettledStep+tok]; !settled {
+				return tok, true
+			}
+		}
+	}
+	return "", false
+}
+
+// call POSTs the message. sent reports whether the request may have
+// reached the service (its headers were written to a connection).
+func (d *Deliverer) call(ctx context.Context, a *idem.Attempt) (ans *answer, sent bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, d.o.Timeout)
+	defer cancel()
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.o.Target.String(), bytes.NewReader(a.Message.Payload))
+	if err != nil {
+		return nil, false, err
+	}
+	d.headers(req, a)
+	d.stats.calls.Add(1)
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return nil, wrote.Load(), err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, d.o.MaxAnswerBytes))
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body) // the end of the answer, not recorded
+	}
+	if err != nil {
+		return nil, true, fmt.Errorf("reading the answer: %w", err)
+	}
+	return &answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
+		retryAfter: resp.Header.Get("Retry-After")}, true, nil
+}
+
+// headers sets the request headers of the delivery.
+func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
+	h := req.Header
+	ct := d.o.ContentType
+	for name, vs := range a.Message.Headers {
+		if !validHeaderName(name) {
+			continue
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				continue
+			}
+			if strings.EqualFold(name, "Content-Type") {
+				ct = v
+			}
+			h.Add(HeaderBrokerPrefix+name, v)
+		}
+	}
+	h.Set("Content-Type", ct)
+	h.Set(HeaderIdempotencyKey, a.Message.ID)
+	h.Set(HeaderMessageID, a.Message.ID)
+	h.Set(HeaderAttempt, strconv.Itoa(a.Number))
+	h.Set(HeaderDeadline, time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+}
+
+// validHeaderValue reports whether s can be sent as a field value: no
+// control characters but tab.
+func validHeaderValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// retryableDeliveryStatus reports whether a service's answer asks for the
+// message again later: 409, 429 and 5xx.
+func retryableDeliveryStatus(s int) bool {
+	return s == http.StatusConflict || s == http.StatusTooManyRequests || s >= 500 && s <= 599
+}
+
+// excerpt is the start of a body for an error text: at most 512 bytes,
+// one line.
+func excerpt(b []byte) string {
+	const n = 512
+	s := string(b)
+	if len(s) > n {
+		s = s[:n] + "..."
+	}
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// answer is a recorded outcome of a delivery: the service's answer, or
+// why its outcome is unknown.
+type answer struct {
+	Status      int    `json:"status,omitempty"`
+	ContentType string `json:"content_type,omitempty"`
+	Body        []byte `json:"body,omitempty"`
+	// Unknown, when set, says why the call's outcome is unknown.
+	Unknown string `json:"unknown,omitempty"`
+
+	retryAfter string
+}
+
+func encodeAnswer(a *answer) idem.Result {
+	b, _ := json.Marshal(a) // cannot fail: plain fields
+	return idem.Result{Body: b, ContentType: answerContentType}
+}
+
+func decodeAnswer(contentType string, b []byte) (*answer, error) {
+	var a answer
+	if contentType != answerContentType || json.Unmarshal(b, &a) != nil || (a.Unknown == "" && a.Status == 0) {
+		return nil, fmt.Errorf("idemhttp: the message's record holds no delivery answer (content type %q): is another consumer using the same name?", contentType)
+	}
+	return &a, nil
+}
