@@ -1,0 +1,284 @@
+package idemcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
+)
+
+// consumeFlags are the flags of `idem consume`.
+type consumeFlags struct {
+	broker, from, to, store, table, redisPrefix string
+	consumer, group, deadLetter                 string
+	healthAddr, metricsAddr                     string
+	concurrency, maxAttempts                    int
+	atLeastOnce, migrate                        bool
+	lease, timeout, retryBase, retryMax         time.Duration
+	retryDelay, ackWait, natsDuplicates         time.Duration
+	shutdownTimeout                             time.Duration
+}
+
+func newConsumeCmd() *cobra.Command {
+	var f consumeFlags
+	cmd := &cobra.Command{
+		Use:   "consume",
+		Short: "Deliver each message of a broker to an HTTP service once (a sidecar)",
+		Long: `consume is an Idempotent Consumer for a service in any language: it consumes
+--from on --broker with idem's adapters and POSTs each message to --to, once.
+
+  idem consume --broker nats://127.0.0.1:4222 --from orders.created \
+               --to http://127.0.0.1:9000/orders --store sqlite:/var/lib/idem/orders.db
+
+Each request carries the payload as its body and these headers:
+  Idempotency-Key, Idem-Message-Id   the producer's message ID
+  Idem-Attempt                       1, then 2, ... for retries and takeovers
+  Idem-Deadline                      when the sidecar stops waiting (RFC 3339)
+  Idem-Header-<Name>                 each broker header (NATS and Kafka headers, AMQP
+                                     header table, Redis Streams fields); a Content-Type
+                                     header is also the request's Content-Type
+
+Answers:
+  2xx              recorded, then the message is acknowledged; a redelivery is
+                   acknowledged without calling the service
+  409, 429, 5xx    redelivered after a backoff (--retry-base doubling up to
+                   --retry-max) or the Retry-After asked for; after --max-attempts,
+                   dead-lettered with reason poison
+  other statuses   recorded and dead-lettered, reason permanent, with the answer
+  no connection    redelivered after the backoff
+
+At most once by default: before a request leaves, a recovery point is
+recorded, so if the sidecar dies (or the connection breaks) after sending,
+the message is not sent again but dead-lettered with reason outcome-unknown.
+--at-least-once sends it again instead, for services that deduplicate by
+Idempotency-Key. Dead letters go to --dead-letter with the headers
+Idem-Dead-Letter-Reason and Idem-Dead-Letter-Error.
+
+--broker: nats://HOST:PORT (JetStream; a stream is created for a subject no
+stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
+(durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
+--store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
+
+GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
+{"status":"unavailable"} from the store and broker connections.
+--metrics-addr serves Prometheus metrics on http://ADDR/metrics. On SIGINT or
+SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runConsume(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://... (required)")
+	fl.StringVar(&f.from, "from", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream to consume (required)")
+	fl.StringVar(&f.to, "to", "", "URL each message is POSTed to, as in http://127.0.0.1:9000/orders (required)")
+	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
+	fl.StringVar(&f.table, "table", "", "records table of a SQL store (default idem_processed)")
+	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
+	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
+	fl.StringVar(&f.consumer, "consumer", "", "consumer name: deduplication is per name (default consume:FROM)")
+	fl.StringVar(&f.group, "group", "idem-consume", "NATS durable consumer, Kafka consumer group or Redis Streams group")
+	fl.StringVar(&f.deadLetter, "dead-letter", "", "where dead letters go (default FROM.dead on NATS, FROM-dead elsewhere)")
+	fl.IntVar(&f.concurrency, "concurrency", 8, "messages delivered at a time")
+	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
+	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
+	fl.DurationVar(&f.lease, "lease", 30*time.Second, "lease of a message while it is delivered, renewed meanwhile; after a crash, the message waits this long")
+	fl.DurationVar(&f.timeout, "timeout", idemhttp.DefaultDeliveryTimeout, "time for the service to answer one message (Idem-Deadline)")
+	fl.DurationVar(&f.retryBase, "retry-base", idemhttp.DefaultDeliveryRetryBase, "first redelivery delay after a retryable answer, doubling with each attempt")
+	fl.DurationVar(&f.retryMax, "retry-max", idemhttp.DefaultDeliveryRetryMax, "longest backoff (a longer Retry-After is honoured)")
+	fl.DurationVar(&f.retryDelay, "retry-delay", time.Second, "redelivery delay after a failure of the store")
+	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long a delivery of a dead sidecar waits before the broker gives it to another (NATS AckWait, Redis Streams idle time, Kafka session timeout)")
+	fl.DurationVar(&f.natsDuplicates, "nats-duplicates", 2*time.Minute, "JetStream's duplicate window of a stream this command creates")
+	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
+	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
+	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
+	return cmd
+}
+
+// check validates the flags (usage errors, exit status 2).
+func (f *consumeFlags) check() (*url.URL, error) {
+	for _, r := range []struct{ name, v string }{{"broker", f.broker}, {"from", f.from}, {"to", f.to}, {"store", f.store}} {
+		if r.v == "" {
+			return nil, usageError{fmt.Errorf("--%s is required (or IDEM_%s)", r.name, envName(r.name))}
+		}
+	}
+	u, err := url.Parse(f.to)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, usageError{fmt.Errorf("--to %q: want an absolute http:// or https:// URL", redact(f.to))}
+	}
+	for _, a := range []struct{ name, v string }{{"health-addr", f.healthAddr}, {"metrics-addr", f.metricsAddr}} {
+		if a.v == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.v); err != nil {
+			return nil, usageError{fmt.Errorf("--%s %q: want host:port: %v", a.name, a.v, err)}
+		}
+	}
+	if f.concurrency < 1 {
+		return nil, usageError{errors.New("--concurrency must be at least 1")}
+	}
+	if f.maxAttempts < 1 {
+		return nil, usageError{errors.New("--max-attempts must be at least 1")}
+	}
+	if f.ackWait < time.Second {
+		return nil, usageError{errors.New("--ack-wait must be at least 1s")}
+	}
+	return u, nil
+}
+
+// runConsume runs the sidecar until ctx ends, then stops it gracefully.
+func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) error {
+	target, err := f.check()
+	if err != nil {
+		return err
+	}
+	if f.consumer == "" {
+		f.consumer = "consume:" + f.from
+	}
+	if f.deadLetter == "" {
+		f.deadLetter = defaultDeadLetter(f.broker, f.from)
+	}
+	ps, err := openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
+	if err != nil {
+		return err
+	}
+	defer ps.close()
+	b, err := openSidecarBroker(ctx, f.broker, f.natsDuplicates)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	var metrics *metricsServer
+	if f.metricsAddr != "" {
+		if metrics, err = serveMetrics(f.metricsAddr); err != nil {
+			return err
+		}
+		defer metrics.close()
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	lc, err := idem.NewLeaseConsumer(ps.store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
+		Hooks: metrics.hooks(), Logger: logger})
+	if err != nil {
+		return usageError{err}
+	}
+	defer lc.Close()
+	d, err := idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Timeout: f.timeout, AtLeastOnce: f.atLeastOnce,
+		RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
+	if err != nil {
+		return usageError{err}
+	}
+	run, stop, err := b.consume(ctx, f.from, d, consumeConfig{group: f.group, deadLetter: f.deadLetter,
+		concurrency: f.concurrency, retryDelay: f.retryDelay, ackWait: f.ackWait, logger: logger})
+	if err != nil {
+		return err
+	}
+
+	if f.healthAddr != "" {
+		hs, err := serveHealth(f.healthAddr, func(ctx context.Context) bool {
+			return ps.ping(ctx) == nil && b.healthy(ctx)
+		})
+		if err != nil {
+			return err
+		}
+		defer hs.close()
+		fmt.Fprintf(stdout, "idem consume: health on http://%s/healthz\n", hs.addr)
+	}
+	mode := "at most once"
+	if f.atLeastOnce {
+		mode = "at least once"
+	}
+	fmt.Fprintf(stdout, "idem consume: %s from %s on %s to %s (%s), records in %s, dead letters to %s\n",
+		f.consumer, f.from, b.where(), redact(f.to), mode, ps.where, f.deadLetter)
+	if metrics != nil {
+		fmt.Fprintf(stdout, "idem consume: metrics on %s\n", metrics.url())
+	}
+
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- run(rctx) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("consume: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), f.shutdownTimeout)
+	defer scancel()
+	serr := stop(sctx)
+	cancel()
+	<-errc
+	st := d.Stats()
+	fmt.Fprintf(stdout, "idem consume: stopped: %d delivered, %d replayed without a call, %d refused, %d outcome unknown, %d left for retry\n",
+		st.Delivered, st.Replayed, st.Refused, st.Unknown, st.Retried)
+	if serr != nil {
+		return fmt.Errorf("shutdown: deliveries still running after %v: %w", f.shutdownTimeout, serr)
+	}
+	return nil
+}
+
+// envName is the environment variable of a flag.
+func envName(flag string) string {
+	b := []byte(flag)
+	for i, c := range b {
+		switch {
+		case c == '-':
+			b[i] = '_'
+		case c >= 'a' && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return string(b)
+}
+
+// healthServer serves GET /healthz: 200 {"status":"ok"} when healthy
+// answers true, 503 {"status":"unavailable"} otherwise, never an error
+// text (which could name a host or a user).
+type healthServer struct {
+	addr string
+	srv  *http.Server
+	done chan struct{}
+}
+
+func serveHealth(addr string, healthy func(ctx context.Context) bool) (*healthServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--health-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), idemhttp.DefaultHealthTimeout)
+		defer cancel()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		if !healthy(ctx) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"status":"unavailable"}`+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
+	})
+	h := &healthServer{addr: ln.Addr().String(), srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, done: make(chan struct{})}
+	go func() {
+		defer close(h.done)
+		_ = h.srv.Serve(ln)
+	}()
+	return h, nil
+}
+
+func (h *healthServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.srv.Shutdown(ctx)
+	<-h.done
+}

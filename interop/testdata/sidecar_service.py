@@ -1,0 +1,89 @@
+"""A service behind `idem consume`, for the sidecar tests: it counts its
+executions per message ID in a SQLite file (Python's sqlite3), so the
+count survives anything that happens to the sidecar.
+
+  python3 sidecar_service.py DB_PATH [DELAY_MS]
+
+It listens on 127.0.0.1 on a free port and prints the port on the first
+line of stdout.
+
+  POST /in     executes the message: one more execution of its
+               Idem-Message-Id, after DELAY_MS; answers 200
+  POST /dead   records a dead letter: its original message ID
+               (Idem-Header-Idem-Original-Message-Id) and reason
+               (Idem-Header-Idem-Dead-Letter-Reason); answers 200
+  GET /counts  {"execs": {id: n}, "dead": {id: [reasons]}, "requests": n}
+"""
+import json
+import sqlite3
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+db_path = sys.argv[1]
+delay = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
+lock = threading.Lock()
+db = sqlite3.connect(db_path, check_same_thread=False)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("CREATE TABLE IF NOT EXISTS execs (id TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+db.execute("CREATE TABLE IF NOT EXISTS dead (id TEXT NOT NULL, reason TEXT NOT NULL)")
+db.commit()
+requests = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, body):
+        b = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+    def do_POST(self):
+        global requests
+        length = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(length)
+        if self.path == "/in":
+            mid = self.headers.get("Idem-Message-Id", "")
+            if delay:
+                time.sleep(delay)
+            with lock:
+                requests += 1
+                db.execute("INSERT INTO execs (id, n) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET n = n + 1", (mid,))
+                db.commit()
+            self.answer(200, {"executed": mid})
+        elif self.path == "/dead":
+            orig = self.headers.get("Idem-Header-Idem-Original-Message-Id", "")
+            reason = self.headers.get("Idem-Header-Idem-Dead-Letter-Reason", "")
+            with lock:
+                db.execute("INSERT INTO dead (id, reason) VALUES (?, ?)", (orig, reason))
+                db.commit()
+            self.answer(200, {"recorded": orig})
+        else:
+            self.answer(404, {"error": "no such path"})
+
+    def do_GET(self):
+        if self.path != "/counts":
+            self.answer(404, {"error": "no such path"})
+            return
+        with lock:
+            execs = dict(db.execute("SELECT id, n FROM execs").fetchall())
+            dead = {}
+            for mid, reason in db.execute("SELECT id, reason FROM dead"):
+                dead.setdefault(mid, []).append(reason)
+            self.answer(200, {"execs": execs, "dead": dead, "requests": requests})
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256
+    daemon_threads = True
+
+
+srv = Server(("127.0.0.1", 0), Handler)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
