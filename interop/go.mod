@@ -6,11 +6,16 @@ require (
 	github.com/idem-go/idem v0.0.0
 	github.com/idem-go/idem/idemhttp v0.0.0
 	github.com/stripe/stripe-go/v85 v85.0.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 )
 
 require (
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.30 // indirect
+	github.com/twmb/franz-go v1.21.7 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.14.0 // indirect
 )
 
 replace github.com/idem-go/idem => ..

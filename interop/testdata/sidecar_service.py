@@ -2,7 +2,7 @@
 executions per message ID in a SQLite file (Python's sqlite3), so the
 count survives anything that happens to the sidecar.
 
-  python3 sidecar_service.py DB_PATH [DELAY_MS]
+  python3 sidecar_service.py DB_PATH DELAY_MS STORE_PATH CONSUMER
 
 It listens on 127.0.0.1 on a free port and prints the port on the first
 line of stdout.
@@ -12,7 +12,11 @@ line of stdout.
   POST /dead   records a dead letter: its original message ID
                (Idem-Header-Idem-Original-Message-Id) and reason
                (Idem-Header-Idem-Dead-Letter-Reason); answers 200
-  GET /counts  {"execs": {id: n}, "dead": {id: [reasons]}, "requests": n}
+  GET /counts  {"execs": {id: n}, "dead": {id: [reasons]}, "requests": n,
+               "records": {id: [state, unknown]}}: records are read from
+               the sidecar's SQLite store (STORE_PATH, consumer CONSUMER),
+               state 2 is completed, unknown is true when the recorded
+               answer is the sidecar's outcome-unknown
 """
 import json
 import sqlite3
@@ -22,7 +26,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 db_path = sys.argv[1]
-delay = float(sys.argv[2]) / 1000 if len(sys.argv) > 2 else 0.0
+delay = float(sys.argv[2]) / 1000
+store_path, consumer = sys.argv[3], sys.argv[4]
 lock = threading.Lock()
 db = sqlite3.connect(db_path, check_same_thread=False)
 db.execute("PRAGMA journal_mode=WAL")
@@ -76,7 +81,22 @@ class Handler(BaseHTTPRequestHandler):
             dead = {}
             for mid, reason in db.execute("SELECT id, reason FROM dead"):
                 dead.setdefault(mid, []).append(reason)
-            self.answer(200, {"execs": execs, "dead": dead, "requests": requests})
+            n = requests
+        records = {}
+        try:
+            st = sqlite3.connect(store_path, timeout=10)
+            try:
+                rows = st.execute("SELECT message_id, state, result FROM idem_processed WHERE consumer = ?", (consumer,)).fetchall()
+            finally:
+                st.close()
+            for mid, state, result in rows:
+                unknown = False
+                if result:
+                    unknown = bool(json.loads(result).get("unknown"))
+                records[mid] = [state, unknown]
+        except sqlite3.OperationalError:
+            pass  # the sidecar has not created its store yet
+        self.answer(200, {"execs": execs, "dead": dead, "requests": n, "records": records})
 
 
 class Server(ThreadingHTTPServer):
