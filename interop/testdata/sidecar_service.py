@@ -103,6 +103,12 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 256
     daemon_threads = True
 
+    def handle_error(self, request, client_address):
+        # A sidecar killed while it waits for an answer leaves a broken
+        # pipe here: the test's point, not an error of the service.
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
 
 srv = Server(("127.0.0.1", 0), Handler)
 print(srv.server_address[1], flush=True)

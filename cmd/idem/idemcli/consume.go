@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
@@ -19,14 +20,15 @@ import (
 
 // consumeFlags are the flags of `idem consume`.
 type consumeFlags struct {
-	broker, from, to, store, table, redisPrefix string
-	consumer, group, deadLetter                 string
-	healthAddr, metricsAddr                     string
-	concurrency, maxAttempts                    int
-	atLeastOnce, migrate                        bool
-	lease, timeout, retryBase, retryMax         time.Duration
-	retryDelay, ackWait, natsDuplicates         time.Duration
-	shutdownTimeout                             time.Duration
+	leaseStoreFlags
+	broker, from, to                    string
+	consumer, group, deadLetter         string
+	healthAddr, metricsAddr             string
+	concurrency, maxAttempts            int
+	atLeastOnce                         bool
+	lease, timeout, retryBase, retryMax time.Duration
+	retryDelay, ackWait, natsDuplicates time.Duration
+	shutdownTimeout                     time.Duration
 }
 
 func newConsumeCmd() *cobra.Command {
@@ -82,10 +84,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://... (required)")
 	fl.StringVar(&f.from, "from", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream to consume (required)")
 	fl.StringVar(&f.to, "to", "", "URL each message is POSTed to, as in http://127.0.0.1:9000/orders (required)")
-	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
-	fl.StringVar(&f.table, "table", "", "records table of a SQL store (default idem_processed)")
-	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
-	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
+	f.leaseStoreFlags.register(fl)
 	fl.StringVar(&f.consumer, "consumer", "", "consumer name: deduplication is per name (default consume:FROM)")
 	fl.StringVar(&f.group, "group", "idem-consume", "NATS durable consumer, Kafka consumer group or Redis Streams group")
 	fl.StringVar(&f.deadLetter, "dead-letter", "", "where dead letters go (default FROM.dead on NATS, FROM-dead elsewhere)")
@@ -148,7 +147,7 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if f.deadLetter == "" {
 		f.deadLetter = defaultDeadLetter(f.broker, f.from)
 	}
-	ps, err := openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
+	ps, err := f.leaseStoreFlags.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -225,6 +224,25 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		return fmt.Errorf("shutdown: deliveries still running after %v: %w", f.shutdownTimeout, serr)
 	}
 	return nil
+}
+
+// leaseStoreFlags are the flags of a command that opens a lease-mode
+// store (the proxy's set: --store, --table, --redis-prefix, --migrate).
+type leaseStoreFlags struct {
+	store, table, redisPrefix string
+	migrate                   bool
+}
+
+func (f *leaseStoreFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
+	fl.StringVar(&f.table, "table", "", "records table of a SQL store (default idem_processed)")
+	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
+	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
+}
+
+// open opens the store (see openProxyStore).
+func (f *leaseStoreFlags) open(ctx context.Context) (*proxyStore, error) {
+	return openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
 }
 
 // envName is the environment variable of a flag.
