@@ -2,8 +2,9 @@
 // middleware that honours the Idempotency-Key header
 // (draft-ietf-httpapi-idempotency-key-header, with Stripe's behaviour where
 // the draft is silent), a
-// Go client that retries with the same key, and a reverse proxy that puts
-// the middleware in front of any HTTP service.
+// Go client that retries with the same key, a reverse proxy that puts
+// the middleware in front of any HTTP service, and a [Deliverer] that
+// delivers broker messages to an HTTP service once (`idem consume`).
 //
 // # The middleware
 //
@@ -80,6 +81,18 @@
 // headers an outer middleware had already set with the same values.
 // Multi-valued headers keep their order. The stored record is versioned
 // (content type "application/vnd.idem.http-response; v=1").
+//
+// # Delivering messages to a service
+//
+// [Deliverer] is the other direction: an idem.Processor, driven by any
+// broker adapter, that POSTs each message to a service with its message ID
+// as Idempotency-Key and records the answer under the core's lease engine
+// before the delivery is settled. It is at most once by default, like a
+// Proxy: a recovery point is recorded before each call, so a call whose
+// outcome is unknown (the connection broke after sending, or the process
+// died) is dead-lettered with reason outcome-unknown (idem.ErrOutcomeUnknown)
+// instead of being sent again. Its type documentation has the table of
+// answers and what each does to the message.
 //
 // # Errors
 //
