@@ -12,6 +12,7 @@ line of stdout.
   POST /dead   records a dead letter: its original message ID
                (Idem-Header-Idem-Original-Message-Id) and reason
                (Idem-Header-Idem-Dead-Letter-Reason); answers 200
+  GET /requests  {"requests": n}: executions so far, cheaply
   GET /counts  {"execs": {id: n}, "dead": {id: [reasons]}, "requests": n,
                "records": {id: [state, unknown]}}: records are read from
                the sidecar's SQLite store (STORE_PATH, consumer CONSUMER),
@@ -73,6 +74,11 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(404, {"error": "no such path"})
 
     def do_GET(self):
+        if self.path == "/requests":
+            with lock:
+                n = requests
+            self.answer(200, {"requests": n})
+            return
         if self.path != "/counts":
             self.answer(404, {"error": "no such path"})
             return
