@@ -75,6 +75,7 @@ func (b *testBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts
 func (b *testBroker) config(cfg Config, opts brokertest.StartOptions) Config {
 	cfg.DeadLetter = b.dead
 	cfg.Concurrency = opts.Concurrency
+	cfg.MaxPollRecords = opts.Prefetch
 	cfg.RetryDelay = max(opts.Redelivery/4, 50*time.Millisecond)
 	return cfg
 }

@@ -130,8 +130,12 @@ func newStreams(t testing.TB, js jetstream.JetStream, dedupe time.Duration) *tes
 	if err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
+	// The dead-letter stream has the same short duplicate window: a dead
+	// letter repeated after it (a message redelivered after its Term) is
+	// stored again, as in production after the default 2 minutes.
 	s.dl, err = js.CreateStream(ctx, jetstream.StreamConfig{
 		Name: s.dlName, Subjects: []string{s.dlSubject}, Storage: jetstream.FileStorage,
+		Duplicates: dedupe,
 	})
 	if err != nil {
 		t.Fatalf("create dead-letter stream: %v", err)
@@ -263,8 +267,8 @@ func (b *natsBroker) newConsumer(ctx context.Context, p idem.Processor, opts bro
 		return nil, nil, err
 	}
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: p, Concurrency: opts.Concurrency, DeadLetter: b.streams.dlSubject,
-		RetryDelay: opts.Redelivery / 5,
+		Processor: p, Concurrency: opts.Concurrency, MaxMessages: opts.Prefetch,
+		DeadLetter: b.streams.dlSubject, RetryDelay: opts.Redelivery / 5,
 		// No progress reports: the suite's ack-timeout case wants the
 		// broker to redeliver a message still in flight.
 		ProgressInterval: -1,
