@@ -85,7 +85,8 @@
 //     Run returns ctx.Err(), no row stays, and the next member processes
 //     the message once.
 //   - DeadLetterFinal: an ID-less message and two whose handler returns
-//     idem.Permanent are dead-lettered once each and delivered once each:
+//     idem.Permanent are dead-lettered once each and delivered once each
+//     (twice if an ack deadline ran out while the first was in flight):
 //     for four ack deadlines (Redelivery), and two past the broker's
 //     duplicate window ([PublishDeduper]) within which it would drop a
 //     repeated dead letter, the broker neither redelivers them nor gets a

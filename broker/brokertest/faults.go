@@ -44,11 +44,17 @@ func caseDeadLetterFinal(f *fixture) {
 	f.t.Logf("brokertest: %d dead letters for %d bad messages after %v", len(f.deadLetters()), len(want), watch)
 	f.checkDeadLetters(want)
 	f.checkEffects(good)
+	// Delivered once, or twice if the ack deadline ran out while the first
+	// delivery was in flight (a loaded machine); a broker that ignores the
+	// adapter's refusal delivers it once per ack deadline of the watch.
 	bad := append([]idem.Message{noID}, poison...)
 	for _, m := range bad {
 		runs := f.rec.count(func(r *record) bool { return r.id == m.ID && bytes.Equal(r.payload, m.Payload) })
-		if runs != 1 {
-			f.t.Errorf("brokertest: dead-lettered message %q (%s) was delivered %d times in %v, want 1: the broker redelivered it after the dead letter", m.ID, short(m.Payload), runs, watch)
+		switch {
+		case runs > 2:
+			f.t.Errorf("brokertest: dead-lettered message %q (%s) was delivered %d times in %v, want 1 (2 after an ack timeout): the broker redelivered it after the dead letter", m.ID, short(m.Payload), runs, watch)
+		case runs == 2:
+			f.t.Logf("brokertest: dead-lettered message %q was delivered twice (an ack timeout while the first delivery was in flight)", m.ID)
 		}
 	}
 }

@@ -592,6 +592,12 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 	case idem.Ack:
 		err = m.Ack()
 	case idem.DeadLetter:
+		// The publish waits for the server's ack: report the original in
+		// progress first, so that a slow publish does not let its ack
+		// wait run out and a redelivery be dead-lettered a second time.
+		if err := m.InProgress(); err != nil {
+			c.log.Debug("idemnats: in-progress report before the dead letter", "err", err)
+		}
 		if dlErr := c.deadLetter(ctx, m, msg, st); dlErr != nil {
 			what := "idemnats: dead letter publish failed; the message will be redelivered"
 			if c.lastDelivery(m) {

@@ -198,9 +198,13 @@ var (
 // (1 MiB by default) counts the headers too, and a dead letter adds its own.
 func (b *natsBroker) PayloadLimit() int { return 1<<20 - 8<<10 }
 
-// brokerDedupe is the test streams' duplicate window: short, so that the
-// suite's late duplicates reach the consumer.
-const brokerDedupe = 500 * time.Millisecond
+// brokerDedupe is the test streams' duplicate window (work and dead
+// letter): short, so that the suite's late duplicates reach the consumer
+// and a dead letter repeated after it is stored again, and as long as the
+// ack wait (brokertest's 1s), so that a dead letter repeated by a
+// redelivery while the first delivery was in flight (a loaded machine) is
+// dropped, as the default 2-minute window drops it in production.
+const brokerDedupe = time.Second
 
 func newNATSBroker(t *testing.T, conn connector) *natsBroker {
 	_, js := newJS(t, conn)
