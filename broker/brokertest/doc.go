@@ -94,9 +94,8 @@
 //     message, as nats-server 2.9 ignores "+TERM <reason>", redelivers it
 //     every ack deadline, and each time it is dead-lettered again.)
 //   - StoreLatency: every claim 20-50ms slower (a store across a slow
-//     network), one handler, StartOptions.Prefetch 32 and a 1s ack
-//     deadline: a full prefetch takes longer than the deadline to work
-//     through. At most 1.1 deliveries per message (Processor calls, every
+//     network), one handler, StartOptions.Prefetch 64 and a 1s ack
+//     deadline: a full prefetch takes twice the deadline to work through. At most 1.1 deliveries per message (Processor calls, every
 //     redelivery counted) and one row each: the adapter fetches only what
 //     it can start in time, or keeps the waiting deliveries in progress.
 //   - HugePayload (once): a 1 MiB payload (or the [PayloadLimiter]'s

@@ -63,9 +63,9 @@ func caseDeadLetterFinal(f *fixture) {
 const latencyMessages = 100
 
 // caseStoreLatency: every claim takes 20-50ms longer (a store across a
-// slow network), one handler at a time, and the member may hold 32
-// deliveries at once: the last of a full prefetch waits about a second,
-// longer than the ack deadline (Redelivery), before its handler starts. An
+// slow network), one handler at a time, and the member may hold 64
+// deliveries at once: the last of a full prefetch waits about two seconds,
+// twice the ack deadline (Redelivery), before its handler starts. An
 // adapter that lets a buffered delivery's ack deadline run out unnoticed
 // gets it redelivered (a storm: every redelivery is buffered behind the
 // others too); one that fetches only what it can start in time, or keeps
@@ -79,7 +79,7 @@ func caseStoreLatency(f *fixture) {
 		delay[m.ID] = time.Duration(20+(i*17)%31) * time.Millisecond // 20-50ms, 35ms on average
 	}
 	f.publish(ms...)
-	m1 := f.start(StartOptions{Concurrency: 1, Prefetch: 32, Redelivery: redelivery},
+	m1 := f.start(StartOptions{Concurrency: 1, Prefetch: 64, Redelivery: redelivery},
 		func(ctx context.Context, msg idem.Message, next func(context.Context, idem.Message) (idem.Outcome, error)) (idem.Outcome, error) {
 			// The store's latency on the claim: the fault under test, not a
 			// synchronisation.

@@ -343,12 +343,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	held := make(chan struct{}, hold)
 	queue := make(chan jetstream.Msg, hold)
 	waiting := &waitingSet{msgs: map[jetstream.Msg]struct{}{}}
+	// ended is set when consuming ended with an error (the connection
+	// closed, the consumer deleted): messages still queued are not started.
+	var ended atomic.Bool
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Go(func() {
 			for msg := range queue {
 				waiting.remove(msg)
-				if c.stopping.Load() && !c.lastDelivery(msg) {
+				if (c.stopping.Load() || ended.Load()) && !c.lastDelivery(msg) {
 					c.nakBuffered(msg)
 				} else {
 					c.handle(work, msg)
@@ -400,6 +403,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		queue <- msg // never blocks: queue has a place for every held slot
 	}
+	ended.Store(runErr != nil)
 	close(queue)
 	wg.Wait()
 	// The acks are written to the connection's buffer; flush them so that
