@@ -94,7 +94,7 @@
 //     message, as nats-server 2.9 ignores "+TERM <reason>", redelivers it
 //     every ack deadline, and each time it is dead-lettered again.)
 //   - StoreLatency: every claim 20-50ms slower (a store across a slow
-//     network), one handler, StartOptions.Prefetch 64 and a 1s ack
+//     network), one handler, StartOptions.Prefetch 128 and a 2s ack
 //     deadline: a full prefetch takes twice the deadline to work through. At most 1.1 deliveries per message (Processor calls, every
 //     redelivery counted) and one row each: the adapter fetches only what
 //     it can start in time, or keeps the waiting deliveries in progress.

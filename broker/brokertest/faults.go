@@ -60,12 +60,14 @@ func caseDeadLetterFinal(f *fixture) {
 }
 
 // latencyMessages is how many messages caseStoreLatency sends.
-const latencyMessages = 100
+const latencyMessages = 200
 
 // caseStoreLatency: every claim takes 20-50ms longer (a store across a
-// slow network), one handler at a time, and the member may hold 64
-// deliveries at once: the last of a full prefetch waits about two seconds,
-// twice the ack deadline (Redelivery), before its handler starts. An
+// slow network), one handler at a time, a 2s ack deadline (Redelivery:
+// long enough that a loaded machine's pauses do not reach it) and the
+// member may hold 128 deliveries at once: the last of a full prefetch
+// waits about 4.5 seconds, twice the ack deadline, before its handler
+// starts. An
 // adapter that lets a buffered delivery's ack deadline run out unnoticed
 // gets it redelivered (a storm: every redelivery is buffered behind the
 // others too); one that fetches only what it can start in time, or keeps
@@ -79,7 +81,7 @@ func caseStoreLatency(f *fixture) {
 		delay[m.ID] = time.Duration(20+(i*17)%31) * time.Millisecond // 20-50ms, 35ms on average
 	}
 	f.publish(ms...)
-	m1 := f.start(StartOptions{Concurrency: 1, Prefetch: 64, Redelivery: redelivery},
+	m1 := f.start(StartOptions{Concurrency: 1, Prefetch: 128, Redelivery: 2 * redelivery},
 		func(ctx context.Context, msg idem.Message, next func(context.Context, idem.Message) (idem.Outcome, error)) (idem.Outcome, error) {
 			// The store's latency on the claim: the fault under test, not a
 			// synchronisation.

@@ -200,11 +200,11 @@ func (b *natsBroker) PayloadLimit() int { return 1<<20 - 8<<10 }
 
 // brokerDedupe is the test streams' duplicate window (work and dead
 // letter): short, so that the suite's late duplicates reach the consumer
-// and a dead letter repeated after it is stored again, and as long as the
-// ack wait (brokertest's 1s), so that a dead letter repeated by a
-// redelivery while the first delivery was in flight (a loaded machine) is
-// dropped, as the default 2-minute window drops it in production.
-const brokerDedupe = time.Second
+// and a dead letter repeated after it is stored again, and twice the ack
+// wait (brokertest's 1s), so that a dead letter repeated by a redelivery
+// while the first delivery was in flight (a loaded machine) is dropped, as
+// the default 2-minute window drops it in production.
+const brokerDedupe = 2 * time.Second
 
 func newNATSBroker(t *testing.T, conn connector) *natsBroker {
 	_, js := newJS(t, conn)
