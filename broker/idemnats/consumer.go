@@ -95,7 +95,8 @@ type Config struct {
 	// progress (AckProgress) every ProgressInterval, or a third of AckWait
 	// when ProgressInterval is not positive, so that their ack wait does
 	// not run out while they wait their turn; a member that dies stops
-	// reporting, and they come back after AckWait. The client itself
+	// reporting, and they come back after AckWait, as does a message that
+	// has waited longer than HandlerTimeout. The client itself
 	// buffers at most min(MaxMessages, Concurrency) more
 	// (jetstream.PullMaxMessages): messages nobody can report yet, which
 	// wait at most about one handler's run.
@@ -342,7 +343,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
 	held := make(chan struct{}, hold)
 	queue := make(chan jetstream.Msg, hold)
-	waiting := &waitingSet{msgs: map[jetstream.Msg]struct{}{}}
+	waiting := &waitingSet{msgs: map[jetstream.Msg]time.Time{}, maxWait: c.timeout}
 	// ended is set when consuming ended with an error (the connection
 	// closed, the consumer deleted): messages still queued are not started.
 	var ended atomic.Bool
@@ -468,15 +469,18 @@ func (c *Consumer) nakBuffered(m jetstream.Msg) {
 
 // waitingSet holds the messages taken from the client that wait for a
 // handler, and reports them in progress so that their ack wait does not
-// run out while they wait.
+// run out while they wait: for at most maxWait (HandlerTimeout; 0: no
+// limit), so that a member whose handlers hang does not keep its queue
+// from the other members for longer than it may keep a message it runs.
 type waitingSet struct {
-	mu   sync.Mutex
-	msgs map[jetstream.Msg]struct{}
+	mu      sync.Mutex
+	msgs    map[jetstream.Msg]time.Time // when the message was queued
+	maxWait time.Duration
 }
 
 func (w *waitingSet) add(m jetstream.Msg) {
 	w.mu.Lock()
-	w.msgs[m] = struct{}{}
+	w.msgs[m] = time.Now()
 	w.mu.Unlock()
 }
 
@@ -499,8 +503,10 @@ func (w *waitingSet) report(done <-chan struct{}, period time.Duration, log *slo
 		}
 		w.mu.Lock()
 		ms := make([]jetstream.Msg, 0, len(w.msgs))
-		for m := range w.msgs {
-			ms = append(ms, m)
+		for m, since := range w.msgs {
+			if w.maxWait <= 0 || time.Since(since) < w.maxWait {
+				ms = append(ms, m)
+			}
 		}
 		w.mu.Unlock()
 		for _, m := range ms {
