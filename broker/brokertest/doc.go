@@ -84,6 +84,20 @@
 //   - ContextCancelled: Run's context is cancelled while a handler runs:
 //     Run returns ctx.Err(), no row stays, and the next member processes
 //     the message once.
+//   - DeadLetterFinal: an ID-less message and two whose handler returns
+//     idem.Permanent are dead-lettered once each and delivered once each
+//     (twice if an ack deadline ran out while the first was in flight):
+//     for four ack deadlines (Redelivery), and two past the broker's
+//     duplicate window ([PublishDeduper]) within which it would drop a
+//     repeated dead letter, the broker neither redelivers them nor gets a
+//     second dead letter. (A broker that ignores how the adapter refused a
+//     message, as nats-server 2.9 ignores "+TERM <reason>", redelivers it
+//     every ack deadline, and each time it is dead-lettered again.)
+//   - StoreLatency: every claim 20-50ms slower (a store across a slow
+//     network), one handler, StartOptions.Prefetch 128 and a 2s ack
+//     deadline: a full prefetch takes twice the deadline to work through. At most 1.1 deliveries per message (Processor calls, every
+//     redelivery counted) and one row each: the adapter fetches only what
+//     it can start in time, or keeps the waiting deliveries in progress.
 //   - HugePayload (once): a 1 MiB payload (or the [PayloadLimiter]'s
 //     limit) is processed, its row byte for byte, and an ID-less one is
 //     dead-lettered byte for byte.
@@ -100,7 +114,11 @@
 //     DeadLetter with the original ID and payload and
 //     Settlement.DeadLetterHeaders, then ack. Log with Settlement.Log.
 //   - Honour StartOptions: Concurrency deliveries at once; Redelivery as the
-//     broker's timeout for unacknowledged messages where it has one.
+//     broker's timeout for unacknowledged messages where it has one;
+//     Prefetch as the most deliveries held at once, without letting the
+//     ones that wait for a handler outlive that timeout.
+//   - Make a dead letter final: the broker must not deliver the original
+//     again, whatever server version it runs.
 //   - Stop: take no new deliveries, let the handlers in flight finish with
 //     their context intact, ack what finished, then return.
 //   - Crash: return at once; from then on nothing of that member reaches the

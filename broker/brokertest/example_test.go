@@ -34,5 +34,7 @@ func Example() {
 	// Panics
 	// StoreDown
 	// ContextCancelled
+	// DeadLetterFinal
+	// StoreLatency
 	// HugePayload
 }

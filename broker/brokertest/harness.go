@@ -110,6 +110,14 @@ type StartOptions struct {
 	Redelivery time.Duration
 	// BatchSize is the most messages per batch in StartBatch.
 	BatchSize int
+	// Prefetch is the most deliveries the member may hold at once, running
+	// or waiting for a free handler (JetStream MaxMessages, the AMQP
+	// prefetch count, Kafka's records per poll); 0 leaves the adapter's
+	// default. An adapter that never reads more than its free handlers can
+	// start (Redis Streams) ignores it. The suite sets it well above
+	// Concurrency to check that deliveries waiting their turn do not
+	// outlive the broker's ack deadline.
+	Prefetch int
 }
 
 // DeadLetter is one message found in a dead letter.

@@ -41,6 +41,8 @@ var cases = []testCase{
 	{name: "Panics", doc: "a panicking handler and a panicking Processor: nothing acked, redelivered, one row each, no dead letters", run: casePanics},
 	{name: "StoreDown", doc: "the store's database closed under a member: nothing acked or dead-lettered, all redelivered and processed once the store is back", run: caseStoreDown},
 	{name: "ContextCancelled", doc: "Run's context cancelled mid-handler: Run returns ctx.Err(), the effect is not kept, the message is redelivered and processed once", run: caseContextCancelled},
+	{name: "DeadLetterFinal", doc: "dead-lettered messages are neither redelivered nor dead-lettered again for several ack deadlines and past the broker's duplicate window", run: caseDeadLetterFinal},
+	{name: "StoreLatency", doc: "20-50ms of store latency per claim, concurrency 1 and a deep prefetch: at most 1.1 deliveries per message, none outlives its ack deadline", run: caseStoreLatency},
 	{name: "HugePayload", doc: "a payload near the broker's limit (1 MiB by default) is processed, an ID-less one dead-lettered, byte for byte", run: caseHugePayload, modeless: true},
 }
 
@@ -344,13 +346,7 @@ func caseBadMessages(f *fixture) {
 	// A handler error marked idem.Permanent is dead-lettered at once, in
 	// both modes: its claim and effects roll back, and it runs once.
 	poison := msgs("poison", 2)
-	isPoison := map[string]bool{poison[0].ID: true, poison[1].ID: true}
-	f.setHook(func(ctx context.Context, msg idem.Message) error {
-		if isPoison[msg.ID] {
-			return idem.Permanent(errPoison)
-		}
-		return nil
-	})
+	f.setHook(failPermanently(poison))
 
 	f.publish(good[:n/2]...)
 	f.publish(noID...)
@@ -386,6 +382,21 @@ func caseBadMessages(f *fixture) {
 		if runs := f.rec.started(p.ID); runs > 2 {
 			f.t.Errorf("brokertest: the permanently failing message %q ran %d times, want 1 (2 after an ack timeout): it was retried", p.ID, runs)
 		}
+	}
+}
+
+// failPermanently returns a hook that fails the messages of poison with
+// idem.Permanent(errPoison), and lets every other message through.
+func failPermanently(poison []idem.Message) func(context.Context, idem.Message) error {
+	isPoison := map[string]bool{}
+	for _, p := range poison {
+		isPoison[p.ID] = true
+	}
+	return func(ctx context.Context, msg idem.Message) error {
+		if isPoison[msg.ID] {
+			return idem.Permanent(errPoison)
+		}
+		return nil
 	}
 }
 

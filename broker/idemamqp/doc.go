@@ -41,6 +41,20 @@
 // and a dead-letter exchange back to the queue, needs topology the
 // Consumer would have to own, and reorders the queue; it is not used.)
 //
+// # Prefetch and ack deadlines
+//
+// RabbitMQ has no per-delivery ack deadline: a delivery stays with its
+// consumer, unacknowledged, until it is settled or the channel closes, so
+// deliveries prefetched ahead of the workers (Config.Prefetch above
+// Concurrency) are never redelivered while they wait their turn, however
+// slow the store. The one bound is the broker's consumer_timeout (30
+// minutes by default in RabbitMQ 3.10 and 4.x): a delivery left
+// unacknowledged longer makes the broker close the channel, requeueing every
+// delivery on it; the Consumer then opens a new channel and the requeued
+// deliveries come back (Duplicates where they were processed). Keep
+// Prefetch times the slowest handler run, plus RetryDelay for held
+// deliveries, well below it.
+//
 // # Connections and reconnection
 //
 // The Consumer takes the caller's *amqp.Connection and opens its own two
@@ -89,5 +103,19 @@
 // the last failure into a poison outcome, which is dead-lettered. In
 // either mode a handler error wrapped with idem.Permanent is dead-lettered
 // at once. A quorum queue's delivery-limit is the broker-side bound for
-// the transactional case.
+// the transactional case. RabbitMQ 4.0 gives quorum queues a delivery-limit
+// of 20 by default: a message returned to the queue that many times is
+// dropped by the broker, or dead-lettered by the queue's own dead-letter
+// exchange, not by idem; leave room in it for the retries a lease may take.
+//
+// # Server versions
+//
+// The Consumer and Producer use AMQP 0-9-1 only (basic.qos, basic.consume,
+// basic.ack, basic.nack with requeue, publisher confirms, mandatory
+// publishes), on classic and quorum queues, and need no plugin. Supported:
+// RabbitMQ 3.10 (Debian 12 ships 3.10.8, which scripts/services runs and
+// the broker conformance suite, broker/brokertest, is run against) through
+// the current 4.x, where those methods are unchanged. A dead letter is
+// final on each: the original is acked with basic.ack only after the dead
+// letter's publisher confirm, and an acked delivery is never redelivered.
 package idemamqp

@@ -58,6 +58,7 @@ func (b *amqpBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions)
 		Queue:       b.queue,
 		DeadLetter:  b.dead,
 		Concurrency: max(opts.Concurrency, 1),
+		Prefetch:    opts.Prefetch,
 		RetryDelay:  max(opts.Redelivery/4, 50*time.Millisecond),
 		Logger:      quiet(),
 	})

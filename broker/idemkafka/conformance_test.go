@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/brokertest"
@@ -18,6 +19,17 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
 		return newTestBroker(t)
+	}})
+}
+
+// TestConformanceKafka011 runs the suite on a kfake cluster that answers
+// as Kafka 0.11.0 (kfake.MaxVersions): the oldest release the package
+// supports, the first with record headers, which carry the message ID.
+// kgo negotiates each request's version with ApiVersions.
+func TestConformanceKafka011(t *testing.T) {
+	t.Parallel()
+	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
+		return newTestBrokerAt(t, kversion.V0_11_0())
 	}})
 }
 
@@ -41,9 +53,13 @@ var (
 // adds its headers to the payload.
 func (b *testBroker) PayloadLimit() int { return 900 << 10 }
 
-func newTestBroker(t *testing.T) *testBroker {
+func newTestBroker(t *testing.T) *testBroker { return newTestBrokerAt(t, nil) }
+
+// newTestBrokerAt is newTestBroker on a cluster answering as the Kafka
+// release whose protocol versions v lists.
+func newTestBrokerAt(t *testing.T, v *kversion.Versions) *testBroker {
 	b := &testBroker{t: t, topic: uniqueName("events"), dead: uniqueName("events-dead"), grp: uniqueName("group")}
-	b.seeds = newCluster(t, b.topic, b.dead).ListenAddrs()
+	b.seeds = newClusterAt(t, v, b.topic, b.dead).ListenAddrs()
 	b.raw = newClient(t, b.seeds)
 	b.prod = NewProducer(b.raw, ProducerConfig{})
 	return b
@@ -75,6 +91,7 @@ func (b *testBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts
 func (b *testBroker) config(cfg Config, opts brokertest.StartOptions) Config {
 	cfg.DeadLetter = b.dead
 	cfg.Concurrency = opts.Concurrency
+	cfg.MaxPollRecords = opts.Prefetch
 	cfg.RetryDelay = max(opts.Redelivery/4, 50*time.Millisecond)
 	return cfg
 }

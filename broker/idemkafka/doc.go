@@ -118,6 +118,20 @@
 // per-partition order Kafka gives is kept. Records wait in a per-partition
 // queue; a partition whose queue is long is paused until it drains.
 //
+// # Fetching ahead
+//
+// Kafka has no per-record ack deadline: a record polled ahead of the
+// workers (up to Config.MaxPollRecords per poll, held in its partition's
+// queue) is never redelivered while it waits, however slow the store, and
+// kgo heartbeats the group from its own goroutine, so a slow handler does
+// not expire the session either (kgo has no max.poll.interval.ms). Records
+// come back only after a rebalance or a crash, from the last committed
+// offset: on a revocation the Consumer drops the queued records it has not
+// started (the next owner reads them, for the first time as far as idem
+// is concerned) and commits what finished, so fetching ahead adds no
+// redeliveries. What it costs is the time a revocation waits for the
+// records in flight (Config.RevokeTimeout), not for the queue.
+//
 // # Retention
 //
 // Processed IDs are kept for a retention window (idem.Config.RetentionWindow,
@@ -135,4 +149,16 @@
 // client stays in the group until the caller closes it. Cancelling Run's
 // context instead cancels the handlers' context, and Run returns
 // ctx.Err().
+//
+// # Server versions
+//
+// Supported: Kafka 0.11.0 (the first release with record headers, which
+// carry the message ID) through the current 4.x: kgo negotiates each
+// request's version with the broker (ApiVersions), and the package needs
+// nothing 0.11's protocol lacks. The broker conformance suite
+// (broker/brokertest) runs against kfake, franz-go's in-process cluster,
+// answering at the newest protocol versions it implements and capped at
+// Kafka 0.11.0 (kfake.MaxVersions). A dead letter is final on each: the
+// record's offset is committed only once the dead letter's produce is
+// acknowledged, and a committed offset is not read again by the group.
 package idemkafka

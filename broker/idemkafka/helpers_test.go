@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kversion"
 	_ "modernc.org/sqlite"
 
 	"github.com/idem-go/idem/store/idemsql"
@@ -37,7 +38,18 @@ func uniqueName(prefix string) string {
 // testPartitions partitions each, closed when t ends.
 func newCluster(t *testing.T, topics ...string) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(testPartitions, topics...))
+	return newClusterAt(t, nil, topics...)
+}
+
+// newClusterAt is newCluster answering as the Kafka release whose protocol
+// versions v lists (kfake.MaxVersions); nil for the newest kfake knows.
+func newClusterAt(t *testing.T, v *kversion.Versions, topics ...string) *kfake.Cluster {
+	t.Helper()
+	opts := []kfake.Opt{kfake.NumBrokers(3), kfake.SeedTopics(testPartitions, topics...)}
+	if v != nil {
+		opts = append(opts, kfake.MaxVersions(v))
+	}
+	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}

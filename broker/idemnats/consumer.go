@@ -78,7 +78,9 @@ type Config struct {
 	// another member meanwhile. Defaults to a third of the JetStream
 	// consumer's AckWait; negative disables it, letting the ack wait
 	// expire (a redelivery of a message still in flight is then a
-	// Duplicate or InProgress outcome, as idem guarantees).
+	// Duplicate or InProgress outcome, as idem guarantees). Messages
+	// waiting for a handler are reported whatever its sign (see
+	// MaxMessages).
 	ProgressInterval time.Duration
 	// HandlerTimeout bounds one delivery's processing: its context ends
 	// after HandlerTimeout, and the in-progress reports stop then, so even
@@ -87,9 +89,17 @@ type Config struct {
 	// it). Defaults to DefaultHandlerTimeout (5 minutes); negative
 	// disables it (a stuck handler then holds its message for ever).
 	HandlerTimeout time.Duration
-	// MaxMessages is how many messages the client buffers ahead of the
-	// handlers (jetstream.PullMaxMessages). Defaults to Concurrency: a
-	// larger buffer holds messages whose ack wait runs while they wait.
+	// MaxMessages is how many messages the Consumer holds at once,
+	// running or waiting for a free handler. Defaults to Concurrency.
+	// Messages above Concurrency wait in the Consumer, reported in
+	// progress (AckProgress) every ProgressInterval, or a third of AckWait
+	// when ProgressInterval is not positive, so that their ack wait does
+	// not run out while they wait their turn; a member that dies stops
+	// reporting, and they come back after AckWait, as does a message that
+	// has waited longer than HandlerTimeout. The client itself
+	// buffers at most min(MaxMessages, Concurrency) more
+	// (jetstream.PullMaxMessages): messages nobody can report yet, which
+	// wait at most about one handler's run.
 	MaxMessages int
 	// Logger receives every settlement at the level idem.Settlement.Level
 	// gives it (duplicates at debug, dead letters at warn, store failures
@@ -110,8 +120,11 @@ type Consumer struct {
 	cons     jetstream.Consumer
 	cfg      Config
 	progress time.Duration // 0: off
-	timeout  time.Duration // HandlerTimeout; 0: none
-	log      *slog.Logger
+	// waitProgress is the period of the in-progress reports of messages
+	// held while they wait for a handler.
+	waitProgress time.Duration
+	timeout      time.Duration // HandlerTimeout; 0: none
+	log          *slog.Logger
 	// maxDeliver is the JetStream consumer's MaxDeliver when it is
 	// positive (from its cached info at NewConsumer), 0 when unlimited.
 	maxDeliver int
@@ -196,14 +209,16 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 	case cfg.HandlerTimeout == 0:
 		c.timeout = DefaultHandlerTimeout
 	}
+	ackWait := DefaultAckWait
+	if info != nil && info.Config.AckWait > 0 {
+		ackWait = info.Config.AckWait
+	}
+	c.waitProgress = ackWait / 3
 	switch {
 	case cfg.ProgressInterval > 0:
 		c.progress = cfg.ProgressInterval
+		c.waitProgress = cfg.ProgressInterval
 	case cfg.ProgressInterval == 0:
-		ackWait := DefaultAckWait
-		if info != nil && info.Config.AckWait > 0 {
-			ackWait = info.Config.AckWait
-		}
 		c.progress = ackWait / 3
 	}
 	return c, nil
@@ -302,7 +317,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// Missing heartbeats are reported so that a consumer deleted while its
 	// "consumer deleted" status was lost (a slow connection drops it) is
 	// noticed: Run then asks the server whether the consumer still exists.
-	iter, err := c.cons.Messages(jetstream.PullMaxMessages(c.cfg.MaxMessages), jetstream.WithMessagesErrOnMissingHeartbeat(true))
+	// The client pulls no more than the handlers can start at once: what
+	// it buffers is out of reach of in-progress reports. The rest of
+	// MaxMessages waits in queue, reported in progress.
+	iter, err := c.cons.Messages(jetstream.PullMaxMessages(min(c.cfg.MaxMessages, c.cfg.Concurrency)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
 	if err != nil {
 		return fmt.Errorf("idemnats: start consuming: %w", err)
 	}
@@ -320,14 +338,42 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}()
 
+	// held has one slot per message taken from the client and not yet
+	// settled; queue holds the ones waiting for a handler.
+	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
+	held := make(chan struct{}, hold)
+	queue := make(chan jetstream.Msg, hold)
+	waiting := &waitingSet{msgs: map[jetstream.Msg]time.Time{}, maxWait: c.timeout}
+	// ended is set when consuming ended with an error (the connection
+	// closed, the consumer deleted): messages still queued are not started.
+	var ended atomic.Bool
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, c.cfg.Concurrency)
+	for range c.cfg.Concurrency {
+		wg.Go(func() {
+			for msg := range queue {
+				waiting.remove(msg)
+				if (c.stopping.Load() || ended.Load()) && !c.lastDelivery(msg) {
+					c.nakBuffered(msg)
+				} else {
+					c.handle(work, msg)
+				}
+				<-held
+			}
+		})
+	}
+	if hold > c.cfg.Concurrency {
+		reportDone := make(chan struct{})
+		var reporter sync.WaitGroup
+		reporter.Go(func() { waiting.report(reportDone, c.waitProgress, c.log) })
+		defer reporter.Wait()
+		defer close(reportDone)
+	}
 	var runErr error
 	for {
-		sem <- struct{}{}
+		held <- struct{}{}
 		msg, err := iter.Next()
 		if err != nil {
-			<-sem
+			<-held
 			if c.stopping.Load() {
 				break
 			}
@@ -349,21 +395,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		if c.stopping.Load() && !c.lastDelivery(msg) {
-			// Buffered after Stop: not taken. Nak it so that another
-			// member gets it now rather than after the ack wait. (On its
-			// last delivery it is processed instead: JetStream would drop
-			// it after a Nak.)
-			if err := msg.Nak(); err != nil {
-				c.log.Debug("idemnats: nak of a message buffered at stop", "err", err)
-			}
-			<-sem
+			c.nakBuffered(msg)
+			<-held
 			continue
 		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c.handle(work, msg)
-		})
+		if hold > c.cfg.Concurrency {
+			waiting.add(msg)
+		}
+		queue <- msg // never blocks: queue has a place for every held slot
 	}
+	ended.Store(runErr != nil)
+	close(queue)
 	wg.Wait()
 	// The acks are written to the connection's buffer; flush them so that
 	// the server has them when Run returns.
@@ -412,6 +454,66 @@ func (c *Consumer) Stop(ctx context.Context) error {
 			(*cancel)(errStopTimeout)
 		}
 		return ctx.Err()
+	}
+}
+
+// nakBuffered Naks a message buffered (by the client, or in the queue) when
+// Stop came or Run's context ended: it is not taken, and another member
+// gets it now rather than after the ack wait. (A message on its last
+// delivery is processed instead: JetStream would drop it after a Nak.)
+func (c *Consumer) nakBuffered(m jetstream.Msg) {
+	if err := m.Nak(); err != nil {
+		c.log.Debug("idemnats: nak of a message buffered at stop", "err", err)
+	}
+}
+
+// waitingSet holds the messages taken from the client that wait for a
+// handler, and reports them in progress so that their ack wait does not
+// run out while they wait: for at most maxWait (HandlerTimeout; 0: no
+// limit), so that a member whose handlers hang does not keep its queue
+// from the other members for longer than it may keep a message it runs.
+type waitingSet struct {
+	mu      sync.Mutex
+	msgs    map[jetstream.Msg]time.Time // when the message was queued
+	maxWait time.Duration
+}
+
+func (w *waitingSet) add(m jetstream.Msg) {
+	w.mu.Lock()
+	w.msgs[m] = time.Now()
+	w.mu.Unlock()
+}
+
+func (w *waitingSet) remove(m jetstream.Msg) {
+	w.mu.Lock()
+	delete(w.msgs, m)
+	w.mu.Unlock()
+}
+
+// report sends AckProgress for every waiting message each period, until
+// done is closed.
+func (w *waitingSet) report(done <-chan struct{}, period time.Duration, log *slog.Logger) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		ms := make([]jetstream.Msg, 0, len(w.msgs))
+		for m, since := range w.msgs {
+			if w.maxWait <= 0 || time.Since(since) < w.maxWait {
+				ms = append(ms, m)
+			}
+		}
+		w.mu.Unlock()
+		for _, m := range ms {
+			if err := m.InProgress(); err != nil {
+				log.Debug("idemnats: in-progress report of a waiting message", "err", err)
+			}
+		}
 	}
 }
 
@@ -500,6 +602,12 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 	case idem.Ack:
 		err = m.Ack()
 	case idem.DeadLetter:
+		// The publish waits for the server's ack: report the original in
+		// progress first, so that a slow publish does not let its ack
+		// wait run out and a redelivery be dead-lettered a second time.
+		if err := m.InProgress(); err != nil {
+			c.log.Debug("idemnats: in-progress report before the dead letter", "err", err)
+		}
 		if dlErr := c.deadLetter(ctx, m, msg, st); dlErr != nil {
 			what := "idemnats: dead letter publish failed; the message will be redelivered"
 			if c.lastDelivery(m) {
@@ -509,7 +617,11 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 			err = m.NakWithDelay(c.cfg.RetryDelay)
 			break
 		}
-		err = m.TermWithReason(st.Reason)
+		// Plain Term, not TermWithReason: nats-server before 2.10 takes
+		// only the exact "+TERM" and ignores "+TERM <reason>", so the
+		// message would come back after AckWait and be dead-lettered
+		// again, for ever. The reason is in the dead letter's headers.
+		err = m.Term()
 	default:
 		err = m.NakWithDelay(st.Delay)
 	}

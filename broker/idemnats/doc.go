@@ -42,9 +42,8 @@
 //     Idem-Dead-Letter-Error, the Outcome's error text;
 //     Idem-Dead-Letter-Status; Idem-Original-Message-Id) and
 //     Idem-Original-Subject, Idem-Original-Stream and Idem-Original-Sequence,
-//     and once the server has stored it the original is terminated
-//     (AckTerm with the reason word: done, never redelivered, and told
-//     apart from a processed message by JetStream's advisory). If the
+//     and once the server has stored it the original is terminated (plain
+//     AckTerm: done, never redelivered; see Server versions). If the
 //     dead-letter publish fails (no stream captures the subject, a timeout)
 //     the original is Nak'ed for redelivery, never dropped.
 //
@@ -80,22 +79,43 @@
 // filter subjects, and Run one captured by its stream when it has no
 // filter, with errors matching idem.ErrInvalidConfig.
 //
-// # Concurrency and stopping
+// # Concurrency, fetching ahead and stopping
 //
-// Run pulls with jetstream.Consumer.Messages, buffering Config.MaxMessages
-// messages (Concurrency by default, since a buffered message's ack wait is
-// already running) and processing up to Config.Concurrency at once. Several
-// Consumers, in one process or many, on the same durable consumer share its
-// messages. Stop is graceful: no new deliveries (buffered ones are Nak'ed
-// so another member gets them at once), the handlers in flight finish with
-// their context intact, their acks are flushed to the server, then Run
-// returns nil. When Run's context ends instead, Run returns ctx.Err(). Stop's context bounds the wait; when it ends, the handlers
-// still running are cancelled.
+// Run pulls with jetstream.Consumer.Messages and processes up to
+// Config.Concurrency messages at once. It holds up to Config.MaxMessages
+// (Concurrency by default): a message's ack wait runs from its delivery, so
+// the ones waiting for a free handler are reported in progress (AckProgress)
+// every third of AckWait (Config.ProgressInterval when positive) while they
+// wait, and do not come back to another member, or to this one, while they
+// wait their turn. (With a slow store, say 35ms a claim, one handler and 32
+// messages fetched ahead, the last of them would otherwise wait past a 1s
+// AckWait and be redelivered, and the redeliveries, buffered behind the
+// others, would expire in turn.) The client's own buffer, which no report
+// can reach, is kept to Concurrency messages, which start within about one
+// handler's run. Several Consumers, in one process or many, on the same
+// durable consumer share its messages. Stop is graceful: no new deliveries
+// (buffered ones are Nak'ed so another member gets them at once), the
+// handlers in flight finish with their context intact, their acks are
+// flushed to the server, then Run returns nil. When Run's context ends
+// instead, Run returns ctx.Err(). Stop's context bounds the wait; when it
+// ends, the handlers still running are cancelled.
 //
 // Retention: keep idem's RetentionWindow longer than the stream's MaxAge
 // (or the longest time a message can wait for redelivery); idemnats does
 // not check this, since the Processor hides the idem.Config.
 //
-// The package passes the broker conformance suite (broker/brokertest)
-// against an in-process nats-server and Debian's nats-server.
+// # Server versions
+//
+// Supported: nats-server 2.9 (Debian 12 ships 2.9.10) through the current
+// 2.x (2.15, the in-process server of the tests); the package passes the
+// broker conformance suite (broker/brokertest) against both. A dead
+// letter's original is settled with a plain AckTerm rather than
+// jetstream.Msg.TermWithReason: servers before 2.10 take only the exact
+// "+TERM" and ignore "+TERM <reason>", so the original would be
+// redelivered after every AckWait and dead-lettered again, once per
+// duplicate window, for ever. Choosing the form by the connected server's
+// version would not do either: in a cluster being upgraded the consumer's
+// leader, which takes the ack, may run another version than the server the
+// client is connected to. The reason is in the dead letter's headers; the
+// server's termination advisory (2.10 and later) then carries none.
 package idemnats

@@ -130,8 +130,12 @@ func newStreams(t testing.TB, js jetstream.JetStream, dedupe time.Duration) *tes
 	if err != nil {
 		t.Fatalf("create stream: %v", err)
 	}
+	// The dead-letter stream has the same short duplicate window: a dead
+	// letter repeated after it (a message redelivered after its Term) is
+	// stored again, as in production after the default 2 minutes.
 	s.dl, err = js.CreateStream(ctx, jetstream.StreamConfig{
 		Name: s.dlName, Subjects: []string{s.dlSubject}, Storage: jetstream.FileStorage,
+		Duplicates: dedupe,
 	})
 	if err != nil {
 		t.Fatalf("create dead-letter stream: %v", err)
@@ -194,9 +198,13 @@ var (
 // (1 MiB by default) counts the headers too, and a dead letter adds its own.
 func (b *natsBroker) PayloadLimit() int { return 1<<20 - 8<<10 }
 
-// brokerDedupe is the test streams' duplicate window: short, so that the
-// suite's late duplicates reach the consumer.
-const brokerDedupe = 500 * time.Millisecond
+// brokerDedupe is the test streams' duplicate window (work and dead
+// letter): short, so that the suite's late duplicates reach the consumer
+// and a dead letter repeated after it is stored again, and twice the ack
+// wait (brokertest's 1s), so that a dead letter repeated by a redelivery
+// while the first delivery was in flight (a loaded machine) is dropped, as
+// the default 2-minute window drops it in production.
+const brokerDedupe = 2 * time.Second
 
 func newNATSBroker(t *testing.T, conn connector) *natsBroker {
 	_, js := newJS(t, conn)
@@ -263,8 +271,8 @@ func (b *natsBroker) newConsumer(ctx context.Context, p idem.Processor, opts bro
 		return nil, nil, err
 	}
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: p, Concurrency: opts.Concurrency, DeadLetter: b.streams.dlSubject,
-		RetryDelay: opts.Redelivery / 5,
+		Processor: p, Concurrency: opts.Concurrency, MaxMessages: opts.Prefetch,
+		DeadLetter: b.streams.dlSubject, RetryDelay: opts.Redelivery / 5,
 		// No progress reports: the suite's ack-timeout case wants the
 		// broker to redeliver a message still in flight.
 		ProgressInterval: -1,

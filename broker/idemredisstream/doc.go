@@ -51,6 +51,12 @@
 // report it, so it is neither processed nor dead-lettered. Trim only
 // entries every group has acknowledged.
 //
+// Nothing is read ahead: XREADGROUP and XAUTOCLAIM ask for no more entries
+// than there are free workers (COUNT), and an entry read is handed to a
+// worker at once and kept alive from then on, so no entry waits, idle and
+// unreported, for its turn while XAUTOCLAIM's min-idle runs out, however
+// slow the store.
+//
 // A delayed redelivery uses the same mechanism. To redeliver an entry after
 // a delay d shorter than MinIdle, the Consumer sets the entry's idle time to
 // MinIdle-d (XCLAIM ... IDLE, JUSTID), so XAUTOCLAIM claims it d later; a
@@ -93,4 +99,15 @@
 // to a UUIDv7 by default, or the caller's business key ([WithMessageID]),
 // so a publish retried after an unknown outcome carries the same ID and the
 // consumer deduplicates it.
+//
+// # Server versions
+//
+// Supported: Redis 7.0 and later (Debian 12 ships 7.0.15, which
+// scripts/services runs and the broker conformance suite, broker/brokertest,
+// is run against); later releases keep the semantics of the stream commands
+// used. Redis 6.2 has XAUTOCLAIM but returns entries deleted while pending
+// instead of dropping them (see above), and is not supported. A dead letter
+// is final: its XADD and the original's XACK run in one script, and an
+// acknowledged entry leaves the pending entries list, the only place
+// XAUTOCLAIM reclaims from.
 package idemredisstream
