@@ -3,6 +3,7 @@ package idemcli
 import (
 	"bufio"
 	"bytes"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -48,7 +49,20 @@ func TestDemoSurvivesNATSKill(t *testing.T) {
 // either there or rolled back, and the redelivery finds which.
 func TestDemoSurvivesPostgresKill(t *testing.T) {
 	t.Parallel()
-	testDemoSurvivesKill(t, "postgres-durable", 1500, func(url string) []string { return []string{"--store", url} })
+	testDemoSurvivesKill(t, "postgres-durable", 1500, func(url string) []string {
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, setting := range []string{"fsync", "synchronous_commit", "full_page_writes"} {
+			var v string
+			if err := db.QueryRowContext(t.Context(), "SHOW "+setting).Scan(&v); err != nil || v != "on" {
+				t.Fatalf("%s = %q (%v), want on", setting, v, err)
+			}
+		}
+		return []string{"--store", url}
+	})
 }
 
 func testDemoSurvivesKill(t *testing.T, service string, messages int, args func(url string) []string) {
@@ -73,6 +87,13 @@ func testDemoSurvivesKill(t *testing.T, service string, messages int, args func(
 	svc.kill9(t)
 	svc.start(t)
 	backAt := time.Now()
+	if service == "postgres-durable" {
+		// The restart replayed the WAL: the kill was a crash.
+		b, _ := os.ReadFile(filepath.Join(svc.dir, service, "postgres.log"))
+		if !bytes.Contains(b, []byte("automatic recovery in progress")) {
+			t.Errorf("no crash recovery in the server log:\n%s", b)
+		}
+	}
 	chargedAtBack := watch.charged()
 	watch.await(t, chargedAtBack+1, 5*time.Minute)
 	resumedAt := time.Now()
