@@ -92,6 +92,9 @@ the ack (--crash-rate), new ones take over, and unacked messages come back.
 Messages that can never be processed would go to a dead letter, counted in
 the report.
 
+A broker or store restart does not end the run: the producer publishes again
+with the same message IDs, the consumers reconnect, and the report follows.
+
 By default everything runs in process: a NATS JetStream server with file
 storage and SQLite, in a temporary folder removed at the end. With --dir the
 folder is kept, and a second run on it resumes where the first stopped.
