@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -32,7 +34,8 @@ import (
 // (persistent messages on durable queues).
 func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 	t.Parallel()
-	testDemoSurvivesKill(t, "rabbitmq", 2000, func(url string) []string { return []string{"--broker", url} })
+	svc := startOwnService(t, "rabbitmq")
+	testDemoSurvivesKill(t, svc.fault("--broker"), 2000)
 }
 
 // TestDemoSurvivesNATSKill kills -9 nats-server mid-run. The connections
@@ -40,7 +43,8 @@ func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 // server's file store, which redelivers what was not acked.
 func TestDemoSurvivesNATSKill(t *testing.T) {
 	t.Parallel()
-	testDemoSurvivesKill(t, "nats", 2000, func(url string) []string { return []string{"--broker", url} })
+	svc := startOwnService(t, "nats")
+	testDemoSurvivesKill(t, svc.fault("--broker"), 2000)
 }
 
 // TestDemoSurvivesPostgresKill kills -9 the postmaster of a PostgreSQL
@@ -49,30 +53,77 @@ func TestDemoSurvivesNATSKill(t *testing.T) {
 // either there or rolled back, and the redelivery finds which.
 func TestDemoSurvivesPostgresKill(t *testing.T) {
 	t.Parallel()
-	testDemoSurvivesKill(t, "postgres-durable", 1500, func(url string) []string {
-		db, err := sql.Open("pgx", url)
-		if err != nil {
-			t.Fatal(err)
+	svc := startOwnService(t, "postgres-durable")
+	db, err := sql.Open("pgx", svc.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, setting := range []string{"fsync", "synchronous_commit", "full_page_writes"} {
+		var v string
+		if err := db.QueryRowContext(t.Context(), "SHOW "+setting).Scan(&v); err != nil || v != "on" {
+			t.Fatalf("%s = %q (%v), want on", setting, v, err)
 		}
-		defer db.Close()
-		for _, setting := range []string{"fsync", "synchronous_commit", "full_page_writes"} {
-			var v string
-			if err := db.QueryRowContext(t.Context(), "SHOW "+setting).Scan(&v); err != nil || v != "on" {
-				t.Fatalf("%s = %q (%v), want on", setting, v, err)
-			}
+	}
+	f := svc.fault("--store")
+	restart := f.restart
+	f.restart = func(t *testing.T) {
+		restart(t)
+		// The restart replayed the WAL: the kill was a crash.
+		b, _ := os.ReadFile(filepath.Join(svc.dir, svc.name, "postgres.log"))
+		if !bytes.Contains(b, []byte("automatic recovery in progress")) {
+			t.Errorf("no crash recovery in the server log:\n%s", b)
 		}
-		return []string{"--store", url}
-	})
+	}
+	testDemoSurvivesKill(t, f, 1500)
 }
 
-func testDemoSurvivesKill(t *testing.T, service string, messages int, args func(url string) []string) {
-	svc := startOwnService(t, service)
+// TestDemoSurvivesKafkaRestart stops a three-broker Kafka cluster
+// (franz-go's kfake, persisting to a folder) mid-run and starts it again
+// on the same folder and ports: the producer's and the members' clients
+// reconnect by themselves, and records not committed are replayed.
+func TestDemoSurvivesKafkaRestart(t *testing.T) {
+	t.Parallel()
+	ports, data := freePorts(t, 3), t.TempDir()
+	open := func(t *testing.T) *kfake.Cluster {
+		c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.Ports(ports...), kfake.DataDir(data),
+			kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic))
+		if err != nil {
+			t.Fatalf("kfake: %v", err)
+		}
+		return c
+	}
+	var mu sync.Mutex
+	c := open(t)
+	t.Cleanup(func() { mu.Lock(); c.Close(); mu.Unlock() })
+	testDemoSurvivesKill(t, fault{
+		what: "kafka (kfake) stop and start",
+		args: []string{"--broker", "kafka://" + strings.Join(c.ListenAddrs(), ",")},
+		kill: func(*testing.T) { mu.Lock(); c.Close(); mu.Unlock() },
+		restart: func(t *testing.T) {
+			next := open(t)
+			mu.Lock()
+			c = next
+			mu.Unlock()
+		},
+	}, 2000)
+}
+
+// fault is what a kill test does to a server: the demo's flags that point
+// at it, how to kill it, and how to start it again.
+type fault struct {
+	what          string
+	args          []string
+	kill, restart func(t *testing.T)
+}
+
+func testDemoSurvivesKill(t *testing.T, f fault, messages int) {
 	watch := &progressWatch{changed: make(chan struct{}, 1)}
 	var stdout bytes.Buffer
 	dir := t.TempDir()
 	demoArgs := append([]string{"demo", "--json", "--progress", "lines", "--dir", dir,
 		"--messages", strconv.Itoa(messages), "--consumers", "3", "--crash-rate", "0.01", "--ack-wait", "5s", "--timeout", "10m"},
-		args(svc.url)...)
+		f.args...)
 	code := make(chan int, 1)
 	go func() { code <- Main(demoArgs, &stdout, watch) }()
 
@@ -84,16 +135,9 @@ func testDemoSurvivesKill(t *testing.T, service string, messages int, args func(
 	}, watch.text)
 	published, _ := readProgress(filepath.Join(dir, "producer.next"))
 	killedAt := time.Now()
-	svc.kill9(t)
-	svc.start(t)
+	f.kill(t)
+	f.restart(t)
 	backAt := time.Now()
-	if service == "postgres-durable" {
-		// The restart replayed the WAL: the kill was a crash.
-		b, _ := os.ReadFile(filepath.Join(svc.dir, service, "postgres.log"))
-		if !bytes.Contains(b, []byte("automatic recovery in progress")) {
-			t.Errorf("no crash recovery in the server log:\n%s", b)
-		}
-	}
 	chargedAtBack := watch.charged()
 	watch.await(t, chargedAtBack+1, 5*time.Minute)
 	resumedAt := time.Now()
@@ -113,9 +157,9 @@ func testDemoSurvivesKill(t *testing.T, service string, messages int, args func(
 		t.Errorf("exit %d, report %+v: want exit 0, %d charges in the ledger and at the provider, 0 double, 0 lost, 0 dead letters\nstderr:\n%s",
 			exit, rep, messages, watch.text())
 	}
-	t.Logf("%s kill -9 with %d/%d published: %.2f deliveries per message (%d deliveries, %d duplicates absorbed, %d consumer crashes, %d publishes retried), "+
+	t.Logf("%s with %d/%d published: %.2f deliveries per message (%d deliveries, %d duplicates absorbed, %d consumer crashes, %d publishes retried), "+
 		"double %d, lost %d; server down and back in %.1fs, demo charging again %.1fs after that (progress lines every 2s), run %.1fs",
-		service, published, messages, float64(rep.Deliveries)/float64(messages), rep.Deliveries, rep.DuplicatesAbsorbed,
+		f.what, published, messages, float64(rep.Deliveries)/float64(messages), rep.Deliveries, rep.DuplicatesAbsorbed,
 		rep.ConsumerCrashes, rep.PublishRetries, rep.DoubleCharges, rep.Lost,
 		backAt.Sub(killedAt).Seconds(), resumedAt.Sub(backAt).Seconds(), rep.ElapsedS)
 }
@@ -261,6 +305,12 @@ func (s *ownService) start(t *testing.T) {
 	if s.url == "" {
 		t.Fatalf("scripts/services start %s printed no URL:\n%s", s.name, out)
 	}
+}
+
+// fault returns the kill -9 and restart of the service, whose URL is
+// passed to the demo with flag.
+func (s *ownService) fault(flag string) fault {
+	return fault{what: s.name + " kill -9", args: []string{flag, s.url}, kill: s.kill9, restart: s.start}
 }
 
 // kill9 sends SIGKILL to the server's main process, read from its pid
