@@ -93,7 +93,11 @@
 // confirms and a stable message ID in the message_id property: a UUIDv7 by
 // default, or the caller's business key ([WithMessageID]), so a publish
 // retried after a lost confirm carries the same ID and the consumer
-// deduplicates it.
+// deduplicates it. With [ProducerConfig].Redial, a Publish after the
+// connection closed (a broker restart) first gets a new one, with the same
+// backoff as the Consumer; a publish whose connection went while it waited
+// for its confirm returns an error, and the caller publishes again with the
+// same ID.
 //
 // # Poison in transactional mode
 //

@@ -1,11 +1,14 @@
 package idemamqp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
 	"github.com/idem-go/idem"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -27,6 +30,20 @@ type ProducerConfig struct {
 	// consumers configured with the same Config.IDHeader. The message_id
 	// property is always set.
 	IDHeader string
+	// Redial returns a new connection after the current one closed
+	// (network loss, broker restart), as Config.Redial does for a
+	// Consumer; it is the place to declare again the topology the
+	// Producer publishes to. Publish calls it, with exponential backoff
+	// between failed calls up to MaxReconnectInterval, until it succeeds
+	// or Publish's context ends. The Producer owns the connections Redial
+	// returns and closes them on Close; it never closes the one given to
+	// NewProducer. Nil means Publish on a closed connection fails with
+	// ErrConnectionClosed. A connection with amqp091's automatic Recovery
+	// is refused.
+	Redial func(ctx context.Context) (*amqp.Connection, error)
+	// MaxReconnectInterval is the longest wait between two Redial calls.
+	// Defaults to DefaultMaxReconnectInterval (30s).
+	MaxReconnectInterval time.Duration
 }
 
 // Producer publishes messages with a stable message ID, persistent and
@@ -34,8 +51,9 @@ type ProducerConfig struct {
 // serialised on one channel so that each waits for its own confirm and
 // sees its own return.
 type Producer struct {
-	conn *amqp.Connection
-	cfg  ProducerConfig
+	conn  *amqp.Connection
+	owned bool // conn came from Redial: Close closes it
+	cfg   ProducerConfig
 
 	mu      sync.Mutex
 	ch      *amqp.Channel
@@ -45,7 +63,8 @@ type Producer struct {
 
 // NewProducer returns a Producer on the caller's conn. It opens its
 // channel on the first Publish, and again after that channel is closed;
-// Close closes it. It never closes conn.
+// Close closes it. It never closes conn. With ProducerConfig.Redial, a
+// Publish after conn closed gets a new connection first.
 func NewProducer(conn *amqp.Connection, cfg ProducerConfig) *Producer {
 	return &Producer{conn: conn, cfg: cfg}
 }
@@ -89,8 +108,9 @@ func WithContentType(ct string) PublishOption {
 //
 // Errors: an invalid WithMessageID (idem.ErrInvalidMessageID,
 // idem.ErrMissingMessageID); ErrConnectionClosed when the connection is
-// closed; ErrPublishUnroutable when nothing took the message; the broker's
-// nack; ctx's error. The message may have been stored when the confirm was
+// closed and ProducerConfig.Redial is nil; ErrPublishUnroutable when
+// nothing took the message; the broker's nack; ctx's error (also while
+// Redial keeps failing; the last Redial error is wrapped with it). The message may have been stored when the confirm was
 // lost; retry with the returned ID.
 func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byte, opts ...PublishOption) (string, error) {
 	var o publishOptions
@@ -136,7 +156,12 @@ func (p *Producer) publish(ctx context.Context, key string, msg amqp.Publishing)
 	}
 	if p.ch == nil || p.ch.IsClosed() {
 		if p.conn == nil || p.conn.IsClosed() {
-			return ErrConnectionClosed
+			if p.cfg.Redial == nil {
+				return ErrConnectionClosed
+			}
+			if err := p.redial(ctx); err != nil {
+				return err
+			}
 		}
 		ch, err := p.conn.Channel()
 		if err != nil {
@@ -170,14 +195,50 @@ func (p *Producer) publish(ctx context.Context, key string, msg amqp.Publishing)
 	return nil
 }
 
-// Close closes the Producer's channel. Later Publish calls fail. It is
-// idempotent and never closes the connection.
+// redial replaces the closed connection with one from Config.Redial,
+// retrying with exponential backoff until ctx ends. p.mu is held.
+func (p *Producer) redial(ctx context.Context) error {
+	if p.owned {
+		_ = p.conn.Close()
+	}
+	p.conn, p.owned, p.ch = nil, false, nil
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 100 * time.Millisecond
+	bo.MaxInterval = cmp.Or(p.cfg.MaxReconnectInterval, DefaultMaxReconnectInterval)
+	conn, err := backoff.Retry(ctx, func() (*amqp.Connection, error) {
+		conn, err := p.cfg.Redial(ctx)
+		switch {
+		case err != nil:
+			return nil, err
+		case conn == nil:
+			return nil, errors.New("Redial returned no connection")
+		case conn.IsRecoveryEnabled():
+			_ = conn.Close()
+			return nil, backoff.Permanent(fmt.Errorf("%w: idemamqp: Redial returned a connection with automatic Recovery", idem.ErrInvalidConfig))
+		}
+		return conn, nil
+	}, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		return fmt.Errorf("%w: redial: %w", ErrConnectionClosed, err)
+	}
+	p.conn, p.owned = conn, true
+	return nil
+}
+
+// Close closes the Producer's channel, and the connection it got from
+// Config.Redial if any. Later Publish calls fail. It is idempotent and
+// never closes the connection given to NewProducer.
 func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.closed = true
+	var err error
 	if p.ch != nil && !p.ch.IsClosed() {
-		return p.ch.Close()
+		err = p.ch.Close()
 	}
-	return nil
+	if p.owned {
+		_ = p.conn.Close()
+		p.owned = false
+	}
+	return err
 }

@@ -3,6 +3,7 @@
 // It is internal: not part of idem's API.
 //
 // A service's URL comes from an environment variable (IDEM_TEST_POSTGRES_URL,
+// IDEM_TEST_POSTGRES_DURABLE_URL, IDEM_TEST_PGBOUNCER_URL,
 // IDEM_TEST_MYSQL_URL, IDEM_TEST_REDIS_URL, IDEM_TEST_AMQP_URL,
 // IDEM_TEST_NATS_URL). When it is missing the test skips, unless
 // IDEM_TEST_REQUIRE_ALL=1 (set by ./scripts/test), which makes it fail: a
@@ -20,11 +21,22 @@ const RequireAllEnv = "IDEM_TEST_REQUIRE_ALL"
 
 // The service variables.
 const (
+	// PostgresEnv is the fast test PostgreSQL (fsync, synchronous_commit
+	// and full_page_writes off).
 	PostgresEnv = "IDEM_TEST_POSTGRES_URL"
-	MySQLEnv    = "IDEM_TEST_MYSQL_URL"
-	RedisEnv    = "IDEM_TEST_REDIS_URL"
-	AMQPEnv     = "IDEM_TEST_AMQP_URL"
-	NATSEnv     = "IDEM_TEST_NATS_URL"
+	// PostgresDurableEnv is a PostgreSQL with Debian's durable defaults
+	// (fsync, synchronous_commit and full_page_writes on), for benchmarks
+	// and crash tests.
+	PostgresDurableEnv = "IDEM_TEST_POSTGRES_DURABLE_URL"
+	// PgBouncerEnv is PgBouncer in transaction pooling mode in front of
+	// the fast test PostgreSQL: a server connection serves a client for
+	// one transaction only, and named prepared statements do not survive
+	// it (pgx clients need a query exec mode that does not prepare them).
+	PgBouncerEnv = "IDEM_TEST_PGBOUNCER_URL"
+	MySQLEnv     = "IDEM_TEST_MYSQL_URL"
+	RedisEnv     = "IDEM_TEST_REDIS_URL"
+	AMQPEnv      = "IDEM_TEST_AMQP_URL"
+	NATSEnv      = "IDEM_TEST_NATS_URL"
 )
 
 // Required reports whether missing services fail tests (IDEM_TEST_REQUIRE_ALL=1).

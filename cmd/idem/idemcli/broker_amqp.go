@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,11 +23,15 @@ const (
 // amqpBroker carries the demo's messages on RabbitMQ through idemamqp:
 // durable queues, persistent messages published with confirms, manual acks
 // with a prefetch. Each member has a connection of its own; a member that
-// dies closes it, and RabbitMQ requeues what it had not acked.
+// dies closes it, and RabbitMQ requeues what it had not acked. A broker
+// restart closes every connection: the producer and the members redial
+// (idemamqp's Redial, with backoff), declaring the queues again on the new
+// connection, and the counts reopen their own.
 type amqpBroker struct {
 	url  string
-	conn *amqp.Connection
-	ch   *amqp.Channel // queue declarations and counts
+	mu   sync.Mutex
+	conn *amqp.Connection // queue declarations and counts
+	ch   *amqp.Channel
 	prod *idemamqp.Producer
 	// outstanding counts messages published and not yet acked or
 	// dead-lettered, by the demo's own count: AMQP does not tell a queue's
@@ -43,7 +48,7 @@ func openAMQP(_ context.Context, url string, fresh bool) (*amqpBroker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", redact(url), err)
 	}
-	b := &amqpBroker{url: url, conn: conn, prod: idemamqp.NewProducer(conn, idemamqp.ProducerConfig{})}
+	b := &amqpBroker{url: url, conn: conn}
 	if b.ch, err = conn.Channel(); err != nil {
 		b.close()
 		return nil, err
@@ -55,15 +60,51 @@ func openAMQP(_ context.Context, url string, fresh bool) (*amqpBroker, error) {
 				return nil, fmt.Errorf("RabbitMQ: remove the previous demo queue %s: %w", q, err)
 			}
 		}
-		if _, err := b.ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			b.close()
-			return nil, fmt.Errorf("RabbitMQ: declare %s: %w", q, err)
-		}
 	}
+	if err := declareAMQP(b.ch); err != nil {
+		b.close()
+		return nil, err
+	}
+	b.prod = idemamqp.NewProducer(conn, idemamqp.ProducerConfig{Redial: b.redial, MaxReconnectInterval: amqpMaxRedialInterval})
 	if n, err := b.count(amqpQueue); err == nil && !fresh {
 		b.outstanding.Store(n)
 	}
 	return b, nil
+}
+
+// amqpMaxRedialInterval is the longest wait between two redials after a
+// broker restart: short, so the demo resumes soon after the broker is back.
+const amqpMaxRedialInterval = 2 * time.Second
+
+// declareAMQP declares the demo's durable queues (again, after a broker
+// restart: durable queues survive it, but a broker that lost its state
+// would have none).
+func declareAMQP(ch *amqp.Channel) error {
+	for _, q := range []string{amqpQueue, amqpDeadQueue} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("RabbitMQ: declare %s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// redial dials a new connection and declares the demo's queues on it: the
+// Redial of the producer and of every member.
+func (b *amqpBroker) redial(context.Context) (*amqp.Connection, error) {
+	conn, err := dialAMQP(b.url)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = declareAMQP(ch)
+		_ = ch.Close()
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 func (b *amqpBroker) publish(ctx context.Context, id string, payload []byte) (bool, error) {
@@ -90,7 +131,7 @@ func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logge
 		return out, err
 	})
 	c, err := idemamqp.NewConsumer(conn, idemamqp.Config{Processor: counted, Queue: amqpQueue, DeadLetter: amqpDeadQueue,
-		Prefetch: 32, RetryDelay: demoRetryDelay, Logger: log})
+		Prefetch: 32, RetryDelay: demoRetryDelay, Logger: log, Redial: b.redial, MaxReconnectInterval: amqpMaxRedialInterval})
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -98,8 +139,26 @@ func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logge
 	return &member{run: c.Run, shutdown: func() { conn.Close() }}, nil
 }
 
-// count returns the messages ready in queue q.
+// count returns the messages ready in queue q, on a new connection when
+// the last one closed.
 func (b *amqpBroker) count(q string) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ch == nil || b.ch.IsClosed() {
+		if b.conn != nil {
+			_ = b.conn.Close()
+		}
+		b.conn, b.ch = nil, nil
+		conn, err := b.redial(context.Background())
+		if err != nil {
+			return 0, err
+		}
+		if b.ch, err = conn.Channel(); err != nil {
+			_ = conn.Close()
+			return 0, err
+		}
+		b.conn = conn
+	}
 	info, err := b.ch.QueueDeclarePassive(q, true, false, false, false, nil)
 	return int64(info.Messages), err
 }
@@ -114,6 +173,12 @@ func (b *amqpBroker) unfinished(context.Context) (int, error) {
 func (b *amqpBroker) deadLettered(context.Context) (int64, error) { return b.count(amqpDeadQueue) }
 
 func (b *amqpBroker) close() {
-	_ = b.prod.Close()
-	_ = b.conn.Close()
+	if b.prod != nil {
+		_ = b.prod.Close()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.conn != nil {
+		_ = b.conn.Close()
+	}
 }

@@ -93,13 +93,17 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 	return b, nil
 }
 
-// connect opens a new connection to the server.
+// connect opens a new connection to the server. It reconnects by itself
+// for as long as it is open (nats.go's reconnect, every 250ms): a restarted
+// server finds the producer, the counts and the members' pull consumers
+// back, and the durable consumer, kept in the server's file store,
+// redelivers what was not acked.
 func (b *natsBroker) connect() (jetstream.JetStream, error) {
-	url, opt := b.url, nats.Timeout(5*time.Second)
+	url, opts := b.url, []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
 	if b.srv != nil {
-		url, opt = "", nats.InProcessServer(b.srv)
+		url, opts = "", []nats.Option{nats.InProcessServer(b.srv)}
 	}
-	nc, err := nats.Connect(url, opt)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
@@ -54,6 +55,7 @@ type report struct {
 	Messages               int     `json:"messages"`
 	Deliveries             int64   `json:"deliveries"`
 	DuplicatesPublished    int64   `json:"duplicates_published"`
+	PublishRetries         int64   `json:"publish_retries"`
 	BrokerDroppedDups      int64   `json:"duplicates_dropped_by_broker"`
 	DuplicatesAbsorbed     int64   `json:"duplicates_absorbed"`
 	InProgressRedeliveries int64   `json:"in_progress_redeliveries"`
@@ -89,6 +91,9 @@ publishes a fraction of the messages twice (--duplicates), consumers die
 the ack (--crash-rate), new ones take over, and unacked messages come back.
 Messages that can never be processed would go to a dead letter, counted in
 the report.
+
+A broker or store restart does not end the run: the producer publishes again
+with the same message IDs, the consumers reconnect, and the report follows.
 
 By default everything runs in process: a NATS JetStream server with file
 storage and SQLite, in a temporary folder removed at the end. With --dir the
@@ -226,6 +231,7 @@ type demoRun struct {
 
 	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
 	dupPublished, brokerDropped, published       atomic.Int64
+	publishRetries                               atomic.Int64 // publishes made again after a failure
 }
 
 func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err error) {
@@ -414,7 +420,7 @@ func (r *demoRun) produce(ctx context.Context, next int, progressPath string) er
 					time.Sleep(d)
 				}
 			}
-			dropped, err := r.broker.publish(ctx, retries[0].id, retries[0].msg)
+			dropped, err := r.publish(ctx, retries[0].id, retries[0].msg)
 			if err != nil {
 				return err
 			}
@@ -429,7 +435,7 @@ func (r *demoRun) produce(ctx context.Context, next int, progressPath string) er
 	for i := next; i < r.o.messages; i++ {
 		p := paymentFor(r.o.seed, i)
 		body, _ := json.Marshal(p)
-		if _, err := r.broker.publish(ctx, p.PaymentID, body); err != nil {
+		if _, err := r.publish(ctx, p.PaymentID, body); err != nil {
 			return fmt.Errorf("publish %s: %w", p.PaymentID, err)
 		}
 		r.published.Add(1)
@@ -449,6 +455,36 @@ func (r *demoRun) produce(ctx context.Context, next int, progressPath string) er
 		return err
 	}
 	return flush(true)
+}
+
+// publishAttemptTimeout bounds one publish and its confirm: a confirm lost
+// with a broker restart is not waited for until the end of the run.
+const publishAttemptTimeout = 10 * time.Second
+
+// publish publishes one message through the broker, again with the same
+// message ID after a failure (the broker restarting, a lost confirm), with
+// exponential backoff, until it is confirmed or ctx ends: a publish whose
+// confirm was lost may have been stored, and the consumers deduplicate the
+// copy. It returns ctx's error, wrapping the last failure, or an invalid
+// message ID's at once.
+func (r *demoRun) publish(ctx context.Context, id string, payload []byte) (dropped bool, err error) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 50 * time.Millisecond
+	bo.MaxInterval = 2 * time.Second
+	return backoff.Retry(ctx, func() (bool, error) {
+		actx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
+		defer cancel()
+		dropped, err := r.broker.publish(actx, id, payload)
+		switch {
+		case err == nil:
+			return dropped, nil
+		case errors.Is(err, idem.ErrInvalidMessageID) || errors.Is(err, idem.ErrMissingMessageID):
+			return false, backoff.Permanent(err)
+		}
+		r.publishRetries.Add(1)
+		r.log.Warn("publish failed; publishing again with the same message ID", "message_id", id, "err", err)
+		return false, err
+	}, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(0))
 }
 
 // consumeForever runs one consumer; when it crashes a new one takes over.
@@ -620,6 +656,7 @@ func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 in
 		Messages:               r.o.messages,
 		Deliveries:             r.deliveries.Load(),
 		DuplicatesPublished:    r.dupPublished.Load(),
+		PublishRetries:         r.publishRetries.Load(),
 		BrokerDroppedDups:      r.brokerDropped.Load(),
 		DuplicatesAbsorbed:     r.dupAbsorbed.Load(),
 		InProgressRedeliveries: r.inProgress.Load(),
@@ -653,6 +690,7 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	row("messages", rep.Messages)
 	row("deliveries", rep.Deliveries)
 	row("duplicates published", rep.DuplicatesPublished)
+	row("publishes retried (broker unavailable)", rep.PublishRetries)
 	row("duplicates dropped by the broker", rep.BrokerDroppedDups)
 	row("duplicates absorbed by idem", rep.DuplicatesAbsorbed)
 	row("in-progress redeliveries", rep.InProgressRedeliveries)
