@@ -8,12 +8,75 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 func deadlineCases[TTx any]() []testCase[TTx] {
 	return []testCase[TTx]{
 		{"ClaimLockTimeout", testClaimLockTimeout[TTx]},
+		{"BeginStalls", forEachClaimPath(stallCase[TTx](faultBegin, 0))},
+		{"ClaimStalls", forEachClaimPath(stallCase[TTx](faultClaim, 0))},
+		{"CommitStalls", forEachClaimPath(stallCase[TTx](faultCommit, 1))},
+		{"HandlerOutlivesStoreTimeout", testHandlerOutlivesStoreTimeout[TTx]},
 	}
+}
+
+// stallTimeout is the StoreTimeout of the stall cases.
+const stallTimeout = 500 * time.Millisecond
+
+// stallCase returns the case in which the store call of kind k stalls (a
+// connection that stopped answering; the call returns only when its
+// context ends): the delivery fails after StoreTimeout with an error
+// matching ErrStore and ErrStoreTimeout, not after the caller's context,
+// having run the handler calls times; nothing is recorded, and the
+// redelivery is processed once.
+func stallCase[TTx any](k fault, calls int64) func(t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
+	return func(t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
+		c := b.consumerOn(store, "c", idem.Config{StoreTimeout: stallTimeout})
+		var n atomic.Int64
+		h := b.handler(c, &n)
+		msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+		f.armStall(k)
+		start := time.Now()
+		out, err := c.Process(b.ctx, msg, h) // b.ctx ends minutes later
+		took := time.Since(start)
+		b.wantOutcome("delivery whose store call stalls", msg.ID, out, err, idem.Failed, idem.ErrStore)
+		if !errors.Is(err, idem.ErrStoreTimeout) || idem.IsPermanent(err) {
+			t.Errorf("delivery whose store call stalls: err = %v, want a retryable error matching ErrStoreTimeout", err)
+		}
+		if f.fired[k].Load() != 1 {
+			t.Fatalf("the stall did not fire; the Consumer took another path")
+		}
+		if took < stallTimeout || took > blockTimeout {
+			t.Errorf("delivery whose store call stalls returned after %v, want StoreTimeout (%v)", took, stallTimeout)
+		}
+		b.wantCalls("after the stall", &n, calls)
+		b.wantRecords("after the stall", c.Name(), 0)
+		b.process("redelivery after the stall", c, msg, h, idem.Processed, nil)
+		b.wantCalls("after the redelivery", &n, calls+1)
+		b.wantEffects("after the redelivery", c.Name(), msg.ID, 1)
+	}
+}
+
+// StoreTimeout bounds the store calls, not the handler: a handler that
+// runs for several StoreTimeouts inside the transaction (database/sql ties
+// the transaction to the context it began with) commits.
+func testHandlerOutlivesStoreTimeout[TTx any](t *testing.T, b *bundle[TTx]) {
+	c := b.consumer("c", idem.Config{StoreTimeout: stallTimeout})
+	var n atomic.Int64
+	h := b.handler(c, &n)
+	slow := func(ctx context.Context, tx TTx, msg idem.Message) error {
+		select {
+		case <-time.After(3 * stallTimeout): // the handler's own work
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return h(ctx, tx, msg)
+	}
+	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+	b.process("delivery with a handler slower than StoreTimeout", c, msg, slow, idem.Processed, nil)
+	b.wantEffects("after the slow handler", c.Name(), msg.ID, 1)
+	b.process("redelivery", c, msg, h, idem.Duplicate, nil)
 }
 
 // A delivery whose record another transaction holds (a copy still in its
