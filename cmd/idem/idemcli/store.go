@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,7 +107,8 @@ func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) 
 
 // mysqlConfig turns mysql://user:pass@host:port/db?param=v into a
 // go-sql-driver/mysql configuration: the parameters timeout, readTimeout
-// and writeTimeout are the driver's, the others session variables.
+// and writeTimeout are the driver's, the others session variables; a
+// mariadb:// URL also sets MariaDB's idle_transaction_timeout.
 func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" {
@@ -141,6 +143,11 @@ func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
 		default:
 			cfg.Params[k] = v[0]
 		}
+	}
+	if _, set := cfg.Params["idle_transaction_timeout"]; !set && strings.EqualFold(u.Scheme, "mariadb") {
+		// MariaDB's: the server ends a session left idle in a transaction
+		// (MySQL has no such variable, so mysql:// URLs go without it).
+		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(storeIdleInTx / time.Second))
 	}
 	return cfg, "mysql at " + cfg.Addr, nil
 }

@@ -11,7 +11,8 @@ import (
 // stalled connection: on PostgreSQL the session's
 // idle_in_transaction_session_timeout and the server side's keepalive and
 // user timeout (a URL parameter overrides one), on MariaDB the driver's
-// read and write timeouts (URL parameters too; a bad one is refused).
+// read and write timeouts (URL parameters too; a bad one is refused) and,
+// for a mariadb:// URL, the session's idle_transaction_timeout.
 func TestStoreConnectionSettings(t *testing.T) {
 	t.Parallel()
 	urls := storeURLs(t)
@@ -64,13 +65,18 @@ func TestStoreConnectionSettings(t *testing.T) {
 			if _, _, err := mysqlConfig(u + "?readTimeout=soon"); !errors.Is(err, errBadURL) {
 				t.Errorf("readTimeout=soon: err %v, want errBadURL", err)
 			}
-			st, err := openSQLStore(t.Context(), u, "")
+			maria := "mariadb" + strings.TrimPrefix(u, "mysql")
+			if cfg, _, err = mysqlConfig(maria); err != nil || cfg.Params["idle_transaction_timeout"] != "30" {
+				t.Errorf("mariadb:// URL: params %v, err %v; want idle_transaction_timeout 30", cfg.Params, err)
+			}
+			st, err := openSQLStore(t.Context(), maria, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer st.db.Close()
-			if err := st.db.PingContext(t.Context()); err != nil {
-				t.Fatal(err)
+			var got string
+			if err := st.db.QueryRowContext(t.Context(), "SELECT @@idle_transaction_timeout").Scan(&got); err != nil || got != "30" {
+				t.Errorf("idle_transaction_timeout = %q (err %v), want 30", got, err)
 			}
 		})
 	}
