@@ -79,6 +79,21 @@ type Config struct {
 	// Hooks (error); nothing is logged per message. Defaults to
 	// slog.Default(). See LogHook for per-message debug logs.
 	Logger *slog.Logger
+	// StoreTimeout bounds every store call the consumer makes: a
+	// transaction's begin, claim, commit and rollback (the handler's own
+	// work in between is bounded by the caller's context only), a lease
+	// acquire, renewal, completion, release and recovery point, the
+	// running mark and each step of a purge. A call past it is cancelled
+	// and the delivery fails with an error matching ErrStore and
+	// ErrStoreTimeout (never an ack), so a stalled connection holds a
+	// delivery for StoreTimeout, not for the broker's handler timeout.
+	// Claims also wait at most StoreTimeout/2 on another transaction
+	// holding the same record (the database's lock timeout; see
+	// ErrLockTimeout). Keep it well below the broker's ack deadline and,
+	// in lease mode, near Lease/3 or below. Defaults to
+	// DefaultStoreTimeout (10s); a negative value leaves the calls bounded
+	// by the caller's context alone.
+	StoreTimeout time.Duration
 	// Hooks observe the consumer: process start and end, claims, outcomes
 	// with their duplicate reason, lease renewals, takeovers and losses,
 	// purges and store errors (see Hook). Each must implement at least one
@@ -122,6 +137,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Lease == 0 {
 		c.Lease = DefaultLease
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = DefaultStoreTimeout
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -231,40 +249,57 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	if out.Status != 0 {
 		return out, out.Err
 	}
-	p := &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp}
+	p := &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout())}
 	var (
 		tx  TTx
 		res idemdriver.ClaimResult
 		err error
 	)
 	since := t.now()
+	b := c.newTxBound(ctx)
+	defer b.end()
 	if bc, ok := c.store.(idemdriver.BeginClaimer[TTx]); ok {
-		tx, res, err = bc.BeginClaim(ctx, p)
+		err = b.call(func(bctx context.Context) (err error) { tx, res, err = bc.BeginClaim(bctx, p); return err })
 		if err != nil {
-			return c.failed(msg.ID, c.storeErr(ctx, "begin and claim", msg.ID, err))
+			return c.claimFailed(ctx, msg.ID, "begin and claim", err, nil)
 		}
 	} else {
-		if tx, err = c.store.Begin(ctx); err != nil {
+		if err = b.call(func(bctx context.Context) (err error) { tx, err = c.store.Begin(bctx); return err }); err != nil {
 			return c.failed(msg.ID, c.storeErr(ctx, "begin", msg.ID, err))
 		}
-		if res, err = c.store.ClaimTx(ctx, tx, p); err != nil {
-			return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "claim", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
+		if err = b.call(func(bctx context.Context) (err error) { res, err = c.store.ClaimTx(bctx, tx, p); return err }); err != nil {
+			return c.claimFailed(ctx, msg.ID, "claim", err, c.rollback(ctx, b, msg.ID, tx))
 		}
 	}
+	if err := b.usable(); err != nil {
+		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "claim", msg.ID, err), c.rollback(ctx, b, msg.ID, tx)))
+	}
 	if !res.Claimed {
-		if err := c.rollback(ctx, msg.ID, tx); err != nil {
+		if err := c.rollback(ctx, b, msg.ID, tx); err != nil {
 			return c.failed(msg.ID, err)
 		}
 		return c.existingTx(msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
-		return c.handlerFailed(msg.ID, err, c.rollback(ctx, msg.ID, tx))
+		return c.handlerFailed(msg.ID, err, c.rollback(ctx, b, msg.ID, tx))
 	}
-	if err := c.store.Commit(ctx, tx); err != nil {
-		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
+	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
+		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, b, msg.ID, tx)))
 	}
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
+}
+
+// claimFailed is the outcome of a claim that failed with err (joined with
+// the rollback's error, if any): InProgress when the claim waited past its
+// lock timeout for another transaction holding the record, so the
+// message is redelivered later; Failed otherwise.
+func (c *core) claimFailed(ctx context.Context, id, op string, err, rollbackErr error) (Outcome, error) {
+	if errors.Is(err, ErrLockTimeout) {
+		err := errors.Join(fmt.Errorf("%w: message %q: another transaction holds its record: %w", ErrInProgress, id, err), rollbackErr)
+		return Outcome{Status: InProgress, MessageID: id, Err: err, RetryAfter: txInProgressRetryAfter}, err
+	}
+	return c.failed(id, errors.Join(c.storeErr(ctx, op, id, err), rollbackErr))
 }
 
 // handlerFailed is the Failed outcome of a handler error (joined with the
@@ -301,9 +336,14 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return out, out.Err
 	}
 	since := t.now()
-	res, err := c.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp})
+	cctx, cancel := callCtx(ctx, c.storeTimeout())
+	res, err := c.store.ClaimTx(cctx, tx, &idemdriver.ClaimParams{
+		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout()),
+	})
+	err = timedOut(cctx, err)
+	cancel()
 	if err != nil {
-		return c.failed(msg.ID, c.storeErr(ctx, "claim", msg.ID, err))
+		return c.claimFailed(ctx, msg.ID, "claim", err, nil)
 	}
 	if !res.Claimed {
 		return c.existingTx(msg.ID, fp, res)
@@ -402,24 +442,41 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Message, outs []Outcome, fps [][]byte,
 	claim []idemdriver.ClaimMessage, claimIdx []int, handler BatchHandler[TTx]) {
 	fail := func(err error) {
+		out := Outcome{Status: Failed, Err: err}
+		if errors.Is(err, ErrLockTimeout) {
+			out = Outcome{Status: InProgress, Err: fmt.Errorf("%w: another transaction holds a record of the batch: %w", ErrInProgress, err), RetryAfter: txInProgressRetryAfter}
+		}
 		for _, i := range claimIdx {
 			if outs[i].Status == 0 {
-				outs[i] = Outcome{Status: Failed, MessageID: msgs[i].ID, Err: err}
+				out.MessageID = msgs[i].ID
+				outs[i] = out
 			}
 		}
 	}
 	since := t.now()
-	tx, err := c.store.Begin(ctx)
-	if err != nil {
+	b := c.newTxBound(ctx)
+	defer b.end()
+	var tx TTx
+	if err := b.call(func(bctx context.Context) (err error) { tx, err = c.store.Begin(bctx); return err }); err != nil {
 		fail(c.storeErr(ctx, "begin", "", err))
 		return
 	}
-	res, err := idemdriver.ClaimBatch(ctx, c.store, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim})
+	var res []idemdriver.ClaimResult
+	err := b.call(func(bctx context.Context) (err error) {
+		res, err = idemdriver.ClaimBatch(bctx, c.store, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim, LockTimeout: lockTimeout(c.storeTimeout())})
+		return err
+	})
 	if err == nil && len(res) != len(claim) {
 		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
 	}
+	if err == nil {
+		err = b.usable()
+	}
 	if err != nil {
-		fail(errors.Join(c.storeErr(ctx, "claim batch", "", err), c.rollback(ctx, "", tx)))
+		if !errors.Is(err, ErrLockTimeout) {
+			err = c.storeErr(ctx, "claim batch", "", err)
+		}
+		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
 		return
 	}
 	var freshIdx []int
@@ -439,17 +496,17 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fresh[k] = msgs[i]
 	}
 	if len(fresh) == 0 {
-		if err := c.rollback(ctx, "", tx); err != nil {
+		if err := c.rollback(ctx, b, "", tx); err != nil {
 			fail(err)
 		}
 		return
 	}
 	if err := runHandler(func() error { return handler(ctx, tx, fresh) }); err != nil {
-		fail(errors.Join(err, c.rollback(ctx, "", tx)))
+		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
 		return
 	}
-	if err := c.store.Commit(ctx, tx); err != nil {
-		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, "", tx)))
+	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
+		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, b, "", tx)))
 		return
 	}
 	for k, r := range res {
@@ -466,13 +523,19 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 // cleaner holds the purge lock, and errors matching ErrStore on failure.
 func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return c.purgeNow(ctx) }
 
-// rollback rolls tx back even when ctx has ended, bounded by finishTimeout.
-// id is the message ID for the store error hook, empty for a batch.
-func (c *Consumer[TTx]) rollback(ctx context.Context, id string, tx TTx) error {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+// rollback rolls tx back even when ctx has ended, bounded by the store
+// timeout (finishTimeout without one): the call gets a detached context,
+// and b's deadline is armed too, since database/sql drivers roll back
+// under the context the transaction began with. id is the message ID for
+// the store error hook, empty for a batch.
+func (c *Consumer[TTx]) rollback(ctx context.Context, b *txBound, id string, tx TTx) error {
+	rctx, cancel := detachedCallCtx(ctx, c.storeTimeout())
 	defer cancel()
-	if err := c.store.Rollback(rctx, tx); err != nil {
-		return c.storeErr(ctx, "rollback", id, err)
+	b.arm()
+	err := c.store.Rollback(rctx, tx)
+	b.disarm()
+	if err != nil {
+		return c.storeErr(ctx, "rollback", id, timedOut(rctx, err))
 	}
 	return nil
 }

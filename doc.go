@@ -36,6 +36,20 @@
 // idemdriver (idemdriver.TxStore, idemdriver.LeaseStore) and pass the
 // idemtest conformance suite.
 //
+// # Deadlines
+//
+// Every store call the core makes is bounded by [Config.StoreTimeout] (10s
+// by default): a connection that stops answering fails the delivery with
+// an error matching [ErrStore] and [ErrStoreTimeout] (redelivered, never
+// acked) instead of holding it until the broker's handler timeout. A
+// claim waits at most half of it for another transaction that holds the
+// same record, by the database's own lock timeout, and is then
+// [InProgress] with [ErrLockTimeout]. The handler's work is bounded by the
+// caller's context only. docs/architecture.md relates these to the
+// broker's ack deadline and the lease, and lists the driver settings
+// (TCP keepalive, idle_in_transaction_session_timeout) that end a stalled
+// connection and the server session behind it.
+//
 // # Retention
 //
 // A processed record is deleted only after its consumer has been running

@@ -75,9 +75,12 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		// The lease cannot have started before this instant, by our clock.
 		leaseFrom := time.Now()
 		since := t.now()
-		acq, err := c.store.Acquire(ctx, &idemdriver.AcquireParams{
+		actx, cancel := callCtx(ctx, c.storeTimeout())
+		acq, err := c.store.Acquire(actx, &idemdriver.AcquireParams{
 			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
 		})
+		err = timedOut(actx, err)
+		cancel()
 		if err != nil {
 			out, err := c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
 			return nil, out, err
@@ -225,9 +228,7 @@ func (a *Attempt) Valid(ctx context.Context) error {
 		return err
 	}
 	start := time.Now()
-	callCtx, cancel := context.WithDeadline(ctx, a.Deadline())
-	err := a.c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Lease: a.c.cfg.Lease})
-	cancel()
+	err := a.renew(ctx)
 	switch {
 	case err == nil:
 		a.renewed(start)
@@ -320,10 +321,7 @@ func (a *Attempt) renewLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 		start := time.Now()
-		// A renewal that hangs past the lease is as good as lost.
-		callCtx, cancel := context.WithDeadline(ctx, a.Deadline())
-		err := a.c.store.Renew(callCtx, &idemdriver.RenewParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Lease: lease})
-		cancel()
+		err := a.renew(ctx)
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			a.markLost(ctx, "renew", start, err)
@@ -341,6 +339,18 @@ func (a *Attempt) renewLoop(ctx context.Context) {
 				"lease_left", time.Until(a.Deadline()))
 		}
 	}
+}
+
+// renew writes one renewal, bounded by the store timeout and by the
+// lease's local deadline: a renewal that hangs past the lease is as good
+// as lost.
+func (a *Attempt) renew(ctx context.Context) error {
+	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
+	defer cancel()
+	dctx, cancelDeadline := context.WithDeadline(cctx, a.Deadline())
+	defer cancelDeadline()
+	err := a.c.store.Renew(dctx, &idemdriver.RenewParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Lease: a.c.cfg.Lease})
+	return timedOut(cctx, err)
 }
 
 // Key returns the idempotency key for the external call named step, the
@@ -419,7 +429,9 @@ func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) erro
 		return err
 	}
 	since := time.Now()
-	err := a.c.store.SaveStep(ctx, &idemdriver.StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: result})
+	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
+	err := timedOut(cctx, a.c.store.SaveStep(cctx, &idemdriver.StepParams{Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Step: name, Result: result}))
+	cancel()
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		a.markLost(ctx, "step", since, err)
@@ -500,7 +512,7 @@ func (a *Attempt) endOnPanic() {
 
 // Complete records res as the message's result while this attempt's token
 // owns the record, and ends the attempt: Processed, nil. ctx bounds the
-// store call; pass one detached from a caller that may leave
+// store call (and Config.StoreTimeout); pass one detached from a caller that may leave
 // (context.WithoutCancel with a timeout) so the result is stored anyway.
 //
 // An error matching ErrLeaseLost means another attempt took over: the
@@ -515,9 +527,11 @@ func (a *Attempt) Complete(ctx context.Context, res Result) (Outcome, error) {
 	}
 	defer a.endOnPanic()
 	since := time.Now()
-	err := a.c.store.Complete(ctx, &idemdriver.CompleteParams{
+	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
+	err := timedOut(cctx, a.c.store.Complete(cctx, &idemdriver.CompleteParams{
 		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
-	})
+	}))
+	cancel()
 	if errors.Is(err, ErrLeaseLost) {
 		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, a.Message.ID)
 		a.markLost(ctx, "complete", since, err)
@@ -556,9 +570,11 @@ func (a *Attempt) release(ctx context.Context, cause error, isTerminal func() bo
 	defer a.endOnPanic()
 	terminal := isTerminal()
 	since := time.Now()
-	err := a.c.store.Release(ctx, &idemdriver.ReleaseParams{
+	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
+	err := timedOut(cctx, a.c.store.Release(cctx, &idemdriver.ReleaseParams{
 		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
-	})
+	}))
+	cancel()
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		a.markLost(ctx, "release", since, err)

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/idem-go/idem/idemdriver"
 	"slices"
 	"sync"
@@ -145,15 +146,34 @@ func (s *MemoryStore) ClaimBatchTx(ctx context.Context, tx *MemoryTx, p *idemdri
 				break
 			}
 			s.mu.Unlock()
-			// Wait for the other transaction, as a unique index would.
-			select {
-			case <-other.done:
-			case <-ctx.Done():
-				return nil, ctx.Err()
+			// Wait for the other transaction, as a unique index would, for
+			// at most the lock timeout.
+			if err := waitTx(ctx, other, p.LockTimeout); err != nil {
+				return nil, err
 			}
 		}
 	}
 	return out, nil
+}
+
+// waitTx waits for tx to end, for at most lockTimeout when it is
+// positive (then an error matching idemdriver.ErrLockTimeout), or until
+// ctx ends.
+func waitTx(ctx context.Context, tx *MemoryTx, lockTimeout time.Duration) error {
+	var timeout <-chan time.Time
+	if lockTimeout > 0 {
+		tm := time.NewTimer(lockTimeout)
+		defer tm.Stop()
+		timeout = tm.C
+	}
+	select {
+	case <-tx.done:
+		return nil
+	case <-timeout:
+		return fmt.Errorf("%w: waited %v for another transaction holding the record", idemdriver.ErrLockTimeout, lockTimeout)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Commit implements idemdriver.TxStore.

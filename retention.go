@@ -47,6 +47,13 @@ type PurgeParams struct {
 	// OnBatch, if set, is called after each batch with the number of
 	// records deleted so far; it must be fast.
 	OnBatch func(deletedSoFar int64)
+	// StoreTimeout bounds each store call of the purge (taking the lock,
+	// reading the runs, each batch, releasing the lock): past it the purge
+	// stops with an error matching ErrStore and ErrStoreTimeout, having
+	// deleted the batches already run. Defaults to DefaultStoreTimeout; a
+	// negative value leaves the calls bounded by ctx alone. A consumer's
+	// own purges use its Config.StoreTimeout.
+	StoreTimeout time.Duration
 }
 
 // PurgeResult reports one purge.
@@ -83,7 +90,21 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 	if err := validatePurge(&p); err != nil {
 		return res, err
 	}
-	s, err := store.BeginPurge(ctx, &idemdriver.BeginPurgeParams{Consumer: p.Consumer})
+	d := p.StoreTimeout
+	if d == 0 {
+		d = DefaultStoreTimeout
+	}
+	// call runs one store call of the purge under the store timeout.
+	call := func(fn func(ctx context.Context) error) error {
+		cctx, cancel := callCtx(ctx, max(d, 0))
+		defer cancel()
+		return timedOut(cctx, fn(cctx))
+	}
+	var s idemdriver.PurgeSession
+	err := call(func(ctx context.Context) (err error) {
+		s, err = store.BeginPurge(ctx, &idemdriver.BeginPurgeParams{Consumer: p.Consumer})
+		return err
+	})
 	if errors.Is(err, ErrPurgeInProgress) {
 		return res, err
 	}
@@ -91,11 +112,12 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 		return res, storeError("purge lock", err)
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		cctx, cancel := detachedCallCtx(ctx, max(d, 0))
 		defer cancel()
 		_ = s.Close(cctx) // a lock that cannot be released ends with its session
 	}()
-	runs, err := s.Runs(ctx)
+	var runs []idemdriver.Run
+	err = call(func(ctx context.Context) (err error) { runs, err = s.Runs(ctx); return err })
 	if err != nil {
 		return res, storeError("purge runs", err)
 	}
@@ -104,7 +126,8 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 		return res, nil
 	}
 	if p.DryRun {
-		n, err := s.CountBefore(ctx, res.Horizon)
+		var n int64
+		err := call(func(ctx context.Context) (err error) { n, err = s.CountBefore(ctx, res.Horizon); return err })
 		if err != nil {
 			return res, storeError("purge count", err)
 		}
@@ -121,7 +144,8 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		n, err := s.DeleteBatch(ctx, batch)
+		var n int64
+		err := call(func(ctx context.Context) (err error) { n, err = s.DeleteBatch(ctx, batch); return err })
 		if err != nil {
 			if ctx.Err() != nil {
 				return res, ctx.Err()
@@ -139,7 +163,7 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 			break
 		}
 	}
-	if err := s.PruneRuns(ctx, res.Horizon); err != nil {
+	if err := call(func(ctx context.Context) error { return s.PruneRuns(ctx, res.Horizon) }); err != nil {
 		return res, storeError("purge runs", err)
 	}
 	return res, nil
@@ -197,9 +221,6 @@ func validatePurge(p *PurgeParams) error {
 // caller's context ended: a rollback, releasing a purge lock.
 const finishTimeout = 10 * time.Second
 
-// markTimeout bounds one MarkRunning of the run loop.
-const markTimeout = 5 * time.Second
-
 // heartbeat returns how often a consumer with the given retention window
 // marks itself running: a tenth of the window, between 1s and 1m, so a
 // stall or a crash costs at most that much of counted running time.
@@ -221,8 +242,8 @@ func (c *core) runLoop(ctx context.Context) {
 		// A mark in flight when Close comes is let finish (bounded), rather
 		// than cancelled mid-statement, which would cost the store its
 		// connection.
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(beat, markTimeout))
-		err := c.store.MarkRunning(mctx, &idemdriver.MarkRunningParams{Consumer: c.cfg.Name, MaxGap: gap})
+		mctx, cancel := detachedCallCtx(ctx, min(beat, c.storeTimeout()))
+		err := timedOut(mctx, c.store.MarkRunning(mctx, &idemdriver.MarkRunningParams{Consumer: c.cfg.Name, MaxGap: gap}))
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -248,6 +269,7 @@ func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
 		Consumer:        c.cfg.Name,
 		RetentionWindow: c.cfg.RetentionWindow,
 		BatchSize:       c.cfg.PurgeBatchSize,
+		StoreTimeout:    c.cfg.StoreTimeout,
 	})
 	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
 		err = c.storeErr(ctx, "purge", "", err)

@@ -39,4 +39,13 @@ var (
 	// ErrPurgeInProgress means another cleaner holds the purge lock of the
 	// consumer; BeginPurge returns it at once instead of waiting.
 	ErrPurgeInProgress = errors.New("idem: purge already running")
+
+	// ErrLockTimeout means a claim waited longer than its LockTimeout for
+	// another transaction that holds the same record (a concurrent copy
+	// still running, or a session that stalled with the record locked),
+	// and the database ended the wait (PostgreSQL SQLSTATE 55P03, MySQL
+	// error 1205). Nothing was claimed; the transaction must be rolled
+	// back. Retryable: redeliver later. Stores wrap the driver's error
+	// with it, so both stay reachable.
+	ErrLockTimeout = errors.New("idem: lock timeout")
 )

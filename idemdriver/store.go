@@ -1,6 +1,9 @@
 package idemdriver
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // TxStore records processed messages inside database transactions of type
 // TTx: pgx.Tx for PostgreSQL on pgx, *sql.Tx for the database/sql
@@ -78,6 +81,15 @@ type ClaimParams struct {
 	MessageID string
 	// Fingerprint is the payload fingerprint, 1 to MaxFingerprintLength bytes.
 	Fingerprint []byte
+	// LockTimeout, when positive, bounds how long the claim waits for
+	// another transaction holding the same record: past it the claim fails
+	// with an error matching ErrLockTimeout, ended by the database itself
+	// (PostgreSQL lock_timeout, InnoDB innodb_lock_wait_timeout, for the
+	// claim's statements only), so the connection stays usable. Zero
+	// leaves the wait to the database's settings and ctx. The core sets it
+	// to half of idem.Config.StoreTimeout. A store whose claims never wait
+	// on a record (SQLite: the write lock is taken at BEGIN) ignores it.
+	LockTimeout time.Duration
 }
 
 // ClaimBatchParams names the messages of one batch claim.
@@ -86,6 +98,9 @@ type ClaimBatchParams struct {
 	Consumer string
 	// Messages are the messages to claim, with distinct IDs.
 	Messages []ClaimMessage
+	// LockTimeout bounds each wait of the batch's statements on a record
+	// another transaction holds, as ClaimParams.LockTimeout does.
+	LockTimeout time.Duration
 }
 
 // ClaimMessage is one message of a batch claim.
@@ -151,7 +166,7 @@ func ClaimBatch[TTx any](ctx context.Context, s TxStore[TTx], tx TTx, p *ClaimBa
 	}
 	out := make([]ClaimResult, len(p.Messages))
 	for i, m := range p.Messages {
-		r, err := s.ClaimTx(ctx, tx, &ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint})
+		r, err := s.ClaimTx(ctx, tx, &ClaimParams{Consumer: p.Consumer, MessageID: m.MessageID, Fingerprint: m.Fingerprint, LockTimeout: p.LockTimeout})
 		if err != nil {
 			return nil, err
 		}

@@ -102,16 +102,29 @@ func ValidateKey(consumer, messageID string) error {
 	return ValidateMessageID(messageID, 0)
 }
 
-// ValidateClaimParams checks p as every ClaimTx and BeginClaim does.
+// ValidateClaimParams checks p as every ClaimTx and BeginClaim does: a
+// valid key and fingerprint, and a LockTimeout that is not negative.
 func ValidateClaimParams(p *ClaimParams) error {
 	if err := ValidateKey(p.Consumer, p.MessageID); err != nil {
+		return err
+	}
+	if err := validateLockTimeout(p.LockTimeout); err != nil {
 		return err
 	}
 	return ValidateFingerprint(p.Fingerprint)
 }
 
+// validateLockTimeout refuses a negative lock timeout.
+func validateLockTimeout(d time.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%w: negative LockTimeout %v", ErrInvalidConfig, d)
+	}
+	return nil
+}
+
 // ValidateClaimBatchParams checks p as every ClaimBatchTx does: a valid
-// consumer name, at least one message, and for each a valid message ID and
+// consumer name, at least one message, a LockTimeout that is not negative,
+// and for each a valid message ID and
 // fingerprint, with no ID twice. The error names the first bad message.
 func ValidateClaimBatchParams(p *ClaimBatchParams) error {
 	if err := ValidateConsumerName(p.Consumer); err != nil {
@@ -119,6 +132,9 @@ func ValidateClaimBatchParams(p *ClaimBatchParams) error {
 	}
 	if len(p.Messages) == 0 {
 		return fmt.Errorf("%w: empty batch", ErrInvalidConfig)
+	}
+	if err := validateLockTimeout(p.LockTimeout); err != nil {
+		return err
 	}
 	seen := make(map[string]struct{}, len(p.Messages))
 	for i, m := range p.Messages {

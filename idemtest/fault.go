@@ -40,10 +40,30 @@ type faultStore[TTx any] struct {
 	inner idemdriver.TxStore[TTx]
 	armed [numFaults]atomic.Bool
 	fired [numFaults]atomic.Int32
+	// stall makes an armed fault a stalled connection instead of an
+	// error: the call blocks until its context ends and returns the
+	// context's error.
+	stall atomic.Bool
 }
 
 // arm makes the next call of kind f fail.
 func (f *faultStore[TTx]) arm(k fault) { f.armed[k].Store(true) }
+
+// armStall makes the next call of kind f stall until its context ends.
+func (f *faultStore[TTx]) armStall(k fault) {
+	f.stall.Store(true)
+	f.armed[k].Store(true)
+}
+
+// injected returns the injected error of a fault that fired: errInjected,
+// or, for a stall, ctx's error once ctx has ended.
+func (f *faultStore[TTx]) injected(ctx context.Context) error {
+	if !f.stall.Load() {
+		return errInjected
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
 
 // fire reports whether a call of kind k must fail now, disarming it.
 func (f *faultStore[TTx]) fire(k fault) bool {
@@ -57,7 +77,7 @@ func (f *faultStore[TTx]) fire(k fault) bool {
 func (f *faultStore[TTx]) Begin(ctx context.Context) (TTx, error) {
 	if f.fire(faultBegin) {
 		var zero TTx
-		return zero, errInjected
+		return zero, f.injected(ctx)
 	}
 	return f.inner.Begin(ctx)
 }
@@ -65,7 +85,7 @@ func (f *faultStore[TTx]) Begin(ctx context.Context) (TTx, error) {
 func (f *faultStore[TTx]) ClaimTx(ctx context.Context, tx TTx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	res, err := f.inner.ClaimTx(ctx, tx, p)
 	if err == nil && f.fire(faultClaim) {
-		return idemdriver.ClaimResult{}, errInjected
+		return idemdriver.ClaimResult{}, f.injected(ctx)
 	}
 	return res, err
 }
@@ -80,7 +100,7 @@ func (f *faultStore[TTx]) ClaimBatchTx(ctx context.Context, tx TTx, p *idemdrive
 
 func (f *faultStore[TTx]) Commit(ctx context.Context, tx TTx) error {
 	if f.fire(faultCommit) {
-		return errInjected
+		return f.injected(ctx)
 	}
 	err := f.inner.Commit(ctx, tx)
 	if err == nil && f.fire(faultCommitLost) {
@@ -111,13 +131,14 @@ type faultBeginClaimStore[TTx any] struct {
 func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (TTx, idemdriver.ClaimResult, error) {
 	var zero TTx
 	if f.fire(faultBegin) {
-		return zero, idemdriver.ClaimResult{}, errInjected
+		return zero, idemdriver.ClaimResult{}, f.injected(ctx)
 	}
 	tx, res, err := f.bc.BeginClaim(ctx, p)
 	if err == nil && f.fire(faultClaim) {
+		err := f.injected(ctx)
 		// BeginClaim's contract: on error no transaction is left open.
 		_ = f.inner.Rollback(context.WithoutCancel(ctx), tx)
-		return zero, idemdriver.ClaimResult{}, errInjected
+		return zero, idemdriver.ClaimResult{}, err
 	}
 	return tx, res, err
 }

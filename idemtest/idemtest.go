@@ -99,6 +99,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Lifecycle", lifecycleCases[TTx]()},
 		{"Store", storeCases[TTx]()},
 		{"Mixed", mixedCases[TTx]()},
+		{"Deadline", deadlineCases[TTx]()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

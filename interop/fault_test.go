@@ -2,126 +2,13 @@ package interop
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/internal/faultproxy"
 	"github.com/idem-go/idem/internal/testenv"
 )
-
-// faultProxy forwards TCP connections to a store. Once tripped, and until
-// its window ends, it lets every byte reach the store but closes a
-// connection as soon as the store answers on it: the store applies the
-// command (the final write included) and the proxy never learns it did.
-type faultProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	until  time.Time
-	conns  map[net.Conn]bool
-	cuts   int
-}
-
-func newFaultProxy(t *testing.T, target string) *faultProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &faultProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	t.Cleanup(func() {
-		ln.Close()
-		f.mu.Lock()
-		for c := range f.conns {
-			c.Close()
-		}
-		f.mu.Unlock()
-	})
-	go f.accept()
-	return f
-}
-
-func (f *faultProxy) Addr() string { return f.ln.Addr().String() }
-
-// trip starts a window of d during which every store answer cuts its connection.
-func (f *faultProxy) trip(d time.Duration) {
-	f.mu.Lock()
-	f.until = time.Now().Add(d)
-	f.mu.Unlock()
-}
-
-func (f *faultProxy) faulty() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return time.Now().Before(f.until)
-}
-
-func (f *faultProxy) Cuts() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.cuts
-}
-
-func (f *faultProxy) accept() {
-	for {
-		c, err := f.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", f.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		f.mu.Lock()
-		f.conns[c], f.conns[s] = true, true
-		f.mu.Unlock()
-		closeBoth := func() {
-			c.Close()
-			s.Close()
-			f.mu.Lock()
-			delete(f.conns, c)
-			delete(f.conns, s)
-			f.mu.Unlock()
-		}
-		go func() { io.Copy(s, c); closeBoth() }()
-		go func() {
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := s.Read(buf)
-				if n > 0 {
-					if f.faulty() {
-						f.mu.Lock()
-						f.cuts++
-						f.mu.Unlock()
-						break
-					}
-					if _, werr := c.Write(buf[:n]); werr != nil {
-						break
-					}
-				}
-				if err != nil {
-					break
-				}
-			}
-			closeBoth()
-		}()
-	}
-}
-
-// viaFault rewrites a store URL's host:port to the fault proxy's.
-func viaFault(t *testing.T, raw string) (*faultProxy, string) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFaultProxy(t, u.Host)
-	u.Host = f.Addr()
-	return f, u.String()
-}
 
 // TestStoreCutAtFinalWrite cuts the proxy's store connections the moment
 // the upstream answers, so the final write (Complete) reaches the store
@@ -147,9 +34,9 @@ func TestStoreCutAtFinalWrite(t *testing.T) {
 	for _, st := range stores {
 		for _, w := range windows {
 			t.Run(st.name+"/"+w.name, func(t *testing.T) {
-				f, storeURL := viaFault(t, testenv.URL(t, st.env, st.example))
+				f, storeURL := faultproxy.URL(t, testenv.URL(t, st.env, st.example))
 				up := newUpstream(t)
-				up.beforeAnswer = func(string) { f.trip(w.window) }
+				up.beforeAnswer = func(string) { f.CutAnswers(w.window) }
 				args := []string{"--upstream", up.URL, "--store", storeURL, "--lease", "1500ms"}
 				if st.name == "postgres" {
 					args = append(args, "--table", "idem_interop_"+uniq())
@@ -165,7 +52,7 @@ func TestStoreCutAtFinalWrite(t *testing.T) {
 				if f.Cuts() == 0 {
 					t.Fatal("no store connection was cut")
 				}
-				for time.Now().Before(f.untilTime()) {
+				for time.Now().Before(f.CutUntil()) {
 					time.Sleep(50 * time.Millisecond)
 				}
 				retry := postUntilFinal(t, p.URL, key, body, 20*time.Second)
@@ -194,10 +81,4 @@ func TestStoreCutAtFinalWrite(t *testing.T) {
 			})
 		}
 	}
-}
-
-func (f *faultProxy) untilTime() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.until
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
@@ -14,7 +16,33 @@ import (
 
 // ClaimArgs are the arguments of q.Claim for p.
 func ClaimArgs(p *idemdriver.ClaimParams) []any {
-	return []any{p.Consumer, p.MessageID, p.Fingerprint}
+	return []any{p.Consumer, p.MessageID, p.Fingerprint, LockTimeoutArg(p.LockTimeout)}
+}
+
+// LockTimeoutArg is the lock timeout parameter of the claims: d in whole
+// milliseconds (rounded up) as text, or nil (NULL: the session's
+// setting) when d is not positive.
+func LockTimeoutArg(d time.Duration) any {
+	if d <= 0 {
+		return nil
+	}
+	return strconv.FormatInt(int64((d+time.Millisecond-1)/time.Millisecond), 10)
+}
+
+// lockNotAvailable is PostgreSQL's SQLSTATE for a lock wait ended by
+// lock_timeout.
+const lockNotAvailable = "55P03"
+
+// WrapLockTimeout returns err marked with idemdriver.ErrLockTimeout when
+// it is PostgreSQL's lock_not_available (SQLSTATE 55P03, by the
+// SQLState method of the driver's error: pgconn.PgError and others), and
+// err unchanged otherwise.
+func WrapLockTimeout(err error) error {
+	var st interface{ SQLState() string }
+	if err != nil && errors.As(err, &st) && st.SQLState() == lockNotAvailable {
+		return fmt.Errorf("%w: %w", idemdriver.ErrLockTimeout, err)
+	}
+	return err
 }
 
 // ScanClaim reads the row of q.Claim. settled is false when the claim
@@ -43,9 +71,10 @@ func ScanClaim(row sqlstore.Row) (res idemdriver.ClaimResult, settled bool, err 
 func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	res, settled, err := ScanClaim(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...))
 	if err != nil || settled {
-		return res, err
+		return res, WrapLockTimeout(err)
 	}
-	return q.Settle(ctx, tx, p)
+	res, err = q.Settle(ctx, tx, p)
+	return res, WrapLockTimeout(err)
 }
 
 // Settle finishes a claim whose statement found a conflict but could not
@@ -77,6 +106,11 @@ func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver
 // committed by transactions it waited for, and returns one result per
 // message in the order of p.Messages. p must have been validated.
 func (q *Queries) ClaimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+	res, err := q.claimBatchTx(ctx, tx, p)
+	return res, WrapLockTimeout(err)
+}
+
+func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	got := make(map[string]idemdriver.ClaimResult, len(p.Messages))
 	pending := sqlstore.Sorted(p)
 	for attempt := 0; len(pending) > 0; attempt++ {
@@ -88,7 +122,7 @@ func (q *Queries) ClaimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 			fps[i] = hex.EncodeToString(m.Fingerprint)
 		}
 		ids := TextArray(sqlstore.IDs(pending))
-		rows, err := tx.Query(ctx, q.claimBatch, p.Consumer, ids, TextArray(fps))
+		rows, err := tx.Query(ctx, q.claimBatch, p.Consumer, ids, TextArray(fps), LockTimeoutArg(p.LockTimeout))
 		if err != nil {
 			return nil, err
 		}

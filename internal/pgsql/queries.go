@@ -78,18 +78,43 @@ func durationParam(param string) string {
 	return `(` + param + `::bigint * interval '1 microsecond')`
 }
 
+// lockTimeoutCTE is the CTE "lt" with which a claim sets its lock timeout
+// for itself alone: it saves the transaction's lock_timeout and sets it
+// to param (milliseconds, as text; NULL keeps it), in the claim's own
+// round trip. The insert reads its rows FROM lt, so the setting is made
+// before the insert can wait on a record another transaction holds, and
+// restoreLockTimeout, the last branch of the statement's UNION ALL (run
+// after the branches that read the insert), puts the saved value back,
+// so the handler's statements that follow in the transaction keep the
+// session's setting. A wait past it fails with SQLSTATE 55P03
+// (lock_not_available), which WrapLockTimeout marks.
+func lockTimeoutCTE(param string) string {
+	return `lt AS MATERIALIZED (
+	SELECT s.saved, set_config('lock_timeout', COALESCE(` + param + `::text, s.saved), true)
+	FROM (SELECT current_setting('lock_timeout') AS saved OFFSET 0) AS s
+)`
+}
+
+// restoreLockTimeout is the last branch of a claim's UNION ALL, whose
+// first column is of type first: it returns no row, and puts back the
+// lock_timeout that lockTimeoutCTE saved.
+func restoreLockTimeout(first string) string {
+	return `SELECT ` + first + `, NULL::bytea, NULL::smallint FROM lt WHERE set_config('lock_timeout', lt.saved, true) IS NULL`
+}
+
 // Queries holds the statements of one table, its name filled in once so
 // that a driver's statement cache sees one text per statement.
 type Queries struct {
 	// Table is the processed-messages table as written in SQL.
 	Table string
-	// Claim: consumer, message ID, fingerprint -> claimed (bool), stored
-	// fingerprint and state (NULL unless a record committed before the
-	// statement began conflicted).
+	// Claim: consumer, message ID, fingerprint, lock timeout (ms as text,
+	// or NULL) -> claimed (bool), stored fingerprint and state (NULL
+	// unless a record committed before the statement began conflicted).
 	Claim string
 	// fingerprint: consumer, message ID -> fingerprint, state.
 	fingerprint string
-	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints ->
+	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints,
+	// lock timeout (ms as text, or NULL) ->
 	// one row (NULL, NULL, NULL) when every message was inserted, else
 	// (message ID, NULL, NULL) per inserted message and (message ID,
 	// fingerprint, state) per record committed before the statement.
@@ -131,9 +156,9 @@ func New(t string) *Queries {
 	pk := `consumer = $1::text AND message_id = $2::text`
 	return &Queries{
 		Table: t,
-		Claim: `WITH ins AS (
+		Claim: `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
 	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	VALUES ($1::text, $2::text, $3::bytea)
+	SELECT $1::text, $2::text, $3::bytea FROM lt
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 )
@@ -141,11 +166,13 @@ SELECT EXISTS (SELECT FROM ins),
 	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
 	ELSE (SELECT fingerprint FROM ` + t + ` WHERE ` + pk + `) END,
 	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
-	ELSE (SELECT state FROM ` + t + ` WHERE ` + pk + `) END`,
+	ELSE (SELECT state FROM ` + t + ` WHERE ` + pk + `) END
+UNION ALL
+` + restoreLockTimeout(`NULL::boolean`),
 		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
-		claimBatch: `WITH ins AS (
+		claimBatch: `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
 	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	SELECT $1::text, u.id, decode(u.fp, 'hex') FROM unnest($2::text[], $3::text[]) AS u(id, fp)
+	SELECT $1::text, u.id, decode(u.fp, 'hex') FROM lt, unnest($2::text[], $3::text[]) AS u(id, fp)
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
 ), n AS (
@@ -156,7 +183,9 @@ UNION ALL
 SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
 SELECT message_id, fingerprint, state FROM ` + t + `
-WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)`,
+WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)
+UNION ALL
+` + restoreLockTimeout(`NULL::text`),
 		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 
 		// One statement inserts a new record, or takes over an expired one

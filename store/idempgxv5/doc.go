@@ -125,6 +125,24 @@
 // nothing of it is kept. [Store.Rollback] after a failed or completed
 // Commit returns nil.
 //
+// # Lock timeout and stalled connections
+//
+// A claim (BeginClaim, ClaimTx, ClaimBatchTx) given a
+// idemdriver.ClaimParams.LockTimeout (the core gives half of
+// idem.Config.StoreTimeout) sets PostgreSQL's lock_timeout for itself, in
+// the claim statement (set_config, no extra round trip), and puts the
+// transaction's previous value back before the handler's statements run.
+// A claim that waits longer for a transaction holding the same record
+// fails with SQLSTATE 55P03 wrapped in idemdriver.ErrLockTimeout; the
+// connection stays usable. A call cancelled by its context (the core's
+// StoreTimeout) makes pgx close the connection, and the pool drops it.
+// For a connection that stalls, set on the pool's ConnConfig the
+// RuntimeParams idle_in_transaction_session_timeout (which ends a stalled
+// session on the server and releases its locks) and tcp_keepalives_*,
+// and a dialer with TCP keepalive; docs/architecture.md ("Deadlines")
+// gives the values. TestStalledConnections stalls every connection of six
+// consumers mid-run and checks that each message's effect exists once.
+//
 // # Lease mode
 //
 // [idem.LeaseConsumer] claims a message with a lease instead of a

@@ -121,7 +121,7 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 	}
 	if err != nil {
 		abort(ctx, tx)
-		return nil, idemdriver.ClaimResult{}, err
+		return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 	}
 	return tx, res, nil
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlstore"
@@ -25,9 +27,9 @@ const (
 
 // claimMySQL runs one claim; see mysqlClaimSQL.
 func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
+	r, err := tx.ExecContext(ctx, mysqlLockTimeout(p.LockTimeout)+s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
 	if err != nil {
-		return res, false, err
+		return res, false, mysqlWrapLockTimeout(err)
 	}
 	dups, err := mysqlDuplicates(r, 1)
 	if err != nil {
@@ -37,6 +39,35 @@ func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimP
 		return sqlstore.Claimed, true, nil
 	}
 	return s.readExisting(ctx, tx, p)
+}
+
+// mysqlLockWaitTimeout is MySQL's ER_LOCK_WAIT_TIMEOUT.
+const mysqlLockWaitTimeout = 1205
+
+// mysqlWrapLockTimeout returns err marked with idemdriver.ErrLockTimeout
+// when it is MySQL error 1205, and err unchanged otherwise.
+func mysqlWrapLockTimeout(err error) error {
+	if n, ok := mysqlErrorNumber(err); ok && n == mysqlLockWaitTimeout {
+		return fmt.Errorf("%w: %w", idemdriver.ErrLockTimeout, err)
+	}
+	return err
+}
+
+// mysqlErrorNumber returns the server's error number of err: the uint16
+// Number field of the driver's error struct (go-sql-driver/mysql's
+// *MySQLError), found without importing the driver, which the store
+// leaves to the caller.
+func mysqlErrorNumber(err error) (uint16, bool) {
+	for ; err != nil; err = errors.Unwrap(err) {
+		v := reflect.ValueOf(err)
+		if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+			continue
+		}
+		if f := v.Elem().FieldByName("Number"); f.IsValid() && f.Kind() == reflect.Uint16 {
+			return uint16(f.Uint()), true
+		}
+	}
+	return 0, false
 }
 
 // readExisting reads the fingerprint and state of the record a claim
@@ -145,7 +176,8 @@ func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer strin
 // claimBatchMySQL claims msgs (sorted by ID) on MySQL: one statement per
 // 64 messages (see mysqlClaimSQL), then one locking read of the
 // fingerprints of the duplicates.
-func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
+func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, lockTimeout time.Duration) (map[string]idemdriver.ClaimResult, error) {
+	lockPrefix := mysqlLockTimeout(lockTimeout)
 	got := make(map[string]idemdriver.ClaimResult, len(msgs))
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
@@ -161,9 +193,9 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 			for _, m := range chunk {
 				args = append(args, m.MessageID)
 			}
-			r, err := tx.ExecContext(ctx, mysqlClaimSQL(s.q.batchPrefix, len(chunk)), args...)
+			r, err := tx.ExecContext(ctx, lockPrefix+mysqlClaimSQL(s.q.batchPrefix, len(chunk)), args...)
 			if err != nil {
-				return nil, err
+				return nil, mysqlWrapLockTimeout(err)
 			}
 			mask, err := mysqlDuplicates(r, len(chunk))
 			if err != nil {

@@ -256,6 +256,29 @@
 // MySQL, interpolateParams=true in the DSN saves a round trip per statement
 // (go-sql-driver otherwise prepares each statement on the server first).
 //
+// # Lock timeout and stalled connections
+//
+// A claim given a idemdriver.ClaimParams.LockTimeout (the core gives half
+// of idem.Config.StoreTimeout) bounds its wait for a transaction holding
+// the same record, by the database, for the claim's statements only: on
+// PostgreSQL as store/idempgxv5 does (SQLSTATE 55P03), on MariaDB 10.3.1
+// and later with SET STATEMENT innodb_lock_wait_timeout=N FOR (whole
+// seconds, rounded up; error 1205), written in a MariaDB executable
+// comment that MySQL ignores: on MySQL set innodb_lock_wait_timeout in
+// the DSN. Either error is wrapped in idemdriver.ErrLockTimeout. SQLite
+// claims never wait on a record (the write lock is taken at BEGIN, under
+// the busy timeout).
+//
+// The core's StoreTimeout reaches Begin, the claim, Commit and Rollback
+// through their contexts; database/sql's transaction keeps the context it
+// began with, so the core arms that context's deadline only around its
+// own calls. go-sql-driver/mysql does not cancel a COMMIT by context: set
+// readTimeout and writeTimeout in the DSN so a stalled connection fails
+// anyway, and, on MariaDB, the session variable idle_transaction_timeout
+// (PostgreSQL: idle_in_transaction_session_timeout), which ends a stalled
+// session on the server and releases its locks. docs/architecture.md
+// ("Deadlines") gives the values.
+//
 // # Purging
 //
 // Retention counts the consumer's running time, not the clock: idem.Purge

@@ -3,6 +3,7 @@ package idemsql
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/internal/sqlstore"
 )
@@ -79,6 +80,22 @@ func mysqlClaimSQL(prefix string, n int) string {
 	b.WriteString(strings.TrimSuffix(strings.Repeat("?, ", n), ", "))
 	b.WriteString(mysqlDupSuffix)
 	return b.String()
+}
+
+// mysqlLockTimeout returns the prefix that gives a MySQL claim statement
+// its own lock timeout d, rounded up to whole seconds (InnoDB's unit), or
+// "" when d is not positive. It is MariaDB's SET STATEMENT
+// innodb_lock_wait_timeout=N FOR, in a MariaDB executable comment
+// (/*M!...*/) that MariaDB 10.3.1 and later run and MySQL reads as a
+// comment: MySQL claims wait up to the session's innodb_lock_wait_timeout
+// (50s unless the DSN sets it). The setting lasts for the one statement,
+// so the handler's statements keep the session's. A wait past it is error
+// 1205 (ER_LOCK_WAIT_TIMEOUT), which rolls back that statement only.
+func mysqlLockTimeout(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return `/*M!100301 SET STATEMENT innodb_lock_wait_timeout=` + strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10) + ` FOR */ `
 }
 
 func mysqlQueries(t string) queries {

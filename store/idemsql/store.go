@@ -262,7 +262,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.Clai
 		err error
 	)
 	if s.dialect == MySQL {
-		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sqlstore.Sorted(p))
+		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sqlstore.Sorted(p), p.LockTimeout)
 	} else {
 		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sqlstore.Sorted(p))
 	}

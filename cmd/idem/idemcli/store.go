@@ -3,16 +3,20 @@ package idemcli
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
-	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/idem-go/idem/store/idemsql"
 )
@@ -63,14 +67,22 @@ func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) 
 			return nil, fmt.Errorf("%w: store %q: want postgres://user:password@host:port/database", errBadURL, redact(rawURL))
 		}
 		s.dialect, s.where = idemsql.Postgres, "postgres at "+u.Host
-		s.db, err = sql.Open("pgx", rawURL)
+		cfg, perr := pgx.ParseConfig(rawURL)
+		if perr != nil {
+			return nil, fmt.Errorf("%w: store %q: want postgres://user:password@host:port/database", errBadURL, redact(rawURL))
+		}
+		pgStoreSettings(cfg)
+		s.db = stdlib.OpenDB(*cfg)
 	case "mysql", "mariadb":
-		dsn, where, derr := mysqlDSN(rawURL)
+		cfg, where, derr := mysqlConfig(rawURL)
 		if derr != nil {
 			return nil, derr
 		}
 		s.dialect, s.where = idemsql.MySQL, where
-		s.db, err = sql.Open("mysql", dsn)
+		var conn driver.Connector
+		if conn, err = mysql.NewConnector(cfg); err == nil {
+			s.db = sql.OpenDB(conn)
+		}
 	case "redis":
 		return nil, fmt.Errorf("%w: store %q: this command works on the SQL stores (sqlite:, postgres://, mysql://); the Redis store (lease mode) is for demo and proxy", errBadURL, redact(rawURL))
 	default:
@@ -93,14 +105,16 @@ func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) 
 	return s, nil
 }
 
-// mysqlDSN turns mysql://user:pass@host:port/db?param=v into a
-// go-sql-driver/mysql DSN.
-func mysqlDSN(rawURL string) (dsn, where string, err error) {
+// mysqlConfig turns mysql://user:pass@host:port/db?param=v into a
+// go-sql-driver/mysql configuration: the parameters timeout, readTimeout
+// and writeTimeout are the driver's, the others session variables; a
+// mariadb:// URL also sets MariaDB's idle_transaction_timeout.
+func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return "", "", fmt.Errorf("%w: store %q: want mysql://user:password@host:port/database", errBadURL, redact(rawURL))
+		return nil, "", fmt.Errorf("%w: store %q: want mysql://user:password@host:port/database", errBadURL, redact(rawURL))
 	}
-	cfg := mysql.NewConfig()
+	cfg = mysql.NewConfig()
 	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.Trim(u.Path, "/")
 	if !strings.Contains(u.Host, ":") {
 		cfg.Addr += ":3306"
@@ -109,10 +123,33 @@ func mysqlDSN(rawURL string) (dsn, where string, err error) {
 	cfg.Passwd, _ = u.User.Password()
 	cfg.ParseTime = true
 	cfg.Params = map[string]string{}
-	for k, v := range u.Query() {
-		cfg.Params[k] = v[0]
+	// Bounded network waits (see storenet.go), unless the URL sets them:
+	// a read or write on a stalled connection fails after storeIOTimeout,
+	// which also bounds a COMMIT (go-sql-driver does not cancel it by
+	// context).
+	d := storeDialer()
+	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = storeDialTimeout, storeIOTimeout, storeIOTimeout
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return d.DialContext(ctx, network, addr)
 	}
-	return cfg.FormatDSN(), "mysql at " + cfg.Addr, nil
+	for k, v := range u.Query() {
+		switch k {
+		case "timeout", "readTimeout", "writeTimeout":
+			t, perr := time.ParseDuration(v[0])
+			if perr != nil || t < 0 {
+				return nil, "", fmt.Errorf("%w: store %q: %s=%q is not a duration such as 30s (0 for none)", errBadURL, redact(rawURL), k, v[0])
+			}
+			*map[string]*time.Duration{"timeout": &cfg.Timeout, "readTimeout": &cfg.ReadTimeout, "writeTimeout": &cfg.WriteTimeout}[k] = t
+		default:
+			cfg.Params[k] = v[0]
+		}
+	}
+	if _, set := cfg.Params["idle_transaction_timeout"]; !set && strings.EqualFold(u.Scheme, "mariadb") {
+		// MariaDB's: the server ends a session left idle in a transaction
+		// (MySQL has no such variable, so mysql:// URLs go without it).
+		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(storeIdleInTx / time.Second))
+	}
+	return cfg, "mysql at " + cfg.Addr, nil
 }
 
 // userinfoRE finds the user:password@ part of a URL that does not parse.
