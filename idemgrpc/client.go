@@ -3,7 +3,6 @@ package idemgrpc
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -14,31 +13,19 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idem-go/idem"
-)
-
-// Client defaults, applied by NewClientInterceptor to zero ClientOptions
-// fields. They are the HTTP client's (idemhttp.TransportOptions).
-const (
-	// DefaultClientMaxAttempts is how many times one logical call is sent
-	// at most, the first attempt included.
-	DefaultClientMaxAttempts = 5
-	// DefaultClientMaxElapsed bounds one logical call, waits included: no
-	// retry starts that would begin later than this after the first.
-	DefaultClientMaxElapsed = time.Minute
-	// DefaultClientInitialInterval is the ceiling of the first backoff.
-	DefaultClientInitialInterval = 100 * time.Millisecond
-	// DefaultClientMaxInterval caps the backoff ceiling.
-	DefaultClientMaxInterval = 10 * time.Second
-	// DefaultClientMultiplier is the growth of the backoff ceiling per
-	// retry.
-	DefaultClientMultiplier = 2.0
-	// DefaultClientMaxRetryAfter caps the wait a server asks for with a
-	// google.rpc.RetryInfo detail.
-	DefaultClientMaxRetryAfter = 30 * time.Second
+	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // ClientOptions configures the client interceptor. The zero value is
-// usable: every zero field takes the default named in its comment.
+// usable. The retry fields mean what the fields of idemhttp.TransportOptions
+// of the same name mean, with the same defaults (idemhttp.DefaultClient*):
+// a call is sent at most MaxAttempts times (5; 1 disables retries), no
+// retry starts later than MaxElapsed (1 minute) after the first attempt,
+// the wait before retry n is drawn uniformly from [0, min(MaxInterval,
+// InitialInterval * Multiplier^(n-1))] (full jitter; 100ms, 2, 10s), and
+// a server's RetryInfo delay replaces that wait, capped at MaxRetryAfter
+// (30s). The call's context bounds everything.
 type ClientOptions struct {
 	// Methods reports whether calls to a method (its full name) get a key
 	// and retries. Defaults to every method. A call whose outgoing
@@ -48,25 +35,13 @@ type ClientOptions struct {
 	// UUIDv7 (RFC 9562), sent bare (the server's default, lenient key
 	// syntax accepts it).
 	NewKey func() (string, error)
-	// MaxAttempts is the most times one call is sent, the first included;
-	// 1 disables retries. Defaults to DefaultClientMaxAttempts.
-	MaxAttempts int
-	// MaxElapsed bounds a call's retries: no retry starts more than
-	// MaxElapsed after the first attempt. Defaults to
-	// DefaultClientMaxElapsed; the call's context bounds it too.
-	MaxElapsed time.Duration
-	// InitialInterval, Multiplier and MaxInterval shape the exponential
-	// backoff: before retry n the client waits a uniformly random time in
-	// [0, min(MaxInterval, InitialInterval * Multiplier^(n-1))] (full
-	// jitter). Defaults: DefaultClientInitialInterval,
-	// DefaultClientMultiplier, DefaultClientMaxInterval.
-	InitialInterval time.Duration
-	Multiplier      float64
-	MaxInterval     time.Duration
-	// MaxRetryAfter caps the wait a status's google.rpc.RetryInfo asks
-	// for; the server's wait replaces the backoff for that retry. Defaults
-	// to DefaultClientMaxRetryAfter.
-	MaxRetryAfter time.Duration
+
+	MaxAttempts                  int
+	MaxElapsed                   time.Duration
+	InitialInterval, MaxInterval time.Duration
+	Multiplier                   float64
+	MaxRetryAfter                time.Duration
+
 	// OnRetry, if set, is called before each wait for a retry with the
 	// call's key, the attempt just made (1 for the first), its error and
 	// the wait.
@@ -152,18 +127,18 @@ func NewClientInterceptor(opts *ClientOptions) (grpc.UnaryClientInterceptor, err
 		p   *time.Duration
 		def time.Duration
 	}{
-		{&o.MaxElapsed, DefaultClientMaxElapsed}, {&o.InitialInterval, DefaultClientInitialInterval},
-		{&o.MaxInterval, DefaultClientMaxInterval}, {&o.MaxRetryAfter, DefaultClientMaxRetryAfter},
+		{&o.MaxElapsed, idemhttp.DefaultClientMaxElapsed}, {&o.InitialInterval, idemhttp.DefaultClientInitialInterval},
+		{&o.MaxInterval, idemhttp.DefaultClientMaxInterval}, {&o.MaxRetryAfter, idemhttp.DefaultClientMaxRetryAfter},
 	} {
 		if *d.p == 0 {
 			*d.p = d.def
 		}
 	}
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultClientMaxAttempts
+		o.MaxAttempts = idemhttp.DefaultClientMaxAttempts
 	}
 	if o.Multiplier == 0 {
-		o.Multiplier = DefaultClientMultiplier
+		o.Multiplier = idemhttp.DefaultClientMultiplier
 	}
 	switch {
 	case o.MaxAttempts < 1:
@@ -212,9 +187,7 @@ func (o ClientOptions) invoke(ctx context.Context, method string, req, reply any
 		return struct{}{}, err
 	}
 	ropts := []backoff.RetryOption{
-		backoff.WithBackOff(&fullJitter{exp: &backoff.ExponentialBackOff{
-			InitialInterval: o.InitialInterval, Multiplier: o.Multiplier, MaxInterval: o.MaxInterval,
-		}}),
+		backoff.WithBackOff(&keyed.FullJitter{Initial: o.InitialInterval, Multiplier: o.Multiplier, Max: o.MaxInterval}),
 		backoff.WithMaxTries(uint(o.MaxAttempts)),
 		backoff.WithMaxElapsedTime(o.MaxElapsed),
 	}
@@ -265,19 +238,3 @@ func unwrapRetryAfter(err error) error {
 	}
 	return err
 }
-
-// fullJitter draws each wait uniformly from [0, ceiling], the ceiling
-// growing as the exponential backoff's (AWS "full jitter").
-type fullJitter struct {
-	exp *backoff.ExponentialBackOff
-}
-
-func (j *fullJitter) NextBackOff() time.Duration {
-	d := j.exp.NextBackOff()
-	if d == backoff.Stop || d <= 0 {
-		return d
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-func (j *fullJitter) Reset() { j.exp.Reset() }

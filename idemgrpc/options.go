@@ -2,7 +2,6 @@ package idemgrpc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -11,30 +10,8 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/keyed"
 )
-
-// Defaults applied by New to zero Options fields.
-const (
-	// DefaultLease is how long a call owns its key before a duplicate may
-	// take it over; renewed every Lease/3 while the handler runs, so only
-	// a crashed process lets it run out.
-	DefaultLease = 30 * time.Second
-	// DefaultRetention is how long a completed key is kept: 24 hours (the
-	// IETF draft's and Stripe's "at least 24 hours").
-	DefaultRetention = 24 * time.Hour
-	// DefaultInProgressRetryAfter is the RetryInfo delay of an ABORTED
-	// request-in-progress answer.
-	DefaultInProgressRetryAfter = time.Second
-	// DefaultUnavailableRetryAfter is the RetryInfo delay of an
-	// UNAVAILABLE idempotency-unavailable answer.
-	DefaultUnavailableRetryAfter = 2 * time.Second
-	// DefaultStoreTimeout bounds each final store write (the response's
-	// record, a release, a recovery point).
-	DefaultStoreTimeout = 10 * time.Second
-)
-
-// MaxNamespaceLength is the longest Options.Namespace accepted, in bytes.
-const MaxNamespaceLength = 200
 
 // Errors returned by New. Both match idem.ErrInvalidConfig too.
 var (
@@ -52,7 +29,7 @@ type Options struct {
 	// Namespace names the service whose keys these are: records live under
 	// the consumer name "idemgrpc:"+Namespace, so two services sharing a
 	// store never see each other's keys, and purging is per namespace.
-	// Mandatory; 1 to MaxNamespaceLength bytes, no control characters.
+	// Mandatory; 1 to idemhttp.MaxNamespaceLength bytes, no control characters.
 	Namespace string
 	// Scope returns the principal or tenant of a call (an account ID from
 	// the authenticated peer or from the metadata your authentication
@@ -88,21 +65,21 @@ type Options struct {
 	ReleaseCode func(codes.Code) bool
 
 	// Lease is how long a call owns its key; renewed every Lease/3 while
-	// the handler runs. Defaults to DefaultLease; at least idem.MinLease.
+	// the handler runs. Defaults to idemhttp.DefaultLease; at least idem.MinLease.
 	Lease time.Duration
 	// Wait makes a duplicate that arrives while the first call runs wait
 	// up to this long for its response and replay it, instead of getting
 	// ABORTED at once. Zero (the default) fails fast.
 	Wait time.Duration
 	// InProgressRetryAfter is the RetryInfo delay sent with ABORTED
-	// request-in-progress. Defaults to DefaultInProgressRetryAfter.
+	// request-in-progress. Defaults to idemhttp.DefaultInProgressRetryAfter.
 	InProgressRetryAfter time.Duration
 	// FailOpen runs the handler without idempotency when the store is
 	// unavailable, counted in Stats.FailOpen and logged. By default such
 	// a call gets UNAVAILABLE.
 	FailOpen bool
 	// UnavailableRetryAfter is the RetryInfo delay sent with UNAVAILABLE
-	// idempotency-unavailable. Defaults to DefaultUnavailableRetryAfter.
+	// idempotency-unavailable. Defaults to idemhttp.DefaultUnavailableRetryAfter.
 	UnavailableRetryAfter time.Duration
 	// AfterCrash is the policy for a key whose earlier attempt ran the
 	// handler and ended without recording its response (its process died,
@@ -113,12 +90,12 @@ type Options struct {
 	// request-outcome-unknown instead of running again: at most once.
 	AfterCrash idemhttp.AfterCrashPolicy
 	// StoreTimeout bounds each final store write. Defaults to
-	// DefaultStoreTimeout.
+	// idemhttp.DefaultStoreTimeout.
 	StoreTimeout time.Duration
 
 	// Retention is how long completed keys are kept, in running time of
 	// the namespace's servers (idem.Purge), enforced by Purge or the
-	// background loop. Defaults to DefaultRetention (24h).
+	// background loop. Defaults to idemhttp.DefaultRetention (24h).
 	Retention time.Duration
 	// PurgeInterval is the period of the background purge loop started
 	// by New and stopped by Close. Defaults to one hour; a negative value
@@ -165,11 +142,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Scope == nil {
 		return o, ErrNoScope
 	}
-	if o.Namespace == "" || len(o.Namespace) > MaxNamespaceLength {
-		return o, fmt.Errorf("%w: Namespace must be 1 to %d bytes", ErrInvalidOptions, MaxNamespaceLength)
-	}
-	if err := idem.ValidateConsumerName(consumerPrefix + o.Namespace); err != nil {
-		return o, fmt.Errorf("%w: Namespace: %w", ErrInvalidOptions, err)
+	if err := keyed.CheckNamespace(consumerPrefix, o.Namespace, idemhttp.MaxNamespaceLength); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if o.AfterCrash > idemhttp.AnswerUnknownAfterCrash {
 		return o, fmt.Errorf("%w: unknown AfterCrash policy %d", ErrInvalidOptions, o.AfterCrash)
@@ -185,11 +159,11 @@ func (o Options) withDefaults() (Options, error) {
 		def  time.Duration
 		name string
 	}{
-		{&o.Lease, DefaultLease, "Lease"},
-		{&o.InProgressRetryAfter, DefaultInProgressRetryAfter, "InProgressRetryAfter"},
-		{&o.UnavailableRetryAfter, DefaultUnavailableRetryAfter, "UnavailableRetryAfter"},
-		{&o.StoreTimeout, DefaultStoreTimeout, "StoreTimeout"},
-		{&o.Retention, DefaultRetention, "Retention"},
+		{&o.Lease, idemhttp.DefaultLease, "Lease"},
+		{&o.InProgressRetryAfter, idemhttp.DefaultInProgressRetryAfter, "InProgressRetryAfter"},
+		{&o.UnavailableRetryAfter, idemhttp.DefaultUnavailableRetryAfter, "UnavailableRetryAfter"},
+		{&o.StoreTimeout, idemhttp.DefaultStoreTimeout, "StoreTimeout"},
+		{&o.Retention, idemhttp.DefaultRetention, "Retention"},
 	} {
 		if *d.p == 0 {
 			*d.p = d.def
@@ -211,11 +185,4 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.Default()
 	}
 	return o, nil
-}
-
-// errIsConfig reports whether err is a configuration error of a store
-// (not a store outage).
-func errIsConfig(err error) bool {
-	return errors.Is(err, idem.ErrInvalidConfig) || errors.Is(err, idem.ErrInvalidConsumerName) ||
-		errors.Is(err, idem.ErrInvalidMessageID) || errors.Is(err, idem.ErrInvalidPayload)
 }

@@ -2,18 +2,10 @@ package idemgrpc
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 	"sync/atomic"
-	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -23,6 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // MetadataKey is the request metadata entry carrying the idempotency key
@@ -38,20 +31,6 @@ const MetadataReplayed = "idempotent-replayed"
 // consumerPrefix starts the consumer name of every record of this package.
 const consumerPrefix = "idemgrpc:"
 
-// maxInlineKey is the longest key kept readable in a record ID: the scope
-// hash (22 bytes) and a separator leave 232 of the store's 255 bytes.
-const maxInlineKey = 255 - 23
-
-// Recovery points of an attempt in at-most-once mode, named by the
-// attempt's fencing token: runStep is saved before the handler runs,
-// settledStep before a release whose outcome is known. An attempt that
-// takes over a record with a runStep and no settledStep of the same token
-// knows an earlier attempt may have acted.
-const (
-	runStepPrefix     = "idemgrpc:run:"
-	settledStepPrefix = "idemgrpc:settled:"
-)
-
 // Server is the idempotency-key interceptor for gRPC unary calls over an
 // idemdriver.LeaseStore (memory, PostgreSQL, MariaDB/MySQL, SQLite or
 // Redis). See the package documentation for its semantics. It runs each
@@ -64,6 +43,7 @@ type Server struct {
 	lc       *idem.LeaseConsumer
 	o        Options
 	consumer string
+	fin      keyed.Finisher // the final writes of an attempt
 
 	stats struct {
 		passThrough, executed, replayed, inProgress, keyReused, released,
@@ -71,42 +51,21 @@ type Server struct {
 	}
 }
 
-// Stats counts what a Server did since New. Every field is a count of
-// calls.
+// Stats counts what a Server did since New, in calls, with the meaning of
+// the fields of idemhttp.Stats of the same name: PassThrough (not
+// covered, or no key where none is required), Executed (the handler ran
+// holding the lease, or the attempt answered outcome-unknown), Replayed,
+// InProgress (ABORTED request-in-progress), KeyReused
+// (FAILED_PRECONDITION), Released (a code that ReleaseCode selects, a
+// panic, a result that cannot be stored), Completed (the result was
+// recorded), Rejected (INVALID_ARGUMENT, UNAUTHENTICATED or
+// FAILED_PRECONDITION before any handler ran), StoreErrors (failed store
+// calls), FailOpen (runs without idempotency, Options.FailOpen),
+// LeaseLost, Panics and Unknown (outcome-unknown stored instead of a run,
+// idemhttp.AnswerUnknownAfterCrash).
 type Stats struct {
-	// PassThrough: methods not covered, or no key where none is required.
-	PassThrough int64
-	// Executed: the handler ran holding the key's lease (or, in
-	// at-most-once mode, the attempt answered outcome-unknown; see Unknown).
-	Executed int64
-	// Replayed: a stored result was replayed.
-	Replayed int64
-	// InProgress: answered ABORTED request-in-progress.
-	InProgress int64
-	// KeyReused: answered FAILED_PRECONDITION idempotency-key-reused.
-	KeyReused int64
-	// Released: the handler ran and its key was released (a code that
-	// ReleaseCode selects, a panic, a response that cannot be stored).
-	Released int64
-	// Completed: the handler ran and its result was recorded.
-	Completed int64
-	// Rejected: answered INVALID_ARGUMENT or UNAUTHENTICATED before the
-	// key reached the store.
-	Rejected int64
-	// StoreErrors: store calls that failed.
-	StoreErrors int64
-	// FailOpen: handler runs without idempotency because the store was
-	// unavailable (Options.FailOpen).
-	FailOpen int64
-	// LeaseLost: attempts whose lease was lost while the handler ran or
-	// before its result was recorded.
-	LeaseLost int64
-	// Panics: handler panics.
-	Panics int64
-	// Unknown: attempts that took over a key whose earlier attempt ran
-	// and never recorded its result, and stored outcome-unknown instead
-	// of running the handler (idemhttp.AnswerUnknownAfterCrash).
-	Unknown int64
+	PassThrough, Executed, Replayed, InProgress, KeyReused, Released, Completed int64
+	Rejected, StoreErrors, FailOpen, LeaseLost, Panics, Unknown                 int64
 }
 
 // New returns a Server over store. Errors match ErrNoScope when
@@ -124,19 +83,17 @@ func New(store idemdriver.LeaseStore, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, consumer: consumerPrefix + o.Namespace}
-	s.lc, err = idem.NewLeaseConsumer(store, idem.Config{
-		Name:            s.consumer,
-		Fingerprinter:   func(fp []byte) ([]byte, error) { return fp, nil }, // the payload is the call's fingerprint
+	s.fin = keyed.Finisher{
+		Name: "idemgrpc", Consumer: s.consumer, Lease: o.Lease, StoreTimeout: o.StoreTimeout,
+		AtMostOnce: s.atMostOnce(), Logger: o.Logger, StoreErrors: &s.stats.storeErrors, Released: &s.stats.released,
+	}
+	s.lc, err = keyed.NewLeaseConsumer(store, s.consumer, idem.Config{
 		RetentionWindow: o.Retention,
 		PurgeInterval:   o.PurgeInterval,
 		PurgeBatchSize:  o.PurgeBatchSize,
 		Logger:          o.Logger,
 		Hooks:           o.Hooks,
 		Lease:           o.Lease,
-		// A key is retried for as long as its clients retry: a released
-		// result never poisons it.
-		MaxAttempts: math.MaxInt32,
-		Retryable:   func(error) bool { return true },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -164,15 +121,7 @@ func (s *Server) Purge(ctx context.Context) (idem.PurgeResult, error) { return s
 // of the first 16 bytes of the SHA-256 of scope, then ':' and the key
 // when it fits in 232 bytes, or '!' and the hex SHA-256 of the key when
 // it does not. The scope is never stored in clear.
-func (s *Server) RecordID(scope, key string) string {
-	sh := sha256.Sum256([]byte(scope))
-	id := base64.RawURLEncoding.EncodeToString(sh[:16])
-	if len(key) <= maxInlineKey {
-		return id + ":" + key
-	}
-	kh := sha256.Sum256([]byte(key))
-	return id + "!" + hex.EncodeToString(kh[:])
-}
+func (s *Server) RecordID(scope, key string) string { return keyed.RecordID(scope, key) }
 
 // Stats returns the counters.
 func (s *Server) Stats() Stats {
@@ -262,7 +211,7 @@ func (s *Server) answerExisting(ctx context.Context, req any, handler grpc.Unary
 		return nil, newStatus(codes.Internal, ReasonRecordCorrupt, "the record of this key is failed", 0).Err()
 	}
 	s.stats.storeErrors.Add(1)
-	if errIsConfig(err) {
+	if keyed.IsConfigError(err) {
 		s.o.Logger.Error("idemgrpc: store refused the claim", "consumer", s.consumer, "error", err)
 		return nil, newStatus(codes.Internal, ReasonUnavailable, "the idempotency store refused the call", 0).Err()
 	}
@@ -297,16 +246,15 @@ func (s *Server) replay(ctx context.Context, out idem.Outcome) (any, error) {
 func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, error) {
 	s.stats.executed.Add(1)
 	if s.atMostOnce() {
-		if _, ok := unsettled(a); ok {
+		if _, ok := s.fin.Unsettled(a); ok {
 			return s.answerUnknown(a)
 		}
 		// The recovery point goes first: if this process dies while the
 		// handler works, the attempt that takes the key over finds it and
 		// does not run the call again.
-		tok := strconv.FormatInt(a.Token, 10)
-		if err := s.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, runStepPrefix+tok, nil) }); err != nil {
+		if err := s.fin.MarkRun(a); err != nil {
 			s.o.Logger.Warn("idemgrpc: could not record the recovery point; nothing was run", "consumer", s.consumer, "record", a.Message.ID, "error", err)
-			relErr := s.release(a, errors.New("recovery point not recorded"))
+			relErr := s.fin.Release(a, errors.New("recovery point not recorded"))
 			if errors.Is(err, idem.ErrLeaseLost) || errors.Is(relErr, idem.ErrLeaseLost) {
 				return nil, s.leaseLost()
 			}
@@ -319,16 +267,16 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 	}
 	st := status.Convert(herr)
 	if s.o.ReleaseCode(st.Code()) {
-		_ = s.release(a, fmt.Errorf("idemgrpc: code %v released the key; the retry runs the handler again", st.Code()))
+		_ = s.fin.Release(a, fmt.Errorf("idemgrpc: code %v released the key; the retry runs the handler again", st.Code()))
 		return resp, herr
 	}
 	rec, err := encodeRecord(st, resp)
 	if err != nil {
 		s.o.Logger.Error("idemgrpc: result cannot be stored; key released", "consumer", s.consumer, "record", a.Message.ID, "error", err)
-		_ = s.release(a, err)
+		_ = s.fin.Release(a, err)
 		return resp, herr
 	}
-	if err := s.complete(a, rec); err != nil {
+	if err := s.fin.Complete(a, idem.Result{Body: rec, ContentType: recordContentType}); err != nil {
 		s.o.Logger.Error("idemgrpc: could not record the result before the lease ended",
 			"consumer", s.consumer, "record", a.Message.ID, "attempt", a.Number, "error", err)
 		if errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrStore) {
@@ -357,7 +305,7 @@ func (s *Server) call(req any, handler grpc.UnaryHandler, a *idem.Attempt) (resp
 		v := recover()
 		s.stats.panics.Add(1)
 		s.o.Logger.Error("idemgrpc: handler panicked; key released", "consumer", s.consumer, "record", a.Message.ID, "panic", v)
-		_ = s.release(a, fmt.Errorf("%w: %v", idem.ErrHandlerPanic, v))
+		_ = s.fin.Release(a, fmt.Errorf("%w: %v", idem.ErrHandlerPanic, v))
 		panic(v)
 	}()
 	resp, err = handler(a.Context(), req)
@@ -381,7 +329,7 @@ func (s *Server) answerUnknown(a *idem.Attempt) (any, error) {
 	st := newStatus(codes.Unknown, ReasonOutcomeUnknown, "an earlier attempt with this idempotency key ran and ended without recording its result (its process stopped or lost the store); whether it took effect is unknown, so it is not run again. This answer is stored for the key", 0)
 	rec, err := encodeRecord(st, nil)
 	if err == nil {
-		err = s.complete(a, rec)
+		err = s.fin.Complete(a, idem.Result{Body: rec, ContentType: recordContentType})
 	}
 	if err != nil {
 		s.o.Logger.Error("idemgrpc: could not record outcome-unknown", "consumer", s.consumer, "record", a.Message.ID, "error", err)
@@ -392,83 +340,3 @@ func (s *Server) answerUnknown(a *idem.Attempt) (any, error) {
 // atMostOnce reports whether a recovery point is recorded before the
 // handler runs and outcome-unknown answered after a crash.
 func (s *Server) atMostOnce() bool { return s.o.AfterCrash == idemhttp.AnswerUnknownAfterCrash }
-
-// unsettled returns the token of an earlier attempt that saved a run
-// point and no settled point: it may have acted, and it never recorded
-// its result nor released the key with a known outcome.
-func unsettled(a *idem.Attempt) (string, bool) {
-	steps := a.Steps()
-	for name := range steps {
-		tok, ok := strings.CutPrefix(name, runStepPrefix)
-		if _, settled := steps[settledStepPrefix+tok]; ok && !settled {
-			return tok, true
-		}
-	}
-	return "", false
-}
-
-// retryWrite calls write, each call bounded by StoreTimeout, retrying
-// store failures (idem.ErrStore) with backoff while the attempt holds its
-// lease, for at most one Lease; other errors (idem.ErrLeaseLost, a
-// refused write) end it at once. The retries go on after the client left.
-func (s *Server) retryWrite(a *idem.Attempt, write func(ctx context.Context) error) error {
-	lctx := a.LeaseContext()
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 20*time.Millisecond, time.Second
-	_, err := backoff.Retry(lctx, func() (struct{}, error) {
-		ctx, cancel := context.WithTimeout(lctx, s.o.StoreTimeout)
-		defer cancel()
-		err := write(ctx)
-		if err == nil || !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrLeaseLost) {
-			return struct{}{}, backoff.Permanent(err)
-		}
-		s.stats.storeErrors.Add(1)
-		return struct{}{}, err
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(s.o.Lease))
-	if err != nil && lctx.Err() != nil && !errors.Is(err, idem.ErrLeaseLost) {
-		err = errors.Join(err, context.Cause(lctx))
-	}
-	return err
-}
-
-// complete records rec as the key's result (retried while the lease is
-// held) and ends the attempt; nil when it was recorded.
-func (s *Server) complete(a *idem.Attempt, rec []byte) error {
-	res := idem.Result{Body: rec, ContentType: recordContentType}
-	err := s.retryWrite(a, func(ctx context.Context) error {
-		_, err := a.Complete(ctx, res)
-		return err
-	})
-	if err != nil {
-		_, _ = a.Abandon(context.WithoutCancel(a.Context()), err)
-	}
-	return err
-}
-
-// release releases the key after cause so the next retry runs (retried
-// while the lease is held), first recording, in at-most-once mode, that
-// this attempt's outcome is known. It returns nil, or the error that kept
-// the key from being released; the lease then runs out and a later
-// attempt takes over.
-func (s *Server) release(a *idem.Attempt, cause error) error {
-	s.stats.released.Add(1)
-	var err error
-	if s.atMostOnce() {
-		tok := strconv.FormatInt(a.Token, 10)
-		err = s.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, settledStepPrefix+tok, nil) })
-	}
-	if err == nil {
-		err = s.retryWrite(a, func(ctx context.Context) error {
-			_, err := a.Release(ctx, cause)
-			if err != nil && !errors.Is(err, idem.ErrStore) && !errors.Is(err, idem.ErrLeaseLost) {
-				return nil // the cause itself: released
-			}
-			return err
-		})
-	}
-	if err != nil {
-		s.o.Logger.Warn("idemgrpc: could not release the key; it frees when its lease runs out", "consumer", s.consumer, "record", a.Message.ID, "error", err)
-		_, _ = a.Abandon(context.WithoutCancel(a.Context()), errors.Join(cause, err))
-	}
-	return err
-}
