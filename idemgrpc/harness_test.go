@@ -244,6 +244,8 @@ type faultStore struct {
 	idemdriver.LeaseStore
 	down atomic.Bool // every call fails
 	dead atomic.Bool // Renew, SaveStep, Complete and Release fail (the process died)
+	// failComplete makes Complete fail.
+	failComplete atomic.Bool
 }
 
 func (f *faultStore) fail(final bool) error {
@@ -277,6 +279,9 @@ func (f *faultStore) SaveStep(ctx context.Context, p *idemdriver.StepParams) err
 func (f *faultStore) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := f.fail(true); err != nil {
 		return err
+	}
+	if f.failComplete.Load() {
+		return errInjected
 	}
 	return f.LeaseStore.Complete(ctx, p)
 }

@@ -46,7 +46,7 @@ type Server struct {
 	fin      keyed.Finisher // the final writes of an attempt
 
 	stats struct {
-		passThrough, executed, replayed, inProgress, keyReused, released,
+		passThrough, executed, replayed, inProgress, waited, keyReused, released,
 		completed, rejected, storeErrors, failOpen, leaseLost, panics, unknown atomic.Int64
 	}
 }
@@ -55,7 +55,8 @@ type Server struct {
 // the fields of idemhttp.Stats of the same name: PassThrough (not
 // covered, or no key where none is required), Executed (the handler ran
 // holding the lease, or the attempt answered outcome-unknown), Replayed,
-// InProgress (ABORTED request-in-progress), KeyReused
+// InProgress (ABORTED request-in-progress), Waited (duplicates that
+// waited for the first call, Options.Wait), KeyReused
 // (FAILED_PRECONDITION), Released (a code that ReleaseCode selects, a
 // panic, a result that cannot be stored), Completed (the result was
 // recorded), Rejected (INVALID_ARGUMENT, UNAUTHENTICATED or
@@ -64,8 +65,8 @@ type Server struct {
 // LeaseLost, Panics and Unknown (outcome-unknown stored instead of a run,
 // idemhttp.AnswerUnknownAfterCrash).
 type Stats struct {
-	PassThrough, Executed, Replayed, InProgress, KeyReused, Released, Completed int64
-	Rejected, StoreErrors, FailOpen, LeaseLost, Panics, Unknown                 int64
+	PassThrough, Executed, Replayed, InProgress, Waited, KeyReused, Released, Completed int64
+	Rejected, StoreErrors, FailOpen, LeaseLost, Panics, Unknown                         int64
 }
 
 // New returns a Server over store. Errors match ErrNoScope when
@@ -128,7 +129,7 @@ func (s *Server) Stats() Stats {
 	c := &s.stats
 	return Stats{
 		PassThrough: c.passThrough.Load(), Executed: c.executed.Load(), Replayed: c.replayed.Load(),
-		InProgress: c.inProgress.Load(), KeyReused: c.keyReused.Load(), Released: c.released.Load(),
+		InProgress: c.inProgress.Load(), Waited: c.waited.Load(), KeyReused: c.keyReused.Load(), Released: c.released.Load(),
 		Completed: c.completed.Load(), Rejected: c.rejected.Load(), StoreErrors: c.storeErrors.Load(),
 		FailOpen: c.failOpen.Load(), LeaseLost: c.leaseLost.Load(), Panics: c.panics.Load(), Unknown: c.unknown.Load(),
 	}
@@ -186,7 +187,7 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, newStatus(codes.Internal, ReasonNotProtoMessage, "request cannot be fingerprinted: "+err.Error(), 0).Err()
 	}
-	a, out, err := s.lc.Acquire(ctx, idem.Message{ID: s.RecordID(scope, key), Payload: fp}, idem.AcquireOptions{Wait: s.o.Wait})
+	a, out, err := s.lc.Acquire(ctx, idem.Message{ID: s.RecordID(scope, key), Payload: fp}, idem.AcquireOptions{Wait: s.o.Wait, OnWait: func() { s.stats.waited.Add(1) }})
 	if a == nil {
 		return s.answerExisting(ctx, req, handler, out, err)
 	}

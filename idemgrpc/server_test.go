@@ -18,6 +18,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // testLease is the lease of the scenarios that wait for one to run out:
@@ -231,6 +232,130 @@ var scenarios = []scenario{
 		if s := open.idem.Stats(); s.FailOpen != 1 {
 			t.Fatalf("stats %+v", s)
 		}
+	}},
+	{"ConcurrentTwoInstances", func(t *testing.T, e storeEnv, ns string) {
+		// 20 identical calls at once, split across two servers sharing the
+		// store: one runs, the others are told it is in progress.
+		g := newGate(t)
+		svc := &service{h: func(_ context.Context, m string, n int64, req *wrapperspb.StringValue) (*structpb.Struct, error) {
+			g.wait()
+			return okReply(m, n, req)
+		}}
+		a := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns}, svc)
+		b := startOn(t, "127.0.0.1:0", e.second, idemgrpc.Options{Namespace: ns}, svc)
+		ccs := []*grpc.ClientConn{dial(t, a.addr, nil), dial(t, b.addr, nil)}
+		ctx := bg(t)
+		results := make(chan result, 20)
+		for i := range 20 {
+			go func() { results <- call(ctx, ccs[i%2], methodCharge, "alice", "k1", "10 EUR") }()
+		}
+		var ok []result
+		for range 19 {
+			r := <-results
+			if r.err == nil {
+				ok = append(ok, r)
+				continue
+			}
+			wantCode(t, r, codes.Aborted, idemgrpc.ReasonInProgress)
+		}
+		g.open()
+		ok = append(ok, <-results)
+		if len(ok) != 1 {
+			t.Fatalf("%d calls succeeded while the first was held: want 1", len(ok))
+		}
+		wantOK(t, ok[0], 1, false)
+		wantExecuted(t, svc, 1)
+		wantOK(t, call(ctx, ccs[1], methodCharge, "alice", "k1", "10 EUR"), 1, true)
+	}},
+	{"Wait", func(t *testing.T, e storeEnv, ns string) {
+		// Options.Wait: duplicates wait for the first call and replay it.
+		g := newGate(t)
+		svc := &service{h: func(_ context.Context, m string, n int64, req *wrapperspb.StringValue) (*structpb.Struct, error) {
+			g.wait()
+			return okReply(m, n, req)
+		}}
+		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns, Wait: time.Minute}, svc)
+		cc := dial(t, in.addr, nil)
+		ctx := bg(t)
+		results := make(chan result, 5)
+		go func() { results <- call(ctx, cc, methodCharge, "alice", "k1", "x") }()
+		g.reached(t)
+		for range 4 {
+			go func() { results <- call(ctx, cc, methodCharge, "alice", "k1", "x") }()
+		}
+		testenv.Eventually(t, time.Minute, "4 duplicates waiting", func() bool { return in.idem.Stats().Waited == 4 }, nil)
+		g.open()
+		replayed := 0
+		for range 5 {
+			r := <-results
+			wantOK(t, r, 1, r.replayed())
+			if r.replayed() {
+				replayed++
+			}
+		}
+		if replayed != 4 {
+			t.Fatalf("%d replays, want 4", replayed)
+		}
+		wantExecuted(t, svc, 1)
+	}},
+	{"LeaseRenewed", func(t *testing.T, e storeEnv, ns string) {
+		// A handler that outlives its lease keeps the key: renewals.
+		g := newGate(t)
+		svc := &service{h: func(_ context.Context, m string, n int64, req *wrapperspb.StringValue) (*structpb.Struct, error) {
+			g.wait()
+			return okReply(m, n, req)
+		}}
+		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns, Lease: testLease}, svc)
+		other := startOn(t, "127.0.0.1:0", e.second, idemgrpc.Options{Namespace: ns, Lease: testLease}, svc)
+		ctx := bg(t)
+		first := make(chan result, 1)
+		go func() { first <- call(ctx, dial(t, in.addr, nil), methodCharge, "alice", "k1", "x") }()
+		g.reached(t)
+		time.Sleep(2 * testLease) // the lease would have run out twice without renewals
+		wantCode(t, call(ctx, dial(t, other.addr, nil), methodCharge, "alice", "k1", "x"), codes.Aborted, idemgrpc.ReasonInProgress)
+		g.open()
+		wantOK(t, <-first, 1, false)
+		wantExecuted(t, svc, 1)
+	}},
+	{"CorruptRecord", func(t *testing.T, e storeEnv, ns string) {
+		// A stored result that cannot be decoded is never treated as
+		// absent: INTERNAL, and the handler does not run.
+		svc := &service{}
+		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns, Logger: quietLogger()}, svc)
+		cc := dial(t, in.addr, nil)
+		ctx := bg(t)
+		wantOK(t, call(ctx, cc, methodCharge, "alice", "k1", "x"), 1, false)
+		fp, err := idemgrpc.Fingerprint(methodCharge, wrapperspb.String("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := in.idem.RecordID("alice", "k2")
+		ar, err := e.first.Acquire(ctx, &idemdriver.AcquireParams{Consumer: in.idem.Consumer(), MessageID: id, Fingerprint: fp, Lease: time.Minute})
+		if err != nil || !ar.Acquired {
+			t.Fatalf("acquire: %+v %v", ar, err)
+		}
+		if err := e.first.Complete(ctx, &idemdriver.CompleteParams{Consumer: in.idem.Consumer(), MessageID: id, Token: ar.Token, Result: []byte("garbage"), ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, call(ctx, cc, methodCharge, "alice", "k2", "x"), codes.Internal, idemgrpc.ReasonRecordCorrupt)
+		wantExecuted(t, svc, 1)
+	}},
+	{"CompleteFails", func(t *testing.T, e storeEnv, ns string) {
+		// The final write fails until the lease is lost: the caller is
+		// told the result is not recorded, and a retry after the lease ran
+		// out runs the handler again (at least once).
+		fs := &faultStore{LeaseStore: e.first}
+		fs.failComplete.Store(true)
+		svc := &service{}
+		opts := idemgrpc.Options{Namespace: ns, Lease: testLease, InProgressRetryAfter: 200 * time.Millisecond, Logger: quietLogger()}
+		in := startOn(t, "127.0.0.1:0", fs, opts, svc)
+		ctx := bg(t)
+		r := call(ctx, dial(t, in.addr, nil), methodCharge, "alice", "k1", "x")
+		wantCode(t, r, codes.Unavailable, idemgrpc.ReasonNotRecorded)
+		fs.failComplete.Store(false)
+		cc := dial(t, in.addr, &idemgrpc.ClientOptions{MaxAttempts: 1000, MaxElapsed: 10 * testLease})
+		wantOK(t, call(ctx, cc, methodCharge, "alice", "k1", "x"), 2, false)
+		wantExecuted(t, svc, 2)
 	}},
 	{"CrashRunsAgain", func(t *testing.T, e storeEnv, ns string) {
 		testCrash(t, e, ns, idemgrpc.Options{})
