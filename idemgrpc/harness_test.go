@@ -295,3 +295,6 @@ func (f *faultStore) Release(ctx context.Context, p *idemdriver.ReleaseParams) e
 
 // quietLogger discards the warnings that scenarios provoke on purpose.
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// statusErr is a status error with code c.
+func statusErr(c codes.Code) error { return status.Error(c, c.String()) }
