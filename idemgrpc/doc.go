@@ -35,16 +35,19 @@
 //     point is recorded first, so a takeover after a crash answers
 //     outcome-unknown instead of running the call again.
 //  5. The result, the response message or the status (code, message and
-//     details), is stored as a google.rpc.Status, or the key released, on
+//     details) and the metadata the handler set, is stored, or the key
+//     released, on
 //     a context detached from the caller's: a caller that gives up does
 //     not lose the stored result.
 //
 // Every answer on the idempotency path echoes the key in its header
 // metadata; a replay also carries idempotent-replayed: true in its header
-// and trailer metadata ([MetadataReplayed]). Replayed responses are built
-// from the protobuf global registry (the response type must be linked
-// into the server, as generated code is). Header and trailer metadata set
-// by the handler are not stored.
+// and trailer metadata ([MetadataReplayed]). The header and trailer
+// metadata the handler set (grpc.SetHeader, grpc.SendHeader,
+// grpc.SetTrailer) are stored with the result and replayed, but for
+// gRPC's reserved grpc-* keys. Replayed responses are built from the
+// protobuf global registry (the response type must be linked into the
+// server, as generated code is).
 //
 // # Status codes
 //

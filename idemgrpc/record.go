@@ -4,19 +4,25 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// recordContentType is the content type of a stored call result: a
-// google.rpc.Status in protobuf binary form. An error keeps its code,
-// message and details; an OK result has code 0 and the response message,
-// as a google.protobuf.Any, as its only detail.
-const recordContentType = "application/vnd.idem.grpc-status+proto; v=1"
+// recordContentType is the content type of a stored call result (see
+// recStatus): a google.rpc.Status in protobuf binary form, where an error
+// keeps its code, message and details and an OK result has code 0 and
+// the response message, as a google.protobuf.Any, as its only detail;
+// then the metadata the handler set.
+const recordContentType = "application/vnd.idem.grpc-result+proto; v=1"
 
 // fingerprintVersion starts every fingerprint's hash input, so a future
 // change of the rules gives different fingerprints instead of false
@@ -50,14 +56,37 @@ func Fingerprint(fullMethod string, req proto.Message) ([]byte, error) {
 	return h.Sum(nil), nil
 }
 
-// encodeRecord returns the stored form of a call's result: st when it is
-// an error, resp otherwise.
-func encodeRecord(st *status.Status, resp any) ([]byte, error) {
-	p := st.Proto()
-	if st.Code() == codes.OK {
-		m, ok := resp.(proto.Message)
-		if !ok {
-			return nil, fmt.Errorf("idemgrpc: response %T is not a proto.Message", resp)
+// Fields of a stored result, a protobuf message: field 1 is the
+// google.rpc.Status, fields 2 and 3 the header and trailer metadata
+// entries the handler set (each a message of key, field 1, and value,
+// field 2), in key order, values in their order.
+const (
+	recStatus  protowire.Number = 1
+	recHeader  protowire.Number = 2
+	recTrailer protowire.Number = 3
+)
+
+// record is a call's result as stored.
+type record struct {
+	resp            any // a proto.Message, when st is OK
+	st              *status.Status
+	header, trailer metadata.MD
+}
+
+// storedKey reports whether a metadata key set by the handler is stored:
+// not gRPC's reserved keys, nor this package's own.
+func storedKey(k string) bool {
+	return !strings.HasPrefix(k, "grpc-") && !strings.HasPrefix(k, ":") && k != MetadataKey && k != MetadataReplayed
+}
+
+// encodeRecord returns the stored form of a call's result: r.st when it
+// is an error, r.resp otherwise, and the metadata.
+func encodeRecord(r record) ([]byte, error) {
+	p := r.st.Proto()
+	if r.st.Code() == codes.OK {
+		m, ok := r.resp.(proto.Message)
+		if !ok || m == nil {
+			return nil, fmt.Errorf("idemgrpc: response %T is not a proto.Message", r.resp)
 		}
 		a, err := anypb.New(m)
 		if err != nil {
@@ -65,28 +94,102 @@ func encodeRecord(st *status.Status, resp any) ([]byte, error) {
 		}
 		p = &spb.Status{Details: []*anypb.Any{a}}
 	}
-	return proto.MarshalOptions{Deterministic: true}.Marshal(p)
+	sb, err := proto.MarshalOptions{Deterministic: true}.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	b := protowire.AppendTag(nil, recStatus, protowire.BytesType)
+	b = protowire.AppendBytes(b, sb)
+	for _, f := range []struct {
+		num protowire.Number
+		md  metadata.MD
+	}{{recHeader, r.header}, {recTrailer, r.trailer}} {
+		for _, k := range slices.Sorted(maps.Keys(f.md)) {
+			if !storedKey(k) {
+				continue
+			}
+			for _, v := range f.md[k] {
+				e := protowire.AppendTag(nil, 1, protowire.BytesType)
+				e = protowire.AppendString(e, k)
+				e = protowire.AppendTag(e, 2, protowire.BytesType)
+				e = protowire.AppendString(e, v)
+				b = protowire.AppendTag(b, f.num, protowire.BytesType)
+				b = protowire.AppendBytes(b, e)
+			}
+		}
+	}
+	return b, nil
 }
 
-// decodeRecord returns the stored result: the response message when its
-// status is OK, or the status error. Errors match ErrRecordCorrupt.
-func decodeRecord(contentType string, b []byte) (proto.Message, *status.Status, error) {
+// decodeRecord returns the stored result. Errors match ErrRecordCorrupt.
+func decodeRecord(contentType string, b []byte) (record, error) {
+	var r record
 	if contentType != recordContentType {
-		return nil, nil, fmt.Errorf("%w: content type %q, want %q", ErrRecordCorrupt, contentType, recordContentType)
+		return r, fmt.Errorf("%w: content type %q, want %q", ErrRecordCorrupt, contentType, recordContentType)
+	}
+	var sb []byte
+	r.header, r.trailer = metadata.MD{}, metadata.MD{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return r, fmt.Errorf("%w: bad field", ErrRecordCorrupt)
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return r, fmt.Errorf("%w: bad field %d", ErrRecordCorrupt, num)
+		}
+		b = b[n+m:]
+		switch num {
+		case recStatus:
+			sb = v
+		case recHeader, recTrailer:
+			k, val, err := decodeEntry(v)
+			if err != nil {
+				return r, err
+			}
+			md := r.header
+			if num == recTrailer {
+				md = r.trailer
+			}
+			md[k] = append(md[k], val)
+		}
 	}
 	var p spb.Status
-	if err := proto.Unmarshal(b, &p); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrRecordCorrupt, err)
+	if err := proto.Unmarshal(sb, &p); err != nil {
+		return r, fmt.Errorf("%w: %w", ErrRecordCorrupt, err)
 	}
 	if p.Code != int32(codes.OK) {
-		return nil, status.FromProto(&p), nil
+		r.st = status.FromProto(&p)
+		return r, nil
 	}
 	if len(p.Details) != 1 {
-		return nil, nil, fmt.Errorf("%w: OK result with %d details, want the response", ErrRecordCorrupt, len(p.Details))
+		return r, fmt.Errorf("%w: OK result with %d details, want the response", ErrRecordCorrupt, len(p.Details))
 	}
 	m, err := p.Details[0].UnmarshalNew()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: response %s: %w", ErrRecordCorrupt, p.Details[0].GetTypeUrl(), err)
+		return r, fmt.Errorf("%w: response %s: %w", ErrRecordCorrupt, p.Details[0].GetTypeUrl(), err)
 	}
-	return m, status.New(codes.OK, ""), nil
+	r.resp, r.st = m, status.New(codes.OK, "")
+	return r, nil
+}
+
+// decodeEntry decodes one metadata entry: key (field 1), value (field 2).
+func decodeEntry(b []byte) (k, v string, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return "", "", fmt.Errorf("%w: bad metadata entry", ErrRecordCorrupt)
+		}
+		s, m := protowire.ConsumeString(b[n:])
+		if m < 0 {
+			return "", "", fmt.Errorf("%w: bad metadata entry", ErrRecordCorrupt)
+		}
+		b = b[n+m:]
+		if num == 1 {
+			k = s
+		} else {
+			v = s
+		}
+	}
+	return k, v, nil
 }

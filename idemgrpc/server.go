@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -227,19 +228,19 @@ func (s *Server) answerExisting(ctx context.Context, req any, handler grpc.Unary
 
 // replay answers a key whose record is completed.
 func (s *Server) replay(ctx context.Context, out idem.Outcome) (any, error) {
-	resp, st, err := decodeRecord(out.ContentType, out.Result)
+	r, err := decodeRecord(out.ContentType, out.Result)
 	if err != nil {
 		s.o.Logger.Error("idemgrpc: stored result undecodable", "consumer", s.consumer, "record", out.MessageID, "error", err)
 		return nil, newStatus(codes.Internal, ReasonRecordCorrupt, "the stored result of this key cannot be decoded; the call was not run again", 0).Err()
 	}
 	s.stats.replayed.Add(1)
 	replayed := metadata.Pairs(MetadataReplayed, "true")
-	_ = grpc.SetHeader(ctx, replayed)
-	_ = grpc.SetTrailer(ctx, replayed)
-	if st.Code() != codes.OK {
-		return nil, st.Err()
+	_ = grpc.SetHeader(ctx, metadata.Join(r.header, replayed))
+	_ = grpc.SetTrailer(ctx, metadata.Join(r.trailer, replayed))
+	if r.st.Code() != codes.OK {
+		return nil, r.st.Err()
 	}
-	return resp, nil
+	return r.resp, nil
 }
 
 // run runs the handler holding the attempt's lease (renewed by the lease
@@ -262,7 +263,7 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 			return nil, newStatus(codes.Unavailable, ReasonUnavailable, "the idempotency store is unavailable and nothing was run; retry with the same key", s.o.UnavailableRetryAfter).Err()
 		}
 	}
-	resp, herr := s.call(req, handler, a)
+	resp, md, herr := s.call(req, handler, a)
 	if errors.Is(context.Cause(a.LeaseContext()), idem.ErrLeaseLost) {
 		s.stats.leaseLost.Add(1)
 	}
@@ -271,7 +272,8 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 		_ = s.fin.Release(a, fmt.Errorf("idemgrpc: code %v released the key; the retry runs the handler again", st.Code()))
 		return resp, herr
 	}
-	rec, err := encodeRecord(st, resp)
+	header, trailer := md.snapshot()
+	rec, err := encodeRecord(record{resp: resp, st: st, header: header, trailer: trailer})
 	if err != nil {
 		s.o.Logger.Error("idemgrpc: result cannot be stored; key released", "consumer", s.consumer, "record", a.Message.ID, "error", err)
 		_ = s.fin.Release(a, err)
@@ -297,7 +299,11 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 // idem.ErrLeaseLost if the lease is lost). A panic releases the key and
 // goes on up: a recovery interceptor outside this one turns it into an
 // answer, as it would without idempotency.
-func (s *Server) call(req any, handler grpc.UnaryHandler, a *idem.Attempt) (resp any, err error) {
+//
+// The metadata the handler sets (grpc.SetHeader, grpc.SendHeader,
+// grpc.SetTrailer) goes to the client as usual and is recorded too, to be
+// replayed.
+func (s *Server) call(req any, handler grpc.UnaryHandler, a *idem.Attempt) (resp any, md *mdRecorder, err error) {
 	done := false
 	defer func() {
 		if done {
@@ -309,9 +315,53 @@ func (s *Server) call(req any, handler grpc.UnaryHandler, a *idem.Attempt) (resp
 		_ = s.fin.Release(a, fmt.Errorf("%w: %v", idem.ErrHandlerPanic, v))
 		panic(v)
 	}()
-	resp, err = handler(a.Context(), req)
+	ctx := a.Context()
+	md = &mdRecorder{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+	if md.ServerTransportStream != nil {
+		ctx = grpc.NewContextWithServerTransportStream(ctx, md)
+	}
+	resp, err = handler(ctx, req)
 	done = true
-	return resp, err
+	return resp, md, err
+}
+
+// mdRecorder is the call's transport stream, recording the metadata the
+// handler sets.
+type mdRecorder struct {
+	grpc.ServerTransportStream
+	mu              sync.Mutex
+	header, trailer metadata.MD
+}
+
+func (r *mdRecorder) add(to *metadata.MD, md metadata.MD) {
+	r.mu.Lock()
+	*to = metadata.Join(*to, md)
+	r.mu.Unlock()
+}
+
+// snapshot returns what was recorded.
+func (r *mdRecorder) snapshot() (header, trailer metadata.MD) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.header.Copy(), r.trailer.Copy()
+}
+
+// SetHeader records md and passes it on.
+func (r *mdRecorder) SetHeader(md metadata.MD) error {
+	r.add(&r.header, md)
+	return r.ServerTransportStream.SetHeader(md)
+}
+
+// SendHeader records md and passes it on.
+func (r *mdRecorder) SendHeader(md metadata.MD) error {
+	r.add(&r.header, md)
+	return r.ServerTransportStream.SendHeader(md)
+}
+
+// SetTrailer records md and passes it on.
+func (r *mdRecorder) SetTrailer(md metadata.MD) error {
+	r.add(&r.trailer, md)
+	return r.ServerTransportStream.SetTrailer(md)
 }
 
 // leaseLost is the answer of an attempt that another took over.
@@ -328,7 +378,7 @@ func (s *Server) answerUnknown(a *idem.Attempt) (any, error) {
 	s.o.Logger.Warn("idemgrpc: an earlier attempt ran and never recorded its result; storing outcome-unknown",
 		"consumer", s.consumer, "record", a.Message.ID, "attempt", a.Number)
 	st := newStatus(codes.Unknown, ReasonOutcomeUnknown, "an earlier attempt with this idempotency key ran and ended without recording its result (its process stopped or lost the store); whether it took effect is unknown, so it is not run again. This answer is stored for the key", 0)
-	rec, err := encodeRecord(st, nil)
+	rec, err := encodeRecord(record{st: st})
 	if err == nil {
 		err = s.fin.Complete(a, idem.Result{Body: rec, ContentType: recordContentType})
 	}

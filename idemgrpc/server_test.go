@@ -10,6 +10,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -58,18 +59,33 @@ func TestScenarios(t *testing.T) {
 
 var scenarios = []scenario{
 	{"Replay", func(t *testing.T, e storeEnv, ns string) {
-		svc := &service{}
+		// The handler's metadata is replayed too: a header, and a binary
+		// trailer.
+		svc := &service{h: func(ctx context.Context, m string, n int64, req *wrapperspb.StringValue) (*structpb.Struct, error) {
+			_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-id", fmt.Sprint("ch_", n)))
+			_ = grpc.SetTrailer(ctx, metadata.Pairs("x-ledger-bin", string([]byte{0, 0xff, byte(n)})))
+			return okReply(m, n, req)
+		}}
+		wantMD := func(r result, n int64) {
+			t.Helper()
+			if h, tr := r.header.Get("x-charge-id"), r.trailer.Get("x-ledger-bin"); len(h) != 1 || h[0] != fmt.Sprint("ch_", n) ||
+				len(tr) != 1 || tr[0] != string([]byte{0, 0xff, byte(n)}) {
+				t.Fatalf("header %v trailer %v: want the handler's metadata of run %d", r.header, r.trailer, n)
+			}
+		}
 		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns}, svc)
 		cc := dial(t, in.addr, nil)
 		ctx := bg(t)
 		r := call(ctx, cc, methodCharge, "alice", "k1", "10 EUR")
 		wantOK(t, r, 1, false)
+		wantMD(r, 1)
 		if got := r.header.Get(idemgrpc.MetadataKey); len(got) != 1 || got[0] != "k1" {
 			t.Fatalf("header %s = %q, want the key echoed", idemgrpc.MetadataKey, got)
 		}
 		for range 3 {
 			rr := call(ctx, cc, methodCharge, "alice", "k1", "10 EUR")
 			wantOK(t, rr, 1, true)
+			wantMD(rr, 1)
 			if !proto.Equal(rr.reply, r.reply) {
 				t.Fatalf("replay %v, want %v", rr.reply, r.reply)
 			}
