@@ -34,9 +34,9 @@
 //     Options.AfterCrash = idemhttp.AnswerUnknownAfterCrash a recovery
 //     point is recorded first, so a takeover after a crash answers
 //     outcome-unknown instead of running the call again.
-//  5. The result, the response message or the status (code, message and
-//     details) and the metadata the handler set, is stored, or the key
-//     released, on
+//  5. The result (the response message, or the status with its code,
+//     message and details, and the metadata the handler set) is stored, or
+//     the key released, on
 //     a context detached from the caller's: a caller that gives up does
 //     not lose the stored result.
 //
@@ -69,9 +69,11 @@
 //	ran, result not recorded (503)            UNAVAILABLE          RESPONSE_NOT_RECORDED         Lease
 //	another attempt took the key over (409)   ABORTED              IDEMPOTENCY_LEASE_LOST        InProgressRetryAfter
 //	earlier attempt crashed, at most once     UNKNOWN              REQUEST_OUTCOME_UNKNOWN       - (stored, replayed)
+//	request is not a proto.Message            INTERNAL             NOT_A_PROTO_MESSAGE           -
 //
-// Why these codes, by gRPC's status-code guidance (the litmus test of
-// google.rpc.Code: UNAVAILABLE if the client can retry just the failing
+// Why these codes, by gRPC's status-code guidance (the status codes page
+// of grpc.io, doc/statuscodes.md in grpc/grpc, and the litmus test in the
+// comments of google.rpc.Code: UNAVAILABLE if the client can retry just the failing
 // call, ABORTED if it should retry at a higher level or after a
 // concurrency conflict, FAILED_PRECONDITION if it should not retry until
 // the system's state is fixed; INVALID_ARGUMENT for arguments that are
