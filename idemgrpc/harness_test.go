@@ -100,7 +100,7 @@ type instance struct {
 // startOn serves svc on addr ("127.0.0.1:0" for a free port) behind the
 // interceptor over store; opts.Scope and Namespace default to the tests'.
 // extra interceptors run before the idempotency one.
-func startOn(t *testing.T, addr string, store idemdriver.LeaseStore, opts idemgrpc.Options, svc *service, extra ...grpc.UnaryServerInterceptor) *instance {
+func startOn(t testing.TB, addr string, store idemdriver.LeaseStore, opts idemgrpc.Options, svc *service, extra ...grpc.UnaryServerInterceptor) *instance {
 	t.Helper()
 	if opts.Scope == nil {
 		opts.Scope = scopeFromMetadata
@@ -130,7 +130,7 @@ func startOn(t *testing.T, addr string, store idemdriver.LeaseStore, opts idemgr
 
 // dial returns a client connection to addr, with the idempotency client
 // interceptor when copts is not nil.
-func dial(t *testing.T, addr string, copts *idemgrpc.ClientOptions) *grpc.ClientConn {
+func dial(t testing.TB, addr string, copts *idemgrpc.ClientOptions) *grpc.ClientConn {
 	t.Helper()
 	dopts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if copts != nil {
