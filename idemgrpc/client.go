@@ -36,11 +36,16 @@ type ClientOptions struct {
 	// syntax accepts it).
 	NewKey func() (string, error)
 
-	MaxAttempts                  int
-	MaxElapsed                   time.Duration
+	// MaxAttempts is the most times a call is sent, the first included.
+	MaxAttempts int
+	// MaxElapsed bounds the time in which retries may start.
+	MaxElapsed time.Duration
+	// InitialInterval and MaxInterval bound the backoff ceiling.
 	InitialInterval, MaxInterval time.Duration
-	Multiplier                   float64
-	MaxRetryAfter                time.Duration
+	// Multiplier grows the backoff ceiling per retry.
+	Multiplier float64
+	// MaxRetryAfter caps a server's RetryInfo delay.
+	MaxRetryAfter time.Duration
 
 	// OnRetry, if set, is called before each wait for a retry with the
 	// call's key, the attempt just made (1 for the first), its error and

@@ -17,16 +17,36 @@ const ErrorDomain = "idemgrpc.idem-go.github.com"
 // one per condition, as the HTTP middleware has one problem type per
 // condition. The code each comes with is in the package documentation.
 const (
-	ReasonKeyMissing      = "IDEMPOTENCY_KEY_MISSING"
-	ReasonKeyInvalid      = "IDEMPOTENCY_KEY_INVALID"
-	ReasonScopeMissing    = "IDEMPOTENCY_SCOPE_MISSING"
-	ReasonInProgress      = "REQUEST_IN_PROGRESS"
-	ReasonKeyReused       = "IDEMPOTENCY_KEY_REUSED"
-	ReasonUnavailable     = "IDEMPOTENCY_UNAVAILABLE"
-	ReasonRecordCorrupt   = "IDEMPOTENCY_RECORD_CORRUPT"
-	ReasonLeaseLost       = "IDEMPOTENCY_LEASE_LOST"
-	ReasonOutcomeUnknown  = "REQUEST_OUTCOME_UNKNOWN"
-	ReasonNotRecorded     = "RESPONSE_NOT_RECORDED"
+	// ReasonKeyMissing: INVALID_ARGUMENT, no key where Options.RequireKey.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyInvalid: INVALID_ARGUMENT, the key does not parse
+	// (idemhttp.ParseKey), is too long, or is sent more than once.
+	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	// ReasonScopeMissing: UNAUTHENTICATED, Options.Scope found no principal.
+	ReasonScopeMissing = "IDEMPOTENCY_SCOPE_MISSING"
+	// ReasonInProgress: ABORTED with RetryInfo, another call with the key
+	// holds its lease.
+	ReasonInProgress = "REQUEST_IN_PROGRESS"
+	// ReasonKeyReused: FAILED_PRECONDITION, the key was used with another
+	// method or request message.
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonUnavailable: UNAVAILABLE with RetryInfo, the store cannot be
+	// reached and nothing ran (INTERNAL when the store refused the call).
+	ReasonUnavailable = "IDEMPOTENCY_UNAVAILABLE"
+	// ReasonRecordCorrupt: INTERNAL, the stored result cannot be decoded
+	// or the record is failed; nothing ran.
+	ReasonRecordCorrupt = "IDEMPOTENCY_RECORD_CORRUPT"
+	// ReasonLeaseLost: ABORTED with RetryInfo, another attempt took the key
+	// over while this one ran.
+	ReasonLeaseLost = "IDEMPOTENCY_LEASE_LOST"
+	// ReasonOutcomeUnknown: UNKNOWN, stored, an earlier attempt ran and
+	// never recorded its result (idemhttp.AnswerUnknownAfterCrash).
+	ReasonOutcomeUnknown = "REQUEST_OUTCOME_UNKNOWN"
+	// ReasonNotRecorded: UNAVAILABLE, the call ran but its result could
+	// not be recorded before the lease ended.
+	ReasonNotRecorded = "RESPONSE_NOT_RECORDED"
+	// ReasonNotProtoMessage: INTERNAL, the request is not a proto.Message
+	// and cannot be fingerprinted.
 	ReasonNotProtoMessage = "NOT_A_PROTO_MESSAGE"
 )
 
