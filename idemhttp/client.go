@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"mime"
 	"net"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // Client defaults, applied by NewTransport to zero TransportOptions fields.
@@ -528,29 +528,8 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 
 // newBackOff returns the backoff schedule of one operation.
 func (t *Transport) newBackOff() backoff.BackOff {
-	return &fullJitter{exp: &backoff.ExponentialBackOff{
-		InitialInterval:     t.opts.InitialInterval,
-		RandomizationFactor: 0,
-		Multiplier:          t.opts.Multiplier,
-		MaxInterval:         t.opts.MaxInterval,
-	}}
+	return &keyed.FullJitter{Initial: t.opts.InitialInterval, Multiplier: t.opts.Multiplier, Max: t.opts.MaxInterval}
 }
-
-// fullJitter draws each wait uniformly from [0, ceiling], the ceiling
-// growing as the exponential backoff's (AWS "full jitter").
-type fullJitter struct {
-	exp *backoff.ExponentialBackOff
-}
-
-func (j *fullJitter) NextBackOff() time.Duration {
-	d := j.exp.NextBackOff()
-	if d == backoff.Stop || d <= 0 {
-		return d
-	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
-}
-
-func (j *fullJitter) Reset() { j.exp.Reset() }
 
 // drainClose reads what is left of a body, up to maxDrain, and closes it.
 func drainClose(body io.ReadCloser) {

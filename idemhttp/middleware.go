@@ -2,12 +2,8 @@ package idemhttp
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"runtime/debug"
 	"slices"
@@ -15,29 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // consumerPrefix starts the consumer name of every record of this package.
 const consumerPrefix = "idemhttp:"
-
-// maxInlineKey is the longest key kept readable in a record ID: the scope
-// hash (22 bytes) and a separator leave 232 of the store's 255 bytes.
-const maxInlineKey = 255 - 23
-
-// Recovery points of an attempt in at-most-once mode (AnswerUnknownAfterCrash),
-// named by the attempt's fencing token: runStep is saved before the handler
-// runs (for a Proxy: before the first byte goes to the upstream), settledStep
-// before a release whose outcome is known (nothing was done, or the response
-// released the key). An attempt that takes over a record with a runStep and
-// no settledStep of the same token knows an earlier attempt may have acted.
-const (
-	runStepPrefix     = "idemhttp:run:"
-	settledStepPrefix = "idemhttp:settled:"
-)
 
 // Middleware is idempotency-key middleware for net/http over an
 // idemdriver.LeaseStore (memory, PostgreSQL, MariaDB/MySQL, SQLite or Redis).
@@ -51,7 +31,13 @@ type Middleware struct {
 	lc       *idem.LeaseConsumer
 	o        Options
 	consumer string
-	resp     []HookResponse
+	// fin makes the final writes of an attempt and, in at-most-once mode
+	// (AnswerUnknownAfterCrash), its recovery points: "idemhttp:run:"+token
+	// saved before the handler runs (for a Proxy: before the first byte goes
+	// to the upstream), "idemhttp:settled:"+token before a release whose
+	// outcome is known.
+	fin  keyed.Finisher
+	resp []HookResponse
 	// unknown is the answer stored for a key whose earlier attempt may
 	// have acted and never recorded its response (AnswerUnknownAfterCrash).
 	unknown func() *Problem
@@ -124,6 +110,10 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{o: o, consumer: consumerPrefix + o.Namespace}
+	m.fin = keyed.Finisher{
+		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease, StoreTimeout: o.StoreTimeout,
+		AtMostOnce: m.atMostOnce(), Logger: o.Logger, StoreErrors: &m.stats.storeErrors, Released: &m.stats.released,
+	}
 	m.unknown = func() *Problem {
 		return newProblem(ProblemOutcomeUnknown, "an earlier attempt with this Idempotency-Key ran and ended without recording its response (its process stopped or lost the store); whether it took effect is unknown, so it is not run again. This answer is stored for the key")
 	}
@@ -140,19 +130,13 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 			return nil, fmt.Errorf("%w: Hooks[%d] (%T) implements none of the idem.Hook* interfaces nor HookResponse", ErrInvalidOptions, i, h)
 		}
 	}
-	m.lc, err = idem.NewLeaseConsumer(store, idem.Config{
-		Name:            m.consumer,
-		Fingerprinter:   func(fp []byte) ([]byte, error) { return fp, nil }, // the payload is the request's fingerprint
+	m.lc, err = keyed.NewLeaseConsumer(store, m.consumer, idem.Config{
 		RetentionWindow: o.Retention,
 		PurgeInterval:   o.PurgeInterval,
 		PurgeBatchSize:  o.PurgeBatchSize,
 		Logger:          o.Logger,
 		Hooks:           core,
 		Lease:           o.Lease,
-		// A key is retried for as long as its clients retry: a released
-		// response never poisons it.
-		MaxAttempts: math.MaxInt32,
-		Retryable:   func(error) bool { return true },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -185,15 +169,7 @@ func (m *Middleware) Consumer() string { return m.consumer }
 // SHA-256 of scope, then ':' and the key when it fits in 232 bytes, or
 // '!' and the hex SHA-256 of the key when it does not. The scope is never
 // stored in clear; the key stays readable for inspection.
-func (m *Middleware) RecordID(scope, key string) string {
-	sh := sha256.Sum256([]byte(scope))
-	id := base64.RawURLEncoding.EncodeToString(sh[:16])
-	if len(key) <= maxInlineKey {
-		return id + ":" + key
-	}
-	kh := sha256.Sum256([]byte(key))
-	return id + "!" + hex.EncodeToString(kh[:])
-}
+func (m *Middleware) RecordID(scope, key string) string { return keyed.RecordID(scope, key) }
 
 // Stats returns the counters.
 func (m *Middleware) Stats() Stats {
@@ -417,7 +393,7 @@ func (m *Middleware) replay(w http.ResponseWriter, ev *respTrack, out idem.Outco
 // storeDown answers a request whose Acquire failed.
 func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http.Handler, ev *respTrack, err error) {
 	m.stats.storeErrors.Add(1)
-	if errIsConfig(err) {
+	if keyed.IsConfigError(err) {
 		m.o.Logger.Error("idemhttp: store refused the claim", "consumer", m.consumer, "error", err)
 		p := newProblem(ProblemUnavailable, "the idempotency store refused the request")
 		p.Status = http.StatusInternalServerError
@@ -455,46 +431,23 @@ func (e *errReleased) Error() string {
 // before the handler runs and answers outcome-unknown after a crash.
 func (m *Middleware) atMostOnce() bool { return m.o.AfterCrash == AnswerUnknownAfterCrash }
 
-// unsettled returns the token of an earlier attempt that saved a run
-// point and no settled point: it may have acted, and it never recorded
-// its response nor released the key with a known outcome.
-func unsettled(a *idem.Attempt) (string, bool) {
-	steps := a.Steps()
-	for name := range steps {
-		if tok, ok := cutPrefix(name, runStepPrefix); ok {
-			if _, settled := steps[settledStepPrefix+tok]; !settled {
-				return tok, true
-			}
-		}
-	}
-	return "", false
-}
-
-func cutPrefix(s, prefix string) (string, bool) {
-	if len(s) < len(prefix) || s[:len(prefix)] != prefix {
-		return "", false
-	}
-	return s[len(prefix):], true
-}
-
 // run runs the handler holding the attempt's lease (renewed by the lease
 // engine), then completes or releases the key and delivers the response.
 func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, info *Info, a *idem.Attempt, ev *respTrack) {
 	m.stats.executed.Add(1)
 	created := m.o.Now()
-	tok := strconv.FormatInt(a.Token, 10)
 	// Every way out ends the attempt: Processed when the response (or
 	// the outcome-unknown answer) was recorded, Failed otherwise.
 	ev.outcome(idem.Outcome{Status: idem.Failed})
 	if m.atMostOnce() {
-		if prev, ok := unsettled(a); ok {
+		if prev, ok := m.fin.Unsettled(a); ok {
 			m.answerUnknown(w, a, ev, prev, created)
 			return
 		}
 		// The recovery point goes first: if this process dies while the
 		// handler (or the upstream) works, the attempt that takes the key
 		// over finds it and does not run the request again.
-		err := m.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, runStepPrefix+tok, nil) })
+		err := m.fin.MarkRun(a)
 		if err != nil {
 			m.o.Logger.Warn("idemhttp: could not record the recovery point; nothing was run", "consumer", m.consumer, "record", info.RecordID, "error", err)
 			relErr := m.release(a, &errReleased{0, "recovery point not recorded"})
@@ -625,87 +578,14 @@ func (m *Middleware) answerUnknown(w http.ResponseWriter, a *idem.Attempt, ev *r
 	p.Write(w)
 }
 
-// newBackOff is the backoff of the final writes: from 20ms, doubling with
-// jitter, at most 1s apart; they go on while the lease is held.
-func newBackOff() backoff.BackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 20 * time.Millisecond
-	b.MaxInterval = time.Second
-	return b
-}
-
-// retryWrite calls write, each call bounded by StoreTimeout, until it
-// succeeds or fails for a reason other than the store's (ErrLeaseLost:
-// another attempt owns the key; ErrAttemptEnded), retrying store failures
-// with backoff while the attempt holds its lease: the retries end when the
-// lease is lost (by the store, or by the local clock when no renewal lands
-// in time), with an error matching idem.ErrLeaseLost (and the last store
-// error, matching idem.ErrStore), or after one Lease of retries (a store
-// that renews leases but refuses this write), with the last store error;
-// the caller then abandons the attempt, whose lease runs out. They go on
-// after the client left.
-func (m *Middleware) retryWrite(a *idem.Attempt, write func(ctx context.Context) error) error {
-	lctx := a.LeaseContext()
-	var last error
-	_, err := backoff.Retry(lctx, func() (struct{}, error) {
-		ctx, cancel := context.WithTimeout(lctx, m.o.StoreTimeout)
-		defer cancel()
-		err := write(ctx)
-		if err == nil || !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrLeaseLost) {
-			return struct{}{}, backoff.Permanent(err)
-		}
-		m.stats.storeErrors.Add(1)
-		last = err
-		return struct{}{}, err
-	}, backoff.WithBackOff(newBackOff()), backoff.WithMaxElapsedTime(m.o.Lease))
-	if err != nil && last != nil && !errors.Is(err, idem.ErrStore) {
-		err = errors.Join(err, last)
-	}
-	return err
-}
-
 // complete records sr as the key's response (retried while the lease is
 // held) and ends the attempt; nil when it was recorded.
 func (m *Middleware) complete(a *idem.Attempt, sr *storedResponse) error {
-	res := idem.Result{Body: encodeRecord(sr), ContentType: recordContentType}
-	err := m.retryWrite(a, func(ctx context.Context) error {
-		_, err := a.Complete(ctx, res)
-		return err
-	})
-	if err != nil {
-		_, _ = a.Abandon(context.WithoutCancel(a.Context()), err)
-	}
-	return err
+	return m.fin.Complete(a, idem.Result{Body: encodeRecord(sr), ContentType: recordContentType})
 }
 
-// release releases the key after cause so the next retry runs (retried
-// while the lease is held), first recording, in at-most-once mode, that
-// this attempt's outcome is known. It returns nil, or the error (matching
-// idem.ErrLeaseLost or idem.ErrStore) that kept the key from being
-// released; the lease then runs out and a later attempt takes over.
-func (m *Middleware) release(a *idem.Attempt, cause error) error {
-	m.stats.released.Add(1)
-	var err error
-	if m.atMostOnce() {
-		tok := strconv.FormatInt(a.Token, 10)
-		err = m.retryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, settledStepPrefix+tok, nil) })
-	}
-	if err == nil {
-		err = m.retryWrite(a, func(ctx context.Context) error {
-			_, err := a.Release(ctx, cause)
-			if err != nil && !errors.Is(err, idem.ErrStore) && !errors.Is(err, idem.ErrLeaseLost) {
-				return nil // the cause itself: released
-			}
-			return err
-		})
-	}
-	if err != nil {
-		m.o.Logger.Warn("idemhttp: could not release the key; it frees when its lease runs out",
-			"consumer", m.consumer, "record", a.Message.ID, "error", err)
-		_, _ = a.Abandon(context.WithoutCancel(a.Context()), errors.Join(cause, err))
-	}
-	return err
-}
+// release releases the key after cause (keyed.Finisher.Release).
+func (m *Middleware) release(a *idem.Attempt, cause error) error { return m.fin.Release(a, cause) }
 
 // deliver sends the client what it has not had of the response, or, when
 // the handler marked the streamed response broken (abortWith), aborts the

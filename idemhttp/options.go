@@ -1,7 +1,6 @@
 package idemhttp
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // Defaults applied by New to zero Options fields.
@@ -302,11 +302,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Scope == nil {
 		return o, ErrNoScope
 	}
-	if o.Namespace == "" || len(o.Namespace) > MaxNamespaceLength {
-		return o, fmt.Errorf("%w: Namespace must be 1 to %d bytes", ErrInvalidOptions, MaxNamespaceLength)
-	}
-	if err := idem.ValidateConsumerName(consumerPrefix + o.Namespace); err != nil {
-		return o, fmt.Errorf("%w: Namespace: %w", ErrInvalidOptions, err)
+	if err := keyed.CheckNamespace(consumerPrefix, o.Namespace, MaxNamespaceLength); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if o.Unscoped > PassUnscoped {
 		return o, fmt.Errorf("%w: unknown Unscoped policy %d", ErrInvalidOptions, o.Unscoped)
@@ -403,11 +400,4 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.Default()
 	}
 	return o, nil
-}
-
-// errIsConfig reports whether err is a configuration error of a store
-// (not a store outage).
-func errIsConfig(err error) bool {
-	return errors.Is(err, idem.ErrInvalidConfig) || errors.Is(err, idem.ErrInvalidConsumerName) ||
-		errors.Is(err, idem.ErrInvalidMessageID) || errors.Is(err, idem.ErrInvalidPayload)
 }
