@@ -30,7 +30,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -57,11 +56,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return mainContext(ctx, args, stdout, stderr)
 }
 
-// mainContext is Main until ctx ends (a signal, for Main).
+// mainContext is Main until ctx ends (a signal, for Main). The log lines
+// of the drivers' package-level loggers go to stderr (masked too) when it
+// is a file, the process's stderr; otherwise (a command run in process,
+// as tests do, side by side) they are dropped.
 func mainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sec := &secret.Set{}
 	root := newRootSecrets(sec, stdout, stderr)
 	secretsFromArgs(root, sec, args)
+	if _, ok := stderr.(*os.File); ok {
+		routeLibraryLogs(root.ErrOrStderr())
+	}
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
@@ -106,7 +111,7 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 	}
 	root.SetOut(sec.Writer(stdout))
 	root.SetErr(sec.Writer(stderr))
-	routeLibraryLogs(root.ErrOrStderr())
+	routeLibraryLogs(nil)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemoCmd(), newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd())
 	return root
@@ -225,20 +230,23 @@ func secretsFromFlags(cmd *cobra.Command, sec *secret.Set) error {
 }
 
 // libraryLogs is where the drivers that log through package-level loggers
-// (go-redis, go-sql-driver/mysql) write: the scrubbed stderr of the
-// command that started last (one per process, outside tests).
+// (go-redis, go-sql-driver/mysql) write: Main's scrubbed stderr, or
+// nowhere. Never the process's stderr unmasked.
 var libraryLogs struct {
 	once sync.Once
 	mu   sync.Mutex
 	w    io.Writer
 }
 
-// routeLibraryLogs sends the drivers' own log lines to w instead of the
-// process's stderr, so they are scrubbed like everything else.
+// routeLibraryLogs takes the drivers' own loggers over, so their lines
+// never reach the process's stderr unmasked, and sends the lines to w
+// when w is not nil (dropped until then).
 func routeLibraryLogs(w io.Writer) {
-	libraryLogs.mu.Lock()
-	libraryLogs.w = w
-	libraryLogs.mu.Unlock()
+	if w != nil {
+		libraryLogs.mu.Lock()
+		libraryLogs.w = w
+		libraryLogs.mu.Unlock()
+	}
 	libraryLogs.once.Do(func() {
 		redis.SetLogger(libraryLogger{})
 		_ = mysql.SetLogger(libraryLogger{})
@@ -257,7 +265,9 @@ func (libraryLogger) Print(v ...any) { libraryLogger{}.write("mysql: " + fmt.Spr
 func (libraryLogger) write(line string) {
 	libraryLogs.mu.Lock()
 	defer libraryLogs.mu.Unlock()
-	_, _ = io.WriteString(libraryLogs.w, strings.TrimRight(line, "\n")+"\n")
+	if libraryLogs.w != nil {
+		_, _ = io.WriteString(libraryLogs.w, strings.TrimRight(line, "\n")+"\n")
+	}
 }
 
 // oneLine flattens an error (errors.Join uses newlines) to one line.

@@ -2,12 +2,14 @@ package idemcli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -19,6 +21,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // secretPasswords are passwords with every character URLs treat
@@ -281,8 +285,9 @@ func TestProxyPrintsNoSecret(t *testing.T) {
 	defer up.Close()
 	upURL := strings.Replace(up.URL, "http://", "http://user:"+pw.written+"@", 1)
 	for _, withSecret := range []bool{true, false} {
+		dbPath := filepath.Join(t.TempDir(), "proxy.db")
 		args := []string{"proxy", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--upstream", upURL,
-			"--store", "sqlite:" + filepath.Join(t.TempDir(), "proxy.db")}
+			"--store", "sqlite:" + dbPath}
 		if withSecret {
 			args = append(args, "--scope-secret", scopeSecret)
 		}
@@ -338,9 +343,39 @@ func TestProxyPrintsNoSecret(t *testing.T) {
 		if strings.Contains(output, scopeSecret) {
 			t.Errorf("the output shows the scope secret:\n%s", output)
 		}
+		// The store holds neither the secret nor the credentials it keys
+		// (this test sends the secret as the Authorization value too).
+		files, _ := filepath.Glob(dbPath + "*")
+		for _, file := range files {
+			if b, err := os.ReadFile(file); err != nil || bytes.Contains(b, []byte(scopeSecret)) {
+				t.Errorf("store file %s: %v, or it holds the scope secret", file, err)
+			}
+		}
 		warnings := strings.Count(errOut.String(), "scope is not keyed")
 		if withSecret && warnings != 0 || !withSecret && warnings != 1 {
 			t.Errorf("scope secret %v: %d warnings, want %d:\n%s", withSecret, warnings, map[bool]int{true: 0, false: 1}[withSecret], errOut.String())
 		}
 	}
+}
+
+// TestDriverLogsAreMasked: the lines go-redis and go-sql-driver/mysql log
+// through their package-level loggers reach Main's stderr masked.
+func TestDriverLogsAreMasked(t *testing.T) {
+	const pw = "Pw/driver%40log9Q"
+	var sec secret.Set
+	sec.AddText("redis://:" + pw + "@127.0.0.1:1/0")
+	var out lockedBuilder
+	routeLibraryLogs(sec.Writer(&out))
+	t.Cleanup(func() {
+		libraryLogs.mu.Lock()
+		libraryLogs.w = nil
+		libraryLogs.mu.Unlock()
+	})
+	libraryLogger{}.Printf(context.Background(), "redis: dial redis://:%s@127.0.0.1:1/0: refused", pw)
+	libraryLogger{}.Print("closing bad idle connection of user:" + pw + "@tcp(127.0.0.1:1)/db")
+	got := out.String()
+	if strings.Count(got, "\n") != 2 || !strings.Contains(got, "mysql: closing bad idle connection") {
+		t.Fatalf("driver logs: %q", got)
+	}
+	wantNoPassword(t, got, pw, "Pw/driver@log9Q")
 }
