@@ -119,6 +119,42 @@
 // window (counted from the first request's arrival), a retry gets 422
 // idempotency-key-expired instead of a replay or a new execution.
 //
+// # The proxy
+//
+// [NewProxy] puts the middleware in front of any HTTP service ([Proxy];
+// `idem proxy` serves one). Its scope is the ScopeHeader of the request
+// (Authorization by default), so keys are per credential.
+//
+// # Keying the proxy's scope
+//
+// Set ProxyOptions.ScopeSecret (`idem proxy --scope-secret`, or better
+// IDEM_SCOPE_SECRET, which does not show in the process list): a random
+// per-deployment key of at least [MinScopeSecretBytes] bytes, the same on
+// every proxy that shares the store's namespace, kept out of the store.
+// The scope is then the HMAC-SHA-256 of the header under that key
+// ([HMACHeaderScope]), and the record ID a hash of that. Without it the
+// scope is the unkeyed SHA-256 of the header ([HeaderScope], the earlier
+// behaviour, kept so existing records still match), and whoever can read
+// the store can hash guesses of the credentials (a Basic password, a short
+// API key) and compare offline; NewProxy then logs a warning once.
+//
+// Migration: introducing the secret, or changing it, changes every scope.
+// A key recorded before the change is not found after it: a retry within
+// the retention window of a request answered before the change is
+// forwarded to the upstream again instead of replayed, and a request in
+// flight at the change can reach the upstream twice. The old records are
+// never matched again and are purged by retention as usual. There is no
+// window in which both the old and the new scope are accepted. To avoid
+// double execution, roll the change out when no client is retrying: in a
+// quiet period, or after draining traffic for longer than your clients'
+// retry horizon (a client that stopped retrying cannot be hurt); or put
+// the change behind an upstream that deduplicates by the forwarded
+// Idempotency-Key itself. Rotate the secret only when it may have leaked.
+//
+// The health path (ProxyOptions.HealthPath, /healthz) answers 200
+// {"status":"ok"} or 503 {"status":"unavailable"}, a fixed body; the
+// store's error goes to Options.Logger.
+//
 // # Observability
 //
 // [Middleware.Stats] counts what the middleware did. Options.Hooks takes

@@ -3,9 +3,9 @@ package idemhttp
 import (
 	"cmp"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,6 +45,9 @@ const (
 	DefaultUpstreamIdleTimeout = 1500 * time.Millisecond
 	// DefaultHealthTimeout bounds the store check of the health endpoint.
 	DefaultHealthTimeout = 2 * time.Second
+	// MinScopeSecretBytes is the shortest ProxyOptions.ScopeSecret
+	// accepted: a shorter key could itself be guessed offline.
+	MinScopeSecretBytes = 16
 )
 
 // Problem types of the proxy, beside the middleware's.
@@ -109,8 +112,9 @@ type ProxyOptions struct {
 	// are stored: by default 5xx, 408 and 429 release the key.
 	Options Options
 	// ScopeHeader names the request header that scopes keys when
-	// Options.Scope is nil: its values, joined, hashed with SHA-256 (the
-	// secret itself never reaches the store), are the principal. Defaults
+	// Options.Scope is nil: its values, joined, keyed with ScopeSecret
+	// (HMAC-SHA-256; without a secret, plain SHA-256), are the principal;
+	// the credential itself never reaches the store. Defaults
 	// to DefaultProxyScopeHeader ("Authorization"). A request without it
 	// is handled by Options.Unscoped (401 by default). The scope must stay
 	// the same across a client's retries: behind an auth gateway that
@@ -118,6 +122,24 @@ type ProxyOptions struct {
 	// bearer tokens, which change when they are refreshed and would make
 	// a retry after a refresh look like a new request.
 	ScopeHeader string
+	// ScopeSecret is the per-deployment key of the scope (at least
+	// MinScopeSecretBytes bytes; `idem proxy --scope-secret` or
+	// IDEM_SCOPE_SECRET): the scope is the HMAC-SHA-256 of the ScopeHeader
+	// values under it ([HMACHeaderScope]), so whoever can read the store
+	// cannot test guesses of the credentials offline (a Basic password, a
+	// short API key) without the secret too. It applies to the ScopeHeader
+	// scope only: setting it with Options.Scope is an error. Every proxy
+	// sharing a store's namespace must use the same secret.
+	//
+	// Without a secret the scope is the unkeyed SHA-256 of the header
+	// values ([HeaderScope]), as in earlier versions, and NewProxy logs a
+	// warning (once) on Options.Logger. Introducing or changing the secret
+	// changes every scope: keys recorded before no longer match, so a
+	// retry of a request sent before the change, within the retention
+	// window, is forwarded again instead of replayed, and a request in
+	// flight at the change can run twice. See the package doc, "Keying the
+	// proxy's scope", for how to roll it out.
+	ScopeSecret []byte
 	// Transport sends requests upstream. Defaults to an *http.Transport
 	// with DialTimeout, UpstreamIdleTimeout and HTTP/2 when the upstream
 	// offers it over TLS.
@@ -140,8 +162,10 @@ type ProxyOptions struct {
 	StripKey bool
 	// HealthPath is the path answered by the proxy itself with the health
 	// of its store: 200 {"status":"ok"}, or 503 {"status":"unavailable"}
-	// when Health fails. Defaults to DefaultProxyHealthPath; "-" forwards
-	// every path.
+	// when Health fails. The body is fixed: the reason (the store's error,
+	// which may name a database, a user or an internal address) goes to
+	// Options.Logger at warn level, never to the client. Defaults to
+	// DefaultProxyHealthPath; "-" forwards every path.
 	HealthPath string
 	// Health checks that the store is reachable (a ping), bounded by
 	// DefaultHealthTimeout. Nil: the health endpoint always reports ok.
@@ -245,13 +269,24 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 		return nil, fmt.Errorf("%w: HealthPath %q must start with /", idem.ErrInvalidConfig, o.HealthPath)
 	case strings.ContainsAny(o.ScopeHeader, " \t\r\n:"):
 		return nil, fmt.Errorf("%w: ScopeHeader %q is not a header name", idem.ErrInvalidConfig, o.ScopeHeader)
+	case len(o.ScopeSecret) > 0 && len(o.ScopeSecret) < MinScopeSecretBytes:
+		return nil, fmt.Errorf("%w: ScopeSecret has %d bytes, want at least %d", idem.ErrInvalidConfig, len(o.ScopeSecret), MinScopeSecretBytes)
+	case len(o.ScopeSecret) > 0 && o.Options.Scope != nil:
+		return nil, fmt.Errorf("%w: ScopeSecret keys the ScopeHeader scope; Options.Scope replaces it", idem.ErrInvalidConfig)
 	}
 	mo := o.Options
 	if mo.Namespace == "" {
 		mo.Namespace = "proxy:" + upstream.Host
 	}
 	if mo.Scope == nil {
-		mo.Scope = HeaderScope(o.ScopeHeader)
+		if len(o.ScopeSecret) > 0 {
+			mo.Scope = HMACHeaderScope(o.ScopeHeader, o.ScopeSecret)
+		} else {
+			mo.Scope = HeaderScope(o.ScopeHeader)
+			cmp.Or(mo.Logger, slog.Default()).Warn("idemhttp: the proxy's scope is not keyed: it is the plain SHA-256 of the "+o.ScopeHeader+
+				" header, so whoever can read the store can test guesses of the credentials offline; set a scope secret (ProxyOptions.ScopeSecret, idem proxy --scope-secret or IDEM_SCOPE_SECRET)",
+				"namespace", mo.Namespace)
+		}
 	}
 	// The proxy's guarantee holds across its own crashes too: unless the
 	// operator chose at least once, a recovery point is recorded before
@@ -317,15 +352,47 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 // hashed with SHA-256 so the credential itself is never stored: the
 // lowercase hex digest of the values joined by newlines. A request without
 // the header has no scope ("", handled by Options.Unscoped).
+//
+// The hash is not keyed: whoever can read the store can hash guesses of a
+// credential and compare. For credentials, prefer [HMACHeaderScope].
 func HeaderScope(name string) func(r *http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {
-		vs := r.Header.Values(name)
-		if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
+		vs, ok := headerValues(r, name)
+		if !ok {
 			return "", nil
 		}
-		sum := sha256.Sum256([]byte(strings.Join(vs, "\n")))
+		sum := sha256.Sum256([]byte(vs))
 		return hex.EncodeToString(sum[:]), nil
 	}
+}
+
+// HMACHeaderScope is [HeaderScope] keyed with secret: the lowercase hex
+// HMAC-SHA-256, under secret, of the values of the request header name
+// joined by newlines. Without secret, a stored scope does not let anyone
+// test guesses of the credential. The same header under two secrets gives
+// two unrelated scopes. secret is copied; it should have at least
+// MinScopeSecretBytes random bytes.
+func HMACHeaderScope(name string, secret []byte) func(r *http.Request) (string, error) {
+	key := append([]byte(nil), secret...)
+	return func(r *http.Request) (string, error) {
+		vs, ok := headerValues(r, name)
+		if !ok {
+			return "", nil
+		}
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte(vs))
+		return hex.EncodeToString(mac.Sum(nil)), nil
+	}
+}
+
+// headerValues returns the values of header name joined by newlines, and
+// false when the request has none (or one empty value).
+func headerValues(r *http.Request, name string) (string, bool) {
+	vs := r.Header.Values(name)
+	if len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == "") {
+		return "", false
+	}
+	return strings.Join(vs, "\n"), true
 }
 
 // newUpstreamTransport is the default upstream transport.
@@ -384,8 +451,11 @@ func (p *Proxy) serveHealth(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), DefaultHealthTimeout)
 		defer cancel()
 		if err := p.health(ctx); err != nil {
+			// The reason names the store (user, database, address): the
+			// operator's log has it, the client only the verdict.
+			p.mw.o.Logger.Warn("idemhttp: health check failed", "consumer", p.mw.consumer, "error", err)
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(map[string]string{"status": "unavailable", "store": err.Error()})
+			_, _ = io.WriteString(w, `{"status":"unavailable"}`+"\n")
 			return
 		}
 	}

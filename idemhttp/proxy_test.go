@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -681,26 +682,38 @@ func TestProxyH5EventStream(t *testing.T) {
 }
 
 // TestProxyHealth: the health path is answered by the proxy with the
-// store's reachability, never forwarded.
+// store's reachability, never forwarded; the body is fixed and the store's
+// error (which names users, databases, addresses) goes to the log only.
 func TestProxyHealth(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
 	var down atomic.Bool
+	var logs lockedBuffer
+	const reason = "dial tcp 10.9.8.7:5432: user=payments_rw database=ledger: connection refused"
 	env := testStoreEnv{store: idem.NewMemoryStore(nil)}
-	f := newProxies(t, env, up.URL, 1, &ProxyOptions{Health: func(context.Context) error {
-		if down.Load() {
-			return errors.New("store unreachable")
-		}
-		return nil
-	}})[0]
+	f := newProxies(t, env, up.URL, 1, &ProxyOptions{
+		ScopeSecret: []byte("0123456789abcdef"),
+		Options:     Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		Health: func(context.Context) error {
+			if down.Load() {
+				return errors.New(reason)
+			}
+			return nil
+		}})[0]
 	r, err := f.do(t, context.Background(), http.MethodGet, "/healthz", "", "", "")
-	if err != nil || r.status != 200 || !strings.Contains(r.body, `"ok"`) {
-		t.Fatalf("healthz: %v %d %s", err, r.status, r.body)
+	if err != nil || r.status != 200 || r.body != `{"status":"ok"}`+"\n" {
+		t.Fatalf("healthz: %v %d %q", err, r.status, r.body)
+	}
+	if logs.String() != "" {
+		t.Fatalf("a healthy check logged: %s", logs.String())
 	}
 	down.Store(true)
 	r, _ = f.do(t, context.Background(), http.MethodGet, "/healthz", "", "", "")
-	if r.status != 503 || !strings.Contains(r.body, "store unreachable") {
-		t.Fatalf("healthz with the store down: %d %s", r.status, r.body)
+	if r.status != 503 || r.body != `{"status":"unavailable"}`+"\n" || r.header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("healthz with the store down: %d %q %v", r.status, r.body, r.header)
+	}
+	if got := logs.String(); !strings.Contains(got, "health check failed") || !strings.Contains(got, "10.9.8.7:5432") {
+		t.Fatalf("the log lacks the reason: %s", got)
 	}
 	if up.n.Load() != 0 {
 		t.Fatalf("health checks reached the upstream")
@@ -723,6 +736,8 @@ func TestNewProxyInvalid(t *testing.T) {
 		{"scope header", "", ProxyOptions{ScopeHeader: "Bad Header"}},
 		{"policy", "", ProxyOptions{UnknownOutcome: 9}},
 		{"middleware option", "", ProxyOptions{Options: Options{Lease: time.Millisecond}}},
+		{"short scope secret", "", ProxyOptions{ScopeSecret: []byte("short")}},
+		{"scope secret with a Scope", "", ProxyOptions{ScopeSecret: []byte("0123456789abcdef"), Options: Options{Scope: HeaderScope("X-User")}}},
 	} {
 		u := good
 		if tt.u != "" {

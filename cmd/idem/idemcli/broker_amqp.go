@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemamqp"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // The demo's RabbitMQ names. The message ID travels in the message_id property.
@@ -43,7 +44,8 @@ func dialAMQP(url string) (*amqp.Connection, error) {
 	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 }
 
-func openAMQP(_ context.Context, url string, fresh bool) (*amqpBroker, error) {
+func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err error) {
+	defer func() { err = secret.Error(err, url) }()
 	conn, err := dialAMQP(url)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", redact(url), err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemkafka"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // The demo's Kafka names. The message ID travels in idemkafka's record
@@ -37,9 +38,13 @@ type kafkaBroker struct {
 	prod  *idemkafka.Producer
 }
 
-func openKafka(ctx context.Context, url string) (*kafkaBroker, error) {
+func openKafka(ctx context.Context, url string) (_ *kafkaBroker, err error) {
+	defer func() { err = secret.Error(err, url) }()
+	if strings.Contains(url, "@") {
+		// The demo speaks plain Kafka: no SASL to pass credentials to.
+		return nil, fmt.Errorf("%w: broker %q: credentials in a kafka:// URL are not supported", errBadURL, redact(url))
+	}
 	b := &kafkaBroker{}
-	var err error
 	if url == "kafka:embedded" || url == "kafka:" {
 		if b.fake, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic)); err != nil {
 			return nil, fmt.Errorf("embedded Kafka: %w", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // The demo's JetStream names.
@@ -41,7 +42,8 @@ type natsBroker struct {
 // openNATS starts an in-process JetStream server storing in dir (url
 // "nats:embedded") or connects to url, and creates the stream and the
 // durable consumer. fresh removes what an earlier run left on the server.
-func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh bool) (*natsBroker, error) {
+func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh bool) (_ *natsBroker, err error) {
+	defer func() { err = secret.Error(err, url) }()
 	b := &natsBroker{url: url}
 	if url == "nats:embedded" || url == "nats:" {
 		var err error
@@ -61,7 +63,7 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 	js, err := b.connect()
 	if err != nil {
 		b.close()
-		return nil, fmt.Errorf("cannot reach NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("cannot reach NATS at %s: %w", redact(url), err)
 	}
 	b.nc = js.Conn()
 	if fresh {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemredisstream"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // The demo's Redis Streams names. The message ID travels in idemredisstream's
@@ -35,7 +36,8 @@ type redisStreamBroker struct {
 	members atomic.Int64
 }
 
-func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (*redisStreamBroker, error) {
+func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (_ *redisStreamBroker, err error) {
+	defer func() { err = secret.Error(err, url) }()
 	opts, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)

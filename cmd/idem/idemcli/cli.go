@@ -8,6 +8,12 @@
 // Every flag can also be set from an environment variable named IDEM_ and
 // the flag name in upper case with dashes as underscores (--store is
 // IDEM_STORE); a flag given on the command line wins.
+//
+// No secret is printed: everything the commands write to stdout and stderr
+// (messages, reports, logs, third-party errors) passes through a
+// secret.Set holding the passwords of the URLs given in the arguments and
+// the IDEM_* environment and the values of secret flags (--scope-secret),
+// which masks them in every form, and the password of any other URL.
 package idemcli
 
 import (
@@ -17,11 +23,17 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // exitError carries an exit status other than 1 out of a command.
@@ -41,13 +53,26 @@ func (e *exitError) Unwrap() error { return e.err }
 func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	root := newRoot(stdout, stderr)
+	return mainContext(ctx, args, stdout, stderr)
+}
+
+// mainContext is Main until ctx ends (a signal, for Main). The log lines
+// of the drivers' package-level loggers go to stderr (masked too) when it
+// is a file, the process's stderr; otherwise (a command run in process,
+// as tests do, side by side) they are dropped.
+func mainContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	sec := &secret.Set{}
+	root := newRootSecrets(sec, stdout, stderr)
+	secretsFromArgs(root, sec, args)
+	if _, ok := stderr.(*os.File); ok {
+		routeLibraryLogs(root.ErrOrStderr())
+	}
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "idem: %s\n", strings.TrimPrefix(oneLine(err), "idem: "))
+	fmt.Fprintf(root.ErrOrStderr(), "idem: %s\n", strings.TrimPrefix(oneLine(err), "idem: "))
 	var ee *exitError
 	switch {
 	case errors.As(err, &ee):
@@ -58,7 +83,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
+// newRoot is the idem command writing to stdout and stderr, with secrets
+// masked in both.
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	return newRootSecrets(&secret.Set{}, stdout, stderr)
+}
+
+// newRootSecrets is newRoot with the secrets in sec masked too. Before a
+// command runs, the secrets in its flags are added to sec and its URL
+// flags normalized (secret.Normalize).
+func newRootSecrets(sec *secret.Set, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "idem",
 		Short: "Make message consumers and HTTP APIs safe to repeat",
@@ -69,11 +103,15 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return flagsFromEnv(cmd)
+			if err := flagsFromEnv(cmd); err != nil {
+				return err
+			}
+			return secretsFromFlags(cmd, sec)
 		},
 	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetOut(sec.Writer(stdout))
+	root.SetErr(sec.Writer(stderr))
+	routeLibraryLogs(nil)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newDemoCmd(), newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newConsumeCmd(), newPublishCmd())
 	return root
@@ -111,6 +149,125 @@ func flagsFromEnv(cmd *cobra.Command) error {
 		}
 	})
 	return err
+}
+
+// secretAnnotation marks a flag whose whole value is a secret (a key):
+// its value is masked in every output.
+const secretAnnotation = "idem_secret"
+
+// markSecret marks the flag name of cmd as a secret.
+func markSecret(cmd *cobra.Command, name string) {
+	_ = cmd.Flags().SetAnnotation(name, secretAnnotation, []string{"true"})
+}
+
+// urlFlags are the flags that take a store or broker URL (or DSN), which
+// secretsFromFlags normalizes.
+var urlFlags = []string{"store", "broker", "upstream"}
+
+// secretsFromArgs adds to sec, before the flags are parsed (whose errors
+// may repeat a value), the passwords of the URLs in args and in the IDEM_*
+// environment, and the values given to secret flags there.
+func secretsFromArgs(root *cobra.Command, sec *secret.Set, args []string) {
+	sec.AddText(args...)
+	secretFlags := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Annotations[secretAnnotation] != nil {
+				secretFlags[f.Name] = true
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !secretFlags[name] {
+			continue
+		}
+		if hasValue {
+			sec.AddSecret(value)
+		} else if i+1 < len(args) {
+			sec.AddSecret(args[i+1])
+		}
+	}
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(k, "IDEM_") {
+			continue
+		}
+		sec.AddText(v)
+		if secretFlags[strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, "IDEM_"), "_", "-"))] {
+			sec.AddSecret(v)
+		}
+	}
+}
+
+// secretsFromFlags adds the secrets in cmd's parsed flags to sec: the
+// passwords of URLs in any flag and the values of secret flags. It
+// normalizes the URL flags so that drivers read the password the
+// operator meant (secret.Normalize).
+func secretsFromFlags(cmd *cobra.Command, sec *secret.Set) error {
+	var err error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		v := f.Value.String()
+		if f.Annotations[secretAnnotation] != nil {
+			sec.AddSecret(v)
+			return
+		}
+		sec.AddText(v)
+		if slices.Contains(urlFlags, f.Name) {
+			if n := secret.Normalize(v); n != v {
+				if e := f.Value.Set(n); e != nil && err == nil {
+					err = usageError{fmt.Errorf("--%s: %w", f.Name, e)}
+				}
+			}
+		}
+	})
+	return err
+}
+
+// libraryLogs is where the drivers that log through package-level loggers
+// (go-redis, go-sql-driver/mysql) write: Main's scrubbed stderr, or
+// nowhere. Never the process's stderr unmasked.
+var libraryLogs struct {
+	once sync.Once
+	mu   sync.Mutex
+	w    io.Writer
+}
+
+// routeLibraryLogs takes the drivers' own loggers over, so their lines
+// never reach the process's stderr unmasked, and sends the lines to w
+// when w is not nil (dropped until then).
+func routeLibraryLogs(w io.Writer) {
+	if w != nil {
+		libraryLogs.mu.Lock()
+		libraryLogs.w = w
+		libraryLogs.mu.Unlock()
+	}
+	libraryLogs.once.Do(func() {
+		redis.SetLogger(libraryLogger{})
+		_ = mysql.SetLogger(libraryLogger{})
+	})
+}
+
+// libraryLogger writes a driver's log line to libraryLogs.w in one write.
+type libraryLogger struct{}
+
+func (libraryLogger) Printf(_ context.Context, format string, v ...any) {
+	libraryLogger{}.write(fmt.Sprintf(format, v...))
+}
+
+func (libraryLogger) Print(v ...any) { libraryLogger{}.write("mysql: " + fmt.Sprint(v...)) }
+
+func (libraryLogger) write(line string) {
+	libraryLogs.mu.Lock()
+	defer libraryLogs.mu.Unlock()
+	if libraryLogs.w != nil {
+		_, _ = io.WriteString(libraryLogs.w, strings.TrimRight(line, "\n")+"\n")
+	}
 }
 
 // oneLine flattens an error (errors.Join uses newlines) to one line.

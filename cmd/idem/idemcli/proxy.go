@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/store/idemredis"
@@ -25,7 +26,7 @@ import (
 type proxyFlags struct {
 	listen, upstream, store, table, redisPrefix  string
 	namespace, scopeHeader, unscoped, healthPath string
-	metricsAddr                                  string
+	metricsAddr, scopeSecret                     string
 	methods                                      []string
 	requireKey, strictKey, canonicalJSON         bool
 	store5xx, releaseUnknown, failOpen, migrate  bool
@@ -50,6 +51,17 @@ retries replay the recorded response (Idempotent-Replayed: true) without
 reaching the upstream. Keys are scoped by a request header (Authorization by
 default), hashed before they are stored.
 
+Set a scope secret (IDEM_SCOPE_SECRET, or --scope-secret; at least 16
+bytes, random, the same on every proxy sharing the store): the scope is then
+an HMAC-SHA-256 of the header under it, and reading the store does not let
+anyone test guesses of the credentials offline. Without one the scope is the
+plain SHA-256 of the header, as in earlier versions, and the proxy warns at
+start. Introducing or changing the secret makes every recorded key unknown:
+a retry of a request answered before the change is forwarded again, and a
+request in flight at the change may reach the upstream twice. Make the change
+when no client is retrying (a quiet period); see the idemhttp package doc,
+"Keying the proxy's scope".
+
   idem proxy --listen :8080 --upstream http://127.0.0.1:9000 --store sqlite:/var/lib/idem/proxy.db
 
 Upstream outcomes: a connection that cannot be made releases the key (502
@@ -63,7 +75,8 @@ forwarded, and the retry that takes the key over gets the stored 502
 upstream-outcome-unknown instead of a second forward. --release-unknown turns
 both protections off (at least once).
 
-GET --health-path (default /healthz) reports whether the store answers.
+GET --health-path (default /healthz) reports whether the store answers:
+200 {"status":"ok"} or 503 {"status":"unavailable"}; the reason is logged.
 --metrics-addr serves Prometheus metrics on http://ADDR/metrics: requests on
 the idempotency path by outcome and response status
 (idem_http_responses_total{idem_http_replayed="true"} counts replays), their
@@ -85,7 +98,9 @@ in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
 	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
 	fl.StringVar(&f.namespace, "namespace", "", "namespace of this service's keys (default proxy:HOST:PORT of the upstream)")
-	fl.StringVar(&f.scopeHeader, "scope-header", idemhttp.DefaultProxyScopeHeader, "request header whose value (SHA-256 hashed) scopes the keys")
+	fl.StringVar(&f.scopeHeader, "scope-header", idemhttp.DefaultProxyScopeHeader, "request header whose value (keyed with the scope secret, HMAC-SHA-256) scopes the keys")
+	fl.StringVar(&f.scopeSecret, "scope-secret", "", "per-deployment key of the scope, at least 16 bytes; prefer IDEM_SCOPE_SECRET, which the process list does not show (default: none, unkeyed SHA-256, with a warning)")
+	markSecret(cmd, "scope-secret")
 	fl.StringVar(&f.unscoped, "unscoped", "reject", "a keyed request without the scope header: reject (401) or pass (forwarded without idempotency)")
 	fl.StringSliceVar(&f.methods, "methods", []string{http.MethodPost, http.MethodPatch}, "methods the keys apply to")
 	fl.BoolVar(&f.requireKey, "require-key", false, "answer 400 to a request of a covered method without Idempotency-Key")
@@ -132,6 +147,9 @@ func (f *proxyFlags) check() (*url.URL, error) {
 			return nil, usageError{fmt.Errorf("--metrics-addr %q: want host:port, as in 127.0.0.1:9464: %v", f.metricsAddr, err)}
 		}
 	}
+	if f.scopeSecret != "" && len(f.scopeSecret) < idemhttp.MinScopeSecretBytes {
+		return nil, usageError{fmt.Errorf("--scope-secret has %d bytes, want at least %d (random)", len(f.scopeSecret), idemhttp.MinScopeSecretBytes)}
+	}
 	if f.unscoped != "reject" && f.unscoped != "pass" {
 		return nil, usageError{fmt.Errorf("--unscoped %q: want reject or pass", f.unscoped)}
 	}
@@ -162,7 +180,8 @@ type proxyStore struct {
 
 // openProxyStore opens the lease-mode store named by rawURL: a SQL store
 // (see openSQLStore) migrated when migrate is set, or Redis.
-func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migrate bool) (*proxyStore, error) {
+func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migrate bool) (_ *proxyStore, err error) {
+	defer func() { err = secret.Error(err, rawURL) }()
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	if s := strings.ToLower(scheme); s == "redis" || s == "rediss" {
 		opts, err := redis.ParseURL(rawURL)
@@ -183,7 +202,7 @@ func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migr
 			return nil, err
 		}
 		return &proxyStore{store: st, where: where, close: client.Close,
-			ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }}, nil
+			ping: func(ctx context.Context) error { return secret.Error(client.Ping(ctx).Err(), rawURL) }}, nil
 	}
 	st, err := openSQLStore(ctx, rawURL, table)
 	if err != nil {
@@ -195,7 +214,8 @@ func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migr
 			return nil, fmt.Errorf("migrate %s: %w", st.where, err)
 		}
 	}
-	return &proxyStore{store: st.store, where: st.where, close: st.db.Close, ping: st.db.PingContext}, nil
+	return &proxyStore{store: st.store, where: st.where, close: st.db.Close,
+		ping: func(ctx context.Context) error { return secret.Error(st.db.PingContext(ctx), rawURL) }}, nil
 }
 
 // runProxy serves the proxy until ctx ends, then shuts it down gracefully.
@@ -236,6 +256,7 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 			Hooks:            metrics.hooks(),
 		},
 		ScopeHeader:     f.scopeHeader,
+		ScopeSecret:     []byte(f.scopeSecret),
 		UpstreamTimeout: f.upstreamTimeout,
 		DialTimeout:     f.dialTimeout,
 		HealthPath:      f.healthPath,

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/store/idemredis"
 )
 
@@ -17,7 +18,8 @@ const demoRedisPrefix = "idem-demo:"
 // openRedisLease opens the lease-mode store on the Redis at rawURL and a
 // LeaseConsumer over it, with hooks; closing the consumer closes the
 // client. fresh deletes what an earlier demo left there.
-func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem.Hook) (*redisLease, string, error) {
+func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem.Hook) (_ *redisLease, _ string, err error) {
+	defer func() { err = secret.Error(err, rawURL) }()
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -39,14 +39,15 @@ type sqlStore struct {
 //	postgres://user:pass@host:port/db?sslmode=disable
 //	mysql://user:pass@host:port/db  MariaDB or MySQL
 //
-// It checks that the server answers within 10 seconds.
-func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) {
+// It checks that the server answers within 10 seconds. The errors it
+// returns never hold the password, the drivers' included.
+func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err error) {
+	defer func() { err = secret.Error(err, rawURL) }()
 	scheme, rest, ok := strings.Cut(rawURL, ":")
 	if !ok || rawURL == "" {
-		return nil, fmt.Errorf("%w: store %q: want sqlite:PATH, postgres://... or mysql://...", errBadURL, rawURL)
+		return nil, fmt.Errorf("%w: store %q: want sqlite:PATH, postgres://... or mysql://...", errBadURL, redact(rawURL))
 	}
 	s := &sqlStore{}
-	var err error
 	switch strings.ToLower(scheme) {
 	case "sqlite", "sqlite3":
 		path := strings.TrimPrefix(rest, "//")
@@ -152,24 +153,9 @@ func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
 	return cfg, "mysql at " + cfg.Addr, nil
 }
 
-// userinfoRE finds the user:password@ part of a URL that does not parse.
-var userinfoRE = regexp.MustCompile(`(//[^/@:]*:)[^/@]*@`)
-
 // redact hides the password of a URL for messages, even of one that does
-// not parse.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return userinfoRE.ReplaceAllString(raw, "${1}xxxxx@")
-	}
-	if u.User == nil {
-		return raw
-	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
-}
+// not parse (secret.URL).
+func redact(raw string) string { return secret.URL(raw) }
 
 // rebind rewrites ?-placeholders for the dialect ($1, $2 ... on PostgreSQL).
 func rebind(d idemsql.Dialect, q string) string {

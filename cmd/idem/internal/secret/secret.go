@@ -1,0 +1,294 @@
+// Package secret keeps secrets out of everything the idem command prints.
+//
+// A [Set] holds the secrets of one run: the passwords found in the URLs
+// and DSNs it was given ([Set.AddText]) and whole secret values such as a
+// scope secret ([Set.AddSecret]). [Set.Scrub] replaces every form of them
+// in a text with "xxxxx": the password as written, percent-decoded, and
+// percent-encoded (upper- and lowercase hex, path, query and userinfo
+// escaping), and the whole userinfo when the URL does not parse. Scrub
+// also masks the password of any URL or MySQL DSN in the text, known or
+// not, so third-party errors that repeat a URL the Set never saw are
+// masked too. [Set.Writer] applies Scrub to every write (stdout, stderr,
+// logs), and [Set.Err] to an error's text while errors.Is and errors.As
+// still see the original.
+//
+// Secrets of fewer than [MinBareLen] bytes are masked only where they
+// stand as a password (after ':' or '=', before '@', a quote, a space or
+// the end): masking every occurrence of a short word would garble the
+// output without protecting anything a guess would not find.
+//
+// [Normalize] re-encodes the userinfo of a URL whose password holds '/',
+// '?', '#', '@' or a '%' that is not an escape, so drivers see the
+// password the operator meant instead of cutting the URL in the middle of
+// it (and printing the pieces).
+package secret
+
+import (
+	"io"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Mask replaces a secret in scrubbed text.
+const Mask = "xxxxx"
+
+// MinBareLen is the length from which a secret is masked wherever it
+// appears; shorter ones are masked where they stand as a password.
+const MinBareLen = 5
+
+// Set is the secrets of one run. The zero value is empty and ready; a Set
+// is safe for concurrent use.
+type Set struct {
+	mu    sync.RWMutex
+	forms map[string]bool
+	short []*regexp.Regexp // context patterns of the short forms
+	bare  []string         // long forms, longest first
+}
+
+// AddText adds the passwords of every URL (scheme://user:password@host)
+// and MySQL DSN (user:password@tcp(host)/db) in s, as written and as
+// every parser would read them. Text without credentials adds nothing.
+func (s *Set) AddText(texts ...string) {
+	for _, t := range texts {
+		for _, p := range passwords(t) {
+			s.add(p)
+		}
+	}
+}
+
+// AddSecret adds v as a whole (a key, a token), with its encoded forms.
+func (s *Set) AddSecret(v string) { s.add(v) }
+
+func (s *Set) add(secret string) {
+	if secret == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.forms == nil {
+		s.forms = map[string]bool{}
+	}
+	changed := false
+	for _, f := range forms(secret) {
+		if f == "" || s.forms[f] {
+			continue
+		}
+		s.forms[f], changed = true, true
+		if len(f) >= MinBareLen {
+			s.bare = append(s.bare, f)
+		} else {
+			s.short = append(s.short, regexp.MustCompile(`([:=])`+regexp.QuoteMeta(f)+`(@|[\s"'&;,)]|$)`))
+		}
+	}
+	if changed {
+		slices.SortFunc(s.bare, func(a, b string) int { return len(b) - len(a) })
+	}
+}
+
+// Scrub returns text with every known secret and every URL password masked.
+func (s *Set) Scrub(text string) string {
+	text = scrubURLs(text)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, f := range s.bare {
+		text = strings.ReplaceAll(text, f, Mask)
+	}
+	for _, re := range s.short {
+		text = re.ReplaceAllString(text, "${1}"+Mask+"${2}")
+	}
+	return text
+}
+
+// Err returns err with its text scrubbed, or err itself when there was
+// nothing to mask (and nil for nil). The result unwraps to err, so
+// errors.Is and errors.As see through it; print the result, never the
+// error it wraps.
+func (s *Set) Err(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if clean := s.Scrub(msg); clean != msg {
+		return &scrubbed{msg: clean, err: err}
+	}
+	return err
+}
+
+type scrubbed struct {
+	msg string
+	err error
+}
+
+func (e *scrubbed) Error() string { return e.msg }
+func (e *scrubbed) Unwrap() error { return e.err }
+
+// Writer returns a writer that scrubs each write before passing it to w.
+// Every output of the idem command writes whole messages (a line, a log
+// record, a table cell) in one call, so a secret is never split across
+// two writes. It reports len(p) written on success.
+func (s *Set) Writer(w io.Writer) io.Writer { return &writer{s: s, w: w} }
+
+type writer struct {
+	s *Set
+	w io.Writer
+}
+
+func (w *writer) Write(p []byte) (int, error) {
+	if _, err := io.WriteString(w.w, w.s.Scrub(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Error returns err with the passwords of urls, and of any URL in its own
+// text, masked: for wrapping a third-party error at the call that was
+// given the URL.
+func Error(err error, urls ...string) error {
+	var s Set
+	s.AddText(urls...)
+	return s.Err(err)
+}
+
+// URL returns raw with its password masked, for messages: the scheme, the
+// user and the host stay readable. It works on URLs that do not parse.
+func URL(raw string) string {
+	var s Set
+	s.AddText(raw)
+	return s.Scrub(raw)
+}
+
+// Normalize returns raw with its userinfo percent-encoded when the URL
+// parser would cut it (a password holding '/', '?', '#', or a '%' that is
+// not an escape; '@' and ':' parse already): the userinfo runs to the last
+// '@'. A URL that parses with its userinfo, or has none, is returned as it
+// is.
+func Normalize(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || strings.ContainsAny(scheme, "/?#@ ") {
+		return raw
+	}
+	at := strings.LastIndex(rest, "@")
+	if at < 0 {
+		return raw
+	}
+	if u, err := url.Parse(raw); err == nil {
+		cut := u.User == nil && (strings.Contains(u.Path, "@") || strings.Contains(u.Fragment, "@") ||
+			(u.Path == "" && strings.Contains(u.RawQuery, "@")))
+		if !cut {
+			return raw
+		}
+	}
+	user, pass, hasPass := strings.Cut(rest[:at], ":")
+	if strings.ContainsAny(user, "/?#") {
+		return raw
+	}
+	ui := url.User(unescape(user))
+	if hasPass {
+		ui = url.UserPassword(unescape(user), unescape(pass))
+	}
+	return scheme + "://" + ui.String() + "@" + rest[at+1:]
+}
+
+// unescape decodes %XX escapes, or returns s as written when it holds a
+// '%' that is not one.
+func unescape(s string) string {
+	if d, err := url.PathUnescape(s); err == nil {
+		return d
+	}
+	return s
+}
+
+// passwords returns the passwords in text, in every reading: for a URL,
+// what url.Parse finds and the userinfo up to the last '@' (which is what
+// the operator meant when the password holds '/' or '#'), and that whole
+// userinfo; for a DSN, what precedes the last '@'.
+func passwords(text string) []string {
+	var out []string
+	for _, field := range strings.Fields(text) {
+		rest := field
+		found := false
+		for {
+			i := strings.Index(rest, "://")
+			if i < 0 {
+				break
+			}
+			found = true
+			tok := rest[i+3:]
+			next := strings.Index(tok, "://")
+			if next >= 0 {
+				tok = tok[:next]
+			}
+			start := strings.LastIndexAny(rest[:i], `"'=,`) + 1
+			if u, err := url.Parse(rest[start:i] + "://" + tok); err == nil && u.User != nil {
+				if p, ok := u.User.Password(); ok {
+					out = append(out, p)
+				}
+			}
+			if at := strings.LastIndex(tok, "@"); at >= 0 {
+				if _, pass, ok := strings.Cut(tok[:at], ":"); ok {
+					out = append(out, pass, tok[:at])
+				}
+			}
+			rest = rest[i+3:]
+		}
+		if found {
+			continue
+		}
+		// A DSN (user:password@tcp(host)/db), maybe after a flag name.
+		if at := strings.LastIndex(field, "@"); at > 0 {
+			ui := field[:at]
+			ui = ui[strings.LastIndexAny(ui, `"'=`)+1:]
+			if _, pass, ok := strings.Cut(ui, ":"); ok {
+				out = append(out, pass)
+			}
+		}
+	}
+	return out
+}
+
+// forms returns secret as written, decoded, and encoded in the ways URLs
+// and logs encode it.
+func forms(secret string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(f string) {
+		if f != "" && !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	bases := []string{secret}
+	if d, err := url.PathUnescape(secret); err == nil && d != secret {
+		bases = append(bases, d)
+	}
+	if d, err := url.QueryUnescape(secret); err == nil && d != secret {
+		bases = append(bases, d)
+	}
+	for _, b := range bases {
+		add(b)
+		for _, e := range []string{url.QueryEscape(b), url.PathEscape(b), strings.TrimPrefix(url.UserPassword("", b).String(), ":")} {
+			add(e)
+			add(lowerHex(e))
+		}
+	}
+	return out
+}
+
+var hexEscape = regexp.MustCompile(`%[0-9A-F]{2}`)
+
+func lowerHex(s string) string { return hexEscape.ReplaceAllStringFunc(s, strings.ToLower) }
+
+// urlPassword finds the password of a URL in text: scheme://user: up to the
+// last '@' before a space or a quote. dsnPassword finds that of a MySQL DSN.
+var (
+	urlPassword = regexp.MustCompile("([A-Za-z][A-Za-z0-9+.-]*://[^\\s:@/\"'`<>]*:)[^\\s\"'`<>]*@")
+	dsnPassword = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
+)
+
+func scrubURLs(text string) string {
+	text = urlPassword.ReplaceAllString(text, "${1}"+Mask+"@")
+	return dsnPassword.ReplaceAllString(text, "${1}"+Mask+"@${2}")
+}

@@ -1,0 +1,134 @@
+package secret
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// testPasswords are passwords with every character that URLs treat
+// specially, written raw and percent-encoded.
+var testPasswords = []struct {
+	name    string
+	written string // as it appears in the URL
+	meant   string // the password the operator meant
+}{
+	{"slash", "Pw/slash7", "Pw/slash7"},
+	{"at", "Pw@at7", "Pw@at7"},
+	{"colon", "Pw:colon7", "Pw:colon7"},
+	{"percent", "Pw%percent7", "Pw%percent7"},
+	{"all raw", "P/w@x:y%z#q?7", "P/w@x:y%z#q?7"},
+	{"encoded", "Pw%2Fenc%40%3A%257", "Pw/enc@:%7"},
+	{"encoded lower", "Pw%2fenc%40%3a7", "Pw/enc@:7"},
+}
+
+// allForms is what must never appear: the password as written, as meant,
+// and as a URL encoder would write what was meant.
+func allForms(written, meant string) []string {
+	out := []string{written, meant, url.QueryEscape(meant), url.PathEscape(meant),
+		strings.TrimPrefix(url.UserPassword("", meant).String(), ":")}
+	for _, f := range out {
+		out = append(out, lowerHex(f))
+	}
+	return out
+}
+
+func TestScrubEveryForm(t *testing.T) {
+	for _, pw := range testPasswords {
+		for _, scheme := range []string{"postgres", "postgresql", "mysql", "redis", "rediss", "amqp", "amqps", "nats", "kafka", "http"} {
+			raw := scheme + "://user:" + pw.written + "@127.0.0.1:1/db?x=1"
+			var s Set
+			s.AddText("--store=" + raw)
+			for _, f := range allForms(pw.written, pw.meant) {
+				// Texts a library might print: the URL, the URL quoted by
+				// url.Parse, the password alone, encoded, in a DSN.
+				for _, text := range []string{
+					raw,
+					fmt.Sprintf("parse %q: invalid port", raw),
+					"authentication failed for password " + f + " (ok)",
+					"dial " + Normalize(raw) + ": refused",
+					"user:" + f + "@tcp(127.0.0.1:3306)/db",
+				} {
+					if got := s.Scrub(text); strings.Contains(got, f) {
+						t.Errorf("%s %s: Scrub(%q) = %q keeps %q", pw.name, scheme, text, got, f)
+					}
+				}
+			}
+			if got := URL(raw); strings.Contains(got, pw.meant) || strings.Contains(got, pw.written) || !strings.Contains(got, "user:"+Mask+"@127.0.0.1:1") {
+				t.Errorf("%s: URL(%q) = %q", pw.name, raw, got)
+			}
+		}
+	}
+}
+
+func TestNormalizeGivesTheMeantPassword(t *testing.T) {
+	for _, pw := range testPasswords {
+		raw := "postgres://user:" + pw.written + "@db.example:5432/app?sslmode=disable"
+		u, err := url.Parse(Normalize(raw))
+		if err != nil {
+			t.Errorf("%s: Normalize(%q) does not parse: %v", pw.name, raw, err)
+			continue
+		}
+		p, _ := u.User.Password()
+		if p != pw.meant || u.User.Username() != "user" || u.Host != "db.example:5432" || u.Path != "/app" || u.Query().Get("sslmode") != "disable" {
+			t.Errorf("%s: Normalize(%q) = %q: user %q password %q host %q path %q", pw.name, raw, Normalize(raw), u.User.Username(), p, u.Host, u.Path)
+		}
+	}
+	for _, raw := range []string{"nats:embedded", "sqlite:/tmp/x.db", "kafka://a:9092,b:9092", "redis://127.0.0.1:6379/0", "postgres://u:p@h/db?x=a@b", "http://h/p"} {
+		if got := Normalize(raw); got != raw {
+			t.Errorf("Normalize(%q) = %q, want it unchanged", raw, got)
+		}
+	}
+}
+
+func TestShortSecretsOnlyAsPasswords(t *testing.T) {
+	var s Set
+	s.AddText("mysql://idem:idem@127.0.0.1:3306/idem_test")
+	got := s.Scrub("idem proxy: stopped; dial mysql://idem:idem@127.0.0.1:3306/idem_test; password=idem; user:idem@tcp(h:1)/x")
+	want := "idem proxy: stopped; dial mysql://idem:xxxxx@127.0.0.1:3306/idem_test; password=xxxxx; user:xxxxx@tcp(h:1)/x"
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}
+
+func TestUnknownURLsAreMasked(t *testing.T) {
+	var s Set // knows nothing
+	for text, want := range map[string]string{
+		`connect "amqp://guest:Pw/x@y@rabbit:5672/vh": refused`: `connect "amqp://guest:xxxxx@rabbit:5672/vh": refused`,
+		"app:Pw@x@tcp(10.0.0.1:3306)/db":                        "app:xxxxx@tcp(10.0.0.1:3306)/db",
+		"nats://127.0.0.1:4222 ok":                              "nats://127.0.0.1:4222 ok",
+	} {
+		if got := s.Scrub(text); got != want {
+			t.Errorf("Scrub(%q) = %q, want %q", text, got, want)
+		}
+	}
+}
+
+func TestErrAndWriter(t *testing.T) {
+	var s Set
+	s.AddSecret("scope-secret-0123456789")
+	base := fmt.Errorf("open: %w: key scope-secret-0123456789", fs.ErrNotExist)
+	err := s.Err(base)
+	if strings.Contains(err.Error(), "scope-secret") || !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Err = %q, Is ErrNotExist %v", err, errors.Is(err, fs.ErrNotExist))
+	}
+	if plain := errors.New("nothing to hide"); s.Err(plain) != plain || s.Err(nil) != nil {
+		t.Error("Err wraps an error with nothing to mask")
+	}
+	var buf bytes.Buffer
+	w := s.Writer(&buf)
+	msg := "secret is scope-secret-0123456789 and url redis://:Pw%2Fq@h:6379/0\n"
+	if n, err := fmt.Fprint(w, msg); n != len(msg) || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	if got := buf.String(); got != "secret is xxxxx and url redis://:xxxxx@h:6379/0\n" {
+		t.Errorf("written %q", got)
+	}
+	if err := Error(errors.New(`parse "amqp://u:Pw/z@h/": invalid port`), "amqp://u:Pw/z@h/"); strings.Contains(err.Error(), "Pw/z") {
+		t.Errorf("Error = %q", err)
+	}
+}
