@@ -307,20 +307,19 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // listen turns the store's notifications into wakes until ctx ends,
-// waiting MinPoll doubling to MaxPoll after a failed wait.
+// watching again after MinPoll doubling to MaxPoll when a watch fails.
 func (r *Relay) listen(ctx context.Context, n idemdriver.OutboxNotifier) {
 	backoff := r.cfg.MinPoll
 	for {
-		err := n.WaitOutgoing(ctx)
+		start := time.Now()
+		err := n.WatchOutgoing(ctx, r.Wake)
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil {
-			backoff = r.cfg.MinPoll
-			r.Wake()
-			continue
+		if time.Since(start) > r.cfg.MaxPoll {
+			backoff = r.cfg.MinPoll // it had been working
 		}
-		r.cfg.Logger.Warn("idem: relay: waiting for outbox notifications", "error", err)
+		r.cfg.Logger.Warn("idem: relay: watching for outbox notifications", "error", err)
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():

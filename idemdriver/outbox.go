@@ -77,14 +77,16 @@ type OutboxStore interface {
 	OutboxStats(ctx context.Context) (OutboxStats, error)
 }
 
-// OutboxNotifier is an optional capability of an [OutboxStore]: wait until
-// new outbox rows may have committed (PostgreSQL LISTEN/NOTIFY: the outbox
-// table's insert trigger notifies), so the relay need not poll tightly.
-// WaitOutgoing returns nil when notified, ctx's error when ctx ends, or
-// another error when the wait itself failed (the relay then polls).
-// Without it the relay polls with backoff.
+// OutboxNotifier is an optional capability of an [OutboxStore]: learn
+// when new outbox rows may have committed (PostgreSQL LISTEN/NOTIFY: the
+// outbox table's insert trigger notifies), so the relay need not poll
+// tightly. WatchOutgoing blocks until ctx ends or the watch fails,
+// calling notify once when it starts listening (rows may have come while
+// nobody listened) and then after every commit that inserted rows; it
+// returns ctx's error or the failure. notify must not block. Without it
+// the relay polls with backoff.
 type OutboxNotifier interface {
-	WaitOutgoing(ctx context.Context) error
+	WatchOutgoing(ctx context.Context, notify func()) error
 }
 
 // OutgoingRecord is one row of the outbox table.
@@ -155,8 +157,8 @@ type MarkFailedParams struct {
 	// RetryAfter is how long a retryable row waits before it may be
 	// claimed again (>= 0).
 	RetryAfter time.Duration
-	// Error is the failure's text, kept on the row for operators
-	// (truncated to 1000 bytes by the store).
+	// Error is the failure's text, kept on the row for operators (the
+	// store may cut it short).
 	Error string
 }
 
