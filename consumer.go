@@ -280,7 +280,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	if err := c.store.Commit(ctx, tx); err != nil {
 		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, msg.ID, tx)))
 	}
-	c.committed(emitted)
+	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
 
@@ -331,9 +331,11 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		e.take()
 		return c.handlerFailed(msg.ID, err, nil)
 	}
-	if _, err := c.emitTx(ctx, tx, msg.ID, e); err != nil {
+	emitted, err := c.emitTx(ctx, tx, msg.ID, e)
+	if err != nil {
 		return c.failed(msg.ID, err)
 	}
+	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
 
@@ -484,7 +486,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, "", tx)))
 		return
 	}
-	c.committed(emitted)
+	c.committed(ctx, "", emitted)
 	for k, r := range res {
 		if r.Claimed {
 			i := claimIdx[k]

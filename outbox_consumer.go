@@ -49,9 +49,19 @@ func (c *Consumer[TTx]) emitTx(ctx context.Context, tx TTx, id string, e *emitte
 	return len(rows), nil
 }
 
-// committed wakes the relay after a commit that wrote n outbox rows.
-func (c *Consumer[TTx]) committed(n int) {
-	if n > 0 && c.cfg.Relay != nil {
+// committed reports n outbox rows of message id ("" for a batch) to the
+// emit hooks and wakes the relay, after the commit that wrote them (for
+// ProcessTx: after writing them to the caller's transaction).
+func (c *Consumer[TTx]) committed(ctx context.Context, id string, n int) {
+	if n == 0 {
+		return
+	}
+	if h := c.hooks; h != nil {
+		for _, x := range h.emit {
+			h.safe(x, func() { x.OnEmit(ctx, EmitEvent{Consumer: h.consumer, MessageID: id, Count: n}) })
+		}
+	}
+	if c.cfg.Relay != nil {
 		c.cfg.Relay.Wake()
 	}
 }

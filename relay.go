@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,9 +68,12 @@ type RelayConfig struct {
 	// PurgeBatchSize is the most rows one purge statement deletes.
 	// Defaults to DefaultPurgeBatchSize (1000).
 	PurgeBatchSize int
-	// Logger receives failed claims, marks and purges (warn). Defaults to
-	// slog.Default().
+	// Logger receives failed claims, marks and purges (warn), and panics
+	// of Hooks (error). Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the relay's rounds; each must implement [HookRelay],
+	// or NewRelay returns an error matching ErrInvalidConfig.
+	Hooks []Hook
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -114,6 +118,11 @@ func (c RelayConfig) validate() error {
 	case c.PurgeInterval <= 0 || c.PurgeBatchSize < 1:
 		return fmt.Errorf("%w: relay purge every %v by %d", ErrInvalidConfig, c.PurgeInterval, c.PurgeBatchSize)
 	}
+	for i, h := range c.Hooks {
+		if _, ok := h.(HookRelay); !ok {
+			return fmt.Errorf("%w: RelayConfig.Hooks[%d] (%T) does not implement idem.HookRelay", ErrInvalidConfig, i, h)
+		}
+	}
 	return nil
 }
 
@@ -139,8 +148,9 @@ func (c RelayConfig) validate() error {
 // processing left messages unsent, so messages go out at once rather than
 // at the next poll.
 type Relay struct {
-	cfg  RelayConfig
-	wake chan struct{}
+	cfg   RelayConfig
+	wake  chan struct{}
+	hooks *hooks // nil without cfg.Hooks
 
 	runMu sync.Mutex // one Run at a time
 }
@@ -152,7 +162,14 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, wake: make(chan struct{}, 1)}, nil
+	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1)}
+	if len(cfg.Hooks) > 0 {
+		r.hooks = &hooks{consumer: "relay", log: cfg.Logger}
+		for _, h := range cfg.Hooks {
+			r.hooks.relay = append(r.hooks.relay, h.(HookRelay))
+		}
+	}
+	return r, nil
 }
 
 // Wake makes a running Run claim at once instead of at its next poll. It
@@ -177,16 +194,41 @@ type RelayResult struct {
 // claim or a mark failed (a row whose mark failed is sent again after its
 // lease), and is ctx's error when ctx ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
-	var res RelayResult
+	if r.hooks == nil {
+		res, _, err := r.runOnce(ctx)
+		return res, err
+	}
+	start := time.Now()
+	res, oldest, err := r.runOnce(ctx)
+	if res.Claimed > 0 || err != nil {
+		e := RelayEvent{Result: res, Err: err, Latency: time.Since(start)}
+		if !oldest.IsZero() {
+			e.OldestAge = max(time.Since(oldest), 0)
+		}
+		for _, x := range r.hooks.relay {
+			r.hooks.safe(x, func() { x.OnRelay(ctx, e) })
+		}
+	}
+	return res, err
+}
+
+// runOnce is RunOnce, also returning the oldest CreatedAt it claimed.
+func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
 	recs, err := r.cfg.Store.ClaimOutgoing(ctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
 	if err != nil {
-		return res, storeError("claim outgoing", err)
+		return res, oldest, storeError("claim outgoing", err)
 	}
 	res.Claimed = len(recs)
 	if len(recs) == 0 {
-		return res, nil
+		return res, oldest, nil
 	}
-	slices.SortFunc(recs, func(a, b Outgoing) int { return int(min(max(a.Seq-b.Seq, -1), 1)) })
+	oldest = recs[0].CreatedAt
+	for _, rec := range recs {
+		if rec.CreatedAt.Before(oldest) {
+			oldest = rec.CreatedAt
+		}
+	}
+	slices.SortFunc(recs, func(a, b Outgoing) int { return cmp.Compare(a.Seq, b.Seq) })
 	errs := r.publish(ctx, recs)
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 	defer cancel()
@@ -215,7 +257,7 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 			res.Sent = len(sent)
 		}
 	}
-	return res, errors.Join(markErrs...)
+	return res, oldest, errors.Join(markErrs...)
 }
 
 // publish calls the publisher with half the lease as its deadline, turning

@@ -72,11 +72,10 @@ type recorder struct {
 	tries   map[string]int
 	fail    func(m idem.Outgoing, try int) error
 	publish func(batch []idem.Outgoing) // called first, outside the lock
-	notify  chan struct{}               // signalled after each call
 }
 
 func newRecorder() *recorder {
-	return &recorder{tries: map[string]int{}, notify: make(chan struct{}, 1)}
+	return &recorder{tries: map[string]int{}}
 }
 
 func (r *recorder) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
@@ -84,13 +83,7 @@ func (r *recorder) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
 		r.publish(msgs)
 	}
 	r.mu.Lock()
-	defer func() {
-		r.mu.Unlock()
-		select {
-		case r.notify <- struct{}{}:
-		default:
-		}
-	}()
+	defer r.mu.Unlock()
 	r.calls = append(r.calls, slices.Clone(msgs))
 	errs := make([]error, len(msgs))
 	for i, m := range msgs {
@@ -231,6 +224,20 @@ func (s claimSignal) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgo
 	default:
 	}
 	return recs, err
+}
+
+type emitHook func(idem.EmitEvent)
+
+func (f emitHook) OnEmit(_ context.Context, e idem.EmitEvent) { f(e) }
+
+type relayHook func(idem.RelayEvent)
+
+func (f relayHook) OnRelay(_ context.Context, e idem.RelayEvent) { f(e) }
+
+// notifying is an OutboxStore with a given OutboxNotifier.
+type notifying struct {
+	idemdriver.OutboxStore
+	idemdriver.OutboxNotifier
 }
 
 // lostMarks fails every MarkSent: the relay dies between the broker's
@@ -384,7 +391,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 		}},
 		{"DuplicateFinishesTheJob", func(t *testing.T, b *bundle[TTx]) {
 			rec := newRecorder()
-			sig := claimSignal{hiddenNotifier{b.outboxOf()}, make(chan struct{}, 1)}
+			sig := claimSignal{hiddenNotifier{b.outboxOf()}, make(chan struct{}, 16)}
 			r := b.relay(sig, rec, idem.RelayConfig{MinPoll: time.Hour, MaxPoll: time.Hour, Retention: -1})
 			ctx, cancel := context.WithCancel(b.ctx)
 			done := make(chan struct{})
@@ -416,6 +423,29 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			b.process("another redelivery", replica, idem.Message{ID: "m", Payload: []byte("p")}, h, idem.Duplicate, nil)
 			b.wantPending("after another redelivery", 0)
+		}},
+		{"Notified", func(t *testing.T, b *bundle[TTx]) {
+			if _, ok := b.outboxOf().(idemdriver.OutboxNotifier); !ok {
+				t.Log("the store does not notify (idemdriver.OutboxNotifier): relays poll")
+				return
+			}
+			// An idle relay that never polls again and is never woken by a
+			// consumer sends what another process commits, once notified.
+			rec := newRecorder()
+			sig := claimSignal{b.outboxOf(), make(chan struct{}, 16)}
+			r := b.relay(notifying{sig, b.outboxOf().(idemdriver.OutboxNotifier)}, rec, idem.RelayConfig{MinPoll: time.Hour, MaxPoll: time.Hour, Retention: -1})
+			ctx, cancel := context.WithCancel(b.ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = r.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			// Run claims once at start, and once when its watch begins.
+			if !waitFor(t, sig.claimed, "the relay's first claim") || !waitFor(t, sig.claimed, "the claim after the watch began") {
+				return
+			}
+			c := b.consumer("c", idem.Config{})
+			var calls atomic.Int64
+			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "")), idem.Processed, nil)
+			testenv.Eventually(t, realTimeout, "the notified relay sends", func() bool { return len(rec.sentIDs()) == 1 }, nil)
 		}},
 		{"TwoRelaysSideBySide", func(t *testing.T, b *bundle[TTx]) {
 			c := b.consumer("c", idem.Config{})
@@ -597,6 +627,36 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if s.OldestPending <= 0 {
 				t.Errorf("OldestPending = %v with rows pending, want > 0", s.OldestPending)
+			}
+		}},
+		{"Hooks", func(t *testing.T, b *bundle[TTx]) {
+			var emits []idem.EmitEvent
+			var rounds []idem.RelayEvent
+			var mu sync.Mutex
+			c := b.consumer("c", idem.Config{Hooks: []idem.Hook{emitHook(func(e idem.EmitEvent) { mu.Lock(); emits = append(emits, e); mu.Unlock() })}})
+			var calls atomic.Int64
+			h := b.emitting(c, &calls, func(m idem.Message) []idem.OutgoingMessage {
+				return []idem.OutgoingMessage{{Name: "a", Destination: "d"}, {Name: "b", Destination: "e"}}
+			})
+			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, h, idem.Processed, nil)
+			b.process("redeliver", c, idem.Message{ID: "m", Payload: []byte("p")}, h, idem.Duplicate, nil)
+			rec := newRecorder()
+			rec.fail = func(m idem.Outgoing, try int) error {
+				if m.Destination == "e" {
+					return errors.New("idemtest: down")
+				}
+				return nil
+			}
+			r := b.relay(b.outboxOf(), rec, idem.RelayConfig{Hooks: []idem.Hook{relayHook(func(e idem.RelayEvent) { rounds = append(rounds, e) })}})
+			b.runOnce("relay", r)
+			b.runOnce("relay, nothing claimable", r)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(emits) != 1 || emits[0] != (idem.EmitEvent{Consumer: c.Name(), MessageID: "m", Count: 2}) {
+				t.Errorf("emit events %+v, want one with 2 messages of message m", emits)
+			}
+			if len(rounds) < 1 || rounds[0].Result != (idem.RelayResult{Claimed: 2, Sent: 1, Retried: 1}) || rounds[0].Err != nil || rounds[0].OldestAge < 0 {
+				t.Errorf("relay events %+v, want first 2 claimed, 1 sent, 1 retried", rounds)
 			}
 		}},
 		{"InvalidEmissions", func(t *testing.T, b *bundle[TTx]) {
