@@ -36,9 +36,8 @@ import (
 // a permanent failure unblocking its key); invalid emissions; batches
 // (EmitFor); purging sent rows.
 //
-// What a store must do beyond the OutboxStore contract: the ones that
-// depend on real time (a 200ms lease running out, a 1ms retry backoff, a
-// 1ms retention) wait up to 30s by the store's clock.
+// The cases that depend on real time (a 1s lease running out, a 1ms retry
+// backoff, a 1ms retention) wait up to 30s by the store's clock.
 func RunOutbox[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Helper()
 	if h.New == nil {
@@ -370,13 +369,19 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			var calls atomic.Int64
 			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "k")), idem.Processed, nil)
 			rec := newRecorder()
-			crashing := b.relay(lostMarks{b.outboxOf()}, rec, idem.RelayConfig{Lease: 200 * time.Millisecond})
+			const lease = time.Second
+			crashing := b.relay(lostMarks{b.outboxOf()}, rec, idem.RelayConfig{Lease: lease})
+			before := time.Now()
 			res, err := crashing.RunOnce(b.ctx)
 			if res.Claimed != 1 || !errors.Is(err, idem.ErrStore) {
 				t.Fatalf("RunOnce with a lost mark = %+v, %v; want 1 claimed and an error matching ErrStore", res, err)
 			}
 			r := b.relay(b.outboxOf(), rec, idem.RelayConfig{})
-			if res := b.runOnce("while the lease lasts", r); res.Claimed != 0 {
+			// The lease began after before; a claim that ended within the
+			// lease of before ran while it lasted (on a loaded machine the
+			// check has no proof to make, and is left out).
+			res = b.runOnce("while the lease lasts", r)
+			if time.Since(before) < lease && res.Claimed != 0 {
 				t.Errorf("a relay claimed %d rows under another's live lease, want 0", res.Claimed)
 			}
 			b.drain("the lease ends and another relay sends again", r, nil)
