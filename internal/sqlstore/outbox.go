@@ -77,7 +77,7 @@ func NewOutbox(d OutboxDialect) *Outbox {
 		AND p.sent_at IS NULL AND p.failed_at IS NULL))`
 	lease := `lease_until = ` + d.Plus(d.Param(2, "bigint")) + `, attempts = attempts + 1`
 	o.claimReturning = `UPDATE ` + t + ` SET ` + lease + `
-WHERE seq IN (SELECT o.seq FROM ` + t + ` o WHERE ` + o.pending + `
+WHERE id IN (SELECT o.id FROM ` + t + ` o WHERE ` + o.pending + `
 	ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked + `)
 RETURNING ` + o.cols
 	o.claimSelect = `SELECT ` + o.cols + ` FROM ` + t + ` o WHERE ` + o.pending + `
@@ -88,9 +88,9 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND sent_at IS NULL`
 	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
 		` AND sent_at IS NULL AND failed_at IS NULL`
-	o.purge = `DELETE FROM ` + t + ` WHERE seq IN (SELECT seq FROM (SELECT seq FROM ` + t + `
+	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
 	WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
-	ORDER BY seq LIMIT ` + d.Param(3, "bigint") + `) AS done)`
+	LIMIT ` + d.Param(3, "bigint") + `) AS done)`
 	o.stats = `SELECT
 	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN 1 ELSE 0 END), 0),
 	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NOT NULL THEN 1 ELSE 0 END), 0),

@@ -28,6 +28,5 @@ CREATE TABLE IF NOT EXISTS {{.Table}}_outbox (
     PRIMARY KEY (seq),
     UNIQUE KEY {{.Name}}_outbox_id (id),
     KEY {{.Name}}_outbox_pend (sent_at, failed_at, seq),
-    KEY {{.Name}}_outbox_key (destination, order_key, seq),
-    KEY {{.Name}}_outbox_src (consumer, source_id)
+    KEY {{.Name}}_outbox_key (destination, order_key, seq)
 ) ENGINE=InnoDB;

@@ -24,14 +24,13 @@ CREATE TABLE IF NOT EXISTS {{.Table}}_outbox (
     last_error   text,
     sent_at      timestamptz,
     failed_at    timestamptz,
-    CONSTRAINT {{.Name}}_outbox_pkey PRIMARY KEY (id),
-    CONSTRAINT {{.Name}}_outbox_seq UNIQUE (seq)
+    CONSTRAINT {{.Name}}_outbox_pkey PRIMARY KEY (id)
 );
--- Pending rows in order (the relay's claim), per key (the order check), per
--- incoming message (a duplicate's look-up), and done rows by age (purge).
+-- Pending rows in order (the relay's claim; a duplicate's look-up of its
+-- message's pending rows filters them), per key (the order check), and
+-- done rows by age (purge). seq is unique by construction (an identity).
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_pend ON {{.Table}}_outbox (seq) WHERE sent_at IS NULL AND failed_at IS NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_key ON {{.Table}}_outbox (destination, order_key, seq) WHERE sent_at IS NULL AND failed_at IS NULL;
-CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_src ON {{.Table}}_outbox (consumer, source_id) WHERE sent_at IS NULL AND failed_at IS NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_sent ON {{.Table}}_outbox (sent_at) WHERE sent_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_fail ON {{.Table}}_outbox (failed_at) WHERE failed_at IS NOT NULL;
 -- Relays LISTEN on the channel '<table name>_outbox': one notification per

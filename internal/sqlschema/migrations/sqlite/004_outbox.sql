@@ -28,6 +28,5 @@ CREATE TABLE IF NOT EXISTS {{.Table}}_outbox (
 );
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_pend ON {{.Table}}_outbox (seq) WHERE sent_at IS NULL AND failed_at IS NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_key ON {{.Table}}_outbox (destination, order_key, seq) WHERE sent_at IS NULL AND failed_at IS NULL;
-CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_src ON {{.Table}}_outbox (consumer, source_id) WHERE sent_at IS NULL AND failed_at IS NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_sent ON {{.Table}}_outbox (sent_at) WHERE sent_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {{.Name}}_outbox_fail ON {{.Table}}_outbox (failed_at) WHERE failed_at IS NOT NULL;
