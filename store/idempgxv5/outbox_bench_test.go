@@ -2,8 +2,6 @@ package idempgxv5_test
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -43,14 +41,7 @@ func BenchmarkOutbox(b *testing.B) {
 				return err
 			}
 		}
-		prefix := benchPrefix()
-		runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
-			out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
-			if err == nil && out.Status != idem.Processed {
-				err = fmt.Errorf("outcome %v", out.Status)
-			}
-			return err
-		})
+		processNew(b, bb, c, h, payload)
 		return bb
 	}
 	b.Run("idem", func(b *testing.B) { process(b, false, true) })
