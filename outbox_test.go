@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // TestOutgoingIDStable pins OutgoingID: the IDs rows already carry must
@@ -186,10 +187,16 @@ func TestRelayConfig(t *testing.T) {
 	}
 }
 
-// TestEmitWithoutOutbox: the memory store has no outbox, and Emit says so.
+// txOnly is a store without the outbox capability.
+type txOnly struct {
+	idemdriver.TxStore[*idem.MemoryTx]
+}
+
+// TestEmitWithoutOutbox: Emit on a store without an outbox says so, and
+// the delivery fails rather than losing the message.
 func TestEmitWithoutOutbox(t *testing.T) {
 	t.Parallel()
-	c, err := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "c", PurgeInterval: -1})
+	c, err := idem.NewConsumer[*idem.MemoryTx](txOnly{idem.NewMemoryStore(nil)}, idem.Config{Name: "c", PurgeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +207,18 @@ func TestEmitWithoutOutbox(t *testing.T) {
 		return emitErr
 	})
 	if !errors.Is(emitErr, idem.ErrNoOutbox) || out.Status != idem.Failed {
-		t.Errorf("Emit on the memory store: %v (outcome %v), want ErrNoOutbox and Failed", emitErr, out.Status)
+		t.Errorf("Emit without an outbox: %v (outcome %v), want ErrNoOutbox and Failed", emitErr, out.Status)
 	}
+}
+
+// TestMemoryStoreOutboxConformance runs the outbox suite on the memory
+// store, on the real clock (the suite waits for leases and backoffs).
+func TestMemoryStoreOutboxConformance(t *testing.T) {
+	t.Parallel()
+	idemtest.RunOutbox(t, idemtest.Harness[*idem.MemoryTx]{New: func(t *testing.T) *idemtest.Setup[*idem.MemoryTx] {
+		_, s := newMemorySetupOn(idem.NewMemoryStore(nil))
+		return s
+	}})
 }
 
 // countingOutbox counts claims.
