@@ -45,6 +45,8 @@ type fakeOutbox struct {
 	sent              map[string]bool
 	failed            map[string]bool
 	retries           map[string]time.Duration
+	leased            map[string]bool // claimed and not yet marked, when lease is set
+	lease             bool
 	claimErr, markErr error
 }
 
@@ -57,9 +59,12 @@ func (f *fakeOutbox) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgo
 	var out []idemdriver.OutgoingRecord
 	for i := range f.rows {
 		r := &f.rows[i]
-		if !f.sent[r.ID] && !f.failed[r.ID] && len(out) < p.Limit {
+		if !f.sent[r.ID] && !f.failed[r.ID] && !f.leased[r.ID] && len(out) < p.Limit {
 			r.Attempts++
 			out = append(out, *r)
+			if f.lease {
+				f.leased[r.ID] = true
+			}
 		}
 	}
 	slices.Reverse(out) // the relay sorts by Seq
@@ -99,7 +104,7 @@ func (f *fakeOutbox) OutboxStats(context.Context) (idemdriver.OutboxStats, error
 }
 
 func newFake(ids ...string) *fakeOutbox {
-	f := &fakeOutbox{sent: map[string]bool{}, failed: map[string]bool{}, retries: map[string]time.Duration{}}
+	f := &fakeOutbox{sent: map[string]bool{}, failed: map[string]bool{}, retries: map[string]time.Duration{}, leased: map[string]bool{}}
 	for i, id := range ids {
 		f.rows = append(f.rows, idemdriver.OutgoingRecord{ID: id, Destination: "d", Seq: int64(i + 1)})
 	}
@@ -266,6 +271,59 @@ func TestRelayRunPollsAndWakes(t *testing.T) {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run = %v, want nil after cancel", err)
+		}
+	})
+}
+
+// TestRelayWorkers: Run keeps Workers rounds in flight at once, on
+// disjoint rows, and sends every row once.
+func TestRelayWorkers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake("a", "b", "c", "d", "e", "f")
+		f.lease = true
+		release := make(chan struct{})
+		var mu sync.Mutex
+		inflight, most := 0, 0
+		published := map[string]int{}
+		pub := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+			mu.Lock()
+			inflight++
+			most = max(most, inflight)
+			for _, m := range msgs {
+				published[m.ID]++
+			}
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			inflight--
+			mu.Unlock()
+			return make([]error, len(msgs))
+		})
+		r, err := idem.NewRelay(idem.RelayConfig{Store: f, Publisher: pub, BatchSize: 1, Workers: 3, Retention: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		synctest.Wait()
+		close(release)
+		synctest.Wait() // every row sent; the workers wait for their polls
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+		if most != 3 {
+			t.Errorf("at most %d publishes in flight, want 3 (Workers)", most)
+		}
+		for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+			if published[id] != 1 || !f.sent[id] {
+				t.Errorf("row %q published %d times (sent %v), want once", id, published[id], f.sent[id])
+			}
 		}
 	})
 }

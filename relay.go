@@ -45,6 +45,12 @@ type RelayConfig struct {
 	// BatchSize is the most rows one claim takes and one Publish call
 	// gets. Defaults to DefaultRelayBatchSize (100).
 	BatchSize int
+	// Workers is how many rounds (claim, publish, mark) Run keeps in
+	// flight at once, on disjoint rows, so that one batch's publish
+	// overlaps the next one's claim and marks. Order per key is kept
+	// whatever the number: a key's next row is claimable only once the
+	// previous one is marked. Defaults to 1.
+	Workers int
 	// Lease is how long claimed rows are reserved for this relay: another
 	// relay sends a row again only after its lease ends unmarked (this
 	// relay crashed, or took longer). Publish is cancelled at half the
@@ -85,6 +91,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultRelayBatchSize
 	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
 	def(&c.Lease, DefaultRelayLease)
 	def(&c.MinPoll, DefaultRelayMinPoll)
 	def(&c.MaxPoll, max(DefaultRelayMaxPoll, c.MinPoll))
@@ -109,6 +118,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("%w: RelayConfig.Publisher is nil", ErrInvalidConfig)
 	case c.BatchSize < 1:
 		return fmt.Errorf("%w: relay BatchSize %d", ErrInvalidConfig, c.BatchSize)
+	case c.Workers < 1:
+		return fmt.Errorf("%w: relay Workers %d", ErrInvalidConfig, c.Workers)
 	case c.Lease < 10*time.Millisecond:
 		return fmt.Errorf("%w: relay Lease %v is under 10ms", ErrInvalidConfig, c.Lease)
 	case c.MinPoll <= 0 || c.MaxPoll < c.MinPoll:
@@ -294,12 +305,13 @@ func (r *Relay) backoff(attempts int) time.Duration {
 	return min(d, r.cfg.MaxRetry)
 }
 
-// Run relays until ctx ends, then returns nil: it claims and publishes
-// batch after batch while there is work, then waits for a Wake, a
+// Run relays until ctx ends, then returns nil: each of its Workers claims
+// and publishes batch after batch while there is work (a worker that
+// claimed a full batch wakes another), then waits for a Wake, a
 // notification from the store (idemdriver.OutboxNotifier), or its poll
-// interval, and purges sent rows every PurgeInterval. Failures are logged
-// and retried with backoff; they never stop Run. One Run at a time per
-// Relay: a second call waits for the first to return.
+// interval; the first worker purges sent rows every PurgeInterval.
+// Failures are logged and retried with backoff; they never stop Run. One
+// Run at a time per Relay: a second call waits for the first to return.
 func (r *Relay) Run(ctx context.Context) error {
 	r.runMu.Lock()
 	defer r.runMu.Unlock()
@@ -310,36 +322,52 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(ctx, n) }()
 	}
+	for i := 1; i < r.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.work(ctx, false) }()
+	}
+	r.work(ctx, r.cfg.Retention > 0)
+	return nil
+}
+
+// work is one worker of Run; purge says whether it purges.
+func (r *Relay) work(ctx context.Context, purge bool) {
 	poll := r.cfg.MinPoll
 	var nextPurge time.Time
-	if r.cfg.Retention > 0 {
+	if purge {
 		nextPurge = time.Now()
 	}
 	for {
 		res, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
+		full := false
 		switch {
 		case err != nil:
 			r.cfg.Logger.Warn("idem: relay", "error", err)
 			poll = min(poll*2, r.cfg.MaxPoll)
 		case res.Claimed == r.cfg.BatchSize:
-			continue // more waiting
+			full = true
+			poll = r.cfg.MinPoll
+			r.Wake() // more waiting: another worker may take it
 		case res.Claimed > 0:
 			poll = r.cfg.MinPoll
 		default:
 			poll = min(poll*2, r.cfg.MaxPoll)
 		}
-		if !nextPurge.IsZero() && !time.Now().Before(nextPurge) {
+		if purge && !time.Now().Before(nextPurge) {
 			r.purge(ctx)
 			nextPurge = time.Now().Add(r.cfg.PurgeInterval)
+		}
+		if full {
+			continue
 		}
 		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return
 		case <-r.wake:
 			poll = r.cfg.MinPoll
 		case <-t.C:
