@@ -2,6 +2,8 @@ package idempgxv5_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -17,7 +19,8 @@ import (
 //     to show its share;
 //   - relay: a Relay sending those rows through a publisher that confirms
 //     at once, in batches of 100 (claim, then one mark per batch): the
-//     store's share of the relay's throughput, msgs/s.
+//     store's share of the relay's throughput, msgs/s;
+//   - relay_workers4: the same with four rounds in flight (RelayConfig.Workers).
 //
 // Run: go test -run '^$' -bench BenchmarkOutbox -benchtime 3s -count 3
 func BenchmarkOutbox(b *testing.B) {
@@ -47,8 +50,8 @@ func BenchmarkOutbox(b *testing.B) {
 	b.Run("idem", func(b *testing.B) { process(b, false, true) })
 	b.Run("idem_outbox1", func(b *testing.B) { process(b, true, true) })
 	b.Run("idem_outbox1_nonotify", func(b *testing.B) { process(b, true, false) })
-	b.Run("relay", func(b *testing.B) {
-		bb := setup(b, poolOpts{maxConns: 4})
+	relay := func(b *testing.B, workers int) {
+		bb := setup(b, poolOpts{maxConns: int32(workers + 2)})
 		ctx := context.Background()
 		if _, err := bb.pool.Exec(ctx, `INSERT INTO `+bb.table+`_outbox (id, destination, order_key, payload)
 			SELECT 'r-' || g, 'orders.charged', 'k-' || g, '\x7b7d'::bytea FROM generate_series(1, $1::int) g`, b.N); err != nil {
@@ -63,17 +66,31 @@ func BenchmarkOutbox(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.ResetTimer()
-		sent := 0
-		for sent < b.N {
-			res, err := r.RunOnce(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if res.Claimed == 0 {
-				b.Fatalf("relay found nothing with %d of %d sent", sent, b.N)
-			}
-			sent += res.Sent
+		var sent atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for sent.Load() < int64(b.N) {
+					res, err := r.RunOnce(ctx)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					if res.Claimed == 0 {
+						return
+					}
+					sent.Add(int64(res.Sent))
+				}
+			}()
+		}
+		wg.Wait()
+		if got := sent.Load(); got != int64(b.N) {
+			b.Fatalf("sent %d of %d", got, b.N)
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
-	})
+	}
+	b.Run("relay", func(b *testing.B) { relay(b, 1) })
+	b.Run("relay_workers4", func(b *testing.B) { relay(b, 4) })
 }
