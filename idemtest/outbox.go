@@ -34,7 +34,9 @@ import (
 // per destination and key, with a failed message holding back only its
 // key; one failing destination among good ones (retried with backoff, and
 // a permanent failure unblocking its key); invalid emissions; batches
-// (EmitFor); purging sent rows.
+// (EmitFor); purging sent rows; the emit and relay hooks; and, for a store
+// that implements idemdriver.OutboxNotifier, an idle relay woken by the
+// store's notification alone.
 //
 // The cases that depend on real time (a 1s lease running out, a 1ms retry
 // backoff, a 1ms retention) wait up to 30s by the store's clock.
