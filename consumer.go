@@ -110,6 +110,14 @@ type Config struct {
 	// record and a poison outcome. Lease mode only. Defaults to
 	// DefaultMaxAttempts (5).
 	MaxAttempts int
+	// Relay, in transactional mode, is woken after every commit whose
+	// handler emitted outgoing messages (see Emit), and by every duplicate
+	// whose first processing left outgoing messages unsent, so they go
+	// out at once. The caller runs it (Relay.Run) and owns it. Nil means
+	// the outbox rows wait for a relay that polls or is notified (another
+	// process, `idem relay`).
+	Relay *Relay
+
 	// Retryable classifies a lease-mode handler error: false poisons the
 	// message at once. Defaults to every error but those matching
 	// ErrPermanent (see Permanent).
@@ -195,6 +203,7 @@ type BatchHandler[TTx any] func(ctx context.Context, tx TTx, msgs []Message) err
 type Consumer[TTx any] struct {
 	core
 	store idemdriver.TxStore[TTx]
+	out   consumerOutbox[TTx]
 }
 
 // NewConsumer returns a Consumer over store. It returns an error matching
@@ -209,6 +218,7 @@ func NewConsumer[TTx any](store idemdriver.TxStore[TTx], cfg Config) (*Consumer[
 		return nil, err
 	}
 	c := &Consumer[TTx]{store: store}
+	c.out = newConsumerOutbox(store)
 	c.start(cfg.withDefaults(), ModeTransactional, store)
 	return c, nil
 }
@@ -278,15 +288,22 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		if err := c.rollback(ctx, b, msg.ID, tx); err != nil {
 			return c.failed(msg.ID, err)
 		}
-		return c.existingTx(msg.ID, fp, res)
+		return c.settleExisting(ctx, msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
+	e := c.out.emitter(c.cfg.Name, msg.ID)
+	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
+		e.take()
 		return c.handlerFailed(msg.ID, err, c.rollback(ctx, b, msg.ID, tx))
+	}
+	var emitted int
+	if err := b.call(func(bctx context.Context) (err error) { emitted, err = c.emitTx(bctx, tx, msg.ID, e); return err }); err != nil {
+		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, b, msg.ID, tx)))
 	}
 	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
 		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, b, msg.ID, tx)))
 	}
+	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
 
@@ -346,12 +363,19 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return c.claimFailed(ctx, msg.ID, "claim", err, nil)
 	}
 	if !res.Claimed {
-		return c.existingTx(msg.ID, fp, res)
+		return c.settleExisting(ctx, msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	if err := runHandler(func() error { return handler(ctx, tx, msg) }); err != nil {
+	e := c.out.emitter(c.cfg.Name, msg.ID)
+	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
+		e.take()
 		return c.handlerFailed(msg.ID, err, nil)
 	}
+	emitted, err := c.emitTx(ctx, tx, msg.ID, e)
+	if err != nil {
+		return c.failed(msg.ID, err)
+	}
+	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
 
@@ -501,7 +525,17 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		}
 		return
 	}
-	if err := runHandler(func() error { return handler(ctx, tx, fresh) }); err != nil {
+	e := noOutbox
+	if c.out.tx != nil {
+		e = c.out.emitter(c.cfg.Name, freshIDs(fresh)...)
+	}
+	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, fresh) }); err != nil {
+		e.take()
+		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
+		return
+	}
+	var emitted int
+	if err := b.call(func(bctx context.Context) (err error) { emitted, err = c.emitTx(bctx, tx, "", e); return err }); err != nil {
 		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
 		return
 	}
@@ -509,6 +543,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, b, "", tx)))
 		return
 	}
+	c.committed(ctx, "", emitted)
 	for k, r := range res {
 		if r.Claimed {
 			i := claimIdx[k]

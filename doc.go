@@ -65,6 +65,22 @@
 // at a time: by [Consumer.Purge], by `idem purge`, or by the background
 // loop that [NewConsumer] starts and [Consumer.Close] stops.
 //
+// # Outbox
+//
+// A handler that publishes messages emits them with [Emit] (or [EmitFor]
+// in a batch handler): they are written to the store's outbox table in the
+// handler's transaction, so they commit with its effects and its claim or
+// not at all, under IDs derived from the incoming message's ID
+// ([OutgoingID]), the same on every reprocessing. A [Relay] sends them
+// after commit through a [Publisher] (woken at once by a Consumer whose
+// Config.Relay is set), sends whatever a crash left behind, keeps order
+// per destination and ordering key, retries a failing destination with
+// backoff without holding up the others, and purges sent rows. A duplicate
+// delivery never runs the handler and never emits anew; it wakes the
+// relay when its first processing left messages unsent. The table's schema
+// is documented in docs/outbox.md, so programs in other languages can
+// write rows for the relay to send.
+//
 // # Observing
 //
 // [Config.Hooks] take values that implement any of the small Hook*

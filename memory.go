@@ -16,8 +16,9 @@ import (
 // transaction to end (as a unique index does), and Rollback forgets them.
 // Side effects join the transaction through MemoryTx.OnCommit.
 //
-// It passes the idemtest conformance suite. Its records live as long as the
-// value; it is not durable across restarts.
+// It passes the idemtest conformance suites, the outbox's included (see
+// EmitTx: outgoing rows join the outbox at Commit). Its records live as
+// long as the value; it is not durable across restarts.
 type MemoryStore struct {
 	now func() time.Time
 
@@ -26,6 +27,8 @@ type MemoryStore struct {
 	pending map[memKey]*MemoryTx // keys claimed by an open transaction
 	purging map[string]bool      // consumers with a purge session open
 	runs    map[string][]idemdriver.Run
+
+	outbox memOutbox // the outbox table (memory_outbox.go)
 }
 
 type memKey struct{ consumer, id string }

@@ -52,7 +52,10 @@ func (e *effects) count(key string) int {
 }
 
 func newMemorySetup(t *testing.T) (*idem.MemoryStore, *idemtest.Setup[*idem.MemoryTx]) {
-	store := idem.NewMemoryStore(newFakeClock().Now)
+	return newMemorySetupOn(idem.NewMemoryStore(newFakeClock().Now))
+}
+
+func newMemorySetupOn(store *idem.MemoryStore) (*idem.MemoryStore, *idemtest.Setup[*idem.MemoryTx]) {
 	eff := &effects{rows: map[string]int{}}
 	return store, &idemtest.Setup[*idem.MemoryTx]{
 		Store: store,

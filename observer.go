@@ -11,7 +11,8 @@ import (
 // Hook is a value that observes a consumer: anything that implements one or
 // more of the Hook* interfaces of this package ([HookProcessStart],
 // [HookProcessEnd], [HookClaim], [HookOutcome], [HookLeaseRenewed],
-// [HookLeaseTakenOver], [HookLeaseLost], [HookPurge], [HookStoreError]).
+// [HookLeaseTakenOver], [HookLeaseLost], [HookPurge], [HookStoreError],
+// [HookEmit]; a [Relay] takes [HookRelay]).
 // Hooks are given in [Config.Hooks]; a consumer finds the interfaces each
 // implements once, at construction, the way franz-go's kgo.WithHooks does,
 // so a hook that implements only what it needs costs nothing elsewhere.
@@ -328,6 +329,8 @@ type hooks struct {
 	lost     []HookLeaseLost
 	purge    []HookPurge
 	storeErr []HookStoreError
+	emit     []HookEmit
+	relay    []HookRelay
 }
 
 // newHooks sorts hs by interface; it returns nil for no hooks and an error
@@ -365,6 +368,9 @@ func newHooks(hs []Hook, cfg Config, mode Mode) (*hooks, error) {
 		}
 		if v, ok := x.(HookStoreError); ok {
 			h.storeErr, n = append(h.storeErr, v), n+1
+		}
+		if v, ok := x.(HookEmit); ok {
+			h.emit, n = append(h.emit, v), n+1
 		}
 		if n == 0 {
 			return nil, fmt.Errorf("%w: Hooks[%d] (%T) implements none of the idem.Hook* interfaces", ErrInvalidConfig, i, x)

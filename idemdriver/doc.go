@@ -21,7 +21,10 @@
 // driver.ExecerContext, and where a store lacks one takes a correct, slower
 // path (one ClaimTx per message, in byte order of message ID, or Begin then
 // ClaimTx). [Migrator] and [Inspector] are for operators' tools, such as the
-// idem command's migrate, inspect and stats.
+// idem command's migrate, inspect and stats. The transactional outbox is
+// [OutboxTx] (write outgoing rows in the handler's transaction) and
+// [OutboxStore] (what the relay claims, marks and purges), with the
+// optional [OutboxNotifier] (PostgreSQL LISTEN/NOTIFY).
 //
 // # Validation
 //

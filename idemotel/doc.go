@@ -98,6 +98,14 @@
 // idem_purge_lag_seconds, with the
 // attributes as labels (dots as underscores).
 //
+// # Outbox
+//
+// [OutboxObserver] is the transactional outbox's hook: give it to the
+// consumers that emit (idem.HookEmit) and to the relays (idem.HookRelay,
+// RelayConfig.Hooks), and the store for the backlog gauges. Its metrics
+// (idem.outbox.emitted, sent, send_failures, relay.duration, relay.lag,
+// pending, failed, oldest_pending) are listed on the type.
+//
 // # Spans
 //
 // Each Process or ProcessTx call is a span named "process " and the

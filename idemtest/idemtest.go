@@ -37,6 +37,9 @@
 // the lease cases need no injected clock. RunLease's doc lists what a lease
 // store must do beyond the LeaseStore contract.
 //
+// A store that implements the outbox (idemdriver.OutboxTx and
+// idemdriver.OutboxStore) also calls [RunOutbox] with its Harness.
+//
 // A store change without a case here that covers it is incomplete.
 package idemtest
 

@@ -124,16 +124,7 @@ func BenchmarkProcess(b *testing.B) {
 
 	b.Run("idem", func(b *testing.B) {
 		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
-		c := bb.consumer(b, "bench")
-		h := bb.effectHandler()
-		prefix := benchPrefix()
-		runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
-			out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
-			if err == nil && out.Status != idem.Processed {
-				err = fmt.Errorf("outcome %v", out.Status)
-			}
-			return err
-		})
+		processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload)
 	})
 
 	b.Run("idem_batch100", func(b *testing.B) {
@@ -182,5 +173,19 @@ func BenchmarkProcess(b *testing.B) {
 			}
 			return err
 		})
+	})
+}
+
+// processNew runs Consumer.Process of new messages with payload and
+// handler h across the benchmark's workers, each outcome Processed.
+func processNew(b *testing.B, bb *bundle, c *idem.Consumer[pgx.Tx], h idem.Handler[pgx.Tx], payload []byte) {
+	b.Helper()
+	prefix := benchPrefix()
+	runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+		out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
+		if err == nil && out.Status != idem.Processed {
+			err = fmt.Errorf("outcome %v", out.Status)
+		}
+		return err
 	})
 }

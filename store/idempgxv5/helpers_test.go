@@ -142,8 +142,16 @@ func dropTables(ctx context.Context, pool *pgxpool.Pool, prefixes ...string) err
 	if err != nil || len(names) == 0 {
 		return err
 	}
-	_, err = pool.Exec(ctx, `DROP TABLE IF EXISTS `+strings.Join(names, ", "))
-	return err
+	if _, err = pool.Exec(ctx, `DROP TABLE IF EXISTS `+strings.Join(names, ", ")); err != nil {
+		return err
+	}
+	// The outbox's notify trigger functions (<table>_outbox_notify).
+	for _, n := range names {
+		if _, err := pool.Exec(ctx, `DROP FUNCTION IF EXISTS `+strings.Trim(n, `"`)+`_notify()`); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeEffect inserts one side-effect row inside tx.

@@ -137,9 +137,14 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 	}
 	ctx := context.Background()
 	t.Cleanup(func() {
-		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_runs", e.table + "_migrations", e.effects} {
+		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_runs", e.table + "_migrations", e.table + "_outbox", e.effects} {
 			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
+			}
+		}
+		if d == idemsql.Postgres {
+			if _, err := db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+e.table+"_outbox_notify()"); err != nil {
+				t.Errorf("drop the outbox notify function: %v", err)
 			}
 		}
 	})

@@ -209,7 +209,7 @@ func newStatsCmd() *cobra.Command {
 	var sf storeFlags
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Show record counts per consumer, with the oldest and newest record",
+		Short: "Show record counts per consumer, with the oldest and newest record, and the outbox backlog",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {
@@ -232,7 +232,10 @@ func newStatsCmd() *cobra.Command {
 			for _, s := range stats {
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Consumer, s.Count, fmtTime(s.Oldest), fmtTime(s.Newest))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			return printOutboxStats(cmd, st.store)
 		},
 	}
 	sf.add(cmd)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -62,8 +63,11 @@ func testOperatingCommands(t *testing.T, url string) {
 	}
 	t.Cleanup(func() { st.db.Close() }) // registered first, so it runs after the drops
 	t.Cleanup(func() {
-		for _, tb := range []string{table + "_steps", table, table + "_migrations"} {
+		for _, tb := range []string{table + "_steps", table, table + "_migrations", table + "_runs", table + "_outbox"} {
 			_, _ = st.db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb)
+		}
+		if st.dialect == idemsql.Postgres {
+			_, _ = st.db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+table+"_outbox_notify()")
 		}
 	})
 	if code, _, errOut := cmd("migrate"); code != 0 {
@@ -77,7 +81,13 @@ func testOperatingCommands(t *testing.T, url string) {
 	defer c.Close()
 	for i := range 10 {
 		_, err := c.Process(ctx, idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("x")},
-			func(context.Context, *sql.Tx, idem.Message) error { return nil })
+			func(ctx context.Context, _ *sql.Tx, m idem.Message) error {
+				if m.ID != "m-0" {
+					return nil
+				}
+				_, err := idem.Emit(ctx, idem.OutgoingMessage{Destination: "orders.seen"})
+				return err
+			})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,6 +120,9 @@ func testOperatingCommands(t *testing.T, url string) {
 	code, out, errOut := cmd("stats")
 	if code != 0 || !strings.Contains(out, "orders") || !strings.Contains(out, " 10 ") {
 		t.Errorf("stats: exit %d, %q %q", code, out, errOut)
+	}
+	if !regexp.MustCompile(`(?m)^outbox +1 +0 +\S+$`).MatchString(out) {
+		t.Errorf("stats: no outbox line with 1 pending and 0 failed in %q", out)
 	}
 	code, out, errOut = cmd("inspect", "--consumer", "orders", "--id", "m-3")
 	fp, _ := idem.SHA256Fingerprint([]byte("x"))

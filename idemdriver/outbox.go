@@ -1,0 +1,305 @@
+package idemdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInvalidOutgoing means an outgoing message breaks the outbox rules of
+// [ValidateOutgoing] (destination, ordering key, ID or header names).
+// Package idem re-exports it as idem.ErrInvalidOutgoing. Permanent: the
+// same message fails the same way every time.
+var ErrInvalidOutgoing = errors.New("idem: invalid outgoing message")
+
+// Limits on outbox rows.
+const (
+	// MaxDestinationLength is the longest destination (a subject, topic,
+	// exchange or stream name), in bytes.
+	MaxDestinationLength = 255
+	// MaxOrderingKeyLength is the longest ordering key, in bytes.
+	MaxOrderingKeyLength = 255
+)
+
+// OutboxTx is an optional capability of a [TxStore]: write outgoing
+// messages to the store's outbox table inside tx, the transaction that
+// holds the incoming message's claim and the handler's effects, so that
+// they commit or roll back together. The core calls it once per
+// processed message (or batch) that emitted, after the handler returned
+// and before commit. Rows are inserted in the order given; the table's
+// sequence column (assigned at insert) is the emission order the relay
+// keeps per destination and ordering key.
+//
+// A row whose ID exists already is left as it is and raises no error (an
+// ID is derived from the incoming message, so the row is the same message
+// emitted by an earlier processing whose inbox record was since purged):
+// tx stays usable. p is checked with [ValidateEmitParams] before any
+// statement runs.
+type OutboxTx[TTx any] interface {
+	EmitTx(ctx context.Context, tx TTx, p *EmitParams) error
+}
+
+// OutboxStore is what the relay needs of a store: claim pending outgoing
+// rows with a lease, mark them sent or failed, look up what an incoming
+// message left unsent, purge sent rows, and report the backlog. Every
+// method runs in its own short transaction (or statement); times are the
+// store's clock.
+//
+// Contract:
+//   - ClaimOutgoing takes up to Limit pending rows (not sent, not failed
+//     for good, available by their retry time, not under a live lease), in
+//     sequence order, and leases them for Lease: another ClaimOutgoing
+//     skips a leased row until its lease ends, so relays side by side
+//     never send one row at once while its lease lasts. A row with a
+//     non-empty ordering key is taken only when no earlier pending row of
+//     the same destination and key exists (leased or not), so one claim
+//     holds at most one row per (destination, key) and the keys' order is
+//     kept across relays; rows with an empty key are not ordered. It
+//     increments each row's attempt count. Concurrent claims must not
+//     wait on each other's rows (FOR UPDATE SKIP LOCKED, or a single
+//     writer).
+//   - MarkSent marks rows sent (and ends their lease), whoever holds it:
+//     a row that was sent stays sent.
+//   - MarkFailed ends a row's lease and either makes it available again
+//     after RetryAfter (retryable) or marks it failed for good, which
+//     unblocks the later rows of its key. A row already sent is left sent.
+//   - PendingOutgoing counts one incoming message's rows that are neither
+//     sent nor failed.
+//   - PurgeOutbox deletes at most Limit rows sent (or failed) more than
+//     Retention ago.
+type OutboxStore interface {
+	ClaimOutgoing(ctx context.Context, p *ClaimOutgoingParams) ([]OutgoingRecord, error)
+	MarkSent(ctx context.Context, p *MarkSentParams) error
+	MarkFailed(ctx context.Context, p *MarkFailedParams) error
+	PendingOutgoing(ctx context.Context, p *PendingOutgoingParams) (int, error)
+	PurgeOutbox(ctx context.Context, p *PurgeOutboxParams) (int64, error)
+	OutboxStats(ctx context.Context) (OutboxStats, error)
+}
+
+// OutboxNotifier is an optional capability of an [OutboxStore]: learn
+// when new outbox rows may have committed (PostgreSQL LISTEN/NOTIFY: the
+// outbox table's insert trigger notifies), so the relay need not poll
+// tightly. WatchOutgoing blocks until ctx ends or the watch fails,
+// calling notify once when it starts listening (rows may have come while
+// nobody listened) and then after every commit that inserted rows; it
+// returns ctx's error or the failure. notify must not block. Without it
+// the relay polls with backoff.
+type OutboxNotifier interface {
+	WatchOutgoing(ctx context.Context, notify func()) error
+}
+
+// OutgoingRecord is one row of the outbox table.
+type OutgoingRecord struct {
+	// ID is the outgoing message ID, 1 to DefaultMaxIDLength bytes by the
+	// message ID rules. Publishers carry it where the destination's
+	// consumers read a message ID, so a re-send is deduplicated downstream.
+	ID string
+	// Consumer is the consumer that emitted the row; empty for rows written
+	// by other programs.
+	Consumer string
+	// SourceID is the ID of the incoming message whose processing emitted
+	// the row; empty for rows written by other programs.
+	SourceID string
+	// Destination is where the message goes: a subject, topic, exchange or
+	// stream name, as the publisher reads it. 1 to MaxDestinationLength bytes.
+	Destination string
+	// Key is the ordering key: rows with one destination and one non-empty
+	// key go out in sequence order. For Kafka it is the record key. 0 to
+	// MaxOrderingKeyLength bytes.
+	Key string
+	// Payload is the message body.
+	Payload []byte
+	// Headers are the message headers (the publisher adds the message ID
+	// header itself). Nil and empty are the same.
+	Headers map[string]string
+	// Seq is the row's sequence number, assigned by the store at insert;
+	// ignored by EmitTx.
+	Seq int64
+	// Attempts counts the claims of the row, this one included; ignored by
+	// EmitTx.
+	Attempts int
+	// CreatedAt is when the row was inserted, by the store's clock;
+	// ignored by EmitTx.
+	CreatedAt time.Time
+}
+
+// EmitParams are the rows one processing emits.
+type EmitParams struct {
+	// Consumer is the emitting consumer's name.
+	Consumer string
+	// Messages are the rows, in emission order, with distinct IDs.
+	// Consumer and SourceID of each are written as given.
+	Messages []OutgoingRecord
+}
+
+// ClaimOutgoingParams bound one relay claim.
+type ClaimOutgoingParams struct {
+	// Limit is the most rows to claim, at least 1.
+	Limit int
+	// Lease is how long the claimed rows stay leased, at least a millisecond.
+	Lease time.Duration
+}
+
+// MarkSentParams names the rows a publisher confirmed.
+type MarkSentParams struct {
+	// IDs are the rows' IDs.
+	IDs []string
+}
+
+// MarkFailedParams is one row whose publish failed.
+type MarkFailedParams struct {
+	// ID is the row's ID.
+	ID string
+	// Permanent marks the row failed for good: it is never sent and no
+	// longer holds back its key.
+	Permanent bool
+	// RetryAfter is how long a retryable row waits before it may be
+	// claimed again (>= 0).
+	RetryAfter time.Duration
+	// Error is the failure's text, kept on the row for operators (the
+	// store may cut it short).
+	Error string
+}
+
+// PendingOutgoingParams names one incoming message.
+type PendingOutgoingParams struct {
+	// Consumer is the consumer name.
+	Consumer string
+	// SourceID is the incoming message ID.
+	SourceID string
+}
+
+// PurgeOutboxParams bound one purge of sent rows.
+type PurgeOutboxParams struct {
+	// Retention is how long sent and failed rows are kept, > 0.
+	Retention time.Duration
+	// Limit is the most rows deleted, at least 1.
+	Limit int
+}
+
+// OutboxStats is the outbox backlog.
+type OutboxStats struct {
+	// Pending counts the rows neither sent nor failed.
+	Pending int64
+	// Failed counts the rows failed for good (until purged).
+	Failed int64
+	// OldestPending is the age of the oldest pending row by the store's
+	// clock (the relay lag); 0 when nothing is pending.
+	OldestPending time.Duration
+}
+
+// ValidateOutgoing checks one outgoing row as EmitTx writes it: the ID by
+// the message ID rules; Consumer empty or a valid consumer name; SourceID
+// empty or a valid message ID; Destination 1 to MaxDestinationLength
+// bytes and Key at most MaxOrderingKeyLength bytes, both text by the
+// message ID rules; header names non-empty text by the same rules, values
+// valid UTF-8 text. Errors match ErrInvalidOutgoing (ErrInvalidMessageID
+// or ErrMissingMessageID for the ID).
+func ValidateOutgoing(m *OutgoingRecord) error {
+	if err := ValidateMessageID(m.ID, 0); err != nil {
+		return fmt.Errorf("%w: ID: %w", ErrInvalidOutgoing, err)
+	}
+	if m.Consumer != "" {
+		if err := ValidateConsumerName(m.Consumer); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOutgoing, err)
+		}
+	}
+	if m.SourceID != "" {
+		if err := ValidateMessageID(m.SourceID, 0); err != nil {
+			return fmt.Errorf("%w: source ID: %w", ErrInvalidOutgoing, err)
+		}
+	}
+	if m.Destination == "" {
+		return fmt.Errorf("%w: message %q: empty destination", ErrInvalidOutgoing, m.ID)
+	}
+	if r := checkText(m.Destination, MaxDestinationLength); r != "" {
+		return fmt.Errorf("%w: message %q: destination: %s", ErrInvalidOutgoing, m.ID, r)
+	}
+	if m.Key != "" {
+		if r := checkText(m.Key, MaxOrderingKeyLength); r != "" {
+			return fmt.Errorf("%w: message %q: ordering key: %s", ErrInvalidOutgoing, m.ID, r)
+		}
+	}
+	for k, v := range m.Headers {
+		if k == "" {
+			return fmt.Errorf("%w: message %q: empty header name", ErrInvalidOutgoing, m.ID)
+		}
+		if r := checkText(k, 1024); r != "" {
+			return fmt.Errorf("%w: message %q: header name: %s", ErrInvalidOutgoing, m.ID, r)
+		}
+		if r := checkHeaderValue(v); r != "" {
+			return fmt.Errorf("%w: message %q: header %q: %s", ErrInvalidOutgoing, m.ID, k, r)
+		}
+	}
+	return nil
+}
+
+// checkHeaderValue allows any valid UTF-8 (tabs included) without NUL.
+func checkHeaderValue(v string) string {
+	for i, r := range v {
+		if r == 0 {
+			return fmt.Sprintf("NUL byte at %d", i)
+		}
+		if r == '\uFFFD' && !validRuneAt(v, i) {
+			return fmt.Sprintf("invalid UTF-8 at byte %d", i)
+		}
+	}
+	return ""
+}
+
+// ValidateEmitParams checks p: a valid consumer name, at least one
+// message, each valid by [ValidateOutgoing], IDs distinct. Errors match
+// ErrInvalidConsumerName or ErrInvalidOutgoing.
+func ValidateEmitParams(p *EmitParams) error {
+	if err := ValidateConsumerName(p.Consumer); err != nil {
+		return err
+	}
+	if len(p.Messages) == 0 {
+		return fmt.Errorf("%w: no messages to emit", ErrInvalidOutgoing)
+	}
+	seen := make(map[string]struct{}, len(p.Messages))
+	for i := range p.Messages {
+		if err := ValidateOutgoing(&p.Messages[i]); err != nil {
+			return err
+		}
+		if _, dup := seen[p.Messages[i].ID]; dup {
+			return fmt.Errorf("%w: ID %q emitted twice", ErrInvalidOutgoing, p.Messages[i].ID)
+		}
+		seen[p.Messages[i].ID] = struct{}{}
+	}
+	return nil
+}
+
+// ValidateClaimOutgoingParams checks Limit >= 1 and Lease >= 1ms. Errors
+// match ErrInvalidConfig.
+func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
+	if p.Limit < 1 {
+		return fmt.Errorf("%w: claim limit %d, want >= 1", ErrInvalidConfig, p.Limit)
+	}
+	if p.Lease < time.Millisecond {
+		return fmt.Errorf("%w: outbox lease %v, want >= 1ms", ErrInvalidConfig, p.Lease)
+	}
+	return nil
+}
+
+// ValidateMarkFailedParams checks the ID and RetryAfter >= 0. Errors match
+// ErrInvalidOutgoing or ErrInvalidConfig.
+func ValidateMarkFailedParams(p *MarkFailedParams) error {
+	if err := ValidateMessageID(p.ID, 0); err != nil {
+		return fmt.Errorf("%w: ID: %w", ErrInvalidOutgoing, err)
+	}
+	if p.RetryAfter < 0 {
+		return fmt.Errorf("%w: negative RetryAfter %v", ErrInvalidConfig, p.RetryAfter)
+	}
+	return nil
+}
+
+// ValidatePurgeOutboxParams checks Retention > 0 and Limit >= 1. Errors
+// match ErrInvalidConfig.
+func ValidatePurgeOutboxParams(p *PurgeOutboxParams) error {
+	if p.Retention <= 0 || p.Limit < 1 {
+		return fmt.Errorf("%w: outbox purge retention %v, limit %d (want > 0 and >= 1)", ErrInvalidConfig, p.Retention, p.Limit)
+	}
+	return nil
+}

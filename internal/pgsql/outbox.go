@@ -1,0 +1,34 @@
+package pgsql
+
+import (
+	"strconv"
+
+	"github.com/idem-go/idem/internal/sqlstore"
+)
+
+var pgKinds = map[string]string{"text": "text", "bytea": "bytea", "bigint": "bigint", "json": "jsonb"}
+
+// Outbox returns the outbox statements on PostgreSQL for the outbox table
+// table (the processed-messages table as configured, plus "_outbox"): one
+// UPDATE ... RETURNING whose row selection is FOR UPDATE SKIP LOCKED, so
+// relays side by side claim disjoint rows without waiting on each other.
+func Outbox(table string) *sqlstore.Outbox {
+	return sqlstore.NewOutbox(sqlstore.OutboxDialect{
+		Table: table,
+		Param: func(i int, kind string) string {
+			return "$" + strconv.Itoa(i) + "::" + pgKinds[kind]
+		},
+		Now:             `now()`,
+		Plus:            func(p string) string { return `(now() + ` + p + ` * interval '1 microsecond')` },
+		Minus:           func(p string) string { return `(now() - ` + p + ` * interval '1 microsecond')` },
+		Micros:          Micros,
+		HeadersOut:      `headers::text`,
+		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
+		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
+	})
+}
+
+// OutboxChannel is the LISTEN/NOTIFY channel of the outbox of the
+// processed-messages table whose bare name is name, quoted for LISTEN:
+// the outbox table's insert trigger notifies it (see the migration).
+func OutboxChannel(name string) string { return `"` + name + `_outbox"` }

@@ -1,0 +1,318 @@
+package sqlstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// OutboxDialect is what the outbox statements need of a dialect: its
+// placeholders, its clock and its few differences. Each dialect's package
+// fills one in (internal/pgsql for PostgreSQL, store/idemsql for MySQL and
+// SQLite); [NewOutbox] builds the statements from it, so every dialect
+// runs the same statements with its own spelling.
+type OutboxDialect struct {
+	// Table is the outbox table as written in SQL.
+	Table string
+	// Param returns the i-th (1-based) placeholder of a parameter of the
+	// kind ("text", "bytea", "bigint", "json"): "$3::text", "?3", or "?"
+	// where the statements use their parameters in the order of their
+	// numbers (MySQL's claim runs as two statements for that reason).
+	Param func(i int, kind string) string
+	// Now is the server's clock as a value of the time columns.
+	Now string
+	// Plus returns the time column value Now plus the bigint microseconds
+	// of placeholder p.
+	Plus func(p string) string
+	// Minus returns Now minus the bigint microseconds of placeholder p.
+	Minus func(p string) string
+	// Micros returns the expression of time column x as bigint
+	// microseconds since the epoch.
+	Micros func(x string) string
+	// HeadersOut is the headers column as text in a select list.
+	HeadersOut string
+	// IgnoreDuplicate ends an INSERT so that a row whose id exists is left
+	// as it is without an error.
+	IgnoreDuplicate string
+	// SkipLocked ends the claim's row selection: " FOR UPDATE SKIP
+	// LOCKED", or "" for a single-writer database.
+	SkipLocked string
+	// NoUpdateReturning is set for a dialect without UPDATE ... RETURNING
+	// (MariaDB, MySQL): the claim then selects and locks the rows, and
+	// updates them with a second statement, in one transaction.
+	NoUpdateReturning bool
+}
+
+// Outbox is the outbox statements of one dialect, and the logic that runs
+// them through a Querier.
+type Outbox struct {
+	d       OutboxDialect
+	cols    string // the columns of a claimed row
+	pending string // a pending row of alias o, first in its key
+	// Fixed statements.
+	claimReturning, claimSelect, pendingCount, purge, stats string
+	markFailedRetry, markFailedPermanent                    string
+}
+
+// insertCols are the columns EmitTx writes; the rest take their defaults.
+const insertCols = `(id, consumer, source_id, destination, order_key, payload, headers)`
+
+// MaxInList is the most IDs one MarkSent statement names; more take
+// several statements.
+const MaxInList = 500
+
+// NewOutbox builds the outbox statements for d.
+func NewOutbox(d OutboxDialect) *Outbox {
+	t := d.Table
+	o := &Outbox{d: d}
+	o.cols = `id, seq, consumer, source_id, destination, order_key, payload, ` + d.HeadersOut + `, attempts, ` + d.Micros(`created_at`)
+	o.pending = `o.sent_at IS NULL AND o.failed_at IS NULL AND o.available_at <= ` + d.Now + `
+	AND (o.lease_until IS NULL OR o.lease_until <= ` + d.Now + `)
+	AND (o.order_key = '' OR NOT EXISTS (SELECT 1 FROM ` + t + ` p
+		WHERE p.destination = o.destination AND p.order_key = o.order_key AND p.seq < o.seq
+		AND p.sent_at IS NULL AND p.failed_at IS NULL))`
+	lease := `lease_until = ` + d.Plus(d.Param(2, "bigint")) + `, attempts = attempts + 1`
+	o.claimReturning = `UPDATE ` + t + ` SET ` + lease + `
+WHERE id IN (SELECT o.id FROM ` + t + ` o WHERE ` + o.pending + `
+	ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked + `)
+RETURNING ` + o.cols
+	o.claimSelect = `SELECT ` + o.cols + ` FROM ` + t + ` o WHERE ` + o.pending + `
+ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
+	o.markFailedRetry = `UPDATE ` + t + ` SET lease_until = NULL, available_at = ` + d.Plus(d.Param(1, "bigint")) +
+		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND sent_at IS NULL`
+	o.markFailedPermanent = `UPDATE ` + t + ` SET lease_until = NULL, failed_at = ` + d.Now +
+		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND sent_at IS NULL`
+	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
+		` AND sent_at IS NULL AND failed_at IS NULL`
+	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
+	WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
+	LIMIT ` + d.Param(3, "bigint") + `) AS done)`
+	o.stats = `SELECT
+	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN 1 ELSE 0 END), 0),
+	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NOT NULL THEN 1 ELSE 0 END), 0),
+	` + d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`MIN(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN created_at END)`) + `, ` + d.Micros(d.Now) + `)
+FROM ` + t
+	return o
+}
+
+// Table is the outbox table as written in SQL.
+func (o *Outbox) Table() string { return o.d.Table }
+
+// Emit inserts p's rows in one statement, in order, after checking p
+// (idemdriver.ValidateEmitParams), so tx stays usable on invalid input.
+func (o *Outbox) Emit(ctx context.Context, tx Querier, p *idemdriver.EmitParams) error {
+	if err := idemdriver.ValidateEmitParams(p); err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols + ` VALUES `)
+	args := make([]any, 0, 7*len(p.Messages))
+	kinds := [7]string{"text", "text", "text", "text", "text", "bytea", "json"}
+	for i, m := range p.Messages {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for k, kind := range kinds {
+			if k > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(o.d.Param(len(args)+k+1, kind))
+		}
+		b.WriteByte(')')
+		h, err := EncodeHeaders(m.Headers)
+		if err != nil {
+			return err
+		}
+		args = append(args, m.ID, m.Consumer, m.SourceID, m.Destination, m.Key, NonNil(m.Payload), h)
+	}
+	b.WriteString(o.d.IgnoreDuplicate)
+	_, err := tx.Exec(ctx, b.String(), args...)
+	return err
+}
+
+// Claim claims p's rows: with one UPDATE ... RETURNING on db, or, for a
+// dialect without it, with a locking SELECT and an UPDATE in the
+// transaction begin starts (begin is unused otherwise). p is checked
+// first (idemdriver.ValidateClaimOutgoingParams).
+func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Context) (Tx, error), p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	if err := idemdriver.ValidateClaimOutgoingParams(p); err != nil {
+		return nil, err
+	}
+	lease := DurationMicros(p.Lease)
+	if !o.d.NoUpdateReturning {
+		rows, err := db.Query(ctx, o.claimReturning, int64(p.Limit), lease)
+		if err != nil {
+			return nil, err
+		}
+		return scanOutgoing(rows, 0)
+	}
+	tx, err := begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := Detached(ctx)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	rows, err := tx.Query(ctx, o.claimSelect, int64(p.Limit))
+	if err != nil {
+		return nil, err
+	}
+	recs, err := scanOutgoing(rows, 1)
+	if err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	args := []any{lease}
+	for _, r := range recs {
+		args = append(args, r.Seq)
+	}
+	q := `UPDATE ` + o.d.Table + ` SET lease_until = ` + o.d.Plus(o.d.Param(1, "bigint")) + `, attempts = attempts + 1 WHERE seq IN (` + o.list(2, len(recs), "bigint") + `)`
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}
+
+// Tx is a transaction of a dialect that claims in two statements.
+type Tx interface {
+	Querier
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// list returns n placeholders from the from-th, comma-separated.
+func (o *Outbox) list(from, n int, kind string) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(o.d.Param(from+i, kind))
+	}
+	return b.String()
+}
+
+// scanOutgoing reads claimed rows, adding addAttempt to the attempts read
+// (1 when the rows were read before the update that counts the claim).
+func scanOutgoing(rows Rows, addAttempt int) ([]idemdriver.OutgoingRecord, error) {
+	var out []idemdriver.OutgoingRecord
+	err := ForEach(rows, func(r Row) error {
+		var (
+			rec     idemdriver.OutgoingRecord
+			headers string
+			created int64
+		)
+		if err := r.Scan(&rec.ID, &rec.Seq, &rec.Consumer, &rec.SourceID, &rec.Destination, &rec.Key,
+			&rec.Payload, &headers, &rec.Attempts, &created); err != nil {
+			return err
+		}
+		rec.Attempts += addAttempt
+		rec.CreatedAt = Time(created)
+		rec.Headers = DecodeHeaders(headers)
+		out = append(out, rec)
+		return nil
+	})
+	return out, err
+}
+
+// MarkSent marks p's rows sent, MaxInList IDs per statement.
+func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSentParams) error {
+	for ids := p.IDs; len(ids) > 0; {
+		n := min(len(ids), MaxInList)
+		args := make([]any, n)
+		for i, id := range ids[:n] {
+			args[i] = id
+		}
+		q := `UPDATE ` + o.d.Table + ` SET sent_at = ` + o.d.Now + `, lease_until = NULL WHERE id IN (` + o.list(1, n, "text") + `) AND sent_at IS NULL`
+		if _, err := db.Exec(ctx, q, args...); err != nil {
+			return err
+		}
+		ids = ids[n:]
+	}
+	return nil
+}
+
+// MarkFailed ends p's row lease, for a retry after p.RetryAfter or for
+// good, after checking p (idemdriver.ValidateMarkFailedParams).
+func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkFailedParams) error {
+	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
+		return err
+	}
+	var err error
+	if p.Permanent {
+		_, err = db.Exec(ctx, o.markFailedPermanent, ErrorText(p.Error), p.ID)
+	} else {
+		_, err = db.Exec(ctx, o.markFailedRetry, DurationMicros(p.RetryAfter), ErrorText(p.Error), p.ID)
+	}
+	return err
+}
+
+// Pending counts one incoming message's pending rows.
+func (o *Outbox) Pending(ctx context.Context, db Querier, p *idemdriver.PendingOutgoingParams) (int, error) {
+	var n int64
+	err := db.QueryRow(ctx, o.pendingCount, p.Consumer, p.SourceID).Scan(&n)
+	return int(n), err
+}
+
+// Purge deletes up to p.Limit rows done for longer than p.Retention,
+// after checking p (idemdriver.ValidatePurgeOutboxParams).
+func (o *Outbox) Purge(ctx context.Context, db Querier, p *idemdriver.PurgeOutboxParams) (int64, error) {
+	if err := idemdriver.ValidatePurgeOutboxParams(p); err != nil {
+		return 0, err
+	}
+	r := DurationMicros(p.Retention)
+	return db.Exec(ctx, o.purge, r, r, int64(p.Limit))
+}
+
+// Stats reads the backlog.
+func (o *Outbox) Stats(ctx context.Context, db Querier) (idemdriver.OutboxStats, error) {
+	var (
+		s   idemdriver.OutboxStats
+		age int64
+	)
+	err := db.QueryRow(ctx, o.stats).Scan(&s.Pending, &s.Failed, &age)
+	s.OldestPending = time.Duration(max(age, 0)) * time.Microsecond
+	return s, err
+}
+
+// EncodeHeaders is the headers column's text: a JSON object of strings
+// ("{}" for none).
+func EncodeHeaders(h map[string]string) (string, error) {
+	if len(h) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", fmt.Errorf("%w: headers: %w", idemdriver.ErrInvalidOutgoing, err)
+	}
+	return string(b), nil
+}
+
+// DecodeHeaders reads the headers column as another program may have
+// written it: a JSON object whose string values are taken as they are and
+// other values as their JSON text. Anything else is no headers.
+func DecodeHeaders(s string) map[string]string {
+	var raw map[string]json.RawMessage
+	if json.Unmarshal([]byte(s), &raw) != nil || len(raw) == 0 {
+		return nil
+	}
+	h := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var str string
+		if json.Unmarshal(v, &str) == nil {
+			h[k] = str
+		} else {
+			h[k] = string(v)
+		}
+	}
+	return h
+}

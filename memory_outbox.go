@@ -1,0 +1,204 @@
+package idem
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// Interface checks.
+var (
+	_ idemdriver.OutboxTx[*MemoryTx] = (*MemoryStore)(nil)
+	_ idemdriver.OutboxStore         = (*MemoryStore)(nil)
+)
+
+// memOutbox is a MemoryStore's outbox table: rows in sequence order.
+type memOutbox struct {
+	mu   sync.Mutex
+	seq  int64
+	rows []*memOutRow
+	ids  map[string]bool
+}
+
+type memOutRow struct {
+	rec                                     idemdriver.OutgoingRecord
+	available, leaseUntil, sentAt, failedAt time.Time
+	lastErr                                 string
+}
+
+func (r *memOutRow) pending() bool { return r.sentAt.IsZero() && r.failedAt.IsZero() }
+
+// EmitTx implements idemdriver.OutboxTx: the rows are added to the outbox
+// when tx commits (MemoryTx.OnCommit), in order; a row whose ID exists is
+// left as it is. p is checked first (idemdriver.ValidateEmitParams).
+func (s *MemoryStore) EmitTx(ctx context.Context, tx *MemoryTx, p *idemdriver.EmitParams) error {
+	if err := idemdriver.ValidateEmitParams(p); err != nil {
+		return err
+	}
+	if tx.ended {
+		return ErrTxDone
+	}
+	rows := make([]idemdriver.OutgoingRecord, len(p.Messages))
+	for i, m := range p.Messages {
+		m.Payload = slices.Clone(m.Payload)
+		m.Headers = maps.Clone(m.Headers)
+		rows[i] = m
+	}
+	tx.OnCommit(func() {
+		o := &s.outbox
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		now := s.now()
+		if o.ids == nil {
+			o.ids = map[string]bool{}
+		}
+		for _, m := range rows {
+			if o.ids[m.ID] {
+				continue
+			}
+			o.seq++
+			m.Seq, m.Attempts, m.CreatedAt = o.seq, 0, now
+			o.ids[m.ID] = true
+			o.rows = append(o.rows, &memOutRow{rec: m, available: now})
+		}
+	})
+	return nil
+}
+
+// ClaimOutgoing implements idemdriver.OutboxStore, by the store's clock.
+func (s *MemoryStore) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	if err := idemdriver.ValidateClaimOutgoingParams(p); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := s.now()
+	held := map[[2]string]bool{} // keys with an earlier pending row
+	var out []idemdriver.OutgoingRecord
+	for _, r := range o.rows {
+		if len(out) == p.Limit {
+			break
+		}
+		if !r.pending() {
+			continue
+		}
+		k := [2]string{r.rec.Destination, r.rec.Key}
+		first := r.rec.Key == "" || !held[k]
+		held[k] = r.rec.Key != ""
+		if !first || r.available.After(now) || r.leaseUntil.After(now) {
+			continue
+		}
+		r.leaseUntil = now.Add(p.Lease)
+		r.rec.Attempts++
+		c := r.rec
+		c.Payload, c.Headers = slices.Clone(c.Payload), maps.Clone(c.Headers)
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// MarkSent implements idemdriver.OutboxStore.
+func (s *MemoryStore) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
+	return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
+}
+
+// MarkFailed implements idemdriver.OutboxStore.
+func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
+	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
+		return err
+	}
+	return s.outboxUpdate([]string{p.ID}, func(r *memOutRow, now time.Time) {
+		r.leaseUntil, r.lastErr = time.Time{}, p.Error
+		if p.Permanent {
+			r.failedAt = now
+		} else {
+			r.available = now.Add(p.RetryAfter)
+		}
+	})
+}
+
+// outboxUpdate applies fn to the unsent rows with the given IDs.
+func (s *MemoryStore) outboxUpdate(ids []string, fn func(r *memOutRow, now time.Time)) error {
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := s.now()
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	for _, r := range o.rows {
+		if want[r.rec.ID] && r.sentAt.IsZero() {
+			fn(r, now)
+		}
+	}
+	return nil
+}
+
+// PendingOutgoing implements idemdriver.OutboxStore.
+func (s *MemoryStore) PendingOutgoing(ctx context.Context, p *idemdriver.PendingOutgoingParams) (int, error) {
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, r := range o.rows {
+		if r.pending() && r.rec.Consumer == p.Consumer && r.rec.SourceID == p.SourceID {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// PurgeOutbox implements idemdriver.OutboxStore, by the store's clock.
+func (s *MemoryStore) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutboxParams) (int64, error) {
+	if err := idemdriver.ValidatePurgeOutboxParams(p); err != nil {
+		return 0, err
+	}
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	horizon := s.now().Add(-p.Retention)
+	var n int64
+	o.rows = slices.DeleteFunc(o.rows, func(r *memOutRow) bool {
+		done := r.sentAt
+		if done.IsZero() {
+			done = r.failedAt
+		}
+		if n == int64(p.Limit) || done.IsZero() || !done.Before(horizon) {
+			return false
+		}
+		n++
+		delete(o.ids, r.rec.ID)
+		return true
+	})
+	return n, nil
+}
+
+// OutboxStats implements idemdriver.OutboxStore.
+func (s *MemoryStore) OutboxStats(ctx context.Context) (idemdriver.OutboxStats, error) {
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var st idemdriver.OutboxStats
+	now := s.now()
+	for _, r := range o.rows {
+		switch {
+		case r.pending():
+			if st.Pending == 0 {
+				st.OldestPending = max(now.Sub(r.rec.CreatedAt), 0)
+			}
+			st.Pending++
+		case r.sentAt.IsZero():
+			st.Failed++
+		}
+	}
+	return st, nil
+}

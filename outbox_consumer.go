@@ -1,0 +1,97 @@
+package idem
+
+import (
+	"context"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// consumerOutbox is what a transactional Consumer's store offers for the
+// outbox: writing rows in a transaction, and looking up what a message
+// left unsent. Either may be nil.
+type consumerOutbox[TTx any] struct {
+	tx    idemdriver.OutboxTx[TTx]
+	store idemdriver.OutboxStore
+}
+
+func newConsumerOutbox[TTx any](s idemdriver.TxStore[TTx]) consumerOutbox[TTx] {
+	var o consumerOutbox[TTx]
+	o.tx, _ = s.(idemdriver.OutboxTx[TTx])
+	o.store, _ = s.(idemdriver.OutboxStore)
+	return o
+}
+
+// noOutbox is the emitter of a store without the outbox capability: Emit
+// fails with ErrNoOutbox saying so.
+var noOutbox = &emitter{}
+
+// emitter returns the emitter for one transaction processing sources.
+func (o consumerOutbox[TTx]) emitter(consumer string, sources ...string) *emitter {
+	if o.tx == nil {
+		return noOutbox
+	}
+	return newEmitter(consumer, true, sources...)
+}
+
+// emitTx writes what the handler emitted into tx and returns how many rows
+// it wrote. Its error matches ErrStore.
+func (c *Consumer[TTx]) emitTx(ctx context.Context, tx TTx, id string, e *emitter) (int, error) {
+	if e == noOutbox {
+		return 0, nil
+	}
+	rows := e.take()
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	if err := c.out.tx.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}); err != nil {
+		return 0, c.storeErr(ctx, "emit", id, err)
+	}
+	return len(rows), nil
+}
+
+// committed reports n outbox rows of message id ("" for a batch) to the
+// emit hooks and wakes the relay, after the commit that wrote them (for
+// ProcessTx: after writing them to the caller's transaction).
+func (c *Consumer[TTx]) committed(ctx context.Context, id string, n int) {
+	if n == 0 {
+		return
+	}
+	if h := c.hooks; h != nil {
+		for _, x := range h.emit {
+			h.safe(x, func() { x.OnEmit(ctx, EmitEvent{Consumer: h.consumer, MessageID: id, Count: n}) })
+		}
+	}
+	if c.cfg.Relay != nil {
+		c.cfg.Relay.Wake()
+	}
+}
+
+// settleExisting settles a claim that found a record (existingTx) and,
+// for a duplicate, finishes the first processing's job: when that
+// processing left outgoing messages unsent, it wakes the relay so they
+// go out. It never emits anything itself and never runs the handler. A
+// failed lookup is logged and does not change the outcome: the rows are
+// committed, and a polling or notified relay sends them anyway.
+func (c *Consumer[TTx]) settleExisting(ctx context.Context, id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
+	out, err := c.existingTx(id, fp, res)
+	if out.Status != Duplicate || c.cfg.Relay == nil || c.out.store == nil {
+		return out, err
+	}
+	n, perr := c.out.store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: c.cfg.Name, SourceID: id})
+	switch {
+	case perr != nil:
+		c.cfg.Logger.Warn("idem: duplicate: looking up unsent outgoing messages", "consumer", c.cfg.Name, "error", perr)
+	case n > 0:
+		c.cfg.Relay.Wake()
+	}
+	return out, err
+}
+
+// freshIDs returns the IDs of msgs.
+func freshIDs(msgs []Message) []string {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	return ids
+}

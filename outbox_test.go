@@ -1,0 +1,329 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemtest"
+)
+
+// TestOutgoingIDStable pins OutgoingID: the IDs rows already carry must
+// never change with a new version of idem.
+func TestOutgoingIDStable(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		seq  int
+		want string
+	}{
+		{"charged", 0, idem.DeriveKey("payments", "m-1", "outbox:name:charged")},
+		{"", 2, idem.DeriveKey("payments", "m-1", "outbox:seq:2")},
+	} {
+		if got := idem.OutgoingID("payments", "m-1", tt.name, tt.seq); got != tt.want {
+			t.Errorf("OutgoingID(%q, %d) = %q, want %q", tt.name, tt.seq, got, tt.want)
+		}
+	}
+	if got, want := idem.OutgoingID("payments", "m-1", "charged", 0), "idem-"; got[:5] != want || len(got) != 69 {
+		t.Errorf("OutgoingID = %q, want idem- and 64 hex digits", got)
+	}
+	if idem.OutgoingID("c", "m", "", 1) == idem.OutgoingID("c", "m", "1", 0) {
+		t.Error("a named emission and a numbered one share an ID")
+	}
+}
+
+// fakeOutbox is an in-memory OutboxStore for the relay engine's tests.
+type fakeOutbox struct {
+	mu                sync.Mutex
+	rows              []idemdriver.OutgoingRecord
+	sent              map[string]bool
+	failed            map[string]bool
+	retries           map[string]time.Duration
+	leased            map[string]bool // claimed and not yet marked, when lease is set
+	lease             bool
+	claimErr, markErr error
+}
+
+func (f *fakeOutbox) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claimErr != nil {
+		return nil, f.claimErr
+	}
+	var out []idemdriver.OutgoingRecord
+	for i := range f.rows {
+		r := &f.rows[i]
+		if !f.sent[r.ID] && !f.failed[r.ID] && !f.leased[r.ID] && len(out) < p.Limit {
+			r.Attempts++
+			out = append(out, *r)
+			if f.lease {
+				f.leased[r.ID] = true
+			}
+		}
+	}
+	slices.Reverse(out) // the relay sorts by Seq
+	return out, nil
+}
+
+func (f *fakeOutbox) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.markErr != nil {
+		return f.markErr
+	}
+	for _, id := range p.IDs {
+		f.sent[id] = true
+	}
+	return nil
+}
+
+func (f *fakeOutbox) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p.Permanent {
+		f.failed[p.ID] = true
+	}
+	f.retries[p.ID] = p.RetryAfter
+	return nil
+}
+
+func (f *fakeOutbox) PendingOutgoing(context.Context, *idemdriver.PendingOutgoingParams) (int, error) {
+	return 0, nil
+}
+func (f *fakeOutbox) PurgeOutbox(context.Context, *idemdriver.PurgeOutboxParams) (int64, error) {
+	return 0, nil
+}
+func (f *fakeOutbox) OutboxStats(context.Context) (idemdriver.OutboxStats, error) {
+	return idemdriver.OutboxStats{}, nil
+}
+
+func newFake(ids ...string) *fakeOutbox {
+	f := &fakeOutbox{sent: map[string]bool{}, failed: map[string]bool{}, retries: map[string]time.Duration{}, leased: map[string]bool{}}
+	for i, id := range ids {
+		f.rows = append(f.rows, idemdriver.OutgoingRecord{ID: id, Destination: "d", Seq: int64(i + 1)})
+	}
+	return f
+}
+
+// TestRelayRunOnce checks the engine's decisions: publish in sequence
+// order, mark the confirmed, back off the retryable (doubling, capped),
+// fail the permanent, and treat a panic or a short result as retryable.
+func TestRelayRunOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	f := newFake("a", "b", "c", "d")
+	var order []string
+	pub := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+		errs := make([]error, len(msgs))
+		for i, m := range msgs {
+			order = append(order, m.ID)
+			switch m.ID {
+			case "b":
+				errs[i] = errors.New("broker down")
+			case "c":
+				errs[i] = idem.Permanent(errors.New("too large"))
+			}
+		}
+		return errs
+	})
+	r, err := idem.NewRelay(idem.RelayConfig{Store: f, Publisher: pub, MinRetry: time.Second, MaxRetry: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.RunOnce(ctx)
+	if err != nil || res != (idem.RelayResult{Claimed: 4, Sent: 2, Retried: 1, Failed: 1}) {
+		t.Fatalf("RunOnce = %+v, %v; want 4 claimed, 2 sent, 1 retried, 1 failed", res, err)
+	}
+	if !slices.Equal(order, []string{"a", "b", "c", "d"}) {
+		t.Errorf("published in the order %q, want by Seq", order)
+	}
+	if !f.sent["a"] || !f.sent["d"] || f.sent["b"] || !f.failed["c"] {
+		t.Errorf("sent %v, failed %v; want a and d sent, c failed", f.sent, f.failed)
+	}
+	var backoffs []time.Duration
+	for range 3 {
+		if _, err := r.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		backoffs = append(backoffs, f.retries["b"])
+	}
+	if want := []time.Duration{2 * time.Second, 3 * time.Second, 3 * time.Second}; !slices.Equal(backoffs, want) {
+		t.Errorf("backoffs of b after attempts 2..4 = %v, want %v", backoffs, want)
+	}
+
+	for name, p := range map[string]idem.Publisher{
+		"panic": idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { panic("boom") }),
+		"short": idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { return nil }),
+	} {
+		f := newFake("x")
+		r, _ := idem.NewRelay(idem.RelayConfig{Store: f, Publisher: p})
+		if res, err := r.RunOnce(ctx); err != nil || res.Retried != 1 || f.sent["x"] {
+			t.Errorf("%s publisher: RunOnce = %+v, %v; want the message retried, not sent", name, res, err)
+		}
+	}
+
+	f = newFake("x")
+	f.markErr = errors.New("connection lost")
+	r, _ = idem.NewRelay(idem.RelayConfig{Store: f, Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error { return make([]error, len(m)) })})
+	if _, err := r.RunOnce(ctx); !errors.Is(err, idem.ErrStore) {
+		t.Errorf("RunOnce with a failed mark: %v, want ErrStore", err)
+	}
+}
+
+// TestRelayConfig checks that NewRelay refuses what cannot work.
+func TestRelayConfig(t *testing.T) {
+	t.Parallel()
+	pub := idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { return nil })
+	for name, cfg := range map[string]idem.RelayConfig{
+		"no store":     {Publisher: pub},
+		"no publisher": {Store: newFake()},
+		"short lease":  {Store: newFake(), Publisher: pub, Lease: time.Millisecond},
+		"poll order":   {Store: newFake(), Publisher: pub, MinPoll: time.Second, MaxPoll: time.Millisecond},
+	} {
+		if _, err := idem.NewRelay(cfg); !errors.Is(err, idem.ErrInvalidConfig) {
+			t.Errorf("%s: NewRelay err = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+// txOnly is a store without the outbox capability.
+type txOnly struct {
+	idemdriver.TxStore[*idem.MemoryTx]
+}
+
+// TestEmitWithoutOutbox: Emit on a store without an outbox says so, and
+// the delivery fails rather than losing the message.
+func TestEmitWithoutOutbox(t *testing.T) {
+	t.Parallel()
+	c, err := idem.NewConsumer[*idem.MemoryTx](txOnly{idem.NewMemoryStore(nil)}, idem.Config{Name: "c", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var emitErr error
+	out, _ := c.Process(t.Context(), idem.Message{ID: "m", Payload: []byte("p")}, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
+		_, emitErr = idem.Emit(ctx, idem.OutgoingMessage{Destination: "d"})
+		return emitErr
+	})
+	if !errors.Is(emitErr, idem.ErrNoOutbox) || out.Status != idem.Failed {
+		t.Errorf("Emit without an outbox: %v (outcome %v), want ErrNoOutbox and Failed", emitErr, out.Status)
+	}
+}
+
+// TestMemoryStoreOutboxConformance runs the outbox suite on the memory
+// store, on the real clock (the suite waits for leases and backoffs).
+func TestMemoryStoreOutboxConformance(t *testing.T) {
+	t.Parallel()
+	idemtest.RunOutbox(t, idemtest.Harness[*idem.MemoryTx]{New: func(t *testing.T) *idemtest.Setup[*idem.MemoryTx] {
+		_, s := newMemorySetupOn(idem.NewMemoryStore(nil))
+		return s
+	}})
+}
+
+// countingOutbox counts claims.
+type countingOutbox struct {
+	*fakeOutbox
+	claims chan time.Time
+}
+
+func (c countingOutbox) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	c.claims <- time.Now()
+	return c.fakeOutbox.ClaimOutgoing(ctx, p)
+}
+
+// TestRelayRunPollsAndWakes: an idle Run polls from MinPoll doubling to
+// MaxPoll, a Wake makes it claim at once, and cancelling its context
+// stops it.
+func TestRelayRunPollsAndWakes(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := countingOutbox{newFake(), make(chan time.Time, 100)}
+		r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { return nil }),
+			MinPoll: time.Second, MaxPoll: 4 * time.Second, Retention: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		start := time.Now()
+		go func() { done <- r.Run(ctx) }()
+		var gaps []time.Duration
+		last := start
+		for range 5 {
+			at := <-store.claims
+			gaps = append(gaps, at.Sub(last))
+			last = at
+		}
+		if want := []time.Duration{0, 2 * time.Second, 4 * time.Second, 4 * time.Second, 4 * time.Second}; !slices.Equal(gaps, want) {
+			t.Errorf("idle claims came after %v, want %v", gaps, want)
+		}
+		synctest.Wait()
+		r.Wake()
+		if at := <-store.claims; at != last {
+			t.Errorf("claim after Wake came %v after the previous one, want at once", at.Sub(last))
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil after cancel", err)
+		}
+	})
+}
+
+// TestRelayWorkers: Run keeps Workers rounds in flight at once, on
+// disjoint rows, and sends every row once.
+func TestRelayWorkers(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newFake("a", "b", "c", "d", "e", "f")
+		f.lease = true
+		release := make(chan struct{})
+		var mu sync.Mutex
+		inflight, most := 0, 0
+		published := map[string]int{}
+		pub := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+			mu.Lock()
+			inflight++
+			most = max(most, inflight)
+			for _, m := range msgs {
+				published[m.ID]++
+			}
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			inflight--
+			mu.Unlock()
+			return make([]error, len(msgs))
+		})
+		r, err := idem.NewRelay(idem.RelayConfig{Store: f, Publisher: pub, BatchSize: 1, Workers: 3, Retention: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		synctest.Wait()
+		close(release)
+		synctest.Wait() // every row sent; the workers wait for their polls
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+		if most != 3 {
+			t.Errorf("at most %d publishes in flight, want 3 (Workers)", most)
+		}
+		for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+			if published[id] != 1 || !f.sent[id] {
+				t.Errorf("row %q published %d times (sent %v), want once", id, published[id], f.sent[id])
+			}
+		}
+	})
+}

@@ -1,0 +1,428 @@
+package idem
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// Defaults applied by [NewRelay] to zero RelayConfig fields.
+const (
+	// DefaultRelayBatchSize is the most outbox rows one relay claim takes.
+	DefaultRelayBatchSize = 100
+	// DefaultRelayLease is how long claimed rows stay leased to a relay.
+	DefaultRelayLease = 30 * time.Second
+	// DefaultRelayMinPoll and DefaultRelayMaxPoll bound the relay's idle
+	// polling: it polls again after MinPoll when it found work, and
+	// doubles the wait up to MaxPoll while the outbox stays empty.
+	DefaultRelayMinPoll = 50 * time.Millisecond
+	DefaultRelayMaxPoll = 5 * time.Second
+	// DefaultRelayMinRetry and DefaultRelayMaxRetry bound the backoff of a
+	// message whose publish failed: MinRetry after the first failure,
+	// doubling per attempt up to MaxRetry.
+	DefaultRelayMinRetry = time.Second
+	DefaultRelayMaxRetry = 5 * time.Minute
+	// DefaultOutboxRetention is how long sent (and failed) outbox rows are
+	// kept before the relay purges them.
+	DefaultOutboxRetention = 24 * time.Hour
+)
+
+// RelayConfig configures a [Relay]. Zero values take the documented defaults.
+type RelayConfig struct {
+	// Store is the outbox to relay from: a store implementing
+	// idemdriver.OutboxStore (store/idempgxv5, store/idemsql, the memory
+	// store). Mandatory.
+	Store idemdriver.OutboxStore
+	// Publisher sends the messages. Mandatory.
+	Publisher Publisher
+	// BatchSize is the most rows one claim takes and one Publish call
+	// gets. Defaults to DefaultRelayBatchSize (100).
+	BatchSize int
+	// Workers is how many rounds (claim, publish, mark) Run keeps in
+	// flight at once, on disjoint rows, so that one batch's publish
+	// overlaps the next one's claim and marks. Order per key is kept
+	// whatever the number: a key's next row is claimable only once the
+	// previous one is marked. Defaults to 1.
+	Workers int
+	// Lease is how long claimed rows are reserved for this relay: another
+	// relay sends a row again only after its lease ends unmarked (this
+	// relay crashed, or took longer). Publish is cancelled at half the
+	// lease. Defaults to DefaultRelayLease (30s); at least 10ms.
+	Lease time.Duration
+	// MinPoll and MaxPoll bound the wait between polls of an idle outbox
+	// (see DefaultRelayMinPoll). With a store that notifies
+	// (idemdriver.OutboxNotifier, PostgreSQL on pgx) and after Wake, the
+	// relay runs at once; MaxPoll then only bounds how late it sees rows
+	// whose retry time came. Defaults to 50ms and 5s.
+	MinPoll, MaxPoll time.Duration
+	// MinRetry and MaxRetry bound the per-message backoff after a failed
+	// publish. Defaults to 1s and 5 minutes.
+	MinRetry, MaxRetry time.Duration
+	// Retention is how long sent and failed rows are kept. Defaults to
+	// DefaultOutboxRetention (24 hours); negative disables purging.
+	Retention time.Duration
+	// PurgeInterval is how often Run purges. Defaults to a tenth of
+	// Retention, between 1 second and 1 hour.
+	PurgeInterval time.Duration
+	// PurgeBatchSize is the most rows one purge statement deletes.
+	// Defaults to DefaultPurgeBatchSize (1000).
+	PurgeBatchSize int
+	// Logger receives failed claims, marks and purges (warn), and panics
+	// of Hooks (error). Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hooks observe the relay's rounds; each must implement [HookRelay],
+	// or NewRelay returns an error matching ErrInvalidConfig.
+	Hooks []Hook
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultRelayBatchSize
+	}
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
+	def(&c.Lease, DefaultRelayLease)
+	def(&c.MinPoll, DefaultRelayMinPoll)
+	def(&c.MaxPoll, max(DefaultRelayMaxPoll, c.MinPoll))
+	def(&c.MinRetry, DefaultRelayMinRetry)
+	def(&c.MaxRetry, max(DefaultRelayMaxRetry, c.MinRetry))
+	def(&c.Retention, DefaultOutboxRetention)
+	def(&c.PurgeInterval, min(max(c.Retention/10, time.Second), time.Hour))
+	if c.PurgeBatchSize == 0 {
+		c.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	switch {
+	case c.Store == nil:
+		return fmt.Errorf("%w: RelayConfig.Store is nil", ErrInvalidConfig)
+	case c.Publisher == nil:
+		return fmt.Errorf("%w: RelayConfig.Publisher is nil", ErrInvalidConfig)
+	case c.BatchSize < 1:
+		return fmt.Errorf("%w: relay BatchSize %d", ErrInvalidConfig, c.BatchSize)
+	case c.Workers < 1:
+		return fmt.Errorf("%w: relay Workers %d", ErrInvalidConfig, c.Workers)
+	case c.Lease < 10*time.Millisecond:
+		return fmt.Errorf("%w: relay Lease %v is under 10ms", ErrInvalidConfig, c.Lease)
+	case c.MinPoll <= 0 || c.MaxPoll < c.MinPoll:
+		return fmt.Errorf("%w: relay poll %v..%v", ErrInvalidConfig, c.MinPoll, c.MaxPoll)
+	case c.MinRetry <= 0 || c.MaxRetry < c.MinRetry:
+		return fmt.Errorf("%w: relay retry %v..%v", ErrInvalidConfig, c.MinRetry, c.MaxRetry)
+	case c.PurgeInterval <= 0 || c.PurgeBatchSize < 1:
+		return fmt.Errorf("%w: relay purge every %v by %d", ErrInvalidConfig, c.PurgeInterval, c.PurgeBatchSize)
+	}
+	for i, h := range c.Hooks {
+		if _, ok := h.(HookRelay); !ok {
+			return fmt.Errorf("%w: RelayConfig.Hooks[%d] (%T) does not implement idem.HookRelay", ErrInvalidConfig, i, h)
+		}
+	}
+	return nil
+}
+
+// Relay sends the outbox's pending messages through a [Publisher]: the
+// rows a [Consumer] wrote in its handlers' transactions, rows left behind
+// by a crash, and rows other programs wrote into the table.
+//
+// Delivery is at least once, and each message carries its outbox ID, so
+// a downstream idem consumer applies it once: a row is marked sent only
+// after the publisher confirmed it, and a relay that dies between the
+// confirmation and the mark leaves the row to be sent again, with the same
+// ID, when its lease ends. Relays side by side (in one process or many)
+// claim disjoint rows (FOR UPDATE SKIP LOCKED, or SQLite's single writer)
+// and never send one row at once while its lease lasts. Per destination
+// and non-empty ordering key, messages go out in sequence order, each
+// after the previous one was confirmed; a message whose publish fails is
+// retried with backoff (MinRetry doubling to MaxRetry) and holds back only
+// the later messages of its own key.
+//
+// Run it with [Relay.Run] in a goroutine the caller owns, or drive it
+// with [Relay.RunOnce]. A Consumer whose Config.Relay is set wakes it
+// after every commit that emitted and on every duplicate whose first
+// processing left messages unsent, so messages go out at once rather than
+// at the next poll.
+type Relay struct {
+	cfg   RelayConfig
+	wake  chan struct{}
+	hooks *hooks // nil without cfg.Hooks
+
+	runMu sync.Mutex // one Run at a time
+}
+
+// NewRelay returns a Relay. It returns an error matching ErrInvalidConfig
+// when cfg is invalid. It starts nothing: call Run.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1)}
+	if len(cfg.Hooks) > 0 {
+		r.hooks = &hooks{consumer: "relay", log: cfg.Logger}
+		for _, h := range cfg.Hooks {
+			r.hooks.relay = append(r.hooks.relay, h.(HookRelay))
+		}
+	}
+	return r, nil
+}
+
+// Wake makes a running Run claim at once instead of at its next poll. It
+// never blocks; wakes that come while one is pending are merged.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RelayResult counts what one [Relay.RunOnce] did.
+type RelayResult struct {
+	// Claimed counts the rows claimed; Sent those confirmed and marked;
+	// Retried those that failed and wait for their backoff; Failed those
+	// that failed for good.
+	Claimed, Sent, Retried, Failed int
+}
+
+// RunOnce claims one batch of pending rows, publishes it, and marks each
+// row sent, for retry, or failed. The error matches ErrStore when the
+// claim or a mark failed (a row whose mark failed is sent again after its
+// lease), and is ctx's error when ctx ended.
+func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
+	if r.hooks == nil {
+		res, _, err := r.runOnce(ctx)
+		return res, err
+	}
+	start := time.Now()
+	res, oldest, err := r.runOnce(ctx)
+	if res.Claimed > 0 || err != nil {
+		e := RelayEvent{Result: res, Err: err, Latency: time.Since(start)}
+		if !oldest.IsZero() {
+			e.OldestAge = max(time.Since(oldest), 0)
+		}
+		for _, x := range r.hooks.relay {
+			r.hooks.safe(x, func() { x.OnRelay(ctx, e) })
+		}
+	}
+	return res, err
+}
+
+// runOnce is RunOnce, also returning the oldest CreatedAt it claimed.
+func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
+	recs, err := r.cfg.Store.ClaimOutgoing(ctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
+	if err != nil {
+		return res, oldest, storeError("claim outgoing", err)
+	}
+	res.Claimed = len(recs)
+	if len(recs) == 0 {
+		return res, oldest, nil
+	}
+	oldest = recs[0].CreatedAt
+	for _, rec := range recs {
+		if rec.CreatedAt.Before(oldest) {
+			oldest = rec.CreatedAt
+		}
+	}
+	slices.SortFunc(recs, func(a, b Outgoing) int { return cmp.Compare(a.Seq, b.Seq) })
+	errs := r.publish(ctx, recs)
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	defer cancel()
+	var sent []string
+	var markErrs []error
+	for i, rec := range recs {
+		if errs[i] == nil {
+			sent = append(sent, rec.ID)
+			continue
+		}
+		p := &idemdriver.MarkFailedParams{ID: rec.ID, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		if p.Permanent {
+			res.Failed++
+		} else {
+			res.Retried++
+			p.RetryAfter = r.backoff(rec.Attempts)
+		}
+		if err := r.cfg.Store.MarkFailed(mctx, p); err != nil {
+			markErrs = append(markErrs, storeError("mark outgoing failed", err))
+		}
+	}
+	if len(sent) > 0 {
+		if err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent}); err != nil {
+			markErrs = append(markErrs, storeError("mark outgoing sent", err))
+		} else {
+			res.Sent = len(sent)
+		}
+	}
+	return res, oldest, errors.Join(markErrs...)
+}
+
+// publish calls the publisher with half the lease as its deadline, turning
+// a panic or a result of the wrong length into retryable errors.
+func (r *Relay) publish(ctx context.Context, recs []Outgoing) (errs []error) {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.Lease/2)
+	defer cancel()
+	defer func() {
+		if v := recover(); v != nil {
+			errs = fill(len(recs), fmt.Errorf("idem: publisher panicked: %v", v))
+		}
+	}()
+	errs = r.cfg.Publisher.Publish(pctx, recs)
+	if len(errs) != len(recs) {
+		return fill(len(recs), fmt.Errorf("idem: publisher returned %d results for %d messages", len(errs), len(recs)))
+	}
+	return errs
+}
+
+func fill(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// backoff is the wait after the attempts-th failed publish of a row.
+func (r *Relay) backoff(attempts int) time.Duration {
+	d := r.cfg.MinRetry
+	for i := 1; i < attempts && d < r.cfg.MaxRetry; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.MaxRetry)
+}
+
+// Run relays until ctx ends, then returns nil: each of its Workers claims
+// and publishes batch after batch while there is work (a worker that
+// claimed a full batch wakes another), then waits for a Wake, a
+// notification from the store (idemdriver.OutboxNotifier), or its poll
+// interval; the first worker purges sent rows every PurgeInterval.
+// Failures are logged and retried with backoff; they never stop Run. One
+// Run at a time per Relay: a second call waits for the first to return.
+func (r *Relay) Run(ctx context.Context) error {
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	if n, ok := r.cfg.Store.(idemdriver.OutboxNotifier); ok {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.listen(ctx, n) }()
+	}
+	for i := 1; i < r.cfg.Workers; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.work(ctx, false) }()
+	}
+	r.work(ctx, r.cfg.Retention > 0)
+	return nil
+}
+
+// work is one worker of Run; purge says whether it purges.
+func (r *Relay) work(ctx context.Context, purge bool) {
+	poll := r.cfg.MinPoll
+	var nextPurge time.Time
+	if purge {
+		nextPurge = time.Now()
+	}
+	for {
+		res, err := r.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		full := false
+		switch {
+		case err != nil:
+			r.cfg.Logger.Warn("idem: relay", "error", err)
+			poll = min(poll*2, r.cfg.MaxPoll)
+		case res.Claimed == r.cfg.BatchSize:
+			full = true
+			poll = r.cfg.MinPoll
+			r.Wake() // more waiting: another worker may take it
+		case res.Claimed > 0:
+			poll = r.cfg.MinPoll
+		default:
+			poll = min(poll*2, r.cfg.MaxPoll)
+		}
+		if purge && !time.Now().Before(nextPurge) {
+			r.purge(ctx)
+			nextPurge = time.Now().Add(r.cfg.PurgeInterval)
+		}
+		if full {
+			continue
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-r.wake:
+			poll = r.cfg.MinPoll
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// listen turns the store's notifications into wakes until ctx ends,
+// watching again after MinPoll doubling to MaxPoll when a watch fails.
+func (r *Relay) listen(ctx context.Context, n idemdriver.OutboxNotifier) {
+	backoff := r.cfg.MinPoll
+	for {
+		start := time.Now()
+		err := n.WatchOutgoing(ctx, r.Wake)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > r.cfg.MaxPoll {
+			backoff = r.cfg.MinPoll // it had been working
+		}
+		r.cfg.Logger.Warn("idem: relay: watching for outbox notifications", "error", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, r.cfg.MaxPoll)
+	}
+}
+
+// Purge deletes sent and failed rows older than the retention, in batches
+// of PurgeBatchSize, and returns how many it deleted. Errors match
+// ErrStore.
+func (r *Relay) Purge(ctx context.Context) (int64, error) {
+	if r.cfg.Retention < 0 {
+		return 0, nil
+	}
+	var total int64
+	for {
+		n, err := r.cfg.Store.PurgeOutbox(ctx, &idemdriver.PurgeOutboxParams{Retention: r.cfg.Retention, Limit: r.cfg.PurgeBatchSize})
+		total += n
+		if err != nil {
+			return total, storeError("purge outbox", err)
+		}
+		if n < int64(r.cfg.PurgeBatchSize) {
+			return total, nil
+		}
+	}
+}
+
+func (r *Relay) purge(ctx context.Context) {
+	if _, err := r.Purge(ctx); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("idem: relay: purge", "error", err)
+	}
+}
