@@ -239,11 +239,15 @@ func (c *Consumer[TTx]) Close() error { return c.close() }
 // (Processed or Duplicate). Otherwise it is the outcome's Err and matches:
 // ErrMissingMessageID, ErrInvalidMessageID or ErrInvalidPayload (Rejected:
 // dead-letter); ErrFingerprintMismatch (FingerprintMismatch: dead-letter);
-// the handler's error, ErrHandlerPanic or ErrStore (Failed: redeliver).
-// ErrClosed after Close.
+// the handler's error, ErrHandlerPanic or ErrStore (Failed: redeliver;
+// ErrStoreTimeout too when a store call ran past Config.StoreTimeout);
+// ErrInProgress and ErrLockTimeout (InProgress: redeliver after
+// RetryAfter). ErrClosed after Close.
 //
 // A concurrent copy of the same message waits for the first transaction and
-// then sees a Duplicate: exactly one handler's effects ever commit.
+// then sees a Duplicate: exactly one handler's effects ever commit. It
+// waits at most the claim's lock timeout (Config.StoreTimeout/2), and is
+// then InProgress.
 func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handler[TTx]) (Outcome, error) {
 	ctx, t := c.begin(ctx, msg.ID, 0)
 	if t != nil {

@@ -16,7 +16,9 @@ const (
 	// handler was not called. Acknowledge it and do nothing else.
 	Duplicate
 	// InProgress: another delivery holds a live lease on the message (lease
-	// mode only). Not an ack: redeliver after Outcome.RetryAfter.
+	// mode), or, in transactional mode, another transaction held the
+	// message's record for longer than the claim's lock timeout (see
+	// ErrLockTimeout). Not an ack: redeliver after Outcome.RetryAfter.
 	InProgress
 	// FingerprintMismatch: the message ID was processed with another payload.
 	// The handler was not called. Dead-letter it (a producer bug).

@@ -52,7 +52,9 @@ func stallCase[TTx any](k fault, calls int64) func(t *testing.T, b *bundle[TTx],
 			// The store's own call outlasted StoreTimeout before the stall
 			// could fire (a loaded machine): the same outcome, checked above.
 			t.Logf("the store call itself took longer than StoreTimeout (%v)", stallTimeout)
+			f.armed[k].Store(false)
 		}
+		f.stall.Store(false)
 		if took < stallTimeout || took > blockTimeout {
 			t.Errorf("delivery whose store call stalls returned after %v, want StoreTimeout (%v)", took, stallTimeout)
 		}

@@ -159,7 +159,7 @@ func (b *bundle[TTx]) name(suffix string) string { return b.prefix + "." + suffi
 
 // consumer returns a Consumer named b.name(suffix) over the Setup's store,
 // closed at the end of the test. The purge loop is off unless cfg sets
-// PurgeInterval.
+// PurgeInterval, and StoreTimeout is the case's timeout unless cfg sets it.
 func (b *bundle[TTx]) consumer(suffix string, cfg idem.Config) *idem.Consumer[TTx] {
 	b.t.Helper()
 	return b.consumerOn(b.s.Store, suffix, cfg)
@@ -170,6 +170,12 @@ func (b *bundle[TTx]) consumerOn(store idemdriver.TxStore[TTx], suffix string, c
 	cfg.Name = b.name(suffix)
 	if cfg.PurgeInterval == 0 {
 		cfg.PurgeInterval = -1
+	}
+	if cfg.StoreTimeout == 0 {
+		// The cases about claims let concurrent copies queue on a record
+		// for as long as a loaded machine makes them; the Deadline cases
+		// set their own.
+		cfg.StoreTimeout = caseTimeout
 	}
 	c, err := idem.NewConsumer(store, cfg)
 	if err != nil {
