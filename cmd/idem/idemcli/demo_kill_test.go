@@ -35,7 +35,7 @@ import (
 func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 	t.Parallel()
 	svc := startOwnService(t, "rabbitmq")
-	testDemoSurvivesKill(t, svc.fault("--broker"), 2000)
+	testDemoSurvivesKill(t, svc.fault("--broker"), 800)
 }
 
 // TestDemoSurvivesNATSKill kills -9 nats-server mid-run. The connections
@@ -44,7 +44,7 @@ func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 func TestDemoSurvivesNATSKill(t *testing.T) {
 	t.Parallel()
 	svc := startOwnService(t, "nats")
-	testDemoSurvivesKill(t, svc.fault("--broker"), 2000)
+	testDemoSurvivesKill(t, svc.fault("--broker"), 800)
 }
 
 // TestDemoSurvivesPostgresKill kills -9 the postmaster of a PostgreSQL
@@ -75,7 +75,7 @@ func TestDemoSurvivesPostgresKill(t *testing.T) {
 			t.Errorf("no crash recovery in the server log:\n%s", b)
 		}
 	}
-	testDemoSurvivesKill(t, f, 1500)
+	testDemoSurvivesKill(t, f, 800)
 }
 
 // TestDemoSurvivesKafkaRestart stops a three-broker Kafka cluster
@@ -106,7 +106,7 @@ func TestDemoSurvivesKafkaRestart(t *testing.T) {
 			c = next
 			mu.Unlock()
 		},
-	}, 2000)
+	}, 800)
 }
 
 // fault is what a kill test does to a server: the demo's flags that point
@@ -127,11 +127,11 @@ func testDemoSurvivesKill(t *testing.T, f fault, messages int) {
 	code := make(chan int, 1)
 	go func() { code <- Main(demoArgs, &stdout, watch) }()
 
-	// Mid-run: the producer has published a fifth of the payments (it
+	// Mid-run: the producer has published a quarter of the payments (it
 	// records its progress every 100) and the consumers are charging.
-	testenv.Eventually(t, 5*time.Minute, "a fifth of the payments published", func() bool {
+	testenv.Eventually(t, 5*time.Minute, "a quarter of the payments published", func() bool {
 		next, fresh := readProgress(filepath.Join(dir, "producer.next"))
-		return !fresh && next >= messages/5
+		return !fresh && next >= messages/4
 	}, watch.text)
 	published, _ := readProgress(filepath.Join(dir, "producer.next"))
 	killedAt := time.Now()
