@@ -165,6 +165,11 @@ type DelivererOptions struct {
 // window: every redelivery of the message is settled the same way (acked,
 // or dead-lettered with the same reason) without calling the service.
 //
+// A call runs on the context the adapter gives Process, cancelled when the
+// lease is lost: a call cut short after its request was sent (an adapter
+// whose stop outlasted its timeout, a lease lost while the service
+// worked) is an unknown outcome like any other.
+//
 // A Deliverer is safe for concurrent use.
 type Deliverer struct {
 	lc     *idem.LeaseConsumer
@@ -326,7 +331,7 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 	ans, sent, err := d.call(ctx, a)
 	switch {
 	case err != nil && !sent:
-		return idem.Result{}, d.settled(ctx, a, tok, fmt.Errorf("idemhttp: the message was not sent: %w", err))
+		return idem.Result{}, d.settled(a, tok, fmt.Errorf("idemhttp: the message was not sent: %w", err))
 	case err != nil:
 		if d.o.AtLeastOnce {
 			return idem.Result{}, fmt.Errorf("idemhttp: the message was sent and its answer is unknown; sending it again (at least once): %w", err)
@@ -336,7 +341,7 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 		return encodeAnswer(&answer{Unknown: "sent, and no complete answer came back: " + err.Error()}), nil
 	case retryableDeliveryStatus(ans.Status):
 		ra, _ := retryAfter(ans.retryAfter, time.Now())
-		return idem.Result{}, d.settled(ctx, a, tok, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
+		return idem.Result{}, d.settled(a, tok, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
 	}
 	return encodeAnswer(ans), nil
 }
@@ -346,11 +351,15 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 // cause (joined with the store's error when the point could not be
 // recorded: the next attempt will then take the call as unknown, which
 // never sends a message twice).
-func (d *Deliverer) settled(ctx context.Context, a *idem.Attempt, tok string, cause error) error {
+func (d *Deliverer) settled(a *idem.Attempt, tok string, cause error) error {
 	if d.o.AtLeastOnce {
 		return cause
 	}
-	if err := a.SaveStep(context.WithoutCancel(ctx), deliverySettledStep+tok, nil); err != nil {
+	// Recorded even when the caller stopped waiting, while the lease is
+	// held, bounded like a call.
+	sctx, cancel := context.WithTimeout(a.LeaseContext(), d.o.Timeout)
+	defer cancel()
+	if err := a.SaveStep(sctx, deliverySettledStep+tok, nil); err != nil {
 		return errors.Join(cause, err)
 	}
 	return cause

@@ -1,8 +1,9 @@
 // Package interop holds end-to-end tests of the idem binary and real
 // clients: the `idem proxy` process killed mid-request on each store, a
 // store connection cut when the final write is sent, and stripe-go and
-// Python urllib3 retrying through the proxy. Every test counts how many
-// times the upstream ran each key.
+// Python urllib3 retrying through the proxy; `idem consume` SIGKILLed
+// while it delivers messages to a Python service, on each broker. Every
+// test counts how many times the upstream ran each key.
 package interop
 
 import (

@@ -88,16 +88,21 @@ func startPyService(t *testing.T, dir, store, consumer string, delayMS int) *pyS
 	return &pyService{url: "http://127.0.0.1:" + strings.TrimSpace(port)}
 }
 
+// counts returns the service's counts; on a machine so loaded that the
+// service does not answer within 30s, the empty counts (callers poll).
 func (s *pyService) counts(t *testing.T) counts {
 	t.Helper()
-	resp, err := http.Get(s.url + "/counts")
+	var c counts
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Get(s.url + "/counts")
 	if err != nil {
-		t.Fatalf("GET /counts: %v", err)
+		t.Logf("GET /counts: %v", err)
+		return c
 	}
 	defer resp.Body.Close()
-	var c counts
 	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
-		t.Fatalf("GET /counts: %v", err)
+		t.Logf("GET /counts: %v", err)
+		return counts{}
 	}
 	return c
 }
@@ -182,7 +187,7 @@ func TestSidecarKill(t *testing.T) {
 			svc := startPyService(t, dir, mainStore, "main", 3)
 
 			out := runIdem(t, "publish", "--broker", brokerURL, "--to", from, "--count", fmt.Sprint(n),
-				"--duplicates", "0.2", "--nats-duplicates", "100ms")
+				"--duplicates", "0.2", "--nats-duplicates", "100ms", "--concurrency", "16")
 			t.Log(strings.TrimSpace(out))
 
 			common := []string{"--broker", brokerURL, "--lease", "2s", "--ack-wait", bc.ackWait,
@@ -231,7 +236,10 @@ func TestSidecarKill(t *testing.T) {
 			})
 			p.stop(t)
 			reader.stop(t)
-			c = svc.counts(t)
+			testenv.Eventually(t, 2*time.Minute, "the final counts", func() bool {
+				c = svc.counts(t)
+				return len(c.Records) >= n
+			}, nil)
 
 			var once, unknown, unknownExecuted, lost int
 			for i := range n {

@@ -43,7 +43,7 @@ func TestConsumeUsageErrors(t *testing.T) {
 
 func TestPublishPlan(t *testing.T) {
 	t.Parallel()
-	f := &publishFlags{broker: "nats://x", to: "s", count: 50, duplicates: 0.2, prefix: "m-", seed: 7}
+	f := &publishFlags{broker: "nats://x", to: "s", count: 50, duplicates: 0.2, prefix: "m-", seed: 7, concurrency: 1}
 	ids, err := f.plan()
 	if err != nil {
 		t.Fatal(err)
@@ -66,11 +66,12 @@ func TestPublishPlan(t *testing.T) {
 		t.Errorf("payload %s", f.payloadOf("m-000003", 3))
 	}
 	for _, bad := range []*publishFlags{
-		{broker: "nats://x", to: "s"},
-		{broker: "nats://x", to: "s", id: "a", count: 3},
-		{broker: "nats://x", to: "s", id: "a", duplicates: 0.5},
-		{broker: "nats://x", to: "s", count: -1},
-		{to: "s", id: "a"},
+		{broker: "nats://x", to: "s", concurrency: 1},
+		{broker: "nats://x", to: "s", id: "a", count: 3, concurrency: 1},
+		{broker: "nats://x", to: "s", id: "a", duplicates: 0.5, concurrency: 1},
+		{broker: "nats://x", to: "s", count: -1, concurrency: 1},
+		{to: "s", id: "a", concurrency: 1},
+		{broker: "nats://x", to: "s", id: "a"},
 	} {
 		if _, err := bad.plan(); err == nil {
 			t.Errorf("plan(%+v): no error", bad)

@@ -11,12 +11,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 )
 
 // publishFlags are the flags of `idem publish`.
 type publishFlags struct {
 	broker, to, id, payload, prefix string
-	count                           int
+	count, concurrency              int
 	duplicates                      float64
 	seed                            uint64
 	natsDuplicates                  time.Duration
@@ -54,6 +55,7 @@ RabbitMQ queue is declared durable.`,
 	fl.StringVar(&f.prefix, "prefix", "msg-", "ID prefix of the --count messages")
 	fl.Float64Var(&f.duplicates, "duplicates", 0, "extra copies, as a fraction of --count (0.2: 20% more)")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed of the choice of duplicates")
+	fl.IntVar(&f.concurrency, "concurrency", 1, "messages published at a time (above 1, a duplicate may go out beside its first copy)")
 	fl.DurationVar(&f.natsDuplicates, "nats-duplicates", 2*time.Minute, "JetStream's duplicate window of a stream this command creates")
 	return cmd
 }
@@ -69,6 +71,8 @@ func (f *publishFlags) plan() ([]string, error) {
 		return nil, usageError{errors.New("give either --id or --count")}
 	case f.count < 0:
 		return nil, usageError{errors.New("--count must be positive")}
+	case f.concurrency < 1:
+		return nil, usageError{errors.New("--concurrency must be at least 1")}
 	case f.duplicates < 0 || f.duplicates > 100 || math.IsNaN(f.duplicates):
 		return nil, usageError{errors.New("--duplicates must be between 0 and 100")}
 	case f.id != "" && f.duplicates != 0:
@@ -129,15 +133,31 @@ func runPublish(ctx context.Context, stdout io.Writer, f *publishFlags) error {
 	defer b.close()
 	start := time.Now()
 	first := map[string]int{}
+	type job struct {
+		id string
+		n  int
+	}
+	jobs := make([]job, len(ids))
 	for i, id := range ids {
 		n, seen := first[id]
 		if !seen {
 			n = len(first)
 			first[id] = n
 		}
-		if err := b.publish(ctx, f.to, id, f.payloadOf(id, n)); err != nil {
-			return fmt.Errorf("publish %s (%d of %d): %w", id, i+1, len(ids), err)
-		}
+		jobs[i] = job{id, n}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(f.concurrency)
+	for i, j := range jobs {
+		g.Go(func() error {
+			if err := b.publish(gctx, f.to, j.id, f.payloadOf(j.id, j.n)); err != nil {
+				return fmt.Errorf("publish %s (%d of %d): %w", j.id, i+1, len(ids), err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "idem publish: %d messages to %s on %s (%d IDs, %d duplicates) in %v\n",
 		len(ids), f.to, b.where(), len(first), len(ids)-len(first), time.Since(start).Round(time.Millisecond))

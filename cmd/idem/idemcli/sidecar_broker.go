@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -119,6 +120,7 @@ func defaultDeadLetter(brokerURL, src string) string {
 // NATS JetStream.
 
 type natsSidecar struct {
+	ready      sync.Map // subjects publish has ensured a stream for
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	prod       *idemnats.Producer
@@ -172,8 +174,11 @@ func (b *natsSidecar) consume(ctx context.Context, src string, p idem.Processor,
 }
 
 func (b *natsSidecar) publish(ctx context.Context, dst, id string, payload []byte) error {
-	if _, err := b.ensureStream(ctx, dst); err != nil {
-		return err
+	if _, ok := b.ready.Load(dst); !ok {
+		if _, err := b.ensureStream(ctx, dst); err != nil {
+			return err
+		}
+		b.ready.Store(dst, true)
 	}
 	_, err := b.prod.Publish(ctx, dst, payload, idemnats.WithMessageID(id))
 	return err
@@ -234,9 +239,10 @@ func (b *kafkaSidecar) close()        { b.cl.Close() }
 // RabbitMQ.
 
 type amqpSidecar struct {
-	url  string
-	conn *amqp.Connection
-	prod *idemamqp.Producer
+	ready sync.Map // queues publish has declared
+	url   string
+	conn  *amqp.Connection
+	prod  *idemamqp.Producer
 }
 
 // declare declares the durable queues.
@@ -268,8 +274,11 @@ func (b *amqpSidecar) consume(_ context.Context, src string, p idem.Processor, o
 }
 
 func (b *amqpSidecar) publish(ctx context.Context, dst, id string, payload []byte) error {
-	if err := b.declare(dst); err != nil {
-		return err
+	if _, ok := b.ready.Load(dst); !ok {
+		if err := b.declare(dst); err != nil {
+			return err
+		}
+		b.ready.Store(dst, true)
 	}
 	_, err := b.prod.Publish(ctx, dst, payload, idemamqp.WithMessageID(id))
 	return err
