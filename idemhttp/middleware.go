@@ -149,6 +149,7 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		Logger:          o.Logger,
 		Hooks:           core,
 		Lease:           o.Lease,
+		StoreTimeout:    o.StoreTimeout,
 		// A key is retried for as long as its clients retry: a released
 		// response never poisons it.
 		MaxAttempts: math.MaxInt32,
