@@ -137,6 +137,7 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		Logger:          o.Logger,
 		Hooks:           core,
 		Lease:           o.Lease,
+		StoreTimeout:    o.StoreTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
