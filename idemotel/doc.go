@@ -116,6 +116,27 @@
 // message ID has no messaging.message.id. A purge is a span
 // "purge " and the consumer name, of kind internal.
 //
+// # Trace context across brokers
+//
+// Producers write the W3C trace context (traceparent, tracestate, and
+// baggage) of the span that publishes into the message's headers when
+// given [InjectTraceContext] (idemnats.WithHeaderInjector, InjectHeaders in
+// the ProducerConfig of idemkafka, idemamqp and idemredisstream; the
+// idemhttp proxy's ProxyOptions.InjectHeaders for the requests it
+// forwards). Each consumer adapter puts an idem.Delivery in the context of
+// the delivery (its messaging.system, the destination, its consumer group
+// and the message's headers) and the Observer extracts the creation
+// context from the headers with the propagator of [WithPropagator]: the
+// process span is its child, and links to it, so one trace runs from the
+// publish to the handler's effects. Under an ambient span (the caller's
+// own) the process span stays the ambient span's child and only links to
+// the creation context, as the messaging conventions advise; a batch span
+// links to every message's creation context. The idemhttp middleware
+// gives the request's headers the same way, so an untraced server still
+// continues the caller's traceparent. Neither idem nor the adapters
+// depend on OpenTelemetry: the seam is idem.Delivery and
+// idem.HeaderInjector.
+//
 // # HTTP requests
 //
 // Package idemhttp's middleware reports through the same hooks (give the

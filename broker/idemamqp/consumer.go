@@ -480,7 +480,7 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	default:
 	}
 	id := c.messageID(&d)
-	st := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body}).Settle(c.cfg.RetryDelay)
+	st := idem.Guard(c.withDelivery(ctx, &d), c.cfg.Processor, idem.Message{ID: id, Payload: d.Body}).Settle(c.cfg.RetryDelay)
 	switch st.Action {
 	case idem.Ack:
 		if err := d.Ack(false); err != nil {

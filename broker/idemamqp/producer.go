@@ -27,6 +27,11 @@ type ProducerConfig struct {
 	// consumers configured with the same Config.IDHeader. The message_id
 	// property is always set.
 	IDHeader string
+	// InjectHeaders, when set, is called on every Publish to add headers
+	// from the publishing context (idemotel.InjectTraceContext writes the
+	// W3C trace context, so the consumer's process span continues the
+	// producer's trace). It cannot replace the IDHeader.
+	InjectHeaders idem.HeaderInjector
 }
 
 // Producer publishes messages with a stable message ID, persistent and
@@ -125,6 +130,7 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 		MessageId:    id,
 		Body:         payload,
 	}
+	p.injectHeaders(ctx, &msg)
 	return id, p.publish(ctx, routingKey, msg)
 }
 

@@ -412,11 +412,11 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 	}
 	if c.cfg.Processor != nil {
 		for j, m := range msgs {
-			outs[idx[j]] = idem.Guard(ctx, c.cfg.Processor, m)
+			outs[idx[j]] = idem.Guard(c.withDelivery(ctx, recs, idx[j:j+1]), c.cfg.Processor, m)
 		}
 		return outs
 	}
-	bouts := idem.GuardBatch(ctx, c.cfg.BatchProcessor, msgs)
+	bouts := idem.GuardBatch(c.withDelivery(ctx, recs, idx), c.cfg.BatchProcessor, msgs)
 	if len(msgs) > 1 {
 		c.isolate(ctx, msgs, bouts)
 	}

@@ -441,7 +441,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	if c.progress > 0 {
 		stopProgress = c.keepAlive(pctx, m)
 	}
-	out := idem.Guard(pctx, c.cfg.Processor, msg)
+	out := idem.Guard(c.withDelivery(pctx, m), c.cfg.Processor, msg)
 	if stopProgress != nil {
 		stopProgress()
 	}

@@ -547,7 +547,7 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		err := fmt.Errorf("%w: idemredisstream: the entry has no %q field", idem.ErrInvalidPayload, c.cfg.PayloadField)
 		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
 	} else {
-		out = idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField))})
+		out = idem.Guard(c.withDelivery(ctx, m), c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField))})
 	}
 	// No more keep-alive: a retry delay set below must not be undone.
 	c.track(m.ID, false)
