@@ -108,9 +108,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	})
 }
 
-// WithMessagingSystem sets the messaging.system attribute of every metric
-// and span (a semantic-convention value such as "kafka", "nats",
-// "rabbitmq"). idem does not know the broker, so it is left out by default.
+// WithMessagingSystem sets the messaging.system attribute of the metrics
+// and spans of deliveries that carry no idem.Delivery (a direct Process
+// call, or an adapter of your own); a broker adapter's delivery names its
+// own system, which wins. Left out by default.
 func WithMessagingSystem(system string) Option {
 	return optionFunc(func(o *options) error {
 		o.system = system

@@ -67,6 +67,7 @@ func setup(t *testing.T) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { checkConventions(t, b) })
 	return b
 }
 
