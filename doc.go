@@ -95,4 +95,10 @@
 // See [Hook] for the rules. The idemotel module turns the events into
 // OpenTelemetry metrics and spans, and [LogHook] into log/slog records:
 // nothing is logged per message above debug level.
+//
+// A broker adapter puts a [Delivery] in the context of each delivery
+// ([WithDelivery]: the broker, the destination, its consumer group and the
+// message's headers), and its producer takes a [HeaderInjector]: that is
+// how a tracing hook continues the producer's trace across the broker
+// without idem or the adapters depending on a tracing library.
 package idem

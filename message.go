@@ -25,7 +25,7 @@ type Message struct {
 	// nil when there are none. They are neither fingerprinted nor stored:
 	// they are there for a Processor that passes them on, such as
 	// `idem consume`, which forwards them as HTTP headers.
-	Headers map[string][]string
+	Headers Headers
 }
 
 // ValidateMessageID checks id against idem's message ID rules with the given

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"errors"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -204,4 +205,16 @@ func Example_table() {
 	// |---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|
 	// | nats | sqlite | naive | 2000 | 1.00 | 2.00 | 10.00 | 1.00 | 1.00 | 30 / 0 | 0 / 0 | 4 / 0 |
 	// | nats | sqlite | idem | 1500 | 0.75 | 3.00 | 12.00 | 1.50 | 1.20 | 0 / 0 | 0 / 0 | 0 / 0 |
+}
+
+// TestHelp: --help prints the flags and is not an error (exit status 0).
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	var errOut strings.Builder
+	if err := cli(t.Context(), []string{"--help"}, io.Discard, &errOut); err != nil {
+		t.Fatalf("--help: %v", err)
+	}
+	if !strings.Contains(errOut.String(), "-quick") {
+		t.Errorf("--help printed %q", errOut.String())
+	}
 }

@@ -94,6 +94,9 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var only string
 	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, idem, idem-batchN, watermill-dedup)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // -h, --help: the usage was printed; exit 0
+		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if fs.NArg() > 0 {

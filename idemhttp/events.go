@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"runtime/debug"
 	"time"
 
@@ -55,6 +56,13 @@ type ResponseEvent struct {
 	Attempt int
 	// Latency is the time from the start of the idempotency path to the end.
 	Latency time.Duration
+	// Method is the request's method (http.Request.Method).
+	Method string
+	// Route is the path pattern of the http.ServeMux route the request
+	// matched (http.Request.Pattern without its method and host, e.g.
+	// "/orders/{id}"); empty when no ServeMux routed the request before the
+	// middleware (a middleware around the mux, or the proxy).
+	Route string
 }
 
 // respTrack builds the ResponseEvent of one request. Its methods do
@@ -68,11 +76,12 @@ type respTrack struct {
 }
 
 // track starts the event of a request on the idempotency path.
-func (m *Middleware) track(ctx context.Context, id string) *respTrack {
+func (m *Middleware) track(r *http.Request, id string) *respTrack {
 	if len(m.resp) == 0 {
 		return nil
 	}
-	return &respTrack{m: m, ctx: ctx, start: time.Now(), ResponseEvent: ResponseEvent{Consumer: m.consumer, RecordID: id}}
+	return &respTrack{m: m, ctx: r.Context(), start: time.Now(),
+		ResponseEvent: ResponseEvent{Consumer: m.consumer, RecordID: id, Method: r.Method, Route: route(r.Pattern)}}
 }
 
 func (t *respTrack) outcome(out idem.Outcome) {

@@ -255,7 +255,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if keyErr == nil && scopeErr == nil && scope != "" {
 		id = m.RecordID(scope, key)
 	}
-	ev := m.track(r.Context(), id)
+	ev := m.track(r, id)
 	if ev != nil {
 		defer ev.emit()
 	}
@@ -309,7 +309,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.TransferEncoding = nil
 
 	opt := idem.AcquireOptions{Wait: m.o.Wait, OnWait: func() { m.stats.waited.Add(1) }}
-	a, out, err := m.lc.Acquire(r.Context(), idem.Message{ID: id, Payload: fp}, opt)
+	a, out, err := m.lc.Acquire(withRequestDelivery(r), idem.Message{ID: id, Payload: fp}, opt)
 	if a == nil {
 		ev.outcome(out)
 		m.answerExisting(w, r, next, ev, out, err)

@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// ProblemTypeBase prefixes every problem type URI of this package.
-const ProblemTypeBase = "https://idem-go.github.io/idem/problems/"
+// ProblemTypeBase prefixes every problem type URI of this package: the
+// section of the repository's docs/problems.md (shipped with the
+// module's source) that documents the type, one section per type named
+// after it ("...problems.md#request-in-progress").
+const ProblemTypeBase = "https://github.com/idem-go/idem/blob/main/docs/problems.md#"
 
 // Problem type URIs, one per condition (RFC 9457 "type"). Clients branch on
 // them (or on their suffix), never on the title or detail.

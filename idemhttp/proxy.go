@@ -170,6 +170,12 @@ type ProxyOptions struct {
 	// Health checks that the store is reachable (a ping), bounded by
 	// DefaultHealthTimeout. Nil: the health endpoint always reports ok.
 	Health func(ctx context.Context) error
+	// InjectHeaders, when set, writes headers onto each request forwarded
+	// upstream from its context, after the incoming headers were copied:
+	// idemotel.InjectTraceContext writes the traceparent of the
+	// idempotency span, so the upstream's spans continue the trace. Without
+	// it the incoming traceparent is forwarded unchanged.
+	InjectHeaders idem.HeaderInjector
 }
 
 // Proxy is a reverse proxy that puts the idempotency middleware in front of
@@ -327,6 +333,9 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 			pr.SetXForwarded()
 			if p.stripKey {
 				pr.Out.Header.Del(HeaderIdempotencyKey)
+			}
+			if inject := o.InjectHeaders; inject != nil {
+				inject(pr.Out.Context(), pr.Out.Header.Set)
 			}
 		},
 		Transport:      noInternalRetry{p.transport},

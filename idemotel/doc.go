@@ -5,27 +5,36 @@
 //
 // Give the [Observer] to a consumer as one of its hooks:
 //
-//	obs, err := idemotel.NewObserver(idemotel.WithMessagingSystem("kafka"))
+//	obs, err := idemotel.NewObserver()
 //	...
 //	c, err := idem.NewConsumer(store, idem.Config{Name: "payments", Hooks: []idem.Hook{obs}})
 //
 // The meter and tracer providers default to the global ones
 // (otel.GetMeterProvider, otel.GetTracerProvider); see [WithMeterProvider]
 // and [WithTracerProvider]. One Observer may serve any number of consumers:
-// every measurement carries the consumer name.
+// every measurement carries the consumer name (idem.consumer).
 //
 // # Metrics
 //
-// Names follow the OpenTelemetry semantic conventions for messaging where
-// one applies (messaging.process.duration, and the messaging.* attributes);
-// the rest are in the idem namespace. Every metric has the attribute
-// messaging.consumer.group.name, the idem consumer name (the identity
-// deduplication is keyed by, which plays the part of a consumer group), and
-// messaging.system when [WithMessagingSystem] set it (except on an idemhttp
-// middleware's metrics: see "HTTP requests"). Message IDs are never
-// a metric attribute (unbounded cardinality); they are on spans only.
+// Names follow the OpenTelemetry semantic conventions (see "Semantic
+// conventions" for the version and the table of every name) where one
+// applies: messaging.process.duration and the messaging.* attributes, the
+// HTTP attributes on the idem.http.* metrics, error.type; the rest are in
+// the idem namespace. Every metric has idem.consumer, the idem consumer
+// name (idem.Config.Name: the identity deduplication is keyed by). A
+// delivery from a broker adapter (which sets idem.Delivery) adds the
+// delivery attributes: messaging.system (the adapter's: nats, kafka,
+// rabbitmq, redis; else the one of [WithMessagingSystem] for a direct
+// Process call), messaging.consumer.group.name only where the broker has
+// a consumer group (a Kafka group, a Redis Streams group, a JetStream
+// consumer; never RabbitMQ), and messaging.destination.name (the topic,
+// queue or stream), or messaging.destination.template where the name may
+// vary per message (a NATS subject: the consumer's filter subject or
+// stream). None of them is on an idemhttp middleware's metrics (see "HTTP
+// requests"). Message IDs are never a metric attribute (unbounded
+// cardinality); they are on spans only.
 //
-//	name                        instrument          unit        attributes (besides the two above)     meaning
+//	name                        instrument          unit        attributes (besides the above)         meaning
 //	idem.messages               Int64Counter        {message}   idem.mode, idem.status,                deliveries settled, one per message (each
 //	                                                            idem.duplicate.reason                  message of a batch counts); for idemhttp, one
 //	                                                                                                   per request that reached the store
@@ -36,9 +45,10 @@
 //	messaging.process.duration  Float64Histogram    s           messaging.operation.name ("process"),  one Process, ProcessTx or ProcessBatch call,
 //	                                                            idem.mode, idem.status (single         from start to outcome
 //	                                                            deliveries), error.type (on error)     (not idemhttp's requests: see the next one)
-//	idem.http.request.duration  Float64Histogram    s           idem.status,                           one request on an idemhttp middleware's
-//	                                                            http.response.status_code,             idempotency path (rejected ones included),
-//	                                                            error.type (on error)                  from the key's parsing to the answer
+//	idem.http.request.duration  Float64Histogram    s           http.request.method, http.route,       one request on an idemhttp middleware's
+//	                                                            idem.status,                           idempotency path (rejected ones included),
+//	                                                            http.response.status_code,             from the key's parsing to the answer
+//	                                                            error.type (on error)
 //	idem.http.responses         Int64Counter        {response}  http.response.status_code,             answers on an idemhttp middleware's
 //	                                                            idem.status, idem.http.replayed        idempotency path, one per request
 //	idem.claim.duration         Float64Histogram    s           idem.mode                              the claim's store round trip (Begin+ClaimTx,
@@ -109,20 +119,101 @@
 // # Spans
 //
 // Each Process or ProcessTx call is a span named "process " and the
-// consumer name (the semantic conventions name a process span after its
-// destination, which idem does not know), of kind consumer, started by the
-// idem.HookProcessStart hook so the handler's own spans are its children.
-// It has messaging.operation.name "process", messaging.operation.type
-// "process", messaging.consumer.group.name, messaging.message.id,
-// messaging.system when set, idem.mode, and at the end idem.status,
-// idem.duplicate.reason, idem.attempt and error.type. A ProcessBatch call is
-// one span with messaging.batch.message_count instead of a message ID. The
-// claim, lease renewals, takeovers, lost leases and store errors are span
-// events. Failed, rejected and mismatched deliveries set the span status to
-// Error (a batch span too, when one of its messages is such a delivery);
-// duplicates and in-progress deliveries do not. A delivery without a
-// message ID has no messaging.message.id. A purge is a span
-// "purge " and the consumer name, of kind internal.
+// destination (the subject, topic, queue or stream of the idem.Delivery a
+// broker adapter set; "process" alone for a direct call, as the semantic
+// conventions name a span whose destination is unknown), of kind consumer,
+// started by the idem.HookProcessStart hook so the handler's own spans are
+// its children. It has messaging.operation.name "process",
+// messaging.operation.type "process", messaging.message.id, the delivery
+// attributes (above; messaging.destination.name and, for NATS, also
+// messaging.destination.template), idem.consumer, idem.mode, and at the end
+// idem.status, idem.duplicate.reason, idem.attempt and error.type. A
+// ProcessBatch call is one span with messaging.batch.message_count instead
+// of a message ID. The claim, lease renewals, takeovers, lost leases and
+// store errors are span events. Failed, rejected and mismatched deliveries
+// set the span status to Error (a batch span too, when one of its messages
+// is such a delivery); duplicates and in-progress deliveries do not. A
+// delivery without a message ID has no messaging.message.id. A purge is a
+// span "purge " and the consumer name, of kind internal.
+//
+// # Semantic conventions
+//
+// Every name idem emits, and where it comes from: OpenTelemetry semantic
+// conventions v1.43.0 (go.opentelemetry.io/otel/semconv/v1.43.0; the
+// meter's and tracer's schema URL is https://opentelemetry.io/schemas/1.43.0)
+// for messaging, HTTP and errors; "idem" where no convention has a name for
+// the thing (idem's own concepts: claims, leases, purges, duplicate
+// reasons). The database conventions name database commands
+// (db.operation.name, db.client.operation.duration): idem's store calls
+// (claim, renew, purge) are calls of its store interface, not commands of
+// one database, and the store behind it is not known to the Observer, so
+// they stay idem.store.operation and idem.claim.duration. A test reads
+// this table and checks every metric and span attribute the Observer
+// emits against it.
+//
+//	name                            kind       convention
+//	messaging.process.duration      metric     messaging v1.43.0
+//	idem.messages                   metric     idem
+//	idem.claims                     metric     idem
+//	idem.claims.active              metric     idem
+//	idem.claims.released            metric     idem
+//	idem.claim.duration             metric     idem
+//	idem.http.request.duration      metric     idem
+//	idem.http.responses             metric     idem
+//	idem.lease.renewals             metric     idem
+//	idem.lease.takeovers            metric     idem
+//	idem.lease.lost                 metric     idem
+//	idem.purge.runs                 metric     idem
+//	idem.purge.rows                 metric     idem
+//	idem.purge.duration             metric     idem
+//	idem.purge.lag                  metric     idem
+//	idem.store.errors               metric     idem
+//	messaging.system                attribute  messaging v1.43.0
+//	messaging.operation.name        attribute  messaging v1.43.0
+//	messaging.operation.type        attribute  messaging v1.43.0
+//	messaging.destination.name      attribute  messaging v1.43.0
+//	messaging.destination.template  attribute  messaging v1.43.0
+//	messaging.consumer.group.name   attribute  messaging v1.43.0
+//	messaging.message.id            attribute  messaging v1.43.0
+//	messaging.batch.message_count   attribute  messaging v1.43.0
+//	http.request.method             attribute  http v1.43.0
+//	http.route                      attribute  http v1.43.0
+//	http.response.status_code       attribute  http v1.43.0
+//	error.type                      attribute  error v1.43.0
+//	exception.message               attribute  exception v1.43.0
+//	idem.consumer                   attribute  idem
+//	idem.mode                       attribute  idem
+//	idem.status                     attribute  idem
+//	idem.duplicate.reason           attribute  idem
+//	idem.attempt                    attribute  idem
+//	idem.record.id                  attribute  idem
+//	idem.token                      attribute  idem
+//	idem.store.operation            attribute  idem
+//	idem.purge.result               attribute  idem
+//	idem.purge.rows                 attribute  idem
+//	idem.purge.batches              attribute  idem
+//	idem.http.replayed              attribute  idem
+//
+// # Trace context across brokers
+//
+// Producers write the W3C trace context (traceparent, tracestate, and
+// baggage) of the span that publishes into the message's headers when
+// given [InjectTraceContext] (idemnats.WithHeaderInjector, InjectHeaders in
+// the ProducerConfig of idemkafka, idemamqp and idemredisstream; the
+// idemhttp proxy's ProxyOptions.InjectHeaders for the requests it
+// forwards). Each consumer adapter puts an idem.Delivery in the context of
+// the delivery (its messaging.system, the destination, its consumer group
+// and the message's headers) and the Observer extracts the creation
+// context from the headers with the propagator of [WithPropagator]: the
+// process span is its child, and links to it, so one trace runs from the
+// publish to the handler's effects. Under an ambient span (the caller's
+// own) the process span stays the ambient span's child and only links to
+// the creation context, as the messaging conventions advise; a batch span
+// links to every message's creation context. The idemhttp middleware
+// gives the request's headers the same way, so an untraced server still
+// continues the caller's traceparent. Neither idem nor the adapters
+// depend on OpenTelemetry: the seam is idem.Delivery and
+// idem.HeaderInjector.
 //
 // # HTTP requests
 //

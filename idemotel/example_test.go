@@ -44,7 +44,7 @@ func Example() {
 		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
 			status, _ := p.Attributes.Value(idemotel.StatusKey)
 			reason, _ := p.Attributes.Value(idemotel.DuplicateReasonKey)
-			group, _ := p.Attributes.Value(attribute.Key("messaging.consumer.group.name"))
+			group, _ := p.Attributes.Value(attribute.Key("idem.consumer"))
 			fmt.Printf("%s %s status=%s reason=%q: %d\n", m.Name, group.Emit(), status.Emit(), reason.Emit(), p.Value)
 		}
 	}

@@ -64,7 +64,7 @@ func httpRequest(b *testBundle, id string, core *coreRequest, resp idemhttp.Resp
 }
 
 func apiAttrs(kv ...string) map[string]string {
-	m := map[string]string{"messaging.consumer.group.name": apiConsumer, "messaging.system": ""}
+	m := map[string]string{"idem.consumer": apiConsumer, "messaging.system": ""}
 	for i := 0; i < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
@@ -145,18 +145,18 @@ func TestHTTPRequests(t *testing.T) {
 	expect(t, "HTTP duration of an invalid key", dur("idem.status", "rejected", "http.response.status_code", "400", "error.type", "400"), 1)
 	expect(t, "HTTP duration without a response", dur("idem.status", "failed", "http.response.status_code", "", "error.type", "handler"), 1)
 	expect(t, "HTTP duration of a store failure", dur("idem.status", "failed", "http.response.status_code", "503", "error.type", "store"), 1)
-	expect(t, "HTTP requests as message processing", histCount(t, ms, "messaging.process.duration", map[string]string{"messaging.consumer.group.name": apiConsumer}), 0)
+	expect(t, "HTTP requests as message processing", histCount(t, ms, "messaging.process.duration", map[string]string{"idem.consumer": apiConsumer}), 0)
 	expect(t, "the message consumer keeps messaging.system", sum(t, ms, "idem.messages",
-		map[string]string{"messaging.consumer.group.name": "payments", "messaging.system": "kafka", "idem.status": "processed"}), 1)
+		map[string]string{"idem.consumer": "payments", "messaging.system": "kafka", "idem.status": "processed"}), 1)
 	expect(t, "the message consumer's duration", histCount(t, ms, "messaging.process.duration",
-		map[string]string{"messaging.consumer.group.name": "payments", "messaging.system": "kafka"}), 1)
+		map[string]string{"idem.consumer": "payments", "messaging.system": "kafka"}), 1)
 
 	spans := b.spans.GetSpans()
 	serverCodes := map[trace.SpanID]string{}
 	var httpSpans int
 	for _, s := range spans {
 		switch {
-		case s.Name == "process payments":
+		case s.Name == "process":
 			continue
 		case s.SpanKind == trace.SpanKindServer:
 			serverCodes[s.SpanContext.SpanID()] = spanAttr(s, "http.response.status_code")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -24,6 +26,11 @@ const ScopeName = "github.com/idem-go/idem/idemotel"
 
 // Attribute keys of the idem namespace; see the package doc for their values.
 const (
+	// ConsumerKey is the idem consumer name: the identity deduplication is
+	// keyed by (idem.Config.Name), on every metric and span. It is not a
+	// broker's consumer group (messaging.consumer.group.name), which the
+	// adapters report separately when the broker has one.
+	ConsumerKey = attribute.Key("idem.consumer")
 	// ModeKey is the claim mode: "transactional" or "lease" (idem.Mode.String).
 	ModeKey = attribute.Key("idem.mode")
 	// StatusKey is a delivery's outcome: processed, duplicate, in_progress,
@@ -71,6 +78,7 @@ type options struct {
 	mp     metric.MeterProvider
 	tp     trace.TracerProvider
 	system string
+	prop   propagation.TextMapPropagator
 }
 
 // WithMeterProvider sets the meter provider. Defaults to
@@ -100,9 +108,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	})
 }
 
-// WithMessagingSystem sets the messaging.system attribute of every metric
-// and span (a semantic-convention value such as "kafka", "nats",
-// "rabbitmq"). idem does not know the broker, so it is left out by default.
+// WithMessagingSystem sets the messaging.system attribute of the metrics
+// and spans of deliveries that carry no idem.Delivery (a direct Process
+// call, or an adapter of your own); a broker adapter's delivery names its
+// own system, which wins. Left out by default.
 func WithMessagingSystem(system string) Option {
 	return optionFunc(func(o *options) error {
 		o.system = system
@@ -117,6 +126,7 @@ func WithMessagingSystem(system string) Option {
 type Observer struct {
 	tracer trace.Tracer
 	system attribute.KeyValue // empty Key when unset
+	prop   propagation.TextMapPropagator
 
 	messages       metric.Int64Counter
 	claims         metric.Int64Counter
@@ -169,7 +179,7 @@ func NewObserver(opts ...Option) (*Observer, error) {
 		o.tp = otel.GetTracerProvider()
 	}
 	m := o.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
-	obs := &Observer{tracer: o.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL))}
+	obs := &Observer{tracer: o.tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)), prop: o.prop}
 	if o.system != "" {
 		obs.system = semconv.MessagingSystemKey.String(o.system)
 	}
@@ -216,15 +226,49 @@ func NewObserver(opts ...Option) (*Observer, error) {
 }
 
 // attrs returns the attribute set of a measurement: the consumer, the
-// messaging system if set (and the consumer is not an HTTP middleware's),
-// and kv.
-func (o *Observer) attrs(consumer string, kv ...attribute.KeyValue) metric.MeasurementOption {
-	all := make([]attribute.KeyValue, 0, len(kv)+2)
-	all = append(all, semconv.MessagingConsumerGroupName(consumer))
-	if o.system.Key != "" && !isHTTP(consumer) {
-		all = append(all, o.system)
-	}
+// delivery's messaging attributes (see messaging), and kv.
+func (o *Observer) attrs(ctx context.Context, consumer string, kv ...attribute.KeyValue) metric.MeasurementOption {
+	all := make([]attribute.KeyValue, 0, len(kv)+4)
+	all = append(all, ConsumerKey.String(consumer))
+	all = o.messaging(ctx, consumer, all, false)
 	return metric.WithAttributes(append(all, kv...)...)
+}
+
+// messaging appends the messaging attributes of the delivery in ctx to kv:
+// messaging.system (the adapter's, else WithMessagingSystem's, never for
+// an idemhttp consumer), messaging.consumer.group.name when the broker has
+// a consumer group, and the destination: on spans messaging.destination.name
+// and messaging.destination.template (when the adapter gives one); on
+// metrics the template when there is one, else the name (the conventions
+// keep a possibly high-cardinality name off metrics).
+func (o *Observer) messaging(ctx context.Context, consumer string, kv []attribute.KeyValue, span bool) []attribute.KeyValue {
+	if isHTTP(consumer) {
+		return kv
+	}
+	d, _ := idem.DeliveryFromContext(ctx)
+	switch {
+	case d.System != "":
+		kv = append(kv, semconv.MessagingSystemKey.String(d.System))
+	case o.system.Key != "":
+		kv = append(kv, o.system)
+	}
+	if d.ConsumerGroup != "" {
+		kv = append(kv, semconv.MessagingConsumerGroupName(d.ConsumerGroup))
+	}
+	switch {
+	case span:
+		if d.Destination != "" {
+			kv = append(kv, semconv.MessagingDestinationName(d.Destination))
+		}
+		if d.DestinationTemplate != "" {
+			kv = append(kv, semconv.MessagingDestinationTemplate(d.DestinationTemplate))
+		}
+	case d.DestinationTemplate != "":
+		kv = append(kv, semconv.MessagingDestinationTemplate(d.DestinationTemplate))
+	case d.Destination != "":
+		kv = append(kv, semconv.MessagingDestinationName(d.Destination))
+	}
+	return kv
 }
 
 // spanState is what OnProcessStart leaves in the context for the later
@@ -237,28 +281,35 @@ type spanState struct {
 type stateKey struct{}
 
 // OnProcessStart starts the process span; implements idem.HookProcessStart.
+// The span continues the trace context of the delivery's headers
+// (idem.Delivery, see WithPropagator): a child of the message's creation
+// context, linked to it, or only linked under an ambient span.
 func (o *Observer) OnProcessStart(ctx context.Context, e idem.ProcessStartEvent) context.Context {
+	d, _ := idem.DeliveryFromContext(ctx)
+	parent, links := o.parent(ctx, d)
 	if isHTTP(e.Consumer) {
-		kv := []attribute.KeyValue{semconv.MessagingConsumerGroupName(e.Consumer), ModeKey.String(e.Mode.String())}
+		kv := []attribute.KeyValue{ConsumerKey.String(e.Consumer), ModeKey.String(e.Mode.String())}
 		if e.MessageID != "" {
 			kv = append(kv, RecordIDKey.String(e.MessageID))
 		}
-		ctx, span := o.tracer.Start(ctx, "idempotency "+e.Consumer, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...))
+		ctx, span := o.tracer.Start(parent, "idempotency "+e.Consumer, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(kv...))
 		return context.WithValue(ctx, stateKey{}, &spanState{span: span})
 	}
 	kv := []attribute.KeyValue{
 		semconv.MessagingOperationName("process"), semconv.MessagingOperationTypeProcess,
-		semconv.MessagingConsumerGroupName(e.Consumer), ModeKey.String(e.Mode.String()),
+		ConsumerKey.String(e.Consumer), ModeKey.String(e.Mode.String()),
 	}
-	if o.system.Key != "" {
-		kv = append(kv, o.system)
-	}
+	kv = o.messaging(ctx, e.Consumer, kv, true)
 	if e.BatchSize > 0 {
 		kv = append(kv, semconv.MessagingBatchMessageCount(e.BatchSize))
 	} else if e.MessageID != "" {
 		kv = append(kv, semconv.MessagingMessageID(e.MessageID))
 	}
-	ctx, span := o.tracer.Start(ctx, "process "+e.Consumer, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(kv...))
+	name := "process"
+	if d.Destination != "" {
+		name += " " + d.Destination
+	}
+	ctx, span := o.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(kv...), trace.WithLinks(links...))
 	return context.WithValue(ctx, stateKey{}, &spanState{span: span})
 }
 
@@ -279,7 +330,7 @@ func (o *Observer) OnProcessEnd(ctx context.Context, e idem.ProcessEndEvent) {
 		if e.Err != nil {
 			kv = append(kv, semconv.ErrorTypeKey.String(errType))
 		}
-		o.processDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+		o.processDur.Record(ctx, e.Latency.Seconds(), o.attrs(ctx, e.Consumer, kv...))
 	}
 	if st != nil {
 		if e.Err != nil {
@@ -291,7 +342,7 @@ func (o *Observer) OnProcessEnd(ctx context.Context, e idem.ProcessEndEvent) {
 
 // OnClaim counts a claim; implements idem.HookClaim.
 func (o *Observer) OnClaim(ctx context.Context, e idem.ClaimEvent) {
-	mode := o.attrs(e.Consumer, ModeKey.String(e.Mode.String()))
+	mode := o.attrs(ctx, e.Consumer, ModeKey.String(e.Mode.String()))
 	o.claims.Add(ctx, 1, mode)
 	o.claimsActive.Add(ctx, 1, mode)
 	o.claimDur.Record(ctx, e.Latency.Seconds(), mode)
@@ -315,12 +366,12 @@ func (o *Observer) OnOutcome(ctx context.Context, e idem.OutcomeEvent) {
 	if e.Reason != idem.NotDuplicate {
 		kv = append(kv, DuplicateReasonKey.String(e.Reason.String()))
 	}
-	o.messages.Add(ctx, 1, o.attrs(e.Consumer, kv...))
+	o.messages.Add(ctx, 1, o.attrs(ctx, e.Consumer, kv...))
 	if e.Claimed {
-		o.claimsActive.Add(ctx, -1, o.attrs(e.Consumer, mode))
+		o.claimsActive.Add(ctx, -1, o.attrs(ctx, e.Consumer, mode))
 	}
 	if e.Released {
-		o.claimsReleased.Add(ctx, 1, o.attrs(e.Consumer, mode))
+		o.claimsReleased.Add(ctx, 1, o.attrs(ctx, e.Consumer, mode))
 	}
 	st, _ := ctx.Value(stateKey{}).(*spanState)
 	if st == nil {
@@ -370,20 +421,37 @@ func (o *Observer) OnResponse(ctx context.Context, e idemhttp.ResponseEvent) {
 	case e.Status >= 400:
 		status = StatusKey.String("rejected")
 	}
-	kv := make([]attribute.KeyValue, 0, 3)
+	kv := make([]attribute.KeyValue, 0, 5)
+	if e.Method != "" {
+		kv = append(kv, httpMethod(e.Method))
+	}
+	if e.Route != "" {
+		kv = append(kv, semconv.HTTPRoute(e.Route))
+	}
 	for _, a := range []attribute.KeyValue{code, status} {
 		if a.Key != "" {
 			kv = append(kv, a)
 		}
 	}
-	o.httpResponses.Add(ctx, 1, o.attrs(e.Consumer, append(kv, ReplayedKey.Bool(e.Replayed))...))
+	o.httpResponses.Add(ctx, 1, o.attrs(ctx, e.Consumer, append(kv, ReplayedKey.Bool(e.Replayed))...))
 	if errType := httpErrorType(e); errType != "" {
 		kv = append(kv, semconv.ErrorTypeKey.String(errType))
 	}
-	o.httpDur.Record(ctx, e.Latency.Seconds(), o.attrs(e.Consumer, kv...))
+	o.httpDur.Record(ctx, e.Latency.Seconds(), o.attrs(ctx, e.Consumer, kv...))
 	if span := trace.SpanFromContext(ctx); e.Status != 0 && span.IsRecording() {
 		span.SetAttributes(code)
 	}
+}
+
+// httpMethod is the http.request.method of method: one of the methods the
+// HTTP conventions know, else "_OTHER" (a bounded set).
+func httpMethod(method string) attribute.KeyValue {
+	switch method {
+	case http.MethodConnect, http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+		http.MethodPatch, http.MethodPost, http.MethodPut, http.MethodTrace, "QUERY":
+		return semconv.HTTPRequestMethodKey.String(method)
+	}
+	return semconv.HTTPRequestMethodOther
 }
 
 // httpErrorType is the error.type of an idemhttp answer: idem's class of
@@ -433,20 +501,20 @@ func (o *Observer) leaseEvent(ctx context.Context, name string, e idem.LeaseEven
 
 // OnLeaseRenewed counts a renewal; implements idem.HookLeaseRenewed.
 func (o *Observer) OnLeaseRenewed(ctx context.Context, e idem.LeaseEvent) {
-	o.renewals.Add(ctx, 1, o.attrs(e.Consumer))
+	o.renewals.Add(ctx, 1, o.attrs(ctx, e.Consumer))
 	o.leaseEvent(ctx, "idem.lease.renewed", e)
 }
 
 // OnLeaseTakenOver counts a takeover; implements idem.HookLeaseTakenOver.
 func (o *Observer) OnLeaseTakenOver(ctx context.Context, e idem.LeaseEvent) {
-	o.takeovers.Add(ctx, 1, o.attrs(e.Consumer))
+	o.takeovers.Add(ctx, 1, o.attrs(ctx, e.Consumer))
 	o.leaseEvent(ctx, "idem.lease.taken_over", e)
 }
 
 // OnLeaseLost counts a write rejected with ErrLeaseLost; implements
 // idem.HookLeaseLost.
 func (o *Observer) OnLeaseLost(ctx context.Context, e idem.LeaseEvent) {
-	o.leaseLost.Add(ctx, 1, o.attrs(e.Consumer, StoreOperationKey.String(e.Op)))
+	o.leaseLost.Add(ctx, 1, o.attrs(ctx, e.Consumer, StoreOperationKey.String(e.Op)))
 	o.leaseEvent(ctx, "idem.lease.lost", e)
 }
 
@@ -459,17 +527,17 @@ func (o *Observer) OnPurge(ctx context.Context, e idem.PurgeEvent) {
 	case e.Err != nil:
 		result = "error"
 	}
-	res := o.attrs(e.Consumer, PurgeResultKey.String(result))
+	res := o.attrs(ctx, e.Consumer, PurgeResultKey.String(result))
 	o.purgeRuns.Add(ctx, 1, res)
 	o.purgeDur.Record(ctx, e.Latency.Seconds(), res)
 	if e.Err == nil {
-		o.purgeRows.Add(ctx, e.Result.Deleted, o.attrs(e.Consumer))
+		o.purgeRows.Add(ctx, e.Result.Deleted, o.attrs(ctx, e.Consumer))
 		if !e.Result.Horizon.IsZero() {
-			o.purgeLag.Record(ctx, e.Lag.Seconds(), o.attrs(e.Consumer))
+			o.purgeLag.Record(ctx, e.Lag.Seconds(), o.attrs(ctx, e.Consumer))
 		}
 	}
 	end := time.Now()
-	kv := []attribute.KeyValue{semconv.MessagingConsumerGroupName(e.Consumer), PurgeResultKey.String(result),
+	kv := []attribute.KeyValue{ConsumerKey.String(e.Consumer), PurgeResultKey.String(result),
 		attribute.Int64("idem.purge.rows", e.Result.Deleted), attribute.Int("idem.purge.batches", e.Result.Batches)}
 	_, span := o.tracer.Start(ctx, "purge "+e.Consumer, trace.WithTimestamp(end.Add(-e.Latency)), trace.WithAttributes(kv...))
 	if result == "error" {
@@ -481,7 +549,7 @@ func (o *Observer) OnPurge(ctx context.Context, e idem.PurgeEvent) {
 
 // OnStoreError counts a failed store call; implements idem.HookStoreError.
 func (o *Observer) OnStoreError(ctx context.Context, e idem.StoreErrorEvent) {
-	o.storeErrors.Add(ctx, 1, o.attrs(e.Consumer, ModeKey.String(e.Mode.String()), StoreOperationKey.String(e.Op)))
+	o.storeErrors.Add(ctx, 1, o.attrs(ctx, e.Consumer, ModeKey.String(e.Mode.String()), StoreOperationKey.String(e.Op)))
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent("idem.store.error", trace.WithAttributes(StoreOperationKey.String(e.Op), attribute.String("exception.message", e.Err.Error())))
 	}

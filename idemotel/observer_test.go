@@ -67,6 +67,7 @@ func setup(t *testing.T) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { checkConventions(t, b) })
 	return b
 }
 
@@ -198,7 +199,7 @@ func TestTransactionalMetricsAndSpans(t *testing.T) {
 		func(context.Context, *idem.MemoryTx, []idem.Message) error { return nil })
 
 	ms := b.collect(t)
-	tx := map[string]string{"messaging.consumer.group.name": "payments", "messaging.system": "kafka", "idem.mode": "transactional"}
+	tx := map[string]string{"idem.consumer": "payments", "messaging.system": "kafka", "idem.mode": "transactional"}
 	with := func(kv ...string) map[string]string {
 		m := map[string]string{}
 		for k, v := range tx {
@@ -236,7 +237,7 @@ func TestTransactionalMetricsAndSpans(t *testing.T) {
 	byID := map[string]tracetest.SpanStub{}
 	var batch *tracetest.SpanStub
 	for i, s := range spans {
-		if s.Name != "process payments" {
+		if s.Name != "process" {
 			continue
 		}
 		if id := spanAttr(s, "messaging.message.id"); id != "" || spanAttr(s, "messaging.batch.message_count") == "" {
@@ -251,7 +252,7 @@ func TestTransactionalMetricsAndSpans(t *testing.T) {
 	}
 	expect(t, "m1 span kind", m1.SpanKind, trace.SpanKindConsumer)
 	for k, v := range map[string]string{"messaging.operation.name": "process", "messaging.operation.type": "process",
-		"messaging.consumer.group.name": "payments", "messaging.system": "kafka", "idem.mode": "transactional"} {
+		"idem.consumer": "payments", "messaging.system": "kafka", "idem.mode": "transactional"} {
 		expect(t, "m1 span "+k, spanAttr(m1, k), v)
 	}
 	expect(t, "handler span parent", handlerSpan.IsValid() && m1.SpanContext.SpanID() == findParent(spans, handlerSpan), true)
@@ -344,7 +345,7 @@ func TestLeaseMetrics(t *testing.T) {
 	}
 
 	ms := b.collect(t)
-	lease := map[string]string{"messaging.consumer.group.name": "mailer", "idem.mode": "lease"}
+	lease := map[string]string{"idem.consumer": "mailer", "idem.mode": "lease"}
 	expect(t, "poison", sum(t, ms, "idem.messages", map[string]string{"idem.status": "poison", "idem.duplicate.reason": ""}), 1)
 	expect(t, "poison duplicates", sum(t, ms, "idem.messages", map[string]string{"idem.status": "poison", "idem.duplicate.reason": "poison"}), 1)
 	expect(t, "processed", sum(t, ms, "idem.messages", map[string]string{"idem.status": "processed"}), 2)
@@ -354,7 +355,7 @@ func TestLeaseMetrics(t *testing.T) {
 	expect(t, "released claims", sum(t, ms, "idem.claims.released", lease), 1)
 	expect(t, "takeovers", sum(t, ms, "idem.lease.takeovers", nil), 2)
 	expect(t, "stale completions", sum(t, ms, "idem.lease.lost", map[string]string{"idem.store.operation": "complete"}), 1)
-	if n := sum(t, ms, "idem.lease.renewals", map[string]string{"messaging.consumer.group.name": "mailer"}); n < 1 {
+	if n := sum(t, ms, "idem.lease.renewals", map[string]string{"idem.consumer": "mailer"}); n < 1 {
 		t.Errorf("renewals %d, want at least 1", n)
 	}
 	expect(t, "stale process calls", histCount(t, ms, "messaging.process.duration", map[string]string{"error.type": "lease_lost"}), 1)
@@ -408,11 +409,11 @@ func TestStoreErrorsAndPurge(t *testing.T) {
 	}
 
 	ms := b.collect(t)
-	expect(t, "store errors at begin", sum(t, ms, "idem.store.errors", map[string]string{"messaging.consumer.group.name": "bad", "idem.store.operation": "begin", "idem.mode": "transactional"}), 1)
-	expect(t, "store errors of good", sum(t, ms, "idem.store.errors", map[string]string{"messaging.consumer.group.name": "good"}), 0)
+	expect(t, "store errors at begin", sum(t, ms, "idem.store.errors", map[string]string{"idem.consumer": "bad", "idem.store.operation": "begin", "idem.mode": "transactional"}), 1)
+	expect(t, "store errors of good", sum(t, ms, "idem.store.errors", map[string]string{"idem.consumer": "good"}), 0)
 	expect(t, "error.type store", histCount(t, ms, "messaging.process.duration", map[string]string{"error.type": "store"}), 1)
-	expect(t, "purge runs", sum(t, ms, "idem.purge.runs", map[string]string{"messaging.consumer.group.name": "good", "idem.purge.result": "ok"}), 1)
-	expect(t, "purge rows", sum(t, ms, "idem.purge.rows", map[string]string{"messaging.consumer.group.name": "good"}), 2)
+	expect(t, "purge runs", sum(t, ms, "idem.purge.runs", map[string]string{"idem.consumer": "good", "idem.purge.result": "ok"}), 1)
+	expect(t, "purge rows", sum(t, ms, "idem.purge.rows", map[string]string{"idem.consumer": "good"}), 2)
 	expect(t, "purge durations", histCount(t, ms, "idem.purge.duration", map[string]string{"idem.purge.result": "ok"}), 1)
 	g, ok := ms["idem.purge.lag"].Data.(metricdata.Gauge[float64])
 	if !ok || len(g.DataPoints) != 1 {

@@ -480,7 +480,8 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	default:
 	}
 	id := c.messageID(&d)
-	st := idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: d.Body, Headers: deliveryHeaders(&d)}).Settle(c.cfg.RetryDelay)
+	h := deliveryHeaders(&d)
+	st := idem.Guard(c.withDelivery(ctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: d.Body, Headers: h}).Settle(c.cfg.RetryDelay)
 	switch st.Action {
 	case idem.Ack:
 		if err := d.Ack(false); err != nil {
@@ -597,8 +598,8 @@ func (s *session) deadLetter(ctx context.Context, d amqp.Delivery, st idem.Settl
 // and its content type, correlation ID and type properties, when set, as
 // Content-Type, Correlation-Id and Type (idem.Message.Headers); nil when
 // there are none.
-func deliveryHeaders(d *amqp.Delivery) map[string][]string {
-	h := make(map[string][]string, len(d.Headers)+3)
+func deliveryHeaders(d *amqp.Delivery) idem.Headers {
+	h := make(idem.Headers, len(d.Headers)+3)
 	for k, v := range d.Headers {
 		h[k] = []string{fmt.Sprint(v)}
 	}

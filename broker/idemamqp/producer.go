@@ -44,6 +44,11 @@ type ProducerConfig struct {
 	// MaxReconnectInterval is the longest wait between two Redial calls.
 	// Defaults to DefaultMaxReconnectInterval (30s).
 	MaxReconnectInterval time.Duration
+	// InjectHeaders, when set, is called on every Publish to add headers
+	// from the publishing context (idemotel.InjectTraceContext writes the
+	// W3C trace context, so the consumer's process span continues the
+	// producer's trace). It cannot replace the IDHeader.
+	InjectHeaders idem.HeaderInjector
 }
 
 // Producer publishes messages with a stable message ID, persistent and
@@ -145,6 +150,7 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 		MessageId:    id,
 		Body:         payload,
 	}
+	p.injectHeaders(ctx, &msg)
 	return id, p.publish(ctx, routingKey, msg)
 }
 

@@ -412,11 +412,11 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 	}
 	if c.cfg.Processor != nil {
 		for j, m := range msgs {
-			outs[idx[j]] = idem.Guard(ctx, c.cfg.Processor, m)
+			outs[idx[j]] = idem.Guard(c.withDelivery(ctx, recs[idx[j]].Topic, msgs[j:j+1]), c.cfg.Processor, m)
 		}
 		return outs
 	}
-	bouts := idem.GuardBatch(ctx, c.cfg.BatchProcessor, msgs)
+	bouts := idem.GuardBatch(c.withDelivery(ctx, recs[idx[0]].Topic, msgs), c.cfg.BatchProcessor, msgs)
 	if len(msgs) > 1 {
 		c.isolate(ctx, msgs, bouts)
 	}
@@ -666,11 +666,11 @@ func (c *Consumer) revoke(ctx context.Context, m map[string][]int32, commit bool
 
 // recordHeaders returns r's headers by key (idem.Message.Headers), values
 // in record order; nil when it has none.
-func recordHeaders(r *kgo.Record) map[string][]string {
+func recordHeaders(r *kgo.Record) idem.Headers {
 	if len(r.Headers) == 0 {
 		return nil
 	}
-	h := make(map[string][]string, len(r.Headers))
+	h := make(idem.Headers, len(r.Headers))
 	for _, rh := range r.Headers {
 		h[rh.Key] = append(h[rh.Key], string(rh.Value))
 	}

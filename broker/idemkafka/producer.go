@@ -20,6 +20,11 @@ type ProducerConfig struct {
 	// MaxIDLength is the longest message ID Publish accepts, in bytes, as
 	// in idem.Config.MaxIDLength. Defaults to idem.DefaultMaxIDLength (255).
 	MaxIDLength int
+	// InjectHeaders, when set, is called on every Publish to add headers
+	// from the publishing context (idemotel.InjectTraceContext writes the
+	// W3C trace context, so the consumer's process span continues the
+	// producer's trace). It cannot replace the message ID header.
+	InjectHeaders idem.HeaderInjector
 }
 
 // Producer publishes records that carry a stable message ID in a header, so
@@ -114,6 +119,7 @@ func (p *Producer) Publish(ctx context.Context, topic string, payload []byte, op
 		}
 	}
 	rec := &kgo.Record{Topic: topic, Key: o.key, Value: payload, Headers: headers}
+	p.injectHeaders(ctx, rec)
 	if err := p.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return "", fmt.Errorf("idemkafka: publish to %q: %w", topic, err)
 	}

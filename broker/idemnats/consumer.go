@@ -520,7 +520,7 @@ func (w *waitingSet) report(done <-chan struct{}, period time.Duration, log *slo
 // handle processes one delivery and settles it.
 func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	ids := m.Headers().Values(c.cfg.IDHeader)
-	msg := idem.Message{Payload: m.Data(), Headers: m.Headers()}
+	msg := idem.Message{Payload: m.Data(), Headers: idem.Headers(m.Headers())}
 	if len(ids) > 0 {
 		msg.ID = ids[0]
 	}
@@ -543,7 +543,7 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 	if c.progress > 0 {
 		stopProgress = c.keepAlive(pctx, m)
 	}
-	out := idem.Guard(pctx, c.cfg.Processor, msg)
+	out := idem.Guard(c.withDelivery(pctx, m), c.cfg.Processor, msg)
 	if stopProgress != nil {
 		stopProgress()
 	}

@@ -17,6 +17,7 @@ import (
 type Producer struct {
 	js       jetstream.JetStream
 	idHeader string
+	inject   idem.HeaderInjector
 }
 
 // ProducerOption configures a Producer.
@@ -96,6 +97,7 @@ func (p *Producer) Publish(ctx context.Context, subject string, payload []byte, 
 	for k, vs := range o.header {
 		msg.Header[k] = append([]string(nil), vs...)
 	}
+	p.injectHeaders(ctx, msg)
 	msg.Header.Set(jetstream.MsgIDHeader, o.id)
 	if p.idHeader != "" && p.idHeader != jetstream.MsgIDHeader {
 		msg.Header.Set(p.idHeader, o.id)

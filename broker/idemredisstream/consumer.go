@@ -540,11 +540,11 @@ func (c *Consumer) field(m redis.XMessage, name string) string {
 
 // headers returns the entry's fields other than the payload field
 // (idem.Message.Headers); nil when there are none.
-func (c *Consumer) headers(m redis.XMessage) map[string][]string {
+func (c *Consumer) headers(m redis.XMessage) idem.Headers {
 	if len(m.Values) <= 1 {
 		return nil
 	}
-	h := make(map[string][]string, len(m.Values)-1)
+	h := make(idem.Headers, len(m.Values)-1)
 	for k := range m.Values {
 		if k != c.cfg.PayloadField {
 			h[k] = []string{c.field(m, k)}
@@ -562,7 +562,8 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		err := fmt.Errorf("%w: idemredisstream: the entry has no %q field", idem.ErrInvalidPayload, c.cfg.PayloadField)
 		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
 	} else {
-		out = idem.Guard(ctx, c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField)), Headers: c.headers(m)})
+		h := c.headers(m)
+		out = idem.Guard(c.withDelivery(ctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField)), Headers: h})
 	}
 	// No more keep-alive: a retry delay set below must not be undone.
 	c.track(m.ID, false)

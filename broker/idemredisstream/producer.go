@@ -20,6 +20,11 @@ type ProducerConfig struct {
 	// each publish (XADD MAXLEN ~). Trimming drops entries whether or not
 	// a group has read them; keep it well above the backlog.
 	MaxLen int64
+	// InjectHeaders, when set, is called on every Publish to add fields
+	// from the publishing context (idemotel.InjectTraceContext writes the
+	// W3C trace context, so the consumer's process span continues the
+	// producer's trace). It cannot replace the ID and payload fields.
+	InjectHeaders idem.HeaderInjector
 }
 
 // Producer appends entries with a stable message ID to streams. It is safe
@@ -87,9 +92,10 @@ func (p *Producer) Publish(ctx context.Context, stream string, payload []byte, o
 	if err := idem.ValidateMessageID(id, 0); err != nil {
 		return "", err
 	}
-	values := make([]any, 0, 4+2*len(o.fields))
+	fields := p.injectFields(ctx, o.fields)
+	values := make([]any, 0, 4+2*len(fields))
 	values = append(values, p.cfg.IDField, id, p.cfg.PayloadField, payload)
-	for k, v := range o.fields {
+	for k, v := range fields {
 		if k != p.cfg.IDField && k != p.cfg.PayloadField {
 			values = append(values, k, v)
 		}

@@ -11,6 +11,7 @@
 package testenv
 
 import (
+	"io"
 	"os"
 	"testing"
 	"time"
@@ -77,5 +78,51 @@ func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 			tb.Fatalf("after %v: %s not reached", timeout, what)
 		}
 		time.Sleep(Poll)
+	}
+}
+
+// ExampleOutput runs an Example function that needs a server (and so has
+// no "// Output:" comment: go test compiles it without running it) and
+// returns what it printed on os.Stdout. The test calling it must not be
+// parallel: os.Stdout is redirected while f runs.
+func ExampleOutput(tb testing.TB, f func()) string {
+	tb.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	out := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		out <- string(b)
+	}()
+	func() {
+		defer func() { os.Stdout = stdout; w.Close() }()
+		f()
+	}()
+	return <-out
+}
+
+// ServerExample is an Example function that needs a server, and what it
+// prints.
+type ServerExample struct {
+	Name string
+	Run  func()
+	Want string
+}
+
+// RunServerExamples runs examples (which have no "// Output:" comment, so
+// go test only compiles them) against the server of env, failing or
+// skipping as URL does when env is unset, and checks what each printed.
+// The calling test must not be parallel: see ExampleOutput.
+func RunServerExamples(t *testing.T, env string, examples ...ServerExample) {
+	t.Helper()
+	URL(t, env, "the server the examples use")
+	for _, ex := range examples {
+		if got := ExampleOutput(t, ex.Run); got != ex.Want {
+			t.Errorf("%s printed:\n%s\nwant:\n%s", ex.Name, got, ex.Want)
+		}
 	}
 }

@@ -105,7 +105,7 @@ func TestServeMetrics(t *testing.T) {
 		}
 	}
 	mfs := scrape(t, m.url())
-	orders := map[string]string{"messaging_consumer_group_name": "orders", "idem_mode": "transactional"}
+	orders := map[string]string{"idem_consumer": "orders", "idem_mode": "transactional"}
 	with := func(k, v string) map[string]string {
 		l := map[string]string{k: v}
 		for a, b := range orders {
@@ -160,9 +160,9 @@ func TestDemoServesMetrics(t *testing.T) {
 	if mfs == nil {
 		t.Fatal("the metrics were not scraped")
 	}
-	demo := map[string]string{"messaging_consumer_group_name": demoConsumer}
+	demo := map[string]string{"idem_consumer": demoConsumer}
 	with := func(k, v string) map[string]string {
-		return map[string]string{"messaging_consumer_group_name": demoConsumer, k: v}
+		return map[string]string{"idem_consumer": demoConsumer, k: v}
 	}
 	expectValue(t, mfs, "idem_messages_total", with("idem_status", "processed"), float64(rep.Messages))
 	expectValue(t, mfs, "idem_messages_total", with("idem_status", "duplicate"), float64(rep.DuplicatesAbsorbed))

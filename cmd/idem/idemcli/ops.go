@@ -152,6 +152,7 @@ func newInspectCmd() *cobra.Command {
 		sf       storeFlags
 		consumer string
 		id       string
+		asJSON   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect",
@@ -182,6 +183,9 @@ func newInspectCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return inspectJSON(cmd.OutOrStdout(), rec, rec.Error)
+			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintf(tw, "consumer\t%s\n", rec.Consumer)
 			fmt.Fprintf(tw, "message id\t%s\n", rec.MessageID)
@@ -202,11 +206,15 @@ func newInspectCmd() *cobra.Command {
 	sf.add(cmd)
 	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
 	cmd.Flags().StringVar(&id, "id", "", "message ID (required)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the record as JSON")
 	return cmd
 }
 
 func newStatsCmd() *cobra.Command {
-	var sf storeFlags
+	var (
+		sf     storeFlags
+		asJSON bool
+	)
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Show record counts per consumer, with the oldest and newest record, and the outbox backlog",
@@ -227,6 +235,9 @@ func newStatsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return statsJSONOut(cmd.OutOrStdout(), stats)
+			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "CONSUMER\tRECORDS\tOLDEST\tNEWEST")
 			for _, s := range stats {
@@ -239,6 +250,7 @@ func newStatsCmd() *cobra.Command {
 		},
 	}
 	sf.add(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON array of {consumer, records, oldest, newest}")
 	return cmd
 }
 

@@ -37,6 +37,7 @@ type proxyFlags struct {
 	writeTimeout, idleTimeout                    time.Duration
 	upstreamTimeout, dialTimeout                 time.Duration
 	shutdownTimeout                              time.Duration
+	log                                          logFlags
 }
 
 func newProxyCmd() *cobra.Command {
@@ -83,6 +84,22 @@ the idempotency path by outcome and response status
 durations, claims, lease renewals and takeovers, store errors, purges, and the
 Go runtime.
 
+Logging: one line per request at info on stderr (--log-format text or json):
+method, path without the query string, status, bytes, duration_ms, and for
+requests with a key the outcome (Processed, Duplicate, ...), replayed, the
+problem type of the proxy's own answers and key_hash, the first 16 hex
+digits of the SHA-256 of the record ID (hashed scope and key), which matches
+the lines of one key's retries without logging the key. No header value
+(Authorization, the key) and no body is logged.
+
+Tracing and OTLP: with OTEL_EXPORTER_OTLP_ENDPOINT set, traces and metrics
+are exported over OTLP/HTTP (protobuf), configured by the standard OTEL_*
+variables (OTEL_SERVICE_NAME, default idem-proxy; OTEL_RESOURCE_ATTRIBUTES;
+OTEL_EXPORTER_OTLP_HEADERS; OTEL_TRACES_EXPORTER=none or
+OTEL_METRICS_EXPORTER=none for one signal only). Each keyed request is a span
+that continues the caller's traceparent, and the request forwarded upstream
+carries the traceparent of that span.
+
 On SIGINT or SIGTERM the proxy stops accepting connections and lets requests
 in flight finish (up to --shutdown-timeout).`,
 		Args: cobra.NoArgs,
@@ -123,6 +140,8 @@ in flight finish (up to --shutdown-timeout).`,
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", idemhttp.DefaultUpstreamDialTimeout, "time to connect to the upstream")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long requests in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthPath, "health-path", idemhttp.DefaultProxyHealthPath, `path answered with the store's health ("-": none)`)
+	fl.StringVar(&f.log.format, "log-format", "text", "log format on stderr: text or json (one line per request at info; see Logging)")
+	fl.StringVar(&f.log.level, "log-level", "info", "lowest level logged: debug, info, warn or error (warn: no request lines)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics (idem_messages_total by outcome and HTTP status, idem_http_request_duration_seconds, ...) on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
 }
@@ -230,6 +249,10 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 	}
 	defer ps.close()
 
+	logger, err := f.log.newLogger(stderr)
+	if err != nil {
+		return err
+	}
 	var metrics *metricsServer
 	if f.metricsAddr != "" {
 		if metrics, err = serveMetrics(f.metricsAddr); err != nil {
@@ -237,8 +260,17 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 		}
 		defer metrics.close()
 	}
-
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	otlp, err := setupOTLP(ctx, "idem-proxy")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := otlp.close(sctx); err != nil {
+			logger.Warn("idem proxy: OTLP export at shutdown failed", "err", err)
+		}
+	}()
 	o := &idemhttp.ProxyOptions{
 		Options: idemhttp.Options{
 			Namespace:        f.namespace,
@@ -253,8 +285,9 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 			Retention:        f.retention,
 			FailOpen:         f.failOpen,
 			Logger:           logger,
-			Hooks:            metrics.hooks(),
+			Hooks:            append(append(metrics.hooks(), otlp.hooks()...), requestLogHook{}),
 		},
+		InjectHeaders:   otlp.injector(),
 		ScopeHeader:     f.scopeHeader,
 		ScopeSecret:     []byte(f.scopeSecret),
 		UpstreamTimeout: f.upstreamTimeout,
@@ -288,7 +321,7 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 		return fmt.Errorf("listen on %s: %w", f.listen, err)
 	}
 	srv := &http.Server{
-		Handler:           p,
+		Handler:           logRequests(logger, p),
 		ReadHeaderTimeout: f.readHeaderTimeout,
 		ReadTimeout:       f.readTimeout,
 		WriteTimeout:      f.writeTimeout,

@@ -79,14 +79,14 @@ func TestProxyServesMetrics(t *testing.T) {
 	u, _ := url.Parse(up.URL)
 	consumer := "idemhttp:proxy:" + u.Host
 	with := func(kv ...string) map[string]string {
-		l := map[string]string{"messaging_consumer_group_name": consumer, "idem_mode": "lease"}
+		l := map[string]string{"idem_consumer": consumer, "idem_mode": "lease"}
 		for i := 0; i < len(kv); i += 2 {
 			l[kv[i]] = kv[i+1]
 		}
 		return l
 	}
 	web := func(kv ...string) map[string]string {
-		l := map[string]string{"messaging_consumer_group_name": consumer}
+		l := map[string]string{"idem_consumer": consumer}
 		for i := 0; i < len(kv); i += 2 {
 			l[kv[i]] = kv[i+1]
 		}

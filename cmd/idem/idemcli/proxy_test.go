@@ -28,6 +28,7 @@ type proxyRun struct {
 	cancel context.CancelFunc
 	done   chan error
 	lines  chan string // stdout lines after the first
+	stderr func() string
 }
 
 // startProxy runs `idem proxy` with args until the test ends (or stop),
@@ -40,7 +41,11 @@ func startProxy(t *testing.T, args ...string) *proxyRun {
 	ew := &lockedWriter{w: &errOut}
 	root := newRoot(pw, ew)
 	root.SetArgs(append([]string{"proxy", "--listen", "127.0.0.1:0"}, args...))
-	run := &proxyRun{cancel: cancel, done: make(chan error, 1), lines: make(chan string, 16)}
+	run := &proxyRun{cancel: cancel, done: make(chan error, 1), lines: make(chan string, 16), stderr: func() string {
+		ew.mu.Lock()
+		defer ew.mu.Unlock()
+		return errOut.String()
+	}}
 	go func() {
 		err := root.ExecuteContext(ctx)
 		pw.Close()

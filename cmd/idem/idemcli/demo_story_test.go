@@ -1,0 +1,47 @@
+//go:build !nodemo
+
+package idemcli
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestDemoTellsItsStory: the same story with and without idem, same seed
+// and faults: without idem the report shows double charges and exits 0 (a
+// demonstration); with idem it is ok. Both JSON reports carry the settings
+// and ok, and the text report explains its counters and ends with a verdict
+// that does not hide the temporary folder.
+func TestDemoTellsItsStory(t *testing.T) {
+	t.Parallel()
+	args := []string{"--messages", "300", "--duplicates", "0.5", "--crash-rate", "0.02", "--seed", "7"}
+	naive, _ := demoJSON(t, append(args, "--without-idem")...)
+	if naive.DoubleCharges == 0 || naive.OK || !naive.Settings.WithoutIdem || naive.DuplicatesAbsorbed != 0 {
+		t.Errorf("--without-idem report %+v: want double charges, not ok", naive)
+	}
+	rep, out := demoJSON(t, args...)
+	if !rep.OK || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.Settings.WithoutIdem {
+		t.Errorf("report %+v: want ok", rep)
+	}
+	if !strings.Contains(out, `"ok":true`) || !strings.Contains(out, `"settings":{"messages":300,"duplicates":0.5,"crash_rate":0.02,`) ||
+		rep.Settings.Seed != 7 || !rep.Settings.Temporary {
+		t.Errorf("JSON report lacks ok or the settings: %s", out)
+	}
+
+	code, text, errOut := run(t, append([]string{"demo", "--progress", "none", "--messages", "50"}, args[2:]...)...)
+	if code != 0 {
+		t.Fatalf("demo: exit %d %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(text), "\n")
+	if !strings.Contains(lines[0], "temporary folder, removed at the end") {
+		t.Errorf("first line %q does not say its database is temporary", lines[0])
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "verdict: ok: every one of the 50 payments charged exactly once") {
+		t.Errorf("last line %q, want the verdict", last)
+	}
+	for _, want := range []string{"redeliveries count too", "same derived key"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the report does not explain %q:\n%s", want, text)
+		}
+	}
+}
