@@ -105,25 +105,9 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 		}
 		id = v.String()
 	}
-	if err := idem.ValidateMessageID(id, 0); err != nil {
+	msg, err := p.publishing(id, payload, o.headers, o.contentType)
+	if err != nil {
 		return "", err
-	}
-	headers := amqp.Table{}
-	for k, v := range o.headers {
-		headers[k] = v
-	}
-	if p.cfg.IDHeader != "" {
-		headers[p.cfg.IDHeader] = id
-	}
-	if len(headers) == 0 {
-		headers = nil
-	}
-	msg := amqp.Publishing{
-		Headers:      headers,
-		ContentType:  o.contentType,
-		DeliveryMode: amqp.Persistent,
-		MessageId:    id,
-		Body:         payload,
 	}
 	return id, p.publish(ctx, routingKey, msg)
 }
@@ -131,6 +115,33 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 func (p *Producer) publish(ctx context.Context, key string, msg amqp.Publishing) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if err := p.channel(); err != nil {
+		return err
+	}
+	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, key, true, false, msg)
+	if err != nil {
+		return err
+	}
+	ok, err := conf.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("idemamqp: the broker nacked message %s", msg.MessageId)
+	}
+	select {
+	case r := <-p.returns:
+		return fmt.Errorf("%w: exchange %q routing key %q: %d %s", ErrPublishUnroutable, p.cfg.Exchange, key, r.ReplyCode, r.ReplyText)
+	default:
+	}
+	return nil
+}
+
+// channel opens the Producer's channel in confirm mode if it is not open,
+// and drops returns left from earlier publishes. p.mu must be held. Errors:
+// ErrConnectionClosed when the Producer or the connection is closed, or
+// the broker's error opening the channel.
+func (p *Producer) channel() error {
 	if p.closed {
 		return fmt.Errorf("%w: producer closed", ErrConnectionClosed)
 	}
@@ -151,23 +162,34 @@ func (p *Producer) publish(ctx context.Context, key string, msg amqp.Publishing)
 	for len(p.returns) > 0 {
 		<-p.returns
 	}
-	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, key, true, false, msg)
-	if err != nil {
-		return err
-	}
-	ok, err := conf.WaitContext(ctx)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return fmt.Errorf("idemamqp: the broker nacked message %s", msg.MessageId)
-	}
-	select {
-	case r := <-p.returns:
-		return fmt.Errorf("%w: exchange %q routing key %q: %d %s", ErrPublishUnroutable, p.cfg.Exchange, key, r.ReplyCode, r.ReplyText)
-	default:
-	}
 	return nil
+}
+
+// publishing builds the message of Publish and of the relay's Publisher:
+// persistent, id in the message_id property (and the IDHeader), headers
+// copied. An id idem would reject returns an error matching
+// idem.ErrInvalidMessageID or idem.ErrMissingMessageID.
+func (p *Producer) publishing(id string, payload []byte, extra amqp.Table, contentType string) (amqp.Publishing, error) {
+	if err := idem.ValidateMessageID(id, 0); err != nil {
+		return amqp.Publishing{}, err
+	}
+	headers := amqp.Table{}
+	for k, v := range extra {
+		headers[k] = v
+	}
+	if p.cfg.IDHeader != "" {
+		headers[p.cfg.IDHeader] = id
+	}
+	if len(headers) == 0 {
+		headers = nil
+	}
+	return amqp.Publishing{
+		Headers:      headers,
+		ContentType:  contentType,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+		Body:         payload,
+	}, nil
 }
 
 // Close closes the Producer's channel. Later Publish calls fail. It is
