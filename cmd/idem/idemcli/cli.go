@@ -75,7 +75,7 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newDemoCmd(), newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd())
+	root.AddCommand(newDemoCmd(), newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newRelayCmd())
 	return root
 }
 
