@@ -123,7 +123,11 @@
 // and then fails every message (a crash after the send, before the mark),
 // so those are sent twice. The adapter's consumer, over idem.NewConsumer at
 // concurrency 1, must apply each of the 20 exactly once, and each key's in
-// emission order; the relay must end with every row sent, none failed.
+// emission order; the relay must end with every row sent, none failed. A
+// broker that also implements [OutboxUndeliverable] gets 3 rows of one key
+// to a destination its Publisher cannot reach among the 20: none is sent,
+// and they fail for good or for retry as the broker says, without holding
+// back the other keys.
 //
 // # Timing
 //

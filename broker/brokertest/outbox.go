@@ -22,6 +22,16 @@ type OutboxBroker interface {
 	OutboxPublisher() (pub idem.Publisher, destination string)
 }
 
+// OutboxUndeliverable is an OutboxBroker that also names a destination its
+// Publisher can never reach, for RunOutbox's undeliverable case.
+type OutboxUndeliverable interface {
+	// UndeliverableDestination returns such a destination (an invalid
+	// subject, a routing key no queue is bound to, a key of another type)
+	// and whether the Publisher reports it as permanent (idem.ErrPermanent)
+	// or retryable.
+	UndeliverableDestination(t *testing.T) (destination string, permanent bool)
+}
+
 // RunOutbox runs the outbox case on a broker from h.New, which must
 // implement OutboxBroker: messages emitted into an idem.MemoryStore outbox
 // (committed, not yet sent: a crash after the commit) are sent by an
@@ -29,7 +39,11 @@ type OutboxBroker interface {
 // and then fails every message (a crash after the send, before the mark),
 // so the relay sends those messages twice. An idem consumer of the adapter
 // downstream must apply every message exactly once, and the messages of
-// one ordering key in emission order.
+// one ordering key in emission order. A broker that also implements
+// OutboxUndeliverable gets 3 more rows (one key) to its undeliverable
+// destination among the good ones: none of them is sent, the first fails
+// (for good, or for retry, as the broker says) and they hold back no other
+// key.
 func RunOutbox(t *testing.T, h Harness) {
 	t.Run("outbox", func(t *testing.T) {
 		b, ok := h.New(t).(OutboxBroker)
@@ -64,11 +78,20 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 			})
 		}
 	}
+	var bad []idemdriver.OutgoingRecord
+	badDest, badPermanent := "", false
+	if u, ok := b.(OutboxUndeliverable); ok {
+		badDest, badPermanent = u.UndeliverableDestination(t)
+		for i := range 3 {
+			bad = append(bad, idemdriver.OutgoingRecord{ID: fmt.Sprintf("%s-bad-%d", run, i), Consumer: "upstream",
+				SourceID: "src-bad", Destination: badDest, Key: "bad", Payload: []byte("bad")})
+		}
+	}
 	tx, err := store.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: "upstream", Messages: rows}); err != nil {
+	if err := store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: "upstream", Messages: append(append([]idemdriver.OutgoingRecord(nil), rows...), bad...)}); err != nil {
 		t.Fatalf("EmitTx: %v", err)
 	}
 	if err := store.Commit(ctx, tx); err != nil {
@@ -82,7 +105,10 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 		if calls.Add(1) == 1 {
 			for i := range errs {
 				if errs[i] != nil {
-					t.Errorf("publish %s: %v", msgs[i].ID, errs[i])
+					if msgs[i].Destination != badDest {
+						t.Errorf("publish %s: %v", msgs[i].ID, errs[i])
+					}
+					continue
 				}
 				errs[i] = fmt.Errorf("brokertest: crash after send, before mark")
 				resent.Add(1)
@@ -145,8 +171,19 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 			t.Fatalf("relay did not send every row: %+v", total)
 		}
 	}
-	if total.Failed != 0 || int64(total.Retried) != resent.Load() || resent.Load() == 0 {
+	badPending, err := store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: "upstream", SourceID: "src-bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case total.Sent != len(rows) || resent.Load() == 0:
+		t.Fatalf("relay totals %+v, %d crashed sends, want %d sent", total, resent.Load(), len(rows))
+	case len(bad) == 0 && (total.Failed != 0 || int64(total.Retried) != resent.Load()):
 		t.Fatalf("relay totals %+v, %d crashed sends", total, resent.Load())
+	case len(bad) > 0 && badPermanent && (total.Failed < 1 || total.Failed+badPending != len(bad)):
+		t.Fatalf("undeliverable %s (permanent): relay totals %+v, %d of %d rows pending", badDest, total, badPending, len(bad))
+	case len(bad) > 0 && !badPermanent && (total.Failed != 0 || badPending != len(bad) || int64(total.Retried) <= resent.Load()):
+		t.Fatalf("undeliverable %s (retryable): relay totals %+v, %d of %d rows pending", badDest, total, badPending, len(bad))
 	}
 	pending, err := store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: "upstream", SourceID: "src"})
 	if err != nil || pending != 0 {
@@ -174,5 +211,5 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 			}
 		}
 	}
-	t.Logf("outbox: %d rows, %d sent twice, %d deliveries downstream, relay %+v", len(rows), resent.Load(), deliveries.Load(), total)
+	t.Logf("outbox: %d rows (and %d undeliverable), %d sent twice, %d deliveries downstream, relay %+v", len(rows), len(bad), resent.Load(), deliveries.Load(), total)
 }

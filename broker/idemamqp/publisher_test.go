@@ -56,3 +56,10 @@ func TestPublisherBatch(t *testing.T) {
 		}
 	}
 }
+
+// UndeliverableDestination implements brokertest.OutboxUndeliverable: a
+// routing key no queue has, so the broker returns the message (retryable:
+// the queue may yet be declared).
+func (b *amqpBroker) UndeliverableDestination(*testing.T) (string, bool) {
+	return b.queue + ".missing", false
+}

@@ -60,3 +60,9 @@ func TestPublisherBatch(t *testing.T) {
 		t.Fatalf("first message: headers %v, data %q", m.Header, m.Data)
 	}
 }
+
+// UndeliverableDestination implements brokertest.OutboxUndeliverable: a
+// subject with a space, which NATS refuses before sending.
+func (b *natsBroker) UndeliverableDestination(*testing.T) (string, bool) {
+	return "bad subject", true
+}

@@ -50,3 +50,15 @@ func TestPublisherBatch(t *testing.T) {
 		t.Fatalf("second entry %v", entries[1].Values)
 	}
 }
+
+// UndeliverableDestination implements brokertest.OutboxUndeliverable: a
+// string key, on which XADD fails with WRONGTYPE (retryable: the key may
+// be deleted).
+func (b *streamBroker) UndeliverableDestination(t *testing.T) (string, bool) {
+	key := b.stream + ".string"
+	if err := b.rdb.Set(t.Context(), key, "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.rdb.Del(context.Background(), key) })
+	return key, false
+}
