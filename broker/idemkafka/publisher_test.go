@@ -52,3 +52,24 @@ func TestPublisherBatch(t *testing.T) {
 		t.Fatalf("out-3: %+v", r3)
 	}
 }
+
+// TestPublisherContextEnds: a ctx that has ended fails every message of
+// the batch, retryable (the relay sends them again).
+func TestPublisherContextEnds(t *testing.T) {
+	t.Parallel()
+	b := newTestBroker(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	errs := NewPublisher(b.raw, ProducerConfig{}).Publish(ctx, []idem.Outgoing{
+		{ID: "out-1", Destination: b.topic, Payload: []byte("one")},
+		{ID: "out-2", Destination: b.topic, Payload: []byte("two")},
+	})
+	if len(errs) != 2 {
+		t.Fatalf("%d errors for 2 messages", len(errs))
+	}
+	for i, err := range errs {
+		if err == nil || errors.Is(err, idem.ErrPermanent) {
+			t.Errorf("message %d: %v, want a retryable error", i, err)
+		}
+	}
+}

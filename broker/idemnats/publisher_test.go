@@ -66,3 +66,18 @@ func TestPublisherBatch(t *testing.T) {
 func (b *natsBroker) UndeliverableDestination(*testing.T) (string, bool) {
 	return "bad subject", true
 }
+
+// TestPublisherNoStream: a subject no stream captures fails retryable (the
+// stream may yet be created), with one error per message.
+func TestPublisherNoStream(t *testing.T) {
+	t.Parallel()
+	_, js := newJS(t, inProcess(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	errs := idemnats.NewPublisher(js).Publish(ctx, []idem.Outgoing{
+		{ID: "out-1", Destination: "idemnats.nostream." + unique(), Payload: []byte("one")},
+	})
+	if len(errs) != 1 || errs[0] == nil || errors.Is(errs[0], idem.ErrPermanent) {
+		t.Fatalf("errors %v: want one retryable error", errs)
+	}
+}
