@@ -131,6 +131,22 @@
 //     window) implements [PublishDeduper], so the suite knows which repeats
 //     reach the consumer.
 //
+// # Outbox
+//
+// [RunOutbox] runs one case on a broker that also implements
+// [OutboxBroker] (the adapter's relay idem.Publisher and the Destination
+// that reaches the queue its consumers read): 20 rows over 4 ordering keys,
+// committed into an idem.MemoryStore outbox and not yet sent (a crash after
+// the commit), are sent by an idem.Relay whose first publish call sends
+// and then fails every message (a crash after the send, before the mark),
+// so those are sent twice. The adapter's consumer, over idem.NewConsumer at
+// concurrency 1, must apply each of the 20 exactly once, and each key's in
+// emission order; the relay must end with every row sent, none failed. A
+// broker that also implements [OutboxUndeliverable] gets 3 rows of one key
+// to a destination its Publisher cannot reach among the 20: none is sent,
+// and they fail for good or for retry as the broker says, without holding
+// back the other keys.
+//
 // # Timing
 //
 // The suite orders events with channels and barriers, and polls with

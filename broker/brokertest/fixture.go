@@ -522,6 +522,19 @@ func rowCount(e map[string][][]byte) int {
 // "after d: <what cond last said>".
 func (f *fixture) waitFor(d time.Duration, cond func() (bool, string)) {
 	f.t.Helper()
+	waitUntil(f.t, f.ctx, d, func() (bool, string) {
+		ok, state := cond()
+		if !ok {
+			state += " (deliveries: " + f.rec.summary() + ")"
+		}
+		return ok, state
+	})
+}
+
+// waitUntil polls cond every poll until it holds, failing t after d or when
+// ctx ends with what cond last said.
+func waitUntil(t testing.TB, ctx context.Context, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
 		ok, state := cond()
@@ -529,11 +542,11 @@ func (f *fixture) waitFor(d time.Duration, cond func() (bool, string)) {
 			return
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("brokertest: after %v: %s (deliveries: %s)", d, state, f.rec.summary())
+			t.Fatalf("brokertest: after %v: %s", d, state)
 		}
 		select {
-		case <-f.ctx.Done():
-			f.t.Fatalf("brokertest: case timed out: %s (deliveries: %s)", state, f.rec.summary())
+		case <-ctx.Done():
+			t.Fatalf("brokertest: case timed out: %s", state)
 		case <-time.After(poll):
 		}
 	}

@@ -130,25 +130,9 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 		}
 		id = v.String()
 	}
-	if err := idem.ValidateMessageID(id, 0); err != nil {
+	msg, err := p.publishing(id, payload, o.headers, o.contentType)
+	if err != nil {
 		return "", err
-	}
-	headers := amqp.Table{}
-	for k, v := range o.headers {
-		headers[k] = v
-	}
-	if p.cfg.IDHeader != "" {
-		headers[p.cfg.IDHeader] = id
-	}
-	if len(headers) == 0 {
-		headers = nil
-	}
-	msg := amqp.Publishing{
-		Headers:      headers,
-		ContentType:  o.contentType,
-		DeliveryMode: amqp.Persistent,
-		MessageId:    id,
-		Body:         payload,
 	}
 	p.injectHeaders(ctx, &msg)
 	return id, p.publish(ctx, routingKey, msg)
@@ -157,30 +141,8 @@ func (p *Producer) Publish(ctx context.Context, routingKey string, payload []byt
 func (p *Producer) publish(ctx context.Context, key string, msg amqp.Publishing) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("%w: producer closed", ErrConnectionClosed)
-	}
-	if p.ch == nil || p.ch.IsClosed() {
-		if p.conn == nil || p.conn.IsClosed() {
-			if p.cfg.Redial == nil {
-				return ErrConnectionClosed
-			}
-			if err := p.redial(ctx); err != nil {
-				return err
-			}
-		}
-		ch, err := p.conn.Channel()
-		if err != nil {
-			return err
-		}
-		if err := ch.Confirm(false); err != nil {
-			_ = ch.Close()
-			return err
-		}
-		p.ch, p.returns = ch, ch.NotifyReturn(make(chan amqp.Return, 1))
-	}
-	for len(p.returns) > 0 {
-		<-p.returns
+	if err := p.channel(ctx); err != nil {
+		return err
 	}
 	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, p.cfg.Exchange, key, true, false, msg)
 	if err != nil {
@@ -229,6 +191,67 @@ func (p *Producer) redial(ctx context.Context) error {
 	}
 	p.conn, p.owned = conn, true
 	return nil
+}
+
+// channel opens the Producer's channel in confirm mode if it is not open,
+// and drops returns left from earlier publishes. p.mu must be held. Errors:
+// ErrConnectionClosed when the Producer is closed, or the connection is
+// closed and there is no Config.Redial (or it did not succeed before ctx
+// ended), or the broker's error opening the channel.
+func (p *Producer) channel(ctx context.Context) error {
+	if p.closed {
+		return fmt.Errorf("%w: producer closed", ErrConnectionClosed)
+	}
+	if p.ch == nil || p.ch.IsClosed() {
+		if p.conn == nil || p.conn.IsClosed() {
+			if p.cfg.Redial == nil {
+				return ErrConnectionClosed
+			}
+			if err := p.redial(ctx); err != nil {
+				return err
+			}
+		}
+		ch, err := p.conn.Channel()
+		if err != nil {
+			return err
+		}
+		if err := ch.Confirm(false); err != nil {
+			_ = ch.Close()
+			return err
+		}
+		p.ch, p.returns = ch, ch.NotifyReturn(make(chan amqp.Return, 1))
+	}
+	for len(p.returns) > 0 {
+		<-p.returns
+	}
+	return nil
+}
+
+// publishing builds the message of Publish and of the relay's Publisher:
+// persistent, id in the message_id property (and the IDHeader), headers
+// copied. An id idem would reject returns an error matching
+// idem.ErrInvalidMessageID or idem.ErrMissingMessageID.
+func (p *Producer) publishing(id string, payload []byte, extra amqp.Table, contentType string) (amqp.Publishing, error) {
+	if err := idem.ValidateMessageID(id, 0); err != nil {
+		return amqp.Publishing{}, err
+	}
+	headers := amqp.Table{}
+	for k, v := range extra {
+		headers[k] = v
+	}
+	if p.cfg.IDHeader != "" {
+		headers[p.cfg.IDHeader] = id
+	}
+	if len(headers) == 0 {
+		headers = nil
+	}
+	return amqp.Publishing{
+		Headers:      headers,
+		ContentType:  contentType,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+		Body:         payload,
+	}, nil
 }
 
 // Close closes the Producer's channel, and the connection it got from

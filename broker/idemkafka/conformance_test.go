@@ -13,13 +13,15 @@ import (
 	"github.com/idem-go/idem/broker/brokertest"
 )
 
-// TestConformance runs the shared broker suite on a kfake cluster of three
+// TestConformance runs the shared broker suite and the outbox case on a kfake cluster of three
 // brokers, one cluster per case.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
+	h := brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
 		return newTestBroker(t)
-	}})
+	}}
+	brokertest.Run(t, h)
+	brokertest.RunOutbox(t, h)
 }
 
 // TestConformanceKafka011 runs the suite on a kfake cluster that answers

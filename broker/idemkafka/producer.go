@@ -91,11 +91,8 @@ func WithHeaders(headers ...kgo.RecordHeader) PublishOption {
 // returned as kgo gives them; the message may then have been written, and
 // publishing again with the same ID is safe.
 func (p *Producer) Publish(ctx context.Context, topic string, payload []byte, opts ...PublishOption) (string, error) {
-	switch {
-	case p.cl == nil:
-		return "", invalid("Producer has a nil *kgo.Client")
-	case p.cfg.MaxIDLength < 0:
-		return "", invalid(fmt.Sprintf("ProducerConfig.MaxIDLength %d is negative", p.cfg.MaxIDLength))
+	if err := p.check(); err != nil {
+		return "", err
 	}
 	o := publishOptions{}
 	for _, opt := range opts {
@@ -108,20 +105,44 @@ func (p *Producer) Publish(ctx context.Context, topic string, payload []byte, op
 		}
 		o.id = id.String()
 	}
-	if err := idem.ValidateMessageID(o.id, p.cfg.MaxIDLength); err != nil {
+	rec, err := p.record(topic, o.id, o.key, payload, o.headers)
+	if err != nil {
 		return "", err
 	}
-	headers := make([]kgo.RecordHeader, 0, 1+len(o.headers))
-	headers = append(headers, kgo.RecordHeader{Key: p.cfg.IDHeader, Value: []byte(o.id)})
-	for _, h := range o.headers {
-		if h.Key != p.cfg.IDHeader { // one ID header only: a second would make the ID ambiguous
-			headers = append(headers, h)
-		}
-	}
-	rec := &kgo.Record{Topic: topic, Key: o.key, Value: payload, Headers: headers}
 	p.injectHeaders(ctx, rec)
 	if err := p.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return "", fmt.Errorf("idemkafka: publish to %q: %w", topic, err)
 	}
 	return o.id, nil
+}
+
+// check returns the error, matching idem.ErrInvalidConfig, of a Producer
+// built with a nil client or a negative MaxIDLength.
+func (p *Producer) check() error {
+	switch {
+	case p.cl == nil:
+		return invalid("Producer has a nil *kgo.Client")
+	case p.cfg.MaxIDLength < 0:
+		return invalid(fmt.Sprintf("ProducerConfig.MaxIDLength %d is negative", p.cfg.MaxIDLength))
+	}
+	return nil
+}
+
+// record builds the record of Publish and of the relay's Publisher: id in
+// the IDHeader first, then headers other than the IDHeader. An id idem
+// would reject returns an error matching idem.ErrInvalidMessageID or
+// idem.ErrMissingMessageID.
+func (p *Producer) record(topic, id string, key, payload []byte, extra []kgo.RecordHeader) (*kgo.Record, error) {
+	if err := idem.ValidateMessageID(id, p.cfg.MaxIDLength); err != nil {
+		return nil, err
+	}
+	headers := make([]kgo.RecordHeader, 0, 1+len(extra))
+	headers = append(headers, kgo.RecordHeader{Key: p.cfg.IDHeader, Value: []byte(id)})
+	for _, h := range extra {
+		if h.Key != p.cfg.IDHeader { // one ID header only: a second would make the ID ambiguous
+			headers = append(headers, h)
+		}
+	}
+	rec := &kgo.Record{Topic: topic, Key: key, Value: payload, Headers: headers}
+	return rec, nil
 }

@@ -6,18 +6,22 @@ import (
 	"github.com/idem-go/idem/broker/brokertest"
 )
 
-// TestConformanceInProcess runs the broker conformance suite against an
-// in-process JetStream server.
+// TestConformanceInProcess runs the broker conformance suite and the outbox
+// case against an in-process JetStream server.
 func TestConformanceInProcess(t *testing.T) {
 	t.Parallel()
 	conn := inProcess(t)
-	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker { return newNATSBroker(t, conn) }})
+	h := brokertest.Harness{New: func(t *testing.T) brokertest.Broker { return newNATSBroker(t, conn) }}
+	brokertest.Run(t, h)
+	brokertest.RunOutbox(t, h)
 }
 
-// TestConformanceExternal runs the broker conformance suite against the
-// nats-server at IDEM_TEST_NATS_URL (Debian's, started by scripts/services).
+// TestConformanceExternal runs the broker conformance suite and the outbox case
+// against the nats-server at IDEM_TEST_NATS_URL (Debian's, started by scripts/services).
 func TestConformanceExternal(t *testing.T) {
 	t.Parallel()
 	conn := external(t)
-	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker { return newNATSBroker(t, conn) }})
+	h := brokertest.Harness{New: func(t *testing.T) brokertest.Broker { return newNATSBroker(t, conn) }}
+	brokertest.Run(t, h)
+	brokertest.RunOutbox(t, h)
 }

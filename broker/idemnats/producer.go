@@ -84,26 +84,39 @@ func (p *Producer) Publish(ctx context.Context, subject string, payload []byte, 
 		}
 		o.id = u.String()
 	}
-	if err := idem.ValidateMessageID(o.id, 0); err != nil {
-		return "", fmt.Errorf("idemnats: publish to %s: %w", subject, err)
-	}
-	if o.id[0] == ' ' || o.id[len(o.id)-1] == ' ' {
-		// NATS trims the spaces around a header value: " a" would arrive
-		// as "a", another ID.
-		return "", fmt.Errorf("idemnats: publish to %s: %w: %q has a leading or trailing space, which a NATS header does not carry", subject, idem.ErrInvalidMessageID, o.id)
-	}
-	msg := nats.NewMsg(subject)
-	msg.Data = payload
-	for k, vs := range o.header {
-		msg.Header[k] = append([]string(nil), vs...)
+	msg, err := p.message(subject, o.id, payload, o.header)
+	if err != nil {
+		return "", err
 	}
 	p.injectHeaders(ctx, msg)
-	msg.Header.Set(jetstream.MsgIDHeader, o.id)
-	if p.idHeader != "" && p.idHeader != jetstream.MsgIDHeader {
-		msg.Header.Set(p.idHeader, o.id)
-	}
 	if _, err := p.js.PublishMsg(ctx, msg, jetstream.WithMsgID(o.id)); err != nil {
 		return "", fmt.Errorf("idemnats: publish %q to %s: %w", o.id, subject, err)
 	}
 	return o.id, nil
+}
+
+// message builds the message Publish and the relay's Publisher send: the
+// payload, a copy of header, and id in Nats-Msg-Id (and the Producer's ID
+// header). An id idem would reject, or one with a leading or trailing
+// space, returns an error matching idem.ErrMissingMessageID or
+// idem.ErrInvalidMessageID.
+func (p *Producer) message(subject, id string, payload []byte, header nats.Header) (*nats.Msg, error) {
+	if err := idem.ValidateMessageID(id, 0); err != nil {
+		return nil, fmt.Errorf("idemnats: publish to %s: %w", subject, err)
+	}
+	if id[0] == ' ' || id[len(id)-1] == ' ' {
+		// NATS trims the spaces around a header value: " a" would arrive
+		// as "a", another ID.
+		return nil, fmt.Errorf("idemnats: publish to %s: %w: %q has a leading or trailing space, which a NATS header does not carry", subject, idem.ErrInvalidMessageID, id)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = payload
+	for k, vs := range header {
+		msg.Header[k] = append([]string(nil), vs...)
+	}
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	if p.idHeader != "" && p.idHeader != jetstream.MsgIDHeader {
+		msg.Header.Set(p.idHeader, id)
+	}
+	return msg, nil
 }

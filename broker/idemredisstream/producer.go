@@ -89,10 +89,21 @@ func (p *Producer) Publish(ctx context.Context, stream string, payload []byte, o
 		}
 		id = v.String()
 	}
-	if err := idem.ValidateMessageID(id, 0); err != nil {
+	args, err := p.xaddArgs(stream, id, payload, p.injectFields(ctx, o.fields))
+	if err != nil {
 		return "", err
 	}
-	fields := p.injectFields(ctx, o.fields)
+	return id, p.rdb.XAdd(ctx, args).Err()
+}
+
+// xaddArgs builds the XADD of Publish and of the relay's Publisher: the ID
+// field, the payload field, then fields other than those two, trimmed to
+// MaxLen when set. An id idem would reject returns an error matching
+// idem.ErrInvalidMessageID or idem.ErrMissingMessageID.
+func (p *Producer) xaddArgs(stream, id string, payload []byte, fields map[string]string) (*redis.XAddArgs, error) {
+	if err := idem.ValidateMessageID(id, 0); err != nil {
+		return nil, err
+	}
 	values := make([]any, 0, 4+2*len(fields))
 	values = append(values, p.cfg.IDField, id, p.cfg.PayloadField, payload)
 	for k, v := range fields {
@@ -104,5 +115,5 @@ func (p *Producer) Publish(ctx context.Context, stream string, payload []byte, o
 	if p.cfg.MaxLen > 0 {
 		args.MaxLen, args.Approx = p.cfg.MaxLen, true
 	}
-	return id, p.rdb.XAdd(ctx, args).Err()
+	return args, nil
 }

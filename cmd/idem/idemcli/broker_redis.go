@@ -38,18 +38,29 @@ type redisStreamBroker struct {
 	members atomic.Int64
 }
 
-func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (_ *redisStreamBroker, err error) {
+// dialRedis returns a client of the Redis at url once it answers a ping.
+// Its errors carry no password (secret.Error).
+func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	opts, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
+		return nil, nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
 	}
-	b := &redisStreamBroker{opts: opts, client: redis.NewClient(opts), ackWait: ackWait}
+	client := redis.NewClient(opts)
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
+	}
+	return client, opts, nil
+}
+
+func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (*redisStreamBroker, error) {
+	client, opts, err := dialRedis(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	b := &redisStreamBroker{opts: opts, client: client, ackWait: ackWait}
 	b.prod = idemredisstream.NewProducer(b.client, idemredisstream.ProducerConfig{})
-	if err := b.client.Ping(ctx).Err(); err != nil {
-		b.close()
-		return nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
-	}
 	if fresh {
 		if err := b.client.Del(ctx, redisStream, redisDeadStream).Err(); err != nil {
 			b.close()

@@ -122,7 +122,7 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 	root.SetErr(sec.Writer(stderr))
 	routeLibraryLogs(nil)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newConsumeCmd(), newPublishCmd(), newVersionCmd())
+	root.AddCommand(newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newConsumeCmd(), newPublishCmd(), newRelayCmd(), newVersionCmd())
 	for _, extra := range extraCommands {
 		root.AddCommand(extra())
 	}

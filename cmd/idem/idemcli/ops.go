@@ -1,6 +1,7 @@
 package idemcli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -44,6 +45,17 @@ func (s *storeFlags) mustExist() error {
 		return fmt.Errorf("sqlite file %s does not exist (run idem migrate --store %s first)", path, s.store)
 	}
 	return nil
+}
+
+// openExisting opens the store of the flags after check and mustExist.
+func (s *storeFlags) openExisting(ctx context.Context) (*sqlStore, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	if err := s.mustExist(); err != nil {
+		return nil, err
+	}
+	return openSQLStore(ctx, s.store, s.table)
 }
 
 func newMigrateCmd() *cobra.Command {
@@ -220,13 +232,7 @@ func newStatsCmd() *cobra.Command {
 		Short: "Show record counts per consumer, with the oldest and newest record, and the outbox backlog",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sf.check(); err != nil {
-				return err
-			}
-			if err := sf.mustExist(); err != nil {
-				return err
-			}
-			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			st, err := sf.openExisting(cmd.Context())
 			if err != nil {
 				return err
 			}

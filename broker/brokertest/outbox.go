@@ -1,0 +1,215 @@
+package brokertest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// OutboxBroker is a Broker whose adapter has an outbox relay Publisher.
+type OutboxBroker interface {
+	Broker
+	// OutboxPublisher returns the adapter's idem.Publisher and the
+	// Destination (subject, topic, exchange or routing key, stream) that
+	// reaches the queue the Broker's consumers read.
+	OutboxPublisher() (pub idem.Publisher, destination string)
+}
+
+// OutboxUndeliverable is an OutboxBroker that also names a destination its
+// Publisher can never reach, for RunOutbox's undeliverable case.
+type OutboxUndeliverable interface {
+	// UndeliverableDestination returns such a destination (an invalid
+	// subject, a routing key no queue is bound to, a key of another type)
+	// and whether the Publisher reports it as permanent (idem.ErrPermanent)
+	// or retryable.
+	UndeliverableDestination(t *testing.T) (destination string, permanent bool)
+}
+
+// RunOutbox runs the outbox case on a broker from h.New, which must
+// implement OutboxBroker: messages emitted into an idem.MemoryStore outbox
+// (committed, not yet sent: a crash after the commit) are sent by an
+// idem.Relay through the adapter's Publisher, whose first call publishes
+// and then fails every message (a crash after the send, before the mark),
+// so the relay sends those messages twice. An idem consumer of the adapter
+// downstream must apply every message exactly once, and the messages of
+// one ordering key in emission order. A broker that also implements
+// OutboxUndeliverable gets 3 more rows (one key) to its undeliverable
+// destination among the good ones: none of them is sent, the first fails
+// (for good, or for retry, as the broker says) and they hold back no other
+// key.
+func RunOutbox(t *testing.T, h Harness) {
+	t.Run("outbox", func(t *testing.T) {
+		b, ok := h.New(t).(OutboxBroker)
+		if !ok {
+			t.Fatal("brokertest: the broker does not implement OutboxBroker")
+		}
+		runOutboxSendTwice(t, b)
+	})
+}
+
+const (
+	outboxKeys   = 4
+	outboxPerKey = 5
+)
+
+func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
+	ctx, cancel := context.WithTimeout(t.Context(), waitLong)
+	defer cancel()
+	pub, dest := b.OutboxPublisher()
+
+	// Emit: committed rows, nothing sent yet.
+	store := idem.NewMemoryStore(nil)
+	run := fmt.Sprintf("ob%d", time.Now().UnixNano())
+	var rows []idemdriver.OutgoingRecord
+	for i := range outboxPerKey {
+		for k := range outboxKeys {
+			key := fmt.Sprintf("k%d", k)
+			rows = append(rows, idemdriver.OutgoingRecord{
+				ID: fmt.Sprintf("%s-%s-%d", run, key, i), Consumer: "upstream", SourceID: "src",
+				Destination: dest, Key: key, Payload: []byte(fmt.Sprintf("%s/%d", key, i)),
+				Headers: map[string]string{"x-outbox-test": run},
+			})
+		}
+	}
+	var bad []idemdriver.OutgoingRecord
+	badDest, badPermanent := "", false
+	if u, ok := b.(OutboxUndeliverable); ok {
+		badDest, badPermanent = u.UndeliverableDestination(t)
+		for i := range 3 {
+			bad = append(bad, idemdriver.OutgoingRecord{ID: fmt.Sprintf("%s-bad-%d", run, i), Consumer: "upstream",
+				SourceID: "src-bad", Destination: badDest, Key: "bad", Payload: []byte("bad")})
+		}
+	}
+	tx, err := store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: "upstream", Messages: append(append([]idemdriver.OutgoingRecord(nil), rows...), bad...)}); err != nil {
+		t.Fatalf("EmitTx: %v", err)
+	}
+	if err := store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The first publish call sends, then "crashes" before the relay marks.
+	var calls, resent atomic.Int64
+	crashing := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+		errs := pub.Publish(ctx, msgs)
+		if calls.Add(1) == 1 {
+			for i := range errs {
+				if errs[i] != nil {
+					if msgs[i].Destination != badDest {
+						t.Errorf("publish %s: %v", msgs[i].ID, errs[i])
+					}
+					continue
+				}
+				errs[i] = fmt.Errorf("brokertest: crash after send, before mark")
+				resent.Add(1)
+			}
+		}
+		return errs
+	})
+	relay, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: crashing,
+		MinRetry: time.Millisecond, MaxRetry: time.Millisecond, MinPoll: time.Millisecond})
+	if err != nil {
+		t.Fatalf("NewRelay: %v", err)
+	}
+
+	// Downstream: an idem consumer of the adapter, one at a time, so the
+	// applied order is the delivered order.
+	var mu sync.Mutex
+	applied := map[string]int{}
+	order := map[string][]string{}
+	var deliveries atomic.Int64
+	c, err := idem.NewConsumer[*idem.MemoryTx](idem.NewMemoryStore(nil), idem.Config{Name: consumerName, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	proc := idem.Bind(c, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
+		tx.OnCommit(func() {
+			mu.Lock()
+			applied[msg.ID]++
+			key, _, _ := strings.Cut(string(msg.Payload), "/")
+			order[key] = append(order[key], string(msg.Payload))
+			mu.Unlock()
+		})
+		return nil
+	})
+	counting := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+		deliveries.Add(1)
+		return proc.Process(ctx, msg)
+	})
+	m, err := b.Start(ctx, counting, StartOptions{Concurrency: 1})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	defer func() {
+		if err := m.Stop(context.WithoutCancel(ctx)); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	}()
+
+	var total idem.RelayResult
+	for total.Sent < len(rows) {
+		res, err := relay.RunOnce(ctx)
+		if err != nil {
+			t.Fatalf("RunOnce: %v (so far %+v)", err, total)
+		}
+		total.Claimed += res.Claimed
+		total.Sent += res.Sent
+		total.Retried += res.Retried
+		total.Failed += res.Failed
+		if ctx.Err() != nil {
+			t.Fatalf("relay did not send every row: %+v", total)
+		}
+	}
+	badPending, err := store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: "upstream", SourceID: "src-bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case total.Sent != len(rows) || resent.Load() == 0:
+		t.Fatalf("relay totals %+v, %d crashed sends, want %d sent", total, resent.Load(), len(rows))
+	case len(bad) == 0 && (total.Failed != 0 || int64(total.Retried) != resent.Load()):
+		t.Fatalf("relay totals %+v, %d crashed sends", total, resent.Load())
+	case len(bad) > 0 && badPermanent && (total.Failed < 1 || total.Failed+badPending != len(bad)):
+		t.Fatalf("undeliverable %s (permanent): relay totals %+v, %d of %d rows pending", badDest, total, badPending, len(bad))
+	case len(bad) > 0 && !badPermanent && (total.Failed != 0 || badPending != len(bad) || int64(total.Retried) <= resent.Load()):
+		t.Fatalf("undeliverable %s (retryable): relay totals %+v, %d of %d rows pending", badDest, total, badPending, len(bad))
+	}
+	pending, err := store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: "upstream", SourceID: "src"})
+	if err != nil || pending != 0 {
+		t.Fatalf("pending after the relay: %d rows, %v", pending, err)
+	}
+
+	waitUntil(t, ctx, waitLong, func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(applied) == len(rows), fmt.Sprintf("%d of %d messages applied, %d deliveries", len(applied), len(rows), deliveries.Load())
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range rows {
+		if applied[r.ID] != 1 {
+			t.Errorf("%s applied %d times, want once", r.ID, applied[r.ID])
+		}
+	}
+	for k := range outboxKeys {
+		key := fmt.Sprintf("k%d", k)
+		for i, p := range order[key] {
+			if want := fmt.Sprintf("%s/%d", key, i); p != want {
+				t.Errorf("key %s: applied %v, want in emission order", key, order[key])
+				break
+			}
+		}
+	}
+	t.Logf("outbox: %d rows (and %d undeliverable), %d sent twice, %d deliveries downstream, relay %+v", len(rows), len(bad), resent.Load(), deliveries.Load(), total)
+}

@@ -1,0 +1,65 @@
+package idemamqp_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemamqp"
+)
+
+// OutboxPublisher implements brokertest.OutboxBroker: the relay publishes
+// on the default exchange with the work queue's name as routing key.
+func (b *amqpBroker) OutboxPublisher() (idem.Publisher, string) {
+	return idemamqp.NewPublisher(b.conn.Connection, idemamqp.ProducerConfig{}), b.queue
+}
+
+// TestPublisherBatch publishes a batch with an invalid ID and an
+// unroutable message between good ones: one error per message, the
+// invalid one permanent, the unroutable one retryable
+// (ErrPublishUnroutable), the good ones in the queue with message_id and
+// headers.
+func TestPublisherBatch(t *testing.T) {
+	t.Parallel()
+	conn := dial(t, "idem-test-publisher")
+	q, _ := queues(t, conn.Connection)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pub := idemamqp.NewPublisher(conn.Connection, idemamqp.ProducerConfig{})
+	errs := pub.Publish(ctx, []idem.Outgoing{
+		{ID: "out-1", Destination: q, Payload: []byte("one"), Headers: map[string]string{"trace": "t1"}},
+		{ID: "bad\x00id", Destination: q, Payload: []byte("two")},
+		{ID: "out-3", Destination: q + ".missing", Payload: []byte("three")},
+		{ID: "out-4", Destination: q, Payload: []byte("four")},
+	})
+	if len(errs) != 4 || errs[0] != nil || errs[3] != nil || !errors.Is(errs[1], idem.ErrPermanent) ||
+		!errors.Is(errs[2], idemamqp.ErrPublishUnroutable) || errors.Is(errs[2], idem.ErrPermanent) {
+		t.Fatalf("errors %v: want nil, permanent, unroutable, nil", errs)
+	}
+	ch, err := conn.Connection.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for _, want := range []string{"out-1", "out-4"} {
+		d, ok, err := ch.Get(q, true)
+		if err != nil || !ok {
+			t.Fatalf("get %s: %v, %v", want, ok, err)
+		}
+		if d.MessageId != want {
+			t.Fatalf("got %q, want %q", d.MessageId, want)
+		}
+		if want == "out-1" && (d.Headers["trace"] != "t1" || string(d.Body) != "one") {
+			t.Fatalf("out-1: headers %v, body %q", d.Headers, d.Body)
+		}
+	}
+}
+
+// UndeliverableDestination implements brokertest.OutboxUndeliverable: a
+// routing key no queue has, so the broker returns the message (retryable:
+// the queue may yet be declared).
+func (b *amqpBroker) UndeliverableDestination(*testing.T) (string, bool) {
+	return b.queue + ".missing", false
+}
