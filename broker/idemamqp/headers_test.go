@@ -1,6 +1,7 @@
 package idemamqp
 
 import (
+	"github.com/idem-go/idem"
 	"reflect"
 	"testing"
 
@@ -13,7 +14,7 @@ func TestDeliveryHeaders(t *testing.T) {
 		t.Errorf("no headers: %v, want nil", h)
 	}
 	d := &amqp.Delivery{Headers: amqp.Table{"trace": "a", "n": int32(3)}, ContentType: "application/json", CorrelationId: "c-1"}
-	want := map[string][]string{"trace": {"a"}, "n": {"3"}, "Content-Type": {"application/json"}, "Correlation-Id": {"c-1"}}
+	want := idem.Headers{"trace": {"a"}, "n": {"3"}, "Content-Type": {"application/json"}, "Correlation-Id": {"c-1"}}
 	if h := deliveryHeaders(d); !reflect.DeepEqual(h, want) {
 		t.Errorf("deliveryHeaders = %v, want %v", h, want)
 	}

@@ -1,6 +1,7 @@
 package idemkafka
 
 import (
+	"github.com/idem-go/idem"
 	"reflect"
 	"testing"
 
@@ -13,7 +14,7 @@ func TestRecordHeaders(t *testing.T) {
 		t.Errorf("no headers: %v, want nil", h)
 	}
 	r := &kgo.Record{Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("m-1")}, {Key: "trace", Value: []byte("a")}, {Key: "trace", Value: []byte("b")}}}
-	want := map[string][]string{"message-id": {"m-1"}, "trace": {"a", "b"}}
+	want := idem.Headers{"message-id": {"m-1"}, "trace": {"a", "b"}}
 	if h := recordHeaders(r); !reflect.DeepEqual(h, want) {
 		t.Errorf("recordHeaders = %v, want %v", h, want)
 	}
