@@ -1,11 +1,12 @@
 package idemamqp
 
 import (
-	"github.com/idem-go/idem"
 	"reflect"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idem-go/idem"
 )
 
 func TestDeliveryHeaders(t *testing.T) {

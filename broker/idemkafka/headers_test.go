@@ -1,11 +1,12 @@
 package idemkafka
 
 import (
-	"github.com/idem-go/idem"
 	"reflect"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idem-go/idem"
 )
 
 func TestRecordHeaders(t *testing.T) {
