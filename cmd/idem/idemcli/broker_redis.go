@@ -38,8 +38,8 @@ type redisStreamBroker struct {
 	members atomic.Int64
 }
 
-// dialRedis returns a client of the Redis at url once it answers a ping.
-// Its errors carry no password (secret.Error).
+// dialRedis returns a client of the Redis at url once it answers a ping,
+// within 10 seconds. Its errors carry no password (secret.Error).
 func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	opts, err := redis.ParseURL(url)
@@ -47,7 +47,9 @@ func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Optio
 		return nil, nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
 	}
 	client := redis.NewClient(opts)
-	if err := client.Ping(ctx).Err(); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
 		client.Close()
 		return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
 	}

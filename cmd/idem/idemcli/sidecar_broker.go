@@ -72,17 +72,9 @@ func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.D
 		return &natsSidecar{nc: nc, js: js, prod: idemnats.NewProducer(js), url: rawURL, duplicates: natsDuplicates}, nil
 	case "kafka":
 		seeds := strings.Split(strings.TrimPrefix(strings.TrimPrefix(rawURL, "kafka://"), "kafka:"), ",")
-		cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.AllowAutoTopicCreation())
-		if err == nil {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			err = cl.Ping(pctx)
-			cancel()
-			if err != nil {
-				cl.Close()
-			}
-		}
+		cl, err := dialKafka(ctx, seeds)
 		if err != nil {
-			return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(seeds, ","), err)
+			return nil, err
 		}
 		return &kafkaSidecar{seeds: seeds, cl: cl, prod: idemkafka.NewProducer(cl, idemkafka.ProducerConfig{})}, nil
 	case "amqp", "amqps":
@@ -92,16 +84,9 @@ func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.D
 		}
 		return &amqpSidecar{url: rawURL, conn: conn, prod: idemamqp.NewProducer(conn, idemamqp.ProducerConfig{})}, nil
 	case "redis", "rediss":
-		opts, err := redis.ParseURL(rawURL)
+		rdb, opts, err := dialRedis(ctx, rawURL)
 		if err != nil {
-			return nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(rawURL), err)
-		}
-		rdb := redis.NewClient(opts)
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := rdb.Ping(pctx).Err(); err != nil {
-			rdb.Close()
-			return nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
+			return nil, err
 		}
 		return &redisSidecar{rdb: rdb, addr: opts.Addr, prod: idemredisstream.NewProducer(rdb, idemredisstream.ProducerConfig{})}, nil
 	}
