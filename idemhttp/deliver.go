@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/keyed"
 )
 
 // The request headers a [Deliverer] sends with each message, beside
@@ -61,14 +62,12 @@ const (
 	answerContentType = "application/vnd.idem.delivery-answer+json"
 )
 
-// Recovery points of a delivery in at-most-once mode, named by the
-// attempt's fencing token: sendStep is saved before the request leaves,
-// deliverySettledStep when the call ended with a known outcome that does not
-// complete the message (nothing sent, or a retryable answer).
-const (
-	sendStep            = "idemhttp:deliver:send:"
-	deliverySettledStep = "idemhttp:deliver:settled:"
-)
+// deliverPoints names the recovery points of a delivery in at-most-once
+// mode (keyed.Finisher, shared with the middleware, the proxy and
+// idemgrpc): a run point is saved before the request leaves, a settled
+// point when the call ended with a known outcome that does not complete
+// the message (nothing sent, or a retryable answer).
+const deliverPoints = "idemhttp:deliver"
 
 // ErrServiceRefused matches the error of a message the service answered
 // with a status that is neither a success nor retryable (400, 404, 422,
@@ -175,8 +174,10 @@ type Deliverer struct {
 	lc     *idem.LeaseConsumer
 	o      DelivererOptions
 	client *http.Client
+	fin    keyed.Finisher // the recovery points
 	stats  struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
+		storeErrors, released                                 atomic.Int64
 	}
 }
 
@@ -238,6 +239,10 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 		// message somewhere else.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+	// A recovery point is written like a call is bounded: each try and
+	// all of its retries within o.Timeout.
+	d.fin = keyed.Finisher{Name: deliverPoints, Lease: o.Timeout, StoreTimeout: o.Timeout, AtMostOnce: !o.AtLeastOnce,
+		Logger: o.Logger, StoreErrors: &d.stats.storeErrors, Released: &d.stats.released}
 	return d, nil
 }
 
@@ -314,9 +319,8 @@ func (d *Deliverer) backoff(n int) time.Duration {
 // deliver is the LeaseHandler: one call to the service under the attempt's
 // lease.
 func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
-	tok := strconv.FormatInt(a.Token, 10)
 	if !d.o.AtLeastOnce {
-		if prev, ok := unsettledDelivery(a); ok {
+		if prev, ok := d.fin.Unsettled(a); ok {
 			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
 				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
 			return encodeAnswer(&answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}), nil
@@ -324,14 +328,14 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 		// The recovery point goes first: if this process dies while the
 		// service works, the attempt that takes the message over finds
 		// it and does not send the message again.
-		if err := a.SaveStep(ctx, sendStep+tok, nil); err != nil {
+		if err := d.fin.MarkRun(a); err != nil {
 			return idem.Result{}, fmt.Errorf("idemhttp: recovery point not recorded; nothing was sent: %w", err)
 		}
 	}
 	ans, sent, err := d.call(ctx, a)
 	switch {
 	case err != nil && !sent:
-		return idem.Result{}, d.settled(a, tok, fmt.Errorf("idemhttp: the message was not sent: %w", err))
+		return idem.Result{}, d.settled(a, fmt.Errorf("idemhttp: the message was not sent: %w", err))
 	case err != nil:
 		if d.o.AtLeastOnce {
 			return idem.Result{}, fmt.Errorf("idemhttp: the message was sent and its answer is unknown; sending it again (at least once): %w", err)
@@ -341,7 +345,7 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 		return encodeAnswer(&answer{Unknown: "sent, and no complete answer came back: " + err.Error()}), nil
 	case retryableDeliveryStatus(ans.Status):
 		ra, _ := retryAfter(ans.retryAfter, time.Now())
-		return idem.Result{}, d.settled(a, tok, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
+		return idem.Result{}, d.settled(a, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
 	}
 	return encodeAnswer(ans), nil
 }
@@ -351,32 +355,16 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 // cause (joined with the store's error when the point could not be
 // recorded: the next attempt will then take the call as unknown, which
 // never sends a message twice).
-func (d *Deliverer) settled(a *idem.Attempt, tok string, cause error) error {
+func (d *Deliverer) settled(a *idem.Attempt, cause error) error {
 	if d.o.AtLeastOnce {
 		return cause
 	}
 	// Recorded even when the caller stopped waiting, while the lease is
-	// held, bounded like a call.
-	sctx, cancel := context.WithTimeout(a.LeaseContext(), d.o.Timeout)
-	defer cancel()
-	if err := a.SaveStep(sctx, deliverySettledStep+tok, nil); err != nil {
+	// held.
+	if err := d.fin.MarkSettled(a); err != nil {
 		return errors.Join(cause, err)
 	}
 	return cause
-}
-
-// unsettledDelivery returns the token of an earlier attempt that saved a
-// send point and no settled point.
-func unsettledDelivery(a *idem.Attempt) (string, bool) {
-	steps := a.Steps()
-	for name := range steps {
-		if tok, ok := strings.CutPrefix(name, sendStep); ok {
-			if _, settled := steps[deliverySettledStep+tok]; !settled {
-				return tok, true
-			}
-		}
-	}
-	return "", false
 }
 
 // call POSTs the message. sent reports whether the request may have

@@ -274,7 +274,7 @@ func crashAfterSend(t *testing.T, lc *idem.LeaseConsumer, msg idem.Message) {
 	if err != nil || a == nil {
 		t.Fatalf("Acquire: %v", err)
 	}
-	if err := a.SaveStep(context.Background(), sendStep+strconv.FormatInt(a.Token, 10), nil); err != nil {
+	if err := a.SaveStep(context.Background(), deliverPoints+":run:"+strconv.FormatInt(a.Token, 10), nil); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = a.Abandon(context.Background(), errors.New("killed"))

@@ -79,6 +79,13 @@ func (f *Finisher) MarkRun(a *idem.Attempt) error {
 	return f.RetryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, f.runStep(a.Token), nil) })
 }
 
+// MarkSettled records that the attempt's outcome is known (it did not
+// act, or its result is about to be recorded otherwise), so Unsettled no
+// longer reports it. Retried like every final write.
+func (f *Finisher) MarkSettled(a *idem.Attempt) error {
+	return f.RetryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, f.settledStep(a.Token), nil) })
+}
+
 // Unsettled returns the token of an earlier attempt that saved a run
 // point and no settled point: it may have acted, and it never recorded
 // its result nor released the key with a known outcome.
@@ -158,7 +165,7 @@ func (f *Finisher) Release(a *idem.Attempt, cause error) error {
 	f.Released.Add(1)
 	var err error
 	if f.AtMostOnce {
-		err = f.RetryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, f.settledStep(a.Token), nil) })
+		err = f.MarkSettled(a)
 	}
 	if err == nil {
 		err = f.RetryWrite(a, func(ctx context.Context) error {
