@@ -78,6 +78,9 @@ type report struct {
 	// Verdict is the report's last line, in words.
 	Verdict  string       `json:"verdict"`
 	Settings demoSettings `json:"settings"`
+	// WithoutIdem is set by --without-idem: where the naive consumer's
+	// lost payments come from.
+	NaiveConsumer *naiveReport `json:"naive_consumer,omitempty"`
 }
 
 func newDemoCmd() *cobra.Command {
@@ -111,9 +114,13 @@ The report explains each counter and ends with a verdict line; --json prints
 it as one object with the settings and "ok".
 
 --without-idem runs the same story (same seed, same duplicates, the same
-crash rate) through a naive consumer: no processed-message record and a new
-provider key on every attempt, so its report shows the double charges idem
-prevents. Run it, then the plain demo, to see the problem and then the fix.
+crash rate) through a naive consumer: it acknowledges each message on
+receipt and charges it afterwards from a worker queue, keeps no
+processed-message record and sends the provider a new key on every attempt.
+Its report shows the double charges (every delivery charges) and the lost
+payments (acknowledged, then dropped by a crash before the ledger commit)
+that idem prevents. Run it, then the plain demo, to see the problem and then
+the fix.
 
 The exit status is 0 only when every payment was charged exactly once: no
 double charges and no lost messages (3 otherwise). With --without-idem it is
@@ -135,7 +142,7 @@ double charges and no lost messages (3 otherwise). With --without-idem it is
 	f.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up (and report lost messages) after this long")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the payments, the duplicates and the crashes")
 	f.BoolVar(&o.json, "json", false, "print the report as one JSON object (with the settings, ok and the verdict)")
-	f.BoolVar(&o.withoutIdem, "without-idem", false, "run the same story (same seed, same faults) through a naive consumer without idem, to see the double charges idem prevents; exits 0 when it ran")
+	f.BoolVar(&o.withoutIdem, "without-idem", false, "run the same story (same seed, same faults) through a naive consumer without idem, to see the double charges and lost payments idem prevents; exits 0 when it ran")
 	f.StringVar(&o.progress, "progress", "auto", "progress display: auto (a bar on a terminal), bar, lines or none")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the consumers (idem_messages_total, idem_claims_active, ...) on http://ADDR/metrics while the demo runs, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
@@ -251,6 +258,7 @@ type demoRun struct {
 	dupPublished, brokerDropped, published       atomic.Int64
 	publishRetries                               atomic.Int64 // publishes made again after a failure
 	naiveAttempts                                atomic.Int64 // --without-idem: provider keys used
+	naiveAcked, naiveDropped, naivePending       atomic.Int64 // --without-idem: acked on receipt, dropped by a crash after the ack, queued
 }
 
 func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err error) {
@@ -518,9 +526,16 @@ func (r *demoRun) consumeForever(ctx context.Context) {
 	for ctx.Err() == nil {
 		mctx, cancel := context.WithCancel(ctx)
 		var m *member
+		var naive *naiveWorker
+		if r.o.withoutIdem {
+			naive = r.startNaive(mctx, func() { cancel(); m.crash() })
+		}
 		p := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
 			if m.dead.Load() { // the adapter hands over what it had buffered
 				return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: errCrash}, errCrash
+			}
+			if naive != nil {
+				return naive.Process(ctx, msg)
 			}
 			out, err := r.process(ctx, msg)
 			if errors.Is(err, errCrash) {
@@ -534,6 +549,9 @@ func (r *demoRun) consumeForever(ctx context.Context) {
 		if err == nil {
 			err = m.run(mctx) // until a crash or the end of the run
 			m.close()
+		}
+		if naive != nil {
+			naive.stop() // charges what it acked, unless it crashed
 		}
 		cancel()
 		if err != nil { // a crash, or the broker failing: start again shortly
@@ -561,9 +579,7 @@ var errCrashAfterCommit = fmt.Errorf("%w after its commit, before the ack", errC
 // a commit.
 func (r *demoRun) process(ctx context.Context, m idem.Message) (out idem.Outcome, err error) {
 	r.deliveries.Add(1)
-	if r.o.withoutIdem {
-		out, err = r.processNaive(ctx, m)
-	} else if r.lease != nil {
+	if r.lease != nil {
 		out, err = r.lease.Process(ctx, m, r.chargeLeased)
 	} else {
 		out, err = r.consumer.Process(ctx, m, r.charge)
@@ -656,10 +672,14 @@ func (r *demoRun) waitDone(ctx context.Context, prodErr <-chan error, stderr io.
 			continue
 		}
 		show.update(int(distinct))
-		if !produced || distinct < int64(r.o.messages) {
+		if !produced || distinct < int64(r.o.messages) && !r.o.withoutIdem {
 			continue
 		}
-		if n, err := r.broker.unfinished(ctx); err == nil && n == 0 {
+		// Without idem, payments lost after their ack never reach the
+		// ledger: done when the broker and the workers have nothing left.
+		// (Read after unfinished: whatever the broker counts as done was
+		// queued before its ack.)
+		if n, err := r.broker.unfinished(ctx); err == nil && n == 0 && r.naivePending.Load() == 0 {
 			return nil
 		}
 	}
@@ -697,6 +717,9 @@ func (r *demoRun) report(ctx context.Context, elapsed time.Duration, charged0 in
 		ElapsedS:               elapsed.Seconds(),
 		Store:                  cmp.Or(r.leaseWhere, r.st.where),
 		Broker:                 redact(r.o.broker),
+	}
+	if r.o.withoutIdem {
+		rep.NaiveConsumer = &naiveReport{AckedBeforeCharge: r.naiveAcked.Load(), DroppedAfterAck: r.naiveDropped.Load()}
 	}
 	if rep.DeadLettered, err = r.broker.deadLettered(ctx); err != nil {
 		return report{}, err

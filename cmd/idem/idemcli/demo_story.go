@@ -37,7 +37,9 @@ func (r *demoRun) tell(rep report) report {
 	rep.OK = rep.DoubleCharges == 0 && rep.Lost == 0 && rep.LedgerCharges == n && rep.ProviderCharges == n
 	switch {
 	case o.withoutIdem:
-		rep.Verdict = fmt.Sprintf("without idem: %d double charges and %d lost payments out of %d, from %d duplicates published and %d consumer crashes; run `idem demo` (same seed, same faults) to see idem prevent them",
+		rep.Verdict = fmt.Sprintf("without idem: %d double charges and %d lost payments out of %d, from %d duplicates published and %d consumer crashes "+
+			"(each delivery charged anew; payments acknowledged on receipt and dropped by a crash before their ledger commit never came back); "+
+			"run `idem demo` (same seed, same faults) to see idem prevent them",
 			rep.DoubleCharges, rep.Lost, n, rep.DuplicatesPublished, rep.ConsumerCrashes)
 	case rep.OK:
 		rep.Verdict = fmt.Sprintf("ok: every one of the %d payments charged exactly once, through %d duplicates published, %d consumer crashes and %d deliveries",
@@ -59,7 +61,7 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	row := func(k string, v any, why string) { fmt.Fprintf(tw, "%s\t%v\t%s\n", k, v, why) }
 	title, store := "idem demo", rep.Store
 	if rep.Settings.WithoutIdem {
-		title = "idem demo --without-idem (a naive consumer: no processed-message record, a new provider key per attempt)"
+		title = "idem demo --without-idem (a naive consumer: acks on receipt and charges afterwards, no processed-message record, a new provider key per attempt)"
 	}
 	if rep.Settings.Temporary {
 		store += " (in a temporary folder, removed at the end; --dir keeps it)"
@@ -68,8 +70,13 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	fmt.Fprintf(w, "settings: %d messages, duplicates %.3g, crash rate %.3g, %d consumers, ack wait %gs, seed %d\n",
 		rep.Settings.Messages, rep.Settings.Duplicates, rep.Settings.CrashRate, rep.Settings.Consumers, rep.Settings.AckWaitS, rep.Settings.Seed)
 	absorbed := "deliveries found already processed and acked without charging; more than the duplicates published, because redeliveries count too (a crash between commit and ack, a slow ack)"
+	lost := "payments never written to the ledger"
 	if rep.Settings.WithoutIdem {
 		absorbed = "none: without idem every delivery charges"
+	}
+	if n := rep.NaiveConsumer; n != nil {
+		lost += fmt.Sprintf(": of the %d deliveries acknowledged on receipt, %d were dropped by a crash before their ledger commit, "+
+			"and the broker, told they were done, never delivered them again (unless a duplicate did)", n.AckedBeforeCharge, n.DroppedAfterAck)
 	}
 	row("messages", rep.Messages, "payments published, each with its payment ID as the message ID")
 	row("deliveries", rep.Deliveries, "messages handed to a consumer: first deliveries, duplicates and redeliveries")
@@ -78,12 +85,16 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	row("duplicates dropped by the broker", rep.BrokerDroppedDups, "of those, copies the broker's own dedupe window dropped (JetStream Nats-Msg-Id)")
 	row("duplicates absorbed by idem", rep.DuplicatesAbsorbed, absorbed)
 	row("in-progress redeliveries", rep.InProgressRedeliveries, "deliveries while another consumer held the message, sent back for later")
-	row("consumer crashes", rep.ConsumerCrashes, "consumers killed after the provider call (before the commit) or after the commit (before the ack)")
+	crashes := "consumers killed after the provider call (before the commit) or after the commit (before the ack)"
+	if rep.NaiveConsumer != nil {
+		crashes = "consumers killed after the provider call (before the commit) or after the commit; the naive consumer had acked both already"
+	}
+	row("consumer crashes", rep.ConsumerCrashes, crashes)
 	row("charges in the ledger", rep.LedgerCharges, "ledger rows: one per payment when all is well")
 	row("provider charges", rep.ProviderCharges, "charges the payment provider made: one per payment when all is well")
 	row("provider replays (same key)", rep.ProviderReplays, "provider calls answered with the earlier charge because the redelivery sent the same derived key: a crash between the call and the commit did not charge twice")
 	row("double charges", rep.DoubleCharges, "extra ledger rows and extra provider charges of one payment")
-	row("lost messages", rep.Lost, "payments never written to the ledger")
+	row("lost messages", rep.Lost, lost)
 	row("dead letters", rep.DeadLettered, "messages that could never be processed")
 	row("elapsed", fmt.Sprintf("%.2fs", rep.ElapsedS), "")
 	row("messages per second", fmt.Sprintf("%.0f", rep.MessagesPerS), "")
