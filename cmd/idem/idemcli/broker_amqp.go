@@ -42,10 +42,6 @@ type amqpBroker struct {
 	outstanding atomic.Int64
 }
 
-func dialAMQP(url string) (*amqp.Connection, error) {
-	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
-}
-
 func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	conn, err := dialAMQP(url)

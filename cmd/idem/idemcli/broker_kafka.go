@@ -64,24 +64,6 @@ func openKafka(ctx context.Context, url string) (_ *kafkaBroker, err error) {
 	return b, nil
 }
 
-// dialKafka returns a client of the cluster at seeds (auto-creating
-// topics) once it answers a ping, within 10 seconds.
-func dialKafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.AllowAutoTopicCreation())
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = cl.Ping(pctx)
-		cancel()
-		if err != nil {
-			cl.Close()
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(seeds, ","), err)
-	}
-	return cl, nil
-}
-
 // publish keys the record by its ID, so that the copies of one payment go
 // to one partition, in order.
 func (b *kafkaBroker) publish(ctx context.Context, id string, payload []byte) (bool, error) {

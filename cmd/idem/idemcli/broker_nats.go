@@ -103,19 +103,10 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 // back, and the durable consumer, kept in the server's file store,
 // redelivers what was not acked.
 func (b *natsBroker) connect() (jetstream.JetStream, error) {
-	url, opts := b.url, []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
 	if b.srv != nil {
-		url, opts = "", []nats.Option{nats.InProcessServer(b.srv)}
+		return dialNATS("", nats.InProcessServer(b.srv))
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-	}
-	return js, err
+	return dialNATS(b.url)
 }
 
 // dropCounter counts the publishes JetStream drops as repeats of a

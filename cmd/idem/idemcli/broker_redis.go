@@ -15,7 +15,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemredisstream"
-	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
 // The demo's Redis Streams names. The message ID travels in idemredisstream's
@@ -36,24 +35,6 @@ type redisStreamBroker struct {
 	prod    *idemredisstream.Producer
 	ackWait time.Duration
 	members atomic.Int64
-}
-
-// dialRedis returns a client of the Redis at url once it answers a ping,
-// within 10 seconds. Its errors carry no password (secret.Error).
-func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
-	defer func() { err = secret.Error(err, url) }()
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
-	}
-	client := redis.NewClient(opts)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		client.Close()
-		return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
-	}
-	return client, opts, nil
 }
 
 func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (*redisStreamBroker, error) {

@@ -76,7 +76,7 @@ func openPublisher(ctx context.Context, url, exchange string) (idem.Publisher, f
 	case url == "":
 		return nil, nil, usageError{fmt.Errorf("--broker is required (or IDEM_BROKER)")}
 	case strings.HasPrefix(url, "nats:"):
-		js, err := (&natsBroker{url: url}).connect()
+		js, err := dialNATS(url)
 		if err != nil {
 			return nil, nil, fmt.Errorf("cannot reach NATS at %s: %w", redact(url), err)
 		}

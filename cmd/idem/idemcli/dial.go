@@ -1,0 +1,77 @@
+package idemcli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
+)
+
+// The broker connections shared by the demo, `idem consume` and `idem
+// relay` (so not behind the nodemo build tag).
+
+// dialNATS connects to the NATS server at url with opts (a 5s timeout
+// and endless reconnects by default) and returns its JetStream context.
+func dialNATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
+	if len(opts) == 0 {
+		opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+	}
+	return js, err
+}
+
+// dialAMQP connects to RabbitMQ at url, with a 5s dial timeout.
+func dialAMQP(url string) (*amqp.Connection, error) {
+	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+}
+
+// dialKafka returns a client of the cluster at seeds (auto-creating
+// topics) once it answers a ping, within 10 seconds.
+func dialKafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.AllowAutoTopicCreation())
+	if err == nil {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = cl.Ping(pctx)
+		cancel()
+		if err != nil {
+			cl.Close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(seeds, ","), err)
+	}
+	return cl, nil
+}
+
+// dialRedis returns a client of the Redis at url once it answers a ping,
+// within 10 seconds. Its errors carry no password (secret.Error).
+func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
+	defer func() { err = secret.Error(err, url) }()
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
+	}
+	client := redis.NewClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
+	}
+	return client, opts, nil
+}
