@@ -29,6 +29,7 @@ type consumeFlags struct {
 	lease, timeout, retryBase, retryMax time.Duration
 	retryDelay, ackWait, natsDuplicates time.Duration
 	shutdownTimeout                     time.Duration
+	log                                 logFlags
 }
 
 func newConsumeCmd() *cobra.Command {
@@ -71,6 +72,13 @@ stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
 (durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
 
+Logging: one line per message at info on stderr (--log-format text or json):
+message_id, system and destination (the broker and where the message came
+from), outcome (Processed, Duplicate, InProgress, Failed, ...), action (Ack,
+Redeliver, DeadLetter), reason, attempt, delay_ms of a redelivery,
+duration_ms, and for a failure service_status (the service's answer) or
+error. No payload, no header value and no answer body is logged.
+
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
 --metrics-addr serves Prometheus metrics on http://ADDR/metrics. On SIGINT or
@@ -101,6 +109,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
+	f.log.register(fl, "message")
 	return cmd
 }
 
@@ -147,6 +156,10 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if f.deadLetter == "" {
 		f.deadLetter = defaultDeadLetter(f.broker, f.from)
 	}
+	logger, err := f.log.newLogger(stderr)
+	if err != nil {
+		return err
+	}
 	ps, err := f.leaseStoreFlags.open(ctx)
 	if err != nil {
 		return err
@@ -165,7 +178,6 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		}
 		defer metrics.close()
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	lc, err := idem.NewLeaseConsumer(ps.store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
 		Hooks: metrics.hooks(), Logger: logger})
 	if err != nil {
@@ -177,7 +189,7 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if err != nil {
 		return usageError{err}
 	}
-	run, stop, err := b.consume(ctx, f.from, d, consumeConfig{group: f.group, deadLetter: f.deadLetter,
+	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), consumeConfig{group: f.group, deadLetter: f.deadLetter,
 		concurrency: f.concurrency, retryDelay: f.retryDelay, ackWait: f.ackWait, logger: logger})
 	if err != nil {
 		return err
@@ -299,4 +311,40 @@ func (h *healthServer) close() {
 	defer cancel()
 	_ = h.srv.Shutdown(ctx)
 	<-h.done
+}
+
+// logMessages logs one line at info for each delivery p processes (see
+// the Logging paragraph of `idem consume --help`): what the adapter will do
+// with it is the core's decision, Outcome.Settle with the adapter's
+// retryDelay. The payload, the headers and a service's answer body (in a
+// ServiceAnswerError's text) are never logged.
+func logMessages(logger *slog.Logger, retryDelay time.Duration, p idem.Processor) idem.Processor {
+	return idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+		if !logger.Enabled(ctx, slog.LevelInfo) {
+			return p.Process(ctx, msg)
+		}
+		start := time.Now()
+		out, err := p.Process(ctx, msg)
+		s := out.Settle(retryDelay)
+		attrs := []slog.Attr{slog.String("message_id", msg.ID)}
+		if d, ok := idem.DeliveryFromContext(ctx); ok {
+			attrs = append(attrs, slog.String("system", d.System), slog.String("destination", d.Destination))
+		}
+		attrs = append(attrs, slog.String("outcome", out.Status.String()), slog.String("action", s.Action.String()),
+			slog.String("reason", s.Reason), slog.Int("attempt", out.Attempt))
+		if s.Action == idem.Redeliver {
+			attrs = append(attrs, slog.Int64("delay_ms", s.Delay.Milliseconds()))
+		}
+		attrs = append(attrs, slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+		if s.Action != idem.Ack {
+			var answer *idemhttp.ServiceAnswerError
+			if errors.As(s.Err, &answer) {
+				attrs = append(attrs, slog.Int("service_status", answer.Status))
+			} else {
+				attrs = append(attrs, slog.String("error", s.Err.Error()))
+			}
+		}
+		logger.LogAttrs(ctx, slog.LevelInfo, "message", attrs...)
+		return out, err
+	})
 }

@@ -24,6 +24,8 @@ func TestConsumeUsageErrors(t *testing.T) {
 		{"no attempts", "--max-attempts", "0", "--max-attempts"},
 		{"short ack wait", "--ack-wait", "10ms", "--ack-wait"},
 		{"bad health address", "--health-addr", "nohost", "--health-addr"},
+		{"bad log format", "--log-format", "xml", "--log-format"},
+		{"bad log level", "--log-level", "loud", "--log-level"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

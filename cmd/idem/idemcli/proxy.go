@@ -140,8 +140,7 @@ in flight finish (up to --shutdown-timeout).`,
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", idemhttp.DefaultUpstreamDialTimeout, "time to connect to the upstream")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long requests in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthPath, "health-path", idemhttp.DefaultProxyHealthPath, `path answered with the store's health ("-": none)`)
-	fl.StringVar(&f.log.format, "log-format", "text", "log format on stderr: text or json (one line per request at info; see Logging)")
-	fl.StringVar(&f.log.level, "log-level", "info", "lowest level logged: debug, info, warn or error (warn: no request lines)")
+	f.log.register(fl, "request")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics (idem_messages_total by outcome and HTTP status, idem_http_request_duration_seconds, ...) on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
 }

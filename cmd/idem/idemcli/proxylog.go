@@ -11,12 +11,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemhttp"
 )
 
 // logFlags are --log-format and --log-level.
 type logFlags struct{ format, level string }
+
+// register adds --log-format and --log-level to fl; what names the thing
+// logged once per line at info ("request", "message").
+func (f *logFlags) register(fl *pflag.FlagSet, what string) {
+	fl.StringVar(&f.format, "log-format", "text", "log format on stderr: text or json (one line per "+what+" at info; see Logging)")
+	fl.StringVar(&f.level, "log-level", "info", "lowest level logged: debug, info, warn or error (warn: no "+what+" lines)")
+}
 
 // newLogger returns the slog.Logger of --log-format (text or json) and
 // --log-level (debug, info, warn, error) writing to w; a bad value is a

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
@@ -242,17 +241,7 @@ func TestDemoWithPasswordOnNATS(t *testing.T) {
 	for _, pw := range []struct{ name, written, meant string }{secretPasswords[4], secretPasswords[5]} {
 		t.Run(pw.name, func(t *testing.T) {
 			t.Parallel()
-			srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "demo", Password: pw.meant,
-				JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv.Start()
-			t.Cleanup(srv.Shutdown)
-			if !srv.ReadyForConnections(30 * time.Second) {
-				t.Fatal("NATS server did not start")
-			}
-			addr := srv.Addr().String()
+			addr := startNATS(t, "demo", pw.meant)
 			code, output := runMain(context.Background(), "demo", "--broker", "nats://demo:"+pw.written+"@"+addr,
 				"--messages", "40", "--consumers", "2", "--crash-rate", "0", "--progress", "none", "--timeout", "2m")
 			if code != 0 || !strings.Contains(output, "nats://demo:xxxxx@"+addr) || !strings.Contains(output, "lost messages") {
