@@ -37,6 +37,23 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestVersionSaysWhyNoRevision: a binary without a VCS revision (go run,
+// -buildvcs=false, a git worktree) says where to look; one with a
+// revision prints it with its time and dirty flag.
+func TestVersionSaysWhyNoRevision(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	printVersion(&b, buildInfo{Module: "m", Version: "(devel)", GoVersion: "go1.26"})
+	if got := b.String(); got != "m (devel) (no VCS revision: see idem version --help) go1.26\n" {
+		t.Errorf("without a revision: %q", got)
+	}
+	b.Reset()
+	printVersion(&b, buildInfo{Module: "m", Version: "v1.2.3", Revision: "abc123", Time: "2026-12-02T05:46:58Z", Modified: true, GoVersion: "go1.26"})
+	if got := b.String(); got != "m v1.2.3 revision abc123 (modified) of 2026-12-02T05:46:58Z go1.26\n" {
+		t.Errorf("with a revision: %q", got)
+	}
+}
+
 // TestHelpExitsZero: --help of every command prints its usage and exits 0.
 func TestHelpExitsZero(t *testing.T) {
 	t.Parallel()

@@ -8,6 +8,13 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// vcsRevision is the revision to report when the build information has
+// none: set it at link time where Go stamps none (a git worktree, whose
+// .git is a file; -buildvcs=false), as in
+//
+//	go build -ldflags "-X github.com/idem-go/idem/cmd/idem/idemcli.vcsRevision=$(git rev-parse HEAD)" ./cmd/idem
+var vcsRevision string
+
 // buildInfo is what `idem version` reports, read from the binary's build
 // information (runtime/debug.ReadBuildInfo).
 type buildInfo struct {
@@ -39,6 +46,9 @@ func readBuildInfo() buildInfo {
 			out.Modified = s.Value == "true"
 		}
 	}
+	if out.Revision == "" {
+		out.Revision = vcsRevision
+	}
 	return out
 }
 
@@ -48,8 +58,13 @@ func newVersionCmd() *cobra.Command {
 		Use:   "version",
 		Short: "Print the module version and the VCS revision of this binary",
 		Long: `version prints the module version of this binary and the VCS revision,
-commit time and dirty flag it was built from (from its build information;
-"go run" and a build with -buildvcs=false carry no revision).`,
+commit time and dirty flag it was built from (from its build information).
+
+Go stamps the revision when it builds in a git clone with -buildvcs on (the
+default, "auto"; check that "go env GOFLAGS" does not hold -buildvcs=false,
+or build with -buildvcs=true). "go run", a build with -buildvcs=false and a
+build in a git worktree (whose .git is a file) carry none; there, set it with
+-ldflags "-X github.com/idem-go/idem/cmd/idem/idemcli.vcsRevision=$(git rev-parse HEAD)".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bi := readBuildInfo()
@@ -66,7 +81,9 @@ commit time and dirty flag it was built from (from its build information;
 
 func printVersion(w io.Writer, bi buildInfo) {
 	fmt.Fprintf(w, "%s %s", bi.Module, bi.Version)
-	if bi.Revision != "" {
+	if bi.Revision == "" {
+		fmt.Fprint(w, " (no VCS revision: see idem version --help)")
+	} else {
 		fmt.Fprintf(w, " revision %s", bi.Revision)
 		if bi.Modified {
 			fmt.Fprint(w, " (modified)")
