@@ -2,6 +2,8 @@ package idempgxv5_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,17 +19,34 @@ import (
 //     more INSERT in the transaction, and the NOTIFY trigger at commit);
 //   - idem_outbox1_nonotify: the same without the table's NOTIFY trigger,
 //     to show its share;
+//   - idem_outbox1_notify_after: without the trigger, and a pg_notify of
+//     its own after each commit, outside the transaction (the cost of
+//     waking relays from the consumer instead);
 //   - relay: a Relay sending those rows through a publisher that confirms
 //     at once, in batches of 100 (claim, then one mark per batch): the
 //     store's share of the relay's throughput, msgs/s;
 //   - relay_workers4: the same with four rounds in flight (RelayConfig.Workers).
 //
-// Run: go test -run '^$' -bench BenchmarkOutbox -benchtime 3s -count 3
+// The processing cases report their ratio to idem in the same round
+// (x-outbox_idem). They run on the durable PostgreSQL when
+// IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL).
+//
+// Run: IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench BenchmarkOutbox -benchtime 2s
 func BenchmarkOutbox(b *testing.B) {
+	for range benchRounds {
+		benchOutboxRound(b)
+	}
+}
+
+// benchOutboxRound runs each case of BenchmarkOutbox once.
+func benchOutboxRound(b *testing.B) {
 	payload := []byte(`{"order":"o-1","amount":200}`)
-	process := func(b *testing.B, emit, notify bool) *bundle {
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
-		if !notify {
+	// notify: "trigger" (the table's NOTIFY trigger, at commit), "none"
+	// (trigger dropped), "after" (trigger dropped; one pg_notify of its own
+	// after each commit, outside the transaction).
+	process := func(b *testing.B, name string, emit bool, notify string) {
+		bb := benchSetup(b)
+		if notify != "trigger" {
 			if _, err := bb.pool.Exec(context.Background(), `DROP TRIGGER `+bb.table+`_outbox_notify ON `+bb.table+`_outbox`); err != nil {
 				b.Fatal(err)
 			}
@@ -44,14 +63,30 @@ func BenchmarkOutbox(b *testing.B) {
 				return err
 			}
 		}
-		processNew(b, bb, c, h, payload)
-		return bb
+		if notify != "after" {
+			reportRatios(b, name, processNew(b, bb, c, h, payload), "outbox_idem")
+			return
+		}
+		prefix := benchPrefix()
+		channel := bb.table + "_outbox" // the trigger's channel (see the migration)
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
+			if err == nil && out.Status != idem.Processed {
+				err = fmt.Errorf("outcome %v", out.Status)
+			}
+			if err == nil {
+				_, err = bb.pool.Exec(ctx, `SELECT pg_notify($1, '')`, channel)
+			}
+			return err
+		})
+		reportRatios(b, name, rate, "outbox_idem")
 	}
-	b.Run("idem", func(b *testing.B) { process(b, false, true) })
-	b.Run("idem_outbox1", func(b *testing.B) { process(b, true, true) })
-	b.Run("idem_outbox1_nonotify", func(b *testing.B) { process(b, true, false) })
+	b.Run("idem", func(b *testing.B) { process(b, "outbox_idem", false, "trigger") })
+	b.Run("idem_outbox1", func(b *testing.B) { process(b, "idem_outbox1", true, "trigger") })
+	b.Run("idem_outbox1_nonotify", func(b *testing.B) { process(b, "idem_outbox1_nonotify", true, "none") })
+	b.Run("idem_outbox1_notify_after", func(b *testing.B) { process(b, "idem_outbox1_notify_after", true, "after") })
 	relay := func(b *testing.B, workers int) {
-		bb := setup(b, poolOpts{maxConns: int32(workers + 2)})
+		bb := setup(b, poolOpts{maxConns: int32(workers + 2), url: benchURL()})
 		ctx := context.Background()
 		if _, err := bb.pool.Exec(ctx, `INSERT INTO `+bb.table+`_outbox (id, destination, order_key, payload)
 			SELECT 'r-' || g, 'orders.charged', 'k-' || g, '\x7b7d'::bytea FROM generate_series(1, $1::int) g`, b.N); err != nil {
