@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"sort"
