@@ -28,6 +28,16 @@ func Existing(fp []byte, state sql.NullInt64) idemdriver.ClaimResult {
 // Claimed is the result of a claim that inserted the record.
 var Claimed = idemdriver.ClaimResult{Claimed: true}
 
+// AllClaimed returns n results Claimed: those of a batch claim that
+// inserted every message.
+func AllClaimed(n int) []idemdriver.ClaimResult {
+	out := make([]idemdriver.ClaimResult, n)
+	for i := range out {
+		out[i] = Claimed
+	}
+	return out
+}
+
 // Sorted returns the messages of p in byte order of their IDs, the order
 // in which every batch claim inserts, so that two batches sharing IDs take
 // their row locks in the same order and cannot deadlock.

@@ -71,7 +71,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: idempgxv5: %w", idemdriver.ErrInvalidConfig, err)
 	}
-	return &Store{pool: pool, table: table, q: pgsql.New(table.Qualified)}, nil
+	q := pgsql.New(table.Qualified)
+	q.NativeArrays = true // pgx encodes []string and [][]byte as arrays
+	return &Store{pool: pool, table: table, q: q}, nil
 }
 
 // Table returns the processed-messages table name, as written in SQL.
