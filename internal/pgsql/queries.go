@@ -180,10 +180,10 @@ UNION ALL
 SELECT false, fingerprint, state FROM ` + t + ` WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM ins)
 UNION ALL
 ` + restoreLockTimeout(`NULL::boolean`),
-		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
+		fingerprint:      `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
 		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
-		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+		fingerprints:     `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 
 		// One statement inserts a new record, or takes over an expired one
 		// (the DO UPDATE runs only when its WHERE holds, judged on the
