@@ -2,8 +2,6 @@ package idempgxv5_test
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,12 +14,11 @@ import (
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message (one
-//     more INSERT in the transaction, and the NOTIFY trigger at commit);
-//   - idem_outbox1_nonotify: the same without the table's NOTIFY trigger,
-//     to show its share;
-//   - idem_outbox1_notify_after: without the trigger, and a pg_notify of
-//     its own after each commit, outside the transaction (the cost of
-//     waking relays from the consumer instead);
+//     more INSERT in the transaction, quiet: the Store notifies relays
+//     after the commit);
+//   - idem_outbox1_notify_in_tx: the same with the table's trigger
+//     notifying inside every transaction, as before migration 005 (its
+//     function put back as it was), to show what that costs;
 //   - relay: a Relay sending those rows through a publisher that confirms
 //     at once, in batches of 100 (claim, then one mark per batch): the
 //     store's share of the relay's throughput, msgs/s;
@@ -31,7 +28,7 @@ import (
 // (x-outbox_idem). They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL).
 //
-// Run: IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench BenchmarkOutbox -benchtime 2s
+// Run: IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkOutbox -benchtime 2s
 func BenchmarkOutbox(b *testing.B) {
 	for range benchRounds {
 		benchOutboxRound(b)
@@ -41,13 +38,11 @@ func BenchmarkOutbox(b *testing.B) {
 // benchOutboxRound runs each case of BenchmarkOutbox once.
 func benchOutboxRound(b *testing.B) {
 	payload := []byte(`{"order":"o-1","amount":200}`)
-	// notify: "trigger" (the table's NOTIFY trigger, at commit), "none"
-	// (trigger dropped), "after" (trigger dropped; one pg_notify of its own
-	// after each commit, outside the transaction).
-	process := func(b *testing.B, name string, emit bool, notify string) {
+	process := func(b *testing.B, name string, emit, notifyInTx bool) {
 		bb := benchSetup(b)
-		if notify != "trigger" {
-			if _, err := bb.pool.Exec(context.Background(), `DROP TRIGGER `+bb.table+`_outbox_notify ON `+bb.table+`_outbox`); err != nil {
+		if notifyInTx {
+			if _, err := bb.pool.Exec(context.Background(), `CREATE OR REPLACE FUNCTION `+bb.table+`_outbox_notify() RETURNS trigger
+				LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('`+bb.table+`_outbox', ''); RETURN NULL; END $$`); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -63,28 +58,11 @@ func benchOutboxRound(b *testing.B) {
 				return err
 			}
 		}
-		if notify != "after" {
-			reportRatios(b, name, processNew(b, bb, c, h, payload), "outbox_idem")
-			return
-		}
-		prefix := benchPrefix()
-		channel := bb.table + "_outbox" // the trigger's channel (see the migration)
-		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
-			out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
-			if err == nil && out.Status != idem.Processed {
-				err = fmt.Errorf("outcome %v", out.Status)
-			}
-			if err == nil {
-				_, err = bb.pool.Exec(ctx, `SELECT pg_notify($1, '')`, channel)
-			}
-			return err
-		})
-		reportRatios(b, name, rate, "outbox_idem")
+		reportRatios(b, name, processNew(b, bb, c, h, payload), "outbox_idem")
 	}
-	b.Run("idem", func(b *testing.B) { process(b, "outbox_idem", false, "trigger") })
-	b.Run("idem_outbox1", func(b *testing.B) { process(b, "idem_outbox1", true, "trigger") })
-	b.Run("idem_outbox1_nonotify", func(b *testing.B) { process(b, "idem_outbox1_nonotify", true, "none") })
-	b.Run("idem_outbox1_notify_after", func(b *testing.B) { process(b, "idem_outbox1_notify_after", true, "after") })
+	b.Run("idem", func(b *testing.B) { process(b, "outbox_idem", false, false) })
+	b.Run("idem_outbox1", func(b *testing.B) { process(b, "idem_outbox1", true, false) })
+	b.Run("idem_outbox1_notify_in_tx", func(b *testing.B) { process(b, "idem_outbox1_notify_in_tx", true, true) })
 	relay := func(b *testing.B, workers int) {
 		bb := setup(b, poolOpts{maxConns: int32(workers + 2), url: benchURL()})
 		ctx := context.Background()
