@@ -17,14 +17,15 @@ import (
 
 // TestQuick runs `bench --quick` end to end, as ./scripts/test does, so the
 // harness cannot rot: every contender on both brokers, on SQLite and (when
-// IDEM_TEST_POSTGRES_URL is set; required under IDEM_TEST_REQUIRE_ALL=1)
+// IDEM_TEST_POSTGRES_URL or IDEM_TEST_POSTGRES_DURABLE_URL is set; required
+// under IDEM_TEST_REQUIRE_ALL=1)
 // PostgreSQL. It checks the three outputs exist and that the correctness
 // columns say what the contenders guarantee: idem has no double effect and
 // loses nothing under any fault, while the naive consumer applies every
 // published duplicate twice and the crash redelivers what it committed.
 func TestQuick(t *testing.T) {
 	stores := "sqlite"
-	if os.Getenv(envPostgres) != "" {
+	if postgresURL() != "" {
 		stores += ",postgres"
 	} else if os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
 		t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1); scripts/services prints it", envPostgres)

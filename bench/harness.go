@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"os"
 	"runtime"
 	"slices"
 	"sort"
@@ -77,7 +76,7 @@ func (o *options) defaults() {
 	}
 	if len(o.stores) == 0 {
 		o.stores = []string{"sqlite"}
-		if os.Getenv(envPostgres) != "" {
+		if postgresURL() != "" {
 			o.stores = append(o.stores, "postgres")
 		}
 	}
@@ -102,7 +101,7 @@ func (o *options) validate() error {
 		if s != "sqlite" && s != "postgres" {
 			return fmt.Errorf("%w: unknown store %q (want sqlite, postgres)", errUsage, s)
 		}
-		if s == "postgres" && os.Getenv(envPostgres) == "" {
+		if s == "postgres" && postgresURL() == "" {
 			return fmt.Errorf("%w: --stores postgres needs %s (eval \"$(scripts/services)\" sets it)", errUsage, envPostgres)
 		}
 	}
@@ -221,7 +220,7 @@ func run(ctx context.Context, o options) ([]result, *harness, error) {
 				db, err = newSQLiteDB(1)
 			case "postgres":
 				var pg *postgresDB
-				pg, err = newPostgresDB(ctx, os.Getenv(envPostgres), o.workers*2+4)
+				pg, err = newPostgresDB(ctx, postgresURL(), o.workers*2+4)
 				if err == nil {
 					v, fs, verr := pg.serverVersion(ctx)
 					if verr == nil {

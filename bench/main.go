@@ -31,6 +31,7 @@
 // for Kafka, which would measure the client library instead of the
 // deduplication). Stores: SQLite through store/idemsql (modernc.org/sqlite,
 // WAL, synchronous FULL), and PostgreSQL through store/idempgxv5 when
+// IDEM_TEST_POSTGRES_DURABLE_URL (preferred: durable settings) or
 // IDEM_TEST_POSTGRES_URL is set.
 //
 // Each contender gets one throughput run: the workload is published, then

@@ -21,8 +21,23 @@ import (
 	"github.com/idem-go/idem/store/idemsql"
 )
 
-// envPostgres names the PostgreSQL the harness uses (scripts/services sets it).
-const envPostgres = "IDEM_TEST_POSTGRES_URL"
+// envPostgres names the PostgreSQL the harness uses (scripts/services sets
+// it), unless envPostgresDurable is set: then the durable one (fsync,
+// synchronous_commit and full_page_writes on, as users run it), whose
+// figures are the ones to publish.
+const (
+	envPostgres        = "IDEM_TEST_POSTGRES_URL"
+	envPostgresDurable = "IDEM_TEST_POSTGRES_DURABLE_URL"
+)
+
+// postgresURL is the PostgreSQL the harness runs on: envPostgresDurable's
+// when set, else envPostgres's, else "".
+func postgresURL() string {
+	if u := os.Getenv(envPostgresDurable); u != "" {
+		return u
+	}
+	return os.Getenv(envPostgres)
+}
 
 // errInjected is the handler error of the "handler error on first attempt"
 // fault.

@@ -46,24 +46,24 @@ func WrapLockTimeout(err error) error {
 }
 
 // ScanClaim reads the row of q.Claim. settled is false when the claim
-// conflicted with a record its snapshot cannot show (committed by a
-// transaction it waited for): Settle then finishes it.
+// returned no row: it conflicted with a record its snapshot cannot show
+// (committed by a transaction it waited for), and Settle then finishes
+// it.
 func ScanClaim(row sqlstore.Row) (res idemdriver.ClaimResult, settled bool, err error) {
 	var (
 		claimed bool
 		fp      []byte
 		state   sql.NullInt64
 	)
-	if err := row.Scan(&claimed, &fp, &state); err != nil {
+	switch err := row.Scan(&claimed, &fp, &state); {
+	case errors.Is(err, sqlstore.ErrNoRows):
+		return res, false, nil
+	case err != nil:
 		return res, false, err
-	}
-	switch {
 	case claimed:
 		return sqlstore.Claimed, true, nil
-	case fp != nil:
-		return sqlstore.Existing(fp, state), true, nil
 	}
-	return res, false, nil
+	return sqlstore.Existing(fp, state), true, nil
 }
 
 // ClaimTx claims p inside tx: q.Claim, and Settle when needed. p must
@@ -111,18 +111,13 @@ func (q *Queries) ClaimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 }
 
 func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	got := make(map[string]idemdriver.ClaimResult, len(p.Messages))
+	var got map[string]idemdriver.ClaimResult // made when some message was not inserted
 	pending := sqlstore.Sorted(p)
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == sqlstore.MaxClaimAttempts {
 			return nil, sqlstore.ErrUnsettled("batch claim", p.Consumer)
 		}
-		fps := make([]string, len(pending))
-		for i, m := range pending {
-			fps[i] = hex.EncodeToString(m.Fingerprint)
-		}
-		ids := TextArray(sqlstore.IDs(pending))
-		rows, err := tx.Query(ctx, q.claimBatch, p.Consumer, ids, TextArray(fps), LockTimeoutArg(p.LockTimeout))
+		rows, err := q.queryClaimBatch(ctx, tx, p, pending)
 		if err != nil {
 			return nil, err
 		}
@@ -136,6 +131,9 @@ func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 			if err := r.Scan(&id, &fp, &state); err != nil {
 				return err
 			}
+			if got == nil && id.Valid {
+				got = make(map[string]idemdriver.ClaimResult, len(p.Messages))
+			}
 			switch {
 			case !id.Valid: // every message was inserted
 				all = true
@@ -148,6 +146,12 @@ func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 		})
 		if err != nil {
 			return nil, err
+		}
+		if all && attempt == 0 { // every message new: the common case, no map to read
+			return sqlstore.AllClaimed(len(p.Messages)), nil
+		}
+		if got == nil {
+			got = make(map[string]idemdriver.ClaimResult, len(p.Messages))
 		}
 		if all {
 			for _, m := range pending {
@@ -168,6 +172,25 @@ func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 		pending = sqlstore.Unsettled(waited, got)
 	}
 	return sqlstore.InOrder(p, got)
+}
+
+// queryClaimBatch runs the batch claim of pending (messages of p), with
+// native arrays when q.NativeArrays is set.
+func (q *Queries) queryClaimBatch(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams, pending []idemdriver.ClaimMessage) (sqlstore.Rows, error) {
+	ids := make([]string, len(pending))
+	lt := LockTimeoutArg(p.LockTimeout)
+	if q.NativeArrays {
+		fps := make([][]byte, len(pending))
+		for i, m := range pending {
+			ids[i], fps[i] = m.MessageID, m.Fingerprint
+		}
+		return tx.Query(ctx, q.claimBatchNative, p.Consumer, ids, fps, lt)
+	}
+	fps := make([]string, len(pending))
+	for i, m := range pending {
+		ids[i], fps[i] = m.MessageID, hex.EncodeToString(m.Fingerprint)
+	}
+	return tx.Query(ctx, q.claimBatch, p.Consumer, TextArray(ids), TextArray(fps), lt)
 }
 
 // Acquire runs the acquire statement until it settles (see Queries.acquire),

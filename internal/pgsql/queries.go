@@ -39,14 +39,17 @@
 //
 // # Claims
 //
-// A claim is INSERT ... ON CONFLICT DO NOTHING in a data-modifying CTE
-// whose outer SELECT also reads a committed record's fingerprint and
-// state. The lookup is a CASE branch (an InitPlan) that PostgreSQL runs
-// only when the insert did nothing, so a new message costs the INSERT
-// alone whatever plan the lookup gets; a LEFT JOIN would run the lookup
-// for every new message too, and with pgx's cached generic plan on a young
-// table that can be a sequential scan. The batch claim is built the same
-// way: one row when every message was new, and the lookup skipped.
+// A claim is INSERT ... ON CONFLICT DO NOTHING in a data-modifying CTE,
+// and a UNION ALL of two branches: one row (true) per row inserted, and
+// the committed record's fingerprint and state (false), read by a branch
+// behind a one-time filter on the insert (NOT EXISTS, an InitPlan) that
+// PostgreSQL runs only when the insert did nothing. So a new message costs
+// the INSERT alone whatever plan the lookup gets, and a duplicate one
+// index probe more, for the one row the client decodes. (A LEFT JOIN
+// would run the lookup for every new message too, and with pgx's cached
+// generic plan on a young table that can be a sequential scan.) The batch
+// claim is built the same way: one row when every message was new, and
+// the lookup skipped.
 // Concurrency is the primary key's: a claim of a key that a concurrent
 // transaction inserted waits for it, then claims (rolled back) or reports
 // the record, which its snapshot (READ COMMITTED, taken before the wait)
@@ -108,8 +111,10 @@ type Queries struct {
 	// Table is the processed-messages table as written in SQL.
 	Table string
 	// Claim: consumer, message ID, fingerprint, lock timeout (ms as text,
-	// or NULL) -> claimed (bool), stored fingerprint and state (NULL
-	// unless a record committed before the statement began conflicted).
+	// or NULL) -> claimed (bool), stored fingerprint and state: (true,
+	// NULL, NULL) when it inserted the record, (false, fingerprint, state)
+	// when a record committed before the statement began conflicted, and
+	// no row when the conflicting record is one its snapshot cannot show.
 	Claim string
 	// fingerprint: consumer, message ID -> fingerprint, state.
 	fingerprint string
@@ -119,6 +124,14 @@ type Queries struct {
 	// (message ID, NULL, NULL) per inserted message and (message ID,
 	// fingerprint, state) per record committed before the statement.
 	claimBatch string
+	// claimBatchNative is claimBatch with the IDs and fingerprints as
+	// native arrays (text[] and bytea[] parameters), for NativeArrays.
+	claimBatchNative string
+	// NativeArrays makes the batch claim send its IDs and fingerprints as
+	// []string and [][]byte, which the driver encodes as arrays (pgx
+	// does; database/sql drivers need not), instead of array literals in
+	// strings with hex fingerprints that the server parses and decodes.
+	NativeArrays bool
 	// fingerprints: consumer, text[] of IDs -> message ID, fingerprint,
 	// state.
 	fingerprints string
@@ -162,31 +175,15 @@ func New(t string) *Queries {
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 )
-SELECT EXISTS (SELECT FROM ins),
-	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
-	ELSE (SELECT fingerprint FROM ` + t + ` WHERE ` + pk + `) END,
-	CASE WHEN EXISTS (SELECT FROM ins) THEN NULL
-	ELSE (SELECT state FROM ` + t + ` WHERE ` + pk + `) END
+SELECT true, NULL::bytea, NULL::smallint FROM ins
+UNION ALL
+SELECT false, fingerprint, state FROM ` + t + ` WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM ins)
 UNION ALL
 ` + restoreLockTimeout(`NULL::boolean`),
-		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
-		claimBatch: `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
-	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	SELECT $1::text, u.id, decode(u.fp, 'hex') FROM lt, unnest($2::text[], $3::text[]) AS u(id, fp)
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING message_id
-), n AS (
-	SELECT count(*) = cardinality($2::text[]) AS all_claimed FROM ins
-)
-SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
-UNION ALL
-SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
-UNION ALL
-SELECT message_id, fingerprint, state FROM ` + t + `
-WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)
-UNION ALL
-` + restoreLockTimeout(`NULL::text`),
-		fingerprints: `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+		fingerprint:      `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
+		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
+		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
+		fingerprints:     `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
 
 		// One statement inserts a new record, or takes over an expired one
 		// (the DO UPDATE runs only when its WHERE holds, judged on the
@@ -293,6 +290,28 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 			Record: `INSERT INTO ` + t + `_migrations (version, applied_at) VALUES ($1, now())`,
 		},
 	}
+}
+
+// claimBatch is the batch claim statement on table t, whose fingerprints
+// parameter is fps (an array expression of $3) and each of whose
+// elements u.fp becomes a fingerprint through fp.
+func claimBatch(t, fp, fps string) string {
+	return `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
+	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
+	SELECT $1::text, u.id, ` + fp + ` FROM lt, unnest($2::text[], ` + fps + `) AS u(id, fp)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING message_id
+), n AS (
+	SELECT count(*) = cardinality($2::text[]) AS all_claimed FROM ins
+)
+SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
+UNION ALL
+SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
+UNION ALL
+SELECT message_id, fingerprint, state FROM ` + t + `
+WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)
+UNION ALL
+` + restoreLockTimeout(`NULL::text`)
 }
 
 // Lock statements: a session advisory lock for purges (held on one

@@ -28,12 +28,28 @@ func Existing(fp []byte, state sql.NullInt64) idemdriver.ClaimResult {
 // Claimed is the result of a claim that inserted the record.
 var Claimed = idemdriver.ClaimResult{Claimed: true}
 
+// AllClaimed returns n results Claimed: those of a batch claim that
+// inserted every message.
+func AllClaimed(n int) []idemdriver.ClaimResult {
+	out := make([]idemdriver.ClaimResult, n)
+	for i := range out {
+		out[i] = Claimed
+	}
+	return out
+}
+
 // Sorted returns the messages of p in byte order of their IDs, the order
 // in which every batch claim inserts, so that two batches sharing IDs take
-// their row locks in the same order and cannot deadlock.
+// their row locks in the same order and cannot deadlock. The result is
+// p.Messages itself when they are in that order already; callers only
+// read it.
 func Sorted(p *idemdriver.ClaimBatchParams) []idemdriver.ClaimMessage {
+	byID := func(a, b idemdriver.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) }
+	if slices.IsSortedFunc(p.Messages, byID) { // as idem.Consumer sends them: no copy
+		return p.Messages
+	}
 	sorted := slices.Clone(p.Messages)
-	slices.SortFunc(sorted, func(a, b idemdriver.ClaimMessage) int { return strings.Compare(a.MessageID, b.MessageID) })
+	slices.SortFunc(sorted, byID)
 	return sorted
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -24,6 +25,23 @@ var benchWorkers = func() int {
 	return 8
 }()
 
+// benchURL is the database the benchmarks run on: the durable PostgreSQL
+// (IDEM_TEST_POSTGRES_DURABLE_URL: fsync, synchronous_commit and
+// full_page_writes on, what users run) when it is set, else the test
+// database (whose fsync is off: figures that flatter every contender).
+func benchURL() string { return os.Getenv(testenv.PostgresDurableEnv) }
+
+// benchRounds is how many times a benchmark runs its cases in turn
+// (IDEM_BENCH_ROUNDS, default 1). go test -count N would run each case N
+// times in a row; rounds interleave them, so that a ratio compares cases
+// measured moments apart, under the same load.
+var benchRounds = func() int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}()
+
 var benchSeq atomic.Int64
 
 // benchPrefix makes message IDs unique across the runs of a benchmark.
@@ -31,12 +49,27 @@ func benchPrefix() string {
 	return "b" + strconv.FormatInt(benchSeq.Add(1), 10) + "-"
 }
 
+// benchSetup is setup on benchURL's database with a pool of benchWorkers
+// connections, plus the hand-written consumer's processed table
+// (bundle.best): the least a person can write for the same guarantee, one
+// text primary key and the time of processing (which retention needs).
+func benchSetup(b *testing.B) *bundle {
+	b.Helper()
+	bb := setup(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
+	bb.best = bb.effects + "_best"
+	if _, err := bb.pool.Exec(context.Background(), `CREATE TABLE `+bb.best+
+		` (message_id text COLLATE "C" PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		b.Fatal(err)
+	}
+	return bb
+}
+
 // steady seeds the bundle's tables with 100,000 rows each (records of
-// another consumer, effect rows) and analyzes them, so that a benchmark
-// measures a table in its steady state: with history, and with statistics
-// and cached plans that match its size. (A table analyzed while nearly
-// empty keeps cheap-looking sequential-scan plans for its lookups until
-// autovacuum analyzes it again.)
+// another consumer, effect rows, hand-written records) and analyzes them,
+// so that a benchmark measures a table in its steady state: with history,
+// and with statistics and cached plans that match its size. (A table
+// analyzed while nearly empty keeps cheap-looking sequential-scan plans for
+// its lookups until autovacuum analyzes it again.)
 func steady(b *testing.B, bb *bundle) {
 	b.Helper()
 	ctx := context.Background()
@@ -44,7 +77,8 @@ func steady(b *testing.B, bb *bundle) {
 		`INSERT INTO ` + bb.table + ` (consumer, message_id, fingerprint)
 			SELECT 'history', 'h-' || g, sha256(g::text::bytea) FROM generate_series(1, 100000) g`,
 		`INSERT INTO ` + bb.effects + ` (key) SELECT 'h-' || g FROM generate_series(1, 100000) g`,
-		`ANALYZE ` + bb.table + `, ` + bb.effects,
+		`INSERT INTO ` + bb.best + ` (message_id) SELECT 'h-' || g FROM generate_series(1, 100000) g`,
+		`ANALYZE ` + bb.table + `, ` + bb.effects + `, ` + bb.best,
 	} {
 		if _, err := bb.pool.Exec(ctx, q); err != nil {
 			b.Fatal(err)
@@ -52,14 +86,38 @@ func steady(b *testing.B, bb *bundle) {
 	}
 }
 
+// ratios keeps the throughput each case of a benchmark last measured, so
+// that a later case of the same round (see benchRounds) reports its ratio against a reference measured moments
+// before on the same machine, under the same load.
+var ratios = struct {
+	sync.Mutex
+	last map[string]float64
+}{last: map[string]float64{}}
+
+// reportRatios records msgsPerSec as case name's throughput, and reports
+// its ratio to each reference case of refs measured earlier in the run as
+// the metric "x-<ref>".
+func reportRatios(b *testing.B, name string, msgsPerSec float64, refs ...string) {
+	ratios.Lock()
+	defer ratios.Unlock()
+	ratios.last[name] = msgsPerSec
+	for _, r := range refs {
+		if v, ok := ratios.last[r]; ok && v > 0 {
+			b.ReportMetric(msgsPerSec/v, "x-"+r)
+		}
+	}
+}
+
 // runWorkers runs op b.N times across benchWorkers goroutines and reports
-// the throughput in messages per second (msgsPerOp messages per op) and,
-// where it can be measured, the CPU time per message (see cpuMeter).
-func runWorkers(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) {
+// the throughput in messages per second (msgsPerOp messages per op), the
+// CPU time per message where it can be measured (see cpuMeter) and the WAL
+// per message (see walMeter), and returns the throughput.
+func runWorkers(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) float64 {
 	b.Helper()
 	ctx := context.Background()
 	steady(b, bb)
 	m := startCPU(b, bb.pool)
+	w := startWAL(b, bb)
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup
@@ -88,28 +146,137 @@ func runWorkers(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Con
 	if opErr != nil {
 		b.Fatal(opErr)
 	}
-	b.ReportMetric(float64(b.N*msgsPerOp)/elapsed.Seconds(), "msgs/s")
+	rate := float64(b.N*msgsPerOp) / elapsed.Seconds()
+	b.ReportMetric(rate, "msgs/s")
 	m.report(b, b.N*msgsPerOp)
+	w.report(b, b.N*msgsPerOp)
+	return rate
 }
 
-// BenchmarkProcess compares, on one PostgreSQL, with benchWorkers workers
-// on a pool of as many connections:
+// walMeter measures the WAL a benchmark writes: bytes (the advance of
+// pg_current_wal_lsn) and full-page images (pg_stat_wal.wal_fpi) per
+// message. Both are the whole server's: other sessions writing at the same
+// time count too. Full-page images come after each checkpoint (every
+// checkpoint_timeout, 5 minutes by default), for the first change of each
+// page: a short run sees many or none depending on when it starts.
+type walMeter struct {
+	bb       *bundle
+	lsn, fpi int64
+}
+
+func startWAL(b *testing.B, bb *bundle) *walMeter {
+	w := &walMeter{bb: bb}
+	w.lsn, w.fpi = w.read(b)
+	return w
+}
+
+// read flushes the statistics the pool's backends hold (each sends them
+// when it goes idle after pg_stat_force_next_flush, before answering), and
+// reads the WAL position and the count of full-page images.
+func (w *walMeter) read(b *testing.B) (lsn, fpi int64) {
+	b.Helper()
+	ctx := context.Background()
+	conns := w.bb.pool.AcquireAllIdle(ctx)
+	for _, c := range conns {
+		if _, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			b.Fatal(err)
+		}
+		c.Release()
+	}
+	err := w.bb.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, wal_fpi FROM pg_stat_wal`).Scan(&lsn, &fpi)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return lsn, fpi
+}
+
+// report adds the metrics wal-B/msg and fpi/msg.
+func (w *walMeter) report(b *testing.B, msgs int) {
+	lsn, fpi := w.read(b)
+	b.ReportMetric(float64(lsn-w.lsn)/float64(msgs), "wal-B/msg")
+	b.ReportMetric(float64(fpi-w.fpi)/float64(msgs), "fpi/msg")
+}
+
+// bestClaim is the hand-written consumer's claim: BEGIN and a plain INSERT
+// ... ON CONFLICT DO NOTHING pipelined in one round trip, claimed when it
+// inserted a row. It returns the open transaction either way.
+func (b *bundle) bestClaim(ctx context.Context, id string) (pgx.Tx, bool, error) {
+	batch := &pgx.Batch{}
+	batch.BeginTx(pgx.TxOptions{})
+	batch.Queue(`INSERT INTO `+b.best+` (message_id) VALUES ($1) ON CONFLICT DO NOTHING`, id)
+	br := b.pool.SendBatch(ctx, batch)
+	tx := br.Tx()
+	_, err := br.Exec() // BEGIN
+	var tag interface{ RowsAffected() int64 }
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, false, err
+	}
+	return tx, tag.RowsAffected() == 1, nil
+}
+
+// bestProcess is the hand-written consumer: bestClaim, then the effect and
+// COMMIT for a new message, ROLLBACK for a duplicate.
+func (b *bundle) bestProcess(ctx context.Context, id string) (claimed bool, err error) {
+	tx, claimed, err := b.bestClaim(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if !claimed {
+		return false, tx.Rollback(ctx)
+	}
+	if err := b.writeEffect(ctx, tx, id); err != nil {
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// BenchmarkProcess compares, on one PostgreSQL (the durable one when
+// IDEM_TEST_POSTGRES_DURABLE_URL is set), with benchWorkers workers on a
+// pool of as many connections, in this order:
 //   - naive: BEGIN; INSERT the side effect; COMMIT (pool.Begin), no dedupe;
+//   - best: the hand-written consumer (bundle.bestProcess): BEGIN and
+//     INSERT ... ON CONFLICT DO NOTHING into a one-key processed table in
+//     one round trip, the side effect, COMMIT;
 //   - idem: Consumer.Process writing the same side effect with the
 //     handler's transaction (BEGIN and the claim in one round trip);
+//   - best_duplicate, duplicate: the same two redelivering processed
+//     messages (ROLLBACK after the claim);
+//   - best_batch100: the hand-written batch: BEGIN and one INSERT ...
+//     SELECT unnest ON CONFLICT DO NOTHING RETURNING of 100 IDs in one
+//     round trip, the side effects of the inserted ones by one unnest
+//     INSERT, COMMIT;
 //   - idem_batch100: ProcessBatch of 100 new messages, the side effects
-//     written by one unnest INSERT (msgs/s counts messages, not batches);
-//   - duplicate: Consumer.Process redelivering processed messages.
+//     written by one unnest INSERT (msgs/s counts messages, not batches).
 //
-// Run: go test -run '^$' -bench BenchmarkProcess -benchtime 3s -count 3
+// Each case reports msgs/s, its ratio to the cases it is compared with as
+// measured last in the same run (x-naive, x-best, x-best_duplicate,
+// x-best_batch100, x-idem), CPU per message and WAL bytes and full-page
+// images per message. Run (about 4 minutes), and record the load:
+//
+//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench BenchmarkProcess -benchtime 2s; cat /proc/loadavg
 func BenchmarkProcess(b *testing.B) {
+	for range benchRounds {
+		benchProcessRound(b)
+	}
+}
+
+// benchProcessRound runs each case of BenchmarkProcess once.
+func benchProcessRound(b *testing.B) {
 	payload := []byte(`{"order":"o-1","amount":200}`)
 
 	b.Run("naive", func(b *testing.B) {
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
+		bb := benchSetup(b)
 		insert := `INSERT INTO ` + bb.effects + ` (key) VALUES ($1)`
 		prefix := benchPrefix()
-		runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
 			tx, err := bb.pool.Begin(ctx)
 			if err != nil {
 				return err
@@ -120,16 +287,110 @@ func BenchmarkProcess(b *testing.B) {
 			}
 			return tx.Commit(ctx)
 		})
+		reportRatios(b, "naive", rate)
+	})
+
+	b.Run("best", func(b *testing.B) {
+		bb := benchSetup(b)
+		prefix := benchPrefix()
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			claimed, err := bb.bestProcess(ctx, prefix+strconv.FormatInt(i, 10))
+			if err == nil && !claimed {
+				err = fmt.Errorf("message %d not claimed", i)
+			}
+			return err
+		})
+		reportRatios(b, "best", rate, "naive")
 	})
 
 	b.Run("idem", func(b *testing.B) {
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
-		processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload)
+		bb := benchSetup(b)
+		rate := processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload)
+		reportRatios(b, "idem", rate, "naive", "best")
+	})
+
+	const seeded = 1000
+	b.Run("best_duplicate", func(b *testing.B) {
+		bb := benchSetup(b)
+		if _, err := bb.pool.Exec(context.Background(), `INSERT INTO `+bb.best+` (message_id)
+			SELECT 'dup-' || g FROM generate_series(0, $1::int - 1) g`, seeded); err != nil {
+			b.Fatal(err)
+		}
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			claimed, err := bb.bestProcess(ctx, "dup-"+strconv.FormatInt(i%seeded, 10))
+			if err == nil && claimed {
+				err = fmt.Errorf("duplicate %d claimed", i)
+			}
+			return err
+		})
+		reportRatios(b, "best_duplicate", rate, "best")
+	})
+
+	b.Run("duplicate", func(b *testing.B) {
+		bb := benchSetup(b)
+		c := bb.consumer(b, "bench")
+		msgs := make([]idem.Message, seeded)
+		for i := range msgs {
+			msgs[i] = idem.Message{ID: "dup-" + strconv.Itoa(i), Payload: payload}
+		}
+		if _, err := c.ProcessBatch(context.Background(), msgs, func(context.Context, pgx.Tx, []idem.Message) error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+		h := bb.effectHandler()
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			out, err := c.Process(ctx, msgs[i%seeded], h)
+			if err == nil && out.Status != idem.Duplicate {
+				err = fmt.Errorf("outcome %v", out.Status)
+			}
+			return err
+		})
+		reportRatios(b, "duplicate", rate, "best_duplicate", "idem")
+	})
+
+	const size = 100
+	b.Run("best_batch100", func(b *testing.B) {
+		bb := benchSetup(b)
+		claim := `INSERT INTO ` + bb.best + ` (message_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING message_id`
+		insert := `INSERT INTO ` + bb.effects + ` (key) SELECT unnest($1::text[])`
+		prefix := benchPrefix()
+		rate := runWorkers(b, bb, size, func(ctx context.Context, i int64) error {
+			ids := make([]string, size)
+			for k := range ids {
+				ids[k] = prefix + strconv.FormatInt(i*size+int64(k), 10)
+			}
+			batch := &pgx.Batch{}
+			batch.BeginTx(pgx.TxOptions{})
+			batch.Queue(claim, ids)
+			br := bb.pool.SendBatch(ctx, batch)
+			tx := br.Tx()
+			defer func() { _ = tx.Rollback(ctx) }()
+			_, err := br.Exec() // BEGIN
+			var claimed []string
+			if err == nil {
+				var rows pgx.Rows
+				if rows, err = br.Query(); err == nil {
+					claimed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+				}
+			}
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			if len(claimed) != size {
+				return fmt.Errorf("claimed %d of %d", len(claimed), size)
+			}
+			if _, err := tx.Exec(ctx, insert, claimed); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		})
+		reportRatios(b, "best_batch100", rate, "best")
 	})
 
 	b.Run("idem_batch100", func(b *testing.B) {
-		const size = 100
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
+		bb := benchSetup(b)
 		c := bb.consumer(b, "bench")
 		insert := `INSERT INTO ` + bb.effects + ` (key) SELECT unnest($1::text[])`
 		prefix := benchPrefix()
@@ -141,7 +402,7 @@ func BenchmarkProcess(b *testing.B) {
 			_, err := tx.Exec(ctx, insert, keys)
 			return err
 		}
-		runWorkers(b, bb, size, func(ctx context.Context, i int64) error {
+		rate := runWorkers(b, bb, size, func(ctx context.Context, i int64) error {
 			msgs := make([]idem.Message, size)
 			for k := range msgs {
 				msgs[k] = idem.Message{ID: prefix + strconv.FormatInt(i*size+int64(k), 10), Payload: payload}
@@ -152,36 +413,17 @@ func BenchmarkProcess(b *testing.B) {
 			}
 			return err
 		})
-	})
-
-	b.Run("duplicate", func(b *testing.B) {
-		const seeded = 1000
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
-		c := bb.consumer(b, "bench")
-		msgs := make([]idem.Message, seeded)
-		for i := range msgs {
-			msgs[i] = idem.Message{ID: "dup-" + strconv.Itoa(i), Payload: payload}
-		}
-		if _, err := c.ProcessBatch(context.Background(), msgs, func(context.Context, pgx.Tx, []idem.Message) error { return nil }); err != nil {
-			b.Fatal(err)
-		}
-		h := bb.effectHandler()
-		runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
-			out, err := c.Process(ctx, msgs[i%seeded], h)
-			if err == nil && out.Status != idem.Duplicate {
-				err = fmt.Errorf("outcome %v", out.Status)
-			}
-			return err
-		})
+		reportRatios(b, "idem_batch100", rate, "best_batch100", "idem")
 	})
 }
 
 // processNew runs Consumer.Process of new messages with payload and
-// handler h across the benchmark's workers, each outcome Processed.
-func processNew(b *testing.B, bb *bundle, c *idem.Consumer[pgx.Tx], h idem.Handler[pgx.Tx], payload []byte) {
+// handler h across the benchmark's workers, each outcome Processed, and
+// returns the throughput.
+func processNew(b *testing.B, bb *bundle, c *idem.Consumer[pgx.Tx], h idem.Handler[pgx.Tx], payload []byte) float64 {
 	b.Helper()
 	prefix := benchPrefix()
-	runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+	return runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
 		out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
 		if err == nil && out.Status != idem.Processed {
 			err = fmt.Errorf("outcome %v", out.Status)

@@ -33,12 +33,18 @@ type poolOpts struct {
 	noPing      bool
 	// mode, if set, is the connections' DefaultQueryExecMode.
 	mode pgx.QueryExecMode
+	// url, if set, is the database to use instead of testURL's.
+	url string
 }
 
 // newPool opens a pool on the test database, closed at cleanup.
 func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(testURL(tb))
+	url := o.url
+	if url == "" {
+		url = testURL(tb)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("parse %s: %v", testenv.PostgresEnv, err)
 	}
@@ -95,6 +101,9 @@ type bundle struct {
 	store   *idempgxv5.Store
 	table   string
 	effects string
+	// best is the hand-written consumer's processed table (benchmarks
+	// only; see benchSetup).
+	best string
 }
 
 func setup(tb testing.TB, o poolOpts) *bundle {

@@ -8,6 +8,7 @@ import (
 	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Interface checks.
@@ -32,9 +33,67 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // outbox table (Table + "_outbox") in tx, ON CONFLICT (id) DO NOTHING. p
 // is checked first (idemdriver.ValidateEmitParams), so tx stays usable on
 // invalid input (errors match idemdriver.ErrInvalidOutgoing or
-// ErrInvalidConsumerName). The table's trigger notifies relays at commit.
+// ErrInvalidConsumerName). The table's trigger notifies relays at commit,
+// except in a transaction this Store began ([Store.Begin],
+// [Store.BeginClaim]): there EmitTx first sets idem.outbox_quiet for the
+// transaction, which the trigger heeds, and [Store.Commit] notifies after
+// the commit instead. A notifying transaction holds a server-wide lock
+// through its commit's disk flush, so notifying inside every consumer
+// transaction would make their commits run one at a time.
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	if quiet, ok := s.own.Load(tx); ok && quiet == false {
+		if err := s.outbox().Emit(ctx, quietQuerier{querier{tx}, tx}, p); err != nil {
+			return err
+		}
+		s.own.Store(tx, true)
+		return nil
+	}
 	return s.outbox().Emit(ctx, querier{tx}, p)
+}
+
+// quietQuerier is the querier of EmitTx in a transaction the Store began:
+// its Exec (the outbox INSERT) is sent in one round trip with the
+// set_config that makes the transaction quiet, before it.
+type quietQuerier struct {
+	querier
+	tx pgx.Tx
+}
+
+func (q quietQuerier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
+	b.Queue(sql, args...)
+	br := q.tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected(), err
+}
+
+// wakeRelays notifies the outbox's channel after a commit that emitted,
+// outside any transaction. Calls made while a notification is being sent
+// are folded into the next one the sender makes: a notification sent
+// after a commit wakes relays for it, whoever sends it. Its error is not
+// reported (relays also poll).
+func (s *Store) wakeRelays(ctx context.Context) {
+	s.wakeWanted.Store(true)
+	for {
+		if !s.waking.CompareAndSwap(false, true) {
+			return // the sender sees wakeWanted before it stops
+		}
+		for s.wakeWanted.Swap(false) {
+			_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.table.Name+"_outbox")
+		}
+		s.waking.Store(false)
+		if !s.wakeWanted.Load() {
+			return
+		}
+	}
 }
 
 // ClaimOutgoing implements [idemdriver.OutboxStore]: one UPDATE ...

@@ -14,21 +14,35 @@ import (
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message (one
-//     more INSERT in the transaction, and the NOTIFY trigger at commit);
-//   - idem_outbox1_nonotify: the same without the table's NOTIFY trigger,
-//     to show its share;
+//     more INSERT in the transaction, quiet: the Store notifies relays
+//     after the commit);
+//   - idem_outbox1_notify_in_tx: the same with the table's trigger
+//     notifying inside every transaction, as before migration 005 (its
+//     function put back as it was), to show what that costs;
 //   - relay: a Relay sending those rows through a publisher that confirms
 //     at once, in batches of 100 (claim, then one mark per batch): the
 //     store's share of the relay's throughput, msgs/s;
 //   - relay_workers4: the same with four rounds in flight (RelayConfig.Workers).
 //
-// Run: go test -run '^$' -bench BenchmarkOutbox -benchtime 3s -count 3
+// The processing cases report their ratio to idem in the same round
+// (x-outbox_idem). They run on the durable PostgreSQL when
+// IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL).
+//
+// Run: IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkOutbox -benchtime 2s
 func BenchmarkOutbox(b *testing.B) {
+	for range benchRounds {
+		benchOutboxRound(b)
+	}
+}
+
+// benchOutboxRound runs each case of BenchmarkOutbox once.
+func benchOutboxRound(b *testing.B) {
 	payload := []byte(`{"order":"o-1","amount":200}`)
-	process := func(b *testing.B, emit, notify bool) *bundle {
-		bb := setup(b, poolOpts{maxConns: int32(benchWorkers)})
-		if !notify {
-			if _, err := bb.pool.Exec(context.Background(), `DROP TRIGGER `+bb.table+`_outbox_notify ON `+bb.table+`_outbox`); err != nil {
+	process := func(b *testing.B, name string, emit, notifyInTx bool) {
+		bb := benchSetup(b)
+		if notifyInTx {
+			if _, err := bb.pool.Exec(context.Background(), `CREATE OR REPLACE FUNCTION `+bb.table+`_outbox_notify() RETURNS trigger
+				LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify('`+bb.table+`_outbox', ''); RETURN NULL; END $$`); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -44,14 +58,13 @@ func BenchmarkOutbox(b *testing.B) {
 				return err
 			}
 		}
-		processNew(b, bb, c, h, payload)
-		return bb
+		reportRatios(b, name, processNew(b, bb, c, h, payload), "outbox_idem")
 	}
-	b.Run("idem", func(b *testing.B) { process(b, false, true) })
-	b.Run("idem_outbox1", func(b *testing.B) { process(b, true, true) })
-	b.Run("idem_outbox1_nonotify", func(b *testing.B) { process(b, true, false) })
+	b.Run("idem", func(b *testing.B) { process(b, "outbox_idem", false, false) })
+	b.Run("idem_outbox1", func(b *testing.B) { process(b, "idem_outbox1", true, false) })
+	b.Run("idem_outbox1_notify_in_tx", func(b *testing.B) { process(b, "idem_outbox1_notify_in_tx", true, true) })
 	relay := func(b *testing.B, workers int) {
-		bb := setup(b, poolOpts{maxConns: int32(workers + 2)})
+		bb := setup(b, poolOpts{maxConns: int32(workers + 2), url: benchURL()})
 		ctx := context.Background()
 		if _, err := bb.pool.Exec(ctx, `INSERT INTO `+bb.table+`_outbox (id, destination, order_key, payload)
 			SELECT 'r-' || g, 'orders.charged', 'k-' || g, '\x7b7d'::bytea FROM generate_series(1, $1::int) g`, b.N); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgsql"
@@ -43,6 +45,13 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table sqlschema.Table
 	q     *pgsql.Queries
+	// own holds the open transactions this Store began (Begin,
+	// BeginClaim), each mapped to whether it emitted outbox rows: those
+	// are quiet, and Commit notifies relays after they commit (see
+	// EmitTx).
+	own sync.Map // pgx.Tx -> bool
+	// wakeWanted and waking coalesce the notifications of wakeRelays.
+	wakeWanted, waking atomic.Bool
 }
 
 // Interface checks.
@@ -71,7 +80,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: idempgxv5: %w", idemdriver.ErrInvalidConfig, err)
 	}
-	return &Store{pool: pool, table: table, q: pgsql.New(table.Qualified)}, nil
+	q := pgsql.New(table.Qualified)
+	q.NativeArrays = true // pgx encodes []string and [][]byte as arrays
+	return &Store{pool: pool, table: table, q: q}, nil
 }
 
 // Table returns the processed-messages table name, as written in SQL.
@@ -81,7 +92,11 @@ func (s *Store) Table() string { return s.table.Qualified }
 // connection acquired from the pool (pgxpool.Pool.Begin). The connection
 // goes back to the pool at Commit or Rollback.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
-	return s.pool.Begin(ctx)
+	tx, err := s.pool.Begin(ctx)
+	if err == nil {
+		s.own.Store(tx, false)
+	}
+	return tx, err
 }
 
 // BeginClaim implements [idemdriver.BeginClaimer]: it acquires a
@@ -123,6 +138,7 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		abort(ctx, tx)
 		return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 	}
+	s.own.Store(tx, false)
 	return tx, res, nil
 }
 
@@ -169,8 +185,20 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.Claim
 // outcome is unknown (the connection was lost during COMMIT); a COMMIT of a
 // transaction aborted by an earlier error is reported as
 // pgx.ErrTxCommitRollback.
+//
+// When tx is one this Store began and rows were emitted into the outbox
+// in it, Commit then sends the outbox's notification itself, outside the
+// transaction (see [Store.EmitTx]); a failure of that notification is not
+// reported (relays also poll).
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
-	return tx.Commit(ctx)
+	emitted, _ := s.own.LoadAndDelete(tx)
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if emitted == true {
+		s.wakeRelays(ctx)
+	}
+	return nil
 }
 
 // Rollback implements [idemdriver.TxStore]: tx.Rollback, which returns the
@@ -178,6 +206,7 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 // transaction that already ended (committed, rolled back, or a failed
 // Commit) returns nil.
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	s.own.Delete(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}
