@@ -41,5 +41,8 @@ func (r *demoRun) processNaive(ctx context.Context, m idem.Message) (idem.Outcom
 		p.PaymentID, p.Customer, p.AmountCents, chargeID); err != nil {
 		return failed(err)
 	}
+	if err := r.publishChargedNaive(ctx, p, chargeID); err != nil {
+		return failed(err)
+	}
 	return idem.Outcome{Status: idem.Processed, MessageID: m.ID}, nil
 }
