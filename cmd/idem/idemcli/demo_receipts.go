@@ -270,11 +270,7 @@ func (r *demoRun) emitChargedLeased(ctx context.Context, m idem.Message, p payme
 	if err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
-		return err
-	}
-	r.relay.Wake()
-	return nil
+	return tx.Commit() // the ledger is SQLite: the relay polls (wakeRelay)
 }
 
 // receiptsDone reports whether the receipts story is over, once the
