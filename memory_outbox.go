@@ -110,12 +110,15 @@ func (s *MemoryStore) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams
 	return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
 }
 
-// MarkFailed implements idemdriver.OutboxStore.
+// MarkFailed implements idemdriver.OutboxStore, fenced by p.Attempt.
 func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
 		return err
 	}
 	return s.outboxUpdate([]string{p.ID}, func(r *memOutRow, now time.Time) {
+		if r.rec.Attempts != p.Attempt {
+			return // another claim took the row since
+		}
 		r.leaseUntil, r.lastErr = time.Time{}, p.Error
 		if p.Permanent {
 			r.failedAt = now

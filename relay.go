@@ -250,7 +250,7 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 			sent = append(sent, rec.ID)
 			continue
 		}
-		p := &idemdriver.MarkFailedParams{ID: rec.ID, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		p := &idemdriver.MarkFailedParams{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
 		if p.Permanent {
 			res.Failed++
 		} else {

@@ -64,6 +64,13 @@ type OutboxTx[TTx any] interface {
 //   - MarkFailed ends a row's lease and either makes it available again
 //     after RetryAfter (retryable) or marks it failed for good, which
 //     unblocks the later rows of its key. A row already sent is left sent.
+//     It is fenced by the attempt: it changes the row only while its
+//     attempt count is still Attempt, the count the caller's claim
+//     returned. A relay whose lease ran out while it published, and whose
+//     row another relay claimed since, marks nothing: it must not end the
+//     other relay's lease (a third would send the row while the second
+//     still does) nor fail a row the second may be sending. MarkSent needs
+//     no fence: a confirmed message was sent, whoever holds the row.
 //   - PendingOutgoing counts one incoming message's rows that are neither
 //     sent nor failed.
 //   - PurgeOutbox deletes at most Limit rows sent (or failed) more than
@@ -151,6 +158,10 @@ type MarkSentParams struct {
 type MarkFailedParams struct {
 	// ID is the row's ID.
 	ID string
+	// Attempt is the row's attempt count as the claim returned it
+	// (OutgoingRecord.Attempts), at least 1: the mark applies only if no
+	// claim took the row since.
+	Attempt int
 	// Permanent marks the row failed for good: it is never sent and no
 	// longer holds back its key.
 	Permanent bool
@@ -283,11 +294,14 @@ func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
 	return nil
 }
 
-// ValidateMarkFailedParams checks the ID and RetryAfter >= 0. Errors match
-// ErrInvalidOutgoing or ErrInvalidConfig.
+// ValidateMarkFailedParams checks the ID, Attempt >= 1 and RetryAfter >=
+// 0. Errors match ErrInvalidOutgoing or ErrInvalidConfig.
 func ValidateMarkFailedParams(p *MarkFailedParams) error {
 	if err := ValidateMessageID(p.ID, 0); err != nil {
 		return fmt.Errorf("%w: ID: %w", ErrInvalidOutgoing, err)
+	}
+	if p.Attempt < 1 {
+		return fmt.Errorf("%w: mark of %q: attempt %d, want the claim's (>= 1)", ErrInvalidConfig, p.ID, p.Attempt)
 	}
 	if p.RetryAfter < 0 {
 		return fmt.Errorf("%w: negative RetryAfter %v", ErrInvalidConfig, p.RetryAfter)

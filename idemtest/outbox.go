@@ -28,7 +28,9 @@ import (
 // panic leaves no outgoing rows, and the reprocessing emits the same IDs;
 // a crash after commit and before sending (the relay sends, once); a
 // crash after sending and before marking (sent again with the same ID
-// once the lease ends); a duplicate delivery with unsent outgoing
+// once the lease ends); a relay whose lease ran out marks nothing another
+// relay claimed since (the mark is fenced by the attempt); a duplicate
+// delivery with unsent outgoing
 // messages wakes the relay, which sends them, and never runs the handler
 // or emits anew; two relays side by side never send one row twice; order
 // per destination and key, with a failed message holding back only its
@@ -394,6 +396,72 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if res := b.runOnce("after the mark", r); res.Claimed != 0 {
 				t.Errorf("claimed %d rows after they were marked sent, want 0", res.Claimed)
+			}
+		}},
+		{"StaleMarkIsFenced", func(t *testing.T, b *bundle[TTx]) {
+			// Relay A's lease runs out while it publishes; B claims the row
+			// and is sending it when A's publish fails. A's mark must change
+			// nothing: not fail the row B is sending, not end B's lease (a
+			// third relay would send the row again, with B still at it).
+			c := b.consumer("c", idem.Config{})
+			var calls atomic.Int64
+			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "k")), idem.Processed, nil)
+			store := b.outboxOf()
+			publishing, release := make(chan struct{}), make(chan struct{})
+			slow := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+				close(publishing)
+				<-release
+				return slices.Repeat([]error{idem.Permanent(errors.New("idemtest: A's publish failed"))}, len(msgs))
+			})
+			a := b.relay(store, slow, idem.RelayConfig{Lease: 10 * time.Millisecond})
+			aDone := make(chan error, 1)
+			go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()
+			<-publishing
+			var held []idemdriver.OutgoingRecord // B's claim, once A's lease ended
+			testenv.Eventually(t, realTimeout, "A's lease to end and B to claim the row", func() bool {
+				recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+				if err != nil {
+					t.Fatalf("ClaimOutgoing: %v", err)
+				}
+				held = recs
+				return len(recs) == 1
+			}, nil)
+			if held[0].Attempts != 2 {
+				t.Errorf("B's claim has attempt %d, want 2", held[0].Attempts)
+			}
+			close(release)
+			if err := <-aDone; err != nil {
+				t.Errorf("A's RunOnce: %v; a fenced mark is not an error", err)
+			}
+			if st := b.stats(); st.Pending != 1 || st.Failed != 0 {
+				t.Errorf("after A's stale permanent failure: %+v, want the row pending (B is sending it), none failed", st)
+			}
+			// A stale retryable mark (A's attempt, 1) must not end B's lease.
+			err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{ID: held[0].ID, Attempt: 1, Error: "stale"})
+			if err != nil {
+				t.Fatalf("stale MarkFailed: %v", err)
+			}
+			rec := newRecorder()
+			if res := b.runOnce("a third relay under B's lease", b.relay(store, rec, idem.RelayConfig{})); res.Claimed != 0 {
+				t.Errorf("a third relay claimed %d rows B holds, want 0 (the stale mark ended B's lease)", res.Claimed)
+			}
+			if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}}); err != nil {
+				t.Fatalf("B's MarkSent: %v", err)
+			}
+			if st := b.stats(); st.Pending != 0 || st.Failed != 0 {
+				t.Errorf("after B's mark: %+v, want nothing pending or failed", st)
+			}
+			// B's own mark (its attempt) still applies: a fence, not a lock-out.
+			b.process("deliver 2", c, idem.Message{ID: "m2", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "k2")), idem.Processed, nil)
+			recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("claim m2: %v, %d rows", err, len(recs))
+			}
+			if err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{ID: recs[0].ID, Attempt: recs[0].Attempts, Permanent: true, Error: "x"}); err != nil {
+				t.Fatal(err)
+			}
+			if st := b.stats(); st.Failed != 1 {
+				t.Errorf("after the holder's permanent mark: %+v, want 1 failed", st)
 			}
 		}},
 		{"DuplicateFinishesTheJob", func(t *testing.T, b *bundle[TTx]) {

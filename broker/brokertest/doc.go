@@ -133,7 +133,7 @@
 //
 // # Outbox
 //
-// [RunOutbox] runs one case on a broker that also implements
+// [RunOutbox] runs two cases. The first, on a broker that also implements
 // [OutboxBroker] (the adapter's relay idem.Publisher and the Destination
 // that reaches the queue its consumers read): 20 rows over 4 ordering keys,
 // committed into an idem.MemoryStore outbox and not yet sent (a crash after
@@ -145,7 +145,13 @@
 // broker that also implements [OutboxUndeliverable] gets 3 rows of one key
 // to a destination its Publisher cannot reach among the 20: none is sent,
 // and they fail for good or for retry as the broker says, without holding
-// back the other keys.
+// back the other keys. The second ("outbox upstream") produces through an
+// upstream transactional idem consumer that emits two messages per
+// incoming one: a handler error leaves no outgoing rows, a duplicate
+// incoming message whose outgoing ones are unsent is acknowledged without
+// running the handler or emitting anew, two relays side by side send each
+// row exactly once, and the downstream consumer applies each once, in
+// order per key.
 //
 // # Timing
 //

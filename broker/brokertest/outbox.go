@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -44,6 +45,15 @@ type OutboxUndeliverable interface {
 // destination among the good ones: none of them is sent, the first fails
 // (for good, or for retry, as the broker says) and they hold back no other
 // key.
+//
+// A second case ("outbox upstream", on a second broker) runs the producing
+// side for real: an upstream transactional idem consumer emits two
+// messages per incoming message (idem.Emit). A handler error leaves no
+// outgoing rows; a duplicate of an incoming message whose outgoing ones
+// are still unsent is acknowledged without running the handler or
+// emitting anew; two relays side by side then send every row exactly once,
+// and the downstream idem consumer applies each message once, in order
+// per key.
 func RunOutbox(t *testing.T, h Harness) {
 	t.Run("outbox", func(t *testing.T) {
 		b, ok := h.New(t).(OutboxBroker)
@@ -51,6 +61,13 @@ func RunOutbox(t *testing.T, h Harness) {
 			t.Fatal("brokertest: the broker does not implement OutboxBroker")
 		}
 		runOutboxSendTwice(t, b)
+	})
+	t.Run("outbox upstream", func(t *testing.T) {
+		b, ok := h.New(t).(OutboxBroker)
+		if !ok {
+			t.Fatal("brokertest: the broker does not implement OutboxBroker")
+		}
+		runOutboxUpstream(t, b)
 	})
 }
 
@@ -122,40 +139,8 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 		t.Fatalf("NewRelay: %v", err)
 	}
 
-	// Downstream: an idem consumer of the adapter, one at a time, so the
-	// applied order is the delivered order.
-	var mu sync.Mutex
-	applied := map[string]int{}
-	order := map[string][]string{}
-	var deliveries atomic.Int64
-	c, err := idem.NewConsumer[*idem.MemoryTx](idem.NewMemoryStore(nil), idem.Config{Name: consumerName, PurgeInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	proc := idem.Bind(c, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
-		tx.OnCommit(func() {
-			mu.Lock()
-			applied[msg.ID]++
-			key, _, _ := strings.Cut(string(msg.Payload), "/")
-			order[key] = append(order[key], string(msg.Payload))
-			mu.Unlock()
-		})
-		return nil
-	})
-	counting := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-		deliveries.Add(1)
-		return proc.Process(ctx, msg)
-	})
-	m, err := b.Start(ctx, counting, StartOptions{Concurrency: 1})
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	defer func() {
-		if err := m.Stop(context.WithoutCancel(ctx)); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	}()
+	down := startDownstream(t, ctx, b)
+	mu, applied, order, deliveries := &down.mu, down.applied, down.order, &down.deliveries
 
 	var total idem.RelayResult
 	for total.Sent < len(rows) {
@@ -212,4 +197,188 @@ func runOutboxSendTwice(t *testing.T, b OutboxBroker) {
 		}
 	}
 	t.Logf("outbox: %d rows (and %d undeliverable), %d sent twice, %d deliveries downstream, relay %+v", len(rows), len(bad), resent.Load(), deliveries.Load(), total)
+}
+
+// downstream is an idem consumer of the adapter that records what it
+// applies: the times each message ID was applied, and per ordering key
+// (the payload's text before "/") the payloads in applied order.
+type downstream struct {
+	mu         sync.Mutex
+	applied    map[string]int
+	order      map[string][]string
+	deliveries atomic.Int64
+	stop       func()
+}
+
+// startDownstream starts the downstream consumer on b, one message at a
+// time so the applied order is the delivered order; it stops when the
+// test ends, or at stop.
+func startDownstream(t *testing.T, ctx context.Context, b OutboxBroker) *downstream {
+	d := &downstream{applied: map[string]int{}, order: map[string][]string{}}
+	c, err := idem.NewConsumer[*idem.MemoryTx](idem.NewMemoryStore(nil), idem.Config{Name: consumerName, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	proc := idem.Bind(c, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
+		tx.OnCommit(func() {
+			d.mu.Lock()
+			d.applied[msg.ID]++
+			key, _, _ := strings.Cut(string(msg.Payload), "/")
+			d.order[key] = append(d.order[key], string(msg.Payload))
+			d.mu.Unlock()
+		})
+		return nil
+	})
+	counting := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+		d.deliveries.Add(1)
+		return proc.Process(ctx, msg)
+	})
+	m, err := b.Start(ctx, counting, StartOptions{Concurrency: 1})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	var once sync.Once
+	d.stop = func() {
+		once.Do(func() {
+			if err := m.Stop(context.WithoutCancel(ctx)); err != nil {
+				t.Errorf("Stop: %v", err)
+			}
+		})
+	}
+	t.Cleanup(d.stop)
+	return d
+}
+
+// runOutboxUpstream: an upstream transactional idem consumer emits two
+// messages per incoming message through the outbox. A handler error
+// leaves no outgoing rows; the incoming messages are processed before any
+// relay runs (committed, unsent: a crash after commit), and a duplicate of
+// one of them is acknowledged without running the handler or emitting
+// anew; then two relays side by side send everything, each row once, and
+// the downstream idem consumer of the adapter applies each message once.
+func runOutboxUpstream(t *testing.T, b OutboxBroker) {
+	ctx, cancel := context.WithTimeout(t.Context(), waitLong)
+	defer cancel()
+	pub, dest := b.OutboxPublisher()
+	run := fmt.Sprintf("up%d", time.Now().UnixNano())
+	store := idem.NewMemoryStore(nil)
+	var mu sync.Mutex
+	published := map[string]int{}
+	counting := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+		errs := pub.Publish(ctx, msgs)
+		mu.Lock()
+		defer mu.Unlock()
+		for i, m := range msgs {
+			if errs[i] == nil {
+				published[m.ID]++
+			}
+		}
+		return errs
+	})
+	relays := make([]*idem.Relay, 2)
+	for i := range relays {
+		r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: counting, BatchSize: 3,
+			MinPoll: time.Millisecond, MaxPoll: 10 * time.Millisecond, MinRetry: time.Millisecond, MaxRetry: 10 * time.Millisecond})
+		if err != nil {
+			t.Fatalf("NewRelay: %v", err)
+		}
+		relays[i] = r
+	}
+	up, err := idem.NewConsumer[*idem.MemoryTx](store, idem.Config{Name: "upstream", PurgeInterval: -1, Relay: relays[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	var calls atomic.Int64
+	errHandler := errors.New("brokertest: the handler failed after emitting")
+	handler := func(fail bool) idem.Handler[*idem.MemoryTx] {
+		return func(ctx context.Context, _ *idem.MemoryTx, msg idem.Message) error {
+			calls.Add(1)
+			for _, name := range []string{"a", "b"} {
+				if _, err := idem.Emit(ctx, idem.OutgoingMessage{Name: name, Destination: dest, Key: msg.ID,
+					Payload: []byte(msg.ID + "/" + name)}); err != nil {
+					return err
+				}
+			}
+			if fail {
+				return errHandler
+			}
+			return nil
+		}
+	}
+	pendingOf := func(id string) int {
+		n, err := store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: "upstream", SourceID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	failed := run + "-fails"
+	if out, err := up.Process(ctx, idem.Message{ID: failed, Payload: []byte("x")}, handler(true)); out.Status != idem.Failed || !errors.Is(err, errHandler) {
+		t.Fatalf("failing handler: %v, %v; want Failed", out.Status, err)
+	}
+	if n := pendingOf(failed); n != 0 {
+		t.Fatalf("a handler error left %d outgoing rows, want 0", n)
+	}
+	const incoming = 6
+	var want []string
+	for i := range incoming {
+		id := fmt.Sprintf("%s-in-%d", run, i)
+		if out, err := up.Process(ctx, idem.Message{ID: id, Payload: []byte("x")}, handler(false)); out.Status != idem.Processed {
+			t.Fatalf("process %s: %v, %v", id, out.Status, err)
+		}
+		want = append(want, idem.OutgoingID("upstream", id, "a", 0), idem.OutgoingID("upstream", id, "b", 0))
+	}
+	dup := fmt.Sprintf("%s-in-0", run)
+	before := calls.Load()
+	if out, err := up.Process(ctx, idem.Message{ID: dup, Payload: []byte("x")}, handler(false)); out.Status != idem.Duplicate || err != nil {
+		t.Fatalf("duplicate %s: %v, %v; want Duplicate", dup, out.Status, err)
+	}
+	if calls.Load() != before || pendingOf(dup) != 2 {
+		t.Fatalf("the duplicate ran the handler (%d calls, want %d) or emitted anew (%d rows pending, want 2)", calls.Load(), before, pendingOf(dup))
+	}
+
+	down := startDownstream(t, ctx, b)
+	rctx, stopRelays := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, r := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(rctx) }()
+	}
+	waitUntil(t, ctx, waitLong, func() (bool, string) {
+		st, err := store.OutboxStats(ctx)
+		return err == nil && st.Pending == 0, fmt.Sprintf("outbox %+v, %v", st, err)
+	})
+	stopRelays()
+	wg.Wait()
+	mu.Lock()
+	if len(published) != len(want) {
+		t.Errorf("published %d distinct messages, want %d: %v", len(published), len(want), published)
+	}
+	for _, id := range want {
+		if published[id] != 1 {
+			t.Errorf("%s published %d times by the two relays, want once", id, published[id])
+		}
+	}
+	mu.Unlock()
+	waitUntil(t, ctx, waitLong, func() (bool, string) {
+		down.mu.Lock()
+		defer down.mu.Unlock()
+		return len(down.applied) == len(want), fmt.Sprintf("%d of %d messages applied downstream, %d deliveries", len(down.applied), len(want), down.deliveries.Load())
+	})
+	down.mu.Lock()
+	defer down.mu.Unlock()
+	for _, id := range want {
+		if down.applied[id] != 1 {
+			t.Errorf("%s applied %d times downstream, want once", id, down.applied[id])
+		}
+	}
+	for i := range incoming {
+		key := fmt.Sprintf("%s-in-%d", run, i)
+		if got := down.order[key]; len(got) != 2 || got[0] != key+"/a" || got[1] != key+"/b" {
+			t.Errorf("key %s: applied %v, want a then b", key, got)
+		}
+	}
 }

@@ -12,9 +12,20 @@ import (
 )
 
 // OutboxPublisher implements brokertest.OutboxBroker: the relay produces
-// to the work topic.
+// to the work topic, on a client that gives up on an unknown topic after
+// two metadata loads 50ms apart (kgo's defaults wait longer than the
+// relay's publish deadline, so the batch would end with ctx instead).
 func (b *testBroker) OutboxPublisher() (idem.Publisher, string) {
-	return NewPublisher(b.raw, ProducerConfig{}), b.topic
+	cl := newClient(b.t, b.seeds, kgo.MetadataMinAge(50*time.Millisecond), kgo.UnknownTopicRetries(2))
+	return NewPublisher(cl, ProducerConfig{}), b.topic
+}
+
+// UndeliverableDestination implements brokertest.OutboxUndeliverable: a
+// topic the cluster does not have and the client may not create (no
+// kgo.AllowAutoTopicCreation), retryable: the client gives up after its
+// unknown-topic retries, and the topic may yet be created.
+func (b *testBroker) UndeliverableDestination(*testing.T) (string, bool) {
+	return uniqueName("missing"), false
 }
 
 // TestPublisherBatch produces a batch with an oversized record between two

@@ -57,6 +57,7 @@ require (
 	github.com/idem-go/idem/idemhttp v0.0.0
 	github.com/idem-go/idem/idemotel v0.0.0
 	github.com/idem-go/idem/store/idemredis v0.0.0
+	github.com/idem-go/idem/store/idempgxv5 v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

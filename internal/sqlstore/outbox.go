@@ -83,9 +83,9 @@ RETURNING ` + o.cols
 	o.claimSelect = `SELECT ` + o.cols + ` FROM ` + t + ` o WHERE ` + o.pending + `
 ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	o.markFailedRetry = `UPDATE ` + t + ` SET lease_until = NULL, available_at = ` + d.Plus(d.Param(1, "bigint")) +
-		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND sent_at IS NULL`
+		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND attempts = ` + d.Param(4, "bigint") + ` AND sent_at IS NULL`
 	o.markFailedPermanent = `UPDATE ` + t + ` SET lease_until = NULL, failed_at = ` + d.Now +
-		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND sent_at IS NULL`
+		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND attempts = ` + d.Param(3, "bigint") + ` AND sent_at IS NULL`
 	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
 		` AND sent_at IS NULL AND failed_at IS NULL`
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
@@ -242,16 +242,17 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 }
 
 // MarkFailed ends p's row lease, for a retry after p.RetryAfter or for
-// good, after checking p (idemdriver.ValidateMarkFailedParams).
+// good, after checking p (idemdriver.ValidateMarkFailedParams); fenced by
+// p.Attempt, it leaves alone a row another claim took since.
 func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkFailedParams) error {
 	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
 		return err
 	}
 	var err error
 	if p.Permanent {
-		_, err = db.Exec(ctx, o.markFailedPermanent, ErrorText(p.Error), p.ID)
+		_, err = db.Exec(ctx, o.markFailedPermanent, ErrorText(p.Error), p.ID, int64(p.Attempt))
 	} else {
-		_, err = db.Exec(ctx, o.markFailedRetry, DurationMicros(p.RetryAfter), ErrorText(p.Error), p.ID)
+		_, err = db.Exec(ctx, o.markFailedRetry, DurationMicros(p.RetryAfter), ErrorText(p.Error), p.ID, int64(p.Attempt))
 	}
 	return err
 }

@@ -21,6 +21,9 @@ import (
 const (
 	amqpQueue     = "idem-demo-payments"
 	amqpDeadQueue = "idem-demo-payments-dead"
+	// amqpEventsQueue holds the receipts story's PaymentCharged events,
+	// sent by the outbox relay on the default exchange.
+	amqpEventsQueue = "idem-demo-payments-charged"
 )
 
 // amqpBroker carries the demo's messages on RabbitMQ through idemamqp:
@@ -40,6 +43,10 @@ type amqpBroker struct {
 	// dead-lettered, by the demo's own count: AMQP does not tell a queue's
 	// unacked messages.
 	outstanding atomic.Int64
+	// eventsOutstanding is outstanding for the events queue; relayConn is
+	// the relay publisher's connection.
+	eventsOutstanding atomic.Int64
+	relayConn         *amqp.Connection
 }
 
 func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err error) {
@@ -53,7 +60,7 @@ func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err err
 		b.close()
 		return nil, err
 	}
-	for _, q := range []string{amqpQueue, amqpDeadQueue} {
+	for _, q := range []string{amqpQueue, amqpDeadQueue, amqpEventsQueue} {
 		if fresh {
 			if _, err := b.ch.QueueDelete(q, false, false, false); err != nil {
 				b.close()
@@ -69,6 +76,9 @@ func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err err
 	if n, err := b.count(amqpQueue); err == nil && !fresh {
 		b.outstanding.Store(n)
 	}
+	if n, err := b.count(amqpEventsQueue); err == nil && !fresh {
+		b.eventsOutstanding.Store(n)
+	}
 	return b, nil
 }
 
@@ -80,7 +90,7 @@ const amqpMaxRedialInterval = 2 * time.Second
 // restart: durable queues survive it, but a broker that lost its state
 // would have none).
 func declareAMQP(ch *amqp.Channel) error {
-	for _, q := range []string{amqpQueue, amqpDeadQueue} {
+	for _, q := range []string{amqpQueue, amqpDeadQueue, amqpEventsQueue} {
 		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("RabbitMQ: declare %s: %w", q, err)
 		}
@@ -119,6 +129,11 @@ func (b *amqpBroker) publish(ctx context.Context, id string, payload []byte) (bo
 // member consumes on a new connection, which its crash closes. Its
 // processor counts the messages settled for good.
 func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(amqpQueue, &b.outstanding, p, log)
+}
+
+// join consumes queue on a new connection, counting down outstanding.
+func (b *amqpBroker) join(queue string, outstanding *atomic.Int64, p idem.Processor, log *slog.Logger) (*member, error) {
 	conn, err := dialAMQP(b.url)
 	if err != nil {
 		return nil, err
@@ -126,11 +141,11 @@ func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logge
 	counted := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
 		out, err := p.Process(ctx, msg)
 		if out.Ack() || out.DeadLetter() {
-			b.outstanding.Add(-1)
+			outstanding.Add(-1)
 		}
 		return out, err
 	})
-	c, err := idemamqp.NewConsumer(conn, idemamqp.Config{Processor: counted, Queue: amqpQueue, DeadLetter: amqpDeadQueue,
+	c, err := idemamqp.NewConsumer(conn, idemamqp.Config{Processor: counted, Queue: queue, DeadLetter: amqpDeadQueue,
 		Prefetch: 32, RetryDelay: demoRetryDelay, Logger: log, Redial: b.redial, MaxReconnectInterval: amqpMaxRedialInterval})
 	if err != nil {
 		conn.Close()
@@ -173,6 +188,9 @@ func (b *amqpBroker) unfinished(context.Context) (int, error) {
 func (b *amqpBroker) deadLettered(context.Context) (int64, error) { return b.count(amqpDeadQueue) }
 
 func (b *amqpBroker) close() {
+	if b.relayConn != nil {
+		_ = b.relayConn.Close()
+	}
 	if b.prod != nil {
 		_ = b.prod.Close()
 	}
@@ -181,4 +199,40 @@ func (b *amqpBroker) close() {
 	if b.conn != nil {
 		_ = b.conn.Close()
 	}
+}
+
+// eventsDestination is the queue of the PaymentCharged events.
+func (b *amqpBroker) eventsDestination() string { return amqpEventsQueue }
+
+// eventsPublisher is the relay's RabbitMQ publisher (confirms, message_id)
+// on a connection of its own, redialed after a broker restart. It counts
+// the messages it publishes as outstanding until a receipts member acks
+// them, as publish does for the payments.
+func (b *amqpBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
+	conn, err := dialAMQP(b.url)
+	if err != nil {
+		return nil, err
+	}
+	b.relayConn = conn
+	pub := idemamqp.NewPublisher(conn, idemamqp.ProducerConfig{Redial: b.redial, MaxReconnectInterval: amqpMaxRedialInterval})
+	return idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+		b.eventsOutstanding.Add(int64(len(msgs)))
+		errs := pub.Publish(ctx, msgs)
+		for _, err := range errs {
+			if err != nil {
+				b.eventsOutstanding.Add(-1)
+			}
+		}
+		return errs
+	}), nil
+}
+
+// receiptsMember consumes the events queue on a new connection.
+func (b *amqpBroker) receiptsMember(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(amqpEventsQueue, &b.eventsOutstanding, p, log)
+}
+
+func (b *amqpBroker) eventsUnfinished(context.Context) (int, error) {
+	n, err := b.count(amqpEventsQueue)
+	return int(n + max(b.eventsOutstanding.Load(), 0)), err
 }

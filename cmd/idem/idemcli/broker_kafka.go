@@ -24,6 +24,10 @@ const (
 	kafkaTopic     = "idem-demo-payments"
 	kafkaDeadTopic = "idem-demo-payments-dead"
 	kafkaGroup     = "idem-demo-payments"
+	// The receipts story: PaymentCharged events, sent by the outbox relay
+	// (the ordering key is the record key).
+	kafkaEventsTopic   = "idem-demo-payments-charged"
+	kafkaReceiptsGroup = "idem-demo-receipts"
 )
 
 // kafkaBroker carries the demo's messages on Kafka through idemkafka:
@@ -48,7 +52,7 @@ func openKafka(ctx context.Context, url string) (_ *kafkaBroker, err error) {
 	}
 	b := &kafkaBroker{}
 	if url == "kafka:embedded" || url == "kafka:" {
-		if b.fake, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic)); err != nil {
+		if b.fake, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic, kafkaEventsTopic)); err != nil {
 			return nil, fmt.Errorf("embedded Kafka: %w", err)
 		}
 		b.seeds = b.fake.ListenAddrs()
@@ -75,10 +79,15 @@ func (b *kafkaBroker) publish(ctx context.Context, id string, payload []byte) (b
 // client in the background: closing revokes the member's partitions, and
 // the revocation waits for the handler that is crashing.
 func (b *kafkaBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(kafkaGroup, kafkaTopic, p, log)
+}
+
+// join runs p as a member of group consuming topic, with a new client.
+func (b *kafkaBroker) join(group, topic string, p idem.Processor, log *slog.Logger) (*member, error) {
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(b.seeds...),
-		kgo.ConsumerGroup(kafkaGroup),
-		kgo.ConsumeTopics(kafkaTopic),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.AllowAutoTopicCreation(), // the dead-letter topic, on a real cluster
 		kgo.FetchMaxWait(250 * time.Millisecond),
@@ -97,7 +106,12 @@ func (b *kafkaBroker) member(_ context.Context, p idem.Processor, log *slog.Logg
 
 // unfinished is the consumer group's lag: records not yet committed.
 func (b *kafkaBroker) unfinished(ctx context.Context) (int, error) {
-	lags, err := b.adm.Lag(ctx, kafkaGroup)
+	return b.lag(ctx, kafkaGroup)
+}
+
+// lag is group's lag: records not yet committed.
+func (b *kafkaBroker) lag(ctx context.Context, group string) (int, error) {
+	lags, err := b.adm.Lag(ctx, group)
 	if err != nil {
 		return 0, err
 	}
@@ -135,4 +149,22 @@ func (b *kafkaBroker) close() {
 	if b.fake != nil {
 		b.fake.Close()
 	}
+}
+
+// eventsDestination is the topic of the PaymentCharged events.
+func (b *kafkaBroker) eventsDestination() string { return kafkaEventsTopic }
+
+// eventsPublisher is the relay's Kafka publisher, on the broker's client
+// (the message-id header carries the outgoing ID).
+func (b *kafkaBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
+	return idemkafka.NewPublisher(b.cl, idemkafka.ProducerConfig{}), nil
+}
+
+// receiptsMember joins the receipts consumer group.
+func (b *kafkaBroker) receiptsMember(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(kafkaReceiptsGroup, kafkaEventsTopic, p, log)
+}
+
+func (b *kafkaBroker) eventsUnfinished(ctx context.Context) (int, error) {
+	return b.lag(ctx, kafkaReceiptsGroup)
 }

@@ -26,6 +26,9 @@ const (
 	natsSubject  = "idem.demo.payments.requested"
 	natsDurable  = "payments"
 	natsDeadSubj = "idem.demo.payments.dead"
+	// The receipts story: PaymentCharged events, sent by the outbox relay.
+	natsEventsSubject   = "idem.demo.payments.charged"
+	natsReceiptsDurable = "receipts"
 )
 
 // natsBroker carries the demo's messages on JetStream, in process (file
@@ -37,6 +40,8 @@ type natsBroker struct {
 	nc      *nats.Conn
 	stream  jetstream.Stream
 	cons    jetstream.Consumer
+	events  jetstream.Consumer // the receipts consumer's durable
+	relayNC *nats.Conn         // the relay publisher's connection
 	prod    *idemnats.Producer
 	dropped atomic.Int64 // publishes JetStream dropped within its dedupe window
 }
@@ -76,7 +81,7 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 	}
 	b.stream, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:     natsStream,
-		Subjects: []string{natsSubject, natsDeadSubj},
+		Subjects: []string{natsSubject, natsDeadSubj, natsEventsSubject},
 		Storage:  jetstream.FileStorage,
 		// JetStream drops a publish whose Nats-Msg-Id it saw within this
 		// window. The demo keeps it at the 100ms minimum so the producer's
@@ -87,6 +92,11 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 	if err == nil {
 		b.cons, err = b.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 			Durable: natsDurable, FilterSubject: natsSubject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
+		})
+	}
+	if err == nil {
+		b.events, err = b.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: natsReceiptsDurable, FilterSubject: natsEventsSubject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
 		})
 	}
 	if err != nil {
@@ -136,11 +146,16 @@ func (b *natsBroker) publish(ctx context.Context, id string, payload []byte) (dr
 // crash closes; JetStream redelivers what it had not acked after the ack
 // wait.
 func (b *natsBroker) member(ctx context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(ctx, natsDurable, p, log)
+}
+
+// join runs p on the durable consumer durable, on a new connection.
+func (b *natsBroker) join(ctx context.Context, durable string, p idem.Processor, log *slog.Logger) (*member, error) {
 	js, err := b.connect()
 	if err != nil {
 		return nil, err
 	}
-	cons, err := js.Consumer(ctx, natsStream, natsDurable)
+	cons, err := js.Consumer(ctx, natsStream, durable)
 	var c *idemnats.Consumer
 	if err == nil {
 		c, err = idemnats.NewConsumer(js, cons, idemnats.Config{Processor: p, DeadLetter: natsDeadSubj,
@@ -155,7 +170,12 @@ func (b *natsBroker) member(ctx context.Context, p idem.Processor, log *slog.Log
 
 // unfinished counts messages not yet delivered or delivered but not acked.
 func (b *natsBroker) unfinished(ctx context.Context) (int, error) {
-	info, err := b.cons.Info(ctx)
+	return natsUnfinished(ctx, b.cons)
+}
+
+// natsUnfinished counts cons's messages not yet delivered or not yet acked.
+func natsUnfinished(ctx context.Context, cons jetstream.Consumer) (int, error) {
+	info, err := cons.Info(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -171,6 +191,9 @@ func (b *natsBroker) deadLettered(ctx context.Context) (int64, error) {
 }
 
 func (b *natsBroker) close() {
+	if b.relayNC != nil {
+		b.relayNC.Close()
+	}
 	if b.nc != nil {
 		b.nc.Close()
 	}
@@ -178,4 +201,27 @@ func (b *natsBroker) close() {
 		b.srv.Shutdown()
 		b.srv.WaitForShutdown()
 	}
+}
+
+// eventsDestination is the subject of the PaymentCharged events.
+func (b *natsBroker) eventsDestination() string { return natsEventsSubject }
+
+// eventsPublisher is the relay's JetStream publisher, on a connection of
+// its own (Nats-Msg-Id carries the outgoing ID).
+func (b *natsBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
+	js, err := b.connect()
+	if err != nil {
+		return nil, err
+	}
+	b.relayNC = js.Conn()
+	return idemnats.NewPublisher(js), nil
+}
+
+// receiptsMember runs p on the receipts durable consumer.
+func (b *natsBroker) receiptsMember(ctx context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(ctx, natsReceiptsDurable, p, log)
+}
+
+func (b *natsBroker) eventsUnfinished(ctx context.Context) (int, error) {
+	return natsUnfinished(ctx, b.events)
 }

@@ -23,6 +23,9 @@ const (
 	redisStream     = "idem-demo-stream:payments"
 	redisDeadStream = "idem-demo-stream:payments-dead"
 	redisGroup      = "payments"
+	// The receipts story: PaymentCharged events, sent by the outbox relay.
+	redisEventsStream  = "idem-demo-stream:payments-charged"
+	redisReceiptsGroup = "receipts"
 )
 
 // redisStreamBroker carries the demo's messages on a Redis stream with a
@@ -45,7 +48,7 @@ func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fr
 	b := &redisStreamBroker{opts: opts, client: client, ackWait: ackWait}
 	b.prod = idemredisstream.NewProducer(b.client, idemredisstream.ProducerConfig{})
 	if fresh {
-		if err := b.client.Del(ctx, redisStream, redisDeadStream).Err(); err != nil {
+		if err := b.client.Del(ctx, redisStream, redisDeadStream, redisEventsStream).Err(); err != nil {
 			b.close()
 			return nil, err
 		}
@@ -61,9 +64,14 @@ func (b *redisStreamBroker) publish(ctx context.Context, id string, payload []by
 // member reads as a new group member on a client of its own, which its
 // crash closes.
 func (b *redisStreamBroker) member(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(redisStream, redisGroup, p, log)
+}
+
+// join reads stream as a new member of group, on a client of its own.
+func (b *redisStreamBroker) join(stream, group string, p idem.Processor, log *slog.Logger) (*member, error) {
 	rdb := redis.NewClient(b.opts)
 	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{
-		Processor: p, Stream: redisStream, Group: redisGroup, DeadLetter: redisDeadStream,
+		Processor: p, Stream: stream, Group: group, DeadLetter: redisDeadStream,
 		Consumer: fmt.Sprintf("demo-%d-%d", os.Getpid(), b.members.Add(1)),
 		MinIdle:  b.ackWait, RetryDelay: demoRetryDelay, Block: 250 * time.Millisecond, Logger: log,
 	})
@@ -76,12 +84,17 @@ func (b *redisStreamBroker) member(_ context.Context, p idem.Processor, log *slo
 
 // unfinished is the group's pending entries plus those not yet delivered.
 func (b *redisStreamBroker) unfinished(ctx context.Context) (int, error) {
-	groups, err := b.client.XInfoGroups(ctx, redisStream).Result()
+	return b.lag(ctx, redisStream, redisGroup)
+}
+
+// lag is group's pending entries on stream plus those not yet delivered.
+func (b *redisStreamBroker) lag(ctx context.Context, stream, group string) (int, error) {
+	groups, err := b.client.XInfoGroups(ctx, stream).Result()
 	if err != nil {
 		return 0, err
 	}
 	for _, g := range groups {
-		if g.Name == redisGroup {
+		if g.Name == group {
 			if g.Lag < 0 {
 				return 0, errors.New("Redis cannot tell the group's lag")
 			}
@@ -96,3 +109,21 @@ func (b *redisStreamBroker) deadLettered(ctx context.Context) (int64, error) {
 }
 
 func (b *redisStreamBroker) close() { b.client.Close() }
+
+// eventsDestination is the stream of the PaymentCharged events.
+func (b *redisStreamBroker) eventsDestination() string { return redisEventsStream }
+
+// eventsPublisher is the relay's Redis Streams publisher (XADD with the
+// message-id field), on the broker's client.
+func (b *redisStreamBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
+	return idemredisstream.NewPublisher(b.client, idemredisstream.ProducerConfig{}), nil
+}
+
+// receiptsMember reads the events stream in the receipts group.
+func (b *redisStreamBroker) receiptsMember(_ context.Context, p idem.Processor, log *slog.Logger) (*member, error) {
+	return b.join(redisEventsStream, redisReceiptsGroup, p, log)
+}
+
+func (b *redisStreamBroker) eventsUnfinished(ctx context.Context) (int, error) {
+	return b.lag(ctx, redisEventsStream, redisReceiptsGroup)
+}

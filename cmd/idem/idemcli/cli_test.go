@@ -51,6 +51,7 @@ func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	if rep.ProviderReplays == 0 {
 		t.Errorf("provider replays 0: no crash between the provider call and the commit was exercised (crashes %d)", rep.ConsumerCrashes)
 	}
+	wantReceiptedOnce(t, rep, 600)
 	if rep.Deliveries < int64(rep.Messages)+rep.DuplicatesPublished {
 		t.Errorf("deliveries %d < messages + duplicates %d", rep.Deliveries, int64(rep.Messages)+rep.DuplicatesPublished)
 	}
@@ -58,7 +59,8 @@ func TestDemoChargesEveryPaymentOnce(t *testing.T) {
 	var keys map[string]any
 	_ = json.Unmarshal([]byte(out), &keys)
 	for _, k := range []string{"messages", "deliveries", "duplicates_absorbed", "ledger_charges", "provider_charges",
-		"double_charges", "lost", "dead_lettered", "elapsed_s", "messages_per_s"} {
+		"double_charges", "lost", "dead_lettered", "elapsed_s", "messages_per_s",
+		"events_emitted", "receipts_sent", "double_receipts", "lost_receipts"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("JSON report lacks %q", k)
 		}
@@ -90,6 +92,7 @@ func TestDemoResumesOnTheSameDir(t *testing.T) {
 	if rep.LedgerCharges != 300 || rep.ProviderCharges != 300 || rep.DoubleCharges != 0 || rep.Lost != 0 {
 		t.Errorf("second run report %+v", rep)
 	}
+	wantReceiptedOnce(t, rep, 300)
 }
 
 func TestErrorsAreOneLineWithExitStatus(t *testing.T) {
@@ -184,6 +187,7 @@ func wantChargedOnce(t *testing.T, rep report, n int64) {
 	if rep.ConsumerCrashes == 0 {
 		t.Errorf("consumer crashes 0: the crashes were not exercised")
 	}
+	wantReceiptedOnce(t, rep, n)
 }
 
 // TestDemoKafkaRebalanceOnPostgres runs the seed's rebalance story: payments

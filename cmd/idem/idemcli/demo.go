@@ -55,24 +55,33 @@ type demoOptions struct {
 
 // report is what `idem demo` prints; the JSON keys are a stable interface.
 type report struct {
-	Messages               int     `json:"messages"`
-	Deliveries             int64   `json:"deliveries"`
-	DuplicatesPublished    int64   `json:"duplicates_published"`
-	PublishRetries         int64   `json:"publish_retries"`
-	BrokerDroppedDups      int64   `json:"duplicates_dropped_by_broker"`
-	DuplicatesAbsorbed     int64   `json:"duplicates_absorbed"`
-	InProgressRedeliveries int64   `json:"in_progress_redeliveries"`
-	ConsumerCrashes        int64   `json:"consumer_crashes"`
-	LedgerCharges          int64   `json:"ledger_charges"`
-	ProviderCharges        int64   `json:"provider_charges"`
-	ProviderReplays        int64   `json:"provider_replays"`
-	DoubleCharges          int64   `json:"double_charges"`
-	Lost                   int64   `json:"lost"`
-	DeadLettered           int64   `json:"dead_lettered"`
-	ElapsedS               float64 `json:"elapsed_s"`
-	MessagesPerS           float64 `json:"messages_per_s"`
-	Store                  string  `json:"store"`
-	Broker                 string  `json:"broker"`
+	Messages               int   `json:"messages"`
+	Deliveries             int64 `json:"deliveries"`
+	DuplicatesPublished    int64 `json:"duplicates_published"`
+	PublishRetries         int64 `json:"publish_retries"`
+	BrokerDroppedDups      int64 `json:"duplicates_dropped_by_broker"`
+	DuplicatesAbsorbed     int64 `json:"duplicates_absorbed"`
+	InProgressRedeliveries int64 `json:"in_progress_redeliveries"`
+	ConsumerCrashes        int64 `json:"consumer_crashes"`
+	LedgerCharges          int64 `json:"ledger_charges"`
+	ProviderCharges        int64 `json:"provider_charges"`
+	ProviderReplays        int64 `json:"provider_replays"`
+	DoubleCharges          int64 `json:"double_charges"`
+	Lost                   int64 `json:"lost"`
+	DeadLettered           int64 `json:"dead_lettered"`
+	// The receipts story (demo_receipts.go): events through the outbox,
+	// receipts sent by the downstream consumer.
+	EventsEmitted  int64   `json:"events_emitted"`
+	RelayCrashes   int64   `json:"relay_crashes"`
+	ReceiptCrashes int64   `json:"receipt_consumer_crashes"`
+	ReceiptsSent   int64   `json:"receipts_sent"`
+	ReceiptReplays int64   `json:"receipt_replays"`
+	DoubleReceipts int64   `json:"double_receipts"`
+	LostReceipts   int64   `json:"lost_receipts"`
+	ElapsedS       float64 `json:"elapsed_s"`
+	MessagesPerS   float64 `json:"messages_per_s"`
+	Store          string  `json:"store"`
+	Broker         string  `json:"broker"`
 	// OK is true when every payment was charged exactly once.
 	OK bool `json:"ok"`
 	// Verdict is the report's last line, in words.
@@ -210,6 +219,7 @@ type demoBroker interface {
 	// deadLettered counts the messages in the dead letter.
 	deadLettered(ctx context.Context) (int64, error)
 	close()
+	eventsBroker
 }
 
 // demoRetryDelay is the adapters' delay before a Failed delivery comes back.
@@ -259,6 +269,7 @@ type demoRun struct {
 	publishRetries                               atomic.Int64 // publishes made again after a failure
 	naiveAttempts                                atomic.Int64 // --without-idem: provider keys used
 	naiveAcked, naiveDropped, naivePending       atomic.Int64 // --without-idem: acked on receipt, dropped by a crash after the ack, queued
+	receiptsStory
 }
 
 func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err error) {
@@ -316,7 +327,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if fresh && o.dir == "" {
 		// A new temporary folder has an empty provider; nothing to reset.
 	} else if fresh {
-		if _, err := r.prov.db.ExecContext(ctx, `DELETE FROM charges`); err != nil {
+		if err := r.prov.reset(ctx); err != nil {
 			return err
 		}
 	}
@@ -342,8 +353,12 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if o.withoutIdem && r.lease != nil {
 		return usageError{errors.New("--without-idem runs on a SQL store (sqlite:, postgres://, mysql://), not redis://")}
 	}
+	if err := r.openReceipts(ctx, dir, fresh, metrics.hooks()); err != nil {
+		return err
+	}
+	defer r.closeReceipts()
 	if r.lease == nil {
-		r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1, Hooks: metrics.hooks()})
+		r.consumer, err = idem.NewConsumer(r.st.store, idem.Config{Name: demoConsumer, PurgeInterval: -1, Hooks: metrics.hooks(), Relay: r.wakeRelay()})
 		if err != nil {
 			return err
 		}
@@ -363,6 +378,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		wg.Add(1)
 		go func() { defer wg.Done(); r.consumeForever(workCtx) }()
 	}
+	r.runReceipts(workCtx, &wg)
 	waitErr := r.waitDone(runCtx, prodErr, stderr)
 	stopWork()
 	wg.Wait()
@@ -371,6 +387,9 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	}
 
 	rep, err := r.report(context.WithoutCancel(ctx), time.Since(start), charged0)
+	if err == nil {
+		err = r.reportReceipts(context.WithoutCancel(ctx), &rep)
+	}
 	if err != nil {
 		return err
 	}
@@ -385,7 +404,8 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		return waitErr // a demonstration: it ran, whatever it shows
 	}
 	if !rep.OK {
-		return &exitError{code: 3, err: fmt.Errorf("not every payment was charged exactly once (double charges %d, lost %d)", rep.DoubleCharges, rep.Lost)}
+		return &exitError{code: 3, err: fmt.Errorf("not every payment was charged and receipted exactly once (double charges %d, lost %d, double receipts %d, lost receipts %d)",
+			rep.DoubleCharges, rep.Lost, rep.DoubleReceipts, rep.LostReceipts)}
 	}
 	if waitErr != nil {
 		return waitErr
@@ -521,13 +541,23 @@ func (r *demoRun) publish(ctx context.Context, id string, payload []byte) (dropp
 	}, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(0))
 }
 
-// consumeForever runs one consumer; when it crashes a new one takes over.
+// consumeForever runs one payments consumer; when it crashes a new one
+// takes over.
 func (r *demoRun) consumeForever(ctx context.Context) {
+	r.consumeLane(ctx, r.broker.member, r.process, &r.crashes, r.o.withoutIdem)
+}
+
+// consumeLane runs one consumer, joined with join and processing with
+// process, counting its crashes; when it crashes a new one takes over.
+// With naivePayments (the payments lane of --without-idem) a naive worker
+// acknowledges on receipt and charges afterwards instead.
+func (r *demoRun) consumeLane(ctx context.Context, join func(context.Context, idem.Processor, *slog.Logger) (*member, error),
+	process func(context.Context, idem.Message) (idem.Outcome, error), crashes *atomic.Int64, naivePayments bool) {
 	for ctx.Err() == nil {
 		mctx, cancel := context.WithCancel(ctx)
 		var m *member
 		var naive *naiveWorker
-		if r.o.withoutIdem {
+		if naivePayments {
 			naive = r.startNaive(mctx, func() { cancel(); m.crash() })
 		}
 		p := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
@@ -537,15 +567,15 @@ func (r *demoRun) consumeForever(ctx context.Context) {
 			if naive != nil {
 				return naive.Process(ctx, msg)
 			}
-			out, err := r.process(ctx, msg)
+			out, err := process(ctx, msg)
 			if errors.Is(err, errCrash) {
-				r.crashes.Add(1)
+				crashes.Add(1)
 				m.crash()
 				cancel()
 			}
 			return out, err
 		})
-		m, err := r.broker.member(ctx, p, r.log)
+		m, err := join(ctx, p, r.log)
 		if err == nil {
 			err = m.run(mctx) // until a crash or the end of the run
 			m.close()
@@ -615,10 +645,11 @@ func (r *demoRun) chargeLeased(ctx context.Context, a *idem.Attempt) (idem.Resul
 	if rand.Float64() < r.o.crashRate/2 {
 		return idem.Result{}, errCrashBeforeCommit
 	}
-	_, err = r.st.db.ExecContext(ctx,
-		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id, entry_key) VALUES (?, ?, ?, ?, ?)
-		 ON CONFLICT (entry_key) DO NOTHING`,
-		p.PaymentID, p.Customer, p.AmountCents, string(chargeID), a.Key("ledger"))
+	id, err := strconv.ParseInt(string(chargeID), 10, 64)
+	if err != nil {
+		return idem.Result{}, idem.Permanent(fmt.Errorf("payment %s: charge ID %q: %w", a.Message.ID, chargeID, err))
+	}
+	err = r.emitChargedLeased(ctx, a.Message, p, id, a.Key("ledger"))
 	return idem.Result{Body: chargeID, ContentType: "text/plain"}, err
 }
 
@@ -645,6 +676,11 @@ func (r *demoRun) charge(ctx context.Context, tx *sql.Tx, m idem.Message) error 
 	_, err = tx.ExecContext(ctx, rebind(r.st.dialect,
 		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id) VALUES (?, ?, ?, ?)`),
 		p.PaymentID, p.Customer, p.AmountCents, chargeID)
+	if err != nil {
+		return err
+	}
+	// The PaymentCharged event commits with the ledger row, or not at all.
+	_, err = idem.Emit(ctx, r.chargedEvent(p, chargeID))
 	return err
 }
 
@@ -679,7 +715,7 @@ func (r *demoRun) waitDone(ctx context.Context, prodErr <-chan error, stderr io.
 		// ledger: done when the broker and the workers have nothing left.
 		// (Read after unfinished: whatever the broker counts as done was
 		// queued before its ack.)
-		if n, err := r.broker.unfinished(ctx); err == nil && n == 0 && r.naivePending.Load() == 0 {
+		if n, err := r.broker.unfinished(ctx); err == nil && n == 0 && r.naivePending.Load() == 0 && r.receiptsDone(ctx) {
 			return nil
 		}
 	}

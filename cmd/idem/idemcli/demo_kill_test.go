@@ -87,7 +87,7 @@ func TestDemoSurvivesKafkaRestart(t *testing.T) {
 	ports, data := freePorts(t, 3), t.TempDir()
 	open := func(t *testing.T) *kfake.Cluster {
 		c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.Ports(ports...), kfake.DataDir(data),
-			kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic))
+			kfake.SeedTopics(8, kafkaTopic, kafkaDeadTopic, kafkaEventsTopic))
 		if err != nil {
 			t.Fatalf("kfake: %v", err)
 		}
@@ -157,6 +157,7 @@ func testDemoSurvivesKill(t *testing.T, f fault, messages int) {
 		t.Errorf("exit %d, report %+v: want exit 0, %d charges in the ledger and at the provider, 0 double, 0 lost, 0 dead letters\nstderr:\n%s",
 			exit, rep, messages, watch.text())
 	}
+	wantReceiptedOnce(t, rep, int64(messages))
 	t.Logf("%s with %d/%d published: %.2f deliveries per message (%d deliveries, %d duplicates absorbed, %d consumer crashes, %d publishes retried), "+
 		"double %d, lost %d; server down and back in %.1fs, demo charging again %.1fs after that (progress lines every 2s), run %.1fs",
 		f.what, published, messages, float64(rep.Deliveries)/float64(messages), rep.Deliveries, rep.DuplicatesAbsorbed,

@@ -140,7 +140,7 @@ func (r *demoRun) chargeNaive(ctx context.Context, m idem.Message) error {
 		return err
 	}
 	if rand.Float64() < r.o.crashRate/2 {
-		return errCrashAfterCommit
+		return errCrashAfterCommit // the event is never published
 	}
-	return nil
+	return r.publishChargedNaive(ctx, p, chargeID)
 }

@@ -35,18 +35,22 @@ func (r *demoRun) tell(rep report) report {
 		WithoutIdem: o.withoutIdem, Temporary: o.dir == ""}
 	n := int64(o.messages)
 	rep.OK = rep.DoubleCharges == 0 && rep.Lost == 0 && rep.LedgerCharges == n && rep.ProviderCharges == n
+	rep.OK = rep.OK && rep.receiptsOK()
 	switch {
 	case o.withoutIdem:
 		rep.Verdict = fmt.Sprintf("without idem: %d double charges and %d lost payments out of %d, from %d duplicates published and %d consumer crashes "+
 			"(each delivery charged anew; payments acknowledged on receipt and dropped by a crash before their ledger commit never came back); "+
 			"run `idem demo` (same seed, same faults) to see idem prevent them",
 			rep.DoubleCharges, rep.Lost, n, rep.DuplicatesPublished, rep.ConsumerCrashes)
+		rep.Verdict += fmt.Sprintf("; receipts: %d double, %d lost", rep.DoubleReceipts, rep.LostReceipts)
 	case rep.OK:
 		rep.Verdict = fmt.Sprintf("ok: every one of the %d payments charged exactly once, through %d duplicates published, %d consumer crashes and %d deliveries",
 			n, rep.DuplicatesPublished, rep.ConsumerCrashes, rep.Deliveries)
+		rep.Verdict += fmt.Sprintf("; one receipt each, through %d relay crashes and %d receipts consumer crashes", rep.RelayCrashes, rep.ReceiptCrashes)
 	default:
 		rep.Verdict = fmt.Sprintf("FAILED: %d double charges, %d lost payments (%d ledger charges, %d provider charges for %d payments)",
 			rep.DoubleCharges, rep.Lost, rep.LedgerCharges, rep.ProviderCharges, n)
+		rep.Verdict += fmt.Sprintf("; %d double receipts, %d lost receipts (%d sent)", rep.DoubleReceipts, rep.LostReceipts, rep.ReceiptsSent)
 	}
 	return rep
 }
@@ -96,6 +100,7 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	row("double charges", rep.DoubleCharges, "extra ledger rows and extra provider charges of one payment")
 	row("lost messages", rep.Lost, lost)
 	row("dead letters", rep.DeadLettered, "messages that could never be processed")
+	printReceiptRows(row, rep)
 	row("elapsed", fmt.Sprintf("%.2fs", rep.ElapsedS), "")
 	row("messages per second", fmt.Sprintf("%.0f", rep.MessagesPerS), "")
 	if err := tw.Flush(); err != nil {

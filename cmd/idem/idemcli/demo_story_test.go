@@ -26,6 +26,10 @@ func TestDemoTellsItsStory(t *testing.T) {
 		!strings.Contains(naive.Verdict, "dropped by a crash before their ledger commit") {
 		t.Errorf("--without-idem report does not say why payments were lost: %s", naiveOut)
 	}
+	// Every charge published its own event, and every copy sent a receipt.
+	if naive.DoubleReceipts == 0 || naive.EventsEmitted <= 300 || naive.ReceiptsSent < naive.EventsEmitted {
+		t.Errorf("--without-idem report %+v: want double receipts, an event per charge", naive)
+	}
 	rep, out := demoJSON(t, args...)
 	if !rep.OK || rep.DoubleCharges != 0 || rep.Lost != 0 || rep.Settings.WithoutIdem || rep.NaiveConsumer != nil {
 		t.Errorf("report %+v: want ok", rep)
@@ -46,7 +50,7 @@ func TestDemoTellsItsStory(t *testing.T) {
 	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "verdict: ok: every one of the 50 payments charged exactly once") {
 		t.Errorf("last line %q, want the verdict", last)
 	}
-	for _, want := range []string{"redeliveries count too", "same derived key"} {
+	for _, want := range []string{"redeliveries count too", "same derived key", "events emitted", "double receipts", "lost receipts", "their lease ended"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the report does not explain %q:\n%s", want, text)
 		}

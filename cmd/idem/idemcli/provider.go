@@ -20,6 +20,9 @@ type provider struct {
 	db       *sql.DB
 	requests atomic.Int64 // charge requests received, replays included
 	replays  atomic.Int64 // requests answered with an earlier charge
+	// receiptReplays counts receipt requests answered with an earlier
+	// receipt (same key).
+	receiptReplays atomic.Int64
 }
 
 func openProvider(ctx context.Context, path string) (*provider, error) {
@@ -35,6 +38,14 @@ func openProvider(ctx context.Context, path string) (*provider, error) {
 		amount_cents    INTEGER NOT NULL,
 		created_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
 	)`)
+	if err == nil {
+		// The receipts the provider sent (by email, say): one per key.
+		_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS receipts (
+		receipt_id      INTEGER PRIMARY KEY,
+		idempotency_key TEXT NOT NULL UNIQUE,
+		payment_id      TEXT NOT NULL
+	)`)
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("provider database %s: %w", path, err)
@@ -69,3 +80,34 @@ func (p *provider) totals(ctx context.Context) (charges, doubles int64, err erro
 }
 
 func (p *provider) close() error { return p.db.Close() }
+
+// receipt sends the receipt of paymentID once per idempotency key; a
+// repeated key is answered with the earlier receipt and sends nothing.
+func (p *provider) receipt(ctx context.Context, key, paymentID string) error {
+	res, err := p.db.ExecContext(ctx,
+		`INSERT INTO receipts (idempotency_key, payment_id) VALUES (?, ?) ON CONFLICT (idempotency_key) DO NOTHING`, key, paymentID)
+	if err != nil {
+		return fmt.Errorf("provider: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		p.receiptReplays.Add(1)
+	}
+	return nil
+}
+
+// receiptTotals returns the receipts sent, the receipts beyond the first
+// for any payment (double receipts), and the payments with a receipt.
+func (p *provider) receiptTotals(ctx context.Context) (sent, doubles, distinct int64, err error) {
+	err = p.db.QueryRowContext(ctx, `SELECT count(*), count(DISTINCT payment_id) FROM receipts`).Scan(&sent, &distinct)
+	return sent, sent - distinct, distinct, err
+}
+
+// reset forgets every charge and receipt (a fresh run on a kept folder).
+func (p *provider) reset(ctx context.Context) error {
+	for _, q := range []string{`DELETE FROM charges`, `DELETE FROM receipts`} {
+		if _, err := p.db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -52,22 +52,30 @@ func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem
 		client.Close()
 		return nil, "", err
 	}
-	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: demoConsumer, Lease: 10 * time.Second, PurgeInterval: -1, Hooks: hooks})
-	if err != nil {
-		client.Close()
-		return nil, "", err
+	l := &redisLease{client: client}
+	for name, lc := range map[string]**idem.LeaseConsumer{demoConsumer: &l.LeaseConsumer, receiptsConsumer: &l.receipts} {
+		if *lc, err = idem.NewLeaseConsumer(store, idem.Config{Name: name, Lease: 10 * time.Second, PurgeInterval: -1, Hooks: hooks}); err != nil {
+			l.Close()
+			return nil, "", err
+		}
 	}
-	return &redisLease{LeaseConsumer: lc, client: client}, where, nil
+	return l, where, nil
 }
 
-// redisLease is a LeaseConsumer that owns its Redis client.
+// redisLease is the payments LeaseConsumer, with the receipts one, over
+// the Redis client it owns.
 type redisLease struct {
 	*idem.LeaseConsumer
-	client *redis.Client
+	receipts *idem.LeaseConsumer
+	client   *redis.Client
 }
 
-// Close stops the consumer and closes the client.
+// Close stops the consumers and closes the client.
 func (l *redisLease) Close() error {
-	l.LeaseConsumer.Close()
+	for _, c := range []*idem.LeaseConsumer{l.LeaseConsumer, l.receipts} {
+		if c != nil {
+			c.Close()
+		}
+	}
 	return l.client.Close()
 }

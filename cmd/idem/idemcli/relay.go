@@ -5,22 +5,31 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemamqp"
 	"github.com/idem-go/idem/broker/idemkafka"
 	"github.com/idem-go/idem/broker/idemnats"
 	"github.com/idem-go/idem/broker/idemredisstream"
+	"github.com/idem-go/idem/cmd/idem/internal/secret"
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/store/idempgxv5"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 func newRelayCmd() *cobra.Command {
 	var (
-		sf       storeFlags
-		broker   string
-		exchange string
-		cfg      idem.RelayConfig
+		sf          storeFlags
+		broker      string
+		exchange    string
+		metricsAddr string
+		cfg         idem.RelayConfig
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -28,8 +37,20 @@ func newRelayCmd() *cobra.Command {
 		Long: `relay runs an outbox relay until interrupted: it claims the pending rows of
 the store's outbox table (<table>_outbox), publishes them to the broker with
 their message IDs, and marks them sent once the broker confirmed. Several
-relays may run on one store. The store is polled (from 50ms, doubling to 5s
-while idle).
+relays may run on one store. On PostgreSQL the relay LISTENs on the outbox
+table's channel (through pgx; the table's trigger NOTIFYs on every commit
+that inserted rows), so it sends at once without polling tightly; it still
+polls every --max-poll for rows whose retry time came. LISTEN needs a session
+of its own: through PgBouncer in transaction pooling, point --store at the
+server. MariaDB and SQLite are polled (from --min-poll, doubling to
+--max-poll while idle).
+
+Metrics (idemotel's outbox metrics: idem.outbox.sent, idem.outbox.send_failures,
+idem.outbox.relay.duration, idem.outbox.relay.lag, and the backlog gauges
+idem.outbox.pending, .failed, .oldest_pending) are served for Prometheus
+with --metrics-addr, and exported over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT
+is set (the standard OTEL_* variables; OTEL_SERVICE_NAME defaults to
+idem-relay).
 
 --broker names the broker and what a row's destination means there:
   nats://HOST:PORT          JetStream; destination = subject
@@ -45,18 +66,28 @@ while idle).
 				return err
 			}
 			defer st.db.Close()
+			store, how, closeStore, err := relayStore(ctx, st, sf.store, sf.table)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
 			pub, closeBroker, err := openPublisher(ctx, broker, exchange)
 			if err != nil {
 				return err
 			}
 			defer closeBroker()
-			cfg.Store, cfg.Publisher = st.store, pub
+			hooks, closeMetrics, err := relayMetrics(ctx, metricsAddr, store, broker)
+			if err != nil {
+				return err
+			}
+			defer closeMetrics()
+			cfg.Store, cfg.Publisher, cfg.Hooks = store, pub, hooks
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			r, err := idem.NewRelay(cfg)
 			if err != nil {
 				return usageError{err}
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "relaying the outbox of %s to %s\n", st.where, redact(broker))
+			fmt.Fprintf(cmd.ErrOrStderr(), "relaying the outbox of %s to %s (%s)\n", st.where, redact(broker), how)
 			return r.Run(ctx)
 		},
 	}
@@ -66,7 +97,100 @@ while idle).
 	cmd.Flags().IntVar(&cfg.BatchSize, "batch-size", idem.DefaultRelayBatchSize, "rows claimed per round")
 	cmd.Flags().DurationVar(&cfg.Lease, "lease", idem.DefaultRelayLease, "how long claimed rows stay leased to this relay")
 	cmd.Flags().DurationVar(&cfg.Retention, "retention", idem.DefaultOutboxRetention, "how long sent rows are kept before purging")
+	cmd.Flags().DurationVar(&cfg.MinPoll, "min-poll", idem.DefaultRelayMinPoll, "wait between polls while rows keep coming")
+	cmd.Flags().DurationVar(&cfg.MaxPoll, "max-poll", idem.DefaultRelayMaxPoll, "longest wait between polls of an idle outbox (with LISTEN: how late a row whose retry time came is seen)")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "", "serve Prometheus metrics of the relay (idem_outbox_sent_total, idem_outbox_relay_lag_seconds, ...) on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
+}
+
+// relayStore returns the outbox the relay runs on, how it learns of new
+// rows, and what closes it: on PostgreSQL the pgx store over a pool of
+// its own (idempgxv5, an idemdriver.OutboxNotifier: LISTEN/NOTIFY), else
+// st's store, polled.
+func relayStore(ctx context.Context, st *sqlStore, rawURL, table string) (_ idemdriver.OutboxStore, how string, _ func(), err error) {
+	if st.dialect != idemsql.Postgres {
+		return st.store, "polling", func() {}, nil
+	}
+	defer func() { err = secret.Error(err, rawURL) }()
+	pcfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
+	}
+	pgStoreSettings(pcfg.ConnConfig)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("open %s: %w", st.where, err)
+	}
+	s, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table})
+	if err != nil {
+		pool.Close()
+		return nil, "", nil, err
+	}
+	return s, "LISTEN/NOTIFY", pool.Close, nil
+}
+
+// relayMetrics returns the hooks that record the relay's outbox metrics
+// (idemotel.NewOutboxObserver, with store's backlog gauges) on the
+// Prometheus server of addr ("" for none) and on the OTLP export the
+// environment asks for (none without OTEL_EXPORTER_OTLP_ENDPOINT), and
+// what stops them.
+func relayMetrics(ctx context.Context, addr string, store idemdriver.OutboxStore, broker string) (_ []idem.Hook, _ func(), err error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	var mps []metric.MeterProvider
+	if addr != "" {
+		m, err := serveMetrics(addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = m.close() })
+		mps = append(mps, m.meterProvider)
+	}
+	otlp, err := setupOTLP(ctx, "idem-relay")
+	if err != nil {
+		return nil, nil, err
+	}
+	if otlp != nil {
+		closers = append(closers, func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = otlp.close(sctx)
+		})
+		if otlp.mp != nil {
+			mps = append(mps, otlp.mp)
+		}
+	}
+	var hooks []idem.Hook
+	for _, mp := range mps {
+		obs, err := idemotel.NewOutboxObserver(store, idemotel.WithMeterProvider(mp), idemotel.WithMessagingSystem(brokerSystem(broker)))
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, func() { _ = obs.Close() })
+		hooks = append(hooks, obs)
+	}
+	return hooks, closeAll, nil
+}
+
+// brokerSystem is the messaging.system of a broker URL, by its scheme.
+func brokerSystem(url string) string {
+	scheme, _, _ := strings.Cut(url, ":")
+	switch scheme {
+	case "amqp", "amqps":
+		return "rabbitmq"
+	case "rediss":
+		return "redis"
+	}
+	return scheme
 }
 
 // openPublisher connects to the broker at url and returns its relay
