@@ -56,6 +56,9 @@ type scConfig struct {
 	// store overrides the stage's store (e.g. a faultStore or a second
 	// handle).
 	store idemdriver.LeaseStore
+	// renewed, when not nil, receives a value per lease renewal (from the
+	// recording hook; a renewal finding the channel full is not sent).
+	renewed chan struct{}
 }
 
 // scInstance is one running front.
@@ -173,7 +176,7 @@ func (s *scStage) start(h http.Handler, cfg scConfig) *scInstance {
 	// in flight).
 	var inst *scInstance
 	if cfg.opts.Hooks == nil {
-		rec := &recHook{}
+		rec := &recHook{renewed: cfg.renewed}
 		cfg.opts.Hooks = []idem.Hook{rec}
 		s.t.Cleanup(func() { scCheckHooks(s.t, rec, inst) })
 	}
@@ -1051,11 +1054,21 @@ var scenarios = []scenario{
 			scCreated(w, n)
 		})
 		const lease = scLease
-		inst := s.start(h, scConfig{opts: Options{Lease: lease}})
+		renewed := make(chan struct{}, 16)
+		inst := s.start(h, scConfig{opts: Options{Lease: lease}, renewed: renewed})
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
-		time.Sleep(lease * 5 / 2) // the handler outlives its first lease: it was renewed
+		// The handler outlives its first lease: it was renewed. Renewals
+		// come at most every lease/3, so after 8 of them more than 2.5
+		// leases have passed since the claim.
+		for i := range 8 {
+			select {
+			case <-renewed:
+			case <-time.After(10 * lease):
+				t.Fatalf("%d renewals in %v, want 8", i, 10*lease)
+			}
+		}
 		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, ProblemInProgress)
 		g.open()
 		r := <-first
@@ -1293,9 +1306,11 @@ var scenarios = []scenario{
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k2")}) }()
 		g.await(t, 1)
-		time.Sleep(retention * 2)
+		// k3 is claimed and completed after k2 was claimed: once a purge
+		// deletes it, the purge horizon is past k2's claim too, and only
+		// k2 being in flight keeps it.
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k3")}), 201)
-		s.purge(inst)
+		s.purgeSome(inst, retention)
 		g.open()
 		scWantStatus(t, <-first, 201) // its Complete still owned the record
 		r := s.do(inst, scReq{key: scKey("k2")})
