@@ -299,7 +299,8 @@ func (a *Attempt) expire() { a.cancel(ErrLeaseLost) }
 
 // renewLoop renews the lease every Lease/3 until ctx ends (the attempt
 // ended). A renewal that finds the lease gone marks the attempt lost; one
-// that does not land before the local deadline expires it. Renewals go on
+// that does not land before the local deadline expires it, which ends the
+// renewals. Renewals go on
 // whatever happens to the caller's context: an attempt whose caller left
 // may still be producing effects, so no other attempt may take over.
 func (a *Attempt) renewLoop(ctx context.Context) {
@@ -314,7 +315,11 @@ func (a *Attempt) renewLoop(ctx context.Context) {
 			return
 		case <-expiry.C:
 			if ctx.Err() == nil && !time.Now().Before(a.Deadline()) {
+				// No renewal can land any more (each is bounded by the
+				// deadline): stop, rather than report a failed renewal at
+				// every tick until the attempt ends.
 				a.expire()
+				return
 			}
 			expiry.Reset(max(time.Until(a.Deadline()), lease/3))
 			continue

@@ -241,8 +241,11 @@ func (c *core) runLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		// A mark in flight when Close comes is let finish (bounded), rather
 		// than cancelled mid-statement, which would cost the store its
-		// connection.
-		mctx, cancel := detachedCallCtx(ctx, min(beat, c.storeTimeout()))
+		// connection. It is bounded by the store timeout, not by the beat:
+		// a mark that lands late still starts or extends a run (the store
+		// judges the gap by its own clock when the mark arrives), whereas
+		// one cut off at the beat on a slow store records nothing at all.
+		mctx, cancel := detachedCallCtx(ctx, c.storeTimeout())
 		err := timedOut(mctx, c.store.MarkRunning(mctx, &idemdriver.MarkRunningParams{Consumer: c.cfg.Name, MaxGap: gap}))
 		cancel()
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemgrpc"
 	"github.com/idem-go/idem/idemhttp"
@@ -321,13 +322,22 @@ var scenarios = []scenario{
 			g.wait()
 			return okReply(m, n, req)
 		}}
-		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns, Lease: testLease}, svc)
+		renewed := renewalSignal(make(chan struct{}, 16))
+		in := startOn(t, "127.0.0.1:0", e.first, idemgrpc.Options{Namespace: ns, Lease: testLease, Hooks: []idem.Hook{renewed}}, svc)
 		other := startOn(t, "127.0.0.1:0", e.second, idemgrpc.Options{Namespace: ns, Lease: testLease}, svc)
 		ctx := bg(t)
 		first := make(chan result, 1)
 		go func() { first <- call(ctx, dial(t, in.addr, nil), methodCharge, "alice", "k1", "x") }()
 		g.reached(t)
-		time.Sleep(2 * testLease) // the lease would have run out twice without renewals
+		// The lease would have run out twice without renewals: they come
+		// at most every Lease/3, so 7 of them span more than two leases.
+		for i := range 7 {
+			select {
+			case <-renewed:
+			case <-time.After(10 * testLease):
+				t.Fatalf("%d renewals in %v, want 7", i, 10*testLease)
+			}
+		}
 		wantCode(t, call(ctx, dial(t, other.addr, nil), methodCharge, "alice", "k1", "x"), codes.Aborted, idemgrpc.ReasonInProgress)
 		g.open()
 		wantOK(t, <-first, 1, false)
@@ -452,4 +462,15 @@ func recoverPanics(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc
 		}
 	}()
 	return h(ctx, req)
+}
+
+// renewalSignal is a hook that sends a value per lease renewal (dropped
+// when the channel is full).
+type renewalSignal chan struct{}
+
+func (r renewalSignal) OnLeaseRenewed(context.Context, idem.LeaseEvent) {
+	select {
+	case r <- struct{}{}:
+	default:
+	}
 }

@@ -26,12 +26,15 @@ import (
 // events belong to which request, in order; events whose context carries
 // no request (purges) are kept apart.
 type recHook struct {
-	mu      sync.Mutex
-	reqs    []*recReq
-	loose   []string
-	purges  []idem.PurgeEvent
-	resps   []ResponseEvent // HookResponse, in order
-	renewed chan struct{}   // a value per renewal, when not nil
+	mu    sync.Mutex
+	reqs  []*recReq
+	loose []string
+	// background are the store errors of the consumer's own calls (op
+	// "mark-running" or "purge"), outside any request.
+	background []idem.StoreErrorEvent
+	purges     []idem.PurgeEvent
+	resps      []ResponseEvent // HookResponse, in order
+	renewed    chan struct{}   // a value per renewal, when not nil
 }
 
 // lastResponse returns the newest response event and removes it.
@@ -147,8 +150,19 @@ func (h *recHook) OnPurge(_ context.Context, e idem.PurgeEvent) {
 	h.purges = append(h.purges, e)
 }
 
+// OnStoreError records a store error on its request. The consumer's own
+// background calls (the running mark, a purge) belong to no request: a
+// slow store may fail them at any time (a mark times out on a loaded
+// machine), so they are kept apart; any other event without a request is
+// loose.
 func (h *recHook) OnStoreError(ctx context.Context, e idem.StoreErrorEvent) {
-	h.add(ctx, "store_error", func(r *recReq) { r.storeErr = append(r.storeErr, e) })
+	if recFrom(ctx) == nil && e.MessageID == "" && (e.Op == "mark-running" || e.Op == "purge") {
+		h.mu.Lock()
+		h.background = append(h.background, e)
+		h.mu.Unlock()
+		return
+	}
+	h.add(ctx, fmt.Sprintf("store_error(%s)", e.Op), func(r *recReq) { r.storeErr = append(r.storeErr, e) })
 }
 
 // take returns the requests recorded since the last take, after checking

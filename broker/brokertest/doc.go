@@ -129,7 +129,9 @@
 //     idem.HeaderDeadLetterReason and idem.HeaderDeadLetterError values.
 //   - A broker that drops repeated publishes itself (JetStream's duplicate
 //     window) implements [PublishDeduper], so the suite knows which repeats
-//     reach the consumer.
+//     reach the consumer, and its Publish returns [ErrDeduped] for a publish
+//     the broker dropped, so the suite can publish a late repeat again
+//     until the broker takes it.
 //
 // # Outbox
 //

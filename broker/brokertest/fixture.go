@@ -450,13 +450,31 @@ func msgs(prefix string, n int) []idem.Message {
 	return out
 }
 
-// publish publishes every message, failing the test on an error.
+// publish publishes every message, failing the test on an error. A
+// publish the broker dropped as a repeat (ErrDeduped) went through.
 func (f *fixture) publish(ms ...idem.Message) {
 	f.t.Helper()
 	for _, m := range ms {
-		if err := f.broker.Publish(f.ctx, m.ID, m.Payload); err != nil {
+		if err := f.broker.Publish(f.ctx, m.ID, m.Payload); err != nil && !errors.Is(err, ErrDeduped) {
 			f.t.Fatalf("brokertest: Publish %q: %v", m.ID, err)
 		}
+	}
+}
+
+// publishLate publishes repeats of IDs published before that must reach
+// the consumer: each one again, every poll, while the broker drops it as
+// a repeat within its duplicate window (ErrDeduped), failing the test
+// after waitLong.
+func (f *fixture) publishLate(ms ...idem.Message) {
+	f.t.Helper()
+	for _, m := range ms {
+		f.waitFor(waitLong, func() (bool, string) {
+			err := f.broker.Publish(f.ctx, m.ID, m.Payload)
+			if err != nil && !errors.Is(err, ErrDeduped) {
+				f.t.Fatalf("brokertest: Publish %q: %v", m.ID, err)
+			}
+			return err == nil, fmt.Sprintf("the broker still drops a repeat of %q as a duplicate", m.ID)
+		})
 	}
 }
 

@@ -82,6 +82,13 @@ type Runner interface {
 // message ID that the broker cannot carry in its place for IDs at all.
 var ErrNotCarried = errors.New("brokertest: the broker cannot carry this message ID")
 
+// ErrDeduped is what Broker.Publish of a [PublishDeduper] returns (wrapped
+// or not) when the broker dropped the message as a repeat of an ID it
+// still remembers (JetStream's PubAck.Duplicate). The suite takes it as a
+// publish that went through, except for a repeat that must reach the
+// consumer, which it publishes again until the broker stores it.
+var ErrDeduped = errors.New("brokertest: the broker dropped this message as a repeat within its duplicate window")
+
 // Member is one running consumer instance.
 type Member interface {
 	// Stop stops the member gracefully: it takes no new deliveries,
@@ -149,8 +156,11 @@ type PayloadLimiter interface {
 // publish that repeats a message ID within a window, as JetStream does for
 // Nats-Msg-Id within the stream's duplicate window (StreamConfig.Duplicates).
 // The suite then does not expect a Duplicate outcome for a repeat published
-// inside the window, and waits the window out before publishing a repeat
-// that must reach the consumer (a late duplicate, a fingerprint mismatch).
+// inside the window. Its Publish returns an error matching [ErrDeduped] for
+// a publish the broker dropped: a repeat that must reach the consumer (a
+// late duplicate, a fingerprint mismatch) is published again until the
+// broker takes it, since a broker forgets an ID some time after the window
+// (JetStream purges its IDs on a timer, late on a loaded machine).
 // Brokers without such a window do not implement it. This interface is an
 // optional addition to the Broker contract.
 type PublishDeduper interface {

@@ -136,8 +136,7 @@ func caseProducerDuplicates(f *fixture) {
 	f.waitEffects(ms)
 	// A repeat published after the first copy was processed, and past the
 	// broker's own duplicate window if it has one, must reach the consumer.
-	f.quiet(f.dedupeWindow())
-	f.publish(late...)
+	f.publishLate(late...)
 	// Duplicates expected per ID: the late repeat, and the immediate one
 	// unless the broker dropped it. Redeliveries may add more.
 	want := map[string]int{}
@@ -357,8 +356,7 @@ func caseBadMessages(f *fixture) {
 	f.waitEffects(good)
 	// The mismatch is published after its ID was processed, and past the
 	// broker's own duplicate window.
-	f.quiet(f.dedupeWindow())
-	f.publish(mismatch)
+	f.publishLate(mismatch)
 
 	want := []expectedDL{
 		{id: "", payload: noID[0].Payload, reason: idem.ReasonMissingMessageID, err: idem.ErrMissingMessageID},

@@ -213,21 +213,48 @@ func newNATSBroker(t *testing.T, conn connector) *natsBroker {
 
 func (b *natsBroker) DedupeWindow() time.Duration { return b.dedupe }
 
+// Publish implements brokertest.Broker; a publish the server dropped as a
+// repeat within its duplicate window returns brokertest.ErrDeduped.
 func (b *natsBroker) Publish(ctx context.Context, id string, payload []byte) error {
 	if id == "" {
 		_, err := b.js.Publish(ctx, b.streams.subject, payload)
 		return err
 	}
+	js := &dedupeSeen{JetStream: b.js}
 	// The producer helper refuses IDs idem would reject, so an invalid ID
 	// is published raw, as a foreign producer would.
 	if idem.ValidateMessageID(id, 0) != nil {
 		msg := nats.NewMsg(b.streams.subject)
 		msg.Data = payload
 		msg.Header.Set(jetstream.MsgIDHeader, id)
-		_, err := b.js.PublishMsg(ctx, msg)
-		return err
+		_, err := js.PublishMsg(ctx, msg)
+		return js.result(err)
 	}
-	_, err := idemnats.NewProducer(b.js).Publish(ctx, b.streams.subject, payload, idemnats.WithMessageID(id))
+	_, err := idemnats.NewProducer(js).Publish(ctx, b.streams.subject, payload, idemnats.WithMessageID(id))
+	return js.result(err)
+}
+
+// dedupeSeen is a JetStream that remembers whether the server answered a
+// publish as a duplicate (PubAck.Duplicate: it dropped the message).
+type dedupeSeen struct {
+	jetstream.JetStream
+	dup bool
+}
+
+func (d *dedupeSeen) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := d.JetStream.PublishMsg(ctx, msg, opts...)
+	if err == nil && ack != nil && ack.Duplicate {
+		d.dup = true
+	}
+	return ack, err
+}
+
+// result is err, or brokertest.ErrDeduped when the server dropped the
+// publish.
+func (d *dedupeSeen) result(err error) error {
+	if err == nil && d.dup {
+		return brokertest.ErrDeduped
+	}
 	return err
 }
 
