@@ -295,15 +295,17 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 	}
 }
 
-// Lock statements: a session advisory lock for purges (held on one
-// connection for the purge's length, released by unlock or by the end of
-// the session), and a transaction-level one for migrations. Keys come from
-// sqlstore.LockKey.
+// Lock statements, all transaction-scoped so that they work behind a
+// pooler in transaction mode (PgBouncer), where a session lives only as
+// long as a transaction: the purge lock is held by a transaction that
+// spans the purge, the migration lock by the migration's transaction.
+// Keys come from sqlstore.LockKey. Transaction and session advisory locks
+// share one key space, so these also exclude a process that takes the
+// same key with pg_try_advisory_lock (idem before this change).
 const (
-	// TryLock: key -> whether the lock was taken, without waiting.
-	TryLock = `SELECT pg_try_advisory_lock($1::bigint)`
-	// Unlock: key -> whether the session held the lock.
-	Unlock = `SELECT pg_advisory_unlock($1::bigint)`
+	// TryXactLock: key -> whether the transaction holds the lock, without
+	// waiting; true again when the transaction already holds it.
+	TryXactLock = `SELECT pg_try_advisory_xact_lock($1::bigint)`
 	// MigrateLock: key; waits, and holds until the transaction ends.
 	MigrateLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 )

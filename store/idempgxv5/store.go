@@ -22,6 +22,16 @@ type Config struct {
 	// records the applied migrations, Table + "_migrations". Defaults to
 	// "idem_processed".
 	Table string
+	// ListenConfig, if set, is where WatchOutgoing (the outbox relay's
+	// wake-up) opens its LISTEN connection, instead of taking one from the
+	// pool. Behind a pooler in transaction mode (PgBouncer with
+	// pool_mode=transaction) LISTEN on a pooled connection never hears a
+	// notification, since the server connection that listens goes back to
+	// the pooler's pool: point ListenConfig at PostgreSQL itself. Without
+	// it a relay behind such a pooler still sends everything, by polling
+	// (idem.RelayConfig's MaxPoll bounds how late). The config is copied
+	// at New.
+	ListenConfig *pgx.ConnConfig
 }
 
 // Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The
@@ -40,9 +50,10 @@ type Config struct {
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the pool.
 type Store struct {
-	pool  *pgxpool.Pool
-	table sqlschema.Table
-	q     *pgsql.Queries
+	pool   *pgxpool.Pool
+	table  sqlschema.Table
+	q      *pgsql.Queries
+	listen *pgx.ConnConfig
 }
 
 // Interface checks.
@@ -71,7 +82,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: idempgxv5: %w", idemdriver.ErrInvalidConfig, err)
 	}
-	return &Store{pool: pool, table: table, q: pgsql.New(table.Qualified)}, nil
+	st := &Store{pool: pool, table: table, q: pgsql.New(table.Qualified)}
+	if cfg.ListenConfig != nil {
+		st.listen = cfg.ListenConfig.Copy()
+	}
+	return st, nil
 }
 
 // Table returns the processed-messages table name, as written in SQL.
