@@ -211,3 +211,29 @@ func TestPgBouncerPurgeLockTakeover(t *testing.T) {
 		t.Errorf("the new purger's DeleteBatch: %v", err)
 	}
 }
+
+// TestPgBouncerMigrate is TestMigrate through PgBouncer in transaction
+// pooling: the migration lock is transaction-scoped
+// (pg_advisory_xact_lock in the migration's transaction), so concurrent
+// first runs still apply each migration once.
+func TestPgBouncerMigrate(t *testing.T) {
+	t.Parallel()
+	testMigrate(t, newPool(t, poolOpts{maxConns: 10, mode: pgx.QueryExecModeCacheDescribe, url: bouncerURL(t)}))
+}
+
+// TestPgBouncerInspect: Inspect and Stats (idem inspect, idem stats)
+// through PgBouncer in transaction pooling read what was processed.
+func TestPgBouncerInspect(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, poolOpts{maxConns: 4, mode: pgx.QueryExecModeCacheDescribe, url: bouncerURL(t)})
+	seed(t, b, "c", 3)
+	r, err := b.store.Inspect(ctx, "c", "m001")
+	if err != nil || r.MessageID != "m001" || r.Consumer != "c" {
+		t.Errorf("Inspect = %+v, %v; want the record of m001", r, err)
+	}
+	stats, err := b.store.Stats(ctx)
+	if err != nil || len(stats) != 1 || stats[0].Consumer != "c" || stats[0].Count != 3 {
+		t.Errorf("Stats = %+v, %v; want 3 records of c", stats, err)
+	}
+}
