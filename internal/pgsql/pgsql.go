@@ -279,7 +279,9 @@ var ErrPurgeLockLost = errors.New("purge lock lost: the transaction holding it h
 // each in a transaction of its own, so a purge uses two connections at
 // once. Before each batch the lock transaction is asked again for the
 // lock (re-entrant: true while it lives), so a batch never runs after the
-// lock was lost (ErrPurgeLockLost). It returns
+// lock was lost (ErrPurgeLockLost). The transaction's own
+// idle_in_transaction_session_timeout is PurgeLockIdle (see PurgeLock).
+// It returns
 // idemdriver.ErrPurgeInProgress when another transaction or session holds
 // the lock.
 func (q *Queries) BeginPurge(ctx context.Context, db sqlstore.Querier, consumer string, begin func(ctx context.Context) (LockTx, error)) (idemdriver.PurgeSession, error) {
@@ -294,7 +296,7 @@ func (q *Queries) BeginPurge(ctx context.Context, db sqlstore.Querier, consumer 
 		return tx.Rollback(rctx)
 	}
 	var locked bool
-	if err := tx.QueryRow(ctx, TryXactLock, key).Scan(&locked); err != nil {
+	if err := tx.QueryRow(ctx, PurgeLock, key).Scan(&locked); err != nil {
 		return nil, errors.Join(fmt.Errorf("purge lock: %w", err), rollback(ctx))
 	}
 	if !locked {

@@ -306,6 +306,16 @@ const (
 	// TryXactLock: key -> whether the transaction holds the lock, without
 	// waiting; true again when the transaction already holds it.
 	TryXactLock = `SELECT pg_try_advisory_xact_lock($1::bigint)`
+	// PurgeLock is TryXactLock for the transaction that holds a purge
+	// lock, which idles while the purge's statements run elsewhere: it
+	// also sets, for that transaction only, an
+	// idle_in_transaction_session_timeout of PurgeLockIdle, so that a
+	// shorter one (idem's command sets 30s) does not end it during a long
+	// count or batch, while a purger that hangs still loses its lock.
+	PurgeLock = `SELECT pg_try_advisory_xact_lock($1::bigint) FROM (SELECT set_config('idle_in_transaction_session_timeout', '` + PurgeLockIdle + `', true)) AS s`
+	// PurgeLockIdle is how long the purge lock's transaction may idle
+	// between two of its statements (one before each batch).
+	PurgeLockIdle = "1h"
 	// MigrateLock: key; waits, and holds until the transaction ends.
 	MigrateLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 )

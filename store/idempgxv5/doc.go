@@ -271,10 +271,12 @@
 //     nothing and holds no snapshot between statements, so it holds back
 //     neither vacuum nor writers; before each batch the purge asks it for
 //     the lock again, so if the server or PgBouncer ended it (a dropped
-//     client, idle_in_transaction_session_timeout, PgBouncer's
-//     idle_transaction_timeout: keep those longer than a purge's pause
-//     between batches) the purge stops instead of running beside another
-//     cleaner. A crashed purger's connection drops, PgBouncer closes the
+//     client, PgBouncer's idle_transaction_timeout: keep it longer than a
+//     purge's longest statement) the purge stops instead of running beside
+//     another cleaner. The transaction sets its own
+//     idle_in_transaction_session_timeout to one hour (SET LOCAL), so a
+//     shorter one meant for handlers does not end it, while a purger that
+//     hangs loses its lock. A crashed purger's connection drops, PgBouncer closes the
 //     server connection of its open transaction, and the lock is free. A
 //     purge uses two connections at once (its lock's and its batches').
 //     The one exception is LISTEN (the outbox relay's wake-up): behind
