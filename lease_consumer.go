@@ -50,7 +50,8 @@ type Result struct {
 // A LeaseConsumer is safe for concurrent use. Close it to stop its purge loop.
 type LeaseConsumer struct {
 	core
-	store idemdriver.LeaseStore
+	store    idemdriver.LeaseStore
+	renewals renewals
 }
 
 // NewLeaseConsumer returns a LeaseConsumer over store. It returns an error
