@@ -8,19 +8,21 @@ import (
 	"time"
 )
 
-// renewals is a LeaseConsumer's lease renewal scheduler: one goroutine
-// for all the consumer's held attempts, started when an attempt is held
-// and none was, and gone when the last one ends. It keeps every attempt's
-// next event (its next renewal, every Lease/3 from the Acquire, or its
-// local deadline) in a heap, and sleeps on one timer until the earliest.
-// A due renewal runs in a goroutine of its own, so a slow store call
-// delays no other attempt's renewal; an attempt that ends before its
-// first renewal (most do) costs no goroutine, timer or context.
+// renewals is a LeaseConsumer's lease renewal scheduler: one timer for
+// all the consumer's held attempts. It keeps every attempt's next event
+// (its next renewal, every Lease/3 from the Acquire, or its local
+// deadline) in a heap, and its timer (time.AfterFunc, created at the
+// first attempt and reset, never reallocated) fires at the earliest. No
+// goroutine waits for it: the runtime runs fire when it is due. A due
+// renewal runs in a goroutine of its own, so a slow store call delays no
+// other attempt's renewal; an attempt that ends before its first renewal
+// (most do) costs no goroutine, timer or context, only its place in the
+// heap.
 type renewals struct {
-	mu      sync.Mutex
-	q       renewalHeap
-	wake    chan struct{} // buffered 1: the earliest event changed
-	running bool
+	mu    sync.Mutex
+	q     renewalHeap
+	timer *time.Timer // calls fire; nil before the first attempt
+	at    time.Time   // when the timer fires; zero when it is not armed
 }
 
 // renewalState is an attempt's place in the scheduler, guarded by
@@ -71,25 +73,29 @@ func (r *renewals) add(a *Attempt, start time.Time) {
 	defer r.mu.Unlock()
 	a.rs = renewalState{idx: -1, tick: start.Add(a.c.cfg.Lease / 3), expiry: a.validUntil}
 	heap.Push(&r.q, a)
-	if !r.running {
-		r.running = true
-		if r.wake == nil {
-			r.wake = make(chan struct{}, 1)
-		}
-		go r.run()
-		return
-	}
-	if a.rs.idx == 0 {
-		r.poke()
-	}
+	r.arm()
 }
 
-// poke wakes the scheduler; r.mu is held.
-func (r *renewals) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
+// arm sets the timer to the earliest event, unless it already fires no
+// later (an early firing finds nothing due and arms again); r.mu is held.
+func (r *renewals) arm() {
+	if len(r.q) == 0 {
+		if !r.at.IsZero() {
+			r.timer.Stop()
+			r.at = time.Time{}
+		}
+		return
 	}
+	due := r.q[0].rs.due()
+	if !r.at.IsZero() && !due.Before(r.at) {
+		return
+	}
+	if r.timer == nil {
+		r.timer = time.AfterFunc(time.Until(due), r.fire)
+	} else {
+		r.timer.Reset(time.Until(due))
+	}
+	r.at = due
 }
 
 // remove stops a's renewals and waits for the one in flight, cancelled,
@@ -99,7 +105,7 @@ func (r *renewals) remove(a *Attempt) {
 	a.rs.stopped = true
 	if a.rs.idx >= 0 {
 		heap.Remove(&r.q, a.rs.idx)
-		r.poke() // the scheduler ends when no attempt is left
+		r.arm()
 	}
 	inflight, cancel := a.rs.inflight, a.rs.cancel
 	r.mu.Unlock()
@@ -109,35 +115,14 @@ func (r *renewals) remove(a *Attempt) {
 	}
 }
 
-// run is the scheduler's goroutine.
-func (r *renewals) run() {
-	var tm *time.Timer
-	for {
-		r.mu.Lock()
-		if len(r.q) == 0 {
-			r.running = false
-			r.mu.Unlock()
-			if tm != nil {
-				tm.Stop()
-			}
-			return
-		}
+// fire handles every event that is due, then arms the timer for the next.
+func (r *renewals) fire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.at = time.Time{}
+	now := time.Now()
+	for len(r.q) > 0 && !r.q[0].rs.due().After(now) {
 		a := r.q[0]
-		now := time.Now()
-		if wait := a.rs.due().Sub(now); wait > 0 {
-			r.mu.Unlock()
-			if tm == nil {
-				tm = time.NewTimer(wait)
-			} else {
-				tm.Reset(wait)
-			}
-			select {
-			case <-tm.C:
-			case <-r.wake:
-				tm.Stop()
-			}
-			continue
-		}
 		lease := a.c.cfg.Lease
 		if !now.Before(a.rs.expiry) {
 			// The local deadline: expire the attempt unless a renewal
@@ -160,8 +145,8 @@ func (r *renewals) run() {
 			}
 		}
 		heap.Fix(&r.q, a.rs.idx)
-		r.mu.Unlock()
 	}
+	r.arm()
 }
 
 // renew runs one scheduled renewal of a. A renewal that finds the lease
@@ -198,13 +183,13 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 		a.rs.stopped = true
 		if a.rs.idx >= 0 {
 			heap.Remove(&r.q, a.rs.idx)
-			r.poke()
+			r.arm()
 		}
 	case err == nil && !ctxDone:
 		a.rs.expiry = a.Deadline()
 		if a.rs.idx >= 0 {
 			heap.Fix(&r.q, a.rs.idx)
-			r.poke()
+			r.arm()
 		}
 	}
 	r.mu.Unlock()

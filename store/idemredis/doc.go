@@ -61,7 +61,11 @@
 // Every state change is one Lua script, run atomically by the server
 // (EVALSHA, falling back to EVAL when the server does not have the script
 // cached, as go-redis's Script.Run does), and each touches the keys of one
-// hash slot only:
+// hash slot only, except Complete on a single Redis server (a
+// *redis.Client), which also scores the message in its consumer's
+// retention index in the same script, one round trip per completion
+// (through a Cluster client the index is scored by a command of its own
+// first):
 //   - Acquire creates the record (token 1, attempt 1); or takes over an
 //     in_progress record whose lease has ended, expired or released, when
 //     its fingerprint is the caller's (token + 1, attempt + 1, returning
