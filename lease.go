@@ -122,9 +122,6 @@ func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq ide
 		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
 		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease),
 	}
-	if a.steps == nil {
-		a.steps = map[string][]byte{}
-	}
 	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, since)
 	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
 		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
@@ -175,7 +172,7 @@ type Attempt struct {
 	rs     renewalState            // guarded by c.renewals.mu
 
 	mu         sync.Mutex
-	steps      map[string][]byte
+	steps      map[string][]byte // nil until a step is saved or found
 	validUntil time.Time // the lease is held until at least then, by our clock
 	lost       bool      // the store said another attempt owns the record
 	ended      bool
@@ -394,6 +391,9 @@ func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) erro
 	}
 	a.mu.Lock()
 	if _, done := a.steps[name]; !done {
+		if a.steps == nil {
+			a.steps = map[string][]byte{}
+		}
 		a.steps[name] = slices.Clone(result)
 	}
 	a.mu.Unlock()
@@ -415,6 +415,9 @@ func (a *Attempt) Steps() map[string][]byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := maps.Clone(a.steps)
+	if out == nil {
+		out = map[string][]byte{}
+	}
 	for k, v := range out {
 		out[k] = slices.Clone(v)
 	}

@@ -245,15 +245,18 @@ func (r *reply) bytes(i int) []byte {
 // steps reads element i, a flattened HGETALL (name, result, ...).
 func (r *reply) steps(i int) map[string][]byte {
 	e := r.elem(i)
-	steps := map[string][]byte{}
 	if r.err != nil {
-		return steps
+		return nil
 	}
 	a, ok := e.([]any)
 	if !ok || len(a)%2 != 0 {
 		r.err = fmt.Errorf("idemredis: %s: malformed script reply: element %d is %T, want name/result pairs", r.op, i, e)
-		return steps
+		return nil
 	}
+	if len(a) == 0 {
+		return nil // no recovery points: no map
+	}
+	steps := make(map[string][]byte, len(a)/2)
 	for j := 0; j < len(a); j += 2 {
 		name, ok1 := a[j].(string)
 		res, ok2 := a[j+1].(string)
