@@ -39,7 +39,8 @@ type AcquireOptions struct {
 
 // Acquire claims msg in lease mode and returns the held lease as an
 // *Attempt, whose lease is renewed in the background every Lease/3 until
-// the attempt ends: the caller runs the side effects (Attempt.Step,
+// the attempt ends (by the consumer's one renewal timer, shared by all its
+// attempts; a renewal that comes due runs in a goroutine of its own): the caller runs the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
 // that is never ended keeps renewing its lease.
@@ -173,8 +174,8 @@ type Attempt struct {
 
 	mu         sync.Mutex
 	steps      map[string][]byte // nil until a step is saved or found
-	validUntil time.Time // the lease is held until at least then, by our clock
-	lost       bool      // the store said another attempt owns the record
+	validUntil time.Time         // the lease is held until at least then, by our clock
+	lost       bool              // the store said another attempt owns the record
 	ended      bool
 }
 

@@ -184,6 +184,23 @@
 //
 // Redis 6.0 or later is needed; the tests run on Redis 7.0.
 //
+// # Cost
+//
+// A message processed by idem.LeaseConsumer.Process takes two round trips
+// on a single Redis server, as a hand-written lease does (SET key NX PX,
+// then SET key result): the acquire script, and the complete script that
+// also indexes the message for retention (through a Cluster client the
+// index is one more command). Renewals cost nothing until a handler runs
+// for Lease/3: the consumer's one renewal timer schedules them.
+// BenchmarkLeaseVsTwoStepSET measures both, interleaved, on one worker,
+// and reports the lease's throughput as a fraction of the two-step SET's
+// (ratio) and heap allocations per message in the whole process. On a
+// loaded 2-core machine (load average 10 to 15), 6 runs of 2000 messages
+// each: ratio median 0.62 (0.57 to 0.73); 60 allocations per message
+// against the SETs' 17 (go-redis's own per command cost included). Before
+// the shared renewal timer and the single complete script, the same
+// benchmark measured 0.38 and 88 allocations.
+//
 // # Testing
 //
 // The tests run against the Redis named by IDEM_TEST_REDIS_URL (e.g.
