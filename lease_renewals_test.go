@@ -29,7 +29,7 @@ func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 // is left when they end. Every attempt is renewed every Lease/3, on time:
 // after three leases none has lost its lease, and each was renewed about
 // 9 times. Not parallel: it counts the process's goroutines.
-func TestRenewalsOneSchedulerPerConsumer(t *testing.T) {
+func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lease, n = 3 * time.Second, 50
 		store := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
