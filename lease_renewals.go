@@ -33,6 +33,7 @@ type renewalState struct {
 	expiry   time.Time // the next check of the local deadline
 	inflight chan struct{}
 	cancel   context.CancelFunc // ends the renewal in flight
+	missed   bool               // a renewal came due while one was in flight
 	stopped  bool
 }
 
@@ -142,6 +143,8 @@ func (r *renewals) fire() {
 				ctx, cancel := context.WithCancel(context.WithoutCancel(a.hctx))
 				a.rs.inflight, a.rs.cancel = make(chan struct{}), cancel
 				go r.renew(ctx, cancel, a, a.rs.inflight)
+			} else {
+				a.rs.missed = true // renew again as soon as it returns
 			}
 		}
 		heap.Fix(&r.q, a.rs.idx)
@@ -185,8 +188,17 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 			heap.Remove(&r.q, a.rs.idx)
 			r.arm()
 		}
-	case err == nil && !ctxDone:
-		a.rs.expiry = a.Deadline()
+	case !ctxDone:
+		if err == nil {
+			a.rs.expiry = a.Deadline()
+		}
+		if a.rs.missed {
+			// A renewal slower than Lease/3 (a stalled store or
+			// machine): the next one goes at once, as a ticker's
+			// pending tick would.
+			a.rs.missed = false
+			a.rs.tick = time.Now()
+		}
 		if a.rs.idx >= 0 {
 			heap.Fix(&r.q, a.rs.idx)
 			r.arm()

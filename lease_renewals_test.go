@@ -77,3 +77,56 @@ func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 		}
 	})
 }
+
+// slowRenewStore makes its first renewal take slow (fake time), then
+// records when each renewal starts.
+type slowRenewStore struct {
+	*idem.MemoryStore
+	slow   time.Duration
+	starts chan time.Time
+}
+
+func (s *slowRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	s.starts <- time.Now()
+	if len(s.starts) == 1 {
+		time.Sleep(s.slow)
+	}
+	return s.MemoryStore.Renew(ctx, p)
+}
+
+// A renewal slower than Lease/3 (a stalled store or machine) is followed
+// at once by the next, as a missed tick is: a lease of 6s renewed at 2s
+// by a renewal that takes 3s is renewed again at 5s, not at 6s, so the
+// attempt keeps its lease.
+func TestRenewalAfterASlowOneGoesAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 6 * time.Second
+		store := &slowRenewStore{MemoryStore: idem.NewMemoryStore(nil), slow: 3 * time.Second, starts: make(chan time.Time, 16)}
+		c := leaseConsumer(t, store, lease)
+		start := time.Now()
+		a, out, err := c.Acquire(t.Context(), idem.Message{ID: "m", Payload: []byte("p")}, idem.AcquireOptions{})
+		if a == nil {
+			t.Fatalf("Acquire: %v %v", out, err)
+		}
+		time.Sleep(8500 * time.Millisecond) // between renewals, no tie
+		synctest.Wait()
+		if _, err := a.Complete(t.Context(), idem.Result{}); err != nil {
+			t.Fatalf("Complete after a slow renewal: %v", err)
+		}
+		close(store.starts)
+		var got []time.Duration
+		for s := range store.starts {
+			got = append(got, s.Sub(start))
+		}
+		want := []time.Duration{2 * time.Second, 5 * time.Second, 7 * time.Second}
+		if len(got) != len(want) {
+			t.Fatalf("renewals started at %v, want %v", got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("renewals started at %v, want %v", got, want)
+			}
+		}
+	})
+}
