@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -77,8 +78,25 @@ func detachedCallCtx(ctx context.Context, d time.Duration) (context.Context, con
 }
 
 func timeoutCause(d time.Duration) error {
-	return fmt.Errorf("%w (after %v)", ErrStoreTimeout, d)
+	// Every call of a consumer has the same store timeout: reuse the last
+	// cause built (an error value is immutable) instead of formatting one
+	// per call.
+	if c := lastTimeoutCause.Load(); c != nil && c.d == d {
+		return c.err
+	}
+	c := &storeTimeoutCause{d: d, err: fmt.Errorf("%w (after %v)", ErrStoreTimeout, d)}
+	lastTimeoutCause.Store(c)
+	return c.err
 }
+
+// storeTimeoutCause is a cause built by timeoutCause, for d.
+type storeTimeoutCause struct {
+	d   time.Duration
+	err error
+}
+
+// lastTimeoutCause is the last cause timeoutCause built.
+var lastTimeoutCause atomic.Pointer[storeTimeoutCause]
 
 // timedOut returns err marked with the store timeout's cause when ctx
 // ended because of it, and err otherwise.

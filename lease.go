@@ -39,7 +39,8 @@ type AcquireOptions struct {
 
 // Acquire claims msg in lease mode and returns the held lease as an
 // *Attempt, whose lease is renewed in the background every Lease/3 until
-// the attempt ends: the caller runs the side effects (Attempt.Step,
+// the attempt ends (by the consumer's one renewal timer, shared by all its
+// attempts; a renewal that comes due runs in a goroutine of its own): the caller runs the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
 // that is never ended keeps renewing its lease.
@@ -120,10 +121,7 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time) (*Attempt, Outcome, error) {
 	a := &Attempt{
 		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
-		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease), renewDone: make(chan struct{}),
-	}
-	if a.steps == nil {
-		a.steps = map[string][]byte{}
+		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease),
 	}
 	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, since)
 	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
@@ -134,12 +132,7 @@ func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq ide
 	a.lctx, cancelLease = context.WithCancelCause(context.WithoutCancel(ctx))
 	a.ctx, cancelCtx = context.WithCancelCause(ctx)
 	a.cancel = func(cause error) { cancelLease(cause); cancelCtx(cause) }
-	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	a.stopRenew = stop
-	go func() {
-		defer close(a.renewDone)
-		a.renewLoop(rctx)
-	}()
+	c.renewals.add(a, time.Now())
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
 		// a crash loop. Stop it here.
@@ -171,19 +164,18 @@ type Attempt struct {
 	// that can reject writes from a stale owner.
 	Token int64
 
-	c         *LeaseConsumer
-	t         *track
-	hctx      context.Context         // the hooks' context, as the start hooks returned it
-	ctx       context.Context         // hctx, also cancelled when lctx is
-	lctx      context.Context         // cancelled when the lease is lost or the attempt ends
-	cancel    context.CancelCauseFunc // cancels lctx and ctx
-	stopRenew context.CancelFunc
-	renewDone chan struct{}
+	c      *LeaseConsumer
+	t      *track
+	hctx   context.Context         // the hooks' context, as the start hooks returned it
+	ctx    context.Context         // hctx, also cancelled when lctx is
+	lctx   context.Context         // cancelled when the lease is lost or the attempt ends
+	cancel context.CancelCauseFunc // cancels lctx and ctx
+	rs     renewalState            // guarded by c.renewals.mu
 
 	mu         sync.Mutex
-	steps      map[string][]byte
-	validUntil time.Time // the lease is held until at least then, by our clock
-	lost       bool      // the store said another attempt owns the record
+	steps      map[string][]byte // nil until a step is saved or found
+	validUntil time.Time         // the lease is held until at least then, by our clock
+	lost       bool              // the store said another attempt owns the record
 	ended      bool
 }
 
@@ -297,55 +289,6 @@ func (a *Attempt) markLost(ctx context.Context, op string, since time.Time, err 
 // decided by the store's fencing at the next write.
 func (a *Attempt) expire() { a.cancel(ErrLeaseLost) }
 
-// renewLoop renews the lease every Lease/3 until ctx ends (the attempt
-// ended). A renewal that finds the lease gone marks the attempt lost; one
-// that does not land before the local deadline expires it, which ends the
-// renewals. Renewals go on
-// whatever happens to the caller's context: an attempt whose caller left
-// may still be producing effects, so no other attempt may take over.
-func (a *Attempt) renewLoop(ctx context.Context) {
-	lease := a.c.cfg.Lease
-	tick := time.NewTicker(lease / 3)
-	defer tick.Stop()
-	expiry := time.NewTimer(time.Until(a.Deadline()))
-	defer expiry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-expiry.C:
-			if ctx.Err() == nil && !time.Now().Before(a.Deadline()) {
-				// No renewal can land any more (each is bounded by the
-				// deadline): stop, rather than report a failed renewal at
-				// every tick until the attempt ends.
-				a.expire()
-				return
-			}
-			expiry.Reset(max(time.Until(a.Deadline()), lease/3))
-			continue
-		case <-tick.C:
-		}
-		start := time.Now()
-		err := a.renew(ctx)
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			a.markLost(ctx, "renew", start, err)
-			return
-		case err == nil:
-			a.renewed(start)
-			expiry.Reset(time.Until(a.Deadline()))
-			if h := a.c.hooks; h != nil && len(h.renewed) > 0 {
-				h.onLease(ctx, h.renewed, LeaseEvent{MessageID: a.Message.ID, Attempt: a.Number, Token: a.Token, Latency: time.Since(start)})
-			}
-		case ctx.Err() == nil:
-			_ = a.c.storeErr(ctx, "renew", a.Message.ID, err)
-			a.c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
-				"consumer", a.Consumer, "message_id", a.Message.ID, "err", err,
-				"lease_left", time.Until(a.Deadline()))
-		}
-	}
-}
-
 // renew writes one renewal, bounded by the store timeout and by the
 // lease's local deadline: a renewal that hangs past the lease is as good
 // as lost.
@@ -449,6 +392,9 @@ func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) erro
 	}
 	a.mu.Lock()
 	if _, done := a.steps[name]; !done {
+		if a.steps == nil {
+			a.steps = map[string][]byte{}
+		}
 		a.steps[name] = slices.Clone(result)
 	}
 	a.mu.Unlock()
@@ -470,6 +416,9 @@ func (a *Attempt) Steps() map[string][]byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := maps.Clone(a.steps)
+	if out == nil {
+		out = map[string][]byte{}
+	}
 	for k, v := range out {
 		out[k] = slices.Clone(v)
 	}
@@ -496,8 +445,7 @@ func (a *Attempt) finish(out Outcome, err error) (Outcome, error) {
 	}
 	a.ended = true
 	a.mu.Unlock()
-	a.stopRenew()
-	<-a.renewDone
+	a.c.renewals.remove(a)
 	a.cancel(ErrAttemptEnded)
 	a.t.end(a.hctx, out, err)
 	return out, err

@@ -50,7 +50,8 @@ type Result struct {
 // A LeaseConsumer is safe for concurrent use. Close it to stop its purge loop.
 type LeaseConsumer struct {
 	core
-	store idemdriver.LeaseStore
+	store    idemdriver.LeaseStore
+	renewals renewals
 }
 
 // NewLeaseConsumer returns a LeaseConsumer over store. It returns an error
@@ -107,9 +108,15 @@ func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseH
 		return err
 	})
 	// The result must be stored even if the caller's context has ended
-	// (a client that hung up does not lose it), bounded by finishTimeout.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(a.hctx), finishTimeout)
-	defer cancel()
+	// (a client that hung up does not lose it), bounded by finishTimeout:
+	// by each store call's own StoreTimeout when that is no longer (one
+	// context fewer per message), else by a context of its own.
+	fctx := context.WithoutCancel(a.hctx)
+	if d := c.storeTimeout(); d <= 0 || d > finishTimeout {
+		var cancel context.CancelFunc
+		fctx, cancel = context.WithTimeout(fctx, finishTimeout)
+		defer cancel()
+	}
 	a.mu.Lock()
 	lost := a.lost
 	a.mu.Unlock()

@@ -270,44 +270,77 @@ func (q *Queries) SaveStep(ctx context.Context, db sqlstore.Querier, p *idemdriv
 	return nil
 }
 
-// BeginPurge takes consumer's purge lock on conn, a connection of its own
-// (pg_try_advisory_lock, key sqlstore.LockKey("purge", table, consumer)),
-// and returns the purge session on it. It returns
-// idemdriver.ErrPurgeInProgress when another session holds the lock.
-// closeConn gives the connection back to its pool, or, with discard,
-// closes it (which ends the session and its locks); it is called once:
-// here when no session is returned, else by the session's Close after
-// pg_advisory_unlock (discarding when that fails).
-func (q *Queries) BeginPurge(ctx context.Context, conn sqlstore.Querier, consumer string, closeConn func(ctx context.Context, discard bool) error) (idemdriver.PurgeSession, error) {
+// LockTx is the transaction that holds a purge lock: its statements and
+// its end. Rollback must end the transaction even when the connection is
+// broken (discarding the connection then).
+type LockTx interface {
+	sqlstore.Querier
+	Rollback(ctx context.Context) error
+}
+
+// ErrPurgeLockLost is returned by a purge batch whose lock transaction has
+// ended before the purge did (the server ended it: a lost connection,
+// idle_in_transaction_session_timeout, a pooler's idle transaction
+// timeout), so another purger may hold the lock: the batch is not run.
+var ErrPurgeLockLost = errors.New("purge lock lost: the transaction holding it has ended")
+
+// BeginPurge takes consumer's purge lock and returns the purge session.
+//
+// The lock is a transaction-scoped advisory lock
+// (pg_try_advisory_xact_lock, key sqlstore.LockKey("purge", table,
+// consumer)) taken by a transaction of its own, begun with begin and
+// held, idle, for as long as the purge runs; the session's Close ends it
+// with a rollback, which releases the lock (as does the server when the
+// connection is lost, the purger having crashed). Nothing in that
+// transaction writes or keeps a snapshot, so it holds back neither vacuum
+// nor anyone's writes. A session lock would not do behind a pooler in
+// transaction mode (PgBouncer): the server connection that took it goes
+// back to the pooler's pool with the lock still held, and the unlock runs
+// on another one.
+//
+// The session's statements (runs, counts, batches) run on db, the pool,
+// each in a transaction of its own, so a purge uses two connections at
+// once. Before each batch the lock transaction is asked again for the
+// lock (re-entrant: true while it lives), so a batch never runs after the
+// lock was lost (ErrPurgeLockLost). The transaction's own
+// idle_in_transaction_session_timeout is PurgeLockIdle (see PurgeLock).
+// It returns
+// idemdriver.ErrPurgeInProgress when another transaction or session holds
+// the lock.
+func (q *Queries) BeginPurge(ctx context.Context, db sqlstore.Querier, consumer string, begin func(ctx context.Context) (LockTx, error)) (idemdriver.PurgeSession, error) {
 	key := sqlstore.LockKey("purge", q.Table, consumer)
-	var locked bool
-	if err := conn.QueryRow(ctx, TryLock, key).Scan(&locked); err != nil {
-		_ = closeConn(ctx, true)
+	tx, err := begin(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("purge lock: %w", err)
 	}
+	rollback := func(ctx context.Context) error {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		return tx.Rollback(rctx)
+	}
+	var locked bool
+	if err := tx.QueryRow(ctx, PurgeLock, key).Scan(&locked); err != nil {
+		return nil, errors.Join(fmt.Errorf("purge lock: %w", err), rollback(ctx))
+	}
 	if !locked {
-		return nil, errors.Join(idemdriver.ErrPurgeInProgress, closeConn(ctx, false))
+		return nil, errors.Join(idemdriver.ErrPurgeInProgress, rollback(ctx))
 	}
 	batch := func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
+		var held bool
+		if err := tx.QueryRow(ctx, TryXactLock, key).Scan(&held); err != nil || !held {
+			return 0, errors.Join(ErrPurgeLockLost, err)
+		}
 		var n int64
-		err := conn.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+		err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
 		return n, err
 	}
 	release := func(ctx context.Context) error {
-		rctx, cancel := sqlstore.Detached(ctx)
-		defer cancel()
-		var unlocked bool
-		err := conn.QueryRow(rctx, Unlock, key).Scan(&unlocked)
-		if err == nil && !unlocked {
-			err = errors.New("the session did not hold the lock")
-		}
-		if err != nil {
-			_ = closeConn(rctx, true) // ending the session releases the lock
+		if err := rollback(ctx); err != nil {
 			return fmt.Errorf("purge unlock: %w", err)
 		}
-		return closeConn(rctx, false)
+		return nil
 	}
-	return sqlstore.NewSession(conn, &q.Runs, consumer, batch, release), nil
+	return sqlstore.NewSession(db, &q.Runs, consumer, batch, release), nil
 }
 
 // Migrate applies migs on tx, a transaction the caller commits: it waits

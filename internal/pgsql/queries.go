@@ -314,15 +314,27 @@ UNION ALL
 ` + restoreLockTimeout(`NULL::text`)
 }
 
-// Lock statements: a session advisory lock for purges (held on one
-// connection for the purge's length, released by unlock or by the end of
-// the session), and a transaction-level one for migrations. Keys come from
-// sqlstore.LockKey.
+// Lock statements, all transaction-scoped so that they work behind a
+// pooler in transaction mode (PgBouncer), where a session lives only as
+// long as a transaction: the purge lock is held by a transaction that
+// spans the purge, the migration lock by the migration's transaction.
+// Keys come from sqlstore.LockKey. Transaction and session advisory locks
+// share one key space, so these also exclude a process that takes the
+// same key with pg_try_advisory_lock (idem before this change).
 const (
-	// TryLock: key -> whether the lock was taken, without waiting.
-	TryLock = `SELECT pg_try_advisory_lock($1::bigint)`
-	// Unlock: key -> whether the session held the lock.
-	Unlock = `SELECT pg_advisory_unlock($1::bigint)`
+	// TryXactLock: key -> whether the transaction holds the lock, without
+	// waiting; true again when the transaction already holds it.
+	TryXactLock = `SELECT pg_try_advisory_xact_lock($1::bigint)`
+	// PurgeLock is TryXactLock for the transaction that holds a purge
+	// lock, which idles while the purge's statements run elsewhere: it
+	// also sets, for that transaction only, an
+	// idle_in_transaction_session_timeout of PurgeLockIdle, so that a
+	// shorter one (idem's command sets 30s) does not end it during a long
+	// count or batch, while a purger that hangs still loses its lock.
+	PurgeLock = `SELECT pg_try_advisory_xact_lock($1::bigint) FROM (SELECT set_config('idle_in_transaction_session_timeout', '` + PurgeLockIdle + `', true)) AS s`
+	// PurgeLockIdle is how long the purge lock's transaction may idle
+	// between two of its statements (one before each batch).
+	PurgeLockIdle = "1h"
 	// MigrateLock: key; waits, and holds until the transaction ends.
 	MigrateLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 )

@@ -27,20 +27,34 @@ func harness(mode pgx.QueryExecMode) idemtest.Harness[pgx.Tx] {
 	return idemtest.Harness[pgx.Tx]{New: func(t *testing.T) *idemtest.Setup[pgx.Tx] {
 		b := setup(t, poolOpts{maxConns: 40, mode: mode})
 		t.Cleanup(func() { noneAcquired(t, b.pool) })
-		return &idemtest.Setup[pgx.Tx]{
-			Store:       b.store,
-			WriteEffect: b.writeEffect,
-			CountEffects: func(ctx context.Context, key string) (n int, err error) {
-				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.effects+` WHERE key = $1`, key).Scan(&n)
-				return n, err
-			},
-			CountRecords: func(ctx context.Context, consumer string) (n int, err error) {
-				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
-				return n, err
-			},
-			Shift: b.shift,
-		}
+		return b.setup()
 	}}
+}
+
+// setup returns the bundle as an idemtest.Setup.
+func (b *bundle) setup() *idemtest.Setup[pgx.Tx] {
+	return &idemtest.Setup[pgx.Tx]{
+		Store:        b.store,
+		WriteEffect:  b.writeEffect,
+		CountEffects: b.queryEffects,
+		CountRecords: b.queryRecords,
+		Shift:        b.shift,
+	}
+}
+
+// leaseSetup returns the bundle as an idemtest.LeaseSetup.
+func (b *bundle) leaseSetup() *idemtest.LeaseSetup {
+	return &idemtest.LeaseSetup{Store: b.store, ExpireLease: b.expireLease, CountRecords: b.queryRecords, Shift: b.shift}
+}
+
+func (b *bundle) queryEffects(ctx context.Context, key string) (n int, err error) {
+	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.effects+` WHERE key = $1`, key).Scan(&n)
+	return n, err
+}
+
+func (b *bundle) queryRecords(ctx context.Context, consumer string) (n int, err error) {
+	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
+	return n, err
 }
 
 // modeName names a query exec mode for a subtest: "CacheStatement".
@@ -71,14 +85,6 @@ func leaseHarness(mode pgx.QueryExecMode) idemtest.LeaseHarness {
 	return idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
 		b := setup(t, poolOpts{maxConns: 40, mode: mode})
 		t.Cleanup(func() { noneAcquired(t, b.pool) })
-		return &idemtest.LeaseSetup{
-			Store:       b.store,
-			ExpireLease: b.expireLease,
-			CountRecords: func(ctx context.Context, consumer string) (n int, err error) {
-				err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
-				return n, err
-			},
-			Shift: b.shift,
-		}
+		return b.leaseSetup()
 	}}
 }

@@ -225,13 +225,72 @@
 // keeps the runs in Table + "_runs" (migration 003): [Store.MarkRunning],
 // which a running consumer calls as its heartbeat, extends the newest run
 // to the server's now() or adds a new one, in one statement.
-// [Store.BeginPurge] takes the one-cleaner lock (a session advisory lock
-// on a connection of its own) and returns the session that reads the runs
-// and deletes bounded batches, each its own transaction, oldest first,
-// skipping rows locked by others. It never deletes an in_progress lease
+// [Store.BeginPurge] takes the one-cleaner lock (a transaction-scoped
+// advisory lock, held by a transaction of its own that stays open, idle,
+// for the purge's length; see "Behind PgBouncer") and returns the session
+// that reads the runs and deletes bounded batches, each its own
+// transaction on another connection of the pool, oldest first, skipping
+// rows locked by others. It never deletes an in_progress lease
 // record, however old, and deletes the recovery points of the records it
 // deletes in the same statement. [Store.Inspect] and [Store.Stats] serve
 // `idem inspect` and `idem stats`.
+//
+// # Behind PgBouncer
+//
+// Every operation of the Store (claims, batch claims, BeginClaim's
+// pipeline, lease mode, purges, migrations, the outbox and its relay,
+// Inspect and Stats) works through PgBouncer in transaction pooling
+// (pool_mode = transaction), where a client has a server connection for
+// one transaction only. Two things need care:
+//
+//   - Statements. pgx's default query exec mode, QueryExecModeCacheStatement,
+//     prepares a named statement per query on each connection and reuses
+//     it, which needs the server session that prepared it. PgBouncer 1.18
+//     (Debian 12's) does not carry named prepared statements across server
+//     connections; PgBouncer 1.21 and later do, with max_prepared_statements
+//     set above 0. Before 1.21, use a mode that prepares no named
+//     statement: QueryExecModeCacheDescribe (unnamed statements and a
+//     per-connection cache of their descriptions: the same round trips as
+//     the default once the cache is warm; restart the pool after changing
+//     the type of a column a query reads), QueryExecModeDescribeExec (one
+//     more round trip per query) or QueryExecModeSimpleProtocol (text
+//     protocol, values interpolated client-side by pgx), in the pool's
+//     ConnConfig.DefaultQueryExecMode or in the URL:
+//     default_query_exec_mode=cache_describe (also describe_exec, exec,
+//     simple_protocol). statement_cache_capacity and
+//     description_cache_capacity in the URL size the two caches. The
+//     conformance suites run through PgBouncer 1.18 in cache_describe and
+//     simple_protocol modes.
+//   - Session state. Nothing the Store relies on outlives a transaction:
+//     the claim's lock timeout is set with set_config(..., true) (local to
+//     the transaction), the migration lock is pg_advisory_xact_lock in the
+//     migration's transaction, and the purge lock is
+//     pg_try_advisory_xact_lock held by a transaction that spans the purge
+//     (a session lock would stay on whichever server connection took it,
+//     and its unlock would run on another). That transaction writes
+//     nothing and holds no snapshot between statements, so it holds back
+//     neither vacuum nor writers; before each batch the purge asks it for
+//     the lock again, so if the server or PgBouncer ended it (a dropped
+//     client, PgBouncer's idle_transaction_timeout: keep it longer than a
+//     purge's longest statement) the purge stops instead of running beside
+//     another cleaner. The transaction sets its own
+//     idle_in_transaction_session_timeout to one hour (SET LOCAL), so a
+//     shorter one meant for handlers does not end it, while a purger that
+//     hangs loses its lock. A crashed purger's connection drops, PgBouncer closes the
+//     server connection of its open transaction, and the lock is free. A
+//     purge uses two connections at once (its lock's and its batches').
+//     The one exception is LISTEN (the outbox relay's wake-up): behind
+//     PgBouncer it never hears a notification, so set
+//     Config.ListenConfig to PostgreSQL itself, or let the relay poll.
+//
+// The lock considered and not taken is a lock row (owner, expiry) in a
+// table, taken and renewed by short transactions: it needs a migration, a
+// renewal loop and an expiry that a stalled purger can outlive, and a
+// crashed purger blocks others until its expiry, where the transaction's
+// lock is released the moment its connection drops. Transaction and
+// session advisory locks share one key space, so a process running an
+// older idem (pg_try_advisory_lock on the same key) and this one still
+// exclude each other.
 //
 // # Sharing a table
 //
@@ -256,7 +315,8 @@
 //
 // The tests run against the PostgreSQL named by IDEM_TEST_POSTGRES_URL
 // (e.g. postgres://idem:idem@127.0.0.1:5432/idem_test?sslmode=disable),
-// each on fresh randomly named tables, and skip without it unless
-// IDEM_TEST_REQUIRE_ALL=1. The package example runs against that database
+// and the PgBouncer tests against the PgBouncer in transaction pooling
+// named by IDEM_TEST_PGBOUNCER_URL, in front of it, each on fresh randomly
+// named tables, and skip without them unless IDEM_TEST_REQUIRE_ALL=1. The package example runs against that database
 // too, and fails (printing why) when the variable is not set.
 package idempgxv5

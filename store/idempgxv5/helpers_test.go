@@ -33,20 +33,20 @@ type poolOpts struct {
 	noPing      bool
 	// mode, if set, is the connections' DefaultQueryExecMode.
 	mode pgx.QueryExecMode
-	// url, if set, is the database to use instead of testURL's.
+	// url, if set, replaces the test database URL (PgBouncer's).
 	url string
 }
 
 // newPool opens a pool on the test database, closed at cleanup.
 func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
 	tb.Helper()
-	url := o.url
-	if url == "" {
-		url = testURL(tb)
+	u := o.url
+	if u == "" {
+		u = testURL(tb)
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
-		tb.Fatalf("parse %s: %v", testenv.PostgresEnv, err)
+		tb.Fatalf("parse the test database URL: %v", err)
 	}
 	cfg.MaxConns = 8
 	if o.maxConns > 0 {

@@ -131,17 +131,27 @@ func (s *Store) OutboxStats(ctx context.Context) (idemdriver.OutboxStats, error)
 }
 
 // WatchOutgoing implements [idemdriver.OutboxNotifier]: it takes a
-// connection out of the pool for as long as it runs, LISTENs on the
-// outbox's channel (the table's insert trigger notifies it at every
-// commit that inserted rows, whoever wrote them), calls notify once when
-// listening and then once per notification, and closes the connection
-// when ctx ends or the connection fails, returning why.
+// connection out of the pool (or opens one with Config.ListenConfig) for
+// as long as it runs, LISTENs on the outbox's channel (the table's insert
+// trigger notifies it at every commit that inserted rows, whoever wrote
+// them), calls notify once when listening and then once per
+// notification, and closes the connection when ctx ends or the connection
+// fails, returning why.
 func (s *Store) WatchOutgoing(ctx context.Context, notify func()) error {
-	c, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
+	var conn *pgx.Conn
+	if s.listen != nil {
+		c, err := pgx.ConnectConfig(ctx, s.listen)
+		if err != nil {
+			return err
+		}
+		conn = c
+	} else {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		conn = c.Hijack() // a listening connection never goes back to the pool
 	}
-	conn := c.Hijack() // a listening connection never goes back to the pool
 	defer func() {
 		cctx, cancel := sqlstore.Detached(ctx)
 		defer cancel()

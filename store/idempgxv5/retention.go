@@ -3,7 +3,10 @@ package idempgxv5
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -16,35 +19,45 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 	return sqlstore.MarkRunning(ctx, querier{s.pool}, &s.q.Runs, p)
 }
 
-// BeginPurge implements [idemdriver.Retainer]: it acquires a connection of
-// its own and takes the consumer's purge lock on it with
-// pg_try_advisory_lock (a session lock; the key is FNV-1a 64 of "idem",
-// "purge", the table as configured and the consumer, NUL-separated, the
-// same as store/idemsql's, so the two stores and `idem purge` exclude each
-// other), or returns an error matching idemdriver.ErrPurgeInProgress at
-// once when another session holds it.
+// BeginPurge implements [idemdriver.Retainer]: it begins a transaction
+// of its own that takes the consumer's purge lock with
+// pg_try_advisory_xact_lock and stays open, idle, until Close rolls it
+// back, or returns an error matching idemdriver.ErrPurgeInProgress at
+// once when another transaction or session holds it. The key is FNV-1a 64
+// of "idem", "purge", the table as configured and the consumer,
+// NUL-separated, the same as store/idemsql's, so the two stores and `idem
+// purge` exclude each other. A transaction-scoped lock works behind
+// PgBouncer in transaction pooling, where a session lock would stay on
+// whichever server connection took it; the lock transaction writes
+// nothing and keeps no snapshot, and the server releases its lock when a
+// crashed purger's connection drops.
 //
-// The session's statements run on that connection: each DeleteBatch is
-// one statement in a transaction of its own, which picks the batch oldest
-// first with FOR UPDATE SKIP LOCKED (so claims and lease writes are never
-// waited for), and deletes the records and their rows in Table + "_steps"
-// in data-modifying CTEs; in_progress records are never deleted. Close
-// releases the lock with pg_advisory_unlock and gives the connection back;
-// if that fails the connection is closed, which ends the session and its
-// lock. p is checked first (idemdriver.ValidateBeginPurgeParams).
+// The session's statements run on the pool, so a purge holds two
+// connections at once: each DeleteBatch first checks that the lock
+// transaction still holds the lock, then runs one statement in a
+// transaction of its own, which picks the batch oldest first with FOR
+// UPDATE SKIP LOCKED (so claims and lease writes are never waited for),
+// and deletes the records and their rows in Table + "_steps" in
+// data-modifying CTEs; in_progress records are never deleted. p is
+// checked first (idemdriver.ValidateBeginPurgeParams).
 func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
 	if err := idemdriver.ValidateBeginPurgeParams(p); err != nil {
 		return nil, err
 	}
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return s.q.BeginPurge(ctx, querier{conn}, p.Consumer, func(ctx context.Context, discard bool) error {
-		if discard && !conn.Conn().IsClosed() {
-			return conn.Hijack().Close(ctx)
+	return s.q.BeginPurge(ctx, querier{s.pool}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
 		}
-		conn.Release() // a closed connection is destroyed by the pool
-		return nil
+		return lockTx{querier{tx}, tx}, nil
 	})
 }
+
+// lockTx is a pgx transaction as a pgsql.LockTx.
+type lockTx struct {
+	querier
+	tx pgx.Tx
+}
+
+// Rollback ends the transaction; pgxpool closes a broken connection.
+func (l lockTx) Rollback(ctx context.Context) error { return l.tx.Rollback(ctx) }

@@ -24,6 +24,16 @@ type Config struct {
 	// records the applied migrations, Table + "_migrations". Defaults to
 	// "idem_processed".
 	Table string
+	// ListenConfig, if set, is where WatchOutgoing (the outbox relay's
+	// wake-up) opens its LISTEN connection, instead of taking one from the
+	// pool. Behind a pooler in transaction mode (PgBouncer with
+	// pool_mode=transaction) LISTEN on a pooled connection never hears a
+	// notification, since the server connection that listens goes back to
+	// the pooler's pool: point ListenConfig at PostgreSQL itself. Without
+	// it a relay behind such a pooler still sends everything, by polling
+	// (idem.RelayConfig's MaxPoll bounds how late). The config is copied
+	// at New.
+	ListenConfig *pgx.ConnConfig
 }
 
 // Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The
@@ -42,9 +52,10 @@ type Config struct {
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the pool.
 type Store struct {
-	pool  *pgxpool.Pool
-	table sqlschema.Table
-	q     *pgsql.Queries
+	pool   *pgxpool.Pool
+	table  sqlschema.Table
+	q      *pgsql.Queries
+	listen *pgx.ConnConfig
 	// own holds the open transactions this Store began (Begin,
 	// BeginClaim), each mapped to whether it emitted outbox rows: those
 	// are quiet, and Commit notifies relays after they commit (see
@@ -82,7 +93,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	q := pgsql.New(table.Qualified)
 	q.NativeArrays = true // pgx encodes []string and [][]byte as arrays
-	return &Store{pool: pool, table: table, q: q}, nil
+	st := &Store{pool: pool, table: table, q: q}
+	if cfg.ListenConfig != nil {
+		st.listen = cfg.ListenConfig.Copy()
+	}
+	return st, nil
 }
 
 // Table returns the processed-messages table name, as written in SQL.
@@ -90,7 +105,10 @@ func (s *Store) Table() string { return s.table.Qualified }
 
 // Begin implements [idemdriver.TxStore]: it begins a transaction on a
 // connection acquired from the pool (pgxpool.Pool.Begin). The connection
-// goes back to the pool at Commit or Rollback.
+// goes back to the pool at Commit or Rollback. End it with [Store.Commit]
+// or [Store.Rollback] (the core does), not with tx's own methods: the
+// Store tracks the transactions it began until then, to wake outbox
+// relays after a commit that emitted.
 func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err == nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 func fp(s string) []byte {
@@ -61,10 +62,16 @@ func TestNew(t *testing.T) {
 	})
 }
 
+// TestMigrate: concurrent first runs are serialised by the migration
+// lock and apply every migration once; the schema is as documented.
 func TestMigrate(t *testing.T) {
 	t.Parallel()
+	testMigrate(t, newPool(t, poolOpts{maxConns: 10}))
+}
+
+// testMigrate is TestMigrate on pool.
+func testMigrate(t *testing.T, pool *pgxpool.Pool) {
 	ctx := context.Background()
-	pool := newPool(t, poolOpts{maxConns: 10})
 	table := randName("idem_m_")
 	t.Cleanup(func() {
 		if err := dropTables(context.Background(), pool, table); err != nil {

@@ -61,7 +61,11 @@
 // Every state change is one Lua script, run atomically by the server
 // (EVALSHA, falling back to EVAL when the server does not have the script
 // cached, as go-redis's Script.Run does), and each touches the keys of one
-// hash slot only:
+// hash slot only, except Complete on a single Redis server (a
+// *redis.Client), which also scores the message in its consumer's
+// retention index in the same script, one round trip per completion
+// (through a Cluster client the index is scored by a command of its own
+// first):
 //   - Acquire creates the record (token 1, attempt 1); or takes over an
 //     in_progress record whose lease has ended, expired or released, when
 //     its fingerprint is the caller's (token + 1, attempt + 1, returning
@@ -179,6 +183,23 @@
 //     narrows the failover window; idem does not send it.
 //
 // Redis 6.0 or later is needed; the tests run on Redis 7.0.
+//
+// # Cost
+//
+// A message processed by idem.LeaseConsumer.Process takes two round trips
+// on a single Redis server, as a hand-written lease does (SET key NX PX,
+// then SET key result): the acquire script, and the complete script that
+// also indexes the message for retention (through a Cluster client the
+// index is one more command). Renewals cost nothing until a handler runs
+// for Lease/3: the consumer's one renewal timer schedules them.
+// BenchmarkLeaseVsTwoStepSET measures both, interleaved, on one worker,
+// and reports the lease's throughput as a fraction of the two-step SET's
+// (ratio) and heap allocations per message in the whole process. On a
+// loaded 2-core machine (load average 10 to 15), 6 runs of 2000 messages
+// each: ratio median 0.62 (0.57 to 0.73); 60 allocations per message
+// against the SETs' 17 (go-redis's own per command cost included). Before
+// the shared renewal timer and the single complete script, the same
+// benchmark measured 0.38 and 88 allocations.
 //
 // # Testing
 //

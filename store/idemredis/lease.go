@@ -79,14 +79,18 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
-// Complete implements [idemdriver.LeaseStore]. It first scores the message in
-// the consumer's retention index (another hash slot, so another command),
-// then runs the fenced script that sets the record's state, result and
-// content type field by field: the fingerprint, attempt count and
-// recovery points stay. A completed record is therefore always in the
-// index; a Complete that fails after indexing leaves an entry that the
-// purge skips while the record is in progress. Invalid parameters are
-// refused before any command, with the errors of
+// Complete implements [idemdriver.LeaseStore]: a fenced script sets the
+// record's state, result and content type field by field (the
+// fingerprint, attempt count and recovery points stay) and the message is
+// scored in the consumer's retention index. On a single Redis server (a
+// *redis.Client, Sentinel's failover client included) both are one
+// script, one round trip, which indexes only a completion that owned the
+// record. Through a Redis Cluster client the index lives in another hash
+// slot, so it is scored first, with a command of its own, then the record
+// is completed: a completed record is therefore always in the index, and
+// a Complete that fails after indexing leaves an entry that the purge
+// skips while the record is in progress. Invalid parameters are refused
+// before any command, with the errors of
 // [idemdriver.ValidateCompleteParams].
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := idemdriver.ValidateCompleteParams(p); err != nil {
@@ -95,10 +99,15 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
+	if s.single {
+		v, err := completeIndexScript.Run(ctx, s.client, []string{rk, s.consumerKey(p.Consumer, doneSuffix)},
+			p.Token, p.Result, p.ContentType, p.MessageID).Result()
+		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
+	}
 	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
 		return err
 	}
-	rk := s.recordKey(p.Consumer, p.MessageID)
 	v, err := completeScript.Run(ctx, s.client, []string{rk}, p.Token, p.Result, p.ContentType).Result()
 	return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 }
@@ -236,15 +245,18 @@ func (r *reply) bytes(i int) []byte {
 // steps reads element i, a flattened HGETALL (name, result, ...).
 func (r *reply) steps(i int) map[string][]byte {
 	e := r.elem(i)
-	steps := map[string][]byte{}
 	if r.err != nil {
-		return steps
+		return nil
 	}
 	a, ok := e.([]any)
 	if !ok || len(a)%2 != 0 {
 		r.err = fmt.Errorf("idemredis: %s: malformed script reply: element %d is %T, want name/result pairs", r.op, i, e)
-		return steps
+		return nil
 	}
+	if len(a) == 0 {
+		return nil // no recovery points: no map
+	}
+	steps := make(map[string][]byte, len(a)/2)
 	for j := 0; j < len(a); j += 2 {
 		name, ok1 := a[j].(string)
 		res, ok2 := a[j+1].(string)

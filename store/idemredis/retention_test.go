@@ -379,8 +379,11 @@ func TestDeleteBatchIndexRepairs(t *testing.T) {
 	if err := b.client.Del(b.ctx, b.store.RecordKey("c", gone[0]), b.store.RecordKey("c", gone[1])).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// A stale owner completes after a takeover: its index write lands, its
-	// record write is refused.
+	// A stale owner completes after a takeover: its record write is
+	// refused. On one server (this client) the index is written by the
+	// same script, so nothing is indexed; through a Cluster client the
+	// index write, a command of its own, lands first: written here by
+	// hand.
 	a1 := b.mustAcquire(t, "c", "taken", fp("p"), longLease, 1)
 	if err := b.store.ExpireLease(b.ctx, "c", "taken"); err != nil {
 		t.Fatal(err)
@@ -388,6 +391,12 @@ func TestDeleteBatchIndexRepairs(t *testing.T) {
 	a2 := b.mustAcquire(t, "c", "taken", fp("p"), longLease, 2)
 	if err := b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "taken", Token: a1.Token, Result: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Fatalf("stale Complete: %v, want ErrLeaseLost", err)
+	}
+	if err := b.client.ZScore(b.ctx, done, "taken").Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("the stale Complete indexed the message on a single server (ZSCORE: %v)", err)
+	}
+	if err := b.client.ZAdd(b.ctx, done, redis.Z{Score: float64(b.serverMillis(t)), Member: "taken"}).Err(); err != nil {
+		t.Fatal(err)
 	}
 	b.age(t, "c", []string{"taken"}, 9*day)
 	// Scored early, settled now.

@@ -93,6 +93,21 @@ redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[
 return {1, now}
 `)
 
+// completeIndexScript is completeScript and indexScript in one script,
+// for a single Redis server (no Cluster), where a script may touch keys
+// of any slot: KEYS record, consumer index; ARGV token, result, content
+// type, message ID. The ID is indexed, at the completion's now, only when
+// the token owns the record: {1, now}.
+var completeIndexScript = redis.NewScript(luaPrelude + `
+local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return lost end
+local now = now_ms()
+redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
+	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
+return {1, now}
+`)
+
 // releaseScript: KEYS record; ARGV token, error text, terminal ("1" or
 // "0"). Ends the lease now and keeps the error; terminal makes the record
 // failed: {1, now}.

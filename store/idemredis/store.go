@@ -30,6 +30,7 @@ type Config struct {
 type Store struct {
 	client redis.UniversalClient
 	prefix string
+	single bool // client is one server: a script may touch any key
 }
 
 var _ idemdriver.LeaseStore = (*Store)(nil)
@@ -53,7 +54,8 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	if strings.ContainsAny(c.Prefix, "{}") {
 		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idemdriver.ErrInvalidConfig, c.Prefix)
 	}
-	return &Store{client: client, prefix: c.Prefix}, nil
+	_, single := client.(*redis.Client)
+	return &Store{client: client, prefix: c.Prefix, single: single}, nil
 }
 
 // Key layout; see the package doc.

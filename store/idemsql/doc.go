@@ -252,9 +252,24 @@
 //
 // Every claim holds a connection for the transaction's lifetime, handler
 // included. Size db.SetMaxOpenConns for the number of messages processed at
-// once plus one per purge (which holds a connection for its lock). On
+// once plus, per purge, one (MySQL: the connection of its lock) or two
+// (PostgreSQL: the lock's transaction, and the batches' statements). On
 // MySQL, interpolateParams=true in the DSN saves a round trip per statement
 // (go-sql-driver otherwise prepares each statement on the server first).
+//
+// # Behind PgBouncer
+//
+// The PostgreSQL dialect works through PgBouncer in transaction pooling,
+// every operation included (claims, batches, lease mode, purges,
+// migrations, the outbox): it keeps no session state across
+// transactions (its purge lock is pg_try_advisory_xact_lock held by a
+// transaction that spans the purge; see store/idempgxv5's "Behind
+// PgBouncer" for the reasons and the limits). With pgx's database/sql
+// driver, choose a query exec mode that prepares no named statement
+// (PgBouncer before 1.21 does not carry them across server connections)
+// in the URL: default_query_exec_mode=cache_describe (or describe_exec,
+// exec, simple_protocol). The conformance suites run through PgBouncer
+// 1.18 in cache_describe and simple_protocol modes.
 //
 // # Lock timeout and stalled connections
 //
@@ -288,7 +303,8 @@
 // redeliveries of its downtime. The store keeps the runs in Table +
 // "_runs" (migration 003), extended or added by [Store.MarkRunning], the
 // running consumer's heartbeat. [Store.BeginPurge] takes the one-cleaner
-// lock per table and consumer (a PostgreSQL advisory lock, a MySQL
+// lock per table and consumer (a PostgreSQL transaction-scoped advisory
+// lock held by a transaction that spans the purge, a MySQL
 // GET_LOCK, or an in-process lock for SQLite, whose writers serialise
 // across processes anyway) and returns the session that reads the runs
 // and deletes bounded batches, each its own short transaction. It never

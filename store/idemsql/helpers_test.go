@@ -63,6 +63,9 @@ type envOptions struct {
 	noMigrate bool
 	// table overrides the random processed-messages table name.
 	table string
+	// pgURL, if set, replaces the PostgreSQL URL (PgBouncer's), and the
+	// handle keeps at most 8 connections open.
+	pgURL string
 }
 
 // openDB opens the test database of dialect d; for SQLite a new file in a
@@ -77,7 +80,11 @@ func openDB(t testing.TB, d idemsql.Dialect, o envOptions) *sql.DB {
 	case idemsql.SQLite:
 		db, err = sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "idem.db")))
 	case idemsql.Postgres:
-		db, err = sql.Open("pgx", serverURL(t, envPostgres))
+		u := o.pgURL
+		if u == "" {
+			u = serverURL(t, envPostgres)
+		}
+		db, err = sql.Open("pgx", u)
 	case idemsql.MySQL:
 		cfg, perr := mysql.ParseDSN(serverURL(t, envMySQL))
 		if perr != nil {
@@ -106,6 +113,9 @@ func openDB(t testing.TB, d idemsql.Dialect, o envOptions) *sql.DB {
 		t.Fatalf("open %s: %v", d, err)
 	}
 	db.SetMaxOpenConns(50)
+	if o.pgURL != "" {
+		db.SetMaxOpenConns(8)
+	}
 	t.Cleanup(func() { db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -35,10 +36,15 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 // (table, consumer), or returns an error matching
 // idemdriver.ErrPurgeInProgress at once when another session holds it:
 //
-//   - PostgreSQL: pg_try_advisory_lock on a dedicated connection, with
-//     store/idempgxv5's key (FNV-1a 64 of "idem", "purge", the table as
-//     configured and the consumer, NUL-separated), so the two stores and
-//     `idem purge` exclude each other; released with pg_advisory_unlock.
+//   - PostgreSQL: pg_try_advisory_xact_lock in a transaction of its own,
+//     held open (idle, writing nothing, keeping no snapshot) until Close
+//     rolls it back, with store/idempgxv5's key (FNV-1a 64 of "idem",
+//     "purge", the table as configured and the consumer, NUL-separated),
+//     so the two stores and `idem purge` exclude each other. Being
+//     transaction-scoped it works behind PgBouncer in transaction pooling;
+//     the purge's statements run on other connections of the pool (two
+//     at once: keep SetMaxOpenConns at 2 or more), and each batch first
+//     checks that the lock transaction still holds the lock.
 //   - MySQL: GET_LOCK(name, 0) on a dedicated connection (the name derives
 //     from the database, table and consumer), released with RELEASE_LOCK.
 //   - SQLite: an in-process lock keyed by database file, table and
@@ -46,7 +52,7 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 //     nothing needs to: SQLite runs one writer at a time, so two cleaners
 //     only take turns deleting.
 //
-// If the lock cannot be released the connection is closed, which releases
+// If the MySQL lock cannot be released the connection is closed, which releases
 // it. Each DeleteBatch is its own short transaction, so claims keep
 // flowing: on PostgreSQL one statement that picks the batch oldest first,
 // skipping rows locked by others (FOR UPDATE SKIP LOCKED), and deletes the
@@ -62,15 +68,14 @@ func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) 
 	}
 	switch s.dialect {
 	case Postgres:
-		conn, err := s.db.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return s.pg.BeginPurge(ctx, querier{conn}, p.Consumer, func(_ context.Context, bad bool) error {
-			if bad {
-				discard(conn)
+		return s.pg.BeginPurge(ctx, querier{s.db}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
+			// Not ended with ctx (a call's context): the transaction
+			// holds the lock until the session's Close.
+			tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)
+			if err != nil {
+				return nil, err
 			}
-			return conn.Close()
+			return sqlLockTx{querier{tx}, tx}, nil
 		})
 	case MySQL:
 		return s.beginPurgeMySQL(ctx, p.Consumer)
@@ -125,3 +130,13 @@ type purgeConn interface {
 	sqlQuerier
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
+
+// sqlLockTx is a database/sql transaction as a pgsql.LockTx.
+type sqlLockTx struct {
+	querier
+	tx *sql.Tx
+}
+
+// Rollback ends the transaction; database/sql discards a broken
+// connection.
+func (l sqlLockTx) Rollback(context.Context) error { return l.tx.Rollback() }

@@ -48,6 +48,7 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 		return nil, fmt.Errorf("%w: store %q: want sqlite:PATH, postgres://... or mysql://...", errBadURL, redact(rawURL))
 	}
 	s := &sqlStore{}
+	var bare *pgx.ConnConfig // postgres: the URL's own settings
 	switch strings.ToLower(scheme) {
 	case "sqlite", "sqlite3":
 		path := strings.TrimPrefix(rest, "//")
@@ -72,6 +73,7 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 		if perr != nil {
 			return nil, fmt.Errorf("%w: store %q: want postgres://user:password@host:port/database", errBadURL, redact(rawURL))
 		}
+		bare = cfg.Copy()
 		pgStoreSettings(cfg)
 		s.db = stdlib.OpenDB(*cfg)
 	case "mysql", "mariadb":
@@ -94,7 +96,16 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.db.PingContext(pingCtx); err != nil {
+	err = s.db.PingContext(pingCtx)
+	if bare != nil && refusedStartupParameter(err) {
+		// A pooler such as PgBouncer in front of PostgreSQL.
+		s.db.Close()
+		pgBouncerSettings(bare, rawURL)
+		s.db = stdlib.OpenDB(*bare)
+		s.where += " (through a pooler)"
+		err = s.db.PingContext(pingCtx)
+	}
+	if err != nil {
 		s.db.Close()
 		return nil, fmt.Errorf("cannot reach %s: %w", s.where, err)
 	}

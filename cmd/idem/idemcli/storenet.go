@@ -2,10 +2,13 @@ package idemcli
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Network settings of the store connections the command opens, so that a
@@ -48,6 +51,7 @@ func storeDialer() *net.Dialer {
 // keepalive and tcp_user_timeout (so the server, too, notices a client
 // that is gone), and dials with storeDialer.
 func pgStoreSettings(cfg *pgx.ConnConfig) {
+	pgStoreDialer(cfg)
 	for k, v := range map[string]string{
 		"idle_in_transaction_session_timeout": storeIdleInTx.String(),
 		"tcp_keepalives_idle":                 storeKeepAliveIdle.String(),
@@ -59,8 +63,35 @@ func pgStoreSettings(cfg *pgx.ConnConfig) {
 			cfg.RuntimeParams[k] = v
 		}
 	}
+}
+
+// pgStoreDialer makes cfg dial with storeDialer.
+func pgStoreDialer(cfg *pgx.ConnConfig) {
 	d := storeDialer()
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return d.DialContext(ctx, network, addr)
 	}
+}
+
+// pgBouncerSettings adapts cfg, as parsed from rawURL, to a pooler that
+// refused the session settings of pgStoreSettings as startup parameters
+// (PgBouncer accepts only a few): the client side keeps storeDialer's
+// keepalive and user timeout, the server's own settings apply, and,
+// unless the URL chose one (default_query_exec_mode), statements run in
+// pgx's QueryExecModeCacheDescribe, which prepares no named statement:
+// PgBouncer before 1.21 does not carry named statements from one server
+// connection to the next in transaction pooling.
+func pgBouncerSettings(cfg *pgx.ConnConfig, rawURL string) {
+	pgStoreDialer(cfg)
+	if !strings.Contains(rawURL, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+}
+
+// refusedStartupParameter reports whether err is a pooler's refusal of a
+// startup parameter: PgBouncer's FATAL "unsupported startup parameter"
+// (SQLSTATE 08P01; PgBouncer's messages are not translated).
+func refusedStartupParameter(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "08P01" && strings.HasPrefix(pe.Message, "unsupported startup parameter")
 }

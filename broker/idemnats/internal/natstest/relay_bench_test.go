@@ -1,4 +1,4 @@
-package idemnats_test
+package natstest
 
 import (
 	"strconv"

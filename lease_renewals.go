@@ -1,0 +1,213 @@
+package idem
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// renewals is a LeaseConsumer's lease renewal scheduler: one timer for
+// all the consumer's held attempts. It keeps every attempt's next event
+// (its next renewal, every Lease/3 from the Acquire, or its local
+// deadline) in a heap, and its timer (time.AfterFunc, created at the
+// first attempt and reset, never reallocated) fires at the earliest. No
+// goroutine waits for it: the runtime runs fire when it is due. A due
+// renewal runs in a goroutine of its own, so a slow store call delays no
+// other attempt's renewal; an attempt that ends before its first renewal
+// (most do) costs no goroutine, timer or context, only its place in the
+// heap.
+type renewals struct {
+	mu    sync.Mutex
+	q     renewalHeap
+	timer *time.Timer // calls fire; nil before the first attempt
+	at    time.Time   // when the timer fires; zero when it is not armed
+}
+
+// renewalState is an attempt's place in the scheduler, guarded by
+// renewals.mu.
+type renewalState struct {
+	idx      int       // in the heap; -1 when not scheduled
+	tick     time.Time // the next renewal
+	expiry   time.Time // the next check of the local deadline
+	inflight chan struct{}
+	cancel   context.CancelFunc // ends the renewal in flight
+	missed   bool               // a renewal came due while one was in flight
+	stopped  bool
+}
+
+// due is the attempt's next event.
+func (s *renewalState) due() time.Time {
+	if s.expiry.Before(s.tick) {
+		return s.expiry
+	}
+	return s.tick
+}
+
+type renewalHeap []*Attempt
+
+func (h renewalHeap) Len() int           { return len(h) }
+func (h renewalHeap) Less(i, j int) bool { return h[i].rs.due().Before(h[j].rs.due()) }
+func (h renewalHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].rs.idx, h[j].rs.idx = i, j
+}
+func (h *renewalHeap) Push(x any) {
+	a := x.(*Attempt)
+	a.rs.idx = len(*h)
+	*h = append(*h, a)
+}
+func (h *renewalHeap) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	a.rs.idx = -1
+	return a
+}
+
+// add schedules a's renewals: the first Lease/3 after start, its local
+// deadline at a.validUntil.
+func (r *renewals) add(a *Attempt, start time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a.rs = renewalState{idx: -1, tick: start.Add(a.c.cfg.Lease / 3), expiry: a.validUntil}
+	heap.Push(&r.q, a)
+	r.arm()
+}
+
+// arm sets the timer to the earliest event, unless it already fires no
+// later (an early firing finds nothing due and arms again); r.mu is held.
+func (r *renewals) arm() {
+	if len(r.q) == 0 {
+		if !r.at.IsZero() {
+			r.timer.Stop()
+			r.at = time.Time{}
+		}
+		return
+	}
+	due := r.q[0].rs.due()
+	if !r.at.IsZero() && !due.Before(r.at) {
+		return
+	}
+	if r.timer == nil {
+		r.timer = time.AfterFunc(time.Until(due), r.fire)
+	} else {
+		r.timer.Reset(time.Until(due))
+	}
+	r.at = due
+}
+
+// remove stops a's renewals and waits for the one in flight, cancelled,
+// to return: no renewal of a runs after remove.
+func (r *renewals) remove(a *Attempt) {
+	r.mu.Lock()
+	a.rs.stopped = true
+	if a.rs.idx >= 0 {
+		heap.Remove(&r.q, a.rs.idx)
+		r.arm()
+	}
+	inflight, cancel := a.rs.inflight, a.rs.cancel
+	r.mu.Unlock()
+	if inflight != nil {
+		cancel()
+		<-inflight
+	}
+}
+
+// fire handles every event that is due, then arms the timer for the next.
+func (r *renewals) fire() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.at = time.Time{}
+	now := time.Now()
+	for len(r.q) > 0 && !r.q[0].rs.due().After(now) {
+		a := r.q[0]
+		lease := a.c.cfg.Lease
+		if !now.Before(a.rs.expiry) {
+			// The local deadline: expire the attempt unless a renewal
+			// landed meanwhile; look again a deadline (or Lease/3) later.
+			dl := a.Deadline()
+			if !now.Before(dl) {
+				// No renewal can land any more (each is bounded by
+				// the deadline): stop, rather than report a failed
+				// renewal at every tick until the attempt ends.
+				a.expire()
+				a.rs.stopped = true
+				heap.Remove(&r.q, a.rs.idx)
+				continue
+			}
+			a.rs.expiry = dl
+		}
+		if !now.Before(a.rs.tick) {
+			for !now.Before(a.rs.tick) {
+				a.rs.tick = a.rs.tick.Add(lease / 3)
+			}
+			if a.rs.inflight == nil {
+				ctx, cancel := context.WithCancel(context.WithoutCancel(a.hctx))
+				a.rs.inflight, a.rs.cancel = make(chan struct{}), cancel
+				go r.renew(ctx, cancel, a, a.rs.inflight)
+			} else {
+				a.rs.missed = true // renew again as soon as it returns
+			}
+		}
+		heap.Fix(&r.q, a.rs.idx)
+	}
+	r.arm()
+}
+
+// renew runs one scheduled renewal of a. A renewal that finds the lease
+// gone marks the attempt lost and ends its renewals; a failed one is
+// retried at the next tick (the local deadline still applies). Renewals
+// go on whatever happens to the caller's context: an attempt whose caller
+// left may still be producing effects, so no other attempt may take over.
+func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Attempt, done chan struct{}) {
+	defer close(done)
+	defer cancel()
+	start := time.Now()
+	err := a.renew(ctx)
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		a.markLost(ctx, "renew", start, err)
+	case err == nil:
+		a.renewed(start)
+		if h := a.c.hooks; h != nil && len(h.renewed) > 0 {
+			h.onLease(ctx, h.renewed, LeaseEvent{MessageID: a.Message.ID, Attempt: a.Number, Token: a.Token, Latency: time.Since(start)})
+		}
+	case ctx.Err() == nil:
+		_ = a.c.storeErr(ctx, "renew", a.Message.ID, err)
+		a.c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
+			"consumer", a.Consumer, "message_id", a.Message.ID, "err", err,
+			"lease_left", time.Until(a.Deadline()))
+	}
+	lost := errors.Is(err, ErrLeaseLost)
+	r.mu.Lock()
+	a.rs.inflight, a.rs.cancel = nil, nil
+	ctxDone := ctx.Err() != nil
+	switch {
+	case a.rs.stopped:
+	case lost:
+		a.rs.stopped = true
+		if a.rs.idx >= 0 {
+			heap.Remove(&r.q, a.rs.idx)
+			r.arm()
+		}
+	case !ctxDone:
+		if err == nil {
+			a.rs.expiry = a.Deadline()
+		}
+		if a.rs.missed {
+			// A renewal slower than Lease/3 (a stalled store or
+			// machine): the next one goes at once, as a ticker's
+			// pending tick would.
+			a.rs.missed = false
+			a.rs.tick = time.Now()
+		}
+		if a.rs.idx >= 0 {
+			heap.Fix(&r.q, a.rs.idx)
+			r.arm()
+		}
+	}
+	r.mu.Unlock()
+}

@@ -1,0 +1,132 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// countingStore counts the renewals that reach the memory store.
+type countingStore struct {
+	*idem.MemoryStore
+	renews atomic.Int64
+}
+
+func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	s.renews.Add(1)
+	return s.MemoryStore.Renew(ctx, p)
+}
+
+// Renewals cost no goroutine per message: holding 50 attempts adds no
+// goroutine (the consumer's one timer schedules every renewal), and none
+// is left when they end. Every attempt is renewed every Lease/3, on time:
+// after three leases none has lost its lease, and each was renewed about
+// 9 times. Not parallel: it counts the process's goroutines.
+func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease, n = 3 * time.Second, 50
+		store := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
+		c := leaseConsumer(t, store, lease)
+		before := runtime.NumGoroutine()
+		var held []*idem.Attempt
+		for i := range n {
+			a, out, err := c.Acquire(t.Context(), idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}, idem.AcquireOptions{})
+			if a == nil {
+				t.Fatalf("Acquire %d: %v %v", i, out, err)
+			}
+			held = append(held, a)
+			time.Sleep(lease / 6 / n) // spread the renewal times, all after the last Acquire
+		}
+		synctest.Wait()
+		if got := runtime.NumGoroutine() - before; got > 0 {
+			t.Errorf("%d attempts held: %d more goroutines, want none", n, got)
+		}
+		time.Sleep(3 * lease)
+		synctest.Wait()
+		for i, a := range held {
+			if err := a.Context().Err(); err != nil {
+				t.Errorf("attempt %d: context ended (%v) although every renewal succeeds", i, context.Cause(a.Context()))
+			}
+			if left := time.Until(a.Deadline()); left < lease*2/3-time.Second {
+				t.Errorf("attempt %d: %v of lease left, want at least %v (renewed every Lease/3)", i, left, lease*2/3-time.Second)
+			}
+		}
+		if got, want := store.renews.Load(), int64(n*9); got < want-n || got > want+n {
+			t.Errorf("%d renewals of %d attempts over 3 leases, want about %d", got, n, want)
+		}
+		for _, a := range held {
+			if out, err := a.Complete(t.Context(), idem.Result{Body: []byte("ok")}); err != nil {
+				t.Fatalf("Complete: %v %v", out, err)
+			}
+		}
+		synctest.Wait()
+		if got := runtime.NumGoroutine() - before; got > 0 {
+			t.Errorf("after every attempt ended: %d more goroutines than before, want 0", got)
+		}
+		renews := store.renews.Load()
+		time.Sleep(2 * lease)
+		if got := store.renews.Load(); got != renews {
+			t.Errorf("%d renewals after every attempt ended, want none", got-renews)
+		}
+	})
+}
+
+// slowRenewStore makes its first renewal take slow (fake time), then
+// records when each renewal starts.
+type slowRenewStore struct {
+	*idem.MemoryStore
+	slow   time.Duration
+	starts chan time.Time
+}
+
+func (s *slowRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	s.starts <- time.Now()
+	if len(s.starts) == 1 {
+		time.Sleep(s.slow)
+	}
+	return s.MemoryStore.Renew(ctx, p)
+}
+
+// A renewal slower than Lease/3 (a stalled store or machine) is followed
+// at once by the next, as a missed tick is: a lease of 6s renewed at 2s
+// by a renewal that takes 3s is renewed again at 5s, not at 6s, so the
+// attempt keeps its lease.
+func TestRenewalAfterASlowOneGoesAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 6 * time.Second
+		store := &slowRenewStore{MemoryStore: idem.NewMemoryStore(nil), slow: 3 * time.Second, starts: make(chan time.Time, 16)}
+		c := leaseConsumer(t, store, lease)
+		start := time.Now()
+		a, out, err := c.Acquire(t.Context(), idem.Message{ID: "m", Payload: []byte("p")}, idem.AcquireOptions{})
+		if a == nil {
+			t.Fatalf("Acquire: %v %v", out, err)
+		}
+		time.Sleep(8500 * time.Millisecond) // between renewals, no tie
+		synctest.Wait()
+		if _, err := a.Complete(t.Context(), idem.Result{}); err != nil {
+			t.Fatalf("Complete after a slow renewal: %v", err)
+		}
+		close(store.starts)
+		var got []time.Duration
+		for s := range store.starts {
+			got = append(got, s.Sub(start))
+		}
+		want := []time.Duration{2 * time.Second, 5 * time.Second, 7 * time.Second}
+		if len(got) != len(want) {
+			t.Fatalf("renewals started at %v, want %v", got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("renewals started at %v, want %v", got, want)
+			}
+		}
+	})
+}
