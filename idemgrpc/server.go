@@ -287,7 +287,7 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 		}
 		what := "may run it again"
 		if s.atMostOnce() {
-			what = "is answered that its outcome is unknown"
+			what = "gets this result if its recording landed after all, and otherwise is answered that its outcome is unknown"
 		}
 		return nil, newStatus(codes.Unavailable, ReasonNotRecorded, "the call ran but its result could not be recorded before this attempt's lease ended; a retry with the same key "+what, s.o.Lease).Err()
 	}

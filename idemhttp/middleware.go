@@ -542,7 +542,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	detail := "the request ran but its response could not be recorded before this attempt's lease ended; a retry with the same key may run it again"
 	if m.atMostOnce() {
-		detail = "the request ran but its response could not be recorded before this attempt's lease ended; a retry with the same key is answered that its outcome is unknown"
+		detail = "the request ran but its response could not be recorded before this attempt's lease ended; a retry with the same key gets this response if its recording landed after all, and otherwise is answered that its outcome is unknown"
 	}
 	p := newProblem(ProblemUnavailable, detail)
 	p.RetryAfter = m.o.Lease // when a retry can take the key over

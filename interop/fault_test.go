@@ -3,6 +3,7 @@ package interop
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,14 +23,18 @@ func TestStoreCutAtFinalWrite(t *testing.T) {
 		{"redis", testenv.RedisEnv, "redis://127.0.0.1:6379/0"},
 	}
 	windows := []struct {
-		name                 string
-		window               time.Duration
-		wantFirst, wantRetry int // the first attempt's status and its retries'
+		name      string
+		window    time.Duration
+		wantFirst int   // the first attempt's status
+		wantRetry []int // its retries' (any of)
 	}{
 		// The final write is retried while the lease is held and lands.
-		{"short", 400 * time.Millisecond, http.StatusCreated, http.StatusCreated},
-		// The lease ends first: 503 now, the stored outcome-unknown after.
-		{"beyond-lease", 4 * time.Second, http.StatusServiceUnavailable, http.StatusBadGateway},
+		{"short", 400 * time.Millisecond, http.StatusCreated, []int{http.StatusCreated}},
+		// The lease ends first: 503 now; after, the stored outcome-unknown,
+		// or the replayed response where the final write landed although
+		// its reply was lost (a store that completes in one round trip,
+		// such as Redis's one script).
+		{"beyond-lease", 4 * time.Second, http.StatusServiceUnavailable, []int{http.StatusBadGateway, http.StatusCreated}},
 	}
 	for _, st := range stores {
 		for _, w := range windows {
@@ -70,8 +75,8 @@ func TestStoreCutAtFinalWrite(t *testing.T) {
 				default:
 					t.Errorf("retry got %v, want the replayed 201 or the stored 502", retry)
 				}
-				if first.err != nil || first.status != w.wantFirst || retry.status != w.wantRetry {
-					t.Errorf("first attempt %v, retry %v: want statuses %d then %d", first, retry, w.wantFirst, w.wantRetry)
+				if first.err != nil || first.status != w.wantFirst || !slices.Contains(w.wantRetry, retry.status) {
+					t.Errorf("first attempt %v, retry %v: want statuses %d then one of %v", first, retry, w.wantFirst, w.wantRetry)
 				}
 				reqs, execs := up.counts(key)
 				t.Logf("%s window %v: upstream requests %d, executions %d", st.name, w.window, reqs, execs)

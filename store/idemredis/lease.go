@@ -89,9 +89,13 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 // slot, so it is scored first, with a command of its own, then the record
 // is completed: a completed record is therefore always in the index, and
 // a Complete that fails after indexing leaves an entry that the purge
-// skips while the record is in progress. Invalid parameters are refused
-// before any command, with the errors of
-// [idemdriver.ValidateCompleteParams].
+// skips while the record is in progress. A Complete repeated by the
+// attempt that completed the record, with the same result and content
+// type, succeeds and changes nothing: the reply of the one that landed
+// was lost, and the core retries its final write after a store error. Any
+// other Complete of a record no longer held fails with
+// idemdriver.ErrLeaseLost. Invalid parameters are refused before any
+// command, with the errors of [idemdriver.ValidateCompleteParams].
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := idemdriver.ValidateCompleteParams(p); err != nil {
 		return err

@@ -37,6 +37,20 @@ local function owns(key, token)
 	end
 	return true, nil
 end
+-- completed_again reports whether the record at key was completed by
+-- token with this very result and content type: a Complete repeated
+-- because the reply of the one that landed was lost (a cut connection).
+-- It returns the first completion's time.
+local function completed_again(key, lost, token, result, ctype)
+	if lost[2] ~= 2 or lost[3] ~= token then
+		return nil
+	end
+	local r = redis.call('HMGET', key, 'result', 'content_type', 'finished_ms')
+	if r[1] == result and r[2] == ctype then
+		return tonumber(r[3])
+	end
+	return nil
+end
 `
 
 // acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms).
@@ -83,10 +97,16 @@ return {1}
 `)
 
 // completeScript: KEYS record; ARGV token, result, content type. Updates
-// fields (the fingerprint, attempt and steps stay): {1, now}.
+// fields (the fingerprint, attempt and steps stay): {1, now}. The same
+// completion repeated by the token that completed the record (its reply
+// was lost) answers {1, the first completion's time} and changes nothing.
 var completeScript = redis.NewScript(luaPrelude + `
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then return lost end
+if not ok then
+	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
+	if at then return {1, at} end
+	return lost
+end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
 	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
@@ -100,7 +120,11 @@ return {1, now}
 // the token owns the record: {1, now}.
 var completeIndexScript = redis.NewScript(luaPrelude + `
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then return lost end
+if not ok then
+	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
+	if at then return {1, at} end
+	return lost
+end
 local now = now_ms()
 redis.call('ZADD', KEYS[2], now, ARGV[4])
 redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],

@@ -675,3 +675,40 @@ func TestLeaseConsumerEndToEnd(t *testing.T) {
 		t.Errorf("records after the purge: %d, want 1", n)
 	}
 }
+
+// A Complete whose reply was lost is retried by the core: the same
+// completion repeated by the same token succeeds and changes nothing,
+// while a different one (another result or content type) is refused as a
+// lost lease. Both on the single-server script and through the cluster
+// path.
+func TestCompleteRepeatedAfterLostReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	res, err := b.store.Acquire(b.ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m-1", Fingerprint: fp("p"), Lease: time.Minute})
+	if err != nil || !res.Acquired {
+		t.Fatalf("Acquire: %+v, %v", res, err)
+	}
+	done := &idemdriver.CompleteParams{Consumer: "c", MessageID: "m-1", Token: res.Token, Result: []byte("R1"), ContentType: "text/plain"}
+	if err := b.store.Complete(b.ctx, done); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	first := b.record(t, "c", "m-1")
+	if err := b.store.Complete(b.ctx, done); err != nil {
+		t.Errorf("the same Complete again: %v, want nil", err)
+	}
+	if again := b.record(t, "c", "m-1"); !maps.Equal(first, again) {
+		t.Errorf("record after the repeat %q, want it unchanged %q", again, first)
+	}
+	for _, other := range []idemdriver.CompleteParams{
+		{Consumer: "c", MessageID: "m-1", Token: res.Token, Result: []byte("R2"), ContentType: "text/plain"},
+		{Consumer: "c", MessageID: "m-1", Token: res.Token, Result: []byte("R1"), ContentType: "application/json"},
+		{Consumer: "c", MessageID: "m-1", Token: res.Token + 1, Result: []byte("R1"), ContentType: "text/plain"},
+	} {
+		if err := b.store.Complete(b.ctx, &other); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Complete %q %q token %d of the completed record: %v, want ErrLeaseLost", other.Result, other.ContentType, other.Token, err)
+		}
+	}
+	if again := b.record(t, "c", "m-1"); !maps.Equal(first, again) {
+		t.Errorf("record after the refused completions %q, want it unchanged %q", again, first)
+	}
+}
