@@ -479,6 +479,7 @@ func (a *Attempt) Complete(ctx context.Context, res Result) (Outcome, error) {
 		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err
 	}
 	defer a.endOnPanic()
+	a.c.renewals.ending(a)
 	since := time.Now()
 	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
 	err := timedOut(cctx, a.c.store.Complete(cctx, &idemdriver.CompleteParams{

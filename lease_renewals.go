@@ -35,6 +35,12 @@ type renewalState struct {
 	cancel   context.CancelFunc // ends the renewal in flight
 	missed   bool               // a renewal came due while one was in flight
 	stopped  bool
+	// ending is set once the attempt's ending write (Complete, Release)
+	// was sent: a renewal that then finds the lease gone may be seeing
+	// that write, landed with its reply lost, so it stops the renewals
+	// without taking the attempt as lost; the ending write's own answer,
+	// or its retry's, decides.
+	ending bool
 }
 
 // due is the attempt's next event.
@@ -97,6 +103,14 @@ func (r *renewals) arm() {
 		r.timer.Reset(time.Until(due))
 	}
 	r.at = due
+}
+
+// ending notes that a's ending write is being sent (see
+// renewalState.ending).
+func (r *renewals) ending(a *Attempt) {
+	r.mu.Lock()
+	a.rs.ending = true
+	r.mu.Unlock()
 }
 
 // remove stops a's renewals and waits for the one in flight, cancelled,
@@ -167,7 +181,12 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 	defer cancel()
 	start := time.Now()
 	err := a.renew(ctx)
+	r.mu.Lock()
+	ending := a.rs.ending
+	r.mu.Unlock()
 	switch {
+	case errors.Is(err, ErrLeaseLost) && ending:
+		// The ending write may have landed: it decides.
 	case errors.Is(err, ErrLeaseLost):
 		a.markLost(ctx, "renew", start, err)
 	case err == nil:
