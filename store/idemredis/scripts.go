@@ -100,25 +100,19 @@ return {1}
 // fields (the fingerprint, attempt and steps stay): {1, now}. The same
 // completion repeated by the token that completed the record (its reply
 // was lost) answers {1, the first completion's time} and changes nothing.
-var completeScript = redis.NewScript(luaPrelude + `
-local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then
-	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
-	if at then return {1, at} end
-	return lost
-end
-local now = now_ms()
-redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
-	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
-return {1, now}
-`)
+var completeScript = redis.NewScript(luaPrelude + completeLua(""))
 
 // completeIndexScript is completeScript and indexScript in one script,
 // for a single Redis server (no Cluster), where a script may touch keys
 // of any slot: KEYS record, consumer index; ARGV token, result, content
 // type, message ID. The ID is indexed, at the completion's now, only when
 // the token owns the record: {1, now}.
-var completeIndexScript = redis.NewScript(luaPrelude + `
+var completeIndexScript = redis.NewScript(luaPrelude + completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`))
+
+// completeLua is the body of the complete scripts: also runs index (Lua,
+// with now set) when the token owns the record, before completing it.
+func completeLua(index string) string {
+	return `
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
 if not ok then
 	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
@@ -126,11 +120,12 @@ if not ok then
 	return lost
 end
 local now = now_ms()
-redis.call('ZADD', KEYS[2], now, ARGV[4])
+` + index + `
 redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
 	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
 return {1, now}
-`)
+`
+}
 
 // releaseScript: KEYS record; ARGV token, error text, terminal ("1" or
 // "0"). Ends the lease now and keeps the error; terminal makes the record
