@@ -308,6 +308,30 @@ var ErrPurgeLockLost = errors.New("purge lock lost: the transaction holding it h
 // idemdriver.ErrPurgeInProgress when another transaction or session holds
 // the lock.
 func (q *Queries) BeginPurge(ctx context.Context, db sqlstore.Querier, consumer string, begin func(ctx context.Context) (LockTx, error)) (idemdriver.PurgeSession, error) {
+	return q.BeginPurgeWith(ctx, db, consumer, begin, nil)
+}
+
+// DeleteFunc deletes one purge batch of consumer's records written before
+// horizonUS (µs), at most limit, and returns how many it deleted.
+type DeleteFunc func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error)
+
+// DeleteRows is the DeleteFunc of the default layout on db: one statement
+// that deletes the oldest completed and failed records before the horizon
+// with their recovery points, skipping rows locked by others.
+func (q *Queries) DeleteRows(db sqlstore.Querier) DeleteFunc {
+	return func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
+		var n int64
+		err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+		return n, err
+	}
+}
+
+// BeginPurgeWith is BeginPurge whose batches run del (nil: DeleteRows on
+// db), each after checking that the lock is still held.
+func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consumer string, begin func(ctx context.Context) (LockTx, error), del DeleteFunc) (idemdriver.PurgeSession, error) {
+	if del == nil {
+		del = q.DeleteRows(db)
+	}
 	key := sqlstore.LockKey("purge", q.Table, consumer)
 	tx, err := begin(ctx)
 	if err != nil {
@@ -330,9 +354,7 @@ func (q *Queries) BeginPurge(ctx context.Context, db sqlstore.Querier, consumer 
 		if err := tx.QueryRow(ctx, TryXactLock, key).Scan(&held); err != nil || !held {
 			return 0, errors.Join(ErrPurgeLockLost, err)
 		}
-		var n int64
-		err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
-		return n, err
+		return del(ctx, consumer, horizonUS, limit)
 	}
 	release := func(ctx context.Context) error {
 		if err := rollback(ctx); err != nil {

@@ -28,7 +28,19 @@ const (
 	Postgres Dialect = "postgres"
 	MySQL    Dialect = "mysql"
 	SQLite   Dialect = "sqlite"
+	// PostgresPartitioned is PostgreSQL with the processed-messages table
+	// range-partitioned by processed_at: its own migrations 001 (the
+	// partitioned table) and 002 (the horizons table), then Postgres's
+	// from 003 on (runs, outbox).
+	PostgresPartitioned Dialect = "postgres_partitioned"
 )
+
+// overlays are the dialects made of another dialect's migrations with
+// some versions replaced: dialect -> (base, first base version used).
+var overlays = map[Dialect]struct {
+	base Dialect
+	from int
+}{PostgresPartitioned: {Postgres, 3}}
 
 // DefaultTable is the processed-messages table name used when none is given.
 const DefaultTable = "idem_processed"
@@ -104,6 +116,27 @@ type templateData struct {
 
 // Migrations returns the dialect's migrations for table, in version order.
 func Migrations(d Dialect, table Table) ([]Migration, error) {
+	out, err := migrations(d, table)
+	if err != nil {
+		return nil, err
+	}
+	if o, ok := overlays[d]; ok {
+		base, err := migrations(o.base, table)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range base {
+			if m.Version >= o.from {
+				out = append(out, m)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// migrations returns the migrations in d's own folder.
+func migrations(d Dialect, table Table) ([]Migration, error) {
 	dir := path.Join("migrations", string(d))
 	entries, err := fs.ReadDir(files, dir)
 	if err != nil {
@@ -129,6 +162,5 @@ func Migrations(d Dialect, table Table) ([]Migration, error) {
 		}
 		out = append(out, Migration{Version: v, Name: e.Name(), SQL: b.String()})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil
 }

@@ -35,6 +35,8 @@ type poolOpts struct {
 	mode pgx.QueryExecMode
 	// url, if set, replaces the test database URL (PgBouncer's).
 	url string
+	// part, if set, makes the store's table partitioned.
+	part *idempgxv5.Partitions
 }
 
 // newPool opens a pool on the test database, closed at cleanup.
@@ -104,20 +106,28 @@ type bundle struct {
 	// best is the hand-written consumer's processed table (benchmarks
 	// only; see benchSetup).
 	best string
+	// part is the store's partitioned layout, nil for the default one.
+	part *idempgxv5.Partitions
 }
 
 func setup(tb testing.TB, o poolOpts) *bundle {
 	tb.Helper()
 	pool := newPool(tb, o)
-	return setupOn(tb, pool)
+	return setupPart(tb, pool, o.part)
 }
 
 // setupOn creates fresh tables on pool.
 func setupOn(tb testing.TB, pool *pgxpool.Pool) *bundle {
+	return setupPart(tb, pool, nil)
+}
+
+// setupPart creates fresh tables on pool, in the partitioned layout when
+// part is set.
+func setupPart(tb testing.TB, pool *pgxpool.Pool, part *idempgxv5.Partitions) *bundle {
 	tb.Helper()
 	ctx := context.Background()
-	b := &bundle{pool: pool, table: randName("idem_t_"), effects: randName("idem_fx_")}
-	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: b.table})
+	b := &bundle{pool: pool, table: randName("idem_t_"), effects: randName("idem_fx_"), part: part}
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: b.table, Partitions: part})
 	if err != nil {
 		tb.Fatalf("New: %v", err)
 	}
@@ -192,6 +202,24 @@ func (b *bundle) countRecords(tb testing.TB, consumer string) int {
 // records), and its runs (idemtest's Setup.Shift).
 func (b *bundle) shift(ctx context.Context, consumer string, d time.Duration) error {
 	iv := `$2::bigint * interval '1 microsecond'`
+	if b.part != nil {
+		// The records move to older partitions: create them first.
+		var lo, hi *time.Time
+		if err := b.pool.QueryRow(ctx, `SELECT min(processed_at), max(processed_at) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&lo, &hi); err != nil {
+			return err
+		}
+		if lo != nil {
+			step := b.part.Bucket
+			if step == 0 {
+				step = time.Hour
+			}
+			for t := lo.Add(-d); !t.After(hi.Add(-d)); t = t.Add(step) {
+				if err := idempgxv5.EnsurePartitionsAt(ctx, b.store, t); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	for _, q := range []string{
 		`UPDATE ` + b.table + ` SET processed_at = processed_at - ` + iv + `, lease_expires_at = lease_expires_at - ` + iv +
 			`, updated_at = updated_at - ` + iv + ` WHERE consumer = $1`,

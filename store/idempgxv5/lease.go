@@ -44,6 +44,9 @@ const (
 // lease never means "no expiry"), invalid names or fingerprints the
 // matching typed errors. A call whose ctx has ended changes nothing.
 func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	if s.part != nil {
+		return idemdriver.AcquireResult{}, ErrLeaseUnsupported
+	}
 	if err := ctx.Err(); err != nil {
 		return idemdriver.AcquireResult{}, err
 	}
@@ -61,6 +64,9 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 // (idemdriver.ValidateRenewParams: a lease that is not positive matches
 // idemdriver.ErrInvalidConfig).
 func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	if s.part != nil {
+		return ErrLeaseUnsupported
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -82,6 +88,9 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 // idemdriver.ErrInvalidConfig otherwise): PostgreSQL text holds nothing
 // else.
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
+	if s.part != nil {
+		return ErrLeaseUnsupported
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -107,6 +116,9 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
 // nothing else, and a failure must never fail to be recorded.
 func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
+	if s.part != nil {
+		return ErrLeaseUnsupported
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -126,6 +138,9 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 // follow the rules of message IDs, up to idemdriver.MaxStepNameLength
 // bytes, an error matching idemdriver.ErrInvalidConfig otherwise).
 func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
+	if s.part != nil {
+		return ErrLeaseUnsupported
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

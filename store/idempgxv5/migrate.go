@@ -22,8 +22,22 @@ import (
 // run one after the other; the later ones find nothing left to do. Migrate
 // is idempotent. It needs the privilege to create tables and indexes in
 // the table's schema.
+//
+// With Config.Partitions the table is created partitioned (migrations 001
+// and 002 of the partitioned layout: the partitioned table, Table +
+// "_steps" and Table + "_horizons"; then the same 003 on), and Migrate
+// then creates the partitions of now and Ahead buckets after it
+// (EnsurePartitions). A table that exists in the other layout is an
+// error matching idemdriver.ErrInvalidConfig.
 func (s *Store) Migrate(ctx context.Context) error {
-	migs, err := sqlschema.Migrations(sqlschema.Postgres, s.table)
+	dialect := sqlschema.Postgres
+	if s.part != nil {
+		dialect = sqlschema.PostgresPartitioned
+	}
+	if err := s.checkLayout(ctx); err != nil {
+		return err
+	}
+	migs, err := sqlschema.Migrations(dialect, s.table)
 	if err != nil {
 		return fmt.Errorf("idempgxv5: migrations: %w", err)
 	}
@@ -33,5 +47,5 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempgxv5: %w", err)
 	}
-	return nil
+	return s.EnsurePartitions(ctx)
 }

@@ -15,8 +15,13 @@ import (
 // consumer's newest run is extended to now if p.MaxGap is positive and
 // the run ended no more than p.MaxGap ago, otherwise a new run [now, now]
 // is added. p is checked first (idemdriver.ValidateMarkRunningParams).
+// On the partitioned layout it then creates the partitions ahead
+// (EnsurePartitions) when the last one made ahead ends within a bucket.
 func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
-	return sqlstore.MarkRunning(ctx, querier{s.pool}, &s.q.Runs, p)
+	if err := sqlstore.MarkRunning(ctx, querier{s.pool}, &s.q.Runs, p); err != nil {
+		return err
+	}
+	return s.ensureSoon(ctx)
 }
 
 // BeginPurge implements [idemdriver.Retainer]: it begins a transaction
@@ -40,17 +45,37 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 // and deletes the records and their rows in Table + "_steps" in
 // data-modifying CTEs; in_progress records are never deleted. p is
 // checked first (idemdriver.ValidateBeginPurgeParams).
+//
+// On the partitioned layout a batch first records the consumer's horizon
+// in Table + "_horizons", then drops each partition whose upper bound is
+// at or before the horizon of every consumer with records in it (the
+// consumers found by a loose index scan of its primary key): ALTER TABLE
+// ... DETACH PARTITION ... CONCURRENTLY under a lock_timeout of 5s, tried
+// 3 times, then DROP TABLE. The consumer's records in the dropped
+// partitions are reported as deleted, at most the batch's Limit per
+// batch, over as many batches as they need (the records of other
+// consumers dropped with them are not reported). Then, with
+// Partitions.ExactPurge, batches delete the remaining records before the
+// horizon row by row, as on the default layout; without it the purge
+// ends there, and records before the horizon stay until their partition
+// can be dropped. CountBefore (a dry run) counts every record before the
+// horizon.
 func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) (idemdriver.PurgeSession, error) {
 	if err := idemdriver.ValidateBeginPurgeParams(p); err != nil {
 		return nil, err
 	}
-	return s.q.BeginPurge(ctx, querier{s.pool}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
+	var del pgsql.DeleteFunc
+	if s.part != nil {
+		d := &dropper{s: s, rows: s.q.DeleteRows(querier{s.pool})}
+		del = d.batch
+	}
+	return s.q.BeginPurgeWith(ctx, querier{s.pool}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
 		tx, err := s.pool.Begin(ctx)
 		if err != nil {
 			return nil, err
 		}
 		return lockTx{querier{tx}, tx}, nil
-	})
+	}, del)
 }
 
 // lockTx is a pgx transaction as a pgsql.LockTx.

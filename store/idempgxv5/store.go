@@ -34,6 +34,12 @@ type Config struct {
 	// (idem.RelayConfig's MaxPoll bounds how late). The config is copied
 	// at New.
 	ListenConfig *pgx.ConnConfig
+	// Partitions, if set, selects the partitioned layout of the
+	// processed-messages table: range-partitioned by processed_at in
+	// buckets, purged by dropping whole partitions (see [Partitions]).
+	// Nil keeps the default layout: one table whose primary key is
+	// (consumer, message_id). The config is copied at New.
+	Partitions *Partitions
 }
 
 // Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The
@@ -56,6 +62,8 @@ type Store struct {
 	table  sqlschema.Table
 	q      *pgsql.Queries
 	listen *pgx.ConnConfig
+	// part is the partitioned layout's state; nil for the default layout.
+	part *partitioned
 	// own holds the open transactions this Store began (Begin,
 	// BeginClaim), each mapped to whether it emitted outbox rows: those
 	// are quiet, and Commit notifies relays after they commit (see
@@ -97,6 +105,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if cfg.ListenConfig != nil {
 		st.listen = cfg.ListenConfig.Copy()
 	}
+	if cfg.Partitions != nil {
+		if st.part, err = newPartitioned(table.Qualified, cfg.Partitions); err != nil {
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
@@ -125,13 +138,26 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 //
 // p is checked first (idemdriver.ValidateClaimParams), before any
 // connection is acquired. On success the transaction is open, whatever
-// the claim's result, and the caller commits or rolls it back. On error no
+// the claim's result, and the caller commits or rolls it back. On the
+// partitioned layout the batch is BEGIN, the wait for the ID's advisory
+// lock and the claim, still one round trip; when no partition covers
+// now(), the partitions are created (EnsurePartitions) and the claim is
+// made once more. On error no
 // transaction is left open: the transaction is rolled back (with a context
 // detached from ctx) and the connection goes back to the pool, or is
 // closed if its state is unknown.
 func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
 	if err := idemdriver.ValidateClaimParams(p); err != nil {
 		return nil, idemdriver.ClaimResult{}, err
+	}
+	if s.part != nil {
+		tx, res, err := s.beginClaimPart(ctx, p)
+		if errors.Is(err, ErrNoPartition) {
+			if err = s.EnsurePartitions(ctx); err == nil {
+				tx, res, err = s.beginClaimPart(ctx, p)
+			}
+		}
+		return tx, res, err
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
@@ -174,9 +200,18 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 // Under REPEATABLE READ or SERIALIZABLE, a conflict with a row committed
 // after tx's snapshot was taken is a serialization failure (SQLSTATE 40001)
 // from PostgreSQL; retry the whole transaction.
+//
+// On the partitioned layout (Config.Partitions) the claim is two
+// statements: the wait for the ID's advisory lock, then the look-up in
+// every partition and the insert. tx must be READ COMMITTED (otherwise an
+// error matching ErrIsolation); a claim when no partition covers now()
+// fails with an error matching ErrNoPartition, and tx is then aborted.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
 	if err := idemdriver.ValidateClaimParams(p); err != nil {
 		return idemdriver.ClaimResult{}, err
+	}
+	if s.part != nil {
+		return s.part.q.ClaimTx(ctx, querier{tx}, p)
 	}
 	return s.q.ClaimTx(ctx, querier{tx}, p)
 }
@@ -187,13 +222,19 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimParam
 // records, in one round trip. Messages are inserted in byte order of their
 // IDs, so that concurrent batches with overlapping IDs take their row
 // locks in the same order and do not deadlock. Results come back in the
-// order of p.Messages. p is checked first
+// order of p.Messages. On the partitioned layout (Config.Partitions) the
+// batch's advisory locks are taken first, in one statement in ascending
+// key order, then one statement looks the IDs up in every partition and
+// inserts the new ones. p is checked first
 // (idemdriver.ValidateClaimBatchParams: an empty batch or an ID given
 // twice is an error matching idemdriver.ErrInvalidConfig), so tx stays
 // usable.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
 	if err := idemdriver.ValidateClaimBatchParams(p); err != nil {
 		return nil, err
+	}
+	if s.part != nil {
+		return s.part.q.ClaimBatchTx(ctx, querier{tx}, p)
 	}
 	return s.q.ClaimBatchTx(ctx, querier{tx}, p)
 }
@@ -238,4 +279,33 @@ func abort(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := sqlstore.Detached(ctx)
 	defer cancel()
 	_ = tx.Rollback(ctx) // the claim's error is the one to report
+}
+
+// beginClaimPart is BeginClaim on the partitioned layout: BEGIN, the ID's
+// advisory lock and the claim in one pipelined batch.
+func (s *Store) beginClaimPart(ctx context.Context, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
+	q := s.part.q
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(q.ClaimLock, pgsql.ClaimKey(q.Table, p.Consumer, p.MessageID), pgsql.LockTimeoutArg(p.LockTimeout))
+	b.Queue(q.Claim, p.Consumer, p.MessageID, p.Fingerprint)
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	var res idemdriver.ClaimResult
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		err = pgsql.ScanLock(row{br.QueryRow()})
+	}
+	if err == nil {
+		res, err = pgsql.ScanPartClaim(row{br.QueryRow()})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		abort(ctx, tx)
+		return nil, idemdriver.ClaimResult{}, pgsql.WrapPartitioned(err)
+	}
+	s.own.Store(tx, false)
+	return tx, res, nil
 }
