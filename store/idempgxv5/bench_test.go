@@ -114,8 +114,14 @@ func reportRatios(b *testing.B, name string, msgsPerSec float64, refs ...string)
 // per message (see walMeter), and returns the throughput.
 func runWorkers(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) float64 {
 	b.Helper()
-	ctx := context.Background()
 	steady(b, bb)
+	return measure(b, bb, msgsPerOp, op)
+}
+
+// measure is runWorkers on the bundle's tables as they are.
+func measure(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) float64 {
+	b.Helper()
+	ctx := context.Background()
 	m := startCPU(b, bb.pool)
 	w := startWAL(b, bb)
 	var (

@@ -207,15 +207,13 @@ func (d *dropper) batch(ctx context.Context, consumer string, horizonUS int64, l
 		}
 		d.pending = n
 	}
-	if d.pending > 0 {
-		n := min(d.pending, int64(limit))
-		d.pending -= n
-		return n, nil
+	n := min(d.pending, int64(limit))
+	d.pending -= n
+	if n < int64(limit) && d.s.part.exact { // the rest of the batch by rows
+		m, err := d.rows(ctx, consumer, horizonUS, limit-int(n))
+		return n + m, err
 	}
-	if d.s.part.exact {
-		return d.rows(ctx, consumer, horizonUS, limit)
-	}
-	return 0, nil
+	return n, nil
 }
 
 // detachAttempts is how many times a purge tries to detach one partition
