@@ -268,3 +268,56 @@ func TestPartitionedPurgeDrops(t *testing.T) {
 		t.Errorf("%d records left (%v), want the 10 of 20 hours ago", n, err)
 	}
 }
+
+// A claim when no partition covers now(): ClaimTx fails with
+// ErrNoPartition (nothing claimed, the transaction aborted); BeginClaim
+// creates the partitions and claims.
+func TestPartitionedNoPartition(t *testing.T) {
+	b := setup(t, poolOpts{maxConns: 4, part: testPartitions})
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `DO $$ DECLARE p regclass; BEGIN
+		FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = '`+b.table+`'::regclass LOOP
+			EXECUTE 'DROP TABLE ' || p;
+		END LOOP; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: []byte{1}}
+	tx, err := b.store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.store.ClaimTx(ctx, tx, p)
+	_ = b.store.Rollback(ctx, tx)
+	if !errors.Is(err, idempgxv5.ErrNoPartition) {
+		t.Fatalf("ClaimTx without a partition: %v, want ErrNoPartition", err)
+	}
+	tx, res, err := b.store.BeginClaim(ctx, p)
+	if err != nil || !res.Claimed {
+		t.Fatalf("BeginClaim without a partition: %+v, %v; want Claimed", res, err)
+	}
+	if err := b.store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	var n, parts int
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+b.table+`), (SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass)`, b.table).Scan(&n, &parts); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || parts != 3 {
+		t.Errorf("%d records in %d partitions, want 1 in 3 (now and 2 ahead)", n, parts)
+	}
+}
+
+// Migrate refuses a table of the other layout.
+func TestPartitionedLayoutMismatch(t *testing.T) {
+	b := setup(t, poolOpts{maxConns: 4})
+	s, err := idempgxv5.New(b.pool, &idempgxv5.Config{Table: b.table, Partitions: &idempgxv5.Partitions{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+		t.Errorf("Migrate of a partitioned store on a default table: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := idempgxv5.New(b.pool, &idempgxv5.Config{Partitions: &idempgxv5.Partitions{Bucket: 90 * time.Second}}); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+		t.Errorf("New with a 90s bucket: %v, want ErrInvalidConfig", err)
+	}
+}

@@ -18,12 +18,19 @@ import (
 // scaleRows is how many records the at-scale tables hold before a run.
 const scaleRows = 10_000_000
 
-// scaleBucket is the bucket of the partitioned layout in the benchmarks.
-const scaleBucket = time.Hour
-
-// scaleParts is how many past buckets the partitioned at-scale table's
-// records are spread over (about 833,000 each).
-const scaleParts = 12
+// scaleLayouts are the layouts BenchmarkAtScale compares: the default
+// one, and the partitioned one with 1-hour buckets (the 10M records in the
+// 12 buckets before the load, about 833,000 each) and with 4-hour buckets
+// (in the 3 buckets before the load, about 3.3M each).
+var scaleLayouts = []struct {
+	name  string
+	part  *idempgxv5.Partitions
+	parts int // past buckets the 10M records are spread over
+}{
+	{"default", nil, 0},
+	{"partitioned1h", &idempgxv5.Partitions{Bucket: time.Hour}, 12},
+	{"partitioned4h", &idempgxv5.Partitions{Bucket: 4 * time.Hour}, 3},
+}
 
 // uuid4 returns a random (version 4) UUID in its text form.
 func uuid4() string {
@@ -37,17 +44,21 @@ func uuid4() string {
 
 // scaleBundle returns a bundle on the benchmark database whose store is on
 // a processed table holding scaleRows records of consumer "bench" with
-// UUIDv4 IDs (idem_scale10m_default, or idem_scale10m_part in the
-// partitioned layout), loaded once and kept across runs (a table
-// <name>_loaded marks a finished load; loading takes minutes), and a
-// fresh effects table.
-func scaleBundle(b *testing.B, part *idempgxv5.Partitions) *bundle {
+// UUIDv4 IDs (idem_scale10m_default; idem_scale10m_part for 1-hour
+// buckets, idem_scale10m_part<N>h for others), spread over parts past
+// buckets, loaded once and kept across runs (a table <name>_loaded marks
+// a finished load; loading takes minutes), and a fresh effects table.
+func scaleBundle(b *testing.B, part *idempgxv5.Partitions, parts int) *bundle {
 	b.Helper()
 	ctx := context.Background()
 	pool := newPool(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
 	name := "idem_scale10m_default"
-	if part != nil {
+	switch {
+	case part == nil:
+	case part.Bucket == time.Hour:
 		name = "idem_scale10m_part"
+	default:
+		name = fmt.Sprintf("idem_scale10m_part%dh", int(part.Bucket/time.Hour))
 	}
 	bb := &bundle{pool: pool, table: name, effects: randName("idem_fx_"), part: part}
 	var loaded bool
@@ -69,7 +80,7 @@ func scaleBundle(b *testing.B, part *idempgxv5.Partitions) *bundle {
 	}
 	if !loaded {
 		b.Logf("loading %d records into %s (once; minutes)", scaleRows, name)
-		if err := loadScale(ctx, bb); err != nil {
+		if err := loadScale(ctx, bb, parts); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -86,9 +97,9 @@ func scaleBundle(b *testing.B, part *idempgxv5.Partitions) *bundle {
 
 // loadScale loads scaleRows records into the bundle's (new) table: for
 // the default layout without its indexes, which are then built at once;
-// for the partitioned one into scaleParts past buckets, each loaded as a
+// for the partitioned one into parts past buckets, each loaded as a
 // standalone table, indexed, then attached.
-func loadScale(ctx context.Context, bb *bundle) error {
+func loadScale(ctx context.Context, bb *bundle, parts int) error {
 	conn, err := bb.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -122,20 +133,21 @@ func loadScale(ctx context.Context, bb *bundle) error {
 	} else {
 		if err := exec(fmt.Sprintf(`DO $$
 DECLARE
-	cur timestamptz := date_bin(interval '1 hour', now(), timestamptz 'epoch');
+	bucket interval := %d * interval '1 second';
+	cur timestamptz := date_bin(bucket, now(), timestamptz 'epoch');
 	lo timestamptz; hi timestamptz; p text;
 BEGIN
 	FOR i IN 1..%d LOOP
-		lo := cur - i * interval '1 hour'; hi := lo + interval '1 hour';
+		lo := cur - i * bucket; hi := lo + bucket;
 		p := '%s_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDDHH24MI');
 		EXECUTE format('CREATE TABLE %%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', p);
-		EXECUTE format('INSERT INTO %%I (consumer, message_id, fingerprint, processed_at) SELECT ''bench'', gen_random_uuid()::text, sha256(g::text::bytea), %%L::timestamptz + (g %%%% 3600000) * interval ''1 ms'' FROM generate_series(1, %d) g', p, lo);
+		EXECUTE format('INSERT INTO %%I (consumer, message_id, fingerprint, processed_at) SELECT ''bench'', gen_random_uuid()::text, sha256(g::text::bytea), %%L::timestamptz + (g %%%% %d) * interval ''1 ms'' FROM generate_series(1, %d) g', p, lo);
 		EXECUTE format('ALTER TABLE %%I ADD CONSTRAINT %%I PRIMARY KEY (consumer, message_id, processed_at)', p, p || '_pkey');
 		EXECUTE format('ALTER TABLE %%I ADD CONSTRAINT %%I CHECK (processed_at >= %%L AND processed_at < %%L)', p, p || '_bound', lo, hi);
 		EXECUTE format('ALTER TABLE %s ATTACH PARTITION %%I FOR VALUES FROM (%%L) TO (%%L)', p, lo, hi);
 		EXECUTE format('ALTER TABLE %%I DROP CONSTRAINT %%I', p, p || '_bound');
 	END LOOP;
-END $$`, scaleParts, t, t, scaleRows/scaleParts, t)); err != nil {
+END $$`, int(bb.part.Bucket/time.Second), parts, t, t, bb.part.Bucket.Milliseconds(), scaleRows/parts, t)); err != nil {
 			return err
 		}
 	}
@@ -177,12 +189,16 @@ func batchUUID(bb *bundle, c *idem.Consumer[pgx.Tx]) func(ctx context.Context, i
 	}
 }
 
+// partitionsSize is the SQL of the size on disk (bytes) of table $1 with
+// its indexes, TOAST and partitions.
+const partitionsSize = `COALESCE((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass))`
+
 // reportBytesPerRecord reports the table's size on disk, with its
 // indexes, TOAST and partitions, per record, as "B/record".
 func reportBytesPerRecord(b *testing.B, bb *bundle) {
 	b.Helper()
 	var size, n int64
-	err := bb.pool.QueryRow(context.Background(), `SELECT (SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass)), (SELECT count(*) FROM `+bb.table+`)`, bb.table).Scan(&size, &n)
+	err := bb.pool.QueryRow(context.Background(), `SELECT `+partitionsSize+`, (SELECT count(*) FROM `+bb.table+`)`, bb.table).Scan(&size, &n)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -195,9 +211,9 @@ func reportBytesPerRecord(b *testing.B, bb *bundle) {
 // UUIDv4 IDs (batchUUID) at benchWorkers workers, on a processed table
 // that is empty and on one that holds 10 million records of the same
 // consumer (scaleBundle), in the default layout and in the partitioned
-// one (1-hour buckets, the 10 million records in the 12 buckets before
-// the load), interleaved in this order per round: default/empty,
-// default/10M, partitioned/empty, partitioned/10M. Each reports msgs/s,
+// one, interleaved in this order per round: default/empty,
+// default/10M, partitioned1h/empty, partitioned1h/10M, partitioned4h/empty,
+// partitioned4h/10M (see scaleLayouts). Each reports msgs/s,
 // WAL bytes and full-page images per message, and the 10M cases their
 // ratio to the empty case of their layout (x-<layout>/empty) and the
 // table's bytes per record. The first run loads the tables (minutes).
@@ -205,17 +221,14 @@ func reportBytesPerRecord(b *testing.B, bb *bundle) {
 //	cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkAtScale -benchtime 20s -timeout 2h; cat /proc/loadavg
 func BenchmarkAtScale(b *testing.B) {
 	for range benchRounds {
-		for _, layout := range []struct {
-			name string
-			part *idempgxv5.Partitions
-		}{{"default", nil}, {"partitioned", &idempgxv5.Partitions{Bucket: scaleBucket}}} {
+		for _, layout := range scaleLayouts {
 			b.Run(layout.name+"/empty", func(b *testing.B) {
 				bb := setup(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL(), part: layout.part})
 				rate := measure(b, bb, 100, batchUUID(bb, bb.consumer(b, "bench")))
 				reportRatios(b, layout.name+"/empty", rate)
 			})
 			b.Run(layout.name+"/10M", func(b *testing.B) {
-				bb := scaleBundle(b, layout.part)
+				bb := scaleBundle(b, layout.part, layout.parts)
 				rate := measure(b, bb, 100, batchUUID(bb, bb.consumer(b, "bench")))
 				reportRatios(b, layout.name+"/10M", rate, layout.name+"/empty")
 				reportBytesPerRecord(b, bb)
@@ -247,7 +260,7 @@ func BenchmarkPurgeCost(b *testing.B) {
 		for _, layout := range []struct {
 			name string
 			part *idempgxv5.Partitions
-		}{{"default", nil}, {"partitioned", &idempgxv5.Partitions{Bucket: scaleBucket}}} {
+		}{{"default", nil}, {"partitioned", &idempgxv5.Partitions{Bucket: time.Hour}}} {
 			for _, purge := range []bool{false, true} {
 				name := layout.name + map[bool]string{false: "/baseline", true: "/purge"}[purge]
 				b.Run(name, func(b *testing.B) {
@@ -306,7 +319,7 @@ func seedExpired(b *testing.B, bb *bundle) {
 // partitions, in bytes.
 func tableSize(b *testing.B, bb *bundle) (n int64) {
 	b.Helper()
-	if err := bb.pool.QueryRow(context.Background(), `SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass)`, bb.table).Scan(&n); err != nil {
+	if err := bb.pool.QueryRow(context.Background(), `SELECT `+partitionsSize, bb.table).Scan(&n); err != nil {
 		b.Fatal(err)
 	}
 	return n
