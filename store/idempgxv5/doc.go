@@ -29,6 +29,20 @@
 // ([Config.Table]). Migration 002 adds the lease-mode columns and the
 // recovery points table Table + "_steps" (see "Lease mode").
 //
+// # Partitioned layout
+//
+// With [Config.Partitions] the table is range-partitioned by processed_at
+// in time buckets ([Partitions]), for tables of many millions of records:
+// inserts touch only the current bucket's partition (few full-page images
+// after a checkpoint), and the purge drops whole partitions, which returns
+// their space, instead of deleting rows. Each claim takes a
+// transaction-scoped advisory lock on (table, consumer, message ID) in a
+// statement before the one that looks the ID up in every partition and
+// inserts it, which makes the ID unique across partitions; claims must run
+// under READ COMMITTED ([ErrIsolation]), and each one costs a B-tree
+// descent per live partition. Lease mode is not offered
+// ([ErrLeaseUnsupported]). See docs/partitioned.md in idem's repository.
+//
 // # One round trip per claim
 //
 // [Store.BeginClaim], which [idem.Consumer.Process] uses, begins the

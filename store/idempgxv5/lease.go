@@ -43,6 +43,9 @@ const (
 // not positive is an error matching idemdriver.ErrInvalidConfig (a zero
 // lease never means "no expiry"), invalid names or fingerprints the
 // matching typed errors. A call whose ctx has ended changes nothing.
+//
+// On the partitioned layout (Config.Partitions) it returns an error
+// matching ErrLeaseUnsupported.
 func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	if s.part != nil {
 		return idemdriver.AcquireResult{}, ErrLeaseUnsupported
@@ -63,6 +66,9 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 // idemdriver.ErrLeaseLost. p is checked first
 // (idemdriver.ValidateRenewParams: a lease that is not positive matches
 // idemdriver.ErrInvalidConfig).
+//
+// On the partitioned layout (Config.Partitions) it returns an error
+// matching ErrLeaseUnsupported.
 func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if s.part != nil {
 		return ErrLeaseUnsupported
@@ -87,6 +93,9 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 // [MaxContentTypeLength] bytes (an error matching
 // idemdriver.ErrInvalidConfig otherwise): PostgreSQL text holds nothing
 // else.
+//
+// On the partitioned layout (Config.Partitions) it returns an error
+// matching ErrLeaseUnsupported.
 func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if s.part != nil {
 		return ErrLeaseUnsupported
@@ -115,6 +124,9 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 // The error text is stored as valid UTF-8 without NUL bytes (others become
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
 // nothing else, and a failure must never fail to be recorded.
+//
+// On the partitioned layout (Config.Partitions) it returns an error
+// matching ErrLeaseUnsupported.
 func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	if s.part != nil {
 		return ErrLeaseUnsupported
@@ -137,6 +149,9 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 // nothing. p is checked first (idemdriver.ValidateStepParams: step names
 // follow the rules of message IDs, up to idemdriver.MaxStepNameLength
 // bytes, an error matching idemdriver.ErrInvalidConfig otherwise).
+//
+// On the partitioned layout (Config.Partitions) it returns an error
+// matching ErrLeaseUnsupported.
 func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if s.part != nil {
 		return ErrLeaseUnsupported
