@@ -216,19 +216,35 @@ func (d *dropper) batch(ctx context.Context, consumer string, horizonUS int64, l
 	return n, nil
 }
 
-// detachAttempts is how many times a purge tries to detach one partition
-// whose DETACH ... CONCURRENTLY ended by its lock timeout.
+// detachAttempts is how many times a purge tries to detach one partition.
 const detachAttempts = 3
 
-// detachLockTimeout bounds each DETACH's wait for its locks.
-const detachLockTimeout = "5s"
+// detachWait bounds each DETACH: it waits only for other DDL, VACUUM or
+// ANALYZE on the table (claims do not conflict), and is cancelled after
+// detachWait, by a cancel request (no session setting, which a pooler in
+// transaction mode could hand to another client).
+const detachWait = 5 * time.Second
 
 // dropExpired records consumer's horizon and drops every partition whose
 // upper bound is at or before the horizon of each consumer with records
 // in it; it returns consumer's records in the dropped partitions.
+//
+// The drops of one table run one purger at a time, whatever the
+// consumer: a transaction of their own holds the advisory lock
+// ("drop", table) with pg_try_advisory_xact_lock while they run, idle;
+// a purger that finds it held drops nothing this time.
 func (s *Store) dropExpired(ctx context.Context, consumer string, horizonUS int64) (int64, error) {
 	q := s.part.q
 	if _, err := s.pool.Exec(ctx, q.SetHorizon, consumer, horizonUS); err != nil {
+		return 0, err
+	}
+	lock, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer abort(ctx, lock)
+	var mine bool
+	if err := lock.QueryRow(ctx, pgsql.TryXactLock, sqlstore.LockKey("drop", s.table.Qualified)).Scan(&mine); err != nil || !mine {
 		return 0, err
 	}
 	type part struct {
@@ -275,40 +291,28 @@ func (s *Store) dropExpired(ctx context.Context, consumer string, horizonUS int6
 
 // detach detaches partition name from the table with DETACH PARTITION
 // ... CONCURRENTLY (or FINALIZE, for one whose concurrent detach was
-// interrupted), on a connection of its own whose lock_timeout is
-// detachLockTimeout, trying detachAttempts times.
+// interrupted after its first phase), each attempt cancelled after
+// detachWait, trying detachAttempts times.
 func (s *Store) detach(ctx context.Context, name string, pending bool) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, `SET lock_timeout = '`+detachLockTimeout+`'`); err != nil {
-		return err
-	}
-	defer func() {
-		rctx, cancel := sqlstore.Detached(ctx)
-		defer cancel()
-		if _, err := conn.Exec(rctx, `RESET lock_timeout`); err != nil {
-			_ = conn.Conn().Close(rctx) // never hand back a connection with the setting
-		}
-	}()
 	how := `CONCURRENTLY`
 	if pending {
 		how = `FINALIZE`
 	}
+	var err error
 	for attempt := 1; ; attempt++ {
-		_, err = conn.Exec(ctx, `ALTER TABLE `+s.table.Qualified+` DETACH PARTITION `+name+` `+how)
-		if err == nil || attempt == detachAttempts || !errors.Is(pgsql.WrapLockTimeout(err), idemdriver.ErrLockTimeout) {
+		actx, cancel := context.WithTimeout(ctx, detachWait)
+		_, err = s.pool.Exec(actx, `ALTER TABLE `+s.table.Qualified+` DETACH PARTITION `+name+` `+how)
+		cancel()
+		if err == nil || attempt == detachAttempts || ctx.Err() != nil {
 			break
 		}
 		var still bool
-		if qerr := conn.QueryRow(ctx, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = $1::regclass`, name).Scan(&still); qerr == nil && still {
+		if qerr := s.pool.QueryRow(ctx, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass($1::text)`, name).Scan(&still); qerr == nil && still {
 			how = `FINALIZE` // the first phase had committed
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("detach partition %s: %w", name, pgsql.WrapLockTimeout(err))
+		return fmt.Errorf("detach partition %s: %w", name, err)
 	}
 	return nil
 }

@@ -50,8 +50,12 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 // in Table + "_horizons", then drops each partition whose upper bound is
 // at or before the horizon of every consumer with records in it (the
 // consumers found by a loose index scan of its primary key): ALTER TABLE
-// ... DETACH PARTITION ... CONCURRENTLY under a lock_timeout of 5s, tried
-// 3 times, then DROP TABLE. The consumer's records in the dropped
+// ... DETACH PARTITION ... CONCURRENTLY (each attempt cancelled after
+// 5s, 3 attempts), then DROP TABLE. The drops of one table run one
+// purger at a time, whatever the consumer, under a second advisory lock
+// held by a transaction of its own (a purger that finds it taken drops
+// nothing that time), so a purge holds up to three connections of the
+// pool at once. The consumer's records in the dropped
 // partitions are reported as deleted, at most the batch's Limit per
 // batch, over as many batches as they need (the records of other
 // consumers dropped with them are not reported). Then, with
