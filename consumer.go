@@ -7,7 +7,9 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -411,8 +413,7 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 	outs := make([]Outcome, len(msgs))
 	fps := make([][]byte, len(msgs))
 	first := make(map[string]int, len(msgs)) // message ID -> index of its first valid occurrence
-	var claim []idemdriver.ClaimMessage
-	var claimIdx []int // claim[i] is msgs[claimIdx[i]]
+	claimIdx := make([]int, 0, len(msgs))    // the messages to claim: first valid occurrences
 	for i, m := range msgs {
 		out, fp := c.prepare(m)
 		if out.Status != 0 {
@@ -424,23 +425,18 @@ func (c *Consumer[TTx]) processBatch(ctx context.Context, t *track, msgs []Messa
 			continue // settled after the claim
 		}
 		first[m.ID] = i
-		claim = append(claim, idemdriver.ClaimMessage{MessageID: m.ID, Fingerprint: fp})
 		claimIdx = append(claimIdx, i)
 	}
-	if len(claim) > 0 {
+	if len(claimIdx) > 0 {
 		// Claim in message ID byte order, so concurrent batches that share
 		// IDs take the unique-index locks in one order and cannot deadlock.
-		order := make([]int, len(claim))
-		for k := range order {
-			order[k] = k
+		// The IDs are distinct, so the order is total.
+		slices.SortFunc(claimIdx, func(a, b int) int { return strings.Compare(msgs[a].ID, msgs[b].ID) })
+		claim := make([]idemdriver.ClaimMessage, len(claimIdx)) // claim[k] is msgs[claimIdx[k]]
+		for k, i := range claimIdx {
+			claim[k] = idemdriver.ClaimMessage{MessageID: msgs[i].ID, Fingerprint: fps[i]}
 		}
-		sort.SliceStable(order, func(a, b int) bool { return claim[order[a]].MessageID < claim[order[b]].MessageID })
-		sortedClaim := make([]idemdriver.ClaimMessage, len(claim))
-		sortedIdx := make([]int, len(claim))
-		for k, o := range order {
-			sortedClaim[k], sortedIdx[k] = claim[o], claimIdx[o]
-		}
-		c.processClaims(ctx, t, msgs, outs, fps, sortedClaim, sortedIdx, handler)
+		c.processClaims(ctx, t, msgs, outs, fps, claim, claimIdx, handler)
 	}
 	// Repeats within the batch follow their first occurrence.
 	for i, m := range msgs {
@@ -484,16 +480,32 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 	since := t.now()
 	b := c.newTxBound(ctx)
 	defer b.end()
-	var tx TTx
-	if err := b.call(func(bctx context.Context) (err error) { tx, err = c.store.Begin(bctx); return err }); err != nil {
-		fail(c.storeErr(ctx, "begin", "", err))
-		return
+	var (
+		tx  TTx
+		res []idemdriver.ClaimResult
+		err error
+	)
+	p := &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim, LockTimeout: lockTimeout(c.storeTimeout())}
+	if bc, ok := c.store.(idemdriver.BeginBatchClaimer[TTx]); ok {
+		// BEGIN and the claim in one round trip; on error no transaction
+		// is left open.
+		if err = b.call(func(bctx context.Context) (err error) { tx, res, err = bc.BeginClaimBatch(bctx, p); return err }); err != nil {
+			if !errors.Is(err, ErrLockTimeout) {
+				err = c.storeErr(ctx, "begin and claim batch", "", err)
+			}
+			fail(err)
+			return
+		}
+	} else {
+		if err = b.call(func(bctx context.Context) (err error) { tx, err = c.store.Begin(bctx); return err }); err != nil {
+			fail(c.storeErr(ctx, "begin", "", err))
+			return
+		}
+		err = b.call(func(bctx context.Context) (err error) {
+			res, err = idemdriver.ClaimBatch(bctx, c.store, tx, p)
+			return err
+		})
 	}
-	var res []idemdriver.ClaimResult
-	err := b.call(func(bctx context.Context) (err error) {
-		res, err = idemdriver.ClaimBatch(bctx, c.store, tx, &idemdriver.ClaimBatchParams{Consumer: c.cfg.Name, Messages: claim, LockTimeout: lockTimeout(c.storeTimeout())})
-		return err
-	})
 	if err == nil && len(res) != len(claim) {
 		err = fmt.Errorf("store returned %d claim results for %d messages", len(res), len(claim))
 	}
@@ -507,7 +519,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
 		return
 	}
-	var freshIdx []int
+	freshIdx := make([]int, 0, len(res))
 	for k, r := range res {
 		i := claimIdx[k]
 		if r.Claimed {

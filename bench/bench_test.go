@@ -20,8 +20,9 @@ import (
 // IDEM_TEST_POSTGRES_URL or IDEM_TEST_POSTGRES_DURABLE_URL is set; required
 // under IDEM_TEST_REQUIRE_ALL=1)
 // PostgreSQL. It checks the three outputs exist and that the correctness
-// columns say what the contenders guarantee: idem has no double effect and
-// loses nothing under any fault, while the naive consumer applies every
+// columns say what the contenders guarantee: idem (and, on PostgreSQL, the
+// hand-written best consumer) has no double effect and loses nothing under
+// any fault, while the naive consumer applies every
 // published duplicate twice and the crash redelivers what it committed.
 func TestQuick(t *testing.T) {
 	stores := "sqlite"
@@ -42,14 +43,19 @@ func TestQuick(t *testing.T) {
 	}
 	t.Logf("bench --quick took %v\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
 
+	// Per broker: every contender on SQLite, and on PostgreSQL also the
+	// hand-written best consumer.
 	contenders := []string{"naive", "idem", "idem-batch10", "watermill-dedup"}
-	setups := 2 * len(strings.Split(stores, ","))
+	want := 2 * len(contenders)
+	if strings.Contains(stores, "postgres") {
+		want += 2 * (len(contenders) + 1)
+	}
 	table := stdout.String()
-	if !strings.Contains(table, "| broker | store | contender | msgs/s | × naive |") {
+	if !strings.Contains(table, "| broker | store | contender | msgs/s | × naive | × best |") {
 		t.Errorf("stdout has no Markdown table header:\n%s", table)
 	}
-	if got := strings.Count(table, "\n| nats |") + strings.Count(table, "\n| kafka |"); got != setups*len(contenders) {
-		t.Errorf("table has %d result rows, want %d", got, setups*len(contenders))
+	if got := strings.Count(table, "\n| nats |") + strings.Count(table, "\n| kafka |"); got != want {
+		t.Errorf("table has %d result rows, want %d", got, want)
 	}
 
 	img, err := os.Open(filepath.Join(out, chartFile))
@@ -66,9 +72,10 @@ func TestQuick(t *testing.T) {
 	}
 
 	rows := readCSV(t, filepath.Join(out, csvFile))
-	if len(rows) != setups*len(contenders) {
-		t.Fatalf("%s has %d rows, want %d", csvFile, len(rows), setups*len(contenders))
+	if len(rows) != want {
+		t.Fatalf("%s has %d rows, want %d", csvFile, len(rows), want)
 	}
+	bests := 0
 	for _, r := range rows {
 		name := r["broker"] + "/" + r["store"] + " " + r["contender"]
 		if r["error"] != "" {
@@ -92,7 +99,15 @@ func TestQuick(t *testing.T) {
 			return v
 		}
 		switch c := r["contender"]; {
-		case strings.HasPrefix(c, "idem"):
+		case strings.HasPrefix(c, "idem"), c == "best":
+			if c == "best" {
+				bests++
+				if r["store"] != "postgres" {
+					t.Errorf("%s: the hand-written best consumer is PostgreSQL's only", name)
+				}
+			} else if v := r["throughput_vs_best"]; (r["store"] == "postgres") != (v != "") {
+				t.Errorf("%s: throughput_vs_best = %q", name, v)
+			}
 			for _, col := range []string{"dup_double", "dup_lost", "error_double", "error_lost", "crash_double", "crash_lost"} {
 				if n(col) != 0 {
 					t.Errorf("%s: %s = %d, want 0", name, col, n(col))
@@ -128,6 +143,9 @@ func TestQuick(t *testing.T) {
 				t.Errorf("%s: crash gave %d double effects, want at least 1 (the repository is lost)", name, n("crash_double"))
 			}
 		}
+	}
+	if wantBests := strings.Count(stores, "postgres") * 2; bests != wantBests {
+		t.Errorf("%d rows of the hand-written best consumer, want %d (one per broker on PostgreSQL)", bests, wantBests)
 	}
 }
 
@@ -191,21 +209,32 @@ func TestPercentile(t *testing.T) {
 }
 
 // Example_table shows the Markdown table the harness prints: ratios are
-// against the naive consumer of the same broker and store, and each fault
-// cell is "message IDs with a double effect / message IDs lost".
+// against the naive consumer of the same broker and store, throughput also
+// against the hand-written best consumer (PostgreSQL only; "-" elsewhere),
+// and each fault cell is "message IDs with a double effect / message IDs
+// lost".
 func Example_table() {
 	rs := []result{
-		{Broker: "nats", Store: "sqlite", Contender: "naive", Throughput: 2000, P50: 2 * time.Millisecond, P99: 10 * time.Millisecond,
+		{Broker: "nats", Store: "postgres", Contender: "naive", Throughput: 2000, P50: 2 * time.Millisecond, P99: 10 * time.Millisecond,
 			Dup: faultResult{Ran: true, Double: 30}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true, Double: 4}},
-		{Broker: "nats", Store: "sqlite", Contender: "idem", Throughput: 1500, P50: 3 * time.Millisecond, P99: 12 * time.Millisecond,
+		{Broker: "nats", Store: "postgres", Contender: "best", Throughput: 1600, P50: 2 * time.Millisecond, P99: 11 * time.Millisecond,
+			Dup: faultResult{Ran: true}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true}},
+		{Broker: "nats", Store: "postgres", Contender: "idem", Throughput: 1500, P50: 3 * time.Millisecond, P99: 12 * time.Millisecond,
+			Dup: faultResult{Ran: true}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true}},
+		{Broker: "nats", Store: "sqlite", Contender: "naive", Throughput: 1000, P50: 4 * time.Millisecond, P99: 20 * time.Millisecond,
+			Dup: faultResult{Ran: true, Double: 30}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true, Double: 4}},
+		{Broker: "nats", Store: "sqlite", Contender: "idem", Throughput: 900, P50: 5 * time.Millisecond, P99: 22 * time.Millisecond,
 			Dup: faultResult{Ran: true}, Fail: faultResult{Ran: true}, Crash: faultResult{Ran: true}},
 	}
 	_ = writeMarkdown(os.Stdout, rs)
 	// Output:
-	// | broker | store | contender | msgs/s | × naive | p50 ms | p99 ms | p50 × naive | p99 × naive | duplicates published: double / lost | handler error once: double / lost | crash after commit: double / lost |
-	// |---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|
-	// | nats | sqlite | naive | 2000 | 1.00 | 2.00 | 10.00 | 1.00 | 1.00 | 30 / 0 | 0 / 0 | 4 / 0 |
-	// | nats | sqlite | idem | 1500 | 0.75 | 3.00 | 12.00 | 1.50 | 1.20 | 0 / 0 | 0 / 0 | 0 / 0 |
+	// | broker | store | contender | msgs/s | × naive | × best | p50 ms | p99 ms | p50 × naive | p99 × naive | duplicates published: double / lost | handler error once: double / lost | crash after commit: double / lost |
+	// |---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|
+	// | nats | postgres | naive | 2000 | 1.00 | 1.25 | 2.00 | 10.00 | 1.00 | 1.00 | 30 / 0 | 0 / 0 | 4 / 0 |
+	// | nats | postgres | best | 1600 | 0.80 | 1.00 | 2.00 | 11.00 | 1.00 | 1.10 | 0 / 0 | 0 / 0 | 0 / 0 |
+	// | nats | postgres | idem | 1500 | 0.75 | 0.94 | 3.00 | 12.00 | 1.50 | 1.20 | 0 / 0 | 0 / 0 | 0 / 0 |
+	// | nats | sqlite | naive | 1000 | 1.00 | - | 4.00 | 20.00 | 1.00 | 1.00 | 30 / 0 | 0 / 0 | 4 / 0 |
+	// | nats | sqlite | idem | 900 | 0.90 | - | 5.00 | 22.00 | 1.25 | 1.10 | 0 / 0 | 0 / 0 | 0 / 0 |
 }
 
 // TestHelp: --help prints the flags and is not an error (exit status 0).

@@ -115,13 +115,13 @@ func (o *options) validate() error {
 
 // contender is one way of consuming.
 type contender struct {
-	name  string // naive, idem, idem-batch10, watermill-dedup
-	kind  string // naive, idem, batch, watermill
+	name  string // naive, best, idem, idem-batch10, watermill-dedup
+	kind  string // naive, best, idem, batch, watermill
 	batch int    // batch size (1 for per-message contenders)
 }
 
 func (o *options) contenderList() []contender {
-	cs := []contender{{"naive", "naive", 1}, {"idem", "idem", 1}}
+	cs := []contender{{"naive", "naive", 1}, {"best", "best", 1}, {"idem", "idem", 1}}
 	for _, b := range o.batchSizes {
 		cs = append(cs, contender{"idem-batch" + strconv.Itoa(b), "batch", b})
 	}
@@ -251,6 +251,9 @@ func run(ctx context.Context, o options) ([]result, *harness, error) {
 // are not timed).
 func (h *harness) setup(ctx context.Context, b broker, db database) ([]result, error) {
 	cs := h.o.contenderList()
+	if !db.hasBest() { // the hand-written consumer is PostgreSQL's only
+		cs = slices.DeleteFunc(cs, func(c contender) bool { return c.kind == "best" })
+	}
 	results := make([]result, len(cs))
 	// A discarded warm-up run, so the first contender does not pay for the
 	// pool's connections, the page cache and the runtime's first growth.
@@ -425,6 +428,8 @@ func (h *harness) start(ch channel, rdb runDB, c contender, f *faults, st *runSt
 	switch c.kind {
 	case "naive":
 		w = perMessage(rdb.naive())
+	case "best":
+		w = perMessage(rdb.best())
 	case "idem":
 		hd, err := rdb.idem("bench-" + c.name)
 		if err != nil {

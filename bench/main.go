@@ -1,9 +1,10 @@
 // Command bench is idem's benchmark harness: in one process and one run it
 // puts the same workload (N messages, a fraction of them published twice,
-// one side-effect row per message) through four kinds of consumer on the
-// same broker and the same store, and reports throughput and per-message
-// latency as ratios against a naive consumer, beside a correctness column
-// per fault.
+// one side-effect row per message) through four kinds of consumer (five on
+// PostgreSQL) on the same broker and the same store, and reports throughput
+// and per-message latency as ratios against a naive consumer, throughput
+// also against the best a person can hand-write (PostgreSQL), beside a
+// correctness column per fault.
 //
 // Run it from the repository root (the go.work workspace):
 //
@@ -13,6 +14,12 @@
 // Contenders:
 //   - naive: the handler writes its row in a transaction of its own; no
 //     deduplication.
+//   - best (PostgreSQL only): the best a person can hand-write for the
+//     same guarantee: BEGIN pipelined with a plain INSERT ... ON CONFLICT
+//     DO NOTHING into a processed table of one text primary key and a
+//     processed_at column, claimed when a row was inserted; the row written
+//     in the same transaction; COMMIT (a duplicate: ROLLBACK, and acked).
+//     The "× best" column is each contender's throughput against it.
 //   - idem: idem.Consumer in transactional mode through idem.Bind; the row
 //     is written in the claim's transaction.
 //   - idem-batchN: idem.BindBatch, N messages claimed with one statement
@@ -93,7 +100,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgres+" is set)")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
 	var only string
-	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, idem, idem-batchN, watermill-dedup)")
+	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-batchN, watermill-dedup)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h, --help: the usage was printed; exit 0

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
@@ -50,6 +51,9 @@ type database interface {
 	// newRun creates the tables of one run: a processed-messages table for
 	// idem and a side-effect table, both fresh.
 	newRun(ctx context.Context, tag string, f *faults) (runDB, error)
+	// hasBest reports whether its runs have the hand-written best
+	// consumer (runDB.best).
+	hasBest() bool
 	close()
 }
 
@@ -65,6 +69,13 @@ type runDB interface {
 	// naive writes the row in a transaction of its own, with no
 	// deduplication.
 	naive() msgHandler
+	// best is the hand-written consumer, the best a person can write for
+	// the same guarantee (nil when the store has none): a processed table
+	// of one text primary key, claimed by a plain INSERT ... ON CONFLICT
+	// DO NOTHING pipelined with BEGIN (claimed when it inserted a row),
+	// the row written in the same transaction; a duplicate is rolled
+	// back and acknowledged.
+	best() msgHandler
 	// idem runs the message through an idem.Consumer (transactional mode,
 	// idem.Bind) that writes the row in the claim's transaction.
 	idem(consumer string) (msgHandler, error)
@@ -109,6 +120,9 @@ type txRun[TTx any] struct {
 	count      func(ctx context.Context) (map[string]int, error)
 	cleanup    func()
 	faults     *faults
+	// bestClaim, when set, is the hand-written consumer's claim: it begins
+	// a transaction and claims id, returning the open transaction.
+	bestClaim func(ctx context.Context, id string) (tx TTx, claimed bool, err error)
 
 	mu        sync.Mutex
 	consumers []*idem.Consumer[TTx]
@@ -120,19 +134,41 @@ func (r *txRun[TTx]) naive() msgHandler {
 		if err != nil {
 			return false, err
 		}
-		if err := r.insertOne(ctx, tx, msg.ID); err != nil {
-			_ = r.store.Rollback(ctx, tx)
+		return r.writeAndCommit(ctx, tx, msg.ID)
+	}
+}
+
+// writeAndCommit writes id's side-effect row in tx (failing once where the
+// fault says so) and commits; on error it rolls tx back.
+func (r *txRun[TTx]) writeAndCommit(ctx context.Context, tx TTx, id string) (bool, error) {
+	if err := r.insertOne(ctx, tx, id); err != nil {
+		_ = r.store.Rollback(ctx, tx)
+		return false, err
+	}
+	if r.faults.fail(id) {
+		_ = r.store.Rollback(ctx, tx)
+		return false, errInjected
+	}
+	if err := r.store.Commit(ctx, tx); err != nil {
+		_ = r.store.Rollback(ctx, tx)
+		return false, err
+	}
+	return true, nil
+}
+
+func (r *txRun[TTx]) best() msgHandler {
+	if r.bestClaim == nil {
+		return nil
+	}
+	return func(ctx context.Context, msg idem.Message) (bool, error) {
+		tx, claimed, err := r.bestClaim(ctx, msg.ID)
+		if err != nil {
 			return false, err
 		}
-		if r.faults.fail(msg.ID) {
-			_ = r.store.Rollback(ctx, tx)
-			return false, errInjected
+		if !claimed { // a duplicate: processed before
+			return true, r.store.Rollback(ctx, tx)
 		}
-		if err := r.store.Commit(ctx, tx); err != nil {
-			_ = r.store.Rollback(ctx, tx)
-			return false, err
-		}
-		return true, nil
+		return r.writeAndCommit(ctx, tx, msg.ID)
 	}
 }
 
@@ -227,8 +263,9 @@ func newSQLiteDB(maxConns int) (*sqliteDB, error) {
 	return &sqliteDB{dir: dir, maxConns: maxConns}, nil
 }
 
-func (d *sqliteDB) name() string { return "sqlite" }
-func (d *sqliteDB) close()       { _ = os.RemoveAll(d.dir) }
+func (d *sqliteDB) name() string  { return "sqlite" }
+func (d *sqliteDB) hasBest() bool { return false }
+func (d *sqliteDB) close()        { _ = os.RemoveAll(d.dir) }
 
 func (d *sqliteDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
 	path := filepath.Join(d.dir, tag+".db")
@@ -319,8 +356,9 @@ func newPostgresDB(ctx context.Context, url string, maxConns int) (*postgresDB, 
 	return &postgresDB{pool: pool}, nil
 }
 
-func (d *postgresDB) name() string { return "postgres" }
-func (d *postgresDB) close()       { d.pool.Close() }
+func (d *postgresDB) name() string  { return "postgres" }
+func (d *postgresDB) hasBest() bool { return true }
+func (d *postgresDB) close()        { d.pool.Close() }
 
 // serverVersion returns PostgreSQL's version string and its fsync setting.
 func (d *postgresDB) serverVersion(ctx context.Context) (version, fsync string, err error) {
@@ -333,12 +371,12 @@ func (d *postgresDB) serverVersion(ctx context.Context) (version, fsync string, 
 
 func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
 	table := "bench_" + tag
-	effects := table + "_effects"
+	effects, best := table+"_effects", table+"_best"
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s_steps, %s_migrations`,
-			effects, table, table, table))
+		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s_steps, %s_migrations`,
+			effects, best, table, table, table))
 	}
 	fail := func(err error) (runDB, error) {
 		drop()
@@ -354,10 +392,36 @@ func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, 
 	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id text NOT NULL)`, effects)); err != nil {
 		return fail(err)
 	}
+	// The hand-written consumer's processed table: one text primary key
+	// and the time of processing, which retention needs.
+	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (message_id text COLLATE "C" PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`, best)); err != nil {
+		return fail(err)
+	}
+	bestIns := fmt.Sprintf(`INSERT INTO %s (message_id) VALUES ($1) ON CONFLICT DO NOTHING`, best)
 	insOne := fmt.Sprintf(`INSERT INTO %s (id) VALUES ($1)`, effects)
 	insMany := fmt.Sprintf(`INSERT INTO %s (id) SELECT unnest($1::text[])`, effects)
 	return &txRun[pgx.Tx]{
 		store: store, faults: f,
+		bestClaim: func(ctx context.Context, id string) (pgx.Tx, bool, error) {
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue(bestIns, id)
+			br := d.pool.SendBatch(ctx, b)
+			tx := br.Tx()
+			_, err := br.Exec() // BEGIN
+			var tag pgconn.CommandTag
+			if err == nil {
+				tag, err = br.Exec()
+			}
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				return nil, false, err
+			}
+			return tx, tag.RowsAffected() == 1, nil
+		},
 		insertOne: func(ctx context.Context, tx pgx.Tx, id string) error {
 			_, err := tx.Exec(ctx, insOne, id)
 			return err

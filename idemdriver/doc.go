@@ -16,11 +16,12 @@
 //     BeginPurge, whose [PurgeSession] deletes one bounded batch at a time.
 //
 // Optional capabilities are separate interfaces. The core finds
-// [BatchClaimer] (claim a batch with one statement) and [BeginClaimer]
-// (claim pipelined with BEGIN) by type assertion, as database/sql finds
+// [BatchClaimer] (claim a batch with one statement), [BeginClaimer]
+// (claim pipelined with BEGIN) and [BeginBatchClaimer] (a batch claim
+// pipelined with BEGIN) by type assertion, as database/sql finds
 // driver.ExecerContext, and where a store lacks one takes a correct, slower
 // path (one ClaimTx per message, in byte order of message ID, or Begin then
-// ClaimTx). [Migrator] and [Inspector] are for operators' tools, such as the
+// ClaimTx or ClaimBatchTx). [Migrator] and [Inspector] are for operators' tools, such as the
 // idem command's migrate, inspect and stats. The transactional outbox is
 // [OutboxTx] (write outgoing rows in the handler's transaction) and
 // [OutboxStore] (what the relay claims, marks and purges), with the

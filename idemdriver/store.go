@@ -66,6 +66,16 @@ type BeginClaimer[TTx any] interface {
 	BeginClaim(ctx context.Context, p *ClaimParams) (TTx, ClaimResult, error)
 }
 
+// BeginBatchClaimer is an optional capability of a BatchClaimer: begin a
+// transaction and claim a batch in one round trip (the batch claim
+// pipelined with BEGIN), so a batch pays no round trip for its BEGIN. The
+// messages, the result and the errors are those of Begin followed by
+// ClaimBatchTx; invalid parameters are refused before any statement runs
+// ([ValidateClaimBatchParams]); on error no transaction is left open.
+type BeginBatchClaimer[TTx any] interface {
+	BeginClaimBatch(ctx context.Context, p *ClaimBatchParams) (TTx, []ClaimResult, error)
+}
+
 // Migrator is an optional capability of a store: create or upgrade its
 // tables from the migrations embedded in the store's package. It is
 // idempotent and safe to run from several processes at once.

@@ -106,23 +106,47 @@ func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver
 // committed by transactions it waited for, and returns one result per
 // message in the order of p.Messages. p must have been validated.
 func (q *Queries) ClaimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
-	res, err := q.claimBatchTx(ctx, tx, p)
+	res, err := q.claimBatchTx(ctx, tx, p, nil)
 	return res, WrapLockTimeout(err)
 }
 
-func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams) ([]idemdriver.ClaimResult, error) {
+// ClaimBatchFrom is ClaimBatchTx whose first batch claim the caller has
+// already sent, with the statement and arguments of ClaimBatchQuery(p)
+// (pipelined with BEGIN, say): first are its rows (or its error). Any
+// statement that follows runs on tx, after first is closed. p must have
+// been validated.
+func (q *Queries) ClaimBatchFrom(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams, first sqlstore.Rows, firstErr error) ([]idemdriver.ClaimResult, error) {
+	if firstErr != nil {
+		return nil, WrapLockTimeout(firstErr)
+	}
+	res, err := q.claimBatchTx(ctx, tx, p, first)
+	return res, WrapLockTimeout(err)
+}
+
+// ClaimBatchQuery returns the batch claim statement of all of p's messages
+// (in byte order of their IDs) and its arguments: the first statement of
+// ClaimBatchTx, for a caller that sends it itself (see ClaimBatchFrom).
+func (q *Queries) ClaimBatchQuery(p *idemdriver.ClaimBatchParams) (string, []any) {
+	return q.claimBatchArgs(p, sqlstore.Sorted(p))
+}
+
+func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams, first sqlstore.Rows) ([]idemdriver.ClaimResult, error) {
 	var got map[string]idemdriver.ClaimResult // made when some message was not inserted
 	pending := sqlstore.Sorted(p)
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == sqlstore.MaxClaimAttempts {
 			return nil, sqlstore.ErrUnsettled("batch claim", p.Consumer)
 		}
-		rows, err := q.queryClaimBatch(ctx, tx, p, pending)
-		if err != nil {
-			return nil, err
+		rows := first
+		if attempt > 0 || rows == nil {
+			query, args := q.claimBatchArgs(p, pending)
+			var err error
+			if rows, err = tx.Query(ctx, query, args...); err != nil {
+				return nil, err
+			}
 		}
 		all := false
-		err = sqlstore.ForEach(rows, func(r sqlstore.Row) error {
+		err := sqlstore.ForEach(rows, func(r sqlstore.Row) error {
 			var (
 				id    sql.NullString
 				fp    []byte
@@ -174,9 +198,9 @@ func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 	return sqlstore.InOrder(p, got)
 }
 
-// queryClaimBatch runs the batch claim of pending (messages of p), with
-// native arrays when q.NativeArrays is set.
-func (q *Queries) queryClaimBatch(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimBatchParams, pending []idemdriver.ClaimMessage) (sqlstore.Rows, error) {
+// claimBatchArgs returns the batch claim statement of pending (messages
+// of p) and its arguments, with native arrays when q.NativeArrays is set.
+func (q *Queries) claimBatchArgs(p *idemdriver.ClaimBatchParams, pending []idemdriver.ClaimMessage) (string, []any) {
 	ids := make([]string, len(pending))
 	lt := LockTimeoutArg(p.LockTimeout)
 	if q.NativeArrays {
@@ -184,13 +208,13 @@ func (q *Queries) queryClaimBatch(ctx context.Context, tx sqlstore.Querier, p *i
 		for i, m := range pending {
 			ids[i], fps[i] = m.MessageID, m.Fingerprint
 		}
-		return tx.Query(ctx, q.claimBatchNative, p.Consumer, ids, fps, lt)
+		return q.claimBatchNative, []any{p.Consumer, ids, fps, lt}
 	}
 	fps := make([]string, len(pending))
 	for i, m := range pending {
 		ids[i], fps[i] = m.MessageID, hex.EncodeToString(m.Fingerprint)
 	}
-	return tx.Query(ctx, q.claimBatch, p.Consumer, TextArray(ids), TextArray(fps), lt)
+	return q.claimBatch, []any{p.Consumer, TextArray(ids), TextArray(fps), lt}
 }
 
 // Acquire runs the acquire statement until it settles (see Queries.acquire),

@@ -47,8 +47,8 @@ type Config struct {
 // (*pgxpool.Tx) on the Store's pool. It also implements
 // [idemdriver.LeaseStore] for [idem.LeaseConsumer] (lease mode, on the same
 // table; see the package doc), [idemdriver.Retainer] for retention, and
-// the optional [idemdriver.BatchClaimer], [idemdriver.BeginClaimer] (begin
-// and claim in one round trip), [idemdriver.Migrator] and
+// the optional [idemdriver.BatchClaimer], [idemdriver.BeginClaimer] and
+// [idemdriver.BeginBatchClaimer] (begin and claim in one round trip), [idemdriver.Migrator] and
 // [idemdriver.Inspector].
 //
 // A handler uses the transaction it is given for its writes and leaves
@@ -75,13 +75,14 @@ type Store struct {
 
 // Interface checks.
 var (
-	_ idemdriver.TxStore[pgx.Tx]      = (*Store)(nil)
-	_ idemdriver.BatchClaimer[pgx.Tx] = (*Store)(nil)
-	_ idemdriver.BeginClaimer[pgx.Tx] = (*Store)(nil)
-	_ idemdriver.LeaseStore           = (*Store)(nil)
-	_ idemdriver.Retainer             = (*Store)(nil)
-	_ idemdriver.Migrator             = (*Store)(nil)
-	_ idemdriver.Inspector            = (*Store)(nil)
+	_ idemdriver.TxStore[pgx.Tx]           = (*Store)(nil)
+	_ idemdriver.BatchClaimer[pgx.Tx]      = (*Store)(nil)
+	_ idemdriver.BeginClaimer[pgx.Tx]      = (*Store)(nil)
+	_ idemdriver.BeginBatchClaimer[pgx.Tx] = (*Store)(nil)
+	_ idemdriver.LeaseStore                = (*Store)(nil)
+	_ idemdriver.Retainer                  = (*Store)(nil)
+	_ idemdriver.Migrator                  = (*Store)(nil)
+	_ idemdriver.Inspector                 = (*Store)(nil)
 )
 
 // New returns a Store on pool. cfg may be nil. It returns an error matching
@@ -238,6 +239,87 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.Claim
 	}
 	return s.q.ClaimBatchTx(ctx, querier{tx}, p)
 }
+
+// BeginClaimBatch implements [idemdriver.BeginBatchClaimer]: it acquires a
+// connection, and sends BEGIN and the batch claim of [Store.ClaimBatchTx]
+// as one pipelined pgx.Batch, so that beginning and claiming a batch cost
+// one network round trip. The result is that of [Store.Begin] followed by
+// [Store.ClaimBatchTx]: one result per message, in the order of
+// p.Messages; the rare claim that waited for a concurrent transaction
+// reads what it committed with one more statement in the transaction.
+//
+// p is checked first (idemdriver.ValidateClaimBatchParams), before any
+// connection is acquired. On success the transaction is open, and the
+// caller commits or rolls it back. On error no transaction is left open:
+// it is rolled back (with a context detached from ctx) and the connection
+// goes back to the pool, or is closed if its state is unknown.
+func (s *Store) BeginClaimBatch(ctx context.Context, p *idemdriver.ClaimBatchParams) (pgx.Tx, []idemdriver.ClaimResult, error) {
+	if err := idemdriver.ValidateClaimBatchParams(p); err != nil {
+		return nil, nil, err
+	}
+	query, args := s.q.ClaimBatchQuery(p)
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(query, args...)
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	first := &batchRows{br: br}
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		first.rows, err = br.Query()
+	}
+	if err != nil {
+		_ = first.closeBatch() // err is the batch's error
+	}
+	res, err := s.q.ClaimBatchFrom(ctx, querier{tx}, p, first, err)
+	if cerr := first.closeBatch(); err == nil && cerr != nil {
+		err = pgsql.WrapLockTimeout(cerr)
+	}
+	if err != nil {
+		abort(ctx, tx)
+		return nil, nil, err
+	}
+	s.own.Store(tx, false)
+	return tx, res, nil
+}
+
+// batchRows are the rows of the last statement of a pipelined batch: Close
+// (and Err, once the rows are read) also close the batch, so that the
+// transaction can run its next statement, and Err reports the batch's
+// error.
+type batchRows struct {
+	br     pgx.BatchResults
+	rows   pgx.Rows
+	closed bool
+	err    error
+}
+
+// closeBatch closes the rows and the batch, once, and returns the batch's
+// error.
+func (r *batchRows) closeBatch() error {
+	if !r.closed {
+		r.closed = true
+		if r.rows != nil {
+			r.rows.Close()
+		}
+		r.err = r.br.Close()
+	}
+	return r.err
+}
+
+func (r *batchRows) Next() bool { return r.rows.Next() }
+
+func (r *batchRows) Scan(dest ...any) error { return r.rows.Scan(dest...) }
+
+func (r *batchRows) Err() error {
+	if err := r.rows.Err(); err != nil {
+		_ = r.closeBatch()
+		return err
+	}
+	return r.closeBatch()
+}
+
+func (r *batchRows) Close() { _ = r.closeBatch() }
 
 // Commit implements [idemdriver.TxStore]: tx.Commit, which returns the
 // connection to the pool. An error means nothing committed, or that the

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
@@ -967,4 +968,128 @@ func TestQueryExecModes(t *testing.T) {
 			checkPool(t, b.pool)
 		})
 	}
+}
+
+// BeginClaimBatch begins and claims a batch in one round trip, returns
+// the results in the order given, settles a claim that waited for a
+// concurrent transaction (the follow-up SELECT runs in the transaction it
+// opened), and leaves no transaction open when it fails.
+func TestBeginClaimBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var writes atomic.Int64
+	// One connection, so that the statement prepared by the first batch
+	// is in the cache of the connection the round trips are counted on.
+	b := setup(t, poolOpts{maxConns: 1, countWrites: &writes, noPing: true})
+	batch := func(msgs ...idemdriver.ClaimMessage) *idemdriver.ClaimBatchParams {
+		return &idemdriver.ClaimBatchParams{Consumer: "c", Messages: msgs, LockTimeout: 5 * time.Second}
+	}
+	// The connection's first batch prepares the statement (pgx's cache).
+	tx, res, err := b.store.BeginClaimBatch(ctx, batch(idemdriver.ClaimMessage{MessageID: "b", Fingerprint: fp("b")},
+		idemdriver.ClaimMessage{MessageID: "d", Fingerprint: fp("old")}))
+	if err != nil || len(res) != 2 || !res[0].Claimed || !res[1].Claimed {
+		t.Fatalf("BeginClaimBatch = %+v, %v; want both claimed", res, err)
+	}
+	if err := b.store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("NewAndExisting", func(t *testing.T) {
+		msgs := []idemdriver.ClaimMessage{
+			{MessageID: "z", Fingerprint: fp("z")},
+			{MessageID: "d", Fingerprint: fp("d")},
+			{MessageID: "b", Fingerprint: fp("b")},
+			{MessageID: "a", Fingerprint: fp("a")},
+		}
+		writes.Store(0)
+		tx, res, err := b.store.BeginClaimBatch(ctx, batch(msgs...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := writes.Load(); n != 1 {
+			t.Errorf("BeginClaimBatch took %d round trips, want 1", n)
+		}
+		if tx.Conn().PgConn().TxStatus() != 'T' {
+			t.Errorf("tx status %c, want T (in a transaction)", tx.Conn().PgConn().TxStatus())
+		}
+		want := []idemdriver.ClaimResult{{Claimed: true}, {Fingerprint: fp("old")}, {Fingerprint: fp("b")}, {Claimed: true}}
+		if len(res) != len(want) {
+			t.Fatalf("%d results, want %d", len(res), len(want))
+		}
+		for i := range want {
+			if res[i].Claimed != want[i].Claimed || !bytes.Equal(res[i].Fingerprint, want[i].Fingerprint) {
+				t.Errorf("message %q: %+v, want %+v", msgs[i].MessageID, res[i], want[i])
+			}
+		}
+		if err := b.store.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.countRecords(t, "c"); n != 4 {
+			t.Errorf("%d records, want 4 (b, d, a, z)", n)
+		}
+	})
+
+	checkPool(t, b.pool)
+	b = setup(t, poolOpts{maxConns: 4})
+
+	t.Run("WaitsThenSettles", func(t *testing.T) {
+		first, res, err := b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "M", Fingerprint: fp("first")})
+		if err != nil || !res.Claimed {
+			t.Fatal(res, err)
+		}
+		type result struct {
+			tx  pgx.Tx
+			res []idemdriver.ClaimResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			tx, res, err := b.store.BeginClaimBatch(ctx, batch(idemdriver.ClaimMessage{MessageID: "N", Fingerprint: fp("n")},
+				idemdriver.ClaimMessage{MessageID: "M", Fingerprint: fp("second")}))
+			done <- result{tx, res, err}
+		}()
+		waitForLockWaiters(t, b.pool, b.table, 1)
+		if err := b.store.Commit(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if len(r.res) != 2 || !r.res[0].Claimed || r.res[1].Claimed || !bytes.Equal(r.res[1].Fingerprint, fp("first")) {
+			t.Errorf("after the commit: %+v; want N claimed and M a duplicate with the first fingerprint", r.res)
+		}
+		if err := b.store.Rollback(ctx, r.tx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Refused", func(t *testing.T) {
+		for _, p := range []*idemdriver.ClaimBatchParams{
+			{Consumer: "c"},
+			batch(idemdriver.ClaimMessage{MessageID: "q", Fingerprint: fp("q")}, idemdriver.ClaimMessage{MessageID: "q", Fingerprint: fp("q")}),
+		} {
+			if tx, res, err := b.store.BeginClaimBatch(ctx, p); !errors.Is(err, idemdriver.ErrInvalidConfig) || tx != nil {
+				t.Errorf("BeginClaimBatch(%d messages) = %v, %+v, %v; want no transaction and ErrInvalidConfig", len(p.Messages), tx, res, err)
+			}
+		}
+	})
+
+	t.Run("LockTimeout", func(t *testing.T) {
+		// A claim that waits past its lock timeout for a record another
+		// transaction holds fails with ErrLockTimeout, and leaves no
+		// transaction open.
+		holder, res, err := b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "held", Fingerprint: fp("h")})
+		if err != nil || !res.Claimed {
+			t.Fatal(res, err)
+		}
+		defer func() { _ = b.store.Rollback(ctx, holder) }()
+		p := batch(idemdriver.ClaimMessage{MessageID: "free", Fingerprint: fp("f")}, idemdriver.ClaimMessage{MessageID: "held", Fingerprint: fp("h")})
+		p.LockTimeout = 50 * time.Millisecond
+		tx, got, err := b.store.BeginClaimBatch(ctx, p)
+		if !errors.Is(err, idemdriver.ErrLockTimeout) || tx != nil {
+			t.Fatalf("BeginClaimBatch of a held record = %v, %+v, %v; want no transaction and ErrLockTimeout", tx, got, err)
+		}
+	})
+	checkPool(t, b.pool)
 }
