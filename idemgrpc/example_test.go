@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idem-go/idem"
@@ -42,12 +41,12 @@ func ExampleServer() {
 	defer keys.Close()
 
 	charges := 0
-	svc := &service{h: func(_ context.Context, method string, n int64, req *wrapperspb.StringValue) (*structpb.Struct, error) {
+	charge := func(_ context.Context, amount *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
 		charges++ // the side effect that must happen once
-		return okReply(method, n, req)
-	}}
+		return wrapperspb.String("charged " + amount.GetValue()), nil
+	}
 	gs := grpc.NewServer(grpc.UnaryInterceptor(keys.UnaryServerInterceptor()))
-	gs.RegisterService(&serviceDesc, svc)
+	gs.RegisterService(&paymentsDesc, charge)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
@@ -71,14 +70,38 @@ func ExampleServer() {
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "account", "acct_1")
 	ctx = idemgrpc.ContextWithKey(ctx, "charge-order-42")
 	for range 2 {
-		var reply structpb.Struct
+		var reply wrapperspb.StringValue
 		var header metadata.MD
-		err := cc.Invoke(ctx, methodCharge, wrapperspb.String("10 EUR"), &reply, grpc.Header(&header))
-		fmt.Println(err, reply.GetFields()["value"].GetStringValue(), "replayed:", header.Get(idemgrpc.MetadataReplayed))
+		err := cc.Invoke(ctx, "/example.Payments/Charge", wrapperspb.String("10 EUR"), &reply, grpc.Header(&header))
+		fmt.Println(err, reply.GetValue(), "replayed:", header.Get(idemgrpc.MetadataReplayed))
 	}
 	fmt.Println("charges:", charges)
 	// Output:
-	// <nil> 10 EUR replayed: []
-	// <nil> 10 EUR replayed: [true]
+	// <nil> charged 10 EUR replayed: []
+	// <nil> charged 10 EUR replayed: [true]
 	// charges: 1
+}
+
+// paymentsDesc registers a one-method service by hand (generated code
+// does this for a .proto service): example.Payments/Charge takes and
+// answers a google.protobuf.StringValue; the registered implementation is
+// the charge function itself.
+var paymentsDesc = grpc.ServiceDesc{
+	ServiceName: "example.Payments",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Charge",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.StringValue)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			charge := srv.(func(context.Context, *wrapperspb.StringValue) (*wrapperspb.StringValue, error))
+			h := func(ctx context.Context, req any) (any, error) { return charge(ctx, req.(*wrapperspb.StringValue)) }
+			if ic == nil { // a server without interceptors
+				return h(ctx, in)
+			}
+			return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/example.Payments/Charge"}, h)
+		},
+	}},
 }

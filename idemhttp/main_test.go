@@ -1,27 +1,12 @@
 package idemhttp
 
 import (
-	"flag"
 	"os"
 	"testing"
 
 	"github.com/idem-go/idem/internal/leakcheck"
 )
 
-// TestMain checks that no goroutine outlives the tests (renewal loops,
-// purge loops, servers). The scenario tests spend most of their time
-// waiting on leases and barriers, not on the CPU, so unless -test.parallel
-// was given they run 8 at a time instead of GOMAXPROCS.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) {
-		if f.Name == "test.parallel" {
-			set = true
-		}
-	})
-	if !set {
-		_ = flag.Set("test.parallel", "8")
-	}
-	os.Exit(leakcheck.Run(m))
-}
+// TestMain checks that no goroutine outlives the tests (servers, renewal
+// and purge loops).
+func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }

@@ -13,11 +13,13 @@ import (
 	"time"
 )
 
-// buildIdem builds the idem binary as a user would and returns its path.
-func buildIdem(t *testing.T) string {
+// buildIdem builds the idem binary as a user would, with the extra
+// `go build` flags given, and returns its path.
+func buildIdem(t *testing.T, flags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "idem")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	args := append(append([]string{"build"}, flags...), "-o", bin, ".")
+	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -41,6 +43,48 @@ func TestBinaryHelpAndBadInput(t *testing.T) {
 	}
 	if lines := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; lines != 1 || strings.Contains(string(out), "goroutine") {
 		t.Errorf("want a one-line error, got %q", out)
+	}
+}
+
+// TestNodemoBinary builds the command with the nodemo tag, as for a proxy
+// or sidecar image: it has no demo command, links neither the embedded
+// NATS server nor kfake (the build info lists the modules linked), and is
+// smaller than the full binary.
+func TestNodemoBinary(t *testing.T) {
+	t.Parallel()
+	full, lean := buildIdem(t), buildIdem(t, "-tags", "nodemo")
+	out, err := exec.Command(lean, "demo").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), `unknown command "demo"`) {
+		t.Errorf("nodemo idem demo: %v, want exit status 2 and unknown command\n%s", err, out)
+	}
+	out, err = exec.Command(lean, "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "proxy") || strings.Contains(string(out), "\n  demo ") {
+		t.Errorf("nodemo idem --help: %v, want the commands without demo\n%s", err, out)
+	}
+	embedded := []string{"github.com/nats-io/nats-server/v2", "github.com/twmb/franz-go/pkg/kfake"}
+	for bin, want := range map[string]bool{full: true, lean: false} {
+		info, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go version -m: %v\n%s", err, info)
+		}
+		for _, mod := range embedded {
+			if got := strings.Contains(string(info), "\tdep\t"+mod+"\t"); got != want {
+				t.Errorf("%s links %s: %v, want %v", bin, mod, got, want)
+			}
+		}
+	}
+	fs, err := os.Stat(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := os.Stat(lean)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("idem %.1f MB, idem built with -tags nodemo %.1f MB", float64(fs.Size())/1e6, float64(ls.Size())/1e6)
+	if ls.Size() >= fs.Size() {
+		t.Errorf("the nodemo binary (%d bytes) is not smaller than the full one (%d bytes)", ls.Size(), fs.Size())
 	}
 }
 

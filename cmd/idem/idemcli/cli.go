@@ -10,7 +10,7 @@
 // A binary without the demo, which does not link the demo's embedded NATS
 // server and kfake, is built with the nodemo tag:
 //
-//	go build -tags nodemo ./cmd/idem   # about 51 MB instead of 79 MB
+//	go build -tags nodemo ./cmd/idem   # about 62 MB instead of 80 MB
 //
 // The package is importable so the commands are tested in process: [Main]
 // takes the arguments and the output streams and returns the exit status.

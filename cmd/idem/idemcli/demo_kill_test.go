@@ -1,3 +1,5 @@
+//go:build !nodemo
+
 package idemcli
 
 import (
@@ -6,7 +8,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -340,25 +341,4 @@ func (s *ownService) kill9(t *testing.T) {
 		// Gone, or a zombie waiting for its parent (init, after setsid).
 		return err != nil || strings.Contains(string(st), ") Z ")
 	}, nil)
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }

@@ -104,12 +104,18 @@ func TestInspectAndStatsJSON(t *testing.T) {
 		t.Errorf("inspect --json = %v", rec)
 	}
 	code, out, errOut = run(t, "stats", "--json", "--store", url)
-	var stats []statsJSON
-	if code != 0 || json.Unmarshal([]byte(out), &stats) != nil {
+	var sj storeStatsJSON
+	if code != 0 || json.Unmarshal([]byte(out), &sj) != nil {
 		t.Fatalf("stats --json: exit %d, %q %q", code, out, errOut)
 	}
+	stats := sj.Consumers
 	if len(stats) != 1 || stats[0].Consumer != "orders" || stats[0].Records != 2 || stats[0].Oldest == nil || stats[0].Newest == nil {
 		t.Errorf("stats --json = %+v", stats)
+	}
+	// The outbox backlog, as the text output shows it: the migrated
+	// store has an empty outbox.
+	if sj.Outbox == nil || sj.Outbox.Pending != 0 || sj.Outbox.Failed != 0 || !strings.Contains(out, `"oldest_pending_s": 0`) {
+		t.Errorf("stats --json outbox = %+v in %s", sj.Outbox, out)
 	}
 }
 

@@ -241,8 +241,9 @@ func newStatsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			outbox := outboxStats(cmd, st.store)
 			if asJSON {
-				return statsJSONOut(cmd.OutOrStdout(), stats)
+				return statsJSONOut(cmd.OutOrStdout(), stats, outbox)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "CONSUMER\tRECORDS\tOLDEST\tNEWEST")
@@ -252,11 +253,11 @@ func newStatsCmd() *cobra.Command {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			return printOutboxStats(cmd, st.store)
+			return printOutboxStats(cmd, outbox)
 		},
 	}
 	sf.add(cmd)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON array of {consumer, records, oldest, newest}")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {consumers: [{consumer, records, oldest, newest}], outbox: {pending, failed, oldest_pending_s} or null}")
 	return cmd
 }
 

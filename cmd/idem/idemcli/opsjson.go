@@ -56,10 +56,30 @@ type statsJSON struct {
 	Newest   *string `json:"newest"`
 }
 
-func statsJSONOut(w io.Writer, stats []idemdriver.ConsumerStats) error {
-	out := make([]statsJSON, 0, len(stats))
+// outboxJSON is the outbox backlog of `idem stats --json`: rows pending,
+// failed for good, and the age in seconds of the oldest pending row (the
+// relay lag).
+type outboxJSON struct {
+	Pending        int64   `json:"pending"`
+	Failed         int64   `json:"failed"`
+	OldestPendingS float64 `json:"oldest_pending_s"`
+}
+
+// storeStatsJSON is `idem stats --json`: what the text output shows, the
+// records per consumer and the outbox backlog (null when the store has no
+// outbox table).
+type storeStatsJSON struct {
+	Consumers []statsJSON `json:"consumers"`
+	Outbox    *outboxJSON `json:"outbox"`
+}
+
+func statsJSONOut(w io.Writer, stats []idemdriver.ConsumerStats, outbox *idemdriver.OutboxStats) error {
+	out := storeStatsJSON{Consumers: make([]statsJSON, 0, len(stats))}
 	for _, s := range stats {
-		out = append(out, statsJSON{Consumer: s.Consumer, Records: s.Count, Oldest: jsonTime(s.Oldest), Newest: jsonTime(s.Newest)})
+		out.Consumers = append(out.Consumers, statsJSON{Consumer: s.Consumer, Records: s.Count, Oldest: jsonTime(s.Oldest), Newest: jsonTime(s.Newest)})
+	}
+	if outbox != nil {
+		out.Outbox = &outboxJSON{Pending: outbox.Pending, Failed: outbox.Failed, OldestPendingS: outbox.OldestPending.Seconds()}
 	}
 	return writeJSON(w, out)
 }

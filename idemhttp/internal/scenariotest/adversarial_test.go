@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"context"
@@ -15,10 +15,11 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // advServer serves h behind a fresh Middleware on store.
-func advServer(t *testing.T, store idemdriver.LeaseStore, h http.Handler, o Options) (*Middleware, string) {
+func advServer(t *testing.T, store idemdriver.LeaseStore, h http.Handler, o idemhttp.Options) (*idemhttp.Middleware, string) {
 	t.Helper()
 	if o.Scope == nil {
 		o.Scope = scAuthScope
@@ -32,7 +33,7 @@ func advServer(t *testing.T, store idemdriver.LeaseStore, h http.Handler, o Opti
 	if o.Logger == nil {
 		o.Logger = scQuietLogger()
 	}
-	m, err := New(store, o)
+	m, err := idemhttp.New(store, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func advPost(t *testing.T, url, key, body string, hdr map[string]string) (*http.
 	req.Header.Set("Authorization", "Bearer a")
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(HeaderIdempotencyKey, key)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, key)
 	}
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -78,7 +79,7 @@ func TestAdvTrailersReachFirstClient(t *testing.T) {
 			io.WriteString(w, "body")
 			w.Header().Set("X-Sum", "abc")
 			w.Header().Set(http.TrailerPrefix+"X-Late", "late")
-		}), Options{})
+		}), idemhttp.Options{})
 		resp, body := advPost(t, u, `"t1"`, `{}`, nil)
 		if resp.StatusCode != 201 || body != "body" {
 			t.Fatalf("got %d %q", resp.StatusCode, body)
@@ -90,7 +91,7 @@ func TestAdvTrailersReachFirstClient(t *testing.T) {
 			t.Errorf("trailer X-Late = %q, want late", got)
 		}
 		resp, body = advPost(t, u, `"t1"`, `{}`, nil)
-		if resp.StatusCode != 201 || body != "body" || resp.Header.Get(HeaderReplayed) != "true" || n.Load() != 1 {
+		if resp.StatusCode != 201 || body != "body" || resp.Header.Get(idemhttp.HeaderReplayed) != "true" || n.Load() != 1 {
 			t.Fatalf("replay: %d %q %v n=%d", resp.StatusCode, body, resp.Header, n.Load())
 		}
 	})
@@ -105,7 +106,7 @@ func TestAdvMethodOverrideInFingerprint(t *testing.T) {
 	_, u := advServer(t, idem.NewMemoryStore(nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
 		fmt.Fprintf(w, "did %s", r.Header.Get("X-HTTP-Method-Override"))
-	}), Options{})
+	}), idemhttp.Options{})
 	resp, body := advPost(t, u, `"m1"`, `{}`, map[string]string{"X-HTTP-Method-Override": "PATCH"})
 	if resp.StatusCode != 200 || body != "did PATCH" {
 		t.Fatalf("first: %d %q", resp.StatusCode, body)
@@ -131,7 +132,7 @@ func TestAdvProxyTrailers(t *testing.T) {
 	for i := range 2 {
 		req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/x", strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer a")
-		req.Header.Set(HeaderIdempotencyKey, `"tr"`)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"tr"`)
 		resp, err := f.client.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -169,7 +170,7 @@ func TestAdvProxyLargeResponseStreams(t *testing.T) {
 		io.Copy(w, &patternReader{left: size})
 	})
 	f := newProxies(t, testStoreEnv{store: idem.NewMemoryStore(nil)}, up.URL, 1,
-		&ProxyOptions{Options: Options{MaxResponseBytes: 1 << 20}})[0]
+		&idemhttp.ProxyOptions{Options: idemhttp.Options{MaxResponseBytes: 1 << 20}})[0]
 	runtime.GC()
 	var base runtime.MemStats
 	runtime.ReadMemStats(&base)
@@ -195,7 +196,7 @@ func TestAdvProxyLargeResponseStreams(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/x", strings.NewReader(`{}`))
 	req.Header.Set("Authorization", "Bearer alice")
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderIdempotencyKey, `"big"`)
+	req.Header.Set(idemhttp.HeaderIdempotencyKey, `"big"`)
 	resp, err := f.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +214,7 @@ func TestAdvProxyLargeResponseStreams(t *testing.T) {
 		t.Fatalf("heap grew by %d MiB for a %d MiB response", growth>>20, size>>20)
 	}
 	r := f.post(t, `"big"`, `{}`)
-	if r.status != http.StatusGone || r.problemType() != ProblemReplayUnavailable || up.n.Load() != 1 {
+	if r.status != http.StatusGone || r.problemType() != idemhttp.ProblemReplayUnavailable || up.n.Load() != 1 {
 		t.Fatalf("retry: %d %q, upstream n=%d", r.status, r.problemType(), up.n.Load())
 	}
 }
@@ -245,13 +246,13 @@ func TestAdvStaleAttemptNeverCompletes(t *testing.T) {
 			}
 			w.WriteHeader(201)
 			fmt.Fprintf(w, "attempt %d", i)
-		}), Options{Lease: 500 * time.Millisecond})
+		}), idemhttp.Options{Lease: 500 * time.Millisecond})
 		first := make(chan string, 1)
 		go func() {
 			req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(`{}`))
 			req.Header.Set("Authorization", "Bearer a")
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(HeaderIdempotencyKey, `"lost"`)
+			req.Header.Set(idemhttp.HeaderIdempotencyKey, `"lost"`)
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				first <- err.Error()
@@ -281,7 +282,7 @@ func TestAdvStaleAttemptNeverCompletes(t *testing.T) {
 			t.Errorf("the stale attempt's client got a success: %q", got1)
 		}
 		resp, body = advPost(t, u, `"lost"`, `{}`, nil)
-		if resp.StatusCode != 201 || body != "attempt 2" || resp.Header.Get(HeaderReplayed) != "true" {
+		if resp.StatusCode != 201 || body != "attempt 2" || resp.Header.Get(idemhttp.HeaderReplayed) != "true" {
 			t.Fatalf("replay after the stale attempt returned: %d %q (first client got %q)", resp.StatusCode, body, got1)
 		}
 		if n.Load() != 2 {
@@ -306,7 +307,7 @@ func TestAdvWrongContentLength(t *testing.T) {
 		if _, err := io.WriteString(w, "lo"); err != nil {
 			werr.Store(err)
 		}
-	}), Options{})
+	}), idemhttp.Options{})
 	resp1, b1 := advPost(t, u, `"cl"`, `{}`, nil)
 	resp2, b2 := advPost(t, u, `"cl"`, `{}`, nil)
 	if resp1.StatusCode != 201 || resp2.StatusCode != 201 || b1 != b2 || n.Load() != 1 {
@@ -331,13 +332,13 @@ func TestAdvNoBodyStatuses(t *testing.T) {
 			w.WriteHeader(http.StatusEarlyHints)
 			w.WriteHeader(code)
 			io.WriteString(w, "ignored")
-		}), Options{})
+		}), idemhttp.Options{})
 		for i := range 3 {
 			resp, b := advPost(t, u, `"nb"`, `{}`, nil)
 			if resp.StatusCode != code || b != "" || resp.Header.Get("ETag") != `"v1"` {
 				t.Fatalf("%d #%d: %d %q %v", code, i, resp.StatusCode, b, resp.Header)
 			}
-			if i > 0 && resp.Header.Get(HeaderReplayed) != "true" {
+			if i > 0 && resp.Header.Get(idemhttp.HeaderReplayed) != "true" {
 				t.Fatalf("%d #%d not replayed", code, i)
 			}
 		}
@@ -354,7 +355,7 @@ func TestAdvNoBodyStatusesRaw(t *testing.T) {
 	_, u := advServer(t, idem.NewMemoryStore(nil), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(204)
 		io.WriteString(w, "ignored")
-	}), Options{})
+	}), idemhttp.Options{})
 	for i := range 2 {
 		conn, err := net.Dial("tcp", strings.TrimPrefix(u, "http://"))
 		if err != nil {
@@ -385,7 +386,7 @@ func TestAdvWriteAfterReturn(t *testing.T) {
 			_, err := io.WriteString(w, " late")
 			lateErr <- err
 		}()
-	}), Options{})
+	}), idemhttp.Options{})
 	_, b1 := advPost(t, u, `"late"`, `{}`, nil)
 	close(late)
 	if err := <-lateErr; err == nil {
@@ -410,11 +411,11 @@ func TestAdv101WithoutHijack(t *testing.T) {
 			return
 		}
 		w.WriteHeader(201)
-	}), Options{})
+	}), idemhttp.Options{})
 	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(`{}`))
 	req.Header.Set("Authorization", "Bearer a")
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderIdempotencyKey, `"up"`)
+	req.Header.Set(idemhttp.HeaderIdempotencyKey, `"up"`)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		resp.Body.Close()
 	}
@@ -434,7 +435,7 @@ func TestAdvOddKeys(t *testing.T) {
 		_, u := advServer(t, env.store, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(201)
 			fmt.Fprintf(w, "%d", n.Add(1))
-		}), Options{})
+		}), idemhttp.Options{})
 		long := func(c byte, l int) string { return `"` + strings.Repeat(string(c), l) + `"` }
 		keys := []string{`"K"`, `"k"`, `"a\"b"`, `"a\\b"`, `"a:b"`, `"a!b"`, `" sp "`, `"sp"`,
 			long('x', 232), long('x', 233), long('x', 255), long('y', 233),
@@ -452,7 +453,7 @@ func TestAdvOddKeys(t *testing.T) {
 		}
 		for _, k := range keys {
 			resp, b := advPost(t, u, k, `{}`, nil)
-			if resp.StatusCode != 201 || b != got[k] || resp.Header.Get(HeaderReplayed) != "true" {
+			if resp.StatusCode != 201 || b != got[k] || resp.Header.Get(idemhttp.HeaderReplayed) != "true" {
 				t.Fatalf("key %s: replay %d %q, want %q", k, resp.StatusCode, b, got[k])
 			}
 		}
@@ -480,7 +481,7 @@ func TestAdvProxyUnkeyedBodyTooLarge(t *testing.T) {
 		w.WriteHeader(201)
 	})
 	f := newProxies(t, testStoreEnv{store: idem.NewMemoryStore(nil)}, up.URL, 1,
-		&ProxyOptions{Options: Options{MaxRequestBytes: 1 << 10}})[0]
+		&idemhttp.ProxyOptions{Options: idemhttp.Options{MaxRequestBytes: 1 << 10}})[0]
 	for _, chunked := range []bool{false, true} {
 		var body io.Reader = strings.NewReader(strings.Repeat("x", 4<<10))
 		if chunked {

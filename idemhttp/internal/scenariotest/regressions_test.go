@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 // Regressions from the field that concern HTTP: each reproduces a
 // production failure seen in other idempotency-key implementations and
@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // forEachStoreMW runs f as a parallel subtest per store, with a stage on
@@ -73,7 +75,7 @@ func TestTimeoutRetry(t *testing.T) {
 		if r.err == nil {
 			t.Fatalf("the first request answered %d before the handler finished", r.status)
 		}
-		scWantProblem(t, s.do(inst, scReq{key: scKey("K")}), 409, ProblemInProgress)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("K")}), 409, idemhttp.ProblemInProgress)
 		g.open()
 		r = s.untilNot409(inst, scReq{key: scKey("K")})
 		scWantStatus(t, r, 201)
@@ -105,7 +107,7 @@ func TestConcurrentSameKey(t *testing.T) {
 			return gates[k]
 		}
 		h := scNewH(func(w http.ResponseWriter, r *http.Request, k int64, _ []byte) {
-			key := r.Header.Get(HeaderIdempotencyKey)
+			key := r.Header.Get(idemhttp.HeaderIdempotencyKey)
 			gate(key).wait(r.Context()) // held until the duplicate has answered
 			db.insert(key)
 			scCreated(w, k)
@@ -136,11 +138,11 @@ func TestConcurrentSameKey(t *testing.T) {
 // are scoped (and a Middleware cannot be built without a scope).
 func TestCrossUserReplay(t *testing.T) {
 	t.Parallel()
-	if _, err := New(nil, Options{Namespace: "orders"}); err == nil {
+	if _, err := idemhttp.New(nil, idemhttp.Options{Namespace: "orders"}); err == nil {
 		t.Fatal("New without a store succeeded")
 	}
 	s0 := testStores[0].open(t)
-	if _, err := New(s0.store, Options{Namespace: "orders"}); !errors.Is(err, ErrNoScope) || !errors.Is(err, ErrInvalidOptions) {
+	if _, err := idemhttp.New(s0.store, idemhttp.Options{Namespace: "orders"}); !errors.Is(err, idemhttp.ErrNoScope) || !errors.Is(err, idemhttp.ErrInvalidOptions) {
 		t.Fatalf("New without Scope: %v, want ErrNoScope", err)
 	}
 	forEachStoreMW(t, func(t *testing.T, s *scStage) {
@@ -181,15 +183,15 @@ func TestOversizedResponse(t *testing.T) {
 			w.WriteHeader(201)
 			w.Write([]byte(big))
 		})
-		inst := s.start(h, scConfig{opts: Options{MaxResponseBytes: 1 << 10}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{MaxResponseBytes: 1 << 10}})
 		r := s.do(inst, scReq{key: scKey("K")})
 		scWantStatus(t, r, 201)
 		if string(r.body) != big {
 			t.Fatalf("the first client got %d bytes, want %d", len(r.body), len(big))
 		}
 		for range 2 {
-			p := scWantProblem(t, s.do(inst, scReq{key: scKey("K")}), 410, ProblemReplayUnavailable)
-			if !errors.Is(p, ErrReplayUnavailable) {
+			p := scWantProblem(t, s.do(inst, scReq{key: scKey("K")}), 410, idemhttp.ProblemReplayUnavailable)
+			if !errors.Is(p, idemhttp.ErrReplayUnavailable) {
 				t.Fatalf("problem %v does not match ErrReplayUnavailable", p)
 			}
 		}
@@ -211,7 +213,7 @@ func TestTransientFailures(t *testing.T) {
 			switch r.URL.Path {
 			case "/validate": // rejected before any effect: let the retry run
 				if n == 1 {
-					SetDisposition(r.Context(), DispositionRelease)
+					idemhttp.SetDisposition(r.Context(), idemhttp.DispositionRelease)
 					http.Error(w, "bad parameter", http.StatusBadRequest)
 					return
 				}
@@ -222,7 +224,7 @@ func TestTransientFailures(t *testing.T) {
 				}
 			case "/commit5xx": // the row committed, then the handler failed
 				db.insert("commit5xx")
-				SetDisposition(r.Context(), DispositionStore)
+				idemhttp.SetDisposition(r.Context(), idemhttp.DispositionStore)
 				http.Error(w, "failed after commit", http.StatusInternalServerError)
 				return
 			default:
@@ -283,7 +285,7 @@ func TestReplayPath(t *testing.T) {
 			fmt.Fprintf(w, `{"id":%q,"text":%q}`, id, body)
 		})
 		ns := s.newNS()
-		first := s.start(h, scConfig{opts: Options{Namespace: ns}})
+		first := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns}})
 		r1 := s.do(first, scReq{path: "/statuses", key: scKey("K"), body: "hello"})
 		scWantStatus(t, r1, 201)
 
@@ -292,7 +294,7 @@ func TestReplayPath(t *testing.T) {
 		resources["s1"] = "edited"
 		delete(resources, "s1")
 		mu.Unlock()
-		restarted := s.start(h, scConfig{opts: Options{Namespace: ns}, store: s.env.second})
+		restarted := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns}, store: s.env.second})
 		r2 := s.do(restarted, scReq{path: "/statuses", key: scKey("K"), body: "hello"})
 		scWantStatus(t, r2, 201)
 		scWantReplayed(t, r2, true)

@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // BenchmarkProxy measures, in one run, per store: requests straight to the
@@ -61,7 +63,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	p, err := NewProxy(u, env.store, &ProxyOptions{Options: Options{
+	p, err := idemhttp.NewProxy(u, env.store, &idemhttp.ProxyOptions{Options: idemhttp.Options{
 		Namespace:     testRandName("bench-"),
 		PurgeInterval: -1,
 		Logger:        scQuietLogger(),
@@ -85,7 +87,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer bench")
 		if key != "" {
-			req.Header.Set(HeaderIdempotencyKey, key)
+			req.Header.Set(idemhttp.HeaderIdempotencyKey, key)
 		}
 		resp, err := client.Do(req)
 		if err != nil {

@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"bufio"
@@ -20,9 +20,10 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
-// upstream is the test service behind a proxy: H of http-scenarios.md. It
+// upstream is the test service behind a proxy: H of the scenarios. It
 // counts every request and answers with behave, 201 {"id":n} with
 // Location /x/n by default.
 type upstream struct {
@@ -45,7 +46,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
 	n := u.n.Add(1)
 	u.mu.Lock()
-	u.keys = append(u.keys, r.Header.Get(HeaderIdempotencyKey))
+	u.keys = append(u.keys, r.Header.Get(idemhttp.HeaderIdempotencyKey))
 	b := u.behave
 	u.mu.Unlock()
 	if b != nil {
@@ -76,7 +77,7 @@ func (u *upstream) seenKeys() []string {
 
 // pxFront is one proxy instance served over HTTP.
 type pxFront struct {
-	proxy  *Proxy
+	proxy  *idemhttp.Proxy
 	srv    *httptest.Server
 	client *http.Client
 }
@@ -88,13 +89,13 @@ var testNamespaceSeq atomic.Int64
 // newProxies starts n proxy instances in front of up, sharing store's
 // records: the first on env.store, the others on env.second (another
 // connection pool or client, as a second process has).
-func newProxies(t *testing.T, env testStoreEnv, target string, n int, o *ProxyOptions) []*pxFront {
+func newProxies(t *testing.T, env testStoreEnv, target string, n int, o *idemhttp.ProxyOptions) []*pxFront {
 	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var opts ProxyOptions
+	var opts idemhttp.ProxyOptions
 	if o != nil {
 		opts = *o
 	}
@@ -113,7 +114,7 @@ func newProxies(t *testing.T, env testStoreEnv, target string, n int, o *ProxyOp
 		if i > 0 {
 			st = env.second
 		}
-		p, err := NewProxy(u, st, &opts)
+		p, err := idemhttp.NewProxy(u, st, &opts)
 		if err != nil {
 			t.Fatalf("NewProxy: %v", err)
 		}
@@ -134,7 +135,7 @@ type pxResp struct {
 	body   string
 }
 
-func (r pxResp) replayed() bool { return r.header.Get(HeaderReplayed) == "true" }
+func (r pxResp) replayed() bool { return r.header.Get(idemhttp.HeaderReplayed) == "true" }
 
 // problemType returns the problem type of a problem response, or "".
 func (r pxResp) problemType() string {
@@ -156,7 +157,7 @@ func (f *pxFront) do(t testing.TB, ctx context.Context, method, path, key, user,
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(HeaderIdempotencyKey, key)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, key)
 	}
 	if user != "" {
 		req.Header.Set("Authorization", "Bearer "+user)
@@ -262,11 +263,11 @@ func TestProxyI1DialFailureReleases(t *testing.T) {
 		l.Close()
 		f := newProxies(t, env, "http://"+addr, 1, nil)[0]
 		// A proxy that stores upstream 5xx still releases a dial failure.
-		store5xx := &ProxyOptions{Options: Options{ReleaseStatus: func(s int) bool { return s == 408 || s == 429 }}}
+		store5xx := &idemhttp.ProxyOptions{Options: idemhttp.Options{ReleaseStatus: func(s int) bool { return s == 408 || s == 429 }}}
 		f5 := newProxies(t, env, "http://"+addr, 1, store5xx)[0]
 		for _, px := range []*pxFront{f, f5} {
 			r := px.post(t, `"k1"`, `{"a":1}`)
-			if r.status != http.StatusBadGateway || r.problemType() != ProblemUpstreamUnavailable ||
+			if r.status != http.StatusBadGateway || r.problemType() != idemhttp.ProblemUpstreamUnavailable ||
 				r.header.Get("Retry-After") == "" || r.header.Get("Cache-Control") != "no-store" {
 				t.Fatalf("dial failure: %d %v %s; want 502 upstream-unavailable with Retry-After", r.status, r.header, r.body)
 			}
@@ -314,9 +315,9 @@ func TestProxyUpstreamTimeoutIsUnknown(t *testing.T) {
 			case <-r.Context().Done():
 			}
 		})
-		f := newProxies(t, env, up.URL, 1, &ProxyOptions{UpstreamTimeout: 500 * time.Millisecond})[0]
+		f := newProxies(t, env, up.URL, 1, &idemhttp.ProxyOptions{UpstreamTimeout: 500 * time.Millisecond})[0]
 		r := f.post(t, `"k1"`, `{}`)
-		if r.status != 502 || r.problemType() != ProblemUpstreamOutcomeUnknown {
+		if r.status != 502 || r.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown {
 			t.Fatalf("timeout: %d %s; want 502 upstream-outcome-unknown", r.status, r.body)
 		}
 		wantStatus(t, f.post(t, `"k1"`, `{}`), 502, true)
@@ -346,7 +347,7 @@ func TestProxyI3Upstream500(t *testing.T) {
 
 		up2 := newUpstream(t)
 		up2.set(fail)
-		store5xx := &ProxyOptions{Options: Options{ReleaseStatus: func(s int) bool { return s == 408 || s == 429 }}}
+		store5xx := &idemhttp.ProxyOptions{Options: idemhttp.Options{ReleaseStatus: func(s int) bool { return s == 408 || s == 429 }}}
 		f2 := newProxies(t, env, up2.URL, 1, store5xx)[0]
 		wantStatus(t, f2.post(t, `"k1"`, `{}`), 500, false)
 		r := f2.post(t, `"k1"`, `{}`)
@@ -371,7 +372,7 @@ func TestProxyI4Upstream503ReleaseOn503(t *testing.T) {
 			}
 			writeCreated(n, w)
 		})
-		o := &ProxyOptions{Options: Options{ReleaseStatus: func(s int) bool { return s == 503 || s == 408 || s == 429 }}}
+		o := &idemhttp.ProxyOptions{Options: idemhttp.Options{ReleaseStatus: func(s int) bool { return s == 503 || s == 408 || s == 429 }}}
 		f := newProxies(t, env, up.URL, 1, o)[0]
 		r := f.post(t, `"k1"`, `{}`)
 		wantStatus(t, r, 503, false)
@@ -469,13 +470,13 @@ func TestProxyUpstreamResetStoresUnknownOutcome(t *testing.T) {
 		})
 		f := newProxies(t, env, up.URL, 1, nil)[0]
 		first := f.post(t, `"k1"`, `{"a":1}`)
-		if first.status != 502 || first.problemType() != ProblemUpstreamOutcomeUnknown || first.replayed() {
+		if first.status != 502 || first.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown || first.replayed() {
 			t.Fatalf("reset: %d %s; want 502 upstream-outcome-unknown", first.status, first.body)
 		}
 		for range 2 {
 			r := f.post(t, `"k1"`, `{"a":1}`)
 			wantStatus(t, r, 502, true)
-			if r.problemType() != ProblemUpstreamOutcomeUnknown || r.body != first.body {
+			if r.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown || r.body != first.body {
 				t.Fatalf("replay %s, want the stored unknown outcome", r.body)
 			}
 		}
@@ -491,9 +492,9 @@ func TestProxyUpstreamResetStoresUnknownOutcome(t *testing.T) {
 			}
 			writeCreated(n, w)
 		})
-		f2 := newProxies(t, env, up2.URL, 1, &ProxyOptions{UnknownOutcome: ReleaseUnknownOutcome})[0]
+		f2 := newProxies(t, env, up2.URL, 1, &idemhttp.ProxyOptions{UnknownOutcome: idemhttp.ReleaseUnknownOutcome})[0]
 		r := f2.post(t, `"k1"`, `{"a":1}`)
-		if r.status != 502 || r.problemType() != ProblemUpstreamOutcomeUnknown {
+		if r.status != 502 || r.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown {
 			t.Fatalf("release policy: %d %s", r.status, r.body)
 		}
 		wantStatus(t, f2.post(t, `"k1"`, `{"a":1}`), 201, false)
@@ -520,7 +521,7 @@ func TestProxyUpstreamResetMidBody(t *testing.T) {
 		})
 		f := newProxies(t, env, up.URL, 1, nil)[0]
 		r := f.post(t, `"k1"`, `{}`)
-		if r.status != 502 || r.problemType() != ProblemUpstreamOutcomeUnknown {
+		if r.status != 502 || r.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown {
 			t.Fatalf("mid-body reset: %d %s; want 502 upstream-outcome-unknown", r.status, r.body)
 		}
 		wantStatus(t, f.post(t, `"k1"`, `{}`), 502, true)
@@ -565,7 +566,7 @@ func TestProxyD2TwoInstances(t *testing.T) {
 					others.Store(i, err.Error())
 				case r.status == 201 && !r.replayed():
 					created.Add(1)
-				case r.status == 409 && r.problemType() == ProblemInProgress && r.header.Get("Retry-After") != "":
+				case r.status == 409 && r.problemType() == idemhttp.ProblemInProgress && r.header.Get("Retry-After") != "":
 					if conflicts.Add(1) == total-1 {
 						close(allRejected)
 					}
@@ -611,13 +612,13 @@ func TestProxyScopeHeader(t *testing.T) {
 			t.Fatalf("each user must replay their own response: %s %s", a2.body, b2.body)
 		}
 		none, _ := f.do(t, ctx, http.MethodPost, "/x", `"k1"`, "", `{"a":1}`)
-		if none.status != 401 || none.problemType() != ProblemScopeMissing || up.n.Load() != 2 {
+		if none.status != 401 || none.problemType() != idemhttp.ProblemScopeMissing || up.n.Load() != 2 {
 			t.Fatalf("no Authorization: %d %s; want 401 scope-missing, not forwarded", none.status, none.body)
 		}
 
 		// Another header, e.g. a tenant ID.
 		up2 := newUpstream(t)
-		f2 := newProxies(t, env, up2.URL, 1, &ProxyOptions{ScopeHeader: "X-Tenant", Options: Options{Unscoped: PassUnscoped}})[0]
+		f2 := newProxies(t, env, up2.URL, 1, &idemhttp.ProxyOptions{ScopeHeader: "X-Tenant", Options: idemhttp.Options{Unscoped: idemhttp.PassUnscoped}})[0]
 		r, _ := f2.do(t, ctx, http.MethodPost, "/x", `"k1"`, "alice", `{}`)
 		r2, _ := f2.do(t, ctx, http.MethodPost, "/x", `"k1"`, "alice", `{}`)
 		if r.status != 201 || r.replayed() || r2.replayed() || up2.n.Load() != 2 {
@@ -652,7 +653,7 @@ func TestProxyH5EventStream(t *testing.T) {
 		f := newProxies(t, env, up.URL, 1, nil)[0]
 		req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/events", strings.NewReader("{}"))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(HeaderIdempotencyKey, `"sse"`)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"sse"`)
 		req.Header.Set("Authorization", "Bearer alice")
 		resp, err := f.client.Do(req)
 		if err != nil {
@@ -691,9 +692,9 @@ func TestProxyHealth(t *testing.T) {
 	var logs lockedBuffer
 	const reason = "dial tcp 10.9.8.7:5432: user=payments_rw database=ledger: connection refused"
 	env := testStoreEnv{store: idem.NewMemoryStore(nil)}
-	f := newProxies(t, env, up.URL, 1, &ProxyOptions{
+	f := newProxies(t, env, up.URL, 1, &idemhttp.ProxyOptions{
 		ScopeSecret: []byte("0123456789abcdef"),
-		Options:     Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		Options:     idemhttp.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		Health: func(context.Context) error {
 			if down.Load() {
 				return errors.New(reason)
@@ -727,23 +728,23 @@ func TestNewProxyInvalid(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		u    string
-		o    ProxyOptions
+		o    idemhttp.ProxyOptions
 	}{
-		{"relative upstream", "/x", ProxyOptions{}},
-		{"ftp upstream", "ftp://h/", ProxyOptions{}},
-		{"negative timeout", "", ProxyOptions{UpstreamTimeout: -1}},
-		{"health path", "", ProxyOptions{HealthPath: "healthz"}},
-		{"scope header", "", ProxyOptions{ScopeHeader: "Bad Header"}},
-		{"policy", "", ProxyOptions{UnknownOutcome: 9}},
-		{"middleware option", "", ProxyOptions{Options: Options{Lease: time.Millisecond}}},
-		{"short scope secret", "", ProxyOptions{ScopeSecret: []byte("short")}},
-		{"scope secret with a Scope", "", ProxyOptions{ScopeSecret: []byte("0123456789abcdef"), Options: Options{Scope: HeaderScope("X-User")}}},
+		{"relative upstream", "/x", idemhttp.ProxyOptions{}},
+		{"ftp upstream", "ftp://h/", idemhttp.ProxyOptions{}},
+		{"negative timeout", "", idemhttp.ProxyOptions{UpstreamTimeout: -1}},
+		{"health path", "", idemhttp.ProxyOptions{HealthPath: "healthz"}},
+		{"scope header", "", idemhttp.ProxyOptions{ScopeHeader: "Bad Header"}},
+		{"policy", "", idemhttp.ProxyOptions{UnknownOutcome: 9}},
+		{"middleware option", "", idemhttp.ProxyOptions{Options: idemhttp.Options{Lease: time.Millisecond}}},
+		{"short scope secret", "", idemhttp.ProxyOptions{ScopeSecret: []byte("short")}},
+		{"scope secret with a Scope", "", idemhttp.ProxyOptions{ScopeSecret: []byte("0123456789abcdef"), Options: idemhttp.Options{Scope: idemhttp.HeaderScope("X-User")}}},
 	} {
 		u := good
 		if tt.u != "" {
 			u, _ = url.Parse(tt.u)
 		}
-		if p, err := NewProxy(u, st, &tt.o); !errors.Is(err, idem.ErrInvalidConfig) {
+		if p, err := idemhttp.NewProxy(u, st, &tt.o); !errors.Is(err, idem.ErrInvalidConfig) {
 			if p != nil {
 				p.Close()
 			}
@@ -764,11 +765,11 @@ func startProxyFront(t *testing.T, store idemdriver.LeaseStore, h http.Handler, 
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
 	u, _ := url.Parse(up.URL)
-	o := &ProxyOptions{Options: cfg.opts}
+	o := &idemhttp.ProxyOptions{Options: cfg.opts}
 	if cfg.require {
 		o.Options.RequireKey = true
 	}
-	p, err := NewProxy(u, store, o)
+	p, err := idemhttp.NewProxy(u, store, o)
 	if err != nil {
 		t.Fatalf("NewProxy: %v", err)
 	}
@@ -780,7 +781,7 @@ func startProxyFront(t *testing.T, store idemdriver.LeaseStore, h http.Handler, 
 	srv := httptest.NewServer(hh)
 	t.Cleanup(srv.Close)
 	m := p.Middleware()
-	defaultScope := HeaderScope(DefaultProxyScopeHeader)
+	defaultScope := idemhttp.HeaderScope(idemhttp.DefaultProxyScopeHeader)
 	return &scInstance{
 		URL:   srv.URL,
 		purge: m.Purge,
@@ -827,7 +828,7 @@ func TestProxyResetWhileStreaming(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/x", strings.NewReader(`{}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer alice")
-	req.Header.Set(HeaderIdempotencyKey, `"k1"`)
+	req.Header.Set(idemhttp.HeaderIdempotencyKey, `"k1"`)
 	resp, err := f.client.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -843,7 +844,7 @@ func TestProxyResetWhileStreaming(t *testing.T) {
 	}
 	r := f.post(t, `"k1"`, `{}`)
 	wantStatus(t, r, http.StatusBadGateway, true)
-	if r.problemType() != ProblemUpstreamOutcomeUnknown {
+	if r.problemType() != idemhttp.ProblemUpstreamOutcomeUnknown {
 		t.Fatalf("retry: problem %q", r.problemType())
 	}
 	if n := up.n.Load(); n != 1 {

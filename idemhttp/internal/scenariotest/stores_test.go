@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"context"
@@ -6,12 +6,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // Environment variables naming the test servers (TESTING.md).
@@ -111,4 +116,36 @@ func (f *faultStore) Release(ctx context.Context, p *idemdriver.ReleaseParams) e
 		return errInjected
 	}
 	return f.LeaseStore.Release(ctx, p)
+}
+
+// recordContentType returns the content type idemhttp tags its records
+// with, read back from a record that one real request completed on a
+// memory store (tests that plant records use it, so that a planted record
+// is taken for one of idemhttp's).
+func recordContentType(t testing.TB) string {
+	t.Helper()
+	store := idem.NewMemoryStore(nil)
+	m, err := idemhttp.New(store, idemhttp.Options{
+		Namespace:     "probe",
+		Scope:         func(*http.Request) (string, error) { return "probe", nil },
+		PurgeInterval: -1,
+		Logger:        scQuietLogger(),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer m.Close()
+	req := httptest.NewRequest(http.MethodPost, "/probe", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idemhttp.HeaderIdempotencyKey, `"probe"`)
+	w := httptest.NewRecorder()
+	m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })).ServeHTTP(w, req)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("probe request: %d %s", w.Code, w.Body)
+	}
+	ar, err := store.Acquire(t.Context(), &idemdriver.AcquireParams{Consumer: m.Consumer(), MessageID: m.RecordID("probe", "probe"), Fingerprint: []byte("peek"), Lease: time.Second})
+	if err != nil || ar.Acquired || ar.ContentType == "" {
+		t.Fatalf("probe record: acquired %v, content type %q, err %v", ar.Acquired, ar.ContentType, err)
+	}
+	return ar.ContentType
 }

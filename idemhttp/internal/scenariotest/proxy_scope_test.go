@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 func TestHMACHeaderScope(t *testing.T) {
@@ -29,10 +30,10 @@ func TestHMACHeaderScope(t *testing.T) {
 		}
 		return s
 	}
-	a1 := scope(HMACHeaderScope("Authorization", []byte("secret-one-0123456789")))
-	a2 := scope(HMACHeaderScope("Authorization", []byte("secret-one-0123456789")))
-	b := scope(HMACHeaderScope("Authorization", []byte("secret-two-0123456789")))
-	plain := scope(HeaderScope("Authorization"))
+	a1 := scope(idemhttp.HMACHeaderScope("Authorization", []byte("secret-one-0123456789")))
+	a2 := scope(idemhttp.HMACHeaderScope("Authorization", []byte("secret-one-0123456789")))
+	b := scope(idemhttp.HMACHeaderScope("Authorization", []byte("secret-two-0123456789")))
+	plain := scope(idemhttp.HeaderScope("Authorization"))
 	if a1 != a2 || a1 == b || a1 == plain || len(a1) != 64 {
 		t.Fatalf("scopes: secret one %q and %q, secret two %q, unkeyed %q: want one stable 64-hex scope per secret", a1, a2, b, plain)
 	}
@@ -40,7 +41,7 @@ func TestHMACHeaderScope(t *testing.T) {
 		t.Fatalf("unkeyed scope %q changed: existing records would stop matching", plain)
 	}
 	none := httptest.NewRequest(http.MethodPost, "/", nil)
-	if s, err := HMACHeaderScope("Authorization", []byte("secret-one-0123456789"))(none); s != "" || err != nil {
+	if s, err := idemhttp.HMACHeaderScope("Authorization", []byte("secret-one-0123456789"))(none); s != "" || err != nil {
 		t.Fatalf("no header: %q %v, want no scope", s, err)
 	}
 }
@@ -100,15 +101,15 @@ func TestProxyScopeSecret(t *testing.T) {
 	st := &recordingStore{MemoryStore: idem.NewMemoryStore(nil)}
 	env := testStoreEnv{store: st}
 	front := func(secret string, logger *slog.Logger) *pxFront {
-		return newProxies(t, env, up.URL, 1, &ProxyOptions{ScopeSecret: []byte(secret),
-			Options: Options{Namespace: "px-scope-secret", Logger: logger}})[0]
+		return newProxies(t, env, up.URL, 1, &idemhttp.ProxyOptions{ScopeSecret: []byte(secret),
+			Options: idemhttp.Options{Namespace: "px-scope-secret", Logger: logger}})[0]
 	}
 	post := func(f *pxFront) pxResp {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", auth)
-		req.Header.Set(HeaderIdempotencyKey, `"pay-1"`)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"pay-1"`)
 		resp, err := f.client.Do(req)
 		if err != nil {
 			t.Fatal(err)

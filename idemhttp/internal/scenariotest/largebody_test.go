@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"crypto/sha256"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // patternReader yields n bytes of a repeating pattern without holding
@@ -53,7 +54,7 @@ func TestH1LargeBodyStreaming(t *testing.T) {
 	want := fmt.Sprintf("%x", h.Sum(nil))
 
 	var n atomic.Int64
-	m, err := New(idem.NewMemoryStore(nil), Options{
+	m, err := idemhttp.New(idem.NewMemoryStore(nil), idemhttp.Options{
 		Namespace: "h1", Scope: scAuthScope, PurgeInterval: -1,
 		MaxRequestBytes: 1 << 30, Logger: scQuietLogger(),
 	})
@@ -97,7 +98,7 @@ func TestH1LargeBodyStreaming(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/upload", &patternReader{left: size})
 		req.Header.Set("Content-Type", "application/octet-stream")
 		req.Header.Set("Authorization", "Bearer user-a")
-		req.Header.Set(HeaderIdempotencyKey, `"big"`)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"big"`)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -115,8 +116,8 @@ func TestH1LargeBodyStreaming(t *testing.T) {
 	if r1.StatusCode != 201 || b1 != fmt.Sprintf("%d %s", size, want) {
 		t.Fatalf("first: %d %q, want the handler to see %d bytes with SHA-256 %s", r1.StatusCode, b1, size, want)
 	}
-	if r2.StatusCode != 201 || r2.Header.Get(HeaderReplayed) != "true" || b2 != b1 {
-		t.Fatalf("retry: %d %q %q", r2.StatusCode, r2.Header.Get(HeaderReplayed), b2)
+	if r2.StatusCode != 201 || r2.Header.Get(idemhttp.HeaderReplayed) != "true" || b2 != b1 {
+		t.Fatalf("retry: %d %q %q", r2.StatusCode, r2.Header.Get(idemhttp.HeaderReplayed), b2)
 	}
 	if n.Load() != 1 {
 		t.Fatalf("handler ran %d times", n.Load())

@@ -1,6 +1,6 @@
-package idemhttp
+package scenariotest
 
-// The acceptance scenarios of /work/shared/cases/http-scenarios.md as a
+// The acceptance scenarios of idemhttp (one row each, named by an ID) as a
 // table-driven runner, parametrised by the store (testStores) and the front
 // (scFronts): the middleware wrapping the test handler H directly, or H
 // behind the reverse proxy (proxy_test.go adds that front). Each scenario
@@ -33,6 +33,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // scTag says which fronts run a scenario.
@@ -48,7 +49,7 @@ type scConfig struct {
 	// opts are the middleware options. Namespace is filled in when empty
 	// (a fresh one per instance); Scope, when nil, is the front's default
 	// (the Authorization header); PurgeInterval, when zero, is -1.
-	opts Options
+	opts idemhttp.Options
 	// require makes the key mandatory (Middleware.Require).
 	require bool
 	// outer wraps the front's handler (MW front only, e.g. an auth layer).
@@ -67,7 +68,7 @@ type scInstance struct {
 	// purge purges the instance's namespace.
 	purge func(ctx context.Context) (idem.PurgeResult, error)
 	// stats returns the middleware's counters; nil when not available.
-	stats func() Stats
+	stats func() idemhttp.Stats
 	// record returns the store identity of a user's key.
 	record func(user, key string) (consumer, id string)
 }
@@ -94,7 +95,7 @@ func startMiddlewareFront(t *testing.T, store idemdriver.LeaseStore, h http.Hand
 	if o.Scope == nil {
 		o.Scope = scAuthScope
 	}
-	m, err := New(store, o)
+	m, err := idemhttp.New(store, o)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -126,7 +127,7 @@ func startMiddlewareFront(t *testing.T, store idemdriver.LeaseStore, h http.Hand
 // scenarios (and other packages' tests) still lands in time.
 const scLease = 5 * time.Second
 
-// scenario is one row of http-scenarios.md.
+// scenario is one acceptance scenario.
 type scenario struct {
 	id  string
 	tag scTag
@@ -282,11 +283,11 @@ func (s *scStage) do(inst *scInstance, q scReq) scResp {
 		if q.lower {
 			req.Header["idempotency-key"] = []string{q.key}
 		} else {
-			req.Header.Set(HeaderIdempotencyKey, q.key)
+			req.Header.Set(idemhttp.HeaderIdempotencyKey, q.key)
 		}
 	}
 	for _, k := range q.keys {
-		req.Header.Add(HeaderIdempotencyKey, k)
+		req.Header.Add(idemhttp.HeaderIdempotencyKey, k)
 	}
 	if q.expect {
 		req.Header.Set("Expect", "100-continue")
@@ -324,14 +325,14 @@ func scWantStatus(t *testing.T, r scResp, status int) {
 
 func scWantReplayed(t *testing.T, r scResp, replayed bool) {
 	t.Helper()
-	if got := r.header.Get(HeaderReplayed) == "true"; got != replayed {
-		t.Fatalf("%s = %q, want replayed=%v (status %d, body %.200s)", HeaderReplayed, r.header.Get(HeaderReplayed), replayed, r.status, r.body)
+	if got := r.header.Get(idemhttp.HeaderReplayed) == "true"; got != replayed {
+		t.Fatalf("%s = %q, want replayed=%v (status %d, body %.200s)", idemhttp.HeaderReplayed, r.header.Get(idemhttp.HeaderReplayed), replayed, r.status, r.body)
 	}
 }
 
 // wantProblem checks a problem response (scenario J1's rules) and
 // returns it.
-func scWantProblem(t *testing.T, r scResp, status int, typ string) *Problem {
+func scWantProblem(t *testing.T, r scResp, status int, typ string) *idemhttp.Problem {
 	t.Helper()
 	scWantStatus(t, r, status)
 	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
@@ -340,10 +341,10 @@ func scWantProblem(t *testing.T, r scResp, status int, typ string) *Problem {
 	if cc := r.header.Get("Cache-Control"); cc != "no-store" {
 		t.Fatalf("Cache-Control %q, want no-store", cc)
 	}
-	if r.header.Get(HeaderReplayed) != "" {
-		t.Fatalf("a problem carries %s", HeaderReplayed)
+	if r.header.Get(idemhttp.HeaderReplayed) != "" {
+		t.Fatalf("a problem carries %s", idemhttp.HeaderReplayed)
 	}
-	var p Problem
+	var p idemhttp.Problem
 	if err := json.Unmarshal(r.body, &p); err != nil {
 		t.Fatalf("problem body %q: %v", r.body, err)
 	}
@@ -366,7 +367,7 @@ type scHandler struct {
 	n     atomic.Int64
 	mu    sync.Mutex
 	paths map[string]int
-	infos []Info
+	infos []idemhttp.Info
 	keys  []string
 	fn    func(w http.ResponseWriter, r *http.Request, n int64, body []byte)
 }
@@ -380,11 +381,11 @@ func (h *scHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := h.n.Add(1)
 	h.mu.Lock()
 	h.paths[r.URL.Path]++
-	if i, ok := FromContext(r.Context()); ok {
+	if i, ok := idemhttp.FromContext(r.Context()); ok {
 		h.infos = append(h.infos, i)
 		h.keys = append(h.keys, i.Key)
 	} else {
-		h.keys = append(h.keys, r.Header.Get(HeaderIdempotencyKey))
+		h.keys = append(h.keys, r.Header.Get(idemhttp.HeaderIdempotencyKey))
 	}
 	h.mu.Unlock()
 	if h.fn != nil {
@@ -411,13 +412,13 @@ func (h *scHandler) path(p string) int {
 
 // info returns the Info of the i-th call, when the handler saw one (the
 // MW front; behind the proxy the upstream has none).
-func (h *scHandler) info(i int) (Info, bool) {
+func (h *scHandler) info(i int) (idemhttp.Info, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if i < len(h.infos) {
 		return h.infos[i], true
 	}
-	return Info{}, false
+	return idemhttp.Info{}, false
 }
 
 func scWantN(t *testing.T, h *scHandler, n int64) {
@@ -593,8 +594,8 @@ var scenarios = []scenario{
 	}},
 	{"A2", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
-		strict := s.start(h, scConfig{opts: Options{StrictKey: true}})
-		scWantProblem(t, s.do(strict, scReq{key: "abc-123"}), 400, ProblemKeyInvalid)
+		strict := s.start(h, scConfig{opts: idemhttp.Options{StrictKey: true}})
+		scWantProblem(t, s.do(strict, scReq{key: "abc-123"}), 400, idemhttp.ProblemKeyInvalid)
 		scWantN(t, h, 0)
 		lenient := s.start(h, scConfig{})
 		scWantStatus(t, s.do(lenient, scReq{key: "abc-123"}), 201)
@@ -609,23 +610,23 @@ var scenarios = []scenario{
 	{"A4", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		inst := s.start(h, scConfig{})
-		scWantProblem(t, s.do(inst, scReq{key: `""`}), 400, ProblemKeyInvalid)
-		scWantProblem(t, s.do(inst, scReq{header: map[string]string{HeaderIdempotencyKey: "   "}}), 400, ProblemKeyInvalid)
-		scWantProblem(t, s.do(inst, scReq{key: `"   "`}), 400, ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{key: `""`}), 400, idemhttp.ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{header: map[string]string{idemhttp.HeaderIdempotencyKey: "   "}}), 400, idemhttp.ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{key: `"   "`}), 400, idemhttp.ProblemKeyInvalid)
 		scWantN(t, h, 0)
 	}},
 	{"A5", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		inst := s.start(h, scConfig{})
 		scWantStatus(t, s.do(inst, scReq{key: scKey(strings.Repeat("k", 255))}), 201)
-		scWantProblem(t, s.do(inst, scReq{key: scKey(strings.Repeat("k", 256))}), 400, ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{key: scKey(strings.Repeat("k", 256))}), 400, idemhttp.ProblemKeyInvalid)
 		scWantN(t, h, 1)
 	}},
 	{"A7", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		inst := s.start(h, scConfig{})
-		scWantProblem(t, s.do(inst, scReq{keys: []string{`"a"`, `"b"`}}), 400, ProblemKeyInvalid)
-		scWantProblem(t, s.do(inst, scReq{key: `"a", "b"`}), 400, ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{keys: []string{`"a"`, `"b"`}}), 400, idemhttp.ProblemKeyInvalid)
+		scWantProblem(t, s.do(inst, scReq{key: `"a", "b"`}), 400, idemhttp.ProblemKeyInvalid)
 		scWantN(t, h, 0)
 	}},
 	{"A8", tagBoth, func(t *testing.T, s *scStage) {
@@ -669,7 +670,7 @@ var scenarios = []scenario{
 			scWantReplayed(t, s.do(def, scReq{method: m, key: scKey("k-" + m)}), false)
 		}
 		scWantN(t, h, 4)
-		all := s.start(h, scConfig{opts: Options{Methods: []string{"POST", "PATCH", "PUT", "DELETE"}}})
+		all := s.start(h, scConfig{opts: idemhttp.Options{Methods: []string{"POST", "PATCH", "PUT", "DELETE"}}})
 		for _, m := range []string{http.MethodPut, http.MethodDelete} {
 			scWantReplayed(t, s.do(all, scReq{method: m, key: scKey("k-" + m)}), false)
 			r := s.do(all, scReq{method: m, key: scKey("k-" + m)})
@@ -689,7 +690,7 @@ var scenarios = []scenario{
 			t.Fatalf("a keyless request took the idempotency path: %+v", opt.stats())
 		}
 		req := s.start(h, scConfig{require: true})
-		scWantProblem(t, s.do(req, scReq{}), 400, ProblemKeyMissing)
+		scWantProblem(t, s.do(req, scReq{}), 400, idemhttp.ProblemKeyMissing)
 		scWantN(t, h, 1)
 	}},
 	{"A12", tagBoth, func(t *testing.T, s *scStage) {
@@ -774,7 +775,7 @@ var scenarios = []scenario{
 			w.WriteHeader(201)
 			w.Write(bin)
 		})
-		inst := s.start(h, scConfig{opts: Options{StoreSetCookie: true}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{StoreSetCookie: true}})
 		r1 := s.do(inst, scReq{key: scKey("k1")}).must(t)
 		r2 := s.do(inst, scReq{key: scKey("k1")})
 		scWantStatus(t, r2, 201)
@@ -796,7 +797,7 @@ var scenarios = []scenario{
 		inst := s.start(h, scConfig{})
 		r1 := s.do(inst, scReq{key: scKey("k1"), body: `{"a":1}`})
 		scWantStatus(t, r1, 201)
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, ProblemKeyReused)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, idemhttp.ProblemKeyReused)
 		scWantN(t, h, 1)
 		r3 := s.do(inst, scReq{key: scKey("k1"), body: `{"a":1}`})
 		scWantStatus(t, r3, 201)
@@ -810,7 +811,7 @@ var scenarios = []scenario{
 		inst := s.start(h, scConfig{})
 		scWantStatus(t, s.do(inst, scReq{path: "/x", key: scKey("k1")}), 201)
 		r := s.do(inst, scReq{path: "/y", key: scKey("k1")})
-		scWantProblem(t, r, 422, ProblemKeyReused)
+		scWantProblem(t, r, 422, idemhttp.ProblemKeyReused)
 		if h.path("/y") != 0 {
 			t.Fatal("/y ran")
 		}
@@ -819,7 +820,7 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		inst := s.start(h, scConfig{})
 		scWantStatus(t, s.do(inst, scReq{path: "/x?q=1", key: scKey("k1")}), 201)
-		scWantProblem(t, s.do(inst, scReq{path: "/x?q=2", key: scKey("k1")}), 422, ProblemKeyReused)
+		scWantProblem(t, s.do(inst, scReq{path: "/x?q=2", key: scKey("k1")}), 422, idemhttp.ProblemKeyReused)
 		// Parameter order is not significant.
 		scWantStatus(t, s.do(inst, scReq{path: "/x?a=1&b=2", key: scKey("k2")}), 201)
 		scWantReplayed(t, s.do(inst, scReq{path: "/x?b=2&a=1", key: scKey("k2")}), true)
@@ -829,8 +830,8 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		def := s.start(h, scConfig{})
 		scWantStatus(t, s.do(def, scReq{key: scKey("k1"), body: `{"a":1,"b":2}`}), 201)
-		scWantProblem(t, s.do(def, scReq{key: scKey("k1"), body: `{ "b":2, "a":1 }`}), 422, ProblemKeyReused)
-		canon := s.start(h, scConfig{opts: Options{CanonicalJSON: true}})
+		scWantProblem(t, s.do(def, scReq{key: scKey("k1"), body: `{ "b":2, "a":1 }`}), 422, idemhttp.ProblemKeyReused)
+		canon := s.start(h, scConfig{opts: idemhttp.Options{CanonicalJSON: true}})
 		scWantStatus(t, s.do(canon, scReq{key: scKey("k1"), body: `{"a":1,"b":2}`}), 201)
 		r := s.do(canon, scReq{key: scKey("k1"), body: `{ "b":2, "a":1 }`})
 		scWantStatus(t, r, 201)
@@ -850,7 +851,7 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		inst := s.start(h, scConfig{})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1")}), 201)
-		scWantProblem(t, s.do(inst, scReq{method: http.MethodPatch, key: scKey("k1")}), 422, ProblemKeyReused)
+		scWantProblem(t, s.do(inst, scReq{method: http.MethodPatch, key: scKey("k1")}), 422, idemhttp.ProblemKeyReused)
 		scWantN(t, h, 1)
 	}},
 
@@ -865,7 +866,7 @@ var scenarios = []scenario{
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, ProblemInProgress)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, idemhttp.ProblemInProgress)
 		g.open()
 		r1 := <-first
 		scWantStatus(t, r1, 201)
@@ -881,8 +882,8 @@ var scenarios = []scenario{
 			scCreated(w, n)
 		})
 		ns := s.newNS()
-		a := s.start(h, scConfig{opts: Options{Namespace: ns}})
-		b := s.start(h, scConfig{opts: Options{Namespace: ns}, store: s.env.second})
+		a := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns}})
+		b := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns}, store: s.env.second})
 		const n = 100
 		var done, conflicts atomic.Int32
 		rs := s.parallel(n, func(i int) scResp {
@@ -905,7 +906,7 @@ var scenarios = []scenario{
 				scWantReplayed(t, r, false)
 			case 409:
 				c409++
-				scWantProblem(t, r, 409, ProblemInProgress)
+				scWantProblem(t, r, 409, idemhttp.ProblemInProgress)
 			default:
 				t.Fatalf("status %d: %s", r.status, r.body)
 			}
@@ -930,7 +931,7 @@ var scenarios = []scenario{
 			}
 			scCreated(w, k)
 		})
-		inst = s.start(h, scConfig{opts: Options{Wait: 20 * time.Second}})
+		inst = s.start(h, scConfig{opts: idemhttp.Options{Wait: 20 * time.Second}})
 		rs := s.parallel(n, func(int) scResp { return s.do(inst, scReq{key: scKey("k1")}) })
 		fresh := 0
 		for _, r := range rs {
@@ -938,12 +939,12 @@ var scenarios = []scenario{
 			if string(r.body) != `{"id":1}` {
 				t.Fatalf("body %q", r.body)
 			}
-			if r.header.Get(HeaderReplayed) == "" {
+			if r.header.Get(idemhttp.HeaderReplayed) == "" {
 				fresh++
 			}
 		}
 		if fresh != 1 {
-			t.Fatalf("%d responses without %s, want 1", fresh, HeaderReplayed)
+			t.Fatalf("%d responses without %s, want 1", fresh, idemhttp.HeaderReplayed)
 		}
 		scWantN(t, h, 1)
 
@@ -953,7 +954,7 @@ var scenarios = []scenario{
 			g.wait(r.Context())
 			scCreated(w, k)
 		})
-		slow := s.start(h2, scConfig{opts: Options{Wait: 2 * time.Second}})
+		slow := s.start(h2, scConfig{opts: idemhttp.Options{Wait: 2 * time.Second}})
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(slow, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
@@ -961,7 +962,7 @@ var scenarios = []scenario{
 		rs = s.parallel(5, func(int) scResp { return s.do(slow, scReq{key: scKey("k1")}) })
 		el := time.Since(start)
 		for _, r := range rs {
-			scWantProblem(t, r, 409, ProblemInProgress)
+			scWantProblem(t, r, 409, idemhttp.ProblemInProgress)
 		}
 		if el < 2*time.Second || el > 20*time.Second {
 			t.Fatalf("duplicates answered after %v, want about 2s", el)
@@ -980,7 +981,7 @@ var scenarios = []scenario{
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k1"), body: `{"a":1}`}) }()
 		g.await(t, 1)
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, ProblemKeyReused)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, idemhttp.ProblemKeyReused)
 		g.open()
 		scWantStatus(t, <-first, 201)
 		scWantN(t, h, 1)
@@ -1034,19 +1035,19 @@ var scenarios = []scenario{
 		})
 		ns := s.newNS()
 		fs := &faultStore{LeaseStore: s.env.store}
-		crashed := s.start(h, scConfig{opts: Options{Namespace: ns, Lease: 2 * scLease}, store: fs})
-		other := s.start(h, scConfig{opts: Options{Namespace: ns, Lease: 2 * scLease}, store: s.env.second})
+		crashed := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns, Lease: 2 * scLease}, store: fs})
+		other := s.start(h, scConfig{opts: idemhttp.Options{Namespace: ns, Lease: 2 * scLease}, store: s.env.second})
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(crashed, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
 		fs.dead.Store(true) // the process is gone: no renewal, no final write
-		scWantProblem(t, s.do(other, scReq{key: scKey("k1")}), 409, ProblemInProgress)
+		scWantProblem(t, s.do(other, scReq{key: scKey("k1")}), 409, idemhttp.ProblemInProgress)
 		r := s.untilNot409(other, scReq{key: scKey("k1")})
 		if s.front.proxy {
 			// At most once across crashes: the takeover finds the first
 			// attempt's recovery point and stores upstream-outcome-unknown
 			// instead of forwarding again; every retry gets it.
-			scWantProblem(t, r, 502, ProblemUpstreamOutcomeUnknown)
+			scWantProblem(t, r, 502, idemhttp.ProblemUpstreamOutcomeUnknown)
 			scWantN(t, h, 1)
 			g.open()
 			<-first
@@ -1083,7 +1084,7 @@ var scenarios = []scenario{
 		})
 		const lease = scLease
 		renewed := make(chan struct{}, 16)
-		inst := s.start(h, scConfig{opts: Options{Lease: lease}, renewed: renewed})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Lease: lease}, renewed: renewed})
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
@@ -1097,7 +1098,7 @@ var scenarios = []scenario{
 				t.Fatalf("%d renewals in %v, want 8", i, 10*lease)
 			}
 		}
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, ProblemInProgress)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, idemhttp.ProblemInProgress)
 		g.open()
 		r := <-first
 		scWantStatus(t, r, 201)
@@ -1113,8 +1114,8 @@ var scenarios = []scenario{
 			}
 			scCreated(w, n)
 		})
-		inst := s.start(h, scConfig{opts: Options{Logger: scQuietLogger()}})
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 500, ProblemHandlerPanic)
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Logger: scQuietLogger()}})
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 500, idemhttp.ProblemHandlerPanic)
 		r := s.do(inst, scReq{key: scKey("k1")})
 		scWantStatus(t, r, 201)
 		scWantReplayed(t, r, false)
@@ -1127,10 +1128,10 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		fs := &faultStore{LeaseStore: s.env.store}
 		fs.down.Store(true)
-		inst := s.start(h, scConfig{store: fs, opts: Options{Logger: scQuietLogger()}})
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 503, ProblemUnavailable)
+		inst := s.start(h, scConfig{store: fs, opts: idemhttp.Options{Logger: scQuietLogger()}})
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 503, idemhttp.ProblemUnavailable)
 		scWantN(t, h, 0)
-		open := s.start(h, scConfig{store: fs, opts: Options{FailOpen: true, Logger: scQuietLogger()}})
+		open := s.start(h, scConfig{store: fs, opts: idemhttp.Options{FailOpen: true, Logger: scQuietLogger()}})
 		scWantStatus(t, s.do(open, scReq{key: scKey("k1")}), 201)
 		scWantN(t, h, 1)
 		if open.stats != nil && open.stats().FailOpen != 1 {
@@ -1143,7 +1144,7 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		fs := &faultStore{LeaseStore: s.env.store}
 		fs.failComplete.Store(2)
-		inst := s.start(h, scConfig{store: fs, opts: Options{Lease: 2 * scLease, Logger: scQuietLogger()}})
+		inst := s.start(h, scConfig{store: fs, opts: idemhttp.Options{Lease: 2 * scLease, Logger: scQuietLogger()}})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1")}), 201)
 		scWantN(t, h, 1)
 		r := s.do(inst, scReq{key: scKey("k1")})
@@ -1159,9 +1160,9 @@ var scenarios = []scenario{
 		h := scNewH(nil)
 		fs := &faultStore{LeaseStore: s.env.store}
 		fs.failComplete.Store(1 << 30)
-		inst := s.start(h, scConfig{store: fs, opts: Options{Lease: 2 * scLease, Logger: scQuietLogger()}})
+		inst := s.start(h, scConfig{store: fs, opts: idemhttp.Options{Lease: 2 * scLease, Logger: scQuietLogger()}})
 		r := s.do(inst, scReq{key: scKey("k1")})
-		scWantProblem(t, r, 503, ProblemUnavailable)
+		scWantProblem(t, r, 503, idemhttp.ProblemUnavailable)
 		if strings.Contains(string(r.body), "; retry with the same key\"") {
 			t.Fatalf("the 503 promises a safe retry: %s", r.body)
 		}
@@ -1169,7 +1170,7 @@ var scenarios = []scenario{
 		fs.failComplete.Store(0)
 		r = s.untilNot409(inst, scReq{key: scKey("k1")})
 		if s.front.proxy {
-			scWantProblem(t, r, 502, ProblemUpstreamOutcomeUnknown)
+			scWantProblem(t, r, 502, idemhttp.ProblemUpstreamOutcomeUnknown)
 			scWantN(t, h, 1)
 			return
 		}
@@ -1182,15 +1183,16 @@ var scenarios = []scenario{
 	}},
 	{"E8", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
-		inst := s.start(h, scConfig{opts: Options{Logger: scQuietLogger()}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Logger: scQuietLogger()}})
+		ct := recordContentType(t)
 		for i, c := range []struct{ ct, result string }{
-			{recordContentType, "\x01\x01garbage"},
-			{recordContentType, ""},
+			{ct, "\x01\x01garbage"},
+			{ct, ""},
 			{"application/json", `{"status":201}`},
 		} {
 			key := fmt.Sprintf("corrupt-%d", i)
 			s.plantRecord(inst, "A", key, scReq{}, c.ct, []byte(c.result))
-			scWantProblem(t, s.do(inst, scReq{key: scKey(key)}), 500, ProblemRecordCorrupt)
+			scWantProblem(t, s.do(inst, scReq{key: scKey(key)}), 500, idemhttp.ProblemRecordCorrupt)
 		}
 		scWantN(t, h, 0)
 	}},
@@ -1207,7 +1209,7 @@ var scenarios = []scenario{
 		scWantReplayed(t, r, false)
 		scWantN(t, h, 2)
 		h2 := scNewH(fail)
-		store := s.start(h2, scConfig{opts: Options{ReleaseStatus: func(st int) bool { return st == 408 || st == 429 }}})
+		store := s.start(h2, scConfig{opts: idemhttp.Options{ReleaseStatus: func(st int) bool { return st == 408 || st == 429 }}})
 		scWantStatus(t, s.do(store, scReq{key: scKey("k1")}), 500)
 		r = s.do(store, scReq{key: scKey("k1")})
 		scWantStatus(t, r, 500)
@@ -1270,9 +1272,9 @@ var scenarios = []scenario{
 	{"F4", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		def := s.start(h, scConfig{})
-		scWantProblem(t, s.do(def, scReq{key: scKey("k1"), user: "-"}), 401, ProblemScopeMissing)
+		scWantProblem(t, s.do(def, scReq{key: scKey("k1"), user: "-"}), 401, idemhttp.ProblemScopeMissing)
 		scWantN(t, h, 0)
-		pass := s.start(h, scConfig{opts: Options{Unscoped: PassUnscoped}})
+		pass := s.start(h, scConfig{opts: idemhttp.Options{Unscoped: idemhttp.PassUnscoped}})
 		scWantReplayed(t, s.do(pass, scReq{key: scKey("k1"), user: "-"}), false)
 		r := s.do(pass, scReq{key: scKey("k1"), user: "-"})
 		scWantStatus(t, r, 201)
@@ -1282,7 +1284,7 @@ var scenarios = []scenario{
 	{"F5", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		tenant := func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }
-		byTenant := s.start(h, scConfig{opts: Options{Scope: tenant}})
+		byTenant := s.start(h, scConfig{opts: idemhttp.Options{Scope: tenant}})
 		hdr := map[string]string{"X-Tenant": "t1"}
 		scWantStatus(t, s.do(byTenant, scReq{key: scKey("k1"), user: "A", header: hdr}), 201)
 		r := s.do(byTenant, scReq{key: scKey("k1"), user: "A2", header: hdr})
@@ -1299,7 +1301,7 @@ var scenarios = []scenario{
 	{"G1", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		const retention = 2 * time.Second
-		inst := s.start(h, scConfig{opts: Options{Retention: retention}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Retention: retention}})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1")}), 201)
 		s.purge(inst)
 		scWantReplayed(t, s.do(inst, scReq{key: scKey("k1")}), true) // "T+23h59m"
@@ -1313,12 +1315,12 @@ var scenarios = []scenario{
 	{"G2", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
 		clk := scNewClock()
-		inst := s.start(h, scConfig{opts: Options{Now: clk.Now, Retention: 7 * 24 * time.Hour, ReplayWindow: 24 * time.Hour}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Now: clk.Now, Retention: 7 * 24 * time.Hour, ReplayWindow: 24 * time.Hour}})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1")}), 201)
 		clk.Advance(23*time.Hour + 59*time.Minute)
 		scWantReplayed(t, s.do(inst, scReq{key: scKey("k1")}), true)
 		clk.Advance(time.Hour + time.Minute) // T+25h
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 422, ProblemKeyExpired)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 422, idemhttp.ProblemKeyExpired)
 		scWantN(t, h, 1)
 	}},
 	{"G3", tagBoth, func(t *testing.T, s *scStage) {
@@ -1330,7 +1332,7 @@ var scenarios = []scenario{
 			scCreated(w, n)
 		})
 		const retention = time.Second
-		inst := s.start(h, scConfig{opts: Options{Retention: retention, Lease: scLease}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Retention: retention, Lease: scLease}})
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k2")}) }()
 		g.await(t, 1)
@@ -1357,7 +1359,7 @@ var scenarios = []scenario{
 			}
 			scCreated(w, n)
 		})
-		inst := s.start(h, scConfig{opts: Options{Retention: retention, Now: clk.Now}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{Retention: retention, Now: clk.Now}})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1")}), 201) // created T, completed T+5s
 		k1Done := time.Now()
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k2")}), 201)
@@ -1378,10 +1380,10 @@ var scenarios = []scenario{
 			clk.Advance(10 * time.Minute)
 			scCreated(w, n)
 		})
-		tomb := s.start(h2, scConfig{opts: Options{Now: clk.Now, Retention: 48 * time.Hour, ReplayWindow: 24 * time.Hour}})
+		tomb := s.start(h2, scConfig{opts: idemhttp.Options{Now: clk.Now, Retention: 48 * time.Hour, ReplayWindow: 24 * time.Hour}})
 		scWantStatus(t, s.do(tomb, scReq{key: scKey("k1")}), 201)
 		clk.Advance(24*time.Hour - 10*time.Minute + time.Minute)
-		scWantProblem(t, s.do(tomb, scReq{key: scKey("k1")}), 422, ProblemKeyExpired)
+		scWantProblem(t, s.do(tomb, scReq{key: scKey("k1")}), 422, idemhttp.ProblemKeyExpired)
 		scWantN(t, h2, 1)
 	}},
 
@@ -1396,7 +1398,7 @@ var scenarios = []scenario{
 			}
 			scCreated(w, n)
 		})
-		inst := s.start(h, scConfig{opts: Options{MaxRequestBytes: 64 << 20, MemoryBodyBytes: 64 << 10}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{MaxRequestBytes: 64 << 20, MemoryBodyBytes: 64 << 10}})
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k1"), body: string(body), chunk: true}), 201)
 		r := s.do(inst, scReq{key: scKey("k1"), body: string(body), chunk: true})
 		scWantStatus(t, r, 201)
@@ -1405,10 +1407,10 @@ var scenarios = []scenario{
 	}},
 	{"H2", tagBoth, func(t *testing.T, s *scStage) {
 		h := scNewH(nil)
-		inst := s.start(h, scConfig{opts: Options{MaxRequestBytes: 1024}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{MaxRequestBytes: 1024}})
 		big := strings.Repeat("x", 1025)
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: big}), 413, ProblemBodyTooLarge)
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k2"), body: big, chunk: true}), 413, ProblemBodyTooLarge)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: big}), 413, idemhttp.ProblemBodyTooLarge)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k2"), body: big, chunk: true}), 413, idemhttp.ProblemBodyTooLarge)
 		scWantStatus(t, s.do(inst, scReq{key: scKey("k3"), body: big[:1024]}), 201)
 		scWantN(t, h, 1)
 	}},
@@ -1426,14 +1428,14 @@ var scenarios = []scenario{
 				w.Write(chunk)
 			}
 		})
-		inst := s.start(h, scConfig{opts: Options{MaxResponseBytes: limit}})
+		inst := s.start(h, scConfig{opts: idemhttp.Options{MaxResponseBytes: limit}})
 		r := s.do(inst, scReq{key: scKey("k1")})
 		scWantStatus(t, r, 201)
 		if len(r.body) != size {
 			t.Fatalf("client got %d bytes, want %d", len(r.body), size)
 		}
 		r2 := s.do(inst, scReq{key: scKey("k1")})
-		scWantProblem(t, r2, 410, ProblemReplayUnavailable)
+		scWantProblem(t, r2, 410, idemhttp.ProblemReplayUnavailable)
 		if r2.header.Get("Location") != "/x/1" {
 			t.Fatalf("Location %q on the stand-in", r2.header.Get("Location"))
 		}
@@ -1460,7 +1462,7 @@ var scenarios = []scenario{
 		req, _ := http.NewRequest(http.MethodPost, inst.URL+"/x", strings.NewReader(`{"a":1}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", scUsers["A"])
-		req.Header.Set(HeaderIdempotencyKey, scKey("k1"))
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, scKey("k1"))
 		resp, err := s.client.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -1497,7 +1499,7 @@ var scenarios = []scenario{
 		h := scNewH(func(w http.ResponseWriter, r *http.Request, n int64, _ []byte) {
 			if n <= 2 {
 				_, _, err := http.NewResponseController(w).Hijack()
-				hijackErr.Store(fmt.Sprint(errors.Is(err, ErrHijackNotSupported)))
+				hijackErr.Store(fmt.Sprint(errors.Is(err, idemhttp.ErrHijackNotSupported)))
 				if n == 1 {
 					http.Error(w, "upgrade refused", http.StatusInternalServerError)
 				} else {
@@ -1527,7 +1529,7 @@ var scenarios = []scenario{
 		if !r.got100 {
 			t.Fatal("no 100 Continue")
 		}
-		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), expect: true, body: `{"a":2}`}), 422, ProblemKeyReused)
+		scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), expect: true, body: `{"a":2}`}), 422, idemhttp.ProblemKeyReused)
 		scWantN(t, h, 1)
 	}},
 
@@ -1539,18 +1541,18 @@ var scenarios = []scenario{
 			scCreated(w, n)
 		})
 		fs := &faultStore{LeaseStore: s.env.store}
-		inst := s.start(h, scConfig{store: fs, opts: Options{Logger: scQuietLogger()}})
+		inst := s.start(h, scConfig{store: fs, opts: idemhttp.Options{Logger: scQuietLogger()}})
 		types := map[string]bool{}
-		types[scWantProblem(t, s.do(inst, scReq{key: `"bad`}), 400, ProblemKeyInvalid).Type] = true
+		types[scWantProblem(t, s.do(inst, scReq{key: `"bad`}), 400, idemhttp.ProblemKeyInvalid).Type] = true
 		first := make(chan scResp, 1)
 		go func() { first <- s.do(inst, scReq{key: scKey("k1")}) }()
 		g.await(t, 1)
-		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, ProblemInProgress).Type] = true
-		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, ProblemKeyReused).Type] = true
+		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k1")}), 409, idemhttp.ProblemInProgress).Type] = true
+		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k1"), body: `{"a":2}`}), 422, idemhttp.ProblemKeyReused).Type] = true
 		g.open()
 		scWantStatus(t, <-first, 201)
 		fs.down.Store(true)
-		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k9")}), 503, ProblemUnavailable).Type] = true
+		types[scWantProblem(t, s.do(inst, scReq{key: scKey("k9")}), 503, idemhttp.ProblemUnavailable).Type] = true
 		if len(types) != 4 {
 			t.Fatalf("problem types not distinct: %v", types)
 		}
@@ -1636,7 +1638,7 @@ func (s *scStage) plantRecord(inst *scInstance, user, key string, q scReq, ct st
 	}
 	r := httptest.NewRequest(http.MethodPost, "/x", nil)
 	r.Header.Set("Content-Type", "application/json")
-	fp, err := Fingerprint(r, strings.NewReader(q.body), false)
+	fp, err := idemhttp.Fingerprint(r, strings.NewReader(q.body), false)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 // The stores beside the memory store that the middleware's tests run on.
 
@@ -20,6 +20,8 @@ import (
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/idem-go/idem/store/idemredis"
 	"github.com/idem-go/idem/store/idemsql"
+
+	"github.com/idem-go/idem/idemhttp"
 )
 
 func init() {
@@ -188,7 +190,7 @@ func TestAdvRedisDown(t *testing.T) {
 		_, u := advServer(t, s, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n.Add(1)
 			w.WriteHeader(201)
-		}), Options{FailOpen: failOpen})
+		}), idemhttp.Options{FailOpen: failOpen})
 		resp, _ := advPost(t, u, `"d"`, `{}`, nil)
 		if !failOpen && (resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || n.Load() != 0) {
 			t.Fatalf("store down: %d, Retry-After %q, n=%d", resp.StatusCode, resp.Header.Get("Retry-After"), n.Load())

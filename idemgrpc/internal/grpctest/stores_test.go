@@ -1,4 +1,4 @@
-package idemgrpc_test
+package grpctest
 
 // Every lease store the interceptor runs on, each opened twice on the same
 // records (a second handle stands for a second process).

@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // recHook records every hook call. Each request's events are grouped by
@@ -33,16 +34,16 @@ type recHook struct {
 	// "mark-running" or "purge"), outside any request.
 	background []idem.StoreErrorEvent
 	purges     []idem.PurgeEvent
-	resps      []ResponseEvent // HookResponse, in order
-	renewed    chan struct{}   // a value per renewal, when not nil
+	resps      []idemhttp.ResponseEvent // HookResponse, in order
+	renewed    chan struct{}            // a value per renewal, when not nil
 }
 
 // lastResponse returns the newest response event and removes it.
-func (h *recHook) lastResponse() (ResponseEvent, bool) {
+func (h *recHook) lastResponse() (idemhttp.ResponseEvent, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.resps) == 0 {
-		return ResponseEvent{}, false
+		return idemhttp.ResponseEvent{}, false
 	}
 	e := h.resps[len(h.resps)-1]
 	h.resps = h.resps[:len(h.resps)-1]
@@ -50,7 +51,7 @@ func (h *recHook) lastResponse() (ResponseEvent, bool) {
 }
 
 // OnResponse records the HTTP side of a request (HookResponse).
-func (h *recHook) OnResponse(_ context.Context, e ResponseEvent) {
+func (h *recHook) OnResponse(_ context.Context, e idemhttp.ResponseEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.resps = append(h.resps, e)
@@ -58,7 +59,7 @@ func (h *recHook) OnResponse(_ context.Context, e ResponseEvent) {
 
 // response returns the oldest unclaimed response event of record id
 // with outcome status st, and removes it.
-func (h *recHook) response(id string, st idem.Status) (ResponseEvent, bool) {
+func (h *recHook) response(id string, st idem.Status) (idemhttp.ResponseEvent, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for i, e := range h.resps {
@@ -67,7 +68,7 @@ func (h *recHook) response(id string, st idem.Status) (ResponseEvent, bool) {
 			return e, true
 		}
 	}
-	return ResponseEvent{}, false
+	return idemhttp.ResponseEvent{}, false
 }
 
 // recReq is what one request reported.
@@ -245,12 +246,12 @@ func wantOutcome(t *testing.T, r *recReq, status idem.Status, reason idem.Duplic
 type hookBench struct {
 	t     *testing.T
 	rec   *recHook
-	m     *Middleware
+	m     *idemhttp.Middleware
 	h     http.Handler
 	store idemdriver.LeaseStore
 }
 
-func newHookBench(t *testing.T, store idemdriver.LeaseStore, o Options, next http.Handler) *hookBench {
+func newHookBench(t *testing.T, store idemdriver.LeaseStore, o idemhttp.Options, next http.Handler) *hookBench {
 	t.Helper()
 	if store == nil {
 		store = idem.NewMemoryStore(nil)
@@ -269,7 +270,7 @@ func newHookBench(t *testing.T, store idemdriver.LeaseStore, o Options, next htt
 	if o.Logger == nil {
 		o.Logger = scQuietLogger()
 	}
-	m, err := New(store, o)
+	m, err := idemhttp.New(store, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func (b *hookBench) do(method, key, body, user string) *httptest.ResponseRecorde
 	req := httptest.NewRequest(method, "/x", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(HeaderIdempotencyKey, key)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, key)
 	}
 	if user != "-" {
 		req.Header.Set("Authorization", "Bearer a")
@@ -315,7 +316,7 @@ func (h *markOK) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestHooksPassThroughEmitNothing(t *testing.T) {
 	t.Parallel()
 	h := &markOK{}
-	b := newHookBench(t, nil, Options{Unscoped: PassUnscoped}, h)
+	b := newHookBench(t, nil, idemhttp.Options{Unscoped: idemhttp.PassUnscoped}, h)
 	for _, c := range []struct{ method, key, user string }{
 		{http.MethodGet, `"k"`, "A"},      // method not covered
 		{http.MethodPost, "", "A"},        // no key, optional
@@ -344,7 +345,7 @@ func TestHooksPassThroughEmitNothing(t *testing.T) {
 func TestHooksProcessedDuplicateMismatch(t *testing.T) {
 	t.Parallel()
 	h := &markOK{}
-	b := newHookBench(t, nil, Options{}, h)
+	b := newHookBench(t, nil, idemhttp.Options{}, h)
 	id := b.m.RecordID("Bearer a", "k1")
 
 	if w := b.do(http.MethodPost, `"k1"`, `{"a":1}`, "A"); w.Code != 201 {
@@ -363,7 +364,7 @@ func TestHooksProcessedDuplicateMismatch(t *testing.T) {
 	}
 
 	w := b.do(http.MethodPost, `"k1"`, `{"a":1}`, "A")
-	if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" {
+	if w.Code != 201 || w.Header().Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("retry: %d %v", w.Code, w.Header())
 	}
 	r = b.rec.one(t)
@@ -387,15 +388,15 @@ func TestHooksProcessedDuplicateMismatch(t *testing.T) {
 
 func TestHooksRejected(t *testing.T) {
 	t.Parallel()
-	b := newHookBench(t, nil, Options{MaxRequestBytes: 16}, &markOK{})
+	b := newHookBench(t, nil, idemhttp.Options{MaxRequestBytes: 16}, &markOK{})
 	for _, c := range []struct {
 		name, key, body, user string
 		code                  int
 		cause, problem        error
 	}{
-		{"invalid key", `"a" , "b"`, `{}`, "A", 400, idem.ErrInvalidMessageID, ErrKeyInvalid},
-		{"no scope", `"k"`, `{}`, "-", 401, nil, ErrScopeMissing},
-		{"body too large", `"k"`, `{"a":"0123456789abcdef"}`, "A", 413, idem.ErrInvalidPayload, ErrBodyTooLarge},
+		{"invalid key", `"a" , "b"`, `{}`, "A", 400, idem.ErrInvalidMessageID, idemhttp.ErrKeyInvalid},
+		{"no scope", `"k"`, `{}`, "-", 401, nil, idemhttp.ErrScopeMissing},
+		{"body too large", `"k"`, `{"a":"0123456789abcdef"}`, "A", 413, idem.ErrInvalidPayload, idemhttp.ErrBodyTooLarge},
 	} {
 		if w := b.do(http.MethodPost, c.key, c.body, c.user); w.Code != c.code {
 			t.Fatalf("%s: %d", c.name, w.Code)
@@ -407,7 +408,7 @@ func TestHooksRejected(t *testing.T) {
 		if c.name == "body too large" {
 			resp, ok = b.rec.lastResponse()
 		}
-		if !ok || resp.Status != c.code || resp.Outcome != 0 || !errors.Is(newProblem(resp.Problem, ""), c.problem) {
+		if !ok || resp.Status != c.code || resp.Outcome != 0 || !errors.Is(&idemhttp.Problem{Type: resp.Problem}, c.problem) {
 			t.Fatalf("%s: response event %+v, want %d %v", c.name, resp, c.code, c.problem)
 		}
 		_ = c.cause
@@ -422,7 +423,7 @@ func TestHooksRejected(t *testing.T) {
 		t.Fatalf("required key: %d", w.Code)
 	}
 	b.rec.none(t)
-	if resp, ok := b.rec.response("", 0); !ok || resp.Status != 400 || resp.Problem != ProblemKeyMissing {
+	if resp, ok := b.rec.response("", 0); !ok || resp.Status != 400 || resp.Problem != idemhttp.ProblemKeyMissing {
 		t.Fatalf("missing key: response event %+v", resp)
 	}
 }
@@ -439,7 +440,7 @@ func TestHooksInProgressAndWait(t *testing.T) {
 				g.wait(r.Context())
 				w.WriteHeader(http.StatusCreated)
 			})
-			o := Options{}
+			o := idemhttp.Options{}
 			if wait {
 				o.Wait = time.Minute
 			}
@@ -518,15 +519,14 @@ func TestHooksReleasedAndTakeover(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 		}
 	})
-	b := newHookBench(t, nil, Options{}, h)
+	b := newHookBench(t, nil, idemhttp.Options{}, h)
 
 	if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 503 {
 		t.Fatalf("first: %d", w.Code)
 	}
 	r := b.rec.one(t)
 	wantOutcome(t, r, idem.Failed, idem.NotDuplicate, 503, true, true)
-	var rel *errReleased
-	if !errors.As(r.outcome.Outcome.Err, &rel) || rel.status != 503 || r.outcome.Outcome.Attempt != 1 {
+	if err := r.outcome.Outcome.Err; err == nil || !strings.Contains(err.Error(), "response 503 released the key") || r.outcome.Outcome.Attempt != 1 {
 		t.Fatalf("released error %v, attempt %d", r.outcome.Outcome.Err, r.outcome.Outcome.Attempt)
 	}
 
@@ -556,7 +556,7 @@ func TestHooksStoreErrors(t *testing.T) {
 		fs := &faultStore{LeaseStore: idem.NewMemoryStore(nil)}
 		fs.down.Store(true)
 		h := &markOK{}
-		b := newHookBench(t, fs, Options{}, h)
+		b := newHookBench(t, fs, idemhttp.Options{}, h)
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 503 {
 			t.Fatalf("store down: %d", w.Code)
 		}
@@ -572,7 +572,7 @@ func TestHooksStoreErrors(t *testing.T) {
 		fs := &faultStore{LeaseStore: idem.NewMemoryStore(nil)}
 		fs.down.Store(true)
 		h := &markOK{}
-		b := newHookBench(t, fs, Options{FailOpen: true}, h)
+		b := newHookBench(t, fs, idemhttp.Options{FailOpen: true}, h)
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 201 || h.runs != 1 {
 			t.Fatalf("fail open: %d, runs %d", w.Code, h.runs)
 		}
@@ -586,7 +586,7 @@ func TestHooksStoreErrors(t *testing.T) {
 		t.Parallel()
 		fs := &faultStore{LeaseStore: idem.NewMemoryStore(nil)}
 		fs.failComplete.Store(1)
-		b := newHookBench(t, fs, Options{}, &markOK{})
+		b := newHookBench(t, fs, idemhttp.Options{}, &markOK{})
 		// The failed final write is retried while the lease is held.
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 201 {
 			t.Fatalf("complete failed once: %d", w.Code)
@@ -606,7 +606,7 @@ func TestHooksStoreErrors(t *testing.T) {
 		})
 		// The release is retried until the lease runs out by the local
 		// clock (no renewal lands).
-		b := newHookBench(t, fs, Options{Lease: idem.MinLease}, h)
+		b := newHookBench(t, fs, idemhttp.Options{Lease: idem.MinLease}, h)
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 500 {
 			t.Fatalf("release failed: %d", w.Code)
 		}
@@ -645,7 +645,7 @@ func TestHooksLease(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		b := newHookBench(t, nil, Options{Lease: 300 * time.Millisecond}, h)
+		b := newHookBench(t, nil, idemhttp.Options{Lease: 300 * time.Millisecond}, h)
 		rec = b.rec
 		rec.renewed = make(chan struct{}, 8)
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 201 {
@@ -675,7 +675,7 @@ func TestHooksLease(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusCreated)
 		})
-		b := newHookBench(t, lostStore{idem.NewMemoryStore(nil)}, Options{Lease: idem.MinLease}, h)
+		b := newHookBench(t, lostStore{idem.NewMemoryStore(nil)}, idemhttp.Options{Lease: idem.MinLease}, h)
 		w := b.do(http.MethodPost, `"k"`, `{}`, "A")
 		if w.Code != 409 {
 			t.Fatalf("%d", w.Code)
@@ -699,7 +699,7 @@ func TestHooksUnservableReplays(t *testing.T) {
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write(bytes.Repeat([]byte("x"), 100))
 		})
-		b := newHookBench(t, nil, Options{MaxResponseBytes: 10}, h)
+		b := newHookBench(t, nil, idemhttp.Options{MaxResponseBytes: 10}, h)
 		b.do(http.MethodPost, `"k"`, `{}`, "A")
 		wantOutcome(t, b.rec.one(t), idem.Processed, idem.NotDuplicate, 201, true, false)
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 410 {
@@ -710,7 +710,7 @@ func TestHooksUnservableReplays(t *testing.T) {
 	t.Run("expired", func(t *testing.T) {
 		t.Parallel()
 		clock := scNewClock()
-		b := newHookBench(t, nil, Options{ReplayWindow: time.Hour, Now: clock.Now}, &markOK{})
+		b := newHookBench(t, nil, idemhttp.Options{ReplayWindow: time.Hour, Now: clock.Now}, &markOK{})
 		b.do(http.MethodPost, `"k"`, `{}`, "A")
 		b.rec.one(t)
 		clock.Advance(2 * time.Hour)
@@ -724,10 +724,10 @@ func TestHooksUnservableReplays(t *testing.T) {
 	})
 	t.Run("corrupt", func(t *testing.T) {
 		t.Parallel()
-		b := newHookBench(t, nil, Options{}, &markOK{})
+		b := newHookBench(t, nil, idemhttp.Options{}, &markOK{})
 		req := httptest.NewRequest(http.MethodPost, "/x", nil)
 		req.Header.Set("Content-Type", "application/json")
-		fp, err := Fingerprint(req, strings.NewReader(`{}`), false)
+		fp, err := idemhttp.Fingerprint(req, strings.NewReader(`{}`), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -737,7 +737,7 @@ func TestHooksUnservableReplays(t *testing.T) {
 		if err != nil || !ar.Acquired {
 			t.Fatal(ar, err)
 		}
-		if err := b.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: b.m.Consumer(), MessageID: id, Token: ar.Token, Result: []byte("garbage"), ContentType: recordContentType}); err != nil {
+		if err := b.store.Complete(ctx, &idemdriver.CompleteParams{Consumer: b.m.Consumer(), MessageID: id, Token: ar.Token, Result: []byte("garbage"), ContentType: recordContentType(t)}); err != nil {
 			t.Fatal(err)
 		}
 		if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 500 {
@@ -752,7 +752,7 @@ func TestHooksUnservableReplays(t *testing.T) {
 
 func TestHooksPurge(t *testing.T) {
 	t.Parallel()
-	b := newHookBench(t, nil, Options{}, &markOK{})
+	b := newHookBench(t, nil, idemhttp.Options{}, &markOK{})
 	b.do(http.MethodPost, `"k"`, `{}`, "A")
 	b.rec.one(t)
 	if _, err := b.m.Purge(t.Context()); err != nil {
@@ -762,7 +762,7 @@ func TestHooksPurge(t *testing.T) {
 	b.rec.mu.Lock()
 	defer b.rec.mu.Unlock()
 	if len(b.rec.purges) != 1 || b.rec.purges[0].Consumer != "idemhttp:hooks" || b.rec.purges[0].Err != nil ||
-		b.rec.purges[0].RetentionWindow != DefaultRetention {
+		b.rec.purges[0].RetentionWindow != idemhttp.DefaultRetention {
 		t.Fatalf("purges %+v", b.rec.purges)
 	}
 }
@@ -789,12 +789,12 @@ func TestHooksPanickingHook(t *testing.T) {
 	var logBuf lockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelError}))
 	h := &markOK{}
-	b := newHookBench(t, nil, Options{Hooks: []idem.Hook{panicHook{}}, Logger: logger}, h)
+	b := newHookBench(t, nil, idemhttp.Options{Hooks: []idem.Hook{panicHook{}}, Logger: logger}, h)
 	if w := b.do(http.MethodPost, `"k"`, `{}`, "A"); w.Code != 201 {
 		t.Fatalf("first: %d %s", w.Code, w.Body)
 	}
 	w := b.do(http.MethodPost, `"k"`, `{}`, "A")
-	if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || h.runs != 1 {
+	if w.Code != 201 || w.Header().Get(idemhttp.HeaderReplayed) != "true" || h.runs != 1 {
 		t.Fatalf("retry: %d, handler runs %d", w.Code, h.runs)
 	}
 	if _, err := b.m.Purge(t.Context()); err != nil {
@@ -838,12 +838,12 @@ func (l *lockedBuffer) String() string {
 
 func TestHooksInvalid(t *testing.T) {
 	t.Parallel()
-	_, err := New(idem.NewMemoryStore(nil), Options{Namespace: "n", Scope: scAuthScope, Hooks: []idem.Hook{&recHook{}, struct{}{}}})
-	if !errors.Is(err, ErrInvalidOptions) || !errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), "Hooks[1]") {
+	_, err := idemhttp.New(idem.NewMemoryStore(nil), idemhttp.Options{Namespace: "n", Scope: scAuthScope, Hooks: []idem.Hook{&recHook{}, struct{}{}}})
+	if !errors.Is(err, idemhttp.ErrInvalidOptions) || !errors.Is(err, idem.ErrInvalidConfig) || !strings.Contains(err.Error(), "Hooks[1]") {
 		t.Fatalf("err %v", err)
 	}
-	_, err = NewProxy(&url.URL{Scheme: "http", Host: "127.0.0.1:1"}, idem.NewMemoryStore(nil), &ProxyOptions{Options: Options{Hooks: []idem.Hook{42}}})
-	if !errors.Is(err, ErrInvalidOptions) {
+	_, err = idemhttp.NewProxy(&url.URL{Scheme: "http", Host: "127.0.0.1:1"}, idem.NewMemoryStore(nil), &idemhttp.ProxyOptions{Options: idemhttp.Options{Hooks: []idem.Hook{42}}})
+	if !errors.Is(err, idemhttp.ErrInvalidOptions) {
 		t.Fatalf("proxy: err %v", err)
 	}
 }
@@ -886,7 +886,7 @@ func TestHooksProxy(t *testing.T) {
 		return dialer.DialContext(ctx, network, addr)
 	}}
 	defer tr.CloseIdleConnections()
-	p, err := NewProxy(u, idem.NewMemoryStore(nil), &ProxyOptions{Options: Options{Hooks: []idem.Hook{rec}, PurgeInterval: -1, Logger: scQuietLogger()}, Transport: tr})
+	p, err := idemhttp.NewProxy(u, idem.NewMemoryStore(nil), &idemhttp.ProxyOptions{Options: idemhttp.Options{Hooks: []idem.Hook{rec}, PurgeInterval: -1, Logger: scQuietLogger()}, Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -894,7 +894,7 @@ func TestHooksProxy(t *testing.T) {
 	post := func() int {
 		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer a")
-		req.Header.Set(HeaderIdempotencyKey, `"k"`)
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"k"`)
 		w := httptest.NewRecorder()
 		p.ServeHTTP(w, req)
 		return w.Code

@@ -1,4 +1,4 @@
-package idemhttp
+package scenariotest
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // scriptServer answers the n-th request (from 1) with script(n, w, r) and
@@ -60,8 +61,8 @@ func (s *scriptServer) seenKeys() []string {
 
 // fastOpts are transport options with millisecond backoff and no shared
 // budget, for tests.
-func fastOpts(base http.RoundTripper) *TransportOptions {
-	return &TransportOptions{
+func fastOpts(base http.RoundTripper) *idemhttp.TransportOptions {
+	return &idemhttp.TransportOptions{
 		Base:            base,
 		InitialInterval: time.Millisecond,
 		MaxInterval:     5 * time.Millisecond,
@@ -78,9 +79,9 @@ func noKeepAlive() *http.Transport {
 	return &http.Transport{DisableKeepAlives: true}
 }
 
-func newTestClient(t *testing.T, o *TransportOptions) *http.Client {
+func newTestClient(t *testing.T, o *idemhttp.TransportOptions) *http.Client {
 	t.Helper()
-	c, err := NewClient(o)
+	c, err := idemhttp.NewClient(o)
 	if err != nil {
 		t.Fatalf("NewClient: %v", err)
 	}
@@ -289,7 +290,7 @@ func TestTransportGivesUpWithRetryError(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/x", strings.NewReader("{}"))
 	req.Header.Set("Idempotency-Key", `"k-1"`)
 	_, err = c.Do(req)
-	var re *RetryError
+	var re *idemhttp.RetryError
 	if !errors.As(err, &re) {
 		t.Fatalf("err = %v, want a *RetryError", err)
 	}
@@ -321,7 +322,7 @@ func TestTransportCallerKey(t *testing.T) {
 	}
 	readAll(t, resp)
 	// From the context.
-	resp, err = post(t, c, ContextWithKey(context.Background(), `"order-43"`), srv.URL, "y")
+	resp, err = post(t, c, idemhttp.ContextWithKey(context.Background(), `"order-43"`), srv.URL, "y")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,39 +437,10 @@ func TestTransportRetryAfter(t *testing.T) {
 	})
 }
 
-func TestRetryAfterParse(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	tests := []struct {
-		in   string
-		want time.Duration
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"7", 7 * time.Second, true},
-		{" 2 ", 2 * time.Second, true},
-		{"Sat, 01 Mar 2025 12:00:30 GMT", 30 * time.Second, true},
-		{"Saturday, 01-Mar-25 12:01:00 GMT", time.Minute, true}, // RFC 850
-		{"Sat Mar  1 12:00:05 2025", 5 * time.Second, true},     // asctime
-		{"Sat, 01 Mar 2025 11:00:00 GMT", 0, true},              // past
-		{"99999999999999", 365 * 24 * time.Hour, true},          // clamped
-		{"", 0, false},
-		{"-1", 0, false},
-		{"1.5", 0, false},
-		{"soon", 0, false},
-	}
-	for _, tt := range tests {
-		got, ok := retryAfter(tt.in, now)
-		if got != tt.want || ok != tt.ok {
-			t.Errorf("retryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 func TestTransportRetryBudget(t *testing.T) {
 	t.Parallel()
 	srv := newScriptServer(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(503) })
-	budget, err := NewRetryBudget(0.5, 2)
+	budget, err := idemhttp.NewRetryBudget(0.5, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +466,7 @@ func TestTransportRetryBudget(t *testing.T) {
 		ratio float64
 		burst int
 	}{{-1, 1}, {0.1, 0}, {2000, 1}} {
-		if _, err := NewRetryBudget(bad.ratio, bad.burst); !errors.Is(err, idem.ErrInvalidConfig) {
+		if _, err := idemhttp.NewRetryBudget(bad.ratio, bad.burst); !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("NewRetryBudget(%v, %d) = %v, want ErrInvalidConfig", bad.ratio, bad.burst, err)
 		}
 	}
@@ -522,7 +494,7 @@ func TestTransportBodyNotReplayable(t *testing.T) {
 		c := newTestClient(t, fastOpts(noKeepAlive()))
 		req, _ := http.NewRequest(http.MethodPost, srv.URL, io.NopCloser(strings.NewReader("stream")))
 		_, err := c.Do(req)
-		if !errors.Is(err, ErrBodyNotReplayable) || srv.calls() != 1 {
+		if !errors.Is(err, idemhttp.ErrBodyNotReplayable) || srv.calls() != 1 {
 			t.Fatalf("err %v after %d calls: want ErrBodyNotReplayable after 1", err, srv.calls())
 		}
 	})
@@ -551,47 +523,16 @@ func TestTransportContextEndsRetries(t *testing.T) {
 	}
 }
 
-func TestFullJitter(t *testing.T) {
-	t.Parallel()
-	tr, err := NewTransport(&TransportOptions{InitialInterval: 100 * time.Millisecond, Multiplier: 2, MaxInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ceilings := []time.Duration{100, 200, 400, 800, 1000, 1000}
-	lo := make([]time.Duration, len(ceilings))
-	hi := make([]time.Duration, len(ceilings))
-	for i := range lo {
-		lo[i] = time.Hour
-	}
-	for range 2000 {
-		j := tr.newBackOff()
-		j.Reset()
-		for i, c := range ceilings {
-			d := j.NextBackOff()
-			if d < 0 || d > c*time.Millisecond {
-				t.Fatalf("wait %d = %v outside [0, %v]", i+1, d, c*time.Millisecond)
-			}
-			lo[i], hi[i] = min(lo[i], d), max(hi[i], d)
-		}
-	}
-	for i, c := range ceilings {
-		// Uniform on [0, c]: 2000 draws reach below 5% and above 95%.
-		if lo[i] > c*time.Millisecond/20 || hi[i] < c*time.Millisecond*19/20 {
-			t.Errorf("wait %d ranged over [%v, %v], want nearly all of [0, %v]", i+1, lo[i], hi[i], c*time.Millisecond)
-		}
-	}
-}
-
 func TestNewTransportInvalid(t *testing.T) {
 	t.Parallel()
-	for _, o := range []TransportOptions{
+	for _, o := range []idemhttp.TransportOptions{
 		{MaxAttempts: -1},
 		{MaxElapsed: -time.Second},
 		{Multiplier: 0.5},
 		{InitialInterval: time.Second, MaxInterval: time.Millisecond},
 		{MaxRetryAfter: -1},
 	} {
-		if _, err := NewTransport(&o); !errors.Is(err, idem.ErrInvalidConfig) {
+		if _, err := idemhttp.NewTransport(&o); !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("NewTransport(%+v) = %v, want ErrInvalidConfig", o, err)
 		}
 	}
@@ -599,7 +540,7 @@ func TestNewTransportInvalid(t *testing.T) {
 
 // clientAndProxy returns a client with fast retries and a proxy (memory
 // store) in front of up.
-func clientAndProxy(t *testing.T, up *upstream, o *TransportOptions) (*http.Client, *pxFront) {
+func clientAndProxy(t *testing.T, up *upstream, o *idemhttp.TransportOptions) (*http.Client, *pxFront) {
 	t.Helper()
 	f := newProxies(t, testStoreEnv{store: idem.NewMemoryStore(nil)}, up.URL, 1, nil)[0]
 	if o == nil {
@@ -649,9 +590,9 @@ func TestClientThroughProxy(t *testing.T) {
 	}
 	// The caller retries the operation later (after a crash, say) with
 	// the key it saved: a replay, no new upstream call.
-	resp, body = clientPost(t, c, ContextWithKey(context.Background(), keys[0]), f.srv.URL, `{"amount":100}`)
-	if resp.StatusCode != 201 || resp.Header.Get(HeaderReplayed) != "true" || body != `{"id":3}` || up.n.Load() != 3 {
-		t.Fatalf("retry with the saved key: %d %q %s, upstream %d calls", resp.StatusCode, resp.Header.Get(HeaderReplayed), body, up.n.Load())
+	resp, body = clientPost(t, c, idemhttp.ContextWithKey(context.Background(), keys[0]), f.srv.URL, `{"amount":100}`)
+	if resp.StatusCode != 201 || resp.Header.Get(idemhttp.HeaderReplayed) != "true" || body != `{"id":3}` || up.n.Load() != 3 {
+		t.Fatalf("retry with the saved key: %d %q %s, upstream %d calls", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), body, up.n.Load())
 	}
 }
 
@@ -679,16 +620,16 @@ func TestClientRetriesInProgress(t *testing.T) {
 		once.Do(func() { close(gate) }) // the first 409: let the first request finish
 	}
 	c, f := clientAndProxy(t, up, o)
-	ctx := ContextWithKey(context.Background(), `"op-1"`)
+	ctx := idemhttp.ContextWithKey(context.Background(), `"op-1"`)
 	first := make(chan string, 1)
 	go func() {
 		resp, body := clientPost(t, c, ctx, f.srv.URL, `{"amount":100}`)
-		first <- fmt.Sprint(resp.StatusCode, resp.Header.Get(HeaderReplayed), body)
+		first <- fmt.Sprint(resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), body)
 	}()
 	<-entered
 	resp, body := clientPost(t, c, ctx, f.srv.URL, `{"amount":100}`)
-	if resp.StatusCode != 201 || resp.Header.Get(HeaderReplayed) != "true" || body != `{"id":1}` {
-		t.Fatalf("second: %d %q %s; want the replay of the first", resp.StatusCode, resp.Header.Get(HeaderReplayed), body)
+	if resp.StatusCode != 201 || resp.Header.Get(idemhttp.HeaderReplayed) != "true" || body != `{"id":1}` {
+		t.Fatalf("second: %d %q %s; want the replay of the first", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), body)
 	}
 	if got := <-first; got != `201{"id":1}` {
 		t.Fatalf("first: %s", got)
@@ -704,7 +645,7 @@ func TestClientDoesNotRetryKeyReuse(t *testing.T) {
 	t.Parallel()
 	up := newUpstream(t)
 	c, f := clientAndProxy(t, up, nil)
-	ctx := ContextWithKey(context.Background(), `"op-2"`)
+	ctx := idemhttp.ContextWithKey(context.Background(), `"op-2"`)
 	if resp, _ := clientPost(t, c, ctx, f.srv.URL, `{"amount":100}`); resp.StatusCode != 201 {
 		t.Fatalf("first: %d", resp.StatusCode)
 	}
