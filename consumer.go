@@ -119,6 +119,19 @@ type Config struct {
 	// the outbox rows wait for a relay that polls or is notified (another
 	// process, `idem relay`).
 	Relay *Relay
+	// OutboxHeaders, in transactional mode, adds headers to every message
+	// the handler emits (Emit, EmitFor), from the context the handler
+	// passed to Emit, before the message is written to the outbox: so they
+	// are stored in its row and the relay publishes them, in whatever
+	// process it runs. It is called once per emitted message, after the
+	// message's own Headers are copied (it may replace them; the caller's
+	// map is not modified); it must not write a message ID header.
+	// idemotel.InjectTraceContext is the one to give for tracing: the row
+	// then carries the W3C traceparent of the span processing the incoming
+	// message, and the downstream consumer's process span continues that
+	// trace although the relay sends the message later, from another
+	// goroutine or process. Nil adds nothing.
+	OutboxHeaders HeaderInjector
 
 	// Retryable classifies a lease-mode handler error: false poisons the
 	// message at once. Defaults to every error but those matching
@@ -297,7 +310,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		return c.settleExisting(ctx, msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	e := c.out.emitter(c.cfg.Name, msg.ID)
+	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)
 	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
 		e.take()
 		return c.handlerFailed(msg.ID, err, c.rollback(ctx, b, msg.ID, tx))
@@ -372,7 +385,7 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return c.settleExisting(ctx, msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	e := c.out.emitter(c.cfg.Name, msg.ID)
+	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)
 	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
 		e.take()
 		return c.handlerFailed(msg.ID, err, nil)
@@ -543,7 +556,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 	}
 	e := noOutbox
 	if c.out.tx != nil {
-		e = c.out.emitter(c.cfg.Name, freshIDs(fresh)...)
+		e = c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, freshIDs(fresh)...)
 	}
 	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, fresh) }); err != nil {
 		e.take()

@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 
@@ -113,6 +114,8 @@ func OutgoingID(consumer, messageID, name string, seq int) string {
 // returns successfully, so it commits with the claim and the effects or
 // not at all: a handler error or panic emits nothing. After commit the
 // Consumer wakes its Config.Relay, if any, which sends it.
+// Config.OutboxHeaders, if set, first adds headers from ctx to m (the
+// trace context of the handler's span, with idemotel.InjectTraceContext).
 //
 // It returns the outgoing ID ([OutgoingID]). Errors: [ErrNoOutbox] when
 // ctx has no outbox (not in a handler, a batch handler (use [EmitFor]),
@@ -128,7 +131,7 @@ func Emit(ctx context.Context, m OutgoingMessage) (string, error) {
 	if e.ok && e.single == "" {
 		return "", fmt.Errorf("%w: Emit in a batch handler (use EmitFor)", ErrNoOutbox)
 	}
-	return e.emit(e.single, m)
+	return e.emit(ctx, e.single, m)
 }
 
 // EmitFor is [Emit] for the message sourceID of the batch a
@@ -140,7 +143,7 @@ func EmitFor(ctx context.Context, sourceID string, m OutgoingMessage) (string, e
 	if e == nil {
 		return "", fmt.Errorf("%w: EmitFor outside a transactional consumer's handler", ErrNoOutbox)
 	}
-	return e.emit(sourceID, m)
+	return e.emit(ctx, sourceID, m)
 }
 
 type emitterKey struct{}
@@ -148,8 +151,9 @@ type emitterKey struct{}
 // emitter collects the rows a handler emits, for one transaction.
 type emitter struct {
 	consumer string
-	single   string // the message of Process/ProcessTx; "" in a batch
-	ok       bool   // the store can write them
+	single   string         // the message of Process/ProcessTx; "" in a batch
+	ok       bool           // the store can write them
+	inject   HeaderInjector // Config.OutboxHeaders; nil adds nothing
 
 	n   int            // emissions so far of single
 	seq map[string]int // batch: source ID -> emissions so far; its keys are the allowed sources
@@ -173,9 +177,17 @@ func newEmitter(consumer string, ok bool, sources ...string) *emitter {
 	return e
 }
 
-func (e *emitter) emit(source string, m OutgoingMessage) (string, error) {
+func (e *emitter) emit(ctx context.Context, source string, m OutgoingMessage) (string, error) {
 	if !e.ok {
 		return "", fmt.Errorf("%w: the store does not implement idemdriver.OutboxTx", ErrNoOutbox)
+	}
+	if e.inject != nil {
+		h := make(map[string]string, len(m.Headers)+2)
+		maps.Copy(h, m.Headers)
+		e.inject(ctx, func(k, v string) { h[k] = v })
+		if len(h) > 0 {
+			m.Headers = h
+		}
 	}
 	if len(m.Name) > idemdriver.MaxStepNameLength {
 		return "", fmt.Errorf("%w: name of %d bytes, over %d", ErrInvalidOutgoing, len(m.Name), idemdriver.MaxStepNameLength)

@@ -25,12 +25,15 @@ func newConsumerOutbox[TTx any](s idemdriver.TxStore[TTx]) consumerOutbox[TTx] {
 // fails with ErrNoOutbox saying so.
 var noOutbox = &emitter{}
 
-// emitter returns the emitter for one transaction processing sources.
-func (o consumerOutbox[TTx]) emitter(consumer string, sources ...string) *emitter {
+// emitter returns the emitter for one transaction processing sources,
+// adding headers to each emitted message with inject (Config.OutboxHeaders).
+func (o consumerOutbox[TTx]) emitter(consumer string, inject HeaderInjector, sources ...string) *emitter {
 	if o.tx == nil {
 		return noOutbox
 	}
-	return newEmitter(consumer, true, sources...)
+	e := newEmitter(consumer, true, sources...)
+	e.inject = inject
+	return e
 }
 
 // emitTx writes what the handler emitted into tx and returns how many rows

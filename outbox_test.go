@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -326,4 +327,59 @@ func TestRelayWorkers(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestOutboxHeaders: Config.OutboxHeaders adds headers from the handler's
+// context to every emitted message (replacing a header of the same name,
+// leaving the caller's map as it was), and the relay publishes them.
+func TestOutboxHeaders(t *testing.T) {
+	t.Parallel()
+	type traceKey struct{}
+	store := idem.NewMemoryStore(nil)
+	c, err := idem.NewConsumer(store, idem.Config{Name: "c", PurgeInterval: -1,
+		OutboxHeaders: func(ctx context.Context, set func(k, v string)) {
+			if v, ok := ctx.Value(traceKey{}).(string); ok {
+				set("traceparent", v)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	own := map[string]string{"kind": "receipt", "traceparent": "stale"}
+	ctx := context.WithValue(t.Context(), traceKey{}, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	out, err := c.Process(ctx, idem.Message{ID: "m", Payload: []byte("p")}, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
+		if _, err := idem.Emit(ctx, idem.OutgoingMessage{Destination: "d", Name: "a", Headers: own}); err != nil {
+			return err
+		}
+		_, err := idem.Emit(context.WithValue(ctx, traceKey{}, nil), idem.OutgoingMessage{Destination: "d", Name: "b"})
+		return err
+	})
+	if err != nil || out.Status != idem.Processed {
+		t.Fatalf("Process = %v, %v", out.Status, err)
+	}
+	if own["traceparent"] != "stale" || len(own) != 2 {
+		t.Errorf("the handler's Headers map was modified: %v", own)
+	}
+	var got []idem.Outgoing
+	r, err := idem.NewRelay(idem.RelayConfig{Store: store, Retention: -1, Publisher: idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+		got = append(got, msgs...)
+		return make([]error, len(msgs))
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("relay published %d messages, want 2", len(got))
+	}
+	want := map[string]string{"kind": "receipt", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	if !maps.Equal(got[0].Headers, want) {
+		t.Errorf("first message's headers %v, want %v", got[0].Headers, want)
+	}
+	if len(got[1].Headers) != 0 {
+		t.Errorf("second message's headers %v, want none (the injector wrote nothing)", got[1].Headers)
+	}
 }

@@ -211,7 +211,12 @@
 // the creation context, as the messaging conventions advise; a batch span
 // links to every message's creation context. The idemhttp middleware
 // gives the request's headers the same way, so an untraced server still
-// continues the caller's traceparent. Neither idem nor the adapters
+// continues the caller's traceparent. Messages emitted through the
+// outbox carry the trace too when the consumer's idem.Config.OutboxHeaders
+// is [InjectTraceContext]: the trace context of the span processing the
+// incoming message is stored in the outbox row's headers, and the relay
+// publishes it with the message, however much later and from whichever
+// process, so the downstream process span is that span's child. Neither idem nor the adapters
 // depend on OpenTelemetry: the seam is idem.Delivery and
 // idem.HeaderInjector.
 //

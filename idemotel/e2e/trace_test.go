@@ -32,6 +32,7 @@ import (
 // handler records its effect as a span and reports the message ID.
 type bundle struct {
 	exp      *tracetest.InMemoryExporter
+	tp       *sdktrace.TracerProvider
 	tracer   trace.Tracer
 	consumer *idem.Consumer[*idem.MemoryTx]
 	proc     idem.Processor
@@ -47,7 +48,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{exp: exp, tracer: tp.Tracer("e2e"), done: make(chan string, 4)}
+	b := &bundle{exp: exp, tp: tp, tracer: tp.Tracer("e2e"), done: make(chan string, 4)}
 	b.consumer, err = idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "payments", Hooks: []idem.Hook{obs}})
 	if err != nil {
 		t.Fatal(err)
@@ -283,4 +284,81 @@ func TestTraceRedisStreams(t *testing.T) {
 		return err
 	})
 	b.check(t, "pay-1", pub, "redis", stream, "ledger")
+}
+
+// TestTraceThroughOutbox: a message emitted through the outbox carries the
+// trace of the span that processed the incoming message (Config.OutboxHeaders
+// = idemotel.InjectTraceContext stores it in the row), so the downstream
+// consumer's process span, reached through the relay and a real NATS
+// JetStream server, is a child of the upstream process span: one trace
+// from the first message to the downstream effect.
+func TestTraceThroughOutbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // the downstream consumer ("payments" on receipts.requested)
+	ctx := t.Context()
+	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server not ready after 30s")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RECEIPTS", Subjects: []string{"receipts.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "mailer", FilterSubject: "receipts.requested", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: b.proc, DeadLetter: "receipts.dead"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Run(ctx) }()
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+
+	// Upstream: a consumer on the same tracer that emits one message per
+	// payment, and a relay that publishes with no span of its own.
+	obs, err := idemotel.NewObserver(idemotel.WithTracerProvider(b.tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := idem.NewMemoryStore(nil)
+	up, err := idem.NewConsumer(store, idem.Config{Name: "charges", Hooks: []idem.Hook{obs}, OutboxHeaders: idemotel.InjectTraceContext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = up.Close() })
+	var upstream trace.SpanContext
+	out, err := up.Process(ctx, idem.Message{ID: "pay-1", Payload: []byte(`{"cents":100}`)}, func(ctx context.Context, _ *idem.MemoryTx, m idem.Message) error {
+		upstream = trace.SpanContextFromContext(ctx)
+		_, err := idem.Emit(ctx, idem.OutgoingMessage{Destination: "receipts.requested", Name: "receipt", Payload: []byte("receipt")})
+		return err
+	})
+	if err != nil || out.Status != idem.Processed {
+		t.Fatalf("upstream Process = %v, %v", out.Status, err)
+	}
+	if !upstream.IsValid() {
+		t.Fatal("the upstream handler's context has no span")
+	}
+	relay, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: idemnats.NewPublisher(js), Retention: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := relay.RunOnce(context.Background()); err != nil || res.Sent != 1 {
+		t.Fatalf("relay RunOnce = %+v, %v; want 1 sent", res, err)
+	}
+	b.check(t, idem.OutgoingID("charges", "pay-1", "receipt", 0), upstream, "nats", "receipts.requested", "mailer")
 }
