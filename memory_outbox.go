@@ -16,12 +16,15 @@ var (
 	_ idemdriver.OutboxStore         = (*MemoryStore)(nil)
 )
 
-// memOutbox is a MemoryStore's outbox table: rows in sequence order.
+// memOutbox is a MemoryStore's outbox table: rows in sequence order,
+// indexed by ID; rows[:done] are all sent or failed, so claims start
+// after them.
 type memOutbox struct {
 	mu   sync.Mutex
 	seq  int64
 	rows []*memOutRow
-	ids  map[string]bool
+	ids  map[string]*memOutRow
+	done int
 }
 
 type memOutRow struct {
@@ -54,16 +57,17 @@ func (s *MemoryStore) EmitTx(ctx context.Context, tx *MemoryTx, p *idemdriver.Em
 		defer o.mu.Unlock()
 		now := s.now()
 		if o.ids == nil {
-			o.ids = map[string]bool{}
+			o.ids = map[string]*memOutRow{}
 		}
 		for _, m := range rows {
-			if o.ids[m.ID] {
+			if o.ids[m.ID] != nil {
 				continue
 			}
 			o.seq++
 			m.Seq, m.Attempts, m.CreatedAt = o.seq, 0, now
-			o.ids[m.ID] = true
-			o.rows = append(o.rows, &memOutRow{rec: m, available: now})
+			r := &memOutRow{rec: m, available: now}
+			o.ids[m.ID] = r
+			o.rows = append(o.rows, r)
 		}
 	})
 	return nil
@@ -83,7 +87,10 @@ func (s *MemoryStore) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutg
 	now := s.now()
 	held := map[[2]string]bool{} // keys with an earlier pending row
 	var out []idemdriver.OutgoingRecord
-	for _, r := range o.rows {
+	for o.done < len(o.rows) && !o.rows[o.done].pending() {
+		o.done++
+	}
+	for _, r := range o.rows[o.done:] {
 		if len(out) == p.Limit {
 			break
 		}
@@ -134,12 +141,8 @@ func (s *MemoryStore) outboxUpdate(ids []string, fn func(r *memOutRow, now time.
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := s.now()
-	want := make(map[string]bool, len(ids))
 	for _, id := range ids {
-		want[id] = true
-	}
-	for _, r := range o.rows {
-		if want[r.rec.ID] && r.sentAt.IsZero() {
+		if r := o.ids[id]; r != nil && r.sentAt.IsZero() {
 			fn(r, now)
 		}
 	}
@@ -182,6 +185,7 @@ func (s *MemoryStore) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutbox
 		delete(o.ids, r.rec.ID)
 		return true
 	})
+	o.done = 0
 	return n, nil
 }
 

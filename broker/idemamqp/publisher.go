@@ -25,15 +25,26 @@ import (
 // key, which may yet be created), a nack, a closed channel or connection
 // (ErrConnectionClosed), no confirm before ctx ends. Publishes of one
 // publisher are serialised on its channel, which it opens on first use
-// and reopens after it closes; conn stays the caller's.
-func NewPublisher(conn *amqp.Connection, cfg ProducerConfig) idem.Publisher {
-	return amqpPublisher{p: NewProducer(conn, cfg)}
+// and reopens after it closes; conn stays the caller's, and Close closes
+// the channel (and the connections cfg.Redial returned).
+func NewPublisher(conn *amqp.Connection, cfg ProducerConfig) *Publisher {
+	return &Publisher{p: NewProducer(conn, cfg)}
 }
 
-type amqpPublisher struct{ p *Producer }
+// Publisher is the outbox relay's idem.Publisher for RabbitMQ; see
+// NewPublisher.
+type Publisher struct{ p *Producer }
+
+var _ idem.Publisher = (*Publisher)(nil)
+
+// Close closes the publisher's channel, and the connection it got from
+// ProducerConfig.Redial if any, as Producer.Close does; later Publish
+// calls fail with an error matching ErrConnectionClosed. It is idempotent
+// and never closes the connection given to NewPublisher.
+func (a *Publisher) Close() error { return a.p.Close() }
 
 // Publish implements idem.Publisher.
-func (a amqpPublisher) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
+func (a *Publisher) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
 	p := a.p
 	errs := make([]error, len(msgs))
 	fail := func(i int, err error) {

@@ -63,3 +63,42 @@ func TestPublisherBatch(t *testing.T) {
 func (b *amqpBroker) UndeliverableDestination(*testing.T) (string, bool) {
 	return b.queue + ".missing", false
 }
+
+// TestPublisherClose closes a publisher that has published: its channel
+// closes, a later Publish fails (ErrConnectionClosed), a second Close is
+// a no-op, and the caller's connection stays open.
+func TestPublisherClose(t *testing.T) {
+	t.Parallel()
+	conn := dial(t, "idem-test-publisher-close")
+	q, _ := queues(t, conn.Connection)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pub := idemamqp.NewPublisher(conn.Connection, idemamqp.ProducerConfig{})
+	if errs := pub.Publish(ctx, []idem.Outgoing{{ID: "out-1", Destination: q, Payload: []byte("one")}}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if err := pub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	errs := pub.Publish(ctx, []idem.Outgoing{{ID: "out-2", Destination: q, Payload: []byte("two")}})
+	if !errors.Is(errs[0], idemamqp.ErrConnectionClosed) {
+		t.Fatalf("Publish after Close: %v, want ErrConnectionClosed", errs[0])
+	}
+	if conn.Connection.IsClosed() {
+		t.Fatal("Close closed the caller's connection")
+	}
+	ch, err := conn.Connection.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if d, ok, err := ch.Get(q, true); err != nil || !ok || d.MessageId != "out-1" {
+		t.Fatalf("queue: %q, %v, %v; want out-1 only", d.MessageId, ok, err)
+	}
+	if _, ok, err := ch.Get(q, true); err != nil || ok {
+		t.Fatalf("queue has a second message (%v, %v)", ok, err)
+	}
+}

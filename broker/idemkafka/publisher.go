@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,9 +20,13 @@ import (
 // order), and its Headers as record headers (sorted by name, never a
 // second ID header).
 //
-// A batch is produced asynchronously and then every ack is awaited (the
-// client's acks setting: all in-sync replicas by default); a message
-// counts as sent only on its ack. An ID idem would reject, an invalid
+// A batch is produced asynchronously, its partitions are flushed at once
+// rather than after the client's ProducerLinger (kgo.Client.ProduceSync),
+// and every ack is awaited (the client's acks setting: all in-sync
+// replicas by default); a message counts as sent only on its ack. Batches
+// of relay rounds in flight at once (RelayConfig.Workers) are produced
+// side by side; with the client's default idempotent producer, records of
+// one partition keep their order across retries. An ID idem would reject, an invalid
 // topic name, or a record over the broker's or client's size limit comes
 // back wrapped with idem.Permanent; every other error (an unknown topic,
 // a timeout, ctx ending, a Producer configuration error) is retryable.
@@ -43,12 +46,8 @@ func (k kafkaPublisher) Publish(ctx context.Context, msgs []idem.Outgoing) []err
 		}
 		return errs
 	}
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex // guards errs, pending and closed against late promises
-		pending = make([]bool, len(msgs))
-		closed  bool
-	)
+	recs := make([]*kgo.Record, 0, len(msgs))
+	index := make(map[*kgo.Record]int, len(msgs))
 	for i, m := range msgs {
 		var key []byte
 		if m.Key != "" {
@@ -68,39 +67,39 @@ func (k kafkaPublisher) Publish(ctx context.Context, msgs []idem.Outgoing) []err
 			errs[i] = idem.Permanent(fmt.Errorf("idemkafka: publish to %q: %w", m.Destination, err))
 			continue
 		}
-		wg.Add(1)
-		pending[i] = true
-		k.p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			defer wg.Done()
-			if err != nil {
-				err = fmt.Errorf("idemkafka: publish %q to %q: %w", m.ID, m.Destination, err)
-				if errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.MessageTooLarge) ||
-					errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord) {
-					err = idem.Permanent(err)
-				}
-			}
-			mu.Lock()
-			if !closed {
-				errs[i], pending[i] = err, false
-			}
-			mu.Unlock()
-		})
+		recs = append(recs, rec)
+		index[rec] = i
 	}
-	acked := make(chan struct{})
-	go func() { wg.Wait(); close(acked) }()
+	if len(recs) == 0 {
+		return errs
+	}
+	// ProduceSync produces asynchronously, then stops the linger of the
+	// partitions it produced to (the client's ProducerLinger, 10ms by
+	// default, would otherwise hold every batch that long) and waits for
+	// every promise. It runs aside so that ctx bounds the wait.
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- k.p.cl.ProduceSync(ctx, recs...) }()
 	select {
-	case <-acked:
+	case results := <-done:
+		for _, r := range results {
+			i := index[r.Record]
+			if r.Err == nil {
+				continue
+			}
+			err := fmt.Errorf("idemkafka: publish %q to %q: %w", msgs[i].ID, msgs[i].Destination, r.Err)
+			if errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.MessageTooLarge) ||
+				errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord) {
+				err = idem.Permanent(err)
+			}
+			errs[i] = err
+		}
 	case <-ctx.Done():
-	}
-	// Records still unacked when ctx ends fail (retryable): the relay
-	// sends them again, which the consumers deduplicate.
-	mu.Lock()
-	defer mu.Unlock()
-	closed = true
-	for i, p := range pending {
-		if p {
+		// Records whose acks have not all come when ctx ends fail
+		// (retryable): the relay sends them again, which the consumers
+		// deduplicate.
+		for _, i := range index {
 			errs[i] = fmt.Errorf("idemkafka: publish %q to %q: no ack: %w", msgs[i].ID, msgs[i].Destination, ctx.Err())
 		}
 	}
-	return slices.Clone(errs)
+	return errs
 }

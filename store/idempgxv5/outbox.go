@@ -3,6 +3,7 @@ package idempgxv5
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgsql"
@@ -75,22 +76,36 @@ func (q quietQuerier) Exec(ctx context.Context, sql string, args ...any) (int64,
 	return tag.RowsAffected(), err
 }
 
-// wakeRelays notifies the outbox's channel after a commit that emitted,
-// outside any transaction. Calls made while a notification is being sent
-// are folded into the next one the sender makes: a notification sent
-// after a commit wakes relays for it, whoever sends it. Its error is not
-// reported (relays also poll).
-func (s *Store) wakeRelays(ctx context.Context) {
+// wakeRelays has the outbox's channel notified after a commit that
+// emitted, outside any transaction and off the committer's path: a
+// goroutine sends the notifications one at a time, and wakes asked for
+// while one is being sent are folded into the next (a notification sent
+// after a commit wakes relays for it, whoever asked). A pg_notify is a
+// transaction with a commit of its own, flushed to disk with
+// synchronous_commit on, so the consumer does not wait for it. Errors are
+// not reported (relays also poll); each send has notifyTimeout.
+func (s *Store) wakeRelays() {
 	s.wakeWanted.Store(true)
+	if s.waking.CompareAndSwap(false, true) {
+		go s.sendWakes()
+	}
+}
+
+// notifyTimeout bounds one notification of wakeRelays.
+const notifyTimeout = 10 * time.Second
+
+// sendWakes is the sender of wakeRelays; it holds s.waking.
+func (s *Store) sendWakes() {
 	for {
-		if !s.waking.CompareAndSwap(false, true) {
-			return // the sender sees wakeWanted before it stops
-		}
 		for s.wakeWanted.Swap(false) {
+			ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 			_, _ = s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, s.table.Name+"_outbox")
+			cancel()
 		}
 		s.waking.Store(false)
-		if !s.wakeWanted.Load() {
+		// A wake asked for after the last Swap and before the Store
+		// found waking taken: send it, unless another sender started.
+		if !s.wakeWanted.Load() || !s.waking.CompareAndSwap(false, true) {
 			return
 		}
 	}

@@ -328,16 +328,16 @@ func (r *batchRows) Close() { _ = r.closeBatch() }
 // pgx.ErrTxCommitRollback.
 //
 // When tx is one this Store began and rows were emitted into the outbox
-// in it, Commit then sends the outbox's notification itself, outside the
-// transaction (see [Store.EmitTx]); a failure of that notification is not
-// reported (relays also poll).
+// in it, Commit then has the outbox's notification sent, outside the
+// transaction and without waiting for it (see [Store.EmitTx]); a failure
+// of that notification is not reported (relays also poll).
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 	emitted, _ := s.own.LoadAndDelete(tx)
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
 	if emitted == true {
-		s.wakeRelays(ctx)
+		s.wakeRelays()
 	}
 	return nil
 }

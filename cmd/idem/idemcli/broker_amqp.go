@@ -44,9 +44,11 @@ type amqpBroker struct {
 	// unacked messages.
 	outstanding atomic.Int64
 	// eventsOutstanding is outstanding for the events queue; relayConn is
-	// the relay publisher's connection.
+	// the relay publisher's first connection, relayPub the publisher
+	// (whose Close closes the connections it redialed).
 	eventsOutstanding atomic.Int64
 	relayConn         *amqp.Connection
+	relayPub          *idemamqp.Publisher
 }
 
 func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err error) {
@@ -188,6 +190,9 @@ func (b *amqpBroker) unfinished(context.Context) (int, error) {
 func (b *amqpBroker) deadLettered(context.Context) (int64, error) { return b.count(amqpDeadQueue) }
 
 func (b *amqpBroker) close() {
+	if b.relayPub != nil {
+		_ = b.relayPub.Close()
+	}
 	if b.relayConn != nil {
 		_ = b.relayConn.Close()
 	}
@@ -215,6 +220,7 @@ func (b *amqpBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
 	}
 	b.relayConn = conn
 	pub := idemamqp.NewPublisher(conn, idemamqp.ProducerConfig{Redial: b.redial, MaxReconnectInterval: amqpMaxRedialInterval})
+	b.relayPub = pub
 	return idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
 		b.eventsOutstanding.Add(int64(len(msgs)))
 		errs := pub.Publish(ctx, msgs)

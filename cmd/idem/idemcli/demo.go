@@ -204,6 +204,37 @@ func chance(seed uint64, what string, i int) float64 {
 	return rand.New(rand.NewPCG(seed^h.Sum64(), uint64(i))).Float64()
 }
 
+// crashDraws decides where the demo's consumers and relay crash, by draws
+// keyed by the seed, the place and the message ID (chance), so that runs
+// with one seed crash the same messages at the same places whatever order
+// the consumers take them in. Each visit of a message to a place draws
+// anew: a message that crashed there gets another chance on redelivery.
+type crashDraws struct {
+	seed   uint64
+	mu     sync.Mutex
+	visits map[string]int // by place and message ID
+}
+
+func newCrashDraws(seed uint64) *crashDraws {
+	return &crashDraws{seed: seed, visits: map[string]int{}}
+}
+
+// draw is the draw in [0,1) of this visit of message id to place.
+func (d *crashDraws) draw(place, id string) float64 {
+	k := place + "/" + id
+	d.mu.Lock()
+	n := d.visits[k]
+	d.visits[k] = n + 1
+	d.mu.Unlock()
+	return chance(d.seed, k, n)
+}
+
+// crash reports whether this visit of message id to place crashes, with
+// probability rate.
+func (d *crashDraws) crash(place, id string, rate float64) bool {
+	return rate > 0 && d.draw(place, id) < rate
+}
+
 // demoBroker is what the demo needs of a broker: the adapter's producer
 // and consumers, and what the demo counts on the broker itself.
 type demoBroker interface {
@@ -263,6 +294,7 @@ type demoRun struct {
 	lease      *redisLease
 	leaseWhere string
 	log        *slog.Logger // the adapters' errors
+	draws      *crashDraws  // where the crashes happen
 
 	deliveries, dupAbsorbed, inProgress, crashes atomic.Int64
 	dupPublished, brokerDropped, published       atomic.Int64
@@ -300,7 +332,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 	if storeURL == "sqlite:" || storeURL == "sqlite" {
 		storeURL = "sqlite:" + filepath.Join(dir, "consumer.db")
 	}
-	r := &demoRun{o: o, log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+	r := &demoRun{o: o, draws: newCrashDraws(o.seed), log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 	if strings.HasPrefix(storeURL, "redis:") {
 		// Lease mode: the processed-message records live in Redis, and the
 		// ledger in the payments service's own SQLite file beside them.
@@ -310,7 +342,7 @@ func runDemo(ctx context.Context, o *demoOptions, stdout, stderr io.Writer) (err
 		defer r.lease.Close()
 		storeURL = "sqlite:" + filepath.Join(dir, "ledger.db")
 	}
-	if r.st, err = openSQLStore(ctx, storeURL, ""); err != nil {
+	if r.st, err = openSQLStore(ctx, storeURL, demoTable); err != nil {
 		return err
 	}
 	defer r.st.db.Close()
@@ -442,7 +474,7 @@ func (r *demoRun) prepareLedger(ctx context.Context, fresh bool) error {
 	}
 	// No unique key on payment_id, on purpose: a double charge must show
 	// up as a second row, not be hidden by a constraint.
-	for _, q := range []string{`DELETE FROM idem_demo_ledger`, rebind(r.st.dialect, `DELETE FROM idem_processed WHERE consumer = ?`)} {
+	for _, q := range []string{`DELETE FROM idem_demo_ledger`, rebind(r.st.dialect, `DELETE FROM `+demoTable+` WHERE consumer = ?`)} {
 		if _, err := r.st.db.ExecContext(ctx, q, argsFor(q)...); err != nil {
 			return fmt.Errorf("reset the demo tables on %s: %w", r.st.where, err)
 		}
@@ -615,7 +647,7 @@ func (r *demoRun) process(ctx context.Context, m idem.Message) (out idem.Outcome
 		out, err = r.consumer.Process(ctx, m, r.charge)
 	}
 	switch {
-	case out.Status == idem.Processed && rand.Float64() < r.o.crashRate/2:
+	case out.Status == idem.Processed && r.draws.crash("payments-after-commit", m.ID, r.o.crashRate/2):
 		return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errCrashAfterCommit}, errCrashAfterCommit
 	case out.Status == idem.Duplicate:
 		r.dupAbsorbed.Add(1)
@@ -642,7 +674,7 @@ func (r *demoRun) chargeLeased(ctx context.Context, a *idem.Attempt) (idem.Resul
 	if err != nil {
 		return idem.Result{}, err
 	}
-	if rand.Float64() < r.o.crashRate/2 {
+	if r.draws.crash("payments-before-commit", a.Message.ID, r.o.crashRate/2) {
 		return idem.Result{}, errCrashBeforeCommit
 	}
 	id, err := strconv.ParseInt(string(chargeID), 10, 64)
@@ -670,7 +702,7 @@ func (r *demoRun) charge(ctx context.Context, tx *sql.Tx, m idem.Message) error 
 	if err != nil {
 		return err
 	}
-	if rand.Float64() < r.o.crashRate/2 {
+	if r.draws.crash("payments-before-commit", m.ID, r.o.crashRate/2) {
 		return errCrashBeforeCommit
 	}
 	_, err = tx.ExecContext(ctx, rebind(r.st.dialect,

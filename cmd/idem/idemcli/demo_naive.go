@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 
 	"github.com/idem-go/idem"
@@ -131,7 +130,7 @@ func (r *demoRun) chargeNaive(ctx context.Context, m idem.Message) error {
 	if err != nil {
 		return err
 	}
-	if rand.Float64() < r.o.crashRate/2 {
+	if r.draws.crash("payments-before-commit", m.ID, r.o.crashRate/2) {
 		return errCrashBeforeCommit
 	}
 	if _, err := r.st.db.ExecContext(ctx, rebind(r.st.dialect,
@@ -139,7 +138,7 @@ func (r *demoRun) chargeNaive(ctx context.Context, m idem.Message) error {
 		p.PaymentID, p.Customer, p.AmountCents, chargeID); err != nil {
 		return err
 	}
-	if rand.Float64() < r.o.crashRate/2 {
+	if r.draws.crash("payments-after-commit", m.ID, r.o.crashRate/2) {
 		return errCrashAfterCommit // the event is never published
 	}
 	return r.publishChargedNaive(ctx, p, chargeID)

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -33,9 +32,14 @@ import (
 // receiptsConsumer is the consumer name of the demo's receipts service.
 const receiptsConsumer = "idem-demo-receipts"
 
-// demoOutboxTable is the outbox table of the demo's store: that of the
-// default processed table, idem_processed.
-const demoOutboxTable = "idem_processed_outbox"
+// demoTable is the processed-messages table of the demo's stores: a table
+// of its own, so that on a database it shares the demo's relay sends
+// only the demo's events, a fresh run clears only the demo's rows, and
+// the run waits only for its own outbox (demoOutboxTable).
+const (
+	demoTable       = "idem_demo_processed"
+	demoOutboxTable = demoTable + "_outbox"
+)
 
 // Timing of the demo's relay: a short lease, so the rows of a relay that
 // died come back within seconds, and short polls and retries.
@@ -111,7 +115,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 	}
 	r.receiptsSt = r.st
 	if r.st.dialect == idemsql.SQLite && r.lease == nil {
-		if r.receiptsSt, err = openSQLStore(ctx, "sqlite:"+filepath.Join(dir, "receipts.db"), ""); err == nil {
+		if r.receiptsSt, err = openSQLStore(ctx, "sqlite:"+filepath.Join(dir, "receipts.db"), demoTable); err == nil {
 			err = r.receiptsSt.store.Migrate(ctx)
 		}
 		if err != nil {
@@ -123,7 +127,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 			st       *sqlStore
 			q, value string
 		}{
-			{r.receiptsSt, `DELETE FROM idem_processed WHERE consumer = ?`, receiptsConsumer},
+			{r.receiptsSt, `DELETE FROM ` + demoTable + ` WHERE consumer = ?`, receiptsConsumer},
 			{r.st, `DELETE FROM ` + demoOutboxTable + ` WHERE consumer = ?`, demoConsumer},
 		} {
 			if _, err := d.st.db.ExecContext(ctx, rebind(d.st.dialect, d.q), d.value); err != nil {
@@ -134,7 +138,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 	if r.o.withoutIdem {
 		return nil
 	}
-	faults := &relayFaults{OutboxStore: r.st.store, pub: r.events, rate: r.o.crashRate, crashes: &r.relayCrashes}
+	faults := &relayFaults{OutboxStore: r.st.store, pub: r.events, rate: r.o.crashRate, draws: r.draws, crashes: &r.relayCrashes}
 	r.relay, err = idem.NewRelay(idem.RelayConfig{Store: faults, Publisher: faults, Lease: demoRelayLease,
 		MaxPoll: demoRelayMaxPoll, MinRetry: demoRelayMinRetry, MaxRetry: demoRelayMaxRetry,
 		Retention: -1, // the report counts the rows emitted
@@ -201,7 +205,7 @@ func (r *demoRun) processReceipt(ctx context.Context, m idem.Message) (out idem.
 			return r.sendReceipt(ctx, idem.DeriveKey(receiptsConsumer, m.ID, "receipt"), m)
 		})
 	}
-	if out.Status == idem.Processed && rand.Float64() < r.o.crashRate/2 {
+	if out.Status == idem.Processed && r.draws.crash("receipts-after-commit", m.ID, r.o.crashRate/2) {
 		return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errCrashAfterCommit}, errCrashAfterCommit
 	}
 	return out, err
@@ -219,7 +223,7 @@ func (r *demoRun) sendReceipt(ctx context.Context, key string, m idem.Message) e
 	if err := r.mail.receipt(ctx, key, e.PaymentID); err != nil {
 		return err
 	}
-	if rand.Float64() < r.o.crashRate/2 {
+	if r.draws.crash("receipts-before-commit", m.ID, r.o.crashRate/2) {
 		return errCrashBeforeCommit
 	}
 	return nil
@@ -331,6 +335,7 @@ type relayFaults struct {
 	idemdriver.OutboxStore
 	pub     idem.Publisher
 	rate    float64
+	draws   *crashDraws // keyed by the batch's first row
 	crashes *atomic.Int64
 	dead    atomic.Bool
 }
@@ -361,7 +366,10 @@ func (f *relayFaults) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedPa
 }
 
 func (f *relayFaults) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
-	x := rand.Float64()
+	if len(msgs) == 0 {
+		return nil
+	}
+	x := f.draws.draw("relay", msgs[0].ID)
 	die := min(f.rate*float64(len(msgs)), maxRelayDeath)
 	switch {
 	case x < die/2: // after the commit, before sending

@@ -216,7 +216,8 @@ func openPublisher(ctx context.Context, url, exchange string) (idem.Publisher, f
 		if err != nil {
 			return nil, nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", redact(url), err)
 		}
-		return idemamqp.NewPublisher(conn, idemamqp.ProducerConfig{Exchange: exchange}), func() { _ = conn.Close() }, nil
+		pub := idemamqp.NewPublisher(conn, idemamqp.ProducerConfig{Exchange: exchange})
+		return pub, func() { _ = pub.Close(); _ = conn.Close() }, nil
 	case strings.HasPrefix(url, "redis:") || strings.HasPrefix(url, "rediss:"):
 		client, _, err := dialRedis(ctx, url)
 		if err != nil {
