@@ -149,24 +149,7 @@ func TestTraceNATS(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
-	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready after 30s")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := startJetStream(t)
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}})
 	if err != nil {
 		t.Fatal(err)
@@ -296,24 +279,7 @@ func TestTraceThroughOutbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t) // the downstream consumer ("payments" on receipts.requested)
 	ctx := t.Context()
-	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats-server not ready after 30s")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := startJetStream(t)
 	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RECEIPTS", Subjects: []string{"receipts.*"}})
 	if err != nil {
 		t.Fatal(err)
@@ -361,4 +327,29 @@ func TestTraceThroughOutbox(t *testing.T) {
 		t.Fatalf("relay RunOnce = %+v, %v; want 1 sent", res, err)
 	}
 	b.check(t, idem.OutgoingID("charges", "pay-1", "receipt", 0), upstream, "nats", "receipts.requested", "mailer")
+}
+
+// startJetStream starts an in-process nats-server with JetStream for t and
+// returns a JetStream client connected to it.
+func startJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(), DontListen: true, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats-server not ready after 30s")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
