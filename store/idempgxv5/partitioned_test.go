@@ -24,6 +24,7 @@ type partStore struct {
 	idemdriver.TxStore[pgx.Tx]
 	idemdriver.BatchClaimer[pgx.Tx]
 	idemdriver.BeginClaimer[pgx.Tx]
+	idemdriver.BeginBatchClaimer[pgx.Tx]
 	idemdriver.Migrator
 	idemdriver.Inspector
 }
@@ -40,7 +41,7 @@ func TestPartitionedConformance(t *testing.T) {
 				b := setup(t, poolOpts{maxConns: 40, mode: mode, part: testPartitions})
 				t.Cleanup(func() { noneAcquired(t, b.pool) })
 				s := b.setup()
-				s.Store = partStore{b.store, b.store, b.store, b.store, b.store}
+				s.Store = partStore{b.store, b.store, b.store, b.store, b.store, b.store}
 				return s
 			}})
 		})
@@ -319,5 +320,45 @@ func TestPartitionedLayoutMismatch(t *testing.T) {
 	}
 	if _, err := idempgxv5.New(b.pool, &idempgxv5.Config{Partitions: &idempgxv5.Partitions{Bucket: 90 * time.Second}}); !errors.Is(err, idemdriver.ErrInvalidConfig) {
 		t.Errorf("New with a 90s bucket: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// Consumer.ProcessBatch on the partitioned store itself (which offers
+// BeginClaimBatch): new messages are claimed and their effects commit,
+// a redelivered batch is all duplicates, and each ID has one record.
+func TestPartitionedProcessBatch(t *testing.T) {
+	b := setup(t, poolOpts{maxConns: 4, part: testPartitions})
+	ctx := context.Background()
+	c, err := idem.NewConsumer(b.store, idem.Config{Name: "batch", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msgs := []idem.Message{{ID: "a", Payload: []byte("1")}, {ID: "b", Payload: []byte("2")}, {ID: "c", Payload: []byte("3")}}
+	effect := func(ctx context.Context, tx pgx.Tx, ms []idem.Message) error {
+		for _, m := range ms {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+b.effects+` (key) VALUES ($1)`, m.ID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for round, want := range []idem.Status{idem.Processed, idem.Duplicate} {
+		outs, err := c.ProcessBatch(ctx, msgs, effect)
+		if err != nil {
+			t.Fatalf("round %d: ProcessBatch: %v", round, err)
+		}
+		for i, o := range outs {
+			if o.Status != want {
+				t.Errorf("round %d: message %s: %v, want %v", round, msgs[i].ID, o.Status, want)
+			}
+		}
+	}
+	var effects, records int
+	if err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+b.effects+`), (SELECT count(*) FROM `+b.table+` WHERE consumer = 'batch')`).Scan(&effects, &records); err != nil {
+		t.Fatal(err)
+	}
+	if effects != 3 || records != 3 {
+		t.Errorf("%d effects and %d records, want 3 and 3", effects, records)
 	}
 }

@@ -243,7 +243,8 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.Claim
 // BeginClaimBatch implements [idemdriver.BeginBatchClaimer]: it acquires a
 // connection, and sends BEGIN and the batch claim of [Store.ClaimBatchTx]
 // as one pipelined pgx.Batch, so that beginning and claiming a batch cost
-// one network round trip. The result is that of [Store.Begin] followed by
+// one network round trip (on the partitioned layout: Begin, then
+// ClaimBatchTx). The result is that of [Store.Begin] followed by
 // [Store.ClaimBatchTx]: one result per message, in the order of
 // p.Messages; the rare claim that waited for a concurrent transaction
 // reads what it committed with one more statement in the transaction.
@@ -256,6 +257,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.Claim
 func (s *Store) BeginClaimBatch(ctx context.Context, p *idemdriver.ClaimBatchParams) (pgx.Tx, []idemdriver.ClaimResult, error) {
 	if err := idemdriver.ValidateClaimBatchParams(p); err != nil {
 		return nil, nil, err
+	}
+	if s.part != nil {
+		return s.beginClaimBatchPart(ctx, p)
 	}
 	query, args := s.q.ClaimBatchQuery(p)
 	b := &pgx.Batch{}
@@ -361,6 +365,32 @@ func abort(ctx context.Context, tx pgx.Tx) {
 	ctx, cancel := sqlstore.Detached(ctx)
 	defer cancel()
 	_ = tx.Rollback(ctx) // the claim's error is the one to report
+}
+
+// beginClaimBatchPart is BeginClaimBatch on the partitioned layout:
+// Begin, then ClaimBatchTx (the batch's advisory locks, then the claim);
+// when no partition covers now(), the partitions are created
+// (EnsurePartitions) and the batch is claimed once more, in a new
+// transaction.
+func (s *Store) beginClaimBatchPart(ctx context.Context, p *idemdriver.ClaimBatchParams) (pgx.Tx, []idemdriver.ClaimResult, error) {
+	for attempt := 0; ; attempt++ {
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		res, err := s.part.q.ClaimBatchTx(ctx, querier{tx}, p)
+		if err == nil {
+			return tx, res, nil
+		}
+		s.own.Delete(tx)
+		abort(ctx, tx)
+		if attempt > 0 || !errors.Is(err, ErrNoPartition) {
+			return nil, nil, err
+		}
+		if err := s.EnsurePartitions(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
 }
 
 // beginClaimPart is BeginClaim on the partitioned layout: BEGIN, the ID's
