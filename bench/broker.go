@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // A broker is one in-process broker shared by every run of the harness: an
@@ -38,6 +40,13 @@ type channel interface {
 	// redelivery), and false when the broker redelivers it (JetStream's
 	// NakWithDelay).
 	retryInPlace() bool
+	// outgoing creates the run's destination for outbox messages (a
+	// stream capturing one subject, a topic), deleted by close, and
+	// returns its name as an OutgoingMessage.Destination, the relay's
+	// publisher for it (idemnats, idemkafka), and a count of the
+	// messages it holds (JetStream drops a re-send of an ID inside its
+	// duplicate window; Kafka keeps every copy).
+	outgoing(ctx context.Context) (dest string, pub idem.Publisher, held func(context.Context) (int, error), err error)
 	close()
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -71,6 +73,7 @@ func (b *kafkaBroker) newChannel(ctx context.Context, tag string, _ time.Duratio
 type kafkaChannel struct {
 	b            *kafkaBroker
 	topic, group string
+	outTopic     string // the outgoing topic, once made
 	published    atomic.Int64
 }
 
@@ -110,6 +113,34 @@ func (c *kafkaChannel) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, _ = c.b.adm.DeleteTopic(ctx, c.topic)
+	if c.outTopic != "" {
+		_, _ = c.b.adm.DeleteTopic(ctx, c.outTopic)
+	}
+}
+
+func (c *kafkaChannel) outgoing(ctx context.Context) (string, idem.Publisher, func(context.Context) (int, error), error) {
+	c.outTopic = "out-" + c.topic
+	resp, err := c.b.adm.CreateTopic(ctx, kafkaPartitions, 1, nil, c.outTopic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("kafka: create outgoing topic: %w", err)
+	}
+	held := func(ctx context.Context) (int, error) {
+		ends, err := c.b.adm.ListEndOffsets(ctx, c.outTopic)
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		ends.Each(func(o kadm.ListedOffset) {
+			if o.Err == nil {
+				n += o.Offset
+			}
+		})
+		return int(n), nil
+	}
+	return c.outTopic, idemkafka.NewPublisher(c.b.prod, idemkafka.ProducerConfig{IDHeader: kafkaIDHeader}), held, nil
 }
 
 // member joins the consumer group with a new client. Offsets are committed

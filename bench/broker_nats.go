@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemnats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,7 +58,7 @@ func (b *natsBroker) close() {
 }
 
 func (b *natsBroker) newChannel(ctx context.Context, tag string, ackWait time.Duration) (channel, error) {
-	c := &natsChannel{b: b, stream: "BENCH_" + tag, subject: "bench." + tag}
+	c := &natsChannel{b: b, tag: tag, stream: "BENCH_" + tag, subject: "bench." + tag}
 	_, err := b.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:     c.stream,
 		Subjects: []string{c.subject},
@@ -85,7 +87,9 @@ func (b *natsBroker) newChannel(ctx context.Context, tag string, ackWait time.Du
 
 type natsChannel struct {
 	b               *natsBroker
+	tag             string
 	stream, subject string
+	outStream       string // the outgoing stream, once made
 	cons            jetstream.Consumer
 }
 
@@ -111,6 +115,28 @@ func (c *natsChannel) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = c.b.js.DeleteStream(ctx, c.stream)
+	if c.outStream != "" {
+		_ = c.b.js.DeleteStream(ctx, c.outStream)
+	}
+}
+
+func (c *natsChannel) outgoing(ctx context.Context) (string, idem.Publisher, func(context.Context) (int, error), error) {
+	c.outStream = "OUT_" + c.tag
+	subject := "out." + c.tag
+	s, err := c.b.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: c.outStream, Subjects: []string{subject}, Storage: jetstream.MemoryStorage,
+	})
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("NATS: create outgoing stream: %w", err)
+	}
+	held := func(ctx context.Context) (int, error) {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return int(info.State.Msgs), nil
+	}
+	return subject, idemnats.NewPublisher(c.b.js), held, nil
 }
 
 // member connects a new client, as a new process would, and pulls from the

@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/broker/idemkafka v0.0.0
+	github.com/idem-go/idem/broker/idemnats v0.0.0
 	github.com/idem-go/idem/store/idempgxv5 v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
@@ -59,6 +61,8 @@ require (
 
 replace (
 	github.com/idem-go/idem => ..
+	github.com/idem-go/idem/broker/idemkafka => ../broker/idemkafka
+	github.com/idem-go/idem/broker/idemnats => ../broker/idemnats
 	github.com/idem-go/idem/store/idempgxv5 => ../store/idempgxv5
 	github.com/idem-go/idem/store/idemsql => ../store/idemsql
 )

@@ -115,17 +115,17 @@ func (o *options) validate() error {
 
 // contender is one way of consuming.
 type contender struct {
-	name  string // naive, best, idem, idem-batch10, watermill-dedup
-	kind  string // naive, best, idem, batch, watermill
+	name  string // naive, best, idem, idem-outbox, idem-batch10, watermill-dedup, relay
+	kind  string // naive, best, idem, outbox, batch, watermill, relay
 	batch int    // batch size (1 for per-message contenders)
 }
 
 func (o *options) contenderList() []contender {
-	cs := []contender{{"naive", "naive", 1}, {"best", "best", 1}, {"idem", "idem", 1}}
+	cs := []contender{{"naive", "naive", 1}, {"best", "best", 1}, {"idem", "idem", 1}, {"idem-outbox", "outbox", 1}}
 	for _, b := range o.batchSizes {
 		cs = append(cs, contender{"idem-batch" + strconv.Itoa(b), "batch", b})
 	}
-	cs = append(cs, contender{"watermill-dedup", "watermill", 1})
+	cs = append(cs, contender{"watermill-dedup", "watermill", 1}, contender{"relay", "relay", 1})
 	if len(o.contenders) > 0 {
 		cs = slices.DeleteFunc(cs, func(c contender) bool { return !slices.Contains(o.contenders, c.name) })
 	}
@@ -160,6 +160,7 @@ type result struct {
 	Throughput               float64 // deliveries acknowledged per second
 	P50, P99                 time.Duration
 	Rounds                   int    // throughput runs merged (see medianResult)
+	Relayed                  int    // idem-outbox, relay: messages the outgoing destination holds after the run
 	Err                      string // the throughput run failed
 	Dup, Fail, Crash         faultResult
 }
@@ -287,6 +288,9 @@ func (h *harness) setup(ctx context.Context, b broker, db database) ([]result, e
 	var mu sync.Mutex
 	var firstErr error
 	for i, c := range cs {
+		if c.kind == "relay" { // no consumer to fault
+			continue
+		}
 		for _, fault := range []string{"error", "crash"} {
 			wg.Go(func() {
 				fr, err := h.faultRun(ctx, b, db, c, fault)
@@ -421,7 +425,7 @@ func (h *harness) loopFor(c contender) loopConfig {
 
 // start returns the function that runs one member (one process) of
 // contender c until ctx ends (nil) or the crash fault kills it (errCrashed).
-func (h *harness) start(ch channel, rdb runDB, c contender, f *faults, st *runStats) (func(ctx context.Context) error, error) {
+func (h *harness) start(ch channel, rdb runDB, c contender, f *faults, st *runStats, ob *outboxRun) (func(ctx context.Context) error, error) {
 	cfg := h.loopFor(c)
 	var w work
 	var naive msgHandler
@@ -432,6 +436,12 @@ func (h *harness) start(ch channel, rdb runDB, c contender, f *faults, st *runSt
 		w = perMessage(rdb.best())
 	case "idem":
 		hd, err := rdb.idem("bench-" + c.name)
+		if err != nil {
+			return nil, err
+		}
+		w = perMessage(hd)
+	case "outbox":
+		hd, err := rdb.idemOutbox("bench-"+c.name, ob.dest, ob.relay)
 		if err != nil {
 			return nil, err
 		}
@@ -485,18 +495,16 @@ func supervise(ctx context.Context, startMember func(context.Context) error, log
 // handled to the last ack. Its side-effect table gives the "duplicates
 // published" fault column.
 func (h *harness) throughput(ctx context.Context, b broker, db database, c contender, n int) (result, error) {
+	if c.kind == "relay" {
+		return h.relayThroughput(ctx, b, db, c)
+	}
 	var r result
 	tag := h.tag()
-	ch, err := b.newChannel(ctx, tag, 30*time.Second)
+	ch, rdb, cleanup, err := openRun(ctx, b, db, tag)
 	if err != nil {
 		return r, err
 	}
-	defer ch.close()
-	rdb, err := db.newRun(ctx, tag, nil)
-	if err != nil {
-		return r, err
-	}
-	defer rdb.close()
+	defer cleanup()
 	w := h.workload(tag, n, h.o.dupFraction)
 	total, err := publish(ctx, ch, w)
 	if err != nil {
@@ -504,7 +512,14 @@ func (h *harness) throughput(ctx context.Context, b broker, db database, c conte
 	}
 	r.Messages, r.Deliveries = len(w.ids), total
 	st := newRunStats(total)
-	startMember, err := h.start(ch, rdb, c, nil, st)
+	var ob *outboxRun
+	if c.kind == "outbox" {
+		if ob, err = startOutbox(ctx, ch, rdb, len(w.ids)); err != nil {
+			return r, err
+		}
+		defer ob.stop()
+	}
+	startMember, err := h.start(ch, rdb, c, nil, st, ob)
 	if err != nil {
 		return r, err
 	}
@@ -531,8 +546,30 @@ func (h *harness) throughput(ctx context.Context, b broker, db database, c conte
 	r.Elapsed = st.elapsed()
 	r.Throughput = float64(total) / r.Elapsed.Seconds()
 	r.P50, r.P99 = percentile(st.lat, 0.50), percentile(st.lat, 0.99)
+	if ob != nil {
+		// Every message emitted one outgoing message: the relay must
+		// deliver them all (JetStream drops a re-send of one ID).
+		if r.Relayed, err = ob.waitHeld(ctx, len(w.ids), 60*time.Second); err != nil {
+			return r, err
+		}
+	}
 	r.Dup, err = h.count(ctx, rdb, w.ids)
 	return r, err
+}
+
+// openRun creates the channel and the tables of a throughput run; done
+// deletes them.
+func openRun(ctx context.Context, b broker, db database, tag string) (channel, runDB, func(), error) {
+	ch, err := b.newChannel(ctx, tag, 30*time.Second)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rdb, err := db.newRun(ctx, tag, nil)
+	if err != nil {
+		ch.close()
+		return nil, nil, nil, err
+	}
+	return ch, rdb, func() { rdb.close(); ch.close() }, nil
 }
 
 // faultRun publishes faultN messages and consumes them with one fault
@@ -576,7 +613,14 @@ func (h *harness) faultRun(ctx context.Context, b broker, db database, c contend
 		return faultResult{}, fmt.Errorf("publish: %w", err)
 	}
 	st := newRunStats(-1)
-	startMember, err := h.start(ch, rdb, c, f, st)
+	var ob *outboxRun
+	if c.kind == "outbox" {
+		if ob, err = startOutbox(ctx, ch, rdb, len(w.ids)); err != nil {
+			return faultResult{}, err
+		}
+		defer ob.stop()
+	}
+	startMember, err := h.start(ch, rdb, c, f, st, ob)
 	if err != nil {
 		return faultResult{}, err
 	}

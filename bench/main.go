@@ -1,7 +1,8 @@
 // Command bench is idem's benchmark harness: in one process and one run it
 // puts the same workload (N messages, a fraction of them published twice,
-// one side-effect row per message) through four kinds of consumer (five on
-// PostgreSQL) on the same broker and the same store, and reports throughput
+// one side-effect row per message) through five kinds of consumer (six on
+// PostgreSQL) on the same broker and the same store, measures the outbox
+// relay's sending rate to that broker, and reports throughput
 // and per-message latency as ratios against a naive consumer, throughput
 // also against the best a person can hand-write (PostgreSQL), beside a
 // correctness column per fault.
@@ -22,12 +23,26 @@
 //     The "× best" column is each contender's throughput against it.
 //   - idem: idem.Consumer in transactional mode through idem.Bind; the row
 //     is written in the claim's transaction.
+//   - idem-outbox: idem with one outgoing message per new message: the
+//     handler writes the row and emits a message (idem.Emit) to a stream
+//     or topic of the run's own, in the claim's transaction; an
+//     idem.Relay (4 rounds in flight) sends it to the broker through the
+//     adapter's publisher (idemnats, idemkafka), woken by the consumer
+//     after each commit. The "× idem" column is the outbox's cost; the
+//     run also waits until the broker holds every outgoing message
+//     ("outgoing held / emitted").
 //   - idem-batchN: idem.BindBatch, N messages claimed with one statement
 //     and their rows written with one statement, in one transaction.
 //   - watermill-dedup: Watermill v1.5.1's message.Router with its
 //     middleware.Deduplicator (keyed on the producer's message ID, over the
 //     in-memory expiring key repository, the only one Watermill ships)
 //     in front of the naive handler.
+//   - relay: the relay alone. The outbox is filled with 4 × N pending
+//     messages (at least 20,000; N with --quick) by batches of idem
+//     consumer processing, with no relay running; then a relay (4 rounds
+//     in flight, batches of 100) sends them to the broker. msgs/s counts
+//     messages sent, from the relay's start to the round that sent the
+//     last one; it has no ratios and no fault runs.
 //
 // Every contender consumes through the same broker clients: a JetStream pull
 // consumer of nats.go on an in-process nats-server (memory storage), and a
@@ -100,7 +115,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgres+" is set)")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
 	var only string
-	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-batchN, watermill-dedup)")
+	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h, --help: the usage was printed; exit 0

@@ -61,23 +61,47 @@ func ms(d time.Duration) string {
 // IDs lost ("double / lost").
 func writeMarkdown(w io.Writer, rs []result) error {
 	var b strings.Builder
-	b.WriteString("| broker | store | contender | msgs/s | × naive | × best | p50 ms | p99 ms | p50 × naive | p99 × naive | duplicates published: double / lost | handler error once: double / lost | crash after commit: double / lost |\n")
-	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n")
+	b.WriteString("| broker | store | contender | msgs/s | × naive | × best | × idem | p50 ms | p99 ms | p50 × naive | p99 × naive | outgoing held / emitted | duplicates published: double / lost | handler error once: double / lost | crash after commit: double / lost |\n")
+	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n")
 	for _, r := range rs {
 		if r.Err != "" {
-			fmt.Fprintf(&b, "| %s | %s | %s | failed: %s | | | | | | | %s | %s | %s |\n",
+			fmt.Fprintf(&b, "| %s | %s | %s | failed: %s | | | | | | | | | %s | %s | %s |\n",
 				r.Broker, r.Store, r.Contender, strings.ReplaceAll(r.Err, "|", "/"), r.Dup, r.Fail, r.Crash)
 			continue
 		}
-		base, _ := baseline(rs, r)
-		best, _ := bestOf(rs, r)
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		base, best, id := references(rs, r)
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Broker, r.Store, r.Contender, r.Throughput, ratio(r.Throughput, base.Throughput), ratio(r.Throughput, best.Throughput),
+			ratio(r.Throughput, id.Throughput),
 			ms(r.P50), ms(r.P99), ratio(float64(r.P50), float64(base.P50)), ratio(float64(r.P99), float64(base.P99)),
-			r.Dup, r.Fail, r.Crash)
+			held(r), r.Dup, r.Fail, r.Crash)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// references returns the results r's throughput is compared with: the
+// naive, best and idem contenders of r's setup. The relay contender sends
+// rather than consumes, so it has none; idem is not compared with itself.
+func references(rs []result, r result) (naive, best, id result) {
+	if r.Contender == "relay" {
+		return
+	}
+	naive, _ = baseline(rs, r)
+	best, _ = bestOf(rs, r)
+	if r.Contender != "idem" {
+		id, _ = contenderResult(rs, r, "idem")
+	}
+	return
+}
+
+// held is the "outgoing held / emitted" cell: "-" for contenders that
+// emit nothing.
+func held(r result) string {
+	if r.Contender != "idem-outbox" && r.Contender != "relay" {
+		return "-"
+	}
+	return fmt.Sprintf("%d / %d", r.Relayed, r.Messages)
 }
 
 // writeCSV writes one row per result, with raw numbers.
@@ -88,13 +112,12 @@ func writeCSV(path string, rs []result) error {
 	}
 	w := csv.NewWriter(f)
 	_ = w.Write([]string{"broker", "store", "contender", "batch_size", "workers", "messages", "deliveries",
-		"elapsed_s", "msgs_per_s", "throughput_vs_naive", "throughput_vs_best", "p50_ms", "p99_ms", "p50_vs_naive", "p99_vs_naive",
+		"elapsed_s", "msgs_per_s", "throughput_vs_naive", "throughput_vs_best", "throughput_vs_idem", "outgoing_held", "p50_ms", "p99_ms", "p50_vs_naive", "p99_vs_naive",
 		"dup_double", "dup_lost", "error_double", "error_lost", "crash_double", "crash_lost", "fault_timeout", "error"})
 	itoa := strconv.Itoa
 	ftoa := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 	for _, r := range rs {
-		base, _ := baseline(rs, r)
-		best, _ := bestOf(rs, r)
+		base, best, id := references(rs, r)
 		rt := func(a, b float64) string {
 			if a == 0 || b == 0 {
 				return ""
@@ -103,6 +126,7 @@ func writeCSV(path string, rs []result) error {
 		}
 		_ = w.Write([]string{r.Broker, r.Store, r.Contender, itoa(r.Batch), itoa(r.Workers), itoa(r.Messages), itoa(r.Deliveries),
 			ftoa(r.Elapsed.Seconds()), ftoa(r.Throughput), rt(r.Throughput, base.Throughput), rt(r.Throughput, best.Throughput),
+			rt(r.Throughput, id.Throughput), itoa(r.Relayed),
 			ftoa(float64(r.P50) / 1e6), ftoa(float64(r.P99) / 1e6),
 			rt(float64(r.P50), float64(base.P50)), rt(float64(r.P99), float64(base.P99)),
 			itoa(r.Dup.Double), itoa(r.Dup.Lost), itoa(r.Fail.Double), itoa(r.Fail.Lost), itoa(r.Crash.Double), itoa(r.Crash.Lost),

@@ -82,6 +82,17 @@ type runDB interface {
 	// idemBatch runs batches through idem.BindBatch, writing the batch's
 	// new rows with one statement.
 	idemBatch(consumer string) (batchHandler, error)
+	// idemOutbox is idem with one outgoing message per new message: the
+	// handler writes the row and emits a message to dest through the
+	// outbox, in the claim's transaction; the consumer hands it to relay
+	// after commit (Config.Relay).
+	idemOutbox(consumer, dest string, relay *idem.Relay) (msgHandler, error)
+	// fillOutbox processes ids (new messages) with consumer, 100 per
+	// batch, each emitting one message to dest, and no relay: the
+	// outbox then holds len(ids) pending rows.
+	fillOutbox(ctx context.Context, consumer, dest string, ids []string) error
+	// outbox is the run's outbox, for a relay.
+	outbox() idemdriver.OutboxStore
 	// effects returns the number of side-effect rows of each message ID.
 	effects(ctx context.Context) (map[string]int, error)
 	close()
@@ -173,7 +184,11 @@ func (r *txRun[TTx]) best() msgHandler {
 }
 
 func (r *txRun[TTx]) consumer(name string) (*idem.Consumer[TTx], error) {
-	c, err := idem.NewConsumer(r.store, idem.Config{Name: name, PurgeInterval: -1})
+	return r.consumerWith(idem.Config{Name: name, PurgeInterval: -1})
+}
+
+func (r *txRun[TTx]) consumerWith(cfg idem.Config) (*idem.Consumer[TTx], error) {
+	c, err := idem.NewConsumer(r.store, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -183,25 +198,7 @@ func (r *txRun[TTx]) consumer(name string) (*idem.Consumer[TTx], error) {
 	return c, nil
 }
 
-func (r *txRun[TTx]) idem(name string) (msgHandler, error) {
-	c, err := r.consumer(name)
-	if err != nil {
-		return nil, err
-	}
-	p := idem.Bind(c, func(ctx context.Context, tx TTx, msg idem.Message) error {
-		if err := r.insertOne(ctx, tx, msg.ID); err != nil {
-			return err
-		}
-		if r.faults.fail(msg.ID) {
-			return errInjected
-		}
-		return nil
-	})
-	return func(ctx context.Context, msg idem.Message) (bool, error) {
-		out, err := p.Process(ctx, msg)
-		return out.Ack(), err
-	}, nil
-}
+func (r *txRun[TTx]) idem(name string) (msgHandler, error) { return r.idemOutbox(name, "", nil) }
 
 func (r *txRun[TTx]) idemBatch(name string) (batchHandler, error) {
 	c, err := r.consumer(name)
@@ -235,6 +232,84 @@ func (r *txRun[TTx]) idemBatch(name string) (batchHandler, error) {
 		}
 		return acks
 	}, nil
+}
+
+// emitOne emits id's outgoing message to dest: its ID is derived from
+// the consumer and id, its ordering key is id (no order between
+// messages), its payload about 100 bytes.
+// In a batch handler (batch true) it emits for id's message of the batch.
+func emitOne(ctx context.Context, dest, id string, batch bool) error {
+	m := idem.OutgoingMessage{Name: "done", Destination: dest, Key: id, Payload: payload(id)}
+	var err error
+	if batch {
+		_, err = idem.EmitFor(ctx, id, m)
+	} else {
+		_, err = idem.Emit(ctx, m)
+	}
+	return err
+}
+
+// idemOutbox is also idem's handler, with no dest (nothing emitted).
+func (r *txRun[TTx]) idemOutbox(name, dest string, relay *idem.Relay) (msgHandler, error) {
+	c, err := r.consumerWith(idem.Config{Name: name, PurgeInterval: -1, Relay: relay})
+	if err != nil {
+		return nil, err
+	}
+	p := idem.Bind(c, func(ctx context.Context, tx TTx, msg idem.Message) error {
+		if err := r.insertOne(ctx, tx, msg.ID); err != nil {
+			return err
+		}
+		if dest != "" {
+			if err := emitOne(ctx, dest, msg.ID, false); err != nil {
+				return err
+			}
+		}
+		if r.faults.fail(msg.ID) {
+			return errInjected
+		}
+		return nil
+	})
+	return func(ctx context.Context, msg idem.Message) (bool, error) {
+		out, err := p.Process(ctx, msg)
+		return out.Ack(), err
+	}, nil
+}
+
+func (r *txRun[TTx]) fillOutbox(ctx context.Context, name, dest string, ids []string) error {
+	c, err := r.consumer(name)
+	if err != nil {
+		return err
+	}
+	for len(ids) > 0 {
+		chunk := ids[:min(100, len(ids))]
+		ids = ids[len(chunk):]
+		msgs := make([]idem.Message, len(chunk))
+		for i, id := range chunk {
+			msgs[i] = idem.Message{ID: id, Payload: payload(id)}
+		}
+		outs, err := c.ProcessBatch(ctx, msgs, func(ctx context.Context, tx TTx, msgs []idem.Message) error {
+			for _, m := range msgs {
+				if err := emitOne(ctx, dest, m.ID, true); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, o := range outs {
+			if o.Status != idem.Processed {
+				return fmt.Errorf("fill outbox: message %s: %v", o.MessageID, o.Status)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *txRun[TTx]) outbox() idemdriver.OutboxStore {
+	o, _ := any(r.store).(idemdriver.OutboxStore)
+	return o
 }
 
 func (r *txRun[TTx]) effects(ctx context.Context) (map[string]int, error) { return r.count(ctx) }
@@ -375,8 +450,9 @@ func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, 
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s_steps, %s_migrations`,
-			effects, best, table, table, table))
+		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s_steps, %s_runs, %s_outbox, %s_migrations`,
+			effects, best, table, table, table, table, table))
+		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s_outbox_notify()`, table))
 	}
 	fail := func(err error) (runDB, error) {
 		drop()
