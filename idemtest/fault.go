@@ -35,7 +35,8 @@ const (
 // faultStore decorates a TxStore and fails the next call of an armed kind
 // once. Its method set is TxStore's only: the inner
 // store's BeginClaim is hidden, so the Consumer takes the Begin-then-ClaimTx
-// path. faultBeginClaimStore adds a decorated BeginClaim.
+// path. faultBeginClaimStore adds a decorated BeginClaim, and
+// faultBeginBatchClaimStore a decorated BeginClaimBatch.
 type faultStore[TTx any] struct {
 	inner idemdriver.TxStore[TTx]
 	armed [numFaults]atomic.Bool
@@ -143,6 +144,44 @@ func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idemdrive
 	return tx, res, err
 }
 
+// faultBeginBatchClaimStore is a faultStore over a store with
+// BeginClaimBatch, which it keeps, decorated: faultBegin fails it before
+// it reaches the store, faultClaimBatch after the store made the claims.
+type faultBeginBatchClaimStore[TTx any] struct {
+	*faultStore[TTx]
+	bbc idemdriver.BeginBatchClaimer[TTx]
+}
+
+func (f *faultBeginBatchClaimStore[TTx]) BeginClaimBatch(ctx context.Context, p *idemdriver.ClaimBatchParams) (TTx, []idemdriver.ClaimResult, error) {
+	var zero TTx
+	if f.fire(faultBegin) {
+		return zero, nil, f.injected(ctx)
+	}
+	tx, res, err := f.bbc.BeginClaimBatch(ctx, p)
+	if err == nil && f.fire(faultClaimBatch) {
+		// BeginClaimBatch's contract: on error no transaction is left open.
+		_ = f.inner.Rollback(context.WithoutCancel(ctx), tx)
+		return zero, nil, errInjected
+	}
+	return tx, res, err
+}
+
+// batchPaths returns the ways the Consumer claims a batch on store: Begin
+// then ClaimBatchTx always, and BeginClaimBatch when the store has it.
+func batchPaths[TTx any](store idemdriver.TxStore[TTx]) []claimPath[TTx] {
+	paths := []claimPath[TTx]{{"BeginThenClaimBatchTx", func(s idemdriver.TxStore[TTx]) (idemdriver.TxStore[TTx], *faultStore[TTx]) {
+		f := &faultStore[TTx]{inner: s}
+		return f, f
+	}}}
+	if _, ok := store.(idemdriver.BeginBatchClaimer[TTx]); ok {
+		paths = append(paths, claimPath[TTx]{"BeginClaimBatch", func(s idemdriver.TxStore[TTx]) (idemdriver.TxStore[TTx], *faultStore[TTx]) {
+			f := &faultStore[TTx]{inner: s}
+			return &faultBeginBatchClaimStore[TTx]{faultStore: f, bbc: s.(idemdriver.BeginBatchClaimer[TTx])}, f
+		}})
+	}
+	return paths
+}
+
 // claimPath is one way the Consumer claims a single message.
 type claimPath[TTx any] struct {
 	name string
@@ -172,16 +211,22 @@ func faultCases[TTx any]() []testCase[TTx] {
 		{"CommitFails", forEachClaimPath(testFaultCommit[TTx])},
 		{"CommitLostAfterSuccess", forEachClaimPath(testFaultCommitLost[TTx])},
 		{"ProcessTxClaimFails", testFaultProcessTxClaim[TTx]},
-		{"BatchClaimFails", testFaultBatchClaim[TTx]},
-		{"BatchCommitFails", testFaultBatchCommit[TTx]},
+		{"BatchClaimFails", forEachPath(batchPaths[TTx], testFaultBatchClaim[TTx])},
+		{"BatchCommitFails", forEachPath(batchPaths[TTx], testFaultBatchCommit[TTx])},
 	}
 }
 
 // forEachClaimPath runs fn once per claim path of the store, each in a
 // parallel subtest with its own Setup.
 func forEachClaimPath[TTx any](fn func(t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx])) func(*testing.T, *bundle[TTx]) {
+	return forEachPath(claimPaths[TTx], fn)
+}
+
+// forEachPath runs fn once per path that paths returns for the store,
+// each in a parallel subtest with its own Setup.
+func forEachPath[TTx any](paths func(idemdriver.TxStore[TTx]) []claimPath[TTx], fn func(t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx])) func(*testing.T, *bundle[TTx]) {
 	return func(t *testing.T, b *bundle[TTx]) {
-		for _, p := range claimPaths(b.s.Store) {
+		for _, p := range paths(b.s.Store) {
 			t.Run(p.name, func(t *testing.T) {
 				t.Parallel()
 				nb := b.fresh(t, p.name)
@@ -308,9 +353,8 @@ func testFaultProcessTxClaim[TTx any](t *testing.T, b *bundle[TTx]) {
 // The batch claim fails: every valid message is Failed (whether it was new
 // cannot be known), invalid ones are still Rejected, nothing is recorded,
 // and the retried batch is processed.
-func testFaultBatchClaim[TTx any](t *testing.T, b *bundle[TTx]) {
-	f := &faultStore[TTx]{inner: b.s.Store}
-	c := b.consumerOn(f, "c", idem.Config{})
+func testFaultBatchClaim[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
+	c := b.consumerOn(store, "c", idem.Config{})
 	var bc batchCalls
 	h := b.batchHandler(c, &bc)
 	old := idem.Message{ID: "old", Payload: []byte("p")}
@@ -341,9 +385,8 @@ func testFaultBatchClaim[TTx any](t *testing.T, b *bundle[TTx]) {
 // The batch commit fails: the new messages are Failed and rolled back with
 // the handler's effects; the duplicate keeps its Duplicate outcome; the
 // retry is processed.
-func testFaultBatchCommit[TTx any](t *testing.T, b *bundle[TTx]) {
-	f := &faultStore[TTx]{inner: b.s.Store}
-	c := b.consumerOn(f, "c", idem.Config{})
+func testFaultBatchCommit[TTx any](t *testing.T, b *bundle[TTx], store idemdriver.TxStore[TTx], f *faultStore[TTx]) {
+	c := b.consumerOn(store, "c", idem.Config{})
 	var bc batchCalls
 	h := b.batchHandler(c, &bc)
 	old := idem.Message{ID: "old", Payload: []byte("p")}
