@@ -25,6 +25,8 @@ func Outbox(table string) *sqlstore.Outbox {
 		HeadersOut:      `headers::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
+		// The predicate of the key index (migration 006).
+		KeyPending: `COALESCE(p.sent_at, p.failed_at) IS NULL`,
 	})
 }
 

@@ -10,3 +10,7 @@ import (
 func EnsurePartitionsAt(ctx context.Context, s *Store, at time.Time) error {
 	return s.ensureAt(ctx, at)
 }
+
+// OutboxClaimSQL is the relay's claim statement on s's outbox: limit
+// ($1, rows) and lease ($2, microseconds).
+func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }

@@ -1,0 +1,105 @@
+package idempgxv5_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/idem-go/idem/store/idempgxv5"
+	"github.com/jackc/pgx/v5"
+)
+
+// TestOutboxClaimOrderCheckPlan checks how PostgreSQL runs the relay's
+// claim on an analyzed outbox with a backlog of pending rows, each with an
+// ordering key of its own (as when the key is the record key): the order
+// check (an earlier pending row of the same destination and key?) probes
+// the key index, and nothing in the plan walks the pending-rows index on
+// seq more than once. A check run on that index reads every earlier
+// pending row per row claimed: 20,000 pending rows made claims of 100
+// take most of a second.
+func TestOutboxClaimOrderCheckPlan(t *testing.T) {
+	testURL(t)
+	b := setup(t, poolOpts{})
+	ctx := context.Background()
+	outbox := b.table + "_outbox"
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+outbox+` (id, destination, order_key, payload)
+		SELECT 'id-' || g, 'orders', 'order-' || g || '-' || md5(g::text), '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	// The relay has sent the oldest 80%.
+	if _, err := b.pool.Exec(ctx, `UPDATE `+outbox+` SET sent_at = now() WHERE seq <= (SELECT min(seq) + 16000 FROM `+outbox+`)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `ANALYZE `+outbox); err != nil {
+		t.Fatal(err)
+	}
+	keyIndex, pendIndex := b.table+"_outbox_key_pending", b.table+"_outbox_pend"
+	sub, pendScans, raw := claimPlan(t, b.pool, b)
+	if sub.IndexName != keyIndex {
+		t.Errorf("the order check runs as a %s on %q, want a scan of %s: %s", sub.NodeType, sub.IndexName, keyIndex, raw)
+	}
+	if pendScans != 1 {
+		t.Errorf("the claim's plan scans %s %d times, want once (the rows in seq order): %s", pendIndex, pendScans, raw)
+	}
+
+	// The pending-rows index is not one the check can run on at all, so
+	// no cost estimate can make the planner pick it: without the key
+	// index, the check still does not walk it.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `DROP INDEX `+keyIndex); err != nil {
+		t.Fatal(err)
+	}
+	sub, pendScans, raw = claimPlan(t, tx, b)
+	if sub.IndexName == pendIndex || pendScans != 1 {
+		t.Errorf("without the key index, the order check runs as a %s on %q, and the plan scans %s %d times (want once): %s",
+			sub.NodeType, sub.IndexName, pendIndex, pendScans, raw)
+	}
+}
+
+// claimPlan returns the plan of the relay's claim of 100 rows on q: the
+// order check's subplan, how many of its nodes scan the pending-rows
+// index, and the plan as JSON.
+func claimPlan(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, b *bundle) (sub planNode, pendScans int, raw []byte) {
+	t.Helper()
+	if err := q.QueryRow(context.Background(), `EXPLAIN (FORMAT JSON) `+idempgxv5.OutboxClaimSQL(b.store), int64(100), int64(30_000_000)).Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	var plan []struct{ Plan planNode }
+	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
+		t.Fatalf("plan %s: %v", raw, err)
+	}
+	found := false
+	plan[0].Plan.walk(func(n *planNode) {
+		if n.SubplanName != "" {
+			sub, found = *n, true
+		}
+		if n.IndexName == b.table+"_outbox_pend" {
+			pendScans++
+		}
+	})
+	if !found {
+		t.Fatalf("no subplan (the order check) in the claim's plan: %s", raw)
+	}
+	return sub, pendScans, raw
+}
+
+// planNode is one node of EXPLAIN (FORMAT JSON).
+type planNode struct {
+	NodeType    string     `json:"Node Type"`
+	IndexName   string     `json:"Index Name"`
+	SubplanName string     `json:"Subplan Name"`
+	Plans       []planNode `json:"Plans"`
+}
+
+func (n *planNode) walk(f func(*planNode)) {
+	f(n)
+	for i := range n.Plans {
+		n.Plans[i].walk(f)
+	}
+}
