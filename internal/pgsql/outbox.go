@@ -25,7 +25,7 @@ func Outbox(table string) *sqlstore.Outbox {
 		HeadersOut:      `headers::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
-		// The predicate of the key index (migration 006).
+		// The predicate of the key index (migration 007).
 		KeyPending: `COALESCE(p.sent_at, p.failed_at) IS NULL`,
 	})
 }
