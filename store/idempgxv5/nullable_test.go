@@ -12,6 +12,7 @@ import (
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // rawLease is a record's lease-mode columns as stored: nil is NULL.
@@ -57,32 +58,8 @@ func testNullableLeaseColumns(t *testing.T, mode pgx.QueryExecMode) {
 			t.Errorf("drop test tables: %v", err)
 		}
 	})
-	parsed, err := sqlschema.ParseTable(table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	migs, err := sqlschema.Migrations(sqlschema.Postgres, parsed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(migs) < 6 || migs[5].Version != 6 {
-		t.Fatalf("migrations: %d, want 006 sixth", len(migs))
-	}
-	mt := pgsql.New(table).Migrations
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	apply := func(m sqlschema.Migration) {
-		t.Helper()
-		for _, st := range m.Statements() {
-			exec(st)
-		}
-		exec(mt.Record, m.Version)
-	}
-	exec(mt.Create)
+	migs := migrationsOf(t, sqlschema.Postgres, table)
+	apply, exec := applier(t, pool, table)
 	apply(migs[0])
 	// A record of the version-1 store: its lease columns come from the
 	// defaults migration 002 adds them with.
@@ -90,6 +67,9 @@ func testNullableLeaseColumns(t *testing.T, mode pgx.QueryExecMode) {
 	exec(insert, "c", "v1", fp("v1"))
 	for _, m := range migs[1:5] {
 		apply(m)
+	}
+	if migs[5].Version != 6 {
+		t.Fatalf("migration %s sixth, want 006", migs[5].Name)
 	}
 	exec(insert, "c", "v5", fp("v5")) // a claim before migration 006
 
@@ -125,20 +105,9 @@ func testNullableLeaseColumns(t *testing.T, mode pgx.QueryExecMode) {
 	if err := pool.QueryRow(ctx, `SELECT count(*), max(version) FROM `+table+`_migrations`).Scan(&nVersions, &maxVersion); err != nil || nVersions != len(migs) || maxVersion != migs[len(migs)-1].Version {
 		t.Fatalf("versions: %d up to %d, %v; want %d", nVersions, maxVersion, err, len(migs))
 	}
-	var nullable int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns
-		WHERE table_name = $1 AND column_name IN ('state', 'token', 'attempt') AND is_nullable = 'YES' AND column_default IS NULL`, table).Scan(&nullable); err != nil || nullable != 3 {
-		t.Fatalf("nullable lease columns without a default: %d, %v; want 3", nullable, err)
-	}
+	wantNullable(t, pool, table)
 
-	raw := func(id string) rawLease {
-		t.Helper()
-		var r rawLease
-		if err := pool.QueryRow(ctx, `SELECT state::int4, token, attempt FROM `+table+` WHERE consumer = 'c' AND message_id = $1`, id).Scan(&r.state, &r.token, &r.attempt); err != nil {
-			t.Fatalf("read %s: %v", id, err)
-		}
-		return r
-	}
+	raw := func(id string) rawLease { return readRaw(t, pool, table, id) }
 	for _, id := range []string{"v1", "v5"} {
 		if r := raw(id); !r.is(2, 0, 1) {
 			t.Errorf("%s after migration 006: %+v, want its values kept (2, 0, 1)", id, r)
@@ -292,5 +261,141 @@ func testNullableLeaseColumns(t *testing.T, mode pgx.QueryExecMode) {
 	rows, _ := pool.Query(ctx, `SELECT message_id FROM `+table+` ORDER BY message_id`)
 	if left, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(left) != 2 || left[0] != "lease-new" || left[1] != "old-lease" {
 		t.Errorf("left after the purge: %v, %v; want the two in_progress records", left, err)
+	}
+}
+
+// migrationsOf returns the migrations of d for table, and checks that
+// 006 is among them.
+func migrationsOf(t *testing.T, d sqlschema.Dialect, table string) []sqlschema.Migration {
+	t.Helper()
+	parsed, err := sqlschema.ParseTable(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	migs, err := sqlschema.Migrations(d, parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(migs) < 6 {
+		t.Fatalf("%d migrations, want 006 among them", len(migs))
+	}
+	return migs
+}
+
+// applier returns apply, which runs one migration on table by hand and
+// records it as Migrate does (the migrations table made first), and exec,
+// which runs a statement; both fail the test on error.
+func applier(t *testing.T, pool *pgxpool.Pool, table string) (apply func(sqlschema.Migration), exec func(q string, args ...any)) {
+	mt := pgsql.New(table).Migrations
+	exec = func(q string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(t.Context(), q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	apply = func(m sqlschema.Migration) {
+		t.Helper()
+		for _, st := range m.Statements() {
+			exec(st)
+		}
+		exec(mt.Record, m.Version)
+	}
+	exec(mt.Create)
+	return apply, exec
+}
+
+// readRaw reads the lease columns of consumer c's record id as stored.
+func readRaw(t *testing.T, pool *pgxpool.Pool, table, id string) rawLease {
+	t.Helper()
+	var r rawLease
+	if err := pool.QueryRow(t.Context(), `SELECT state::int4, token, attempt FROM `+table+` WHERE consumer = 'c' AND message_id = $1`, id).Scan(&r.state, &r.token, &r.attempt); err != nil {
+		t.Fatalf("read %s: %v", id, err)
+	}
+	return r
+}
+
+// wantNullable checks that every relation whose name starts with table
+// (the table, and a partitioned table's partitions) has state, token and
+// attempt nullable without a default.
+func wantNullable(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	var rels, bad int
+	if err := pool.QueryRow(t.Context(), `SELECT count(DISTINCT table_name), count(*) FILTER (WHERE is_nullable <> 'YES' OR column_default IS NOT NULL)
+		FROM information_schema.columns
+		WHERE starts_with(table_name, $1) AND column_name IN ('state', 'token', 'attempt')`, table).Scan(&rels, &bad); err != nil || rels == 0 || bad != 0 {
+		t.Fatalf("lease columns: %d of %d relations' NOT NULL or with a default, %v; want none", bad, rels, err)
+	}
+}
+
+// TestNullableLeaseColumnsPartitioned upgrades a partitioned table (made
+// by the partitioned layout's migrations up to 005, with its partitions)
+// holding a transactional record: migration 006 reaches the partitions
+// already attached and those created later, the old record keeps its
+// values, a new claim stores NULLs, and both are completed duplicates
+// that Inspect reports alike.
+func TestNullableLeaseColumnsPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := newPool(t, poolOpts{})
+	table := randName("idem_t_")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dropTables(ctx, pool, table); err != nil {
+			t.Errorf("drop test tables: %v", err)
+		}
+	})
+	migs := migrationsOf(t, sqlschema.PostgresPartitioned, table)
+	apply, _ := applier(t, pool, table)
+	for _, m := range migs {
+		if m.Version < 6 {
+			apply(m)
+		}
+	}
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table, Partitions: &idempgxv5.Partitions{Bucket: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.EnsurePartitions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(id string) idemdriver.ClaimResult {
+		t.Helper()
+		tx, res, err := store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "c", MessageID: id, Fingerprint: fp(id)})
+		if err != nil {
+			t.Fatalf("BeginClaim(%s): %v", id, err)
+		}
+		if err := store.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if !claim("old").Claimed {
+		t.Fatal("claim of old before 006: not claimed")
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate to 006: %v", err)
+	}
+	// A partition created after the migration, too.
+	if err := idempgxv5.EnsurePartitionsAt(ctx, store, time.Now().Add(24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	wantNullable(t, pool, table)
+	if !claim("new").Claimed {
+		t.Fatal("claim of new: not claimed")
+	}
+	if r := readRaw(t, pool, table, "old"); !r.is(2, 0, 1) {
+		t.Errorf("old: %+v, want (2, 0, 1) kept", r)
+	}
+	if r := readRaw(t, pool, table, "new"); !r.null() {
+		t.Errorf("new: %+v, want NULLs", r)
+	}
+	for _, id := range []string{"old", "new"} {
+		if res := claim(id); res.Claimed || res.State != idemdriver.StateCompleted || !bytes.Equal(res.Fingerprint, fp(id)) {
+			t.Errorf("claim of %s again: %+v, want the completed record", id, res)
+		}
+		if r, err := store.Inspect(ctx, "c", id); err != nil || r.State != idemdriver.StateCompleted || r.Token != 0 || r.Attempt != 1 {
+			t.Errorf("Inspect(%s): %+v, %v; want completed, token 0, attempt 1", id, r, err)
+		}
 	}
 }
