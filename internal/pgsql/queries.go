@@ -54,6 +54,19 @@
 // transaction inserted waits for it, then claims (rolled back) or reports
 // the record, which its snapshot (READ COMMITTED, taken before the wait)
 // cannot see: then a second statement, with a new snapshot, reads it.
+//
+// # Transactional records
+//
+// A claim inserts consumer, message_id and fingerprint only: the
+// lease-mode columns of a transactional record are NULL (state, token and
+// attempt have no default since migration 006), which keeps the row
+// narrow. Every statement reads a NULL state as completed (2), a NULL
+// token as 0 and a NULL attempt as 1, the values of the records written
+// before that migration: claims report it through sqlstore.State, the
+// lease statements and Inspect through COALESCE, and the purge selects
+// "state IS DISTINCT FROM 1" (state <> 1 would skip NULL rows). The
+// fenced writes (renew, complete, release, saveStep) match state = 1
+// only, which a NULL state never is.
 package pgsql
 
 import (
@@ -199,14 +212,14 @@ UNION ALL
 	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
 	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `, now())
 	ON CONFLICT (consumer, message_id) DO UPDATE
-	SET token = r.token + 1, attempt = r.attempt + 1, lease_expires_at = excluded.lease_expires_at,
+	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
 		processed_at = excluded.processed_at, updated_at = excluded.updated_at
 	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
 	RETURNING r.token, r.attempt
 )
 SELECT true, 0::bigint, token::bigint, attempt::bigint, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
 UNION ALL
-SELECT false, state::bigint, token, attempt::bigint, fingerprint,
+SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, fingerprint,
 	CASE WHEN state = 1 AND lease_expires_at > now()
 	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at)`) + `, 0) ELSE 0 END,
 	result, content_type, last_error,
@@ -241,10 +254,11 @@ SELECT count(*) FROM owner`,
 		// One statement per batch: the batch (oldest first, skipping rows
 		// locked by others, so claims and other cleaners are never
 		// waited for), the records, and their recovery points. Purges
-		// never touch in_progress (state 1) records.
+		// never touch in_progress (state 1) records; a NULL state (a
+		// transactional record) is a completed one.
 		purgeBatch: `WITH batch AS (
 	SELECT message_id FROM ` + t + `
-	WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state <> 1
+	WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1
 	ORDER BY processed_at
 	LIMIT $3::bigint
 	FOR UPDATE SKIP LOCKED
@@ -255,7 +269,7 @@ SELECT count(*) FROM owner`,
 	DELETE FROM ` + steps + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
 )
 SELECT count(*) FROM del`,
-		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, state::bigint, token, attempt::bigint, ` + Micros(`lease_expires_at`) + `, last_error
+		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error
 FROM ` + t + ` WHERE ` + pk,
 		Stats: `SELECT consumer, count(*), ` + Micros(`min(processed_at)`) + `, ` + Micros(`max(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
@@ -278,7 +292,7 @@ INSERT INTO ` + runs + ` AS r (consumer, started_at, ended_at)
 SELECT $1::text, now(), now() WHERE NOT EXISTS (SELECT FROM ext)
 ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at, excluded.ended_at)`,
 			Runs:  `SELECT ` + Micros(`started_at`) + `, ` + Micros(`ended_at`) + ` FROM ` + runs + ` WHERE consumer = $1::text ORDER BY started_at`,
-			Count: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state <> 1`,
+			Count: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1`,
 			Prune: `DELETE FROM ` + runs + ` WHERE consumer = $1::text AND ended_at < ` + TimeParam(`$2`),
 		},
 		Migrations: sqlstore.MigrationTable{

@@ -31,7 +31,8 @@ const (
 	// PostgresPartitioned is PostgreSQL with the processed-messages table
 	// range-partitioned by processed_at: its own migrations 001 (the
 	// partitioned table) and 002 (the horizons table), then Postgres's
-	// from 003 on (runs, outbox).
+	// from 003 on (runs, outbox, and 006, which makes the lease-mode
+	// columns nullable: the partitioned table has the same ones).
 	PostgresPartitioned Dialect = "postgres_partitioned"
 )
 

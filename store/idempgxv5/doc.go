@@ -162,10 +162,14 @@
 // [idem.LeaseConsumer] claims a message with a lease instead of a
 // transaction. Lease-mode records live in the same table, with the columns
 // of migration 002: state (1 in_progress, 2 completed, 3 failed, the values
-// of [idemdriver.RecordState]; the default 2 makes every transactional record a
-// completed one), token (the fencing token of the attempt owning an
-// in_progress record; 0 for transactional records), attempt, lease_expires_at
-// (timestamptz), result (bytea), content_type, last_error and updated_at;
+// of [idemdriver.RecordState]), token (the fencing token of the attempt
+// owning an in_progress record), attempt, lease_expires_at (timestamptz),
+// result (bytea), content_type, last_error and updated_at. A
+// transactional claim writes none of them: since migration 006 state,
+// token and attempt have no default and a transactional record holds
+// NULLs, read everywhere as completed, token 0 and attempt 1 (the values
+// that records written before that migration hold), which keeps the row
+// narrow;
 // recovery points ([idem.Attempt.Step]) go to Table + "_steps". The
 // statements are store/idemsql's PostgreSQL ones, so both stores behave the
 // same on one table.

@@ -11,8 +11,9 @@ import (
 // Migrate implements [idemdriver.Migrator]: it applies the PostgreSQL
 // migrations embedded in idem (internal/sqlschema: 001 the
 // processed-messages table, 002 the lease-mode columns and Table +
-// "_steps", 003 the runs table Table + "_runs") that the table has not had
-// yet, in one transaction, and records each version with the server's
+// "_steps", 003 the runs table Table + "_runs", 004 and 005 the outbox,
+// 006 the lease-mode columns nullable for transactional records) that the
+// table has not had yet, in one transaction, and records each version with the server's
 // time in Table + "_migrations" (version int primary key, applied_at
 // timestamptz).
 //

@@ -156,12 +156,17 @@
 // with more columns (migration 002):
 //
 //   - state: 1 in_progress, 2 completed, 3 failed (the values of
-//     [idemdriver.RecordState]). Its default is 2, so the records of
-//     transactional mode, whose claims write only the columns of migration
-//     001, are completed records, and tables from before the migration keep
-//     their meaning;
-//   - token (bigint, default 0), the fencing token of the attempt that owns
-//     an in_progress record, and attempt (default 1), the attempts made;
+//     [idemdriver.RecordState]). On MySQL and SQLite its default is 2, so
+//     the records of transactional mode, whose claims write only the
+//     columns of migration 001, are completed records, and tables from
+//     before the migration keep their meaning. On PostgreSQL, since
+//     migration 006, it has no default and is NULL in the records of
+//     transactional mode (a narrower row), which every statement reads as
+//     completed; the records written before keep their 2;
+//   - token (bigint, default 0; NULL and read as 0 in PostgreSQL's
+//     transactional records since migration 006), the fencing token of the
+//     attempt that owns an in_progress record, and attempt (default 1;
+//     NULL and read as 1 likewise), the attempts made;
 //   - lease_expires_at, when the lease ends (timestamptz on PostgreSQL, a UTC
 //     DATETIME(6) on MySQL, Unix microseconds on SQLite, like processed_at);
 //   - result (bytea, LONGBLOB, BLOB; NULL for transactional records),
