@@ -3,11 +3,13 @@ package idempgxv5_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The outbox INSERT travels with the COMMIT (Store.EmitCommit): when the
@@ -115,4 +117,68 @@ func TestEmitCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkPool(t, b.pool)
+}
+
+// On a connection with a query tracer, EmitCommit takes two round trips
+// (EmitTx, then Commit), so that the tracer records a real, successful
+// COMMIT rather than the ended-context Commit that closes pgx's Tx after a
+// pipelined one.
+func TestEmitCommitTraced(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &queryLog{}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close) // after the tables are dropped
+	b := setupOn(t, pool)
+	c := b.consumer(t, "traced")
+	tr.mu.Lock()
+	tr.failed, tr.commits = 0, 0 // the migration's
+	tr.mu.Unlock()
+	out, err := c.Process(ctx, idem.Message{ID: "m1", Payload: []byte("p")}, func(ctx context.Context, tx pgx.Tx, msg idem.Message) error {
+		_, err := idem.Emit(ctx, idem.OutgoingMessage{Destination: "d", Payload: msg.Payload})
+		return err
+	})
+	if err != nil || out.Status != idem.Processed {
+		t.Fatalf("Process = %v, %v", out.Status, err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+`_outbox WHERE source_id = 'm1'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d outgoing rows of m1 (%v); want 1", n, err)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if tr.failed != 0 || tr.commits < 1 {
+		t.Fatalf("tracer saw %d failed queries and %d commits; want none failed and the consumer's commit", tr.failed, tr.commits)
+	}
+	checkPool(t, pool)
+}
+
+// queryLog is a pgx.QueryTracer that counts failed queries and commits.
+type queryLog struct {
+	mu              sync.Mutex
+	failed, commits int
+}
+
+type sqlKey struct{}
+
+func (l *queryLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, sqlKey{}, d.SQL)
+}
+
+func (l *queryLog) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d.Err != nil {
+		l.failed++
+	}
+	if q, _ := ctx.Value(sqlKey{}).(string); q == "commit" {
+		l.commits++
+	}
 }

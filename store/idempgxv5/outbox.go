@@ -58,22 +58,23 @@ func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams)
 // [Store.BeginClaimBatch]) it sends the set_config that makes the
 // transaction quiet (see EmitTx), the outbox INSERT and the COMMIT in one
 // round trip, and after the commit notifies relays as [Store.Commit]
-// does. In any other transaction it is EmitTx, then Commit. p is checked
-// first (idemdriver.ValidateEmitParams), so tx stays usable on invalid
-// input. When a statement fails, those after it are not run, nothing
+// does. In any other transaction it is [Store.EmitTx], then
+// [Store.Commit]. p is checked first (idemdriver.ValidateEmitParams), so
+// tx stays usable on invalid input. When a statement fails, those after it are not run, nothing
 // commits, and the error is the failed statement's; the caller rolls tx
 // back.
 //
 // pgx's Tx learns of the commit through a Commit with a context ended
-// beforehand, which pgx refuses before sending anything: a query tracer on
-// the connection sees that call end with the context's error.
+// beforehand, which pgx refuses before sending anything. A query tracer
+// (pgx.ConnConfig.Tracer) would record that call as a failed "commit", so
+// on a connection with a tracer EmitCommit is EmitTx, then Commit.
 func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
 	q, args, err := s.outbox().EmitStatement(p)
 	if err != nil {
 		return err
 	}
-	if _, ok := s.own.Load(tx); !ok {
-		if err := s.outbox().Emit(ctx, querier{tx}, p); err != nil {
+	if _, ok := s.own.Load(tx); !ok || tx.Conn().Config().Tracer != nil {
+		if err := s.EmitTx(ctx, tx, p); err != nil {
 			return err
 		}
 		return s.Commit(ctx, tx)
