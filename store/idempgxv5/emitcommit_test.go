@@ -157,7 +157,6 @@ func TestEmitCommitTraced(t *testing.T) {
 	if tr.failed != 0 || tr.commits < 1 {
 		t.Fatalf("tracer saw %d failed queries and %d commits; want none failed and the consumer's commit", tr.failed, tr.commits)
 	}
-	checkPool(t, pool)
 }
 
 // queryLog is a pgx.QueryTracer that counts failed queries and commits.
