@@ -315,12 +315,9 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		e.take()
 		return c.handlerFailed(msg.ID, err, c.rollback(ctx, b, msg.ID, tx))
 	}
-	var emitted int
-	if err := b.call(func(bctx context.Context) (err error) { emitted, err = c.emitTx(bctx, tx, msg.ID, e); return err }); err != nil {
+	emitted, err := c.emitCommit(ctx, b, tx, msg.ID, e)
+	if err != nil {
 		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, b, msg.ID, tx)))
-	}
-	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
-		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "commit", msg.ID, err), c.rollback(ctx, b, msg.ID, tx)))
 	}
 	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
@@ -563,13 +560,9 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
 		return
 	}
-	var emitted int
-	if err := b.call(func(bctx context.Context) (err error) { emitted, err = c.emitTx(bctx, tx, "", e); return err }); err != nil {
+	emitted, err := c.emitCommit(ctx, b, tx, "", e)
+	if err != nil {
 		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
-		return
-	}
-	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
-		fail(errors.Join(c.storeErr(ctx, "commit", "", err), c.rollback(ctx, b, "", tx)))
 		return
 	}
 	c.committed(ctx, "", emitted)

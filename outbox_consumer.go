@@ -10,13 +10,17 @@ import (
 // outbox: writing rows in a transaction, and looking up what a message
 // left unsent. Either may be nil.
 type consumerOutbox[TTx any] struct {
-	tx    idemdriver.OutboxTx[TTx]
-	store idemdriver.OutboxStore
+	tx     idemdriver.OutboxTx[TTx]
+	commit idemdriver.OutboxCommitter[TTx] // nil: EmitTx, then Commit
+	store  idemdriver.OutboxStore
 }
 
 func newConsumerOutbox[TTx any](s idemdriver.TxStore[TTx]) consumerOutbox[TTx] {
 	var o consumerOutbox[TTx]
 	o.tx, _ = s.(idemdriver.OutboxTx[TTx])
+	if o.tx != nil {
+		o.commit, _ = s.(idemdriver.OutboxCommitter[TTx])
+	}
 	o.store, _ = s.(idemdriver.OutboxStore)
 	return o
 }
@@ -48,6 +52,35 @@ func (c *Consumer[TTx]) emitTx(ctx context.Context, tx TTx, id string, e *emitte
 	}
 	if err := c.out.tx.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}); err != nil {
 		return 0, c.storeErr(ctx, "emit", id, err)
+	}
+	return len(rows), nil
+}
+
+// emitCommit writes what the handler emitted into tx, a transaction the
+// Consumer began, and commits tx: in one call when the store implements
+// idemdriver.OutboxCommitter and rows were emitted, else EmitTx (if rows
+// were emitted) and Commit. It returns how many rows it wrote; its error
+// matches ErrStore, and the caller then rolls tx back.
+func (c *Consumer[TTx]) emitCommit(ctx context.Context, b *txBound, tx TTx, id string, e *emitter) (int, error) {
+	var rows []idemdriver.OutgoingRecord
+	if e != noOutbox {
+		rows = e.take()
+	}
+	if len(rows) > 0 && c.out.commit != nil {
+		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}
+		if err := b.call(func(bctx context.Context) error { return c.out.commit.EmitCommit(bctx, tx, p) }); err != nil {
+			return 0, c.storeErr(ctx, "emit and commit", id, err)
+		}
+		return len(rows), nil
+	}
+	if len(rows) > 0 {
+		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}
+		if err := b.call(func(bctx context.Context) error { return c.out.tx.EmitTx(bctx, tx, p) }); err != nil {
+			return 0, c.storeErr(ctx, "emit", id, err)
+		}
+	}
+	if err := b.call(func(bctx context.Context) error { return c.store.Commit(bctx, tx) }); err != nil {
+		return 0, c.storeErr(ctx, "commit", id, err)
 	}
 	return len(rows), nil
 }

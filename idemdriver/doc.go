@@ -25,7 +25,8 @@
 // idem command's migrate, inspect and stats. The transactional outbox is
 // [OutboxTx] (write outgoing rows in the handler's transaction) and
 // [OutboxStore] (what the relay claims, marks and purges), with the
-// optional [OutboxNotifier] (PostgreSQL LISTEN/NOTIFY).
+// optional [OutboxCommitter] (the rows' INSERT sent with the COMMIT) and
+// [OutboxNotifier] (PostgreSQL LISTEN/NOTIFY).
 //
 // # Validation
 //

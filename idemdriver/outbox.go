@@ -40,6 +40,24 @@ type OutboxTx[TTx any] interface {
 	EmitTx(ctx context.Context, tx TTx, p *EmitParams) error
 }
 
+// OutboxCommitter is an optional capability of an [OutboxTx] store: write
+// outgoing rows into tx and commit tx in one step, with fewer round trips
+// than EmitTx followed by [TxStore.Commit] (store/idempgxv5 sends the
+// INSERT and the COMMIT together). The core calls it instead of those two
+// for a transaction it began through the store and whose handler emitted
+// rows; never for a caller's own transaction (ProcessTx), which the core
+// does not commit.
+//
+// p is checked with [ValidateEmitParams] before any statement is sent
+// (tx then stays open and usable). A nil error means the rows committed
+// with everything else in tx. On an error nothing of tx committed, except
+// when the commit itself failed with its outcome unknown (a connection
+// lost while it was in flight), as for Commit; either way the caller rolls
+// tx back, which must be a no-op when tx already ended.
+type OutboxCommitter[TTx any] interface {
+	EmitCommit(ctx context.Context, tx TTx, p *EmitParams) error
+}
+
 // OutboxStore is what the relay needs of a store: claim pending outgoing
 // rows with a lease, mark them sent or failed, look up what an incoming
 // message left unsent, purge sent rows, and report the backlog. Every

@@ -130,8 +130,21 @@ func (o *Outbox) Table() string { return o.d.Table }
 // Emit inserts p's rows in one statement, in order, after checking p
 // (idemdriver.ValidateEmitParams), so tx stays usable on invalid input.
 func (o *Outbox) Emit(ctx context.Context, tx Querier, p *idemdriver.EmitParams) error {
-	if err := idemdriver.ValidateEmitParams(p); err != nil {
+	q, args, err := o.EmitStatement(p)
+	if err != nil {
 		return err
+	}
+	_, err = tx.Exec(ctx, q, args...)
+	return err
+}
+
+// EmitStatement returns the INSERT of [Outbox.Emit] and its arguments,
+// for a store that sends it itself (pipelined with other statements),
+// after checking p (idemdriver.ValidateEmitParams): its errors match
+// idemdriver.ErrInvalidOutgoing or ErrInvalidConsumerName.
+func (o *Outbox) EmitStatement(p *idemdriver.EmitParams) (string, []any, error) {
+	if err := idemdriver.ValidateEmitParams(p); err != nil {
+		return "", nil, err
 	}
 	var b strings.Builder
 	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols + ` VALUES `)
@@ -151,13 +164,12 @@ func (o *Outbox) Emit(ctx context.Context, tx Querier, p *idemdriver.EmitParams)
 		b.WriteByte(')')
 		h, err := EncodeHeaders(m.Headers)
 		if err != nil {
-			return err
+			return "", nil, err
 		}
 		args = append(args, m.ID, m.Consumer, m.SourceID, m.Destination, m.Key, NonNil(m.Payload), h)
 	}
 	b.WriteString(o.d.IgnoreDuplicate)
-	_, err := tx.Exec(ctx, b.String(), args...)
-	return err
+	return b.String(), args, nil
 }
 
 // Claim claims p's rows: with one UPDATE ... RETURNING on db, or, for a

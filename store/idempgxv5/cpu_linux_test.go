@@ -47,6 +47,17 @@ func startCPU(tb testing.TB, pool *pgxpool.Pool) *cpuMeter {
 	return m
 }
 
+// startCPUs is startCPU over the backends of several pools at once.
+func startCPUs(tb testing.TB, pools ...*pgxpool.Pool) *cpuMeter {
+	tb.Helper()
+	m := &cpuMeter{}
+	for _, p := range pools {
+		m.pids = append(m.pids, startCPU(tb, p).pids...)
+	}
+	m.server, m.client = m.read()
+	return m
+}
+
 func (m *cpuMeter) read() (server, client time.Duration) {
 	for _, pid := range m.pids {
 		d, ok := procCPU(pid)

@@ -14,9 +14,10 @@ import (
 
 // Interface checks.
 var (
-	_ idemdriver.OutboxTx[pgx.Tx] = (*Store)(nil)
-	_ idemdriver.OutboxStore      = (*Store)(nil)
-	_ idemdriver.OutboxNotifier   = (*Store)(nil)
+	_ idemdriver.OutboxTx[pgx.Tx]        = (*Store)(nil)
+	_ idemdriver.OutboxCommitter[pgx.Tx] = (*Store)(nil)
+	_ idemdriver.OutboxStore             = (*Store)(nil)
+	_ idemdriver.OutboxNotifier          = (*Store)(nil)
 )
 
 // outboxes caches the outbox statements per table.
@@ -50,6 +51,64 @@ func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams)
 		return nil
 	}
 	return s.outbox().Emit(ctx, querier{tx}, p)
+}
+
+// EmitCommit implements [idemdriver.OutboxCommitter]: in a transaction
+// this Store began ([Store.Begin], [Store.BeginClaim],
+// [Store.BeginClaimBatch]) it sends the set_config that makes the
+// transaction quiet (see EmitTx), the outbox INSERT and the COMMIT in one
+// round trip, and after the commit notifies relays as [Store.Commit]
+// does. In any other transaction it is [Store.EmitTx], then
+// [Store.Commit]. p is checked first (idemdriver.ValidateEmitParams), so
+// tx stays usable on invalid input. When a statement fails, those after it are not run, nothing
+// commits, and the error is the failed statement's; the caller rolls tx
+// back.
+//
+// pgx's Tx learns of the commit through a Commit with a context ended
+// beforehand, which pgx refuses before sending anything. A query tracer
+// (pgx.ConnConfig.Tracer) would record that call as a failed "commit", so
+// on a connection with a tracer EmitCommit is EmitTx, then Commit.
+func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	q, args, err := s.outbox().EmitStatement(p)
+	if err != nil {
+		return err
+	}
+	if _, ok := s.own.Load(tx); !ok || tx.Conn().Config().Tracer != nil {
+		if err := s.EmitTx(ctx, tx, p); err != nil {
+			return err
+		}
+		return s.Commit(ctx, tx)
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
+	b.Queue(q, args...)
+	b.Queue(`COMMIT`)
+	br := tx.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err != nil {
+		return err
+	}
+	// The transaction ended with the COMMIT above: close pgx's Tx (and
+	// return the connection to the pool) without sending another.
+	s.own.Delete(tx)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = tx.Commit(ended)
+	s.wakeRelays()
+	return nil
 }
 
 // quietQuerier is the querier of EmitTx in a transaction the Store began:
