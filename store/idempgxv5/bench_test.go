@@ -118,20 +118,15 @@ func runWorkers(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Con
 	return measure(b, bb, msgsPerOp, op)
 }
 
-// measure is runWorkers on the bundle's tables as they are.
-func measure(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) float64 {
-	b.Helper()
-	ctx := context.Background()
-	m := startCPU(b, bb.pool)
-	w := startWAL(b, bb)
+// runOps calls op(ctx, i) for every i in [0, b.N), on benchWorkers
+// goroutines, and returns the first error (the workers stop at it).
+func runOps(ctx context.Context, b *testing.B, op func(ctx context.Context, i int64) error) error {
 	var (
 		next    atomic.Int64
 		wg      sync.WaitGroup
 		errOnce sync.Once
 		opErr   error
 	)
-	b.ResetTimer()
-	start := time.Now()
 	for range benchWorkers {
 		wg.Go(func() {
 			for {
@@ -147,6 +142,18 @@ func measure(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Contex
 		})
 	}
 	wg.Wait()
+	return opErr
+}
+
+// measure is runWorkers on the bundle's tables as they are.
+func measure(b *testing.B, bb *bundle, msgsPerOp int, op func(ctx context.Context, i int64) error) float64 {
+	b.Helper()
+	ctx := context.Background()
+	m := startCPU(b, bb.pool)
+	w := startWAL(b, bb)
+	b.ResetTimer()
+	start := time.Now()
+	opErr := runOps(ctx, b, op)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if opErr != nil {

@@ -155,35 +155,16 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	running.Go(func() { _ = r.Run(rctx) })
 	defer func() { cancel(); running.Wait() }()
 	prefix := benchPrefix()
-	var (
-		next    atomic.Int64
-		wg      sync.WaitGroup
-		errOnce sync.Once
-		opErr   error
-	)
 	b.ResetTimer()
 	start := time.Now()
-	for range benchWorkers {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					return
-				}
-				out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
-				if err == nil && out.Status != idem.Processed {
-					err = fmt.Errorf("outcome %v", out.Status)
-				}
-				if err != nil {
-					errOnce.Do(func() { opErr = err })
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if opErr != nil {
-		b.Fatal(opErr)
+	if err := runOps(ctx, b, func(ctx context.Context, i int64) error {
+		out, err := c.Process(ctx, idem.Message{ID: prefix + strconv.FormatInt(i, 10), Payload: payload}, h)
+		if err == nil && out.Status != idem.Processed {
+			err = fmt.Errorf("outcome %v", out.Status)
+		}
+		return err
+	}); err != nil {
+		b.Fatal(err)
 	}
 	select {
 	case <-all:
