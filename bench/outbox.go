@@ -47,10 +47,10 @@ type outboxRun struct {
 	stop    func()
 }
 
-// startOutbox creates ch's outgoing destination and starts a relay from
-// rdb's outbox to it; target is the count of sent messages the counter
-// waits for.
-func startOutbox(ctx context.Context, ch channel, rdb runDB, target int) (*outboxRun, error) {
+// newOutbox creates ch's outgoing destination and a relay from rdb's
+// outbox to it, not running yet (see start); target is the count of sent
+// messages its counter waits for.
+func newOutbox(ctx context.Context, ch channel, rdb runDB, target int) (*outboxRun, error) {
 	dest, pub, held, err := ch.outgoing(ctx)
 	if err != nil {
 		return nil, err
@@ -62,17 +62,30 @@ func startOutbox(ctx context.Context, ch channel, rdb runDB, target int) (*outbo
 	counter := newRelayCounter(target)
 	relay, err := idem.NewRelay(idem.RelayConfig{
 		Store: store, Publisher: pub, Workers: relayWorkers, Hooks: []idem.Hook{counter},
-		// The default poll floor (50ms) only matters when the outbox runs
-		// dry; the harness's runs keep it busy or end.
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return nil, err
 	}
+	return &outboxRun{dest: dest, relay: relay, held: held, counter: counter, stop: func() {}}, nil
+}
+
+// start runs the relay until stop.
+func (o *outboxRun) start(ctx context.Context) {
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = relay.Run(rctx) })
-	return &outboxRun{dest: dest, relay: relay, held: held, counter: counter, stop: func() { cancel(); wg.Wait() }}, nil
+	wg.Go(func() { _ = o.relay.Run(rctx) })
+	o.stop = func() { cancel(); wg.Wait() }
+}
+
+// startOutbox is newOutbox, started.
+func startOutbox(ctx context.Context, ch channel, rdb runDB, target int) (*outboxRun, error) {
+	o, err := newOutbox(ctx, ch, rdb, target)
+	if err != nil {
+		return nil, err
+	}
+	o.start(ctx)
+	return o, nil
 }
 
 // waitHeld waits until the destination holds at least n messages, or
@@ -114,42 +127,32 @@ func (h *harness) relayThroughput(ctx context.Context, b broker, db database, c 
 		return r, err
 	}
 	defer cleanup()
-	dest, pub, held, err := ch.outgoing(ctx)
+	o, err := newOutbox(ctx, ch, rdb, n)
 	if err != nil {
 		return r, err
 	}
 	w := h.workload(tag, n, 0)
-	if err := rdb.fillOutbox(ctx, "bench-"+c.name, dest, w.ids); err != nil {
+	if err := rdb.fillOutbox(ctx, "bench-"+c.name, o.dest, w.ids); err != nil {
 		return r, fmt.Errorf("fill outbox: %w", err)
 	}
-	counter := newRelayCounter(n)
-	relay, err := idem.NewRelay(idem.RelayConfig{Store: rdb.outbox(), Publisher: pub, Workers: relayWorkers,
-		Hooks: []idem.Hook{counter}, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		return r, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
 	start := time.Now()
-	wg.Go(func() { _ = relay.Run(rctx) })
+	o.start(ctx)
 	timeout := time.Duration(n)*time.Millisecond + 60*time.Second
 	select {
-	case <-counter.done:
+	case <-o.counter.done:
 	case <-time.After(timeout):
-		err = fmt.Errorf("the relay sent %d of %d messages in %v", counter.sent.Load(), n, timeout)
+		err = fmt.Errorf("the relay sent %d of %d messages in %v", o.counter.sent.Load(), n, timeout)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	cancel()
-	wg.Wait()
+	o.stop()
 	if err != nil {
 		return r, err
 	}
 	r.Messages, r.Deliveries = n, n
-	r.Elapsed = counter.at.Sub(start)
+	r.Elapsed = o.counter.at.Sub(start)
 	r.Throughput = float64(n) / r.Elapsed.Seconds()
-	ob := &outboxRun{held: held}
-	if r.Relayed, err = ob.waitHeld(ctx, n, 30*time.Second); err == nil && r.Relayed < n {
+	if r.Relayed, err = o.waitHeld(ctx, n, 30*time.Second); err == nil && r.Relayed < n {
 		err = fmt.Errorf("the relay reported %d messages sent, the broker holds %d", n, r.Relayed)
 	}
 	return r, err
