@@ -69,15 +69,15 @@ func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams)
 // (pgx.ConnConfig.Tracer) would record that call as a failed "commit", so
 // on a connection with a tracer EmitCommit is EmitTx, then Commit.
 func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
-	q, args, err := s.outbox().EmitStatement(p)
-	if err != nil {
-		return err
-	}
 	if _, ok := s.own.Load(tx); !ok || tx.Conn().Config().Tracer != nil {
 		if err := s.EmitTx(ctx, tx, p); err != nil {
 			return err
 		}
 		return s.Commit(ctx, tx)
+	}
+	q, args, err := s.outbox().EmitStatement(p)
+	if err != nil {
+		return err
 	}
 	b := &pgx.Batch{}
 	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
