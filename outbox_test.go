@@ -238,15 +238,15 @@ func (c countingOutbox) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOu
 	return c.fakeOutbox.ClaimOutgoing(ctx, p)
 }
 
-// TestRelayRunPollsAndWakes: an idle Run polls from MinPoll doubling to
-// MaxPoll, a Wake makes it claim at once, and cancelling its context
-// stops it.
+// TestRelayRunPollsAndWakes: an idle Run of one round at a time polls
+// from MinPoll doubling to MaxPoll, a Wake makes it claim at once, and
+// cancelling its context stops it.
 func TestRelayRunPollsAndWakes(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		store := countingOutbox{newFake(), make(chan time.Time, 100)}
 		r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { return nil }),
-			MinPoll: time.Second, MaxPoll: 4 * time.Second, Retention: -1})
+			Workers: 1, MinPoll: time.Second, MaxPoll: 4 * time.Second, Retention: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

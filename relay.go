@@ -16,7 +16,13 @@ import (
 // Defaults applied by [NewRelay] to zero RelayConfig fields.
 const (
 	// DefaultRelayBatchSize is the most outbox rows one relay claim takes.
-	DefaultRelayBatchSize = 100
+	// Under a steady flow a claim finds a few rows; after downtime or a
+	// burst, large claims drain the backlog with fewer durable
+	// transactions (a claim and a mark each) per message sent.
+	DefaultRelayBatchSize = 1000
+	// DefaultRelayWorkers is how many rounds a relay keeps in flight: two,
+	// so that one batch's publish overlaps the other's claim and mark.
+	DefaultRelayWorkers = 2
 	// DefaultRelayLease is how long claimed rows stay leased to a relay.
 	DefaultRelayLease = 30 * time.Second
 	// DefaultRelayMinPoll and DefaultRelayMaxPoll bound the relay's idle
@@ -43,13 +49,13 @@ type RelayConfig struct {
 	// Publisher sends the messages. Mandatory.
 	Publisher Publisher
 	// BatchSize is the most rows one claim takes and one Publish call
-	// gets. Defaults to DefaultRelayBatchSize (100).
+	// gets. Defaults to DefaultRelayBatchSize (1000).
 	BatchSize int
 	// Workers is how many rounds (claim, publish, mark) Run keeps in
 	// flight at once, on disjoint rows, so that one batch's publish
 	// overlaps the next one's claim and marks. Order per key is kept
 	// whatever the number: a key's next row is claimable only once the
-	// previous one is marked. Defaults to 1.
+	// previous one is marked. Defaults to DefaultRelayWorkers (2).
 	Workers int
 	// Lease is how long claimed rows are reserved for this relay: another
 	// relay sends a row again only after its lease ends unmarked (this
@@ -92,7 +98,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		c.BatchSize = DefaultRelayBatchSize
 	}
 	if c.Workers == 0 {
-		c.Workers = 1
+		c.Workers = DefaultRelayWorkers
 	}
 	def(&c.Lease, DefaultRelayLease)
 	def(&c.MinPoll, DefaultRelayMinPoll)

@@ -26,7 +26,8 @@
 //   - idem-outbox: idem with one outgoing message per new message: the
 //     handler writes the row and emits a message (idem.Emit) to a stream
 //     or topic of the run's own, in the claim's transaction; an
-//     idem.Relay (4 rounds in flight) sends it to the broker through the
+//     idem.Relay (its defaults: 2 rounds in flight, claims of up to 1,000
+//     rows) sends it to the broker through the
 //     adapter's publisher (idemnats, idemkafka), woken by the consumer
 //     after each commit. The "× idem" column is the outbox's cost; the
 //     run also waits until the broker holds every outgoing message
@@ -39,8 +40,8 @@
 //     in front of the naive handler.
 //   - relay: the relay alone. The outbox is filled with 4 × N pending
 //     messages (at least 20,000; N with --quick) by batches of idem
-//     consumer processing, with no relay running; then a relay (4 rounds
-//     in flight, batches of 100) sends them to the broker. msgs/s counts
+//     consumer processing, with no relay running; then a relay (its
+//     defaults, as above) sends them to the broker. msgs/s counts
 //     messages sent, from the relay's start to the round that sent the
 //     last one; it has no ratios and no fault runs.
 //

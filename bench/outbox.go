@@ -12,10 +12,6 @@ import (
 	"github.com/idem-go/idem"
 )
 
-// relayWorkers is the rounds (claim, publish, mark) each relay of the
-// harness keeps in flight (idem.RelayConfig.Workers).
-const relayWorkers = 4
-
 // relayCounter is a relay hook (idem.HookRelay) that counts the messages
 // sent and notes when the count first reached target.
 type relayCounter struct {
@@ -61,7 +57,7 @@ func newOutbox(ctx context.Context, ch channel, rdb runDB, target int) (*outboxR
 	}
 	counter := newRelayCounter(target)
 	relay, err := idem.NewRelay(idem.RelayConfig{
-		Store: store, Publisher: pub, Workers: relayWorkers, Hooks: []idem.Hook{counter},
+		Store: store, Publisher: pub, Hooks: []idem.Hook{counter},
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -114,8 +110,8 @@ func (h *harness) relayN() int {
 
 // relayThroughput is the relay contender's run: the outbox is filled with
 // relayN pending messages (processed in batches of 100, each emitting one
-// message, with no relay running), then a relay with relayWorkers rounds
-// in flight sends them to the broker. Throughput is messages sent per
+// message, with no relay running), then a relay with idem.RelayConfig's
+// defaults sends them to the broker. Throughput is messages sent per
 // second, from the relay's start to the round that sent the last one;
 // the destination must then hold them all.
 func (h *harness) relayThroughput(ctx context.Context, b broker, db database, c contender) (result, error) {

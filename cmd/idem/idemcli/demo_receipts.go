@@ -139,7 +139,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 		return nil
 	}
 	faults := &relayFaults{OutboxStore: r.st.store, pub: r.events, rate: r.o.crashRate, draws: r.draws, crashes: &r.relayCrashes}
-	r.relay, err = idem.NewRelay(idem.RelayConfig{Store: faults, Publisher: faults, Lease: demoRelayLease,
+	r.relay, err = idem.NewRelay(idem.RelayConfig{Store: faults, Publisher: faults, Workers: 1, Lease: demoRelayLease,
 		MaxPoll: demoRelayMaxPoll, MinRetry: demoRelayMinRetry, MaxRetry: demoRelayMaxRetry,
 		Retention: -1, // the report counts the rows emitted
 		Logger:    r.log})

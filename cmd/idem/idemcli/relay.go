@@ -95,6 +95,7 @@ idem-relay).
 	cmd.Flags().StringVar(&broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://... (required)")
 	cmd.Flags().StringVar(&exchange, "exchange", "", "RabbitMQ exchange to publish to (default: the default exchange)")
 	cmd.Flags().IntVar(&cfg.BatchSize, "batch-size", idem.DefaultRelayBatchSize, "rows claimed per round")
+	cmd.Flags().IntVar(&cfg.Workers, "workers", idem.DefaultRelayWorkers, "rounds (claim, publish, mark) kept in flight")
 	cmd.Flags().DurationVar(&cfg.Lease, "lease", idem.DefaultRelayLease, "how long claimed rows stay leased to this relay")
 	cmd.Flags().DurationVar(&cfg.Retention, "retention", idem.DefaultOutboxRetention, "how long sent rows are kept before purging")
 	cmd.Flags().DurationVar(&cfg.MinPoll, "min-poll", idem.DefaultRelayMinPoll, "wait between polls while rows keep coming")
