@@ -656,6 +656,39 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("message 2 of key k tried %d times, want 3 (two failures, then sent)", tries)
 			}
 		}},
+		{"LargeRoundsMarkedSent", func(t *testing.T, b *bundle[TTx]) {
+			// More rows than one claim of the default size: each round's
+			// rows are all marked sent (more than some stores' statements
+			// can name at once), and none is sent twice.
+			c := b.consumer("c", idem.Config{})
+			const msgs, each = 4, 300
+			h := b.emitting(c, new(atomic.Int64), func(m idem.Message) []idem.OutgoingMessage {
+				out := make([]idem.OutgoingMessage, each)
+				for i := range out {
+					out[i] = idem.OutgoingMessage{Destination: "d", Payload: []byte(m.ID)}
+				}
+				return out
+			})
+			for i := range msgs {
+				b.process("deliver", c, idem.Message{ID: fmt.Sprintf("m%d", i), Payload: []byte("p")}, h, idem.Processed, nil)
+			}
+			b.wantPending("after commit", msgs*each)
+			rec := newRecorder()
+			r := b.relay(b.outboxOf(), rec, idem.RelayConfig{})
+			if res := b.runOnce("first round", r); res.Claimed != idem.DefaultRelayBatchSize || res.Sent != res.Claimed {
+				t.Errorf("first RunOnce = %+v, want %d claimed and sent", res, idem.DefaultRelayBatchSize)
+			}
+			b.wantPending("after the first round", msgs*each-idem.DefaultRelayBatchSize)
+			b.drain("send the rest", r, nil)
+			if res := b.runOnce("after the drain", r); res.Claimed != 0 {
+				t.Errorf("RunOnce after the drain claimed %d rows, want 0", res.Claimed)
+			}
+			got := rec.sentIDs()
+			slices.Sort(got)
+			if len(got) != msgs*each || len(slices.Compact(got)) != msgs*each {
+				t.Errorf("sent %d messages, %d distinct, want %d once each", len(rec.sentIDs()), len(got), msgs*each)
+			}
+		}},
 		{"OneFailingDestination", func(t *testing.T, b *bundle[TTx]) {
 			c := b.consumer("c", idem.Config{})
 			var calls atomic.Int64

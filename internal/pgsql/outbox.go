@@ -13,7 +13,22 @@ var pgKinds = map[string]string{"text": "text", "bytea": "bytea", "bigint": "big
 // UPDATE ... RETURNING whose row selection is FOR UPDATE SKIP LOCKED, so
 // relays side by side claim disjoint rows without waiting on each other.
 func Outbox(table string) *sqlstore.Outbox {
-	return sqlstore.NewOutbox(sqlstore.OutboxDialect{
+	return sqlstore.NewOutbox(outboxDialect(table))
+}
+
+// OutboxNativeArrays is Outbox for a driver that encodes a []string
+// argument as a text[] (pgx does; database/sql drivers need not): marking
+// rows sent is one statement with one parameter, whatever the number of
+// rows, so that a driver's statement cache holds one statement for it
+// instead of one per count of rows.
+func OutboxNativeArrays(table string) *sqlstore.Outbox {
+	d := outboxDialect(table)
+	d.IDArray = `id = ANY($1::text[])`
+	return sqlstore.NewOutbox(d)
+}
+
+func outboxDialect(table string) sqlstore.OutboxDialect {
+	return sqlstore.OutboxDialect{
 		Table: table,
 		Param: func(i int, kind string) string {
 			return "$" + strconv.Itoa(i) + "::" + pgKinds[kind]
@@ -27,7 +42,7 @@ func Outbox(table string) *sqlstore.Outbox {
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
 		// The predicate of the key index (migration 007).
 		KeyPending: `COALESCE(p.sent_at, p.failed_at) IS NULL`,
-	})
+	}
 }
 
 // OutboxChannel is the LISTEN/NOTIFY channel of the outbox of the

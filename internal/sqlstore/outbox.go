@@ -53,6 +53,10 @@ type OutboxDialect struct {
 	// earlier pending row (a cost that grows with the backlog, per row
 	// claimed) whenever the two indexes cost about the same on paper.
 	KeyPending string
+	// IDArray, if set, is the condition "id is in the array given as
+	// parameter 1", for a driver that takes a []string as an array:
+	// MarkSent then runs one statement whatever the number of IDs.
+	IDArray string
 	// NoUpdateReturning is set for a dialect without UPDATE ... RETURNING
 	// (MariaDB, MySQL): the claim then selects and locks the rows, and
 	// updates them with a second statement, in one transaction.
@@ -67,6 +71,7 @@ type Outbox struct {
 	pending string // a pending row of alias o, first in its key
 	// Fixed statements.
 	claimReturning, claimSelect, pendingCount, purge, stats string
+	markSentArray                                           string
 	markFailedRetry, markFailedPermanent                    string
 }
 
@@ -111,6 +116,7 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND attempts = ` + d.Param(4, "bigint") + ` AND sent_at IS NULL`
 	o.markFailedPermanent = `UPDATE ` + t + ` SET lease_until = NULL, failed_at = ` + d.Now +
 		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND attempts = ` + d.Param(3, "bigint") + ` AND sent_at IS NULL`
+	o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
 	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
 		` AND sent_at IS NULL AND failed_at IS NULL`
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
@@ -261,8 +267,16 @@ func scanOutgoing(rows Rows, addAttempt int) ([]idemdriver.OutgoingRecord, error
 	return out, err
 }
 
-// MarkSent marks p's rows sent, MaxInList IDs per statement.
+// MarkSent marks p's rows sent: with one statement when the dialect has
+// IDArray, else MaxInList IDs per statement.
 func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSentParams) error {
+	if o.d.IDArray != "" {
+		if len(p.IDs) == 0 {
+			return nil
+		}
+		_, err := db.Exec(ctx, o.markSentArray, p.IDs)
+		return err
+	}
 	for ids := p.IDs; len(ids) > 0; {
 		n := min(len(ids), MaxInList)
 		args := make([]any, n)

@@ -27,7 +27,7 @@ func (s *Store) outbox() *sqlstore.Outbox {
 	if o, ok := outboxes.Load(s.table.Qualified); ok {
 		return o.(*sqlstore.Outbox)
 	}
-	o, _ := outboxes.LoadOrStore(s.table.Qualified, pgsql.Outbox(s.table.Qualified+"_outbox"))
+	o, _ := outboxes.LoadOrStore(s.table.Qualified, pgsql.OutboxNativeArrays(s.table.Qualified+"_outbox"))
 	return o.(*sqlstore.Outbox)
 }
 
