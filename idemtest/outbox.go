@@ -48,7 +48,7 @@ func RunOutbox[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatal("idemtest: Harness.New is nil")
 	}
 	nonce := newNonce()
-	for _, c := range outboxCases[TTx]() {
+	for _, c := range append(outboxCases[TTx](), emitFaultCases[TTx]()...) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBundle(t, h, nonce, "Outbox."+c.name)
