@@ -49,7 +49,11 @@ type RelayConfig struct {
 	// Publisher sends the messages. Mandatory.
 	Publisher Publisher
 	// BatchSize is the most rows one claim takes and one Publish call
-	// gets. Defaults to DefaultRelayBatchSize (1000).
+	// gets. Defaults to DefaultRelayBatchSize (1000). A relay holds up to
+	// BatchSize × Workers rows, payloads included, in memory at once, and
+	// a batch must be published within half the Lease: lower it for
+	// payloads of hundreds of kilobytes or for a publisher that sends one
+	// message at a time over a slow link.
 	BatchSize int
 	// Workers is how many rounds (claim, publish, mark) Run keeps in
 	// flight at once, on disjoint rows, so that one batch's publish
