@@ -36,9 +36,10 @@ import (
 // per destination and key, with a failed message holding back only its
 // key; one failing destination among good ones (retried with backoff, and
 // a permanent failure unblocking its key); invalid emissions; batches
-// (EmitFor); purging sent rows; the emit and relay hooks; and, for a store
-// that implements idemdriver.OutboxNotifier, an idle relay woken by the
-// store's notification alone.
+// (EmitFor); MarkSent marking exactly the rows it names (none, thousands,
+// named twice, absent or already sent); purging sent rows; the emit and
+// relay hooks; and, for a store that implements idemdriver.OutboxNotifier,
+// an idle relay woken by the store's notification alone.
 //
 // The cases that depend on real time (a 1s lease running out, a 1ms retry
 // backoff, a 1ms retention) wait up to 30s by the store's clock.
@@ -687,6 +688,96 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			slices.Sort(got)
 			if len(got) != msgs*each || len(slices.Compact(got)) != msgs*each {
 				t.Errorf("sent %d messages, %d distinct, want %d once each", len(rec.sentIDs()), len(got), msgs*each)
+			}
+		}},
+		{"MarkSentMarksExactlyItsIDs", func(t *testing.T, b *bundle[TTx]) {
+			// MarkSent with no IDs changes nothing; with thousands of
+			// IDs (more than one IN list holds), listed twice, mixed
+			// with IDs of no row and of rows already sent, and with IDs
+			// that array or list syntax could misread, it marks exactly
+			// the rows named: the others are the next claim's, whole.
+			store := b.outboxOf()
+			odd := []string{"NULL", "null", "a,b", "{x}", "{}", `"q"`, `back\slash`, " lead", "trail ", "pad", "pad ",
+				"'quote", "%", "_", "é-ü", "日本", "(1)", "$1", "?", "a b", ";--"}
+			var all []string
+			for i := range 1201 {
+				all = append(all, fmt.Sprintf("r-%04d", i))
+			}
+			all = append(all, odd...)
+			tx := b.begin()
+			msgs := make([]idemdriver.OutgoingRecord, len(all))
+			for i, id := range all {
+				msgs[i] = idemdriver.OutgoingRecord{ID: id, Destination: "d", Payload: []byte(id)}
+			}
+			if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
+				b.rollback(tx)
+				t.Fatalf("EmitTx: %v", err)
+			}
+			b.commit(tx)
+			total := int64(len(all))
+			b.wantPending("after the emit", total)
+			mark := func(what string, ids []string) {
+				t.Helper()
+				if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: ids}); err != nil {
+					t.Fatalf("%s: MarkSent of %d IDs: %v", what, len(ids), err)
+				}
+			}
+			mark("no IDs (nil)", nil)
+			mark("no IDs (empty)", []string{})
+			b.wantPending("after marking no IDs", total)
+
+			// Every other numbered row and every odd one, each named
+			// twice: half of them before 3,000 IDs of no row, half after.
+			want := map[string]bool{} // marked sent
+			var ids []string
+			for i, id := range all {
+				if i%2 == 0 || i >= 1201 {
+					want[id] = true
+					ids = append(ids, id)
+				}
+			}
+			var names []string
+			for _, id := range ids[:len(ids)/2] {
+				names = append(names, id, id)
+			}
+			for i := range 3000 {
+				names = append(names, fmt.Sprintf("absent-%d", i))
+			}
+			for _, id := range ids[len(ids)/2:] {
+				names = append(names, id, id)
+			}
+			mark("thousands of IDs", names)
+			b.wantPending("after the big mark", total-int64(len(want)))
+
+			// Marking the sent rows again, with one more, marks that one.
+			mark("sent rows again", append(slices.Clone(ids), "r-0001"))
+			want["r-0001"] = true
+			b.wantPending("after marking sent rows again", total-int64(len(want)))
+			mark("one ID", []string{"r-0003"})
+			want["r-0003"] = true
+			b.wantPending("after marking one ID", total-int64(len(want)))
+
+			recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
+			if err != nil {
+				t.Fatalf("ClaimOutgoing: %v", err)
+			}
+			claimed := map[string]bool{}
+			for _, r := range recs {
+				if want[r.ID] {
+					t.Errorf("row %q claimed after it was marked sent", r.ID)
+				}
+				if !bytes.Equal(r.Payload, []byte(r.ID)) {
+					t.Errorf("row %q claimed with payload %q, want its ID", r.ID, r.Payload)
+				}
+				claimed[r.ID] = true
+			}
+			for _, id := range all {
+				if !want[id] && !claimed[id] {
+					t.Errorf("row %q neither marked sent nor claimed", id)
+				}
+			}
+			if len(recs) != len(all)-len(want) {
+				t.Errorf("claimed %d rows, want %d", len(recs), len(all)-len(want))
 			}
 		}},
 		{"OneFailingDestination", func(t *testing.T, b *bundle[TTx]) {
