@@ -37,9 +37,12 @@ import (
 // key; one failing destination among good ones (retried with backoff, and
 // a permanent failure unblocking its key); invalid emissions; batches
 // (EmitFor); MarkSent marking exactly the rows it names (none, thousands,
-// named twice, absent or already sent); purging sent rows; the emit and
-// relay hooks; and, for a store that implements idemdriver.OutboxNotifier,
-// an idle relay woken by the store's notification alone.
+// named twice, absent or already sent); a Run with the default batch size
+// and workers over a publisher that fails every other message once (two
+// rounds in flight on disjoint rows, each message confirmed once); purging
+// sent rows; the emit and relay hooks; and, for a store that implements
+// idemdriver.OutboxNotifier, an idle relay woken by the store's
+// notification alone.
 //
 // The cases that depend on real time (a 1s lease running out, a 1ms retry
 // backoff, a 1ms retention) wait up to 30s by the store's clock.
@@ -778,6 +781,84 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if len(recs) != len(all)-len(want) {
 				t.Errorf("claimed %d rows, want %d", len(recs), len(all)-len(want))
+			}
+		}},
+		{"RelayDefaultsHalfFailing", func(t *testing.T, b *bundle[TTx]) {
+			// A Run with the default batch size and workers, over more
+			// rows than two claims take, whose publisher fails every
+			// other message on its first try: the first publish waits
+			// until a second round, on other rows, is publishing too;
+			// each failed message is retried and confirmed once, every
+			// row ends sent, and none is sent twice once confirmed.
+			const n = 2*idem.DefaultRelayBatchSize + 500
+			store := b.outboxOf()
+			all := make([]string, n)
+			msgs := make([]idemdriver.OutgoingRecord, n)
+			failFirst := map[string]bool{}
+			for i := range all {
+				all[i] = fmt.Sprintf("h-%05d", i)
+				msgs[i] = idemdriver.OutgoingRecord{ID: all[i], Destination: "d", Payload: []byte(all[i])}
+				failFirst[all[i]] = i%2 == 1
+			}
+			tx := b.begin()
+			if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
+				b.rollback(tx)
+				t.Fatalf("EmitTx: %v", err)
+			}
+			b.commit(tx)
+			rec := newRecorder()
+			rec.fail = func(m idem.Outgoing, try int) error {
+				if failFirst[m.ID] && try == 1 {
+					return errors.New("idemtest: broker refused")
+				}
+				return nil
+			}
+			var calls atomic.Int64
+			second := make(chan struct{})
+			rec.publish = func([]idem.Outgoing) {
+				switch calls.Add(1) {
+				case 1:
+					select {
+					case <-second:
+					case <-time.After(realTimeout):
+						t.Errorf("the first publish never saw a second round in flight")
+					}
+				case 2:
+					close(second)
+				}
+			}
+			r := b.relay(store, rec, idem.RelayConfig{})
+			ctx, cancel := context.WithCancel(b.ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = r.Run(ctx) }()
+			testenv.Eventually(t, realTimeout, "every row sent", func() bool {
+				return b.stats().Pending == 0
+			}, func() string { return fmt.Sprintf("%+v, %d confirmed", b.stats(), len(rec.sentIDs())) })
+			cancel()
+			<-done
+			sent := rec.sentIDs()
+			slices.Sort(sent)
+			if !slices.Equal(sent, all) {
+				t.Errorf("confirmed %d messages, %d distinct, want each of %d once", len(rec.sentIDs()), len(slices.Compact(sent)), n)
+			}
+			for _, id := range all {
+				want := 1
+				if failFirst[id] {
+					want = 2
+				}
+				if got := rec.triesOf(id); got != want {
+					t.Errorf("%s tried %d times, want %d", id, got, want)
+				}
+			}
+			rec.mu.Lock()
+			for i, c := range rec.calls {
+				if len(c) > idem.DefaultRelayBatchSize {
+					t.Errorf("publish %d got %d messages, more than a claim of the default size", i, len(c))
+				}
+			}
+			rec.mu.Unlock()
+			if recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: n, Lease: time.Hour}); err != nil || len(recs) != 0 {
+				t.Errorf("ClaimOutgoing after the relay: %d rows, %v; want none", len(recs), err)
 			}
 		}},
 		{"OneFailingDestination", func(t *testing.T, b *bundle[TTx]) {
