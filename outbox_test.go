@@ -186,10 +186,33 @@ func TestRelayConfig(t *testing.T) {
 		"no publisher": {Store: newFake()},
 		"short lease":  {Store: newFake(), Publisher: pub, Lease: time.Millisecond},
 		"poll order":   {Store: newFake(), Publisher: pub, MinPoll: time.Second, MaxPoll: time.Millisecond},
+		"no workers":   {Store: newFake(), Publisher: pub, Workers: -1},
+		"too many":     {Store: newFake(), Publisher: pub, Workers: idem.MaxRelayWorkers + 1},
+		"batch size":   {Store: newFake(), Publisher: pub, BatchSize: -5},
 	} {
 		if _, err := idem.NewRelay(cfg); !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("%s: NewRelay err = %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// TestRelayRunCancelledStartsNoRound: Run under a context that has ended
+// returns without starting its rounds, however many Workers it has.
+func TestRelayRunCancelledStartsNoRound(t *testing.T) {
+	t.Parallel()
+	store := countingOutbox{newFake(), make(chan time.Time, idem.MaxRelayWorkers)}
+	r, err := idem.NewRelay(idem.RelayConfig{Store: store, Workers: idem.MaxRelayWorkers, Retention: -1,
+		Publisher: idem.PublisherFunc(func(context.Context, []idem.Outgoing) []error { return nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if n := len(store.claims); n != 0 {
+		t.Errorf("Run under an ended context claimed %d times, want 0", n)
 	}
 }
 

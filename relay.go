@@ -23,6 +23,9 @@ const (
 	// DefaultRelayWorkers is how many rounds a relay keeps in flight: two,
 	// so that one batch's publish overlaps the other's claim and mark.
 	DefaultRelayWorkers = 2
+	// MaxRelayWorkers bounds RelayConfig.Workers: each round in flight is
+	// a goroutine holding a store connection while it claims and marks.
+	MaxRelayWorkers = 1024
 	// DefaultRelayLease is how long claimed rows stay leased to a relay.
 	DefaultRelayLease = 30 * time.Second
 	// DefaultRelayMinPoll and DefaultRelayMaxPoll bound the relay's idle
@@ -59,7 +62,8 @@ type RelayConfig struct {
 	// flight at once, on disjoint rows, so that one batch's publish
 	// overlaps the next one's claim and marks. Order per key is kept
 	// whatever the number: a key's next row is claimable only once the
-	// previous one is marked. Defaults to DefaultRelayWorkers (2).
+	// previous one is marked. Defaults to DefaultRelayWorkers (2); at
+	// most MaxRelayWorkers.
 	Workers int
 	// Lease is how long claimed rows are reserved for this relay: another
 	// relay sends a row again only after its lease ends unmarked (this
@@ -128,8 +132,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("%w: RelayConfig.Publisher is nil", ErrInvalidConfig)
 	case c.BatchSize < 1:
 		return fmt.Errorf("%w: relay BatchSize %d", ErrInvalidConfig, c.BatchSize)
-	case c.Workers < 1:
-		return fmt.Errorf("%w: relay Workers %d", ErrInvalidConfig, c.Workers)
+	case c.Workers < 1 || c.Workers > MaxRelayWorkers:
+		return fmt.Errorf("%w: relay Workers %d is not in 1..%d", ErrInvalidConfig, c.Workers, MaxRelayWorkers)
 	case c.Lease < 10*time.Millisecond:
 		return fmt.Errorf("%w: relay Lease %v is under 10ms", ErrInvalidConfig, c.Lease)
 	case c.MinPoll <= 0 || c.MaxPoll < c.MinPoll:
@@ -332,7 +336,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.listen(ctx, n) }()
 	}
-	for i := 1; i < r.cfg.Workers; i++ {
+	for i := 1; i < r.cfg.Workers && ctx.Err() == nil; i++ {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.work(ctx, false) }()
 	}
@@ -347,7 +351,7 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 	if purge {
 		nextPurge = time.Now()
 	}
-	for {
+	for ctx.Err() == nil {
 		res, err := r.RunOnce(ctx)
 		if ctx.Err() != nil {
 			return

@@ -12,10 +12,11 @@ import (
 // migrations embedded in idem (internal/sqlschema: 001 the
 // processed-messages table, 002 the lease-mode columns and Table +
 // "_steps", 003 the runs table Table + "_runs", 004 and 005 the outbox,
-// 006 the lease-mode columns nullable for transactional records) that the
-// table has not had yet, in one transaction, and records each version with the server's
-// time in Table + "_migrations" (version int primary key, applied_at
-// timestamptz).
+// 006 the lease-mode columns nullable for transactional records, 007 the
+// outbox's index for the relay's order check, 008 the outbox's fill
+// factor of 50) that the table has not had yet, in one transaction, and
+// records each version with the server's time in Table + "_migrations"
+// (version int primary key, applied_at timestamptz).
 //
 // The transaction first takes a transaction-level advisory lock
 // (pg_advisory_xact_lock) whose key derives from the table name (the same
