@@ -116,7 +116,9 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND attempts = ` + d.Param(4, "bigint") + ` AND sent_at IS NULL`
 	o.markFailedPermanent = `UPDATE ` + t + ` SET lease_until = NULL, failed_at = ` + d.Now +
 		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND attempts = ` + d.Param(3, "bigint") + ` AND sent_at IS NULL`
-	o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
+	if d.IDArray != "" {
+		o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
+	}
 	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
 		` AND sent_at IS NULL AND failed_at IS NULL`
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
@@ -270,7 +272,7 @@ func scanOutgoing(rows Rows, addAttempt int) ([]idemdriver.OutgoingRecord, error
 // MarkSent marks p's rows sent: with one statement when the dialect has
 // IDArray, else MaxInList IDs per statement.
 func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSentParams) error {
-	if o.d.IDArray != "" {
+	if o.markSentArray != "" {
 		if len(p.IDs) == 0 {
 			return nil
 		}
