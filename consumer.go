@@ -113,9 +113,10 @@ type Config struct {
 	// DefaultMaxAttempts (5).
 	MaxAttempts int
 	// Relay, in transactional mode, is woken after every commit whose
-	// handler emitted outgoing messages (see Emit), and by every duplicate
-	// whose first processing left outgoing messages unsent, so they go
-	// out at once. The caller runs it (Relay.Run) and owns it. Nil means
+	// handler emitted outgoing messages (see Emit), and by every duplicate,
+	// so that what its first processing left unsent goes out at once (a
+	// duplicate does not look its outgoing rows up, which would walk the
+	// pending rows: the relay's next round claims them). The caller runs it (Relay.Run) and owns it. Nil means
 	// the outbox rows wait for a relay that polls or is notified (another
 	// process, `idem relay`).
 	Relay *Relay

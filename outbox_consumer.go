@@ -103,21 +103,21 @@ func (c *Consumer[TTx]) committed(ctx context.Context, id string, n int) {
 }
 
 // settleExisting settles a claim that found a record (existingTx) and,
-// for a duplicate, finishes the first processing's job: when that
-// processing left outgoing messages unsent, it wakes the relay so they
-// go out. It never emits anything itself and never runs the handler. A
-// failed lookup is logged and does not change the outcome: the rows are
-// committed, and a polling or notified relay sends them anyway.
-func (c *Consumer[TTx]) settleExisting(ctx context.Context, id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
+// for a duplicate, finishes the first processing's job: it wakes the
+// relay, whose next round claims whatever that processing left unsent
+// (its rows are committed: the duplicate saw its record). It never emits
+// anything itself and never runs the handler.
+//
+// The duplicate does not look its outgoing rows up first: no index leads
+// from an incoming message to its outgoing rows (one would cost every
+// emitted message an index entry), so the lookup walked every pending row,
+// a cost that grew with the backlog exactly when redeliveries come in
+// storms (after a relay outage, a rebalance). A wake costs nothing here;
+// wakes merge, so a storm of duplicates makes the relay run at most one
+// round after another.
+func (c *Consumer[TTx]) settleExisting(_ context.Context, id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
 	out, err := c.existingTx(id, fp, res)
-	if out.Status != Duplicate || c.cfg.Relay == nil || c.out.store == nil {
-		return out, err
-	}
-	n, perr := c.out.store.PendingOutgoing(ctx, &idemdriver.PendingOutgoingParams{Consumer: c.cfg.Name, SourceID: id})
-	switch {
-	case perr != nil:
-		c.cfg.Logger.Warn("idem: duplicate: looking up unsent outgoing messages", "consumer", c.cfg.Name, "error", perr)
-	case n > 0:
+	if out.Status == Duplicate && c.cfg.Relay != nil && c.out.store != nil {
 		c.cfg.Relay.Wake()
 	}
 	return out, err

@@ -94,9 +94,6 @@ func (f *fakeOutbox) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedPar
 	return nil
 }
 
-func (f *fakeOutbox) PendingOutgoing(context.Context, *idemdriver.PendingOutgoingParams) (int, error) {
-	return 0, nil
-}
 func (f *fakeOutbox) PurgeOutbox(context.Context, *idemdriver.PurgeOutboxParams) (int64, error) {
 	return 0, nil
 }

@@ -59,8 +59,8 @@ type OutboxCommitter[TTx any] interface {
 }
 
 // OutboxStore is what the relay needs of a store: claim pending outgoing
-// rows with a lease, mark them sent or failed, look up what an incoming
-// message left unsent, purge sent rows, and report the backlog. Every
+// rows with a lease, mark them sent or failed, purge sent rows, and
+// report the backlog. Every
 // method runs in its own short transaction (or statement); times are the
 // store's clock.
 //
@@ -89,15 +89,12 @@ type OutboxCommitter[TTx any] interface {
 //     other relay's lease (a third would send the row while the second
 //     still does) nor fail a row the second may be sending. MarkSent needs
 //     no fence: a confirmed message was sent, whoever holds the row.
-//   - PendingOutgoing counts one incoming message's rows that are neither
-//     sent nor failed.
 //   - PurgeOutbox deletes at most Limit rows sent (or failed) more than
 //     Retention ago.
 type OutboxStore interface {
 	ClaimOutgoing(ctx context.Context, p *ClaimOutgoingParams) ([]OutgoingRecord, error)
 	MarkSent(ctx context.Context, p *MarkSentParams) error
 	MarkFailed(ctx context.Context, p *MarkFailedParams) error
-	PendingOutgoing(ctx context.Context, p *PendingOutgoingParams) (int, error)
 	PurgeOutbox(ctx context.Context, p *PurgeOutboxParams) (int64, error)
 	OutboxStats(ctx context.Context) (OutboxStats, error)
 }
@@ -189,14 +186,6 @@ type MarkFailedParams struct {
 	// Error is the failure's text, kept on the row for operators (the
 	// store may cut it short).
 	Error string
-}
-
-// PendingOutgoingParams names one incoming message.
-type PendingOutgoingParams struct {
-	// Consumer is the consumer name.
-	Consumer string
-	// SourceID is the incoming message ID.
-	SourceID string
 }
 
 // PurgeOutboxParams bound one purge of sent rows.

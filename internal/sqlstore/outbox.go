@@ -70,9 +70,9 @@ type Outbox struct {
 	cols    string // the columns of a claimed row
 	pending string // a pending row of alias o, first in its key
 	// Fixed statements.
-	claimReturning, claimSelect, pendingCount, purge, stats string
-	markSentArray                                           string
-	markFailedRetry, markFailedPermanent                    string
+	claimReturning, claimSelect, purge, stats string
+	markSentArray                             string
+	markFailedRetry, markFailedPermanent      string
 }
 
 // ClaimSQL is the claim statement (the selection of the two-statement
@@ -119,8 +119,6 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	if d.IDArray != "" {
 		o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
 	}
-	o.pendingCount = `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ` + d.Param(1, "text") + ` AND source_id = ` + d.Param(2, "text") +
-		` AND sent_at IS NULL AND failed_at IS NULL`
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
 	WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
 	LIMIT ` + d.Param(3, "bigint") + `) AS done)`
@@ -308,13 +306,6 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 		_, err = db.Exec(ctx, o.markFailedRetry, DurationMicros(p.RetryAfter), ErrorText(p.Error), p.ID, int64(p.Attempt))
 	}
 	return err
-}
-
-// Pending counts one incoming message's pending rows.
-func (o *Outbox) Pending(ctx context.Context, db Querier, p *idemdriver.PendingOutgoingParams) (int, error) {
-	var n int64
-	err := db.QueryRow(ctx, o.pendingCount, p.Consumer, p.SourceID).Scan(&n)
-	return int(n), err
 }
 
 // Purge deletes up to p.Limit rows done for longer than p.Retention,

@@ -110,11 +110,6 @@ func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) 
 	return s.outbox().MarkFailed(ctx, querier{s.db}, p)
 }
 
-// PendingOutgoing implements [idemdriver.OutboxStore].
-func (s *Store) PendingOutgoing(ctx context.Context, p *idemdriver.PendingOutgoingParams) (int, error) {
-	return s.outbox().Pending(ctx, querier{s.db}, p)
-}
-
 // PurgeOutbox implements [idemdriver.OutboxStore]. p is checked with
 // idemdriver.ValidatePurgeOutboxParams.
 func (s *Store) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutboxParams) (int64, error) {
