@@ -16,6 +16,14 @@ import (
 )
 
 // BenchmarkOutbox measures what the outbox costs a consumer, in one run:
+//   - best: the hand-written consumer (BenchmarkProcess's best);
+//   - best_outbox1: the hand-written outbox (processBestRelayed): best plus
+//     one narrow outbox row per message, in the same transaction, deleted
+//     by two hand-written relay loops once published. It is the floor an
+//     outbox costs on this server: what every outbox pays, without what
+//     idem's adds (sent rows kept for their retention, order per key, an
+//     outgoing ID that is unique, leases instead of a transaction held open
+//     through the publish);
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message, and
@@ -32,14 +40,15 @@ import (
 //     mark per batch): the store's share of the relay's throughput, msgs/s;
 //   - relay_workers4: the same with four rounds in flight (RelayConfig.Workers).
 //
-// The processing cases report their ratio to idem in the same round
-// (x-outbox_idem), and the CPU (client, and server: the backends of both
+// The processing cases report their ratio to the case without outgoing
+// messages in the same round (x-outbox_best, x-outbox_idem; idem_outbox1
+// also x-best_outbox1), and the CPU (client, and server: the backends of both
 // pools) and WAL per message. They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL). The WAL and server
 // CPU figures are the server's and its backends': on a shared machine
 // they move much less than throughput does.
 //
-// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench 'BenchmarkOutbox/idem' -benchtime 2s
+// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=6 go test -run '^$' -bench 'BenchmarkOutbox/^(best|best_outbox1|idem|idem_outbox1)(#[0-9]+)?$' -benchtime 10000x
 func BenchmarkOutbox(b *testing.B) {
 	for range benchRounds {
 		benchOutboxRound(b)
@@ -58,13 +67,21 @@ func benchOutboxRound(b *testing.B) {
 			return err
 		}
 	}
+	b.Run("best", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "outbox_best", bestNew(b, bb))
+	})
+	b.Run("best_outbox1", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "best_outbox1", processBestRelayed(b, bb, payload), "outbox_best")
+	})
 	b.Run("idem", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "outbox_idem", processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload))
+		reportRatios(b, "outbox_idem", processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload), "outbox_best")
 	})
 	b.Run("idem_outbox1", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload), "outbox_idem")
+		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload), "outbox_idem", "best_outbox1")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -202,6 +219,133 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	if left != 0 || sent.Load() != int64(b.N) {
 		b.Fatalf("sent %d of %d, %d rows left", sent.Load(), b.N, left)
 	}
+	rate := float64(b.N) / elapsed.Seconds()
+	b.ReportMetric(rate, "msgs/s")
+	m.report(b, b.N)
+	w.report(b, b.N)
+	return rate
+}
+
+// processBestRelayed is the hand-written outbox, the least a person can
+// write to emit one outgoing message per incoming one with the outbox
+// pattern's guarantee (sent after, and only after, the commit; at least
+// once): the hand-written consumer (bundle.bestProcess), whose effect and
+// an INSERT into a minimal outbox table (an identity key, the outgoing ID,
+// destination, key and payload; no other index, no sent rows kept) go in
+// one round trip before COMMIT; and two relay loops, woken after each
+// commit, each of which in one transaction deletes up to 1,000 rows in
+// key order (FOR UPDATE SKIP LOCKED) returning them, publishes them
+// (a publisher that confirms at once) and commits. The timed section ends
+// when every message was published and its row's delete committed. It
+// returns the throughput.
+func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
+	b.Helper()
+	ctx := context.Background()
+	outbox := bb.best + "_outbox"
+	if _, err := bb.pool.Exec(ctx, `CREATE TABLE `+outbox+` (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id text NOT NULL, destination text NOT NULL, order_key text NOT NULL, payload bytea NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	steady(b, bb)
+	rpool := newPool(b, poolOpts{maxConns: 2, url: benchURL()})
+	var sent atomic.Int64
+	wake := make(chan struct{}, 1)
+	round := func(ctx context.Context) (int, error) {
+		tx, err := rpool.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		rows, err := tx.Query(ctx, `DELETE FROM `+outbox+` WHERE seq IN (SELECT seq FROM `+outbox+`
+			ORDER BY seq LIMIT 1000 FOR UPDATE SKIP LOCKED) RETURNING id, destination, order_key, payload`)
+		if err != nil {
+			return 0, err
+		}
+		var out []idem.Outgoing
+		for rows.Next() {
+			var m idem.Outgoing
+			if err := rows.Scan(&m.ID, &m.Destination, &m.Key, &m.Payload); err != nil {
+				return 0, err
+			}
+			out = append(out, m)
+		}
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+		sent.Add(int64(len(out))) // the publish, confirmed at once
+		return len(out), tx.Commit(ctx)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for range 2 {
+		relays.Go(func() {
+			for rctx.Err() == nil {
+				n, err := round(rctx)
+				if err != nil && rctx.Err() == nil {
+					b.Error(err)
+					return
+				}
+				if n == 1000 {
+					continue
+				}
+				t := time.NewTimer(50 * time.Millisecond)
+				select {
+				case <-rctx.Done():
+				case <-wake:
+				case <-t.C:
+				}
+				t.Stop()
+			}
+		})
+	}
+	defer func() { cancel(); relays.Wait() }()
+	m := startCPUs(b, bb.pool, rpool)
+	w := startWAL(b, bb)
+	prefix := benchPrefix()
+	b.ResetTimer()
+	start := time.Now()
+	if err := runOps(ctx, b, func(ctx context.Context, i int64) error {
+		id := prefix + strconv.FormatInt(i, 10)
+		tx, claimed, err := bb.bestClaim(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if !claimed {
+			return fmt.Errorf("message %d not claimed", i)
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(`INSERT INTO `+bb.effects+` (key) VALUES ($1)`, id)
+		batch.Queue(`INSERT INTO `+outbox+` (id, destination, order_key, payload) VALUES ($1, $2, $3, $4)`,
+			id+"/charged", "orders.charged", id, payload)
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		var left int
+		if err := bb.pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 && sent.Load() == int64(b.N) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("sent %d of %d, %d rows left a minute after the last commit", sent.Load(), b.N, left)
+		}
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
 	rate := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
 	m.report(b, b.N)
