@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
@@ -20,36 +21,65 @@ import (
 // the partitioned layout, and Migrate through PgBouncer in transaction
 // pooling in each exec mode PgBouncer supports.
 func TestOutboxFillFactorUpgrade(t *testing.T) {
+	runUpgrades(t, testOutboxFillFactorUpgrade)
+}
+
+// upgradeVariant is one layout an upgrade test runs on: the default
+// layout, a schema-qualified table, the partitioned layout (plain and
+// schema-qualified), or the default layout migrated through PgBouncer.
+type upgradeVariant struct {
+	name   string
+	schema bool
+	part   *idempgxv5.Partitions
+	o      poolOpts // the store's pool; zero: the direct one
+}
+
+// runUpgrades runs test on each of upgradeVariants, in parallel.
+func runUpgrades(t *testing.T, test func(*testing.T, upgradeVariant)) {
 	t.Parallel()
-	type variant struct {
-		name   string
-		schema bool
-		part   *idempgxv5.Partitions
-		url    string
-		mode   pgx.QueryExecMode
+	for _, v := range upgradeVariants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, v)
+		})
 	}
-	variants := []variant{
+}
+
+// upgradeVariants returns the layouts of the upgrade tests, with
+// PgBouncer in transaction pooling in each exec mode it supports.
+func upgradeVariants(t *testing.T) []upgradeVariant {
+	vs := []upgradeVariant{
 		{name: "default"},
 		{name: "schema", schema: true},
 		{name: "partitioned", part: &idempgxv5.Partitions{Bucket: time.Hour}},
 		{name: "partitioned_schema", schema: true, part: &idempgxv5.Partitions{Bucket: time.Hour}},
 	}
 	for _, m := range bouncerModes {
-		variants = append(variants, variant{name: "pgbouncer_" + modeName(m), url: bouncerURL(t), mode: m})
+		vs = append(vs, upgradeVariant{name: "pgbouncer_" + modeName(m), o: poolOpts{url: bouncerURL(t), mode: m}})
 	}
-	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			t.Parallel()
-			testOutboxFillFactorUpgrade(t, v.schema, v.part, poolOpts{url: v.url, mode: v.mode})
-		})
-	}
+	return vs
 }
 
-func testOutboxFillFactorUpgrade(t *testing.T, schema bool, part *idempgxv5.Partitions, o poolOpts) {
+// upgraded is a table made by upgradeTable.
+type upgraded struct {
+	direct *pgxpool.Pool // a pool on the database, not through PgBouncer
+	pool   *pgxpool.Pool // the store's pool
+	table  string
+	migs   []sqlschema.Migration // all of the layout's migrations
+	exec   func(q string, args ...any)
+	store  *idempgxv5.Store
+}
+
+// upgradeTable makes a table of v's layout to which the migrations
+// before version below are applied by hand (and recorded as Migrate
+// records them), dropped when the test ends, and a store on it on v's
+// pool. exec runs a statement on the direct pool, failing the test on
+// error.
+func upgradeTable(t *testing.T, v upgradeVariant, below int) upgraded {
 	ctx := t.Context()
 	direct := newPool(t, poolOpts{})
 	table := randName("idem_t_")
-	if schema {
+	if v.schema {
 		s := randName("idem_s_")
 		if _, err := direct.Exec(ctx, `CREATE SCHEMA `+s); err != nil {
 			t.Fatal(err)
@@ -72,17 +102,31 @@ func testOutboxFillFactorUpgrade(t *testing.T, schema bool, part *idempgxv5.Part
 		})
 	}
 	dialect := sqlschema.Postgres
-	if part != nil {
+	if v.part != nil {
 		dialect = sqlschema.PostgresPartitioned
 	}
 	migs := migrationsOf(t, dialect, table)
-	if last := migs[len(migs)-1]; last.Version != 8 {
-		t.Fatalf("last migration %s, want 008", last.Name)
-	}
 	apply, exec := applier(t, direct, table)
-	for _, m := range migs[:len(migs)-1] {
-		apply(m)
+	for _, m := range migs {
+		if m.Version < below {
+			apply(m)
+		}
 	}
+	pool := direct
+	if v.o.url != "" {
+		pool = newPool(t, v.o)
+	}
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table, Partitions: v.part})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return upgraded{direct: direct, pool: pool, table: table, migs: migs, exec: exec, store: store}
+}
+
+func testOutboxFillFactorUpgrade(t *testing.T, v upgradeVariant) {
+	ctx := t.Context()
+	u := upgradeTable(t, v, 8)
+	direct, table, migs, exec, store := u.direct, u.table, u.migs, u.exec, u.store
 	outbox := table + "_outbox"
 	fillfactor := func() string {
 		t.Helper()
@@ -117,15 +161,7 @@ func testOutboxFillFactorUpgrade(t *testing.T, schema bool, part *idempgxv5.Part
 		return s
 	}
 
-	pool := direct
-	if o.url != "" {
-		pool = newPool(t, o)
-	}
-	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table, Partitions: part})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if part != nil {
+	if v.part != nil {
 		if err := store.EnsurePartitions(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -155,8 +191,8 @@ func testOutboxFillFactorUpgrade(t *testing.T, schema bool, part *idempgxv5.Part
 	if err := direct.QueryRow(ctx, `SELECT count(*), max(version) FROM `+table+`_migrations`).Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != len(migs) || maxVersion != 8 {
-		t.Fatalf("%d migrations recorded up to %d, want %d up to 8", versions, maxVersion, len(migs))
+	if last := migs[len(migs)-1].Version; versions != len(migs) || maxVersion != last {
+		t.Fatalf("%d migrations recorded up to %d, want %d up to %d", versions, maxVersion, len(migs), last)
 	}
 	after := snapshot()
 	if len(after) != len(before) {

@@ -14,7 +14,10 @@ import (
 // "_steps", 003 the runs table Table + "_runs", 004 and 005 the outbox,
 // 006 the lease-mode columns nullable for transactional records, 007 the
 // outbox's index for the relay's order check, 008 the outbox's fill
-// factor of 50) that the table has not had yet, in one transaction, and
+// factor of 50, 009 the processed table's CHECK constraints dropped: the
+// stores check every value before writing it, and PostgreSQL plans a
+// table's CHECK expressions anew for every statement that writes it, half
+// the server time of a claim) that the table has not had yet, in one transaction, and
 // records each version with the server's time in Table + "_migrations"
 // (version int primary key, applied_at timestamptz).
 //

@@ -1,0 +1,14 @@
+-- The processed-messages table's CHECK constraints (the byte lengths of
+-- consumer, message_id and fingerprint, and the range of state) are
+-- dropped, here and on the partitions of the partitioned layout, where
+-- they are copies of the table's. PostgreSQL reads and plans a table's
+-- CHECK expressions anew for every statement that inserts or updates it:
+-- these four cost each claim, new or duplicate (an INSERT ... ON CONFLICT
+-- checks them before it finds the conflict), about 25 microseconds of
+-- server CPU, as much as the rest of the INSERT. Every value a store
+-- writes is checked before any statement (idemdriver.ValidateClaimParams
+-- and the other validators), and only idem writes this table. The
+-- outbox keeps its checks: programs in other languages write its rows.
+-- Dropping a constraint changes the catalog only; it takes the table's
+-- lock for a moment, waiting for the transactions that use it to end.
+DO $$ DECLARE r record; BEGIN FOR r IN SELECT c.conrelid::regclass AS rel, c.conname, c.conrelid = '{{.Table}}'::regclass AS parent FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] WHERE c.contype = 'c' AND cardinality(c.conkey) = 1 AND a.attname IN ('consumer', 'message_id', 'fingerprint', 'state') AND (c.conrelid = '{{.Table}}'::regclass OR c.conrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{{.Table}}'::regclass)) ORDER BY 3 DESC LOOP EXECUTE format('ALTER TABLE %s DROP CONSTRAINT IF EXISTS %I', r.rel, r.conname); END LOOP; END $$;
