@@ -128,17 +128,8 @@ func TestEmitCommit(t *testing.T) {
 // pipelined one.
 func TestEmitCommitTraced(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	tr := &queryLog{}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // after the tables are dropped
+	pool := tracedPool(t, tr)
 	b := setupOn(t, pool)
 	c := b.consumer(t, "traced")
 	tr.mu.Lock()
@@ -160,6 +151,24 @@ func TestEmitCommitTraced(t *testing.T) {
 	if tr.failed != 0 || tr.commits < 1 {
 		t.Fatalf("tracer saw %d failed queries and %d commits; want none failed and the consumer's commit", tr.failed, tr.commits)
 	}
+}
+
+// tracedPool opens a pool on the test database whose connections have
+// tracer (a pgx.QueryTracer, and a pgx.BatchTracer if it is one), closed
+// at cleanup (after the tables setupOn made are dropped).
+func tracedPool(t *testing.T, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // queryLog is a pgx.QueryTracer that counts failed queries and commits.
