@@ -60,9 +60,8 @@ type OutboxCommitter[TTx any] interface {
 
 // OutboxStore is what the relay needs of a store: claim pending outgoing
 // rows with a lease, mark them sent or failed, purge sent rows, and
-// report the backlog. Every
-// method runs in its own short transaction (or statement); times are the
-// store's clock.
+// report the backlog. Every method runs in its own short transaction (or
+// statement); times are the store's clock.
 //
 // Contract:
 //   - ClaimOutgoing takes up to Limit pending rows (not sent, not failed
