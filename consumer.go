@@ -116,9 +116,9 @@ type Config struct {
 	// handler emitted outgoing messages (see Emit), and by every duplicate,
 	// so that what its first processing left unsent goes out at once (a
 	// duplicate does not look its outgoing rows up, which would walk the
-	// pending rows: the relay's next round claims them). The caller runs it (Relay.Run) and owns it. Nil means
-	// the outbox rows wait for a relay that polls or is notified (another
-	// process, `idem relay`).
+	// pending rows: the relay's next round claims them). The caller runs
+	// it (Relay.Run) and owns it. Nil means the outbox rows wait for a
+	// relay that polls or is notified (another process, `idem relay`).
 	Relay *Relay
 	// OutboxHeaders, in transactional mode, adds headers to every message
 	// the handler emits (Emit, EmitFor), from the context the handler
@@ -308,7 +308,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		if err := c.rollback(ctx, b, msg.ID, tx); err != nil {
 			return c.failed(msg.ID, err)
 		}
-		return c.settleExisting(ctx, msg.ID, fp, res)
+		return c.settleExisting(msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)
@@ -380,7 +380,7 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return c.claimFailed(ctx, msg.ID, "claim", err, nil)
 	}
 	if !res.Claimed {
-		return c.settleExisting(ctx, msg.ID, fp, res)
+		return c.settleExisting(msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
 	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)

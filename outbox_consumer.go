@@ -115,7 +115,7 @@ func (c *Consumer[TTx]) committed(ctx context.Context, id string, n int) {
 // storms (after a relay outage, a rebalance). A wake costs nothing here;
 // wakes merge, so a storm of duplicates makes the relay run at most one
 // round after another.
-func (c *Consumer[TTx]) settleExisting(_ context.Context, id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
+func (c *Consumer[TTx]) settleExisting(id string, fp []byte, res idemdriver.ClaimResult) (Outcome, error) {
 	out, err := c.existingTx(id, fp, res)
 	if out.Status == Duplicate && c.cfg.Relay != nil && c.out.store != nil {
 		c.cfg.Relay.Wake()

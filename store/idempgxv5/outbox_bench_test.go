@@ -15,6 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// confirmAll is a publisher that confirms every message at once.
+var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error { return make([]error, len(m)) })
+
 // BenchmarkOutbox measures what the outbox costs a consumer, in one run:
 //   - best: the hand-written consumer (BenchmarkProcess's best);
 //   - best_outbox1: the hand-written outbox (processBestRelayed): best plus
@@ -98,7 +101,7 @@ func benchOutboxRound(b *testing.B) {
 			b.Fatal(err)
 		}
 		r, err := idem.NewRelay(idem.RelayConfig{Store: bb.store, BatchSize: 100,
-			Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error { return make([]error, len(m)) })})
+			Publisher: confirmAll})
 		if err != nil {
 			b.Fatal(err)
 		}
