@@ -89,7 +89,10 @@ type OutboxCommitter[TTx any] interface {
 //     still does) nor fail a row the second may be sending. MarkSent needs
 //     no fence: a confirmed message was sent, whoever holds the row.
 //   - PurgeOutbox deletes at most Limit rows sent (or failed) more than
-//     Retention ago.
+//     Retention ago, skipping rows another transaction has locked (every
+//     relay purges, so relays side by side purge at once): it never
+//     waits for a row lock, and returns fewer than Limit when it skipped
+//     some.
 type OutboxStore interface {
 	ClaimOutgoing(ctx context.Context, p *ClaimOutgoingParams) ([]OutgoingRecord, error)
 	MarkSent(ctx context.Context, p *MarkSentParams) error

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1030,6 +1031,54 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}, func() string { return fmt.Sprintf("%d purged", purged) })
 			if res := b.runOnce("after purge", r); res.Claimed != 0 {
 				t.Errorf("claimed %d rows after purge, want 0", res.Claimed)
+			}
+		}},
+		// Every relay purges on its own interval, so relays side by side
+		// purge at once. Their batches must not wait for each other's row
+		// locks, nor deadlock (as two DELETEs that lock overlapping rows
+		// in different orders do), and together they must delete every
+		// sent row exactly once.
+		{"ConcurrentPurges", func(t *testing.T, b *bundle[TTx]) {
+			const rows, purgers = 400, 4
+			c := b.consumer("c", idem.Config{})
+			var calls atomic.Int64
+			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, func(idem.Message) []idem.OutgoingMessage {
+				out := make([]idem.OutgoingMessage, rows)
+				for i := range out {
+					out[i] = idem.OutgoingMessage{Name: "n" + strconv.Itoa(i), Destination: "d"}
+				}
+				return out
+			}), idem.Processed, nil)
+			b.drain("send", b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{BatchSize: rows}), nil)
+			relays := make([]*idem.Relay, purgers)
+			for i := range relays {
+				relays[i] = b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{Retention: time.Millisecond, PurgeBatchSize: 10})
+			}
+			var purged atomic.Int64
+			testenv.Eventually(t, realTimeout, "sent rows purged by relays side by side", func() bool {
+				start := make(chan struct{})
+				errs := make(chan error, purgers)
+				for _, r := range relays {
+					go func() {
+						<-start
+						n, err := r.Purge(b.ctx)
+						purged.Add(n)
+						errs <- err
+					}()
+				}
+				close(start)
+				for range purgers {
+					if err := <-errs; err != nil {
+						t.Fatalf("Purge beside %d other relays: %v", purgers-1, err)
+					}
+				}
+				return purged.Load() >= rows
+			}, func() string { return fmt.Sprintf("%d purged", purged.Load()) })
+			if n := purged.Load(); n != rows {
+				t.Errorf("purged %d rows in all, want %d", n, rows)
+			}
+			if s := b.stats(); s.Pending != 0 || s.Failed != 0 {
+				t.Errorf("after the purges: %+v, want nothing pending or failed", s)
 			}
 		}},
 	}

@@ -38,8 +38,11 @@ type OutboxDialect struct {
 	// IgnoreDuplicate ends an INSERT so that a row whose id exists is left
 	// as it is without an error.
 	IgnoreDuplicate string
-	// SkipLocked ends the claim's row selection: " FOR UPDATE SKIP
-	// LOCKED", or "" for a single-writer database.
+	// SkipLocked ends the row selections of the claim and of the purge:
+	// " FOR UPDATE SKIP LOCKED", or "" for a single-writer database. So
+	// relays side by side claim and purge disjoint rows, never waiting
+	// for each other's row locks (two purges that lock the same rows in
+	// different orders would deadlock).
 	SkipLocked string
 	// KeyPending is the condition "row p is pending" in the claim's order
 	// check (is there an earlier pending row of the same destination and
@@ -61,6 +64,12 @@ type OutboxDialect struct {
 	// (MariaDB, MySQL): the claim then selects and locks the rows, and
 	// updates them with a second statement, in one transaction.
 	NoUpdateReturning bool
+	// DeleteSeqs, required with NoUpdateReturning, deletes the rows whose
+	// seq is in parameter 1, a JSON array of numbers, visiting no other
+	// row: the purge's DELETE of the rows its SELECT ... FOR UPDATE SKIP
+	// LOCKED locked. (InnoDB's DELETE ... WHERE seq IN (...) may scan the
+	// table instead, and wait for every row another transaction locked.)
+	DeleteSeqs string
 }
 
 // Outbox is the outbox statements of one dialect, and the logic that runs
@@ -70,9 +79,9 @@ type Outbox struct {
 	cols    string // the columns of a claimed row
 	pending string // a pending row of alias o, first in its key
 	// Fixed statements.
-	claimReturning, claimSelect, purge, stats string
-	markSentArray                             string
-	markFailedRetry, markFailedPermanent      string
+	claimReturning, claimSelect, purge, purgeSelect, stats string
+	markSentArray                                          string
+	markFailedRetry, markFailedPermanent                   string
 }
 
 // ClaimSQL is the claim statement (the selection of the two-statement
@@ -119,9 +128,11 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	if d.IDArray != "" {
 		o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
 	}
+	done := `WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
+	LIMIT ` + d.Param(3, "bigint") + d.SkipLocked
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
-	WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
-	LIMIT ` + d.Param(3, "bigint") + `) AS done)`
+	` + done + `) AS done)`
+	o.purgeSelect = `SELECT seq FROM ` + t + ` ` + done
 	o.stats = `SELECT
 	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN 1 ELSE 0 END), 0),
 	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NOT NULL THEN 1 ELSE 0 END), 0),
@@ -309,13 +320,51 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 }
 
 // Purge deletes up to p.Limit rows done for longer than p.Retention,
-// after checking p (idemdriver.ValidatePurgeOutboxParams).
-func (o *Outbox) Purge(ctx context.Context, db Querier, p *idemdriver.PurgeOutboxParams) (int64, error) {
+// after checking p (idemdriver.ValidatePurgeOutboxParams), skipping rows
+// locked by another transaction (where the dialect has SkipLocked): with
+// one DELETE on db, or, for a dialect without UPDATE ... RETURNING, with
+// a locking SELECT and a DELETE of the rows it locked in the transaction
+// begin starts (begin is unused otherwise): MariaDB's single DELETE would
+// wait for a row its subquery skipped.
+func (o *Outbox) Purge(ctx context.Context, db Querier, begin func(context.Context) (Tx, error), p *idemdriver.PurgeOutboxParams) (int64, error) {
 	if err := idemdriver.ValidatePurgeOutboxParams(p); err != nil {
 		return 0, err
 	}
 	r := DurationMicros(p.Retention)
-	return db.Exec(ctx, o.purge, r, r, int64(p.Limit))
+	if !o.d.NoUpdateReturning {
+		return db.Exec(ctx, o.purge, r, r, int64(p.Limit))
+	}
+	tx, err := begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		rctx, cancel := Detached(ctx)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	rows, err := tx.Query(ctx, o.purgeSelect, r, r, int64(p.Limit))
+	if err != nil {
+		return 0, err
+	}
+	var seqs []int64
+	if err := ForEach(rows, func(row Row) error {
+		var seq int64
+		err := row.Scan(&seq)
+		seqs = append(seqs, seq)
+		return err
+	}); err != nil || len(seqs) == 0 {
+		return 0, err
+	}
+	list, err := json.Marshal(seqs)
+	if err != nil {
+		return 0, err
+	}
+	n, err := tx.Exec(ctx, o.d.DeleteSeqs, string(list))
+	if err != nil {
+		return 0, err
+	}
+	return n, tx.Commit(ctx)
 }
 
 // Stats reads the backlog.

@@ -188,10 +188,13 @@ func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) 
 	return s.outbox().MarkFailed(ctx, querier{s.pool}, p)
 }
 
-// PurgeOutbox implements [idemdriver.OutboxStore]. p is checked with
+// PurgeOutbox implements [idemdriver.OutboxStore]: one DELETE of the
+// rows its subquery selects FOR UPDATE SKIP LOCKED, so purges of relays
+// side by side take disjoint rows, never waiting for each other's locks
+// (nor deadlocking). p is checked with
 // idemdriver.ValidatePurgeOutboxParams.
 func (s *Store) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutboxParams) (int64, error) {
-	return s.outbox().Purge(ctx, querier{s.pool}, p)
+	return s.outbox().Purge(ctx, querier{s.pool}, nil, p)
 }
 
 // OutboxStats implements [idemdriver.OutboxStore].

@@ -204,23 +204,27 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 			b.Fatalf("%d rows still pending a minute after their publish", st.Pending)
 		}
 	}
-	for {
-		n, err := rstore.PurgeOutbox(ctx, &idemdriver.PurgeOutboxParams{Retention: time.Microsecond, Limit: 1000})
-		if err != nil {
+	// The relay's own purge may hold some rows (a purge skips rows
+	// another has locked): purge until none is left.
+	for deadline := time.Now().Add(time.Minute); ; {
+		if _, err := rstore.PurgeOutbox(ctx, &idemdriver.PurgeOutboxParams{Retention: time.Microsecond, Limit: 1000}); err != nil {
 			b.Fatal(err)
 		}
-		if n < 1000 {
+		var left int
+		if err := bb.pool.QueryRow(ctx, `SELECT count(*) FROM `+bb.table+`_outbox`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
 			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d rows left a minute after their purge", left)
 		}
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	var left int
-	if err := bb.pool.QueryRow(ctx, `SELECT count(*) FROM `+bb.table+`_outbox`).Scan(&left); err != nil {
-		b.Fatal(err)
-	}
-	if left != 0 || sent.Load() != int64(b.N) {
-		b.Fatalf("sent %d of %d, %d rows left", sent.Load(), b.N, left)
+	if sent.Load() != int64(b.N) {
+		b.Fatalf("sent %d of %d", sent.Load(), b.N)
 	}
 	rate := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")

@@ -42,6 +42,8 @@ func (s *Store) outbox() *sqlstore.Outbox {
 			IgnoreDuplicate:   ` ON DUPLICATE KEY UPDATE id = id`,
 			SkipLocked:        ` FOR UPDATE SKIP LOCKED`,
 			NoUpdateReturning: true,
+			DeleteSeqs: `DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS s
+	STRAIGHT_JOIN ` + t + ` AS o ON o.seq = s.seq`,
 		})
 	default:
 		o = sqlstore.NewOutbox(sqlstore.OutboxDialect{
@@ -110,10 +112,15 @@ func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) 
 	return s.outbox().MarkFailed(ctx, querier{s.db}, p)
 }
 
-// PurgeOutbox implements [idemdriver.OutboxStore]. p is checked with
+// PurgeOutbox implements [idemdriver.OutboxStore]. PostgreSQL: one
+// DELETE of the rows its subquery selects FOR UPDATE SKIP LOCKED. MySQL:
+// a READ COMMITTED transaction of SELECT ... FOR UPDATE SKIP LOCKED and a
+// DELETE of the rows it locked. So purges of relays side by side take
+// disjoint rows and never wait for each other. SQLite: one DELETE;
+// writers are serialised. p is checked with
 // idemdriver.ValidatePurgeOutboxParams.
 func (s *Store) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutboxParams) (int64, error) {
-	return s.outbox().Purge(ctx, querier{s.db}, p)
+	return s.outbox().Purge(ctx, querier{s.db}, s.beginReadCommitted, p)
 }
 
 // OutboxStats implements [idemdriver.OutboxStore].
