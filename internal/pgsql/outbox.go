@@ -38,6 +38,7 @@ func outboxDialect(table string) sqlstore.OutboxDialect {
 		Minus:           func(p string) string { return `(now() - ` + p + ` * interval '1 microsecond')` },
 		Micros:          Micros,
 		HeadersOut:      `headers::text`,
+		TextOut:         `::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
 		// The predicate of the key index (migration 007).

@@ -35,6 +35,14 @@ type OutboxDialect struct {
 	Micros func(x string) string
 	// HeadersOut is the headers column as text in a select list.
 	HeadersOut string
+	// TextOut ends each text column (id, consumer, source_id,
+	// destination, order_key) in a select list: PostgreSQL's "::text"
+	// gives the relay's rows the type text whatever the columns' (domains
+	// since migration 010), so that a claim prepared before a migration
+	// that changes them still returns the types it was prepared with
+	// (PostgreSQL refuses to run a cached plan whose result types
+	// changed: SQLSTATE 0A000).
+	TextOut string
 	// IgnoreDuplicate ends an INSERT so that a row whose id exists is left
 	// as it is without an error.
 	IgnoreDuplicate string
@@ -104,7 +112,8 @@ const MaxInList = 500
 func NewOutbox(d OutboxDialect) *Outbox {
 	t := d.Table
 	o := &Outbox{d: d}
-	o.cols = `id, seq, consumer, source_id, destination, order_key, payload, ` + d.HeadersOut + `, attempts, ` + d.Micros(`created_at`)
+	x := d.TextOut
+	o.cols = `id` + x + `, seq, consumer` + x + `, source_id` + x + `, destination` + x + `, order_key` + x + `, payload, ` + d.HeadersOut + `, attempts, ` + d.Micros(`created_at`)
 	keyPending := d.KeyPending
 	if keyPending == "" {
 		keyPending = `p.sent_at IS NULL AND p.failed_at IS NULL`

@@ -170,7 +170,18 @@ func dropTables(ctx context.Context, pool *pgxpool.Pool, prefixes ...string) err
 			return err
 		}
 	}
-	return nil
+	// The outbox's domains (<table>_outbox_id, <table>_outbox_str).
+	rows, err = pool.Query(ctx, `SELECT quote_ident(typname) FROM pg_type
+		WHERE typtype = 'd' AND typnamespace = current_schema()::regnamespace AND EXISTS (SELECT FROM unnest($1::text[]) p WHERE starts_with(typname, p))`, prefixes)
+	if err != nil {
+		return err
+	}
+	domains, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(domains) == 0 {
+		return err
+	}
+	_, err = pool.Exec(ctx, `DROP DOMAIN IF EXISTS `+strings.Join(domains, ", "))
+	return err
 }
 
 // writeEffect inserts one side-effect row inside tx.
