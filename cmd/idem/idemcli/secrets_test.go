@@ -214,6 +214,24 @@ func TestNoSecretFromEnvironmentOrFlagErrors(t *testing.T) {
 		}
 		wantNoPassword(t, output, pw.written, pw.meant)
 	}
+	// A libpq keyword/value string, a password in the query, a password
+	// holding '@' (which a driver cutting at the first '@' would dial as
+	// part of the host): no piece of the password is printed.
+	for store, pieces := range map[string][]string{
+		"host=127.0.0.1 port=1 user=idem password=KvPassw0rd31 dbname=idem_test connect_timeout=5": {"KvPassw0rd31"},
+		"postgres://127.0.0.1:1/idem_test?sslmode=bogus&password=QueryPassw0rd77&user=idem":        {"QueryPassw0rd77"},
+		"postgres://idem:Pa@ssword9@127.0.0.1:1/idem_test?connect_timeout=5":                       {"Pa@ssword9", "Pa%40ssword9", "ssword9"},
+	} {
+		t.Setenv("IDEM_STORE", store)
+		for _, args := range [][]string{{"stats"}, {"proxy", "--upstream", "http://127.0.0.1:1"}} {
+			code, output := runMain(context.Background(), args...)
+			for _, p := range pieces {
+				if code == 0 || strings.Contains(output, p) {
+					t.Errorf("%v with IDEM_STORE %s: exit %d, output shows %q:\n%s", args, secret.URL(store), code, p, output)
+				}
+			}
+		}
+	}
 	t.Setenv("IDEM_STORE", "")
 	for _, args := range [][]string{
 		{"proxy", "--scope-secret", scopeSecret, "--max-header-bytes", scopeSecret},

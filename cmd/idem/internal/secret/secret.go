@@ -6,9 +6,10 @@
 // in a text with "xxxxx": the password as written, percent-decoded, and
 // percent-encoded (upper- and lowercase hex, path, query and userinfo
 // escaping), and the whole userinfo when the URL does not parse. Scrub
-// also masks the password of any URL or MySQL DSN in the text, known or
-// not, so third-party errors that repeat a URL the Set never saw are
-// masked too. [Set.Writer] applies Scrub to every write (stdout, stderr,
+// also masks the password of any URL or MySQL DSN in the text, and any
+// value given as password= (a libpq keyword/value string, a URL's query),
+// known or not, so third-party errors that repeat a URL the Set never saw
+// are masked too. [Set.Writer] applies Scrub to every write (stdout, stderr,
 // logs), and [Set.Err] to an error's text while errors.Is and errors.As
 // still see the original.
 //
@@ -160,11 +161,12 @@ func URL(raw string) string {
 	return s.Scrub(raw)
 }
 
-// Normalize returns raw with its userinfo percent-encoded when the URL
-// parser would cut it (a password holding '/', '?', '#', or a '%' that is
-// not an escape; '@' and ':' parse already): the userinfo runs to the last
-// '@'. A URL that parses with its userinfo, or has none, is returned as it
-// is.
+// Normalize returns raw with its userinfo percent-encoded when a URL
+// parser would cut it: a password holding '/', '?', '#', or a '%' that is
+// not an escape (Go's parser), or '@' (drivers that cut the userinfo at
+// the first '@'; ':' parses already). The userinfo runs to the last '@'.
+// A URL that every parser reads alike, or has no userinfo, is returned as
+// it is.
 func Normalize(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok || strings.ContainsAny(scheme, "/?#@ ") {
@@ -178,6 +180,16 @@ func Normalize(raw string) string {
 		cut := u.User == nil && (strings.Contains(u.Path, "@") || strings.Contains(u.Fragment, "@") ||
 			(u.Path == "" && strings.Contains(u.RawQuery, "@")))
 		if !cut {
+			// Go's parser takes the userinfo to the authority's last
+			// '@'; some drivers cut at the first one, and would dial a
+			// piece of the password as the host. Encode the '@'.
+			authority := rest
+			if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+				authority = rest[:end]
+			}
+			if last := strings.LastIndex(authority, "@"); u.User != nil && strings.Contains(authority[:last], "@") {
+				return scheme + "://" + u.User.String() + "@" + rest[last+1:]
+			}
 			return raw
 		}
 	}
@@ -207,6 +219,13 @@ func unescape(s string) string {
 // userinfo; for a DSN, what precedes the last '@'.
 func passwords(text string) []string {
 	var out []string
+	for _, m := range keywordPassword.FindAllStringSubmatch(text, -1) {
+		v := m[2]
+		if len(v) >= 2 && (v[0] == '\'' || v[0] == '"') && v[len(v)-1] == v[0] {
+			v = strings.ReplaceAll(v[1:len(v)-1], `\`+v[:1], v[:1])
+		}
+		out = append(out, v)
+	}
 	for _, field := range strings.Fields(text) {
 		rest := field
 		found := false
@@ -284,11 +303,16 @@ func lowerHex(s string) string { return hexEscape.ReplaceAllStringFunc(s, string
 // urlPassword finds the password of a URL in text: scheme://user: up to the
 // last '@' before a space or a quote. dsnPassword finds that of a MySQL DSN.
 var (
-	urlPassword = regexp.MustCompile("([A-Za-z][A-Za-z0-9+.-]*://[^\\s:@/\"'`<>]*:)[^\\s\"'`<>]*@")
-	dsnPassword = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
+	// keywordPassword finds a password given as a keyword: in a libpq
+	// keyword/value string (password=x, password='x y'), in a URL's query
+	// (?password=x), in a driver's message.
+	keywordPassword = regexp.MustCompile(`(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|"[^"]*"|[^\s&;,"')]+)`)
+	urlPassword     = regexp.MustCompile("([A-Za-z][A-Za-z0-9+.-]*://[^\\s:@/\"'`<>]*:)[^\\s\"'`<>]*@")
+	dsnPassword     = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
 )
 
 func scrubURLs(text string) string {
+	text = keywordPassword.ReplaceAllString(text, "${1}"+Mask)
 	text = urlPassword.ReplaceAllString(text, "${1}"+Mask+"@")
 	return dsnPassword.ReplaceAllString(text, "${1}"+Mask+"@${2}")
 }

@@ -132,3 +132,47 @@ func TestErrAndWriter(t *testing.T) {
 		t.Errorf("Error = %q", err)
 	}
 }
+
+// TestKeywordPasswords: a password given as a keyword (a libpq
+// keyword/value string, quoted or not; a URL's query parameter) is found
+// by AddText and masked by Scrub, known or not.
+func TestKeywordPasswords(t *testing.T) {
+	for _, tc := range []struct{ given, pw, text string }{
+		{"host=127.0.0.1 user=idem password=KvPassw0rd31 dbname=idem_test", "KvPassw0rd31",
+			`bad URL: store "host=127.0.0.1 user=idem password=KvPassw0rd31 dbname=idem_test"`},
+		{"host=h password='Kv Pass\\'w0rd' dbname=d", "Kv Pass'w0rd", "failed: password 'Kv Pass'w0rd' rejected"},
+		{"postgres://127.0.0.1:5432/idem_test?sslmode=bogus&password=QueryPassw0rd77&user=idem", "QueryPassw0rd77",
+			`cannot parse "postgres://127.0.0.1:5432/idem_test?sslmode=bogus&password=QueryPassw0rd77&user=idem"`},
+		{"postgres://h/db?sslpassword=KeyPassw0rd5", "KeyPassw0rd5", "sslpassword=KeyPassw0rd5: bad key"},
+	} {
+		var s Set
+		s.AddText(tc.given)
+		if got := s.Scrub(tc.text); strings.Contains(got, tc.pw) {
+			t.Errorf("AddText(%q); Scrub(%q) = %q keeps the password", tc.given, tc.text, got)
+		}
+		var unknown Set
+		if got := unknown.Scrub(tc.given); strings.Contains(got, strings.Fields(tc.pw)[0]) {
+			t.Errorf("Scrub(%q) knowing nothing = %q keeps the password", tc.given, got)
+		}
+	}
+}
+
+// TestNormalizeEncodesAt: a password holding '@' is percent-encoded, so
+// that a driver that cuts the userinfo at the first '@' reads the same
+// host and password as Go's parser (one did, and dialed "ssword9@host").
+func TestNormalizeEncodesAt(t *testing.T) {
+	for raw, want := range map[string]string{
+		"postgres://idem:Pa@ssword9@127.0.0.1:5432/idem_test?sslmode=disable": "postgres://idem:Pa%40ssword9@127.0.0.1:5432/idem_test?sslmode=disable",
+		"redis://:a@b@h:6379/0":              "redis://:a%40b@h:6379/0",
+		"postgres://u:p@h/db?x=a@b":          "postgres://u:p@h/db?x=a@b",
+		"mysql://u:p@q@tcp-h:3306/db#frag@x": "mysql://u:p%40q@tcp-h:3306/db#frag@x",
+	} {
+		got := Normalize(raw)
+		if got != want {
+			t.Errorf("Normalize(%q) = %q, want %q", raw, got, want)
+		}
+		if first, _, _ := strings.Cut(strings.SplitN(got, "://", 2)[1], "@"); strings.Count(got[:strings.Index(got, first)+len(first)], "@") != 0 {
+			t.Errorf("Normalize(%q) = %q: the userinfo still holds '@'", raw, got)
+		}
+	}
+}
