@@ -32,7 +32,10 @@
 //  4. The key is claimed with a lease and a fencing token by the core's
 //     lease engine (idem.LeaseConsumer.Acquire, consumer
 //     "idemhttp:"+Namespace, message ID the record ID), which renews it every
-//     Lease/3 while the handler runs; the handler's context is cancelled
+//     Lease/3 while the handler runs. The handler's context carries the
+//     request's values but not its cancellation: a client that hangs up
+//     does not stop the handler half-way (Stripe's requests, too, run to
+//     their end, and the retry gets the stored response). It is cancelled
 //     with cause idem.ErrLeaseLost if the lease is lost, and
 //     [AttemptFromContext] lets the handler check the lease itself. Under
 //     Options.AfterCrash = AnswerUnknownAfterCrash (a Proxy's default) a

@@ -465,7 +465,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	info.disp = new(atomic.Int32)
 	info.abort = new(atomic.Pointer[Problem])
-	r = r.WithContext(context.WithValue(a.Context(), infoKey{}, info))
+	// The handler's context is the lease's, not the client's: a client
+	// that hangs up does not cancel the request half-way (a handler that
+	// returned early on the cancellation without writing would be stored
+	// as an empty 200 and replayed). The request runs to its end and its
+	// response is stored for the retry, as the Proxy does upstream; the
+	// context ends when the lease is lost (idem.ErrLeaseLost).
+	r = r.WithContext(context.WithValue(a.LeaseContext(), infoKey{}, info))
 
 	rc := newRecorder(w, m.o.MaxResponseBytes)
 	panicked, pv := runHandler(next, rc, r)
