@@ -238,6 +238,11 @@ type retryAfterError struct {
 func (e *retryAfterError) Unwrap() error { return &e.RetryAfterError }
 
 func unwrapRetryAfter(err error) error {
+	// backoff.Retry returns the operation's last error as it is when the
+	// tries run out, a Permanent wrapper included.
+	if pe, ok := err.(*backoff.PermanentError); ok {
+		err = pe.Unwrap()
+	}
 	if ra, ok := err.(*retryAfterError); ok {
 		return ra.err
 	}

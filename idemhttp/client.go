@@ -190,11 +190,17 @@ func (b *RetryBudget) withdraw() bool {
 // TransportOptions.NewKey (a UUIDv7 by default).
 //
 // An attempt is retried when it fails with a network error (a refused or
-// reset connection, an EOF, a timeout that is not the request context's), or
-// answers 409 whose problem type is request-in-progress (the first attempt is
-// still running), 429, or any 5xx. Nothing else is retried: not another 4xx,
-// not a 409 of another type, not 422 (the key was reused with another
-// request). Waits follow exponential backoff with full jitter (from
+// reset connection, an EOF, a timeout that is not the request context's),
+// or when its answer says so. A Stripe-Should-Retry header (which every
+// problem answer of this package's middleware and proxy carries) decides
+// alone, as in Stripe's client libraries: "true" is retried (409
+// request-in-progress and idempotency-lease-lost, 503 unavailable, 500
+// handler-panic, 502 upstream-unavailable), "false" is not (the final
+// answers: 500 request-outcome-unknown and idempotency-record-corrupt,
+// 502 upstream-outcome-unknown, every 4xx). Without the header: 409 whose
+// problem type is request-in-progress, 429, or any 5xx. Nothing else is
+// retried: not another 4xx, not a 409 of another type, not 422 (the key was
+// reused with another request). Waits follow exponential backoff with full jitter (from
 // github.com/cenkalti/backoff/v5), or the response's Retry-After, capped at
 // MaxRetryAfter. Retries stop at MaxAttempts, at MaxElapsed, when the shared
 // RetryBudget is spent, or when the request's context is done; the last
@@ -438,10 +444,17 @@ func isRetryReason(err error) bool {
 	return errors.As(err, &rs) || errors.As(err, &ra)
 }
 
-// retryableResponse reports whether resp asks for a retry: 429, any 5xx,
-// or a 409 whose problem type is request-in-progress. It reads at most
-// maxProblemPeek bytes of a 409 body and puts them back.
+// retryableResponse reports whether resp asks for a retry: what its
+// Stripe-Should-Retry header says, or else 429, any 5xx, or a 409 whose
+// problem type is request-in-progress. It reads at most maxProblemPeek
+// bytes of a 409 body and puts them back.
 func (t *Transport) retryableResponse(resp *http.Response) bool {
+	switch strings.ToLower(strings.TrimSpace(resp.Header.Get(HeaderShouldRetry))) {
+	case "true":
+		return true
+	case "false":
+		return false
+	}
 	switch {
 	case resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode >= 500 && resp.StatusCode <= 599:
 		return true

@@ -121,8 +121,9 @@ type CompleteFailurePolicy uint8
 
 const (
 	// RespondUnavailable (the default) replaces the handler's response with
-	// a 503 idempotency-unavailable problem (without Retry-After): the
-	// client learns that the request ran and its outcome is not recorded;
+	// a 503 idempotency-unavailable problem, with Retry-After of the lease
+	// (when a retry can take the key over) and Stripe-Should-Retry: true:
+	// the client learns that the request ran and its outcome is not recorded;
 	// its detail says what a retry with the key gets (a new run, or
 	// request-outcome-unknown, by AfterCrash).
 	RespondUnavailable CompleteFailurePolicy = iota

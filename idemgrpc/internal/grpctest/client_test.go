@@ -127,6 +127,15 @@ func TestClientRetriesOnlyWhatIsSafe(t *testing.T) {
 		t.Fatalf("waits %v: want the server's 2s RetryInfo capped at 5ms, twice", waits)
 	}
 	wantExecuted(t, svc, 1)
+
+	// With one attempt allowed, a code that is never retried comes back
+	// as the status error itself (backoff's Permanent wrapper used to be
+	// returned when the tries ran out on it).
+	one := dial(t, in.addr, &idemgrpc.ClientOptions{MaxAttempts: 1})
+	r = call(ctx, one, methodCharge, "alice", "k1", "b")
+	if _, ok := r.err.(interface{ GRPCStatus() *status.Status }); !ok || status.Code(r.err) != codes.FailedPrecondition {
+		t.Fatalf("MaxAttempts 1: %T %v, want the FAILED_PRECONDITION status error itself", r.err, r.err)
+	}
 }
 
 // TestOptionsValidation: bad options are typed errors.

@@ -158,6 +158,13 @@ func TestTransportOneKeyPerOperationReusedAcrossRetries(t *testing.T) {
 	}
 }
 
+// problem returns a writer of the middleware's own answer of type typ.
+func problem(typ string, status int) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		(&idemhttp.Problem{Type: typ, Title: "t", Status: status}).Write(w)
+	}
+}
+
 // inProgress writes the 409 the middleware sends for a duplicate in flight.
 func inProgress(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "application/problem+json")
@@ -199,6 +206,22 @@ func TestTransportRetriesOnlyRetryableOutcomes(t *testing.T) {
 		{"502", func(w http.ResponseWriter) { w.WriteHeader(502) }, 4},
 		{"503", func(w http.ResponseWriter) { w.WriteHeader(503) }, 4},
 		{"504", func(w http.ResponseWriter) { w.WriteHeader(504) }, 4},
+		// The middleware's and proxy's own answers carry
+		// Stripe-Should-Retry, which decides: their final 5xx are not
+		// retried, their 409 lease-lost is.
+		{"500 outcome unknown", problem(idemhttp.ProblemOutcomeUnknown, 500), 1},
+		{"500 record corrupt", problem(idemhttp.ProblemRecordCorrupt, 500), 1},
+		{"502 upstream outcome unknown", problem(idemhttp.ProblemUpstreamOutcomeUnknown, 502), 1},
+		{"409 lease lost", problem(idemhttp.ProblemLeaseLost, 409), 4},
+		{"503 unavailable", problem(idemhttp.ProblemUnavailable, 503), 4},
+		{"500 should not retry", func(w http.ResponseWriter) {
+			w.Header().Set(idemhttp.HeaderShouldRetry, "false")
+			w.WriteHeader(500)
+		}, 1},
+		{"400 should retry", func(w http.ResponseWriter) {
+			w.Header().Set(idemhttp.HeaderShouldRetry, "true")
+			w.WriteHeader(400)
+		}, 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
