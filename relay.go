@@ -210,7 +210,7 @@ func (r *Relay) Wake() {
 type RelayResult struct {
 	// Claimed counts the rows claimed; Sent those confirmed and marked;
 	// Retried those that failed and wait for their backoff; Failed those
-	// that failed for good.
+	// that failed for good (each counted once its mark was written).
 	Claimed, Sent, Retried, Failed int
 }
 
@@ -265,14 +265,15 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 			continue
 		}
 		p := &idemdriver.MarkFailedParams{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
-		if p.Permanent {
-			res.Failed++
-		} else {
-			res.Retried++
+		if !p.Permanent {
 			p.RetryAfter = r.backoff(rec.Attempts)
 		}
 		if err := r.cfg.Store.MarkFailed(mctx, p); err != nil {
 			markErrs = append(markErrs, storeError("mark outgoing failed", err))
+		} else if p.Permanent {
+			res.Failed++
+		} else {
+			res.Retried++
 		}
 	}
 	if len(sent) > 0 {

@@ -303,12 +303,13 @@ func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
 	return nil
 }
 
-// ValidateMarkFailedParams checks the ID, Attempt >= 1 and RetryAfter >=
-// 0. Errors match ErrInvalidOutgoing or ErrInvalidConfig.
+// ValidateMarkFailedParams checks Attempt >= 1 and RetryAfter >= 0.
+// Errors match ErrInvalidConfig. The ID is not checked: it is a claimed
+// row's, as read, and a row whose ID a producer in another language wrote
+// with bytes the broker adapters refuse (a control character, or an empty
+// ID on MariaDB) must still be marked failed, or it would be claimed
+// forever and hold back every later row of its key.
 func ValidateMarkFailedParams(p *MarkFailedParams) error {
-	if err := ValidateMessageID(p.ID, 0); err != nil {
-		return fmt.Errorf("%w: ID: %w", ErrInvalidOutgoing, err)
-	}
 	if p.Attempt < 1 {
 		return fmt.Errorf("%w: mark of %q: attempt %d, want the claim's (>= 1)", ErrInvalidConfig, p.ID, p.Attempt)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/store/idemsql"
@@ -70,4 +71,54 @@ func TestOutboxPurgeSkipsLockedRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOutboxPoisonIDFailsAndFreesItsKey: a producer in another language
+// writes a row whose ID the broker adapters refuse (a control character),
+// then a good row of the same key. The publisher fails the first for good
+// (as the adapters do, with idem.ErrPermanent): the relay must mark it
+// failed, so that it stops holding back its key and the good row is sent.
+// The mark used to check the ID like a new message's and refuse it: the
+// row was claimed again every lease and its key never moved.
+func TestOutboxPoisonIDFailsAndFreesItsKey(t *testing.T) {
+	t.Parallel()
+	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
+		serverOf(t, d)
+		e := newEnv(t, d, envOptions{})
+		ctx := t.Context()
+		insert := `INSERT INTO ` + e.table + `_outbox (id, destination, order_key, payload) VALUES (?, 'd', 'k', 'p')`
+		if d == idemsql.Postgres {
+			insert = strings.Replace(insert, "?", "$1", 1)
+		}
+		for _, id := range []string{"bad\tid", "good"} {
+			if _, err := e.db.ExecContext(ctx, insert, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var sent []string
+		r, err := idem.NewRelay(idem.RelayConfig{Store: e.store, Retention: -1, MinRetry: time.Millisecond, MaxRetry: time.Millisecond,
+			Publisher: idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+				errs := make([]error, len(msgs))
+				for i, m := range msgs {
+					if err := idemdriver.ValidateMessageID(m.ID, 0); err != nil {
+						errs[i] = idem.Permanent(err)
+						continue
+					}
+					sent = append(sent, m.ID)
+				}
+				return errs
+			})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := r.RunOnce(ctx); err != nil || res.Claimed != 1 || res.Failed != 1 {
+			t.Fatalf("first round: %+v, %v; want the bad row claimed and failed", res, err)
+		}
+		if res, err := r.RunOnce(ctx); err != nil || res.Sent != 1 || len(sent) != 1 || sent[0] != "good" {
+			t.Fatalf("second round: %+v, %v, sent %q; want the good row sent", res, err, sent)
+		}
+		if st, err := e.store.OutboxStats(ctx); err != nil || st.Pending != 0 || st.Failed != 1 {
+			t.Fatalf("stats %+v, %v; want 0 pending, 1 failed", st, err)
+		}
+	})
 }
