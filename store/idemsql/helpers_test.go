@@ -156,6 +156,9 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 			if _, err := db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+e.table+"_outbox_notify()"); err != nil {
 				t.Errorf("drop the outbox notify function: %v", err)
 			}
+			if _, err := db.ExecContext(ctx, "DROP DOMAIN IF EXISTS "+e.table+"_outbox_id, "+e.table+"_outbox_str"); err != nil {
+				t.Errorf("drop the outbox domains: %v", err)
+			}
 		}
 	})
 	var fx string

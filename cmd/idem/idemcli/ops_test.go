@@ -68,6 +68,7 @@ func testOperatingCommands(t *testing.T, url string) {
 		}
 		if st.dialect == idemsql.Postgres {
 			_, _ = st.db.ExecContext(ctx, "DROP FUNCTION IF EXISTS "+table+"_outbox_notify()")
+			_, _ = st.db.ExecContext(ctx, "DROP DOMAIN IF EXISTS "+table+"_outbox_id, "+table+"_outbox_str")
 		}
 	})
 	if code, _, errOut := cmd("migrate"); code != 0 {

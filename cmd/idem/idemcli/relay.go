@@ -107,10 +107,18 @@ idem-relay).
 // relayStore returns the outbox the relay runs on, how it learns of new
 // rows, and what closes it: on PostgreSQL the pgx store over a pool of
 // its own (idempgxv5, an idemdriver.OutboxNotifier: LISTEN/NOTIFY), else
+// (another database, or PostgreSQL behind a pooler such as PgBouncer)
 // st's store, polled.
 func relayStore(ctx context.Context, st *sqlStore, rawURL, table string) (_ idemdriver.OutboxStore, how string, _ func(), err error) {
 	if st.dialect != idemsql.Postgres {
 		return st.store, "polling", func() {}, nil
+	}
+	if st.pooler {
+		// A pooler in transaction mode hands each transaction to any
+		// server connection: a LISTEN would be made on one and heard by
+		// nobody. Poll through st, which runs without the session
+		// settings the pooler refuses.
+		return st.store, "polling: no LISTEN through a pooler", func() {}, nil
 	}
 	defer func() { err = secret.Error(err, rawURL) }()
 	pcfg, err := pgxpool.ParseConfig(rawURL)

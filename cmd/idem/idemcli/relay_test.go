@@ -62,6 +62,7 @@ func TestRelayListensOnPostgres(t *testing.T) {
 			_, _ = st.db.Exec("DROP TABLE IF EXISTS " + tb)
 		}
 		_, _ = st.db.Exec("DROP FUNCTION IF EXISTS " + table + "_outbox_notify()")
+		_, _ = st.db.Exec("DROP DOMAIN IF EXISTS " + table + "_outbox_id, " + table + "_outbox_str")
 	})
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePorts(t, 1)[0])
 	rl := newRelayRun(t, url, st, table)
@@ -90,6 +91,43 @@ func TestRelayListensOnPostgres(t *testing.T) {
 		m := sent.FindStringSubmatch(body)
 		return m != nil && m[1] == "2" && strings.Contains(body, "idem_outbox_pending")
 	}, func() string { return body })
+}
+
+// TestRelayThroughPgBouncer runs `idem relay` with PostgreSQL behind
+// PgBouncer in transaction pooling as the store: the pooler refuses the
+// command's session settings, so the relay connects without them and
+// polls (a LISTEN through a transaction pooler is heard by nobody); rows
+// written by another program reach the stream. It used to open a pool of
+// its own with those settings, and every claim failed with "unsupported
+// startup parameter" while the command ran on, sending nothing.
+func TestRelayThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	url := serviceURL(t, "IDEM_TEST_REDIS_URL")
+	bouncer := serviceURL(t, "IDEM_TEST_PGBOUNCER_URL")
+	table := "idem_relay_" + randSuffix()
+	if code, _, stderr := run(t, "migrate", "--store", bouncer, "--table", table); code != 0 {
+		t.Fatalf("migrate: exit %d: %s", code, stderr)
+	}
+	st, err := openSQLStore(t.Context(), bouncer, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.db.Close() })
+	t.Cleanup(func() {
+		for _, tb := range []string{table + "_steps", table, table + "_migrations", table + "_runs", table + "_outbox"} {
+			_, _ = st.db.Exec("DROP TABLE IF EXISTS " + tb)
+		}
+		_, _ = st.db.Exec("DROP FUNCTION IF EXISTS " + table + "_outbox_notify()")
+		_, _ = st.db.Exec("DROP DOMAIN IF EXISTS " + table + "_outbox_id, " + table + "_outbox_str")
+	})
+	rl := newRelayRun(t, url, st, table)
+	rl.insert(1)
+	rl.insert(2)
+	stderr := rl.start("--store", bouncer, "--table", table, "--min-poll", "10ms", "--max-poll", "50ms")
+	rl.awaitSent(2, stderr)
+	if !strings.Contains(stderr(), "no LISTEN through a pooler") {
+		t.Errorf("the relay does not say it polls through the pooler:\n%s", stderr())
+	}
 }
 
 // relayRun is one `idem relay` under test: the store's outbox table,

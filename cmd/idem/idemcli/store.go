@@ -31,6 +31,9 @@ type sqlStore struct {
 	store   *idemsql.Store
 	// where names the database for messages, without credentials.
 	where string
+	// pooler is set when PostgreSQL is behind a pooler that refused the
+	// session settings (PgBouncer): db then runs without them.
+	pooler bool
 }
 
 // openSQLStore opens the store named by rawURL:
@@ -103,6 +106,7 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 		pgBouncerSettings(bare, rawURL)
 		s.db = stdlib.OpenDB(*bare)
 		s.where += " (through a pooler)"
+		s.pooler = true
 		err = s.db.PingContext(pingCtx)
 	}
 	if err != nil {
