@@ -69,12 +69,12 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 	case "postgres", "postgresql":
 		u, perr := url.Parse(rawURL)
 		if perr != nil || u.Host == "" {
-			return nil, fmt.Errorf("%w: store %q: want postgres://user:password@host:port/database", errBadURL, redact(rawURL))
+			return nil, fmt.Errorf("%w: store %q: want postgres://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
 		}
 		s.dialect, s.where = idemsql.Postgres, "postgres at "+u.Host
 		cfg, perr := pgx.ParseConfig(rawURL)
 		if perr != nil {
-			return nil, fmt.Errorf("%w: store %q: want postgres://user:password@host:port/database", errBadURL, redact(rawURL))
+			return nil, fmt.Errorf("%w: store %q: want postgres://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
 		}
 		bare = cfg.Copy()
 		pgStoreSettings(cfg)
@@ -128,7 +128,7 @@ func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err 
 func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return nil, "", fmt.Errorf("%w: store %q: want mysql://user:password@host:port/database", errBadURL, redact(rawURL))
+		return nil, "", fmt.Errorf("%w: store %q: want mysql://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
 	}
 	cfg = mysql.NewConfig()
 	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.Trim(u.Path, "/")

@@ -244,6 +244,8 @@ func passwords(text string) []string {
 			if u, err := url.Parse(rest[start:i] + "://" + tok); err == nil && u.User != nil {
 				if p, ok := u.User.Password(); ok {
 					out = append(out, p)
+				} else if natsSchemes[strings.ToLower(u.Scheme)] {
+					out = append(out, u.User.Username()) // a token
 				}
 			}
 			if at := strings.LastIndex(tok, "@"); at >= 0 {
@@ -307,12 +309,31 @@ var (
 	// keyword/value string (password=x, password='x y'), in a URL's query
 	// (?password=x), in a driver's message.
 	keywordPassword = regexp.MustCompile(`(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|"[^"]*"|[^\s&;,"')]+)`)
-	urlPassword     = regexp.MustCompile("([A-Za-z][A-Za-z0-9+.-]*://[^\\s:@/\"'`<>]*:)[^\\s\"'`<>]*@")
-	dsnPassword     = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
+	// urlToken finds the token of a NATS URL (nats://TOKEN@host): a
+	// userinfo of one part is a token there, not a user name.
+	urlToken    = regexp.MustCompile("(?i)((?:nats|tls|ws|wss)://)[^\\s:@/\"'`<>]+@")
+	urlPassword = regexp.MustCompile("([A-Za-z][A-Za-z0-9+.-]*://[^\\s:@/\"'`<>]*:)[^\\s\"'`<>]*@")
+	dsnPassword = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
 )
 
 func scrubURLs(text string) string {
 	text = keywordPassword.ReplaceAllString(text, "${1}"+Mask)
-	text = urlPassword.ReplaceAllString(text, "${1}"+Mask+"@")
+	text = urlPassword.ReplaceAllStringFunc(text, func(m string) string {
+		sub := urlPassword.FindStringSubmatch(m)
+		if placeholders[m[len(sub[1]):len(m)-1]] {
+			return m // usage text: amqp://USER:PASS@HOST/
+		}
+		return sub[1] + Mask + "@"
+	})
+	text = urlToken.ReplaceAllString(text, "${1}"+Mask+"@")
 	return dsnPassword.ReplaceAllString(text, "${1}"+Mask+"@${2}")
 }
+
+// natsSchemes are the schemes of NATS URLs, whose one-part userinfo is a
+// token.
+var natsSchemes = map[string]bool{"nats": true, "tls": true, "ws": true, "wss": true}
+
+// placeholders are the passwords of the URLs in the command's own usage
+// texts, which Scrub leaves readable. A Set masks them still where they
+// are a secret it was given.
+var placeholders = map[string]bool{"PASS": true, "PASSWORD": true}

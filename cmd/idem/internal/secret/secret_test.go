@@ -176,3 +176,32 @@ func TestNormalizeEncodesAt(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSTokenAndPlaceholders: a NATS URL's one-part userinfo is a token,
+// masked; the usage texts' placeholder passwords stay readable, unless
+// they are a secret the Set was given.
+func TestNATSTokenAndPlaceholders(t *testing.T) {
+	var s Set
+	s.AddText("--broker=nats://S3cr3tZZq@127.0.0.1:1")
+	for _, text := range []string{"cannot reach NATS at nats://S3cr3tZZq@127.0.0.1:1", "token S3cr3tZZq refused"} {
+		if got := s.Scrub(text); strings.Contains(got, "S3cr3tZZq") {
+			t.Errorf("Scrub(%q) = %q keeps the token", text, got)
+		}
+	}
+	var unknown Set
+	if got := unknown.Scrub("dial nats://S3cr3tZZq@h:4222: refused"); got != "dial nats://xxxxx@h:4222: refused" {
+		t.Errorf("unknown token: %q", got)
+	}
+	if got := unknown.Scrub("dial postgres://app@h:5432/db"); got != "dial postgres://app@h:5432/db" {
+		t.Errorf("a user name is not a secret: %q", got)
+	}
+	usage := "want amqp://USER:PASS@HOST:PORT/ or postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+	if got := unknown.Scrub(usage); got != usage {
+		t.Errorf("usage text scrubbed: %q", got)
+	}
+	var given Set
+	given.AddText("amqp://guest:PASS@rabbit:5672/")
+	if got := given.Scrub("dial amqp://guest:PASS@rabbit:5672/"); strings.Contains(got, "PASS@") {
+		t.Errorf("a given password that looks like a placeholder is kept: %q", got)
+	}
+}
