@@ -36,6 +36,7 @@ func outboxDialect(table string) sqlstore.OutboxDialect {
 		Now:             `now()`,
 		Plus:            func(p string) string { return `(now() + ` + p + ` * interval '1 microsecond')` },
 		Minus:           func(p string) string { return `(now() - ` + p + ` * interval '1 microsecond')` },
+		LeaseEnd:        func(p string) string { return `(clock_timestamp() + ` + p + ` * interval '1 microsecond')` },
 		Micros:          Micros,
 		HeadersOut:      `headers::text`,
 		TextOut:         `::text`,

@@ -30,6 +30,14 @@ type OutboxDialect struct {
 	Plus func(p string) string
 	// Minus returns Now minus the bigint microseconds of placeholder p.
 	Minus func(p string) string
+	// LeaseEnd, if set, replaces Plus for the end of a claim's lease: the
+	// lease must count from when the rows were locked, not from before
+	// any lock wait of the statement, or a relay whose claim waited would
+	// publish past the end of a lease another relay can then take over
+	// (the publish gets half the lease from when the claim returns).
+	// PostgreSQL's now() is the transaction's start: its claim counts
+	// from clock_timestamp().
+	LeaseEnd func(p string) string
 	// Micros returns the expression of time column x as bigint
 	// microseconds since the epoch.
 	Micros func(x string) string
@@ -123,7 +131,11 @@ func NewOutbox(d OutboxDialect) *Outbox {
 	AND (o.order_key = '' OR NOT EXISTS (SELECT 1 FROM ` + t + ` p
 		WHERE p.destination = o.destination AND p.order_key = o.order_key AND p.seq < o.seq
 		AND ` + keyPending + `))`
-	lease := `lease_until = ` + d.Plus(d.Param(2, "bigint")) + `, attempts = attempts + 1`
+	leaseEnd := d.Plus
+	if d.LeaseEnd != nil {
+		leaseEnd = d.LeaseEnd
+	}
+	lease := `lease_until = ` + leaseEnd(d.Param(2, "bigint")) + `, attempts = attempts + 1`
 	o.claimReturning = `UPDATE ` + t + ` SET ` + lease + `
 WHERE id IN (SELECT o.id FROM ` + t + ` o WHERE ` + o.pending + `
 	ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked + `)

@@ -2,6 +2,7 @@ package idempgxv5_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,5 +50,64 @@ func TestOutboxPurgeSkipsLockedRows(t *testing.T) {
 	}
 	if n, err := bb.store.PurgeOutbox(ctx, p); err != nil || n != 1 {
 		t.Fatalf("PurgeOutbox after the lock = %d, %v; want 1", n, err)
+	}
+}
+
+// TestOutboxLeaseCountsFromTheLock: a claim that waits for a lock (here
+// another transaction's table lock) leases its rows from when it got
+// them, not from when its statement started: the relay gives the publish
+// half the lease from when the claim returns, so a lease counted from
+// before the wait could end while the publish still runs, and another
+// relay would send the row at the same time. It used to count from now(),
+// the statement's start. (The simple protocol, so that the wait happens in
+// the claim's own execution: a statement not yet prepared would wait in
+// its preparation, before the execution's transaction starts.)
+func TestOutboxLeaseCountsFromTheLock(t *testing.T) {
+	bb := setup(t, poolOpts{maxConns: 4, mode: pgx.QueryExecModeSimpleProtocol})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	outbox := bb.table + "_outbox"
+	if _, err := bb.pool.Exec(ctx, `INSERT INTO `+outbox+` (id, destination, payload) VALUES ('r-1', 'd', '\x7b7d')`); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := bb.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE `+outbox+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	claimed := make(chan error, 1)
+	go func() {
+		recs, err := bb.store.ClaimOutgoing(ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+		if err == nil && len(recs) != 1 {
+			err = fmt.Errorf("claimed %d rows, want 1", len(recs))
+		}
+		claimed <- err
+	}()
+	// Once the claim waits for the lock, read the server's clock.
+	var waiting bool
+	for !waiting {
+		if err := bb.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE relation = $1::regclass AND NOT granted)`, outbox).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var during time.Time
+	if err := bb.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&during); err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-claimed; err != nil {
+		t.Fatal(err)
+	}
+	var until time.Time
+	if err := bb.pool.QueryRow(ctx, `SELECT lease_until FROM `+outbox).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	if min := during.Add(time.Hour); until.Before(min) {
+		t.Errorf("lease until %v, want at least %v: an hour from after the lock wait, not from before it", until, min)
 	}
 }
