@@ -122,3 +122,66 @@ func TestOutboxPoisonIDFailsAndFreesItsKey(t *testing.T) {
 		}
 	})
 }
+
+// TestMySQLOrderCheckReadsPendingRowsOnly: the claim's order check (is
+// there an earlier pending row of this destination and key?) looks up
+// the index on (destination, order_key, sent_at, failed_at, seq) with
+// both times NULL (migration 005), so it reads the key's pending rows
+// only: on the index of 004 it stepped through every sent row the
+// retention keeps, and a claim slowed down by seconds as they piled up.
+func TestMySQLOrderCheckReadsPendingRowsOnly(t *testing.T) {
+	t.Parallel()
+	serverOf(t, idemsql.MySQL)
+	e := newEnv(t, idemsql.MySQL, envOptions{})
+	ctx := t.Context()
+	outbox := e.table + "_outbox"
+	var rows []string
+	for i := range 400 {
+		sent := "NULL"
+		if i < 380 {
+			sent = "UTC_TIMESTAMP(6)"
+		}
+		rows = append(rows, fmt.Sprintf(`('r-%d', 'd', 'k%d', 'p', %s)`, i, i%4, sent))
+	}
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO `+outbox+` (id, destination, order_key, payload, sent_at) VALUES `+strings.Join(rows, ", ")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(ctx, `ANALYZE TABLE `+outbox); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.db.QueryContext(ctx, `EXPLAIN `+idemsql.OutboxClaimSQL(e.store), 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Close()
+	cols, _ := res.Columns()
+	var plan []string
+	found := false
+	for res.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := res.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		plan = append(plan, fmt.Sprint(row))
+		if strings.Contains(row["select_type"], "SUBQUERY") {
+			found = true
+			if row["key"] != e.table+"_outbox_kpend" || strings.Count(row["ref"], "const") < 2 {
+				t.Errorf("the order check uses key %q with ref %q; want %s_outbox_kpend looked up with both times NULL", row["key"], row["ref"], e.table)
+			}
+		}
+	}
+	if err := res.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		t.Errorf("no order check subquery in the plan: %v", plan)
+	}
+}

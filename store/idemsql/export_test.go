@@ -1,0 +1,5 @@
+package idemsql
+
+// OutboxClaimSQL is the relay's claim statement on s's outbox (on MySQL
+// the locking selection of its two statements), for tests of its plan.
+func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
