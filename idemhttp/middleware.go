@@ -399,6 +399,7 @@ func (m *Middleware) storeDown(w http.ResponseWriter, r *http.Request, next http
 		p := newProblem(ProblemUnavailable, "the idempotency store refused the request")
 		p.Status = http.StatusInternalServerError
 		p.Err = err
+		p.final = true // a configuration error: a retry gets the same
 		ev.problem(p)
 		p.Write(w)
 		return

@@ -149,6 +149,8 @@ type Problem struct {
 	RetryAfter time.Duration `json:"-"`
 	// Err is the cause, for Go callers; not part of the JSON body.
 	Err error `json:"-"`
+
+	final bool // no retry can change it, whatever its type
 }
 
 // Error implements error.
@@ -189,7 +191,7 @@ func (p *Problem) Write(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Del(HeaderReplayed)
-	h.Set(HeaderShouldRetry, strconv.FormatBool(retryableProblems[p.Type]))
+	h.Set(HeaderShouldRetry, strconv.FormatBool(retryableProblems[p.Type] && !p.final))
 	if p.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.RetryAfter), 10))
 	}
