@@ -48,22 +48,7 @@ func TestRelayListensOnPostgres(t *testing.T) {
 	t.Parallel()
 	url := serviceURL(t, "IDEM_TEST_REDIS_URL")
 	pg := serviceURL(t, "IDEM_TEST_POSTGRES_URL")
-	table := "idem_relay_" + randSuffix()
-	if code, _, stderr := run(t, "migrate", "--store", pg, "--table", table); code != 0 {
-		t.Fatalf("migrate: exit %d: %s", code, stderr)
-	}
-	st, err := openSQLStore(t.Context(), pg, table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.db.Close() })
-	t.Cleanup(func() {
-		for _, tb := range []string{table + "_steps", table, table + "_migrations", table + "_runs", table + "_outbox"} {
-			_, _ = st.db.Exec("DROP TABLE IF EXISTS " + tb)
-		}
-		_, _ = st.db.Exec("DROP FUNCTION IF EXISTS " + table + "_outbox_notify()")
-		_, _ = st.db.Exec("DROP DOMAIN IF EXISTS " + table + "_outbox_id, " + table + "_outbox_str")
-	})
+	table, st := migratedPG(t, pg)
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePorts(t, 1)[0])
 	rl := newRelayRun(t, url, st, table)
 	stderr := rl.start("--store", pg, "--table", table, "--min-poll", "10m", "--max-poll", "10m", "--metrics-addr", metricsAddr)
@@ -104,11 +89,28 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	url := serviceURL(t, "IDEM_TEST_REDIS_URL")
 	bouncer := serviceURL(t, "IDEM_TEST_PGBOUNCER_URL")
+	table, st := migratedPG(t, bouncer)
+	rl := newRelayRun(t, url, st, table)
+	rl.insert(1)
+	rl.insert(2)
+	stderr := rl.start("--store", bouncer, "--table", table, "--min-poll", "10ms", "--max-poll", "50ms")
+	rl.awaitSent(2, stderr)
+	if !strings.Contains(stderr(), "no LISTEN through a pooler") {
+		t.Errorf("the relay does not say it polls through the pooler:\n%s", stderr())
+	}
+}
+
+// migratedPG migrates a table of its own on the PostgreSQL of storeURL
+// (`idem migrate`), and returns its name and the store open on it; both
+// are dropped, with the outbox's trigger function and domains, when the
+// test ends.
+func migratedPG(t *testing.T, storeURL string) (string, *sqlStore) {
+	t.Helper()
 	table := "idem_relay_" + randSuffix()
-	if code, _, stderr := run(t, "migrate", "--store", bouncer, "--table", table); code != 0 {
+	if code, _, stderr := run(t, "migrate", "--store", storeURL, "--table", table); code != 0 {
 		t.Fatalf("migrate: exit %d: %s", code, stderr)
 	}
-	st, err := openSQLStore(t.Context(), bouncer, table)
+	st, err := openSQLStore(t.Context(), storeURL, table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,14 +122,7 @@ func TestRelayThroughPgBouncer(t *testing.T) {
 		_, _ = st.db.Exec("DROP FUNCTION IF EXISTS " + table + "_outbox_notify()")
 		_, _ = st.db.Exec("DROP DOMAIN IF EXISTS " + table + "_outbox_id, " + table + "_outbox_str")
 	})
-	rl := newRelayRun(t, url, st, table)
-	rl.insert(1)
-	rl.insert(2)
-	stderr := rl.start("--store", bouncer, "--table", table, "--min-poll", "10ms", "--max-poll", "50ms")
-	rl.awaitSent(2, stderr)
-	if !strings.Contains(stderr(), "no LISTEN through a pooler") {
-		t.Errorf("the relay does not say it polls through the pooler:\n%s", stderr())
-	}
+	return table, st
 }
 
 // relayRun is one `idem relay` under test: the store's outbox table,
