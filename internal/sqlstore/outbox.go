@@ -230,11 +230,7 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		rctx, cancel := Detached(ctx)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
+	defer rollback(ctx, tx)
 	rows, err := tx.Query(ctx, o.claimSelect, int64(p.Limit))
 	if err != nil {
 		return nil, err
@@ -255,6 +251,14 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 		return nil, err
 	}
 	return recs, nil
+}
+
+// rollback ends tx, which a commit may have ended already, even when ctx
+// has.
+func rollback(ctx context.Context, tx Tx) {
+	rctx, cancel := Detached(ctx)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
 
 // Tx is a transaction of a dialect that claims in two statements.
@@ -359,11 +363,7 @@ func (o *Outbox) Purge(ctx context.Context, db Querier, begin func(context.Conte
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		rctx, cancel := Detached(ctx)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}()
+	defer rollback(ctx, tx)
 	rows, err := tx.Query(ctx, o.purgeSelect, r, r, int64(p.Limit))
 	if err != nil {
 		return 0, err
