@@ -2,7 +2,7 @@ package idemamqp_test
 
 import (
 	"context"
-	"github.com/idem-go/idem/internal/testenv"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemamqp"
+	"github.com/idem-go/idem/internal/testenv"
 	amqp "github.com/rabbitmq/amqp091-go"
 	_ "modernc.org/sqlite"
 )
@@ -49,12 +50,29 @@ func TestDeadLetterNackedIsNotAck(t *testing.T) {
 		calls.Add(1)
 		return idem.Outcome{Status: idem.Rejected, Err: idem.ErrMissingMessageID}, idem.ErrMissingMessageID
 	})
-	start(t, conn.Connection, idemamqp.Config{Processor: p, Queue: q, DeadLetter: dead, RetryDelay: 100 * time.Millisecond})
+	cfg := idemamqp.Config{Processor: p, Queue: q, DeadLetter: dead, RetryDelay: 100 * time.Millisecond}
+	c, res := start(t, conn.Connection, cfg)
 	if err := rawPublish(context.Background(), conn.Connection, q, amqp.Publishing{Body: []byte("bad")}); err != nil {
 		t.Fatal(err)
 	}
 	// Redelivered again and again: never acked.
 	testenv.Eventually(t, 30*time.Second, "three attempts", func() bool { return calls.Load() >= 3 }, nil)
+	// Stop before making room: a dead letter the broker confirms into a
+	// queue deleted a moment later is gone with that queue (broker
+	// semantics, not the adapter's), so no publish may be in flight while
+	// the queue is replaced.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	<-res.done
+	if res.err != nil {
+		t.Fatalf("Run: %v", res.err)
+	}
+	if n := queueDepth(t, conn.Connection, q); n != 1 {
+		t.Fatalf("after the refused dead letters: %d messages in the queue, want 1 (never acked)", n)
+	}
 	// Make room: a new dead-letter queue of the same name without the limit.
 	if _, err := ch.QueueDelete(dead, false, false, false); err != nil {
 		t.Fatal(err)
@@ -62,8 +80,19 @@ func TestDeadLetterNackedIsNotAck(t *testing.T) {
 	if _, err := ch.QueueDeclare(dead, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "the dead letter", func() bool { return queueDepth(t, conn.Connection, dead) == 1 }, nil)
-	testenv.Eventually(t, 30*time.Second, "the queue to drain", func() bool { return queueDepth(t, conn.Connection, q) == 0 }, nil)
+	_, res = start(t, conn.Connection, cfg)
+	describe := func() string {
+		state := "running"
+		select {
+		case <-res.done:
+			state = fmt.Sprintf("Run returned %v", res.err)
+		default:
+		}
+		return fmt.Sprintf("queue %d, dead letters %d, %d attempts, consumer %s",
+			queueDepth(t, conn.Connection, q), queueDepth(t, conn.Connection, dead), calls.Load(), state)
+	}
+	testenv.Eventually(t, 30*time.Second, "the dead letter", func() bool { return queueDepth(t, conn.Connection, dead) == 1 }, describe)
+	testenv.Eventually(t, 30*time.Second, "the queue to drain", func() bool { return queueDepth(t, conn.Connection, q) == 0 }, describe)
 }
 
 // IDs in a header (Config.IDHeader), where AMQP's 255-byte shortstr limit
