@@ -45,6 +45,9 @@ type Partitioned struct {
 	// row (NULL, NULL, NULL) when every message was inserted, else one
 	// (message ID, fingerprint, state) per message already recorded (the
 	// others were inserted).
+	// Its lookup probes every partition's key once per ID (recordsOf):
+	// a new bucket's partition has no column statistics until autovacuum
+	// analyzes it.
 	ClaimBatch string
 	// SetHorizon: consumer, horizon (µs): raises the consumer's recorded
 	// purge horizon.
@@ -83,7 +86,7 @@ SELECT true, NULL::bytea, NULL::smallint FROM ins
 UNION ALL
 SELECT false, fingerprint, state FROM cur`,
 		ClaimBatch: `WITH cur AS MATERIALIZED (
-	SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])
+	SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`) + `
 ), ins AS (
 	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
 	SELECT $1::text, u.id, u.fp FROM unnest($2::text[], $3::bytea[]) AS u(id, fp)

@@ -196,7 +196,7 @@ UNION ALL
 		fingerprint:      `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
 		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
-		fingerprints:     `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = ANY ($2::text[])`,
+		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
 
 		// One statement inserts a new record, or takes over an expired one
 		// (the DO UPDATE runs only when its WHERE holds, judged on the
@@ -306,6 +306,21 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 	}
 }
 
+// recordsOf is the FROM clause of the records of consumer $1 on table t
+// whose message IDs are in the text[] expression ids, as "r" (columns
+// message_id, fingerprint, state): a probe of the primary key per ID, in a
+// LATERAL subquery with both key columns equal (LIMIT 1 keeps it a nested
+// loop the planner cannot turn into a join). Not message_id = ANY (ids):
+// on a table without column statistics (new, restored, upgraded with
+// pg_upgrade, or a new bucket's partition, until it is analyzed) the
+// planner takes consumer = $1 to match 0.5% of the rows and prefers a scan
+// by consumer alone, filtering the IDs, which reads every record of the
+// consumer per statement.
+func recordsOf(t, ids string) string {
+	return `unnest(` + ids + `) AS u(id),
+	LATERAL (SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = $1::text AND message_id = u.id LIMIT 1) AS r`
+}
+
 // claimBatch is the batch claim statement on table t, whose fingerprints
 // parameter is fps (an array expression of $3) and each of whose
 // elements u.fp becomes a fingerprint through fp.
@@ -322,8 +337,8 @@ SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
 UNION ALL
 SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
-SELECT message_id, fingerprint, state FROM ` + t + `
-WHERE consumer = $1::text AND message_id = ANY ($2::text[]) AND NOT (SELECT all_claimed FROM n)
+SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`) + `
+WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
 ` + restoreLockTimeout(`NULL::text`)
 }

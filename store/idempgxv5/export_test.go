@@ -3,6 +3,8 @@ package idempgxv5
 import (
 	"context"
 	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // EnsurePartitionsAt creates the partitions of the partitioned layout from
@@ -14,3 +16,14 @@ func EnsurePartitionsAt(ctx context.Context, s *Store, at time.Time) error {
 // OutboxClaimSQL is the relay's claim statement on s's outbox: limit
 // ($1, rows) and lease ($2, microseconds).
 func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
+
+// PartitionedClaimBatchSQL is the batch claim statement of s, whose table
+// is in the partitioned layout: consumer ($1), text[] of IDs ($2), bytea[]
+// of fingerprints ($3).
+func PartitionedClaimBatchSQL(s *Store) string { return s.part.q.ClaimBatch }
+
+// ClaimBatchQuery is the batch claim statement of s (default layout) for
+// p, and its arguments.
+func ClaimBatchQuery(s *Store, p *idemdriver.ClaimBatchParams) (string, []any) {
+	return s.q.ClaimBatchQuery(p)
+}

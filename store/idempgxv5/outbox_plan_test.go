@@ -91,10 +91,14 @@ func claimPlan(t *testing.T, q interface {
 
 // planNode is one node of EXPLAIN (FORMAT JSON).
 type planNode struct {
-	NodeType    string     `json:"Node Type"`
-	IndexName   string     `json:"Index Name"`
-	SubplanName string     `json:"Subplan Name"`
-	Plans       []planNode `json:"Plans"`
+	NodeType  string `json:"Node Type"`
+	IndexName string `json:"Index Name"`
+	IndexCond string `json:"Index Cond"`
+	// RelationName is the table a scan reads (a partition's name, for a
+	// partition).
+	RelationName string     `json:"Relation Name"`
+	SubplanName  string     `json:"Subplan Name"`
+	Plans        []planNode `json:"Plans"`
 }
 
 func (n *planNode) walk(f func(*planNode)) {
