@@ -1,7 +1,9 @@
 package idempgxv5_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,6 +15,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // benchWorkers is the concurrency of every benchmark: that many goroutines
@@ -79,6 +82,17 @@ func steady(b *testing.B, bb *bundle) {
 		`INSERT INTO ` + bb.effects + ` (key) SELECT 'h-' || g FROM generate_series(1, 100000) g`,
 		`INSERT INTO ` + bb.best + ` (message_id) SELECT 'h-' || g FROM generate_series(1, 100000) g`,
 		`ANALYZE ` + bb.table + `, ` + bb.effects + `, ` + bb.best,
+	} {
+		if _, err := bb.pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if bb.checked == "" {
+		return
+	}
+	for _, q := range []string{
+		`INSERT INTO ` + bb.checked + ` (message_id, fingerprint) SELECT 'h-' || g, sha256(g::text::bytea) FROM generate_series(1, 100000) g`,
+		`ANALYZE ` + bb.checked,
 	} {
 		if _, err := bb.pool.Exec(ctx, q); err != nil {
 			b.Fatal(err)
@@ -251,6 +265,84 @@ func (b *bundle) bestProcess(ctx context.Context, id string) (claimed bool, err 
 	return true, tx.Commit(ctx)
 }
 
+// checkedSetup gives bb the processed table of the hand-written consumer
+// with idem's guarantee (bundle.checkedProcess): the message ID as its
+// primary key, the payload's fingerprint, and the time of processing
+// with the index a purge by age walks. steady seeds it with the other
+// tables.
+func checkedSetup(b *testing.B, bb *bundle) {
+	b.Helper()
+	bb.checked = bb.effects + "_checked"
+	for _, q := range []string{
+		`CREATE TABLE ` + bb.checked + ` (message_id text COLLATE "C" PRIMARY KEY, fingerprint bytea NOT NULL, processed_at timestamptz NOT NULL DEFAULT now())`,
+		`CREATE INDEX ON ` + bb.checked + ` (processed_at)`,
+	} {
+		if _, err := bb.pool.Exec(context.Background(), q); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// checkedProcess is the best a person can hand-write for what a
+// transactional claim of idem guarantees beyond bestProcess: the
+// payload's SHA-256 fingerprint is stored with the message ID, so an ID
+// reused with another payload is told from a redelivery, and the table
+// can be purged by age (checkedSetup). On one connection, with raw
+// statements: BEGIN and INSERT ... ON CONFLICT DO NOTHING in one round
+// trip; a new message (one row inserted) then writes its effect and
+// commits; a duplicate reads the stored fingerprint and rolls back in one
+// more round trip, and is an error when the fingerprints differ.
+func (b *bundle) checkedProcess(ctx context.Context, id string, payload []byte) (claimed bool, err error) {
+	fp := sha256.Sum256(payload)
+	c, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err != nil {
+			_ = c.Conn().Close(ctx) // in an unknown transaction state: the pool drops it
+		}
+		c.Release()
+	}()
+	batch := &pgx.Batch{}
+	batch.Queue(`BEGIN`)
+	batch.Queue(`INSERT INTO `+b.checked+` (message_id, fingerprint) VALUES ($1, $2) ON CONFLICT DO NOTHING`, id, fp[:])
+	br := c.SendBatch(ctx, batch)
+	_, err = br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, err
+	}
+	if tag.RowsAffected() == 1 {
+		if _, err = c.Exec(ctx, `INSERT INTO `+b.effects+` (key) VALUES ($1)`, id); err == nil {
+			_, err = c.Exec(ctx, `COMMIT`)
+		}
+		return err == nil, err
+	}
+	batch = &pgx.Batch{}
+	batch.Queue(`SELECT fingerprint FROM `+b.checked+` WHERE message_id = $1`, id)
+	batch.Queue(`ROLLBACK`)
+	br = c.SendBatch(ctx, batch)
+	var stored []byte
+	err = br.QueryRow().Scan(&stored)
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && !bytes.Equal(stored, fp[:]) {
+		err = fmt.Errorf("message %q reused with another payload", id)
+	}
+	return false, err
+}
+
 // BenchmarkProcess compares, on one PostgreSQL (the durable one when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set), with benchWorkers workers on a
 // pool of as many connections, in this order:
@@ -261,10 +353,15 @@ func (b *bundle) bestProcess(ctx context.Context, id string) (claimed bool, err 
 //   - best_retained: best, with an index on processed_at in its processed
 //     table, which a purge by age needs (idem's table has its own,
 //     (consumer, processed_at));
+//   - best_checked: the hand-written consumer with what idem's claim
+//     guarantees beyond best (bundle.checkedProcess): the payload's
+//     fingerprint stored, and checked on a duplicate, and the purge
+//     index of best_retained;
 //   - idem: Consumer.Process writing the same side effect with the
 //     handler's transaction (BEGIN and the claim in one round trip);
-//   - best_duplicate, duplicate: the same two redelivering processed
-//     messages (ROLLBACK after the claim);
+//   - best_duplicate, best_checked_duplicate, duplicate: the same three
+//     redelivering processed messages (ROLLBACK after the claim;
+//     best_checked_duplicate also reads the stored fingerprint);
 //   - best_batch100: the hand-written batch: BEGIN and one INSERT ...
 //     SELECT unnest ON CONFLICT DO NOTHING RETURNING of 100 IDs in one
 //     round trip, the side effects of the inserted ones by one unnest
@@ -273,7 +370,8 @@ func (b *bundle) bestProcess(ctx context.Context, id string) (claimed bool, err 
 //     written by one unnest INSERT (msgs/s counts messages, not batches).
 //
 // Each case reports msgs/s, its ratio to the cases it is compared with as
-// measured last in the same run (x-naive, x-best, x-best_retained, x-best_duplicate,
+// measured last in the same run (x-naive, x-best, x-best_retained,
+// x-best_checked, x-best_duplicate, x-best_checked_duplicate,
 // x-best_batch100, x-idem), CPU per message and WAL bytes and full-page
 // images per message. Run (about 4 minutes), and record the load:
 //
@@ -325,10 +423,26 @@ func benchProcessRound(b *testing.B) {
 		reportRatios(b, "best_retained", rate, "naive", "best")
 	})
 
+	// The hand-written consumer with what idem's claim adds: a purge
+	// index and the payload's fingerprint, checked on a duplicate.
+	b.Run("best_checked", func(b *testing.B) {
+		bb := benchSetup(b)
+		checkedSetup(b, bb)
+		prefix := benchPrefix()
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			claimed, err := bb.checkedProcess(ctx, prefix+strconv.FormatInt(i, 10), payload)
+			if err == nil && !claimed {
+				err = fmt.Errorf("message %d not claimed", i)
+			}
+			return err
+		})
+		reportRatios(b, "best_checked", rate, "naive", "best")
+	})
+
 	b.Run("idem", func(b *testing.B) {
 		bb := benchSetup(b)
 		rate := processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload)
-		reportRatios(b, "idem", rate, "naive", "best", "best_retained")
+		reportRatios(b, "idem", rate, "naive", "best", "best_retained", "best_checked")
 	})
 
 	const seeded = 1000
@@ -346,6 +460,24 @@ func benchProcessRound(b *testing.B) {
 			return err
 		})
 		reportRatios(b, "best_duplicate", rate, "best")
+	})
+
+	b.Run("best_checked_duplicate", func(b *testing.B) {
+		bb := benchSetup(b)
+		checkedSetup(b, bb)
+		sum := sha256.Sum256(payload)
+		if _, err := bb.pool.Exec(context.Background(), `INSERT INTO `+bb.checked+` (message_id, fingerprint)
+			SELECT 'dup-' || g, $2::bytea FROM generate_series(0, $1::int - 1) g`, seeded, sum[:]); err != nil {
+			b.Fatal(err)
+		}
+		rate := runWorkers(b, bb, 1, func(ctx context.Context, i int64) error {
+			claimed, err := bb.checkedProcess(ctx, "dup-"+strconv.FormatInt(i%seeded, 10), payload)
+			if err == nil && claimed {
+				err = fmt.Errorf("duplicate %d claimed", i)
+			}
+			return err
+		})
+		reportRatios(b, "best_checked_duplicate", rate, "best_duplicate")
 	})
 
 	b.Run("duplicate", func(b *testing.B) {
@@ -366,7 +498,7 @@ func benchProcessRound(b *testing.B) {
 			}
 			return err
 		})
-		reportRatios(b, "duplicate", rate, "best_duplicate", "idem")
+		reportRatios(b, "duplicate", rate, "best_duplicate", "best_checked_duplicate", "idem")
 	})
 
 	const size = 100

@@ -106,6 +106,10 @@ type bundle struct {
 	// best is the hand-written consumer's processed table (benchmarks
 	// only; see benchSetup).
 	best string
+	// checked is the processed table of the hand-written consumer with
+	// idem's guarantee (benchmarks only; see checkedSetup), "" when the
+	// benchmark has none.
+	checked string
 	// part is the store's partitioned layout, nil for the default one.
 	part *idempgxv5.Partitions
 }
