@@ -3,8 +3,10 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -402,4 +404,109 @@ func TestOutboxHeaders(t *testing.T) {
 	if len(got[1].Headers) != 0 {
 		t.Errorf("second message's headers %v, want none (the injector wrote nothing)", got[1].Headers)
 	}
+}
+
+// slowMarks is a fakeOutbox whose marks each take delay (a SQLite writer
+// waiting its turn) and record their order; MarkFailed fails from the
+// failAt-th call on (1-based; 0: never) with failErr, after the delay.
+type slowMarks struct {
+	*fakeOutbox
+	delay   time.Duration
+	failAt  int
+	failErr error
+	calls   []string // "sent" or the failed row's ID
+}
+
+func (s *slowMarks) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
+	s.calls = append(s.calls, "sent")
+	if err := sleepCtx(ctx, s.delay); err != nil {
+		return err
+	}
+	return s.fakeOutbox.MarkSent(ctx, p)
+}
+
+func (s *slowMarks) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
+	s.calls = append(s.calls, p.ID)
+	if err := sleepCtx(ctx, s.delay); err != nil {
+		return err
+	}
+	if s.failAt > 0 && len(s.calls) >= s.failAt {
+		return s.failErr
+	}
+	return s.fakeOutbox.MarkFailed(ctx, p)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runRefusingFrom runs one round of a relay on store whose publisher
+// confirms the first n messages of the batch and refuses the others.
+func runRefusingFrom(t *testing.T, store idemdriver.OutboxStore, n int) (idem.RelayResult, error) {
+	t.Helper()
+	pub := idem.PublisherFunc(func(ctx context.Context, msgs []idem.Outgoing) []error {
+		errs := make([]error, len(msgs))
+		for i := n; i < len(msgs); i++ {
+			errs[i] = errors.New("broker refused")
+		}
+		return errs
+	})
+	r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: pub, Retention: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.RunOnce(t.Context())
+}
+
+// TestRelayMarksSlowStore: the marks of one round each get their own
+// bound, so a store whose every mark takes 2s (30 rows failing: a minute
+// of marks, far past the 10s any one call may take) still records every
+// outcome; the confirmed rows are marked sent before the failed ones.
+func TestRelayMarksSlowStore(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ids := make([]string, 40)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("r-%02d", i)
+		}
+		store := &slowMarks{fakeOutbox: newFake(ids...), delay: 2 * time.Second}
+		res, err := runRefusingFrom(t, store, 10)
+		if err != nil {
+			t.Fatalf("RunOnce: %v", err)
+		}
+		if res.Sent != 10 || res.Retried != 30 {
+			t.Errorf("RunOnce = %+v, want 10 sent and 30 retried", res)
+		}
+		if len(store.sent) != 10 || len(store.retries) != 30 {
+			t.Errorf("store has %d rows sent and %d marked for retry, want 10 and 30", len(store.sent), len(store.retries))
+		}
+		if len(store.calls) != 31 || store.calls[0] != "sent" {
+			t.Errorf("marks made %d calls starting with %q, want 31 starting with the sent rows", len(store.calls), store.calls[0])
+		}
+	})
+}
+
+// TestRelayMarksStopAtFirstFailure: once a failure mark fails (the store
+// is down), the round makes no more marks, which would each wait their
+// own bound; its error matches ErrStore and counts the rows left
+// unmarked, which stay claimed until their lease ends.
+func TestRelayMarksStopAtFirstFailure(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := &slowMarks{fakeOutbox: newFake("a", "b", "c", "d"), failAt: 2, failErr: errors.New("connection refused")}
+		res, err := runRefusingFrom(t, store, 0)
+		if !errors.Is(err, idem.ErrStore) || !strings.Contains(err.Error(), "2 more failed rows left unmarked") {
+			t.Errorf("RunOnce error = %v, want ErrStore counting 2 rows left unmarked", err)
+		}
+		if res.Retried != 1 || len(store.calls) != 2 {
+			t.Errorf("RunOnce = %+v after %d mark calls, want 1 retried after 2 calls", res, len(store.calls))
+		}
+	})
 }

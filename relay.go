@@ -255,35 +255,64 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 	}
 	slices.SortFunc(recs, func(a, b Outgoing) int { return cmp.Compare(a.Seq, b.Seq) })
 	errs := r.publish(ctx, recs)
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
-	defer cancel()
+	return res, oldest, r.mark(ctx, recs, errs, &res)
+}
+
+// mark writes the outcome of a published batch: the confirmed rows
+// marked sent first (one call: a confirmed row left unmarked is published
+// again after its lease), then each failed row marked for retry or as
+// failed, one call per row. Each call has its own finishTimeout on a
+// context detached from ctx, so that a slow store (a SQLite writer waiting
+// its turn) makes a round long rather than failing every mark after the
+// first ones used up a shared deadline; the failure marks stop at the
+// first that fails, whose error is returned with the count of rows left
+// unmarked (they are claimed again once their lease ends).
+func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *RelayResult) error {
+	ctx = context.WithoutCancel(ctx)
 	var sent []string
-	var markErrs []error
 	for i, rec := range recs {
 		if errs[i] == nil {
 			sent = append(sent, rec.ID)
+		}
+	}
+	var markErrs []error
+	if len(sent) > 0 {
+		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
+		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent})
+		cancel()
+		if err != nil {
+			markErrs = append(markErrs, storeError("mark outgoing sent", err))
+		} else {
+			res.Sent = len(sent)
+		}
+	}
+	left := len(recs) - len(sent)
+	for i, rec := range recs {
+		if errs[i] == nil {
 			continue
 		}
 		p := &idemdriver.MarkFailedParams{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
 		if !p.Permanent {
 			p.RetryAfter = r.backoff(rec.Attempts)
 		}
-		if err := r.cfg.Store.MarkFailed(mctx, p); err != nil {
+		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
+		err := r.cfg.Store.MarkFailed(mctx, p)
+		cancel()
+		left--
+		if err != nil {
 			markErrs = append(markErrs, storeError("mark outgoing failed", err))
-		} else if p.Permanent {
+			if left > 0 {
+				markErrs = append(markErrs, fmt.Errorf("%w: %d more failed rows left unmarked until their lease ends", ErrStore, left))
+			}
+			break
+		}
+		if p.Permanent {
 			res.Failed++
 		} else {
 			res.Retried++
 		}
 	}
-	if len(sent) > 0 {
-		if err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent}); err != nil {
-			markErrs = append(markErrs, storeError("mark outgoing sent", err))
-		} else {
-			res.Sent = len(sent)
-		}
-	}
-	return res, oldest, errors.Join(markErrs...)
+	return errors.Join(markErrs...)
 }
 
 // publish calls the publisher with half the lease as its deadline, turning
