@@ -2,9 +2,10 @@
 // between a client and a store: it forwards every connection to a target
 // address until told to cut the connections as the store answers
 // (CutAnswers: the store applies a command and the client never learns
-// it did) or to stall them (Stall: a half-open connection or a
+// it did), to stall them (Stall: a half-open connection or a
 // black-holed network, on which nothing moves any more and nothing is
-// closed). It is internal: not part of idem's API.
+// closed), or to slow the store's answers (Slow: a long or congested
+// network path). It is internal: not part of idem's API.
 package faultproxy
 
 import (
@@ -27,6 +28,7 @@ type Proxy struct {
 	pairs    map[*pair]bool
 	stalled  int
 	closed   bool
+	slow     time.Duration
 }
 
 // pair is one client connection and the proxy's connection to the target.
@@ -115,6 +117,21 @@ func (p *Proxy) Stalled() int {
 	return p.stalled
 }
 
+// Slow delays every answer of the target by d from now on (each chunk
+// read from the target is held d before it is forwarded), on open
+// connections and new ones; 0 ends it.
+func (p *Proxy) Slow(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slow = d
+}
+
+func (p *Proxy) delay() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.slow
+}
+
 func (p *Proxy) cutting() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -188,7 +205,8 @@ func (p *Proxy) accept() {
 }
 
 // forward copies from src to dst until either fails, the connection is
-// stalled, or (fromTarget, in a CutAnswers window) the target answers.
+// stalled, or (fromTarget, in a CutAnswers window) the target answers;
+// from the target, each chunk waits the Slow delay first.
 func (p *Proxy) forward(c *pair, src, dst net.Conn, fromTarget bool) {
 	buf := make([]byte, 32<<10)
 	for {
@@ -201,6 +219,13 @@ func (p *Proxy) forward(c *pair, src, dst net.Conn, fromTarget bool) {
 			}
 			if fromTarget && p.cutting() {
 				return
+			}
+			if d := p.delay(); fromTarget && d > 0 {
+				select {
+				case <-time.After(d):
+				case <-c.stall:
+					return
+				}
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return

@@ -2,10 +2,13 @@ package idempgxv5_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/faultproxy"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
@@ -87,5 +90,67 @@ func TestStalledConnections(t *testing.T) {
 	}
 	if bound := storeTimeout + idleInTx + 5*time.Second; rep.Recovery > bound {
 		t.Errorf("recovered %v after the stall, want at most %v (store timeout + idle_in_transaction_session_timeout + margin)", rep.Recovery, bound)
+	}
+}
+
+// TestRelayMarksOverSlowNetwork: a relay round whose publisher refuses
+// every message writes one mark per row, and the network to PostgreSQL
+// turns slow just after the claim (a fault proxy holds each answer
+// 400ms). The 30 marks take longer together than the 10s one mark may
+// take; each still lands, counted in the table: every row back to pending
+// with its error, none left claimed until its lease ends.
+func TestRelayMarksOverSlowNetwork(t *testing.T) {
+	t.Parallel()
+	const rows = 30
+	direct := setup(t, poolOpts{})
+	ctx := t.Context()
+	msgs := make([]idemdriver.OutgoingRecord, rows)
+	for i := range msgs {
+		msgs[i] = idemdriver.OutgoingRecord{ID: "slow-" + strconv.Itoa(i), Destination: "d", Payload: []byte("p")}
+	}
+	tx, err := direct.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy, url := faultproxy.URL(t, testURL(t))
+	store, err := idempgxv5.New(newPool(t, poolOpts{url: url}), &idempgxv5.Config{Table: direct.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refuse := idem.PublisherFunc(func(_ context.Context, out []idem.Outgoing) []error {
+		proxy.Slow(400 * time.Millisecond) // from the first mark on
+		errs := make([]error, len(out))
+		for i := range errs {
+			errs[i] = errors.New("broker refused")
+		}
+		return errs
+	})
+	r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: refuse, BatchSize: rows, Lease: 5 * time.Minute, Retention: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := r.RunOnce(ctx)
+	took := time.Since(start)
+	if err != nil || res.Claimed != rows || res.Retried != rows {
+		t.Errorf("RunOnce = %+v, %v after %v; want %d claimed and retried, no error", res, err, took, rows)
+	}
+	var marked int
+	if err := direct.pool.QueryRow(ctx, `SELECT count(*) FROM `+direct.table+`_outbox
+		WHERE lease_until IS NULL AND last_error IS NOT NULL AND sent_at IS NULL AND failed_at IS NULL`).Scan(&marked); err != nil {
+		t.Fatal(err)
+	}
+	if marked != rows {
+		t.Errorf("%d of %d rows marked for retry after a round of %v", marked, rows, took)
+	}
+	if took < 10*time.Second {
+		t.Errorf("the round took %v: the slow answers were not in place (30 marks at 400ms each take 12s)", took)
 	}
 }
