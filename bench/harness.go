@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
+	"os"
 	"runtime"
 	"slices"
 	"sort"
@@ -86,7 +87,7 @@ func (o *options) defaults() {
 }
 
 // errUsage matches errors in the options.
-var errUsage = errors.New("bench: invalid options")
+var errUsage = errors.New("invalid options")
 
 func (o *options) validate() error {
 	if o.dupFraction < 0 || o.dupFraction > 1 {
@@ -102,7 +103,7 @@ func (o *options) validate() error {
 			return fmt.Errorf("%w: unknown store %q (want sqlite, postgres)", errUsage, s)
 		}
 		if s == "postgres" && postgresURL() == "" {
-			return fmt.Errorf("%w: --stores postgres needs %s (eval \"$(scripts/services)\" sets it)", errUsage, envPostgres)
+			return fmt.Errorf("%w: --stores postgres needs %s (preferred: durable settings) or %s (eval \"$(scripts/services)\" sets both)", errUsage, envPostgresDurable, envPostgres)
 		}
 	}
 	for _, b := range o.batchSizes {
@@ -171,6 +172,7 @@ type harness struct {
 	runID  string
 	seq    atomic.Int64
 	pgInfo string // PostgreSQL version and fsync setting, when used
+	load0  string // the 1-minute load average when the run started
 }
 
 // describe says how the run was made, for the line under the table.
@@ -181,7 +183,24 @@ func (h *harness) describe(took time.Duration) string {
 	if h.pgInfo != "" {
 		s += ", " + h.pgInfo
 	}
+	if l := loadAvg(); h.load0 != "" && l != "" {
+		s += fmt.Sprintf("; load average (1 min) %s at the start, %s at the end", h.load0, l)
+	}
 	return s + fmt.Sprintf("; took %s.", took.Round(time.Second))
+}
+
+// loadAvg returns the machine's 1-minute load average as /proc/loadavg
+// writes it, or "" where there is none (not Linux).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 func (h *harness) tag() string {
@@ -200,7 +219,7 @@ func run(ctx context.Context, o options) ([]result, *harness, error) {
 	}
 	var rb [3]byte
 	_, _ = rand.Read(rb[:])
-	h := &harness{o: o, runID: hex.EncodeToString(rb[:])}
+	h := &harness{o: o, runID: hex.EncodeToString(rb[:]), load0: loadAvg()}
 	var results []result
 	for _, bname := range o.brokers {
 		var b broker
@@ -270,7 +289,11 @@ func (h *harness) setup(ctx context.Context, b broker, db database) ([]result, e
 	runs := make([][]result, len(cs))
 	for round := 1; round <= h.o.rounds; round++ {
 		for i, c := range cs {
-			h.logf("%s/%s %s: throughput run %d/%d, %d messages", b.name(), db.name(), c.name, round, h.o.rounds, h.o.n)
+			n := h.o.n
+			if c.kind == "relay" {
+				n = h.relayN()
+			}
+			h.logf("%s/%s %s: throughput run %d/%d, %d messages", b.name(), db.name(), c.name, round, h.o.rounds, n)
 			r, err := h.throughput(ctx, b, db, c, h.o.n)
 			if err != nil {
 				r.Err = err.Error()

@@ -57,8 +57,10 @@
 // IDEM_TEST_POSTGRES_DURABLE_URL (preferred: durable settings) or
 // IDEM_TEST_POSTGRES_URL is set.
 //
-// Each contender gets one throughput run: the workload is published, then
-// consumed by --workers concurrent handlers; throughput is deliveries
+// Each contender gets --rounds throughput runs (3 by default, after a
+// warm-up run that is discarded), taken round-robin over the contenders,
+// and the medians are reported. In a throughput run the workload is
+// published, then consumed by --workers concurrent handlers; throughput is deliveries
 // acknowledged per second from the first delivery handled to the last ack,
 // and latency is per delivery from the moment a handler takes it (or the
 // batch holding it) to its ack. Its side-effect table gives the "duplicates
@@ -113,7 +115,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rounds, "rounds", 0, "throughput runs per contender, round-robin; medians reported (default 3; 1 with --quick)")
 	fs.StringVar(&batches, "batch-sizes", "", "batch sizes of the idem-batch contenders (default 10,100; 10 with --quick)")
 	fs.StringVar(&brokers, "brokers", "nats,kafka", "brokers: nats (in-process JetStream), kafka (kfake)")
-	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgres+" is set)")
+	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgresDurable+" (preferred) or "+envPostgres+" is set)")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
 	var only string
 	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-outbox, idem-batchN, watermill-dedup, relay)")

@@ -373,9 +373,10 @@ func (b *bundle) checkedProcess(ctx context.Context, id string, payload []byte) 
 // measured last in the same run (x-naive, x-best, x-best_retained,
 // x-best_checked, x-best_duplicate, x-best_checked_duplicate,
 // x-best_batch100, x-idem), CPU per message and WAL bytes and full-page
-// images per message. Run (about 4 minutes), and record the load:
+// images per message. A round takes 2 to 5 minutes; run, and record the
+// load:
 //
-//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench BenchmarkProcess -benchtime 2s; cat /proc/loadavg
+//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkProcess -benchtime 2s; cat /proc/loadavg
 func BenchmarkProcess(b *testing.B) {
 	for range benchRounds {
 		benchProcessRound(b)

@@ -44,8 +44,11 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //   - relay_workers4: the same with four rounds in flight (RelayConfig.Workers).
 //
 // The processing cases report their ratio to the case without outgoing
-// messages in the same round (x-outbox_best, x-outbox_idem; idem_outbox1
-// also x-best_outbox1), and the CPU (client, and server: the backends of both
+// messages in the same round: x-K is this case's msgs/s divided by that of
+// case K, where outbox_best names best and outbox_idem names idem. So
+// best_outbox1's and idem_outbox1's x-outbox_best and x-outbox_idem are the
+// outbox's cost, idem's x-outbox_best is idem against best, and
+// idem_outbox1 also reports x-best_outbox1. They also report the CPU (client, and server: the backends of both
 // pools) and WAL per message. They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL). The WAL and server
 // CPU figures are the server's and its backends': on a shared machine

@@ -18,12 +18,12 @@ import (
 // (the claim, with an expiry) and then SET key value (the result), two
 // round trips. One worker processes messages with a handler that does
 // nothing, in interleaved rounds of 20 messages of each kind, so that
-// both see the same machine load. Reported per message: lease-ns and
-// set-ns (wall time), lease-allocs and set-allocs (heap allocations in
-// the whole process, from runtime.MemStats.Mallocs), and ratio, the
-// lease's throughput as a fraction of the two-step SET's (set-ns /
-// lease-ns). lease-server-us and set-server-us are the Redis server's own
-// time per message (INFO commandstats: EVALSHA and EVAL, against SET),
+// both see the same machine load. Reported per message: lease-ns/msg and
+// set-ns/msg (wall time), lease-allocs/msg and set-allocs/msg (heap
+// allocations in the whole process, from runtime.MemStats.Mallocs), and
+// ratio, the lease's throughput as a fraction of the two-step SET's
+// (set-ns / lease-ns). lease-server-us/msg and set-server-us/msg are the
+// Redis server's own time per message (INFO commandstats: EVALSHA and EVAL, against SET),
 // the part of the gap that no client code can close: read them only
 // when nothing else uses the server during the run.
 func BenchmarkLeaseVsTwoStepSET(b *testing.B) {
