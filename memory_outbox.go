@@ -117,20 +117,27 @@ func (s *MemoryStore) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams
 	return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
 }
 
-// MarkFailed implements idemdriver.OutboxStore, fenced by p.Attempt.
+// MarkFailed implements idemdriver.OutboxStore, fenced by each row's
+// Attempt, under one lock.
 func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
 		return err
 	}
-	return s.outboxUpdate([]string{p.ID}, func(r *memOutRow, now time.Time) {
-		if r.rec.Attempts != p.Attempt {
+	rows := make(map[string]idemdriver.FailedRow, len(p.Rows))
+	ids := make([]string, len(p.Rows))
+	for i, f := range p.Rows {
+		rows[f.ID], ids[i] = f, f.ID
+	}
+	return s.outboxUpdate(ids, func(r *memOutRow, now time.Time) {
+		f := rows[r.rec.ID]
+		if r.rec.Attempts != f.Attempt {
 			return // another claim took the row since
 		}
-		r.leaseUntil, r.lastErr = time.Time{}, p.Error
-		if p.Permanent {
+		r.leaseUntil, r.lastErr = time.Time{}, f.Error
+		if f.Permanent {
 			r.failedAt = now
 		} else {
-			r.available = now.Add(p.RetryAfter)
+			r.available = now.Add(f.RetryAfter)
 		}
 	})
 }

@@ -89,10 +89,12 @@ func (f *fakeOutbox) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams)
 func (f *fakeOutbox) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p.Permanent {
-		f.failed[p.ID] = true
+	for _, r := range p.Rows {
+		if r.Permanent {
+			f.failed[r.ID] = true
+		}
+		f.retries[r.ID] = r.RetryAfter
 	}
-	f.retries[p.ID] = p.RetryAfter
 	return nil
 }
 
@@ -407,18 +409,17 @@ func TestOutboxHeaders(t *testing.T) {
 }
 
 // slowMarks is a fakeOutbox whose marks each take delay (a SQLite writer
-// waiting its turn) and record their order; MarkFailed fails from the
-// failAt-th call on (1-based; 0: never) with failErr, after the delay.
+// waiting its turn) and record their order; MarkFailed fails with failErr,
+// when set, after the delay.
 type slowMarks struct {
 	*fakeOutbox
 	delay   time.Duration
-	failAt  int
 	failErr error
-	calls   []string // "sent" or the failed row's ID
+	calls   []string // "sent N" or "failed N": the call and its count of rows
 }
 
 func (s *slowMarks) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
-	s.calls = append(s.calls, "sent")
+	s.calls = append(s.calls, fmt.Sprintf("sent %d", len(p.IDs)))
 	if err := sleepCtx(ctx, s.delay); err != nil {
 		return err
 	}
@@ -426,11 +427,11 @@ func (s *slowMarks) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) 
 }
 
 func (s *slowMarks) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
-	s.calls = append(s.calls, p.ID)
+	s.calls = append(s.calls, fmt.Sprintf("failed %d", len(p.Rows)))
 	if err := sleepCtx(ctx, s.delay); err != nil {
 		return err
 	}
-	if s.failAt > 0 && len(s.calls) >= s.failAt {
+	if s.failErr != nil {
 		return s.failErr
 	}
 	return s.fakeOutbox.MarkFailed(ctx, p)
@@ -465,10 +466,10 @@ func runRefusingFrom(t *testing.T, store idemdriver.OutboxStore, n int) (idem.Re
 	return r.RunOnce(t.Context())
 }
 
-// TestRelayMarksSlowStore: the marks of one round each get their own
-// bound, so a store whose every mark takes 2s (30 rows failing: a minute
-// of marks, far past the 10s any one call may take) still records every
-// outcome; the confirmed rows are marked sent before the failed ones.
+// TestRelayMarksSlowStore: a round marks its rows with two calls, the
+// confirmed rows first, then every failed row at once, each call with its
+// own bound: a store whose every mark takes 6s (together past the 10s any
+// one call may take) still records every outcome.
 func TestRelayMarksSlowStore(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -476,7 +477,7 @@ func TestRelayMarksSlowStore(t *testing.T) {
 		for i := range ids {
 			ids[i] = fmt.Sprintf("r-%02d", i)
 		}
-		store := &slowMarks{fakeOutbox: newFake(ids...), delay: 2 * time.Second}
+		store := &slowMarks{fakeOutbox: newFake(ids...), delay: 6 * time.Second}
 		res, err := runRefusingFrom(t, store, 10)
 		if err != nil {
 			t.Fatalf("RunOnce: %v", err)
@@ -487,26 +488,26 @@ func TestRelayMarksSlowStore(t *testing.T) {
 		if len(store.sent) != 10 || len(store.retries) != 30 {
 			t.Errorf("store has %d rows sent and %d marked for retry, want 10 and 30", len(store.sent), len(store.retries))
 		}
-		if len(store.calls) != 31 || store.calls[0] != "sent" {
-			t.Errorf("marks made %d calls starting with %q, want 31 starting with the sent rows", len(store.calls), store.calls[0])
+		if want := []string{"sent 10", "failed 30"}; !slices.Equal(store.calls, want) {
+			t.Errorf("mark calls %q, want %q", store.calls, want)
 		}
 	})
 }
 
-// TestRelayMarksStopAtFirstFailure: once a failure mark fails (the store
-// is down), the round makes no more marks, which would each wait their
-// own bound; its error matches ErrStore and counts the rows left
-// unmarked, which stay claimed until their lease ends.
-func TestRelayMarksStopAtFirstFailure(t *testing.T) {
+// TestRelayMarkFailedError: when the failure mark fails (the store is
+// down), the round's error matches ErrStore and counts the rows left
+// unmarked, which stay claimed until their lease ends; none is counted
+// as retried.
+func TestRelayMarkFailedError(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		store := &slowMarks{fakeOutbox: newFake("a", "b", "c", "d"), failAt: 2, failErr: errors.New("connection refused")}
+		store := &slowMarks{fakeOutbox: newFake("a", "b", "c", "d"), failErr: errors.New("connection refused")}
 		res, err := runRefusingFrom(t, store, 0)
-		if !errors.Is(err, idem.ErrStore) || !strings.Contains(err.Error(), "2 more failed rows left unmarked") {
-			t.Errorf("RunOnce error = %v, want ErrStore counting 2 rows left unmarked", err)
+		if !errors.Is(err, idem.ErrStore) || !strings.Contains(err.Error(), "4 failed rows left unmarked") {
+			t.Errorf("RunOnce error = %v, want ErrStore counting 4 rows left unmarked", err)
 		}
-		if res.Retried != 1 || len(store.calls) != 2 {
-			t.Errorf("RunOnce = %+v after %d mark calls, want 1 retried after 2 calls", res, len(store.calls))
+		if want := []string{"failed 4"}; res.Retried != 0 || !slices.Equal(store.calls, want) {
+			t.Errorf("RunOnce = %+v after mark calls %q, want none retried after %q", res, store.calls, want)
 		}
 	})
 }

@@ -258,15 +258,14 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 	return res, oldest, r.mark(ctx, recs, errs, &res)
 }
 
-// mark writes the outcome of a published batch: the confirmed rows
-// marked sent first (one call: a confirmed row left unmarked is published
-// again after its lease), then each failed row marked for retry or as
-// failed, one call per row. Each call has its own finishTimeout on a
-// context detached from ctx, so that a slow store (a SQLite writer waiting
-// its turn) makes a round long rather than failing every mark after the
-// first ones used up a shared deadline; the failure marks stop at the
-// first that fails, whose error is returned with the count of rows left
-// unmarked (they are claimed again once their lease ends).
+// mark writes the outcome of a published batch in two calls: the
+// confirmed rows marked sent first (a confirmed row left unmarked is
+// published again after its lease), then the failed rows, each for retry
+// or as failed. Each call has its own finishTimeout on a context detached
+// from ctx, so that a slow store (a SQLite writer waiting its turn) makes
+// a round long rather than failing the second mark because the first used
+// up a shared deadline. A failed mark's error says how many rows it left
+// unmarked: they are claimed again once their lease ends.
 func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *RelayResult) error {
 	ctx = context.WithoutCancel(ctx)
 	var sent []string
@@ -286,30 +285,31 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 			res.Sent = len(sent)
 		}
 	}
-	left := len(recs) - len(sent)
+	var failed []idemdriver.FailedRow
 	for i, rec := range recs {
 		if errs[i] == nil {
 			continue
 		}
-		p := &idemdriver.MarkFailedParams{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
-		if !p.Permanent {
-			p.RetryAfter = r.backoff(rec.Attempts)
+		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		if !f.Permanent {
+			f.RetryAfter = r.backoff(rec.Attempts)
 		}
+		failed = append(failed, f)
+	}
+	if len(failed) > 0 {
 		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
-		err := r.cfg.Store.MarkFailed(mctx, p)
+		err := r.cfg.Store.MarkFailed(mctx, &idemdriver.MarkFailedParams{Rows: failed})
 		cancel()
-		left--
 		if err != nil {
-			markErrs = append(markErrs, storeError("mark outgoing failed", err))
-			if left > 0 {
-				markErrs = append(markErrs, fmt.Errorf("%w: %d more failed rows left unmarked until their lease ends", ErrStore, left))
-			}
-			break
-		}
-		if p.Permanent {
-			res.Failed++
+			markErrs = append(markErrs, fmt.Errorf("%w (%d failed rows left unmarked until their lease ends)", storeError("mark outgoing failed", err), len(failed)))
 		} else {
-			res.Retried++
+			for _, f := range failed {
+				if f.Permanent {
+					res.Failed++
+				} else {
+					res.Retried++
+				}
+			}
 		}
 	}
 	return errors.Join(markErrs...)

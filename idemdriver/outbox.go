@@ -78,12 +78,15 @@ type OutboxCommitter[TTx any] interface {
 //     writer).
 //   - MarkSent marks rows sent (and ends their lease), whoever holds it:
 //     a row that was sent stays sent.
-//   - MarkFailed ends a row's lease and either makes it available again
-//     after RetryAfter (retryable) or marks it failed for good, which
-//     unblocks the later rows of its key. A row already sent is left sent.
-//     It is fenced by the attempt: it changes the row only while its
-//     attempt count is still Attempt, the count the caller's claim
-//     returned. A relay whose lease ran out while it published, and whose
+//   - MarkFailed ends the leases of the rows of one round whose publish
+//     failed, and either makes each available again after its RetryAfter
+//     (retryable) or marks it failed for good, which unblocks the later
+//     rows of its key. A row already sent is left sent. The rows are
+//     marked with one statement (or a few, for many rows), not one
+//     transaction per row: when a broker is down every row of every round
+//     fails, and a durable store would otherwise flush once per row. Each
+//     row is fenced by its attempt: it is changed only while its attempt
+//     count is still Attempt, the count the caller's claim returned. A relay whose lease ran out while it published, and whose
 //     row another relay claimed since, marks nothing: it must not end the
 //     other relay's lease (a third would send the row while the second
 //     still does) nor fail a row the second may be sending. MarkSent needs
@@ -171,8 +174,14 @@ type MarkSentParams struct {
 	IDs []string
 }
 
-// MarkFailedParams is one row whose publish failed.
+// MarkFailedParams are the rows of one relay round whose publish failed.
 type MarkFailedParams struct {
+	// Rows are the rows, at least one, each named once.
+	Rows []FailedRow
+}
+
+// FailedRow is one row whose publish failed.
+type FailedRow struct {
 	// ID is the row's ID.
 	ID string
 	// Attempt is the row's attempt count as the claim returned it
@@ -303,18 +312,29 @@ func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
 	return nil
 }
 
-// ValidateMarkFailedParams checks Attempt >= 1 and RetryAfter >= 0.
-// Errors match ErrInvalidConfig. The ID is not checked: it is a claimed
+// ValidateMarkFailedParams checks that there is at least one row, that no
+// ID comes twice, and Attempt >= 1 and RetryAfter >= 0 for each. Errors
+// match ErrInvalidConfig. The IDs are not checked: it is a claimed
 // row's, as read, and a row whose ID a producer in another language wrote
 // with bytes the broker adapters refuse (a control character, or an empty
 // ID on MariaDB) must still be marked failed, or it would be claimed
 // forever and hold back every later row of its key.
 func ValidateMarkFailedParams(p *MarkFailedParams) error {
-	if p.Attempt < 1 {
-		return fmt.Errorf("%w: mark of %q: attempt %d, want the claim's (>= 1)", ErrInvalidConfig, p.ID, p.Attempt)
+	if len(p.Rows) == 0 {
+		return fmt.Errorf("%w: mark of no failed rows", ErrInvalidConfig)
 	}
-	if p.RetryAfter < 0 {
-		return fmt.Errorf("%w: negative RetryAfter %v", ErrInvalidConfig, p.RetryAfter)
+	seen := make(map[string]struct{}, len(p.Rows))
+	for _, r := range p.Rows {
+		if _, dup := seen[r.ID]; dup {
+			return fmt.Errorf("%w: mark of %q: the row comes twice", ErrInvalidConfig, r.ID)
+		}
+		seen[r.ID] = struct{}{}
+		if r.Attempt < 1 {
+			return fmt.Errorf("%w: mark of %q: attempt %d, want the claim's (>= 1)", ErrInvalidConfig, r.ID, r.Attempt)
+		}
+		if r.RetryAfter < 0 {
+			return fmt.Errorf("%w: mark of %q: negative RetryAfter %v", ErrInvalidConfig, r.ID, r.RetryAfter)
+		}
 	}
 	return nil
 }

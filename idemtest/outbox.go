@@ -209,6 +209,30 @@ func (b *bundle[TTx]) emitting(c *idem.Consumer[TTx], calls *atomic.Int64, out f
 	}
 }
 
+// emitNamed commits n outbox rows named r-0000, r-0001, ... and then
+// rows whose IDs array or list syntax could misread, each with its ID as
+// its payload, and returns their IDs in that order.
+func (b *bundle[TTx]) emitNamed(n int) []string {
+	b.t.Helper()
+	var all []string
+	for i := range n {
+		all = append(all, fmt.Sprintf("r-%04d", i))
+	}
+	all = append(all, "NULL", "null", "a,b", "{x}", "{}", `"q"`, `back\slash`, " lead", "trail ", "pad", "pad ",
+		"'quote", "%", "_", "é-ü", "日本", "(1)", "$1", "?", "a b", ";--")
+	tx := b.begin()
+	msgs := make([]idemdriver.OutgoingRecord, len(all))
+	for i, id := range all {
+		msgs[i] = idemdriver.OutgoingRecord{ID: id, Destination: "d", Payload: []byte(id)}
+	}
+	if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
+		b.rollback(tx)
+		b.t.Fatalf("EmitTx: %v", err)
+	}
+	b.commit(tx)
+	return all
+}
+
 func one(dest, key string) func(idem.Message) []idem.OutgoingMessage {
 	return func(m idem.Message) []idem.OutgoingMessage {
 		return []idem.OutgoingMessage{{Destination: dest, Key: key, Payload: []byte("out:" + m.ID)}}
@@ -442,7 +466,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("after A's stale permanent failure: %+v, want the row pending (B is sending it), none failed", st)
 			}
 			// A stale retryable mark (A's attempt, 1) must not end B's lease.
-			err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{ID: held[0].ID, Attempt: 1, Error: "stale"})
+			err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{Rows: []idemdriver.FailedRow{{ID: held[0].ID, Attempt: 1, Error: "stale"}}})
 			if err != nil {
 				t.Fatalf("stale MarkFailed: %v", err)
 			}
@@ -462,7 +486,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			if err != nil || len(recs) != 1 {
 				t.Fatalf("claim m2: %v, %d rows", err, len(recs))
 			}
-			if err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{ID: recs[0].ID, Attempt: recs[0].Attempts, Permanent: true, Error: "x"}); err != nil {
+			if err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{Rows: []idemdriver.FailedRow{{ID: recs[0].ID, Attempt: recs[0].Attempts, Permanent: true, Error: "x"}}}); err != nil {
 				t.Fatal(err)
 			}
 			if st := b.stats(); st.Failed != 1 {
@@ -701,23 +725,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			// that array or list syntax could misread, it marks exactly
 			// the rows named: the others are the next claim's, whole.
 			store := b.outboxOf()
-			odd := []string{"NULL", "null", "a,b", "{x}", "{}", `"q"`, `back\slash`, " lead", "trail ", "pad", "pad ",
-				"'quote", "%", "_", "é-ü", "日本", "(1)", "$1", "?", "a b", ";--"}
-			var all []string
-			for i := range 1201 {
-				all = append(all, fmt.Sprintf("r-%04d", i))
-			}
-			all = append(all, odd...)
-			tx := b.begin()
-			msgs := make([]idemdriver.OutgoingRecord, len(all))
-			for i, id := range all {
-				msgs[i] = idemdriver.OutgoingRecord{ID: id, Destination: "d", Payload: []byte(id)}
-			}
-			if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
-				b.rollback(tx)
-				t.Fatalf("EmitTx: %v", err)
-			}
-			b.commit(tx)
+			all := b.emitNamed(1201)
 			total := int64(len(all))
 			b.wantPending("after the emit", total)
 			mark := func(what string, ids []string) {
@@ -782,6 +790,84 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if len(recs) != len(all)-len(want) {
 				t.Errorf("claimed %d rows, want %d", len(recs), len(all)-len(want))
+			}
+		}},
+		{"MarkFailedMarksExactlyItsRows", func(t *testing.T, b *bundle[TTx]) {
+			// One MarkFailed of more rows than one statement of a
+			// dialect without arrays names, with IDs that list syntax
+			// could misread: each row is marked as asked (failed for
+			// good, or pending again after its delay), a row already
+			// sent stays sent, a row whose attempt is not the one given
+			// is left alone, and no other row changes.
+			store := b.outboxOf()
+			all := b.emitNamed(250)
+			recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
+			if err != nil || len(recs) != len(all) {
+				t.Fatalf("ClaimOutgoing: %v, %d rows, want %d", err, len(recs), len(all))
+			}
+			sent := all[:10]
+			if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: sent}); err != nil {
+				t.Fatalf("MarkSent: %v", err)
+			}
+			for _, bad := range []*idemdriver.MarkFailedParams{
+				{},
+				{Rows: []idemdriver.FailedRow{{ID: "r-0011", Attempt: 1}, {ID: "r-0011", Attempt: 1}}},
+				{Rows: []idemdriver.FailedRow{{ID: "r-0011", Attempt: 0}}},
+				{Rows: []idemdriver.FailedRow{{ID: "r-0011", Attempt: 1, RetryAfter: -time.Second}}},
+			} {
+				if err := store.MarkFailed(b.ctx, bad); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+					t.Errorf("MarkFailed(%+v) = %v, want an error matching ErrInvalidConfig", bad.Rows, err)
+				}
+			}
+			var (
+				rows                   []idemdriver.FailedRow
+				failed, again, waiting = map[string]bool{}, map[string]bool{}, map[string]bool{}
+			)
+			for i, id := range all {
+				f := idemdriver.FailedRow{ID: id, Attempt: 1, Error: "failed: " + id}
+				switch {
+				case i < 5: // sent: stays sent
+					f.Permanent = true
+				case i < 10:
+					continue // sent, not named
+				case i >= 250 || i%4 == 1:
+					f.Permanent = true
+					failed[id] = true
+				case i%4 == 2:
+					again[id] = true
+				case i%4 == 3:
+					f.RetryAfter = time.Hour
+					waiting[id] = true
+				default: // another attempt's mark: the row stays leased
+					f.Attempt = 2
+				}
+				rows = append(rows, f)
+			}
+			if err := store.MarkFailed(b.ctx, &idemdriver.MarkFailedParams{Rows: rows}); err != nil {
+				t.Fatalf("MarkFailed of %d rows: %v", len(rows), err)
+			}
+			st := b.stats()
+			if st.Failed != int64(len(failed)) || st.Pending != int64(len(all)-len(sent)-len(failed)) {
+				t.Errorf("after MarkFailed: %+v, want %d failed and %d pending", st, len(failed), len(all)-len(sent)-len(failed))
+			}
+			recs, err = store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
+			if err != nil {
+				t.Fatalf("ClaimOutgoing: %v", err)
+			}
+			claimed := map[string]bool{}
+			for _, r := range recs {
+				claimed[r.ID] = true
+				if !again[r.ID] {
+					t.Errorf("row %q claimed again; only rows marked for a retry without delay may be", r.ID)
+				}
+				if r.Attempts != 2 {
+					t.Errorf("row %q claimed with attempt %d, want 2", r.ID, r.Attempts)
+				}
+			}
+			for id := range again {
+				if !claimed[id] {
+					t.Errorf("row %q, marked for a retry without delay, not claimed again", id)
+				}
 			}
 		}},
 		{"RelayDefaultsHalfFailing", func(t *testing.T, b *bundle[TTx]) {

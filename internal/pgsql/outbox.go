@@ -18,12 +18,17 @@ func Outbox(table string) *sqlstore.Outbox {
 
 // OutboxNativeArrays is Outbox for a driver that encodes a []string
 // argument as a text[] (pgx does; database/sql drivers need not): marking
-// rows sent is one statement with one parameter, whatever the number of
-// rows, so that a driver's statement cache holds one statement for it
-// instead of one per count of rows.
+// rows sent, or failed, is one statement with array parameters, whatever
+// the number of rows, so that a driver's statement cache holds one
+// statement for each instead of one per count of rows.
 func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d := outboxDialect(table)
 	d.IDArray = `id = ANY($1::text[])`
+	d.MarkFailedArrays = `UPDATE ` + table + ` AS o SET lease_until = NULL, last_error = v.err,
+	failed_at = CASE WHEN v.permanent THEN now() ELSE o.failed_at END,
+	available_at = CASE WHEN v.permanent THEN o.available_at ELSE now() + v.retry * interval '1 microsecond' END
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[]) AS v(id, attempt, permanent, retry, err)
+WHERE o.id = ANY($1::text[]) AND o.id = v.id AND o.attempts = v.attempt AND o.sent_at IS NULL`
 	return sqlstore.NewOutbox(d)
 }
 

@@ -76,6 +76,13 @@ type OutboxDialect struct {
 	// parameter 1", for a driver that takes a []string as an array:
 	// MarkSent then runs one statement whatever the number of IDs.
 	IDArray string
+	// MarkFailedArrays, if set, is the statement that marks failed rows
+	// given as five arrays, for a driver that takes slices as arrays: IDs
+	// ([]string), attempts ([]int64), permanent ([]bool), retry delays in
+	// microseconds ([]int64) and error texts ([]string). MarkFailed then
+	// runs one statement whatever the number of rows; otherwise it runs
+	// one per MaxFailedPerStatement rows, written out.
+	MarkFailedArrays string
 	// NoUpdateReturning is set for a dialect without UPDATE ... RETURNING
 	// (MariaDB, MySQL): the claim then selects and locks the rows, and
 	// updates them with a second statement, in one transaction.
@@ -97,7 +104,6 @@ type Outbox struct {
 	// Fixed statements.
 	claimReturning, claimSelect, purge, purgeSelect, stats string
 	markSentArray                                          string
-	markFailedRetry, markFailedPermanent                   string
 }
 
 // ClaimSQL is the claim statement (the selection of the two-statement
@@ -115,6 +121,11 @@ const insertCols = `(id, consumer, source_id, destination, order_key, payload, h
 // MaxInList is the most IDs one MarkSent statement names; more take
 // several statements.
 const MaxInList = 500
+
+// MaxFailedPerStatement is the most rows one MarkFailed statement names
+// where the dialect has no MarkFailedArrays (five or six parameters a
+// row); more take several statements.
+const MaxFailedPerStatement = 100
 
 // NewOutbox builds the outbox statements for d.
 func NewOutbox(d OutboxDialect) *Outbox {
@@ -142,10 +153,6 @@ WHERE id IN (SELECT o.id FROM ` + t + ` o WHERE ` + o.pending + `
 RETURNING ` + o.cols
 	o.claimSelect = `SELECT ` + o.cols + ` FROM ` + t + ` o WHERE ` + o.pending + `
 ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
-	o.markFailedRetry = `UPDATE ` + t + ` SET lease_until = NULL, available_at = ` + d.Plus(d.Param(1, "bigint")) +
-		`, last_error = ` + d.Param(2, "text") + ` WHERE id = ` + d.Param(3, "text") + ` AND attempts = ` + d.Param(4, "bigint") + ` AND sent_at IS NULL`
-	o.markFailedPermanent = `UPDATE ` + t + ` SET lease_until = NULL, failed_at = ` + d.Now +
-		`, last_error = ` + d.Param(1, "text") + ` WHERE id = ` + d.Param(2, "text") + ` AND attempts = ` + d.Param(3, "bigint") + ` AND sent_at IS NULL`
 	if d.IDArray != "" {
 		o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
 	}
@@ -328,20 +335,91 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 	return nil
 }
 
-// MarkFailed ends p's row lease, for a retry after p.RetryAfter or for
-// good, after checking p (idemdriver.ValidateMarkFailedParams); fenced by
-// p.Attempt, it leaves alone a row another claim took since.
+// MarkFailed ends the leases of p's rows, each for a retry after its
+// RetryAfter or for good, after checking p
+// (idemdriver.ValidateMarkFailedParams): with one statement when the
+// dialect has MarkFailedArrays, else one per MaxFailedPerStatement rows.
+// Fenced by each row's Attempt, it leaves alone a row another claim took
+// since.
 func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkFailedParams) error {
 	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
 		return err
 	}
-	var err error
-	if p.Permanent {
-		_, err = db.Exec(ctx, o.markFailedPermanent, ErrorText(p.Error), p.ID, int64(p.Attempt))
-	} else {
-		_, err = db.Exec(ctx, o.markFailedRetry, DurationMicros(p.RetryAfter), ErrorText(p.Error), p.ID, int64(p.Attempt))
+	if o.d.MarkFailedArrays != "" {
+		n := len(p.Rows)
+		ids, attempts, permanent, retry, errs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n)
+		for i, r := range p.Rows {
+			ids[i], attempts[i], permanent[i], retry[i], errs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error)
+		}
+		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs)
+		return err
 	}
-	return err
+	for rows := p.Rows; len(rows) > 0; {
+		n := min(len(rows), MaxFailedPerStatement)
+		q, args := o.markFailed(rows[:n])
+		if _, err := db.Exec(ctx, q, args...); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// markFailed returns one UPDATE that marks rows failed, and its
+// arguments: each column a CASE on the row's ID, and the rows selected by
+// ID and attempt. Parameters are numbered in the order they appear, as
+// MySQL's placeholders need.
+func (o *Outbox) markFailed(rows []idemdriver.FailedRow) (string, []any) {
+	var (
+		b    strings.Builder
+		args []any
+	)
+	param := func(kind string, v any) string {
+		args = append(args, v)
+		return o.d.Param(len(args), kind)
+	}
+	b.WriteString(`UPDATE ` + o.d.Table + ` SET lease_until = NULL, last_error = CASE id`)
+	for _, r := range rows {
+		b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + param("text", ErrorText(r.Error)))
+	}
+	b.WriteString(` ELSE last_error END`)
+	for _, permanent := range []bool{true, false} {
+		first := true
+		for _, r := range rows {
+			if r.Permanent != permanent {
+				continue
+			}
+			if first {
+				if permanent {
+					b.WriteString(`, failed_at = CASE id`)
+				} else {
+					b.WriteString(`, available_at = CASE id`)
+				}
+				first = false
+			}
+			if permanent {
+				b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + o.d.Now)
+			} else {
+				b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + o.d.Plus(param("bigint", DurationMicros(r.RetryAfter))))
+			}
+		}
+		if !first {
+			if permanent {
+				b.WriteString(` ELSE failed_at END`)
+			} else {
+				b.WriteString(` ELSE available_at END`)
+			}
+		}
+	}
+	b.WriteString(` WHERE sent_at IS NULL AND (`)
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteString(` OR `)
+		}
+		b.WriteString(`(id = ` + param("text", r.ID) + ` AND attempts = ` + param("bigint", int64(r.Attempt)) + `)`)
+	}
+	b.WriteString(`)`)
+	return b.String(), args
 }
 
 // Purge deletes up to p.Limit rows done for longer than p.Retention,

@@ -182,7 +182,8 @@ func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) erro
 	return s.outbox().MarkSent(ctx, querier{s.pool}, p)
 }
 
-// MarkFailed implements [idemdriver.OutboxStore]. p is checked with
+// MarkFailed implements [idemdriver.OutboxStore]: one UPDATE of every row
+// of p, given as arrays, whatever their number. p is checked with
 // idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	return s.outbox().MarkFailed(ctx, querier{s.pool}, p)

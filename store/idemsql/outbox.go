@@ -106,7 +106,8 @@ func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) erro
 	return s.outbox().MarkSent(ctx, querier{s.db}, p)
 }
 
-// MarkFailed implements [idemdriver.OutboxStore]. p is checked with
+// MarkFailed implements [idemdriver.OutboxStore]: one UPDATE per 100
+// rows of p, each column a CASE on the row's ID. p is checked with
 // idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	return s.outbox().MarkFailed(ctx, querier{s.db}, p)
