@@ -503,7 +503,7 @@ func TestRelayMarkFailedError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := &slowMarks{fakeOutbox: newFake("a", "b", "c", "d"), failErr: errors.New("connection refused")}
 		res, err := runRefusingFrom(t, store, 0)
-		if !errors.Is(err, idem.ErrStore) || !strings.Contains(err.Error(), "4 failed rows left unmarked") {
+		if !errors.Is(err, idem.ErrStore) || !strings.Contains(err.Error(), "4 failed rows not known to be marked") {
 			t.Errorf("RunOnce error = %v, want ErrStore counting 4 rows left unmarked", err)
 		}
 		if want := []string{"failed 4"}; res.Retried != 0 || !slices.Equal(store.calls, want) {

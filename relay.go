@@ -301,7 +301,7 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 		err := r.cfg.Store.MarkFailed(mctx, &idemdriver.MarkFailedParams{Rows: failed})
 		cancel()
 		if err != nil {
-			markErrs = append(markErrs, fmt.Errorf("%w (%d failed rows left unmarked until their lease ends)", storeError("mark outgoing failed", err), len(failed)))
+			markErrs = append(markErrs, fmt.Errorf("%w (%d failed rows not known to be marked: those left unmarked are claimed again once their lease ends)", storeError("mark outgoing failed", err), len(failed)))
 		} else {
 			for _, f := range failed {
 				if f.Permanent {

@@ -338,9 +338,10 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 // MarkFailed ends the leases of p's rows, each for a retry after its
 // RetryAfter or for good, after checking p
 // (idemdriver.ValidateMarkFailedParams): with one statement when the
-// dialect has MarkFailedArrays, else one per MaxFailedPerStatement rows.
-// Fenced by each row's Attempt, it leaves alone a row another claim took
-// since.
+// dialect has MarkFailedArrays, else one per MaxFailedPerStatement rows,
+// each on its own (an error may come after the first ones marked their
+// rows). Fenced by each row's Attempt, it leaves alone a row another claim
+// took since.
 func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkFailedParams) error {
 	if err := idemdriver.ValidateMarkFailedParams(p); err != nil {
 		return err

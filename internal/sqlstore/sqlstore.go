@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"math"
 	"time"
 )
 
@@ -106,5 +107,8 @@ func Time(us int64) time.Time { return time.UnixMicro(us).UTC() }
 // DurationMicros is d in whole microseconds, rounded up so that a
 // positive duration (a lease, a gap) never becomes 0.
 func DurationMicros(d time.Duration) int64 {
+	if d > math.MaxInt64-time.Microsecond {
+		return int64(d / time.Microsecond) // rounding up would overflow
+	}
 	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }

@@ -33,6 +33,25 @@ func (a querier) QueryRow(ctx context.Context, sql string, args ...any) sqlstore
 	return row{a.q.QueryRow(ctx, sql, args...)}
 }
 
+// modeQuerier runs every statement of q in mode, whatever the
+// connections' default (pgx takes a QueryExecMode as the first argument).
+type modeQuerier struct {
+	q    pgxQuerier
+	mode pgx.QueryExecMode
+}
+
+func (m modeQuerier) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return m.q.Exec(ctx, sql, append([]any{m.mode}, args...)...)
+}
+
+func (m modeQuerier) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return m.q.Query(ctx, sql, append([]any{m.mode}, args...)...)
+}
+
+func (m modeQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return m.q.QueryRow(ctx, sql, append([]any{m.mode}, args...)...)
+}
+
 // row maps pgx.ErrNoRows to sqlstore.ErrNoRows.
 type row struct{ r pgx.Row }
 

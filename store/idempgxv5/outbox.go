@@ -183,10 +183,20 @@ func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) erro
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE of every row
-// of p, given as arrays, whatever their number. p is checked with
+// of p, given as arrays, whatever their number, planned for each call's
+// arrays. Under pgx's default mode, QueryExecModeCacheStatement, it runs
+// as QueryExecModeCacheDescribe (an unnamed statement, parsed at each
+// call): a statement prepared once gets PostgreSQL's generic plan from
+// its sixth run on, which guesses 10 rows per array and may join them by
+// reading the arrays again for every outbox row, a cost that grows with
+// the square of the rows (seconds for a thousand). p is checked with
 // idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
-	return s.outbox().MarkFailed(ctx, querier{s.pool}, p)
+	var q pgxQuerier = s.pool
+	if s.pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		q = modeQuerier{s.pool, pgx.QueryExecModeCacheDescribe}
+	}
+	return s.outbox().MarkFailed(ctx, querier{q}, p)
 }
 
 // PurgeOutbox implements [idemdriver.OutboxStore]: one DELETE of the

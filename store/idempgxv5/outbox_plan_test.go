@@ -3,8 +3,11 @@ package idempgxv5_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
 )
@@ -105,5 +108,56 @@ func (n *planNode) walk(f func(*planNode)) {
 	f(n)
 	for i := range n.Plans {
 		n.Plans[i].walk(f)
+	}
+}
+
+// TestOutboxMarkFailedPlannedPerCall: the relay's failure mark, one
+// UPDATE of array parameters, is planned for each call's arrays even
+// under pgx's default mode, which prepares a statement once: PostgreSQL
+// gives such a statement a generic plan from its sixth run on, which
+// guesses 10 rows per array and joined 1,000 rows by reading the arrays
+// again for every outbox row (about a second a call, where the first
+// five took 10 ms). Eight marks of 1,000 rows on one connection leave no
+// generic plan of the statement behind, and every row marked.
+func TestOutboxMarkFailedPlannedPerCall(t *testing.T) {
+	testURL(t)
+	b := setup(t, poolOpts{maxConns: 1})
+	ctx := context.Background()
+	if mode := b.pool.Config().ConnConfig.DefaultQueryExecMode; mode != pgx.QueryExecModeCacheStatement {
+		t.Fatalf("the pool's mode is %v, want pgx's default, QueryExecModeCacheStatement", mode)
+	}
+	outbox := b.table + "_outbox"
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+outbox+` (id, destination, payload, attempts)
+		SELECT 'id-' || g, 'orders', '\x00'::bytea, 1 FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `ANALYZE `+outbox); err != nil {
+		t.Fatal(err)
+	}
+	rows := make([]idemdriver.FailedRow, 1000)
+	for i := range rows {
+		rows[i] = idemdriver.FailedRow{ID: fmt.Sprintf("id-%d", i+1), Attempt: 1, RetryAfter: time.Hour, Error: "refused"}
+	}
+	for call := range 8 {
+		rows[0].Error = fmt.Sprintf("refused %d", call)
+		if err := b.store.MarkFailed(ctx, &idemdriver.MarkFailedParams{Rows: rows}); err != nil {
+			t.Fatalf("mark %d: %v", call, err)
+		}
+	}
+	var generic int64
+	if err := b.pool.QueryRow(ctx, `SELECT COALESCE(sum(generic_plans), 0) FROM pg_prepared_statements
+		WHERE statement LIKE '%FROM unnest(%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&generic); err != nil {
+		t.Fatal(err)
+	}
+	if generic != 0 {
+		t.Errorf("the failure mark ran %d times with a generic plan on the connection, want 0", generic)
+	}
+	var marked int64
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox+`
+		WHERE last_error IS NOT NULL AND available_at > now() + interval '59 minutes'`).Scan(&marked); err != nil {
+		t.Fatal(err)
+	}
+	if marked != 1000 {
+		t.Errorf("%d rows marked for a retry in an hour, want 1000", marked)
 	}
 }
