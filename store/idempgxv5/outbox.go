@@ -193,7 +193,7 @@ func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) erro
 // idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	var q pgxQuerier = s.pool
-	if s.pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+	if s.cachesStatements {
 		q = modeQuerier{s.pool, pgx.QueryExecModeCacheDescribe}
 	}
 	return s.outbox().MarkFailed(ctx, querier{q}, p)

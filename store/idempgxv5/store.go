@@ -71,6 +71,9 @@ type Store struct {
 	own sync.Map // pgx.Tx -> bool
 	// wakeWanted and waking coalesce the notifications of wakeRelays.
 	wakeWanted, waking atomic.Bool
+	// cachesStatements is set when the pool's connections prepare each
+	// statement once (pgx's default mode); see MarkFailed.
+	cachesStatements bool
 }
 
 // Interface checks.
@@ -102,7 +105,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	}
 	q := pgsql.New(table.Qualified)
 	q.NativeArrays = true // pgx encodes []string and [][]byte as arrays
-	st := &Store{pool: pool, table: table, q: q}
+	st := &Store{pool: pool, table: table, q: q,
+		cachesStatements: pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement}
 	if cfg.ListenConfig != nil {
 		st.listen = cfg.ListenConfig.Copy()
 	}
