@@ -384,34 +384,28 @@ func (o *Outbox) markFailed(rows []idemdriver.FailedRow) (string, []any) {
 		b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + param("text", ErrorText(r.Error)))
 	}
 	b.WriteString(` ELSE last_error END`)
-	for _, permanent := range []bool{true, false} {
-		first := true
+	// set writes ", col = CASE id WHEN ... THEN value(row) ... ELSE col
+	// END" for the rows whose Permanent is permanent, if there are any.
+	set := func(col string, permanent bool, value func(idemdriver.FailedRow) string) {
+		started := false
 		for _, r := range rows {
 			if r.Permanent != permanent {
 				continue
 			}
-			if first {
-				if permanent {
-					b.WriteString(`, failed_at = CASE id`)
-				} else {
-					b.WriteString(`, available_at = CASE id`)
-				}
-				first = false
+			if !started {
+				b.WriteString(`, ` + col + ` = CASE id`)
+				started = true
 			}
-			if permanent {
-				b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + o.d.Now)
-			} else {
-				b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + o.d.Plus(param("bigint", DurationMicros(r.RetryAfter))))
-			}
+			b.WriteString(` WHEN ` + param("text", r.ID) + ` THEN ` + value(r))
 		}
-		if !first {
-			if permanent {
-				b.WriteString(` ELSE failed_at END`)
-			} else {
-				b.WriteString(` ELSE available_at END`)
-			}
+		if started {
+			b.WriteString(` ELSE ` + col + ` END`)
 		}
 	}
+	set("failed_at", true, func(idemdriver.FailedRow) string { return o.d.Now })
+	set("available_at", false, func(r idemdriver.FailedRow) string {
+		return o.d.Plus(param("bigint", DurationMicros(r.RetryAfter)))
+	})
 	b.WriteString(` WHERE sent_at IS NULL AND (`)
 	for i, r := range rows {
 		if i > 0 {
