@@ -264,15 +264,24 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 // or as failed. Each call has its own finishTimeout on a context detached
 // from ctx, so that a slow store (a SQLite writer waiting its turn) makes
 // a round long rather than failing the second mark because the first used
-// up a shared deadline. A failed mark's error says how many rows it left
-// unmarked: they are claimed again once their lease ends.
+// up a shared deadline. A failed mark's error says how many rows it may
+// have left unmarked: they are claimed again once their lease ends.
 func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *RelayResult) error {
 	ctx = context.WithoutCancel(ctx)
-	var sent []string
+	var (
+		sent   []string
+		failed []idemdriver.FailedRow
+	)
 	for i, rec := range recs {
 		if errs[i] == nil {
 			sent = append(sent, rec.ID)
+			continue
 		}
+		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		if !f.Permanent {
+			f.RetryAfter = r.backoff(rec.Attempts)
+		}
+		failed = append(failed, f)
 	}
 	var markErrs []error
 	if len(sent) > 0 {
@@ -284,17 +293,6 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 		} else {
 			res.Sent = len(sent)
 		}
-	}
-	var failed []idemdriver.FailedRow
-	for i, rec := range recs {
-		if errs[i] == nil {
-			continue
-		}
-		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
-		if !f.Permanent {
-			f.RetryAfter = r.backoff(rec.Attempts)
-		}
-		failed = append(failed, f)
 	}
 	if len(failed) > 0 {
 		mctx, cancel := context.WithTimeout(ctx, finishTimeout)

@@ -86,8 +86,9 @@ type OutboxCommitter[TTx any] interface {
 //     transaction per row: when a broker is down every row of every round
 //     fails, and a durable store would otherwise flush once per row. Each
 //     row is fenced by its attempt: it is changed only while its attempt
-//     count is still Attempt, the count the caller's claim returned. A relay whose lease ran out while it published, and whose
-//     row another relay claimed since, marks nothing: it must not end the
+//     count is still Attempt, the count the caller's claim returned. A
+//     relay whose lease ran out while it published, and whose row another
+//     relay claimed since, marks nothing: it must not end the
 //     other relay's lease (a third would send the row while the second
 //     still does) nor fail a row the second may be sending. MarkSent needs
 //     no fence: a confirmed message was sent, whoever holds the row.
@@ -314,8 +315,8 @@ func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
 
 // ValidateMarkFailedParams checks that there is at least one row, that no
 // ID comes twice, and Attempt >= 1 and RetryAfter >= 0 for each. Errors
-// match ErrInvalidConfig. The IDs are not checked: it is a claimed
-// row's, as read, and a row whose ID a producer in another language wrote
+// match ErrInvalidConfig. The IDs are not checked: they are claimed
+// rows', as read, and a row whose ID a producer in another language wrote
 // with bytes the broker adapters refuse (a control character, or an empty
 // ID on MariaDB) must still be marked failed, or it would be claimed
 // forever and hold back every later row of its key.
