@@ -42,6 +42,44 @@ func runConsumer(t *testing.T, c *idemnats.Consumer) <-chan error {
 	return done
 }
 
+// newSQLiteStore opens a SQLite database named name in a temporary
+// directory (closed at cleanup, at most 4 connections) and a migrated
+// idem store on it.
+func newSQLiteStore(t *testing.T, name string) (*sql.DB, *idemsql.Store) {
+	t.Helper()
+	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(4)
+	t.Cleanup(func() { db.Close() })
+	store, err := idemsql.New(db, idemsql.SQLite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, store
+}
+
+// reconnectingJS connects to the server at url, reconnecting without end
+// (wait apart) whenever it goes away, and returns a JetStream context on
+// that connection, closed at cleanup.
+func reconnectingJS(t *testing.T, url string, wait time.Duration) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
 // sqliteTx is a transactional idem consumer on a fresh SQLite database
 // with an effects table written in the claim's transaction.
 type sqliteTx struct {
@@ -52,19 +90,7 @@ type sqliteTx struct {
 func newSQLiteTx(t *testing.T) *sqliteTx {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "effects.db")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(4)
-	t.Cleanup(func() { db.Close() })
-	store, err := idemsql.New(db, idemsql.SQLite, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db, store := newSQLiteStore(t, "effects.db")
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, message_id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -391,15 +417,7 @@ func TestReviewServerRestart(t *testing.T) {
 	var cur atomic.Pointer[server.Server]
 	cur.Store(srv)
 	t.Cleanup(func() { s := cur.Load(); s.Shutdown(); s.WaitForShutdown() })
-	nc, err := nats.Connect(addr, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Timeout(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := reconnectingJS(t, addr, 50*time.Millisecond)
 	s := newStreams(t, js, time.Minute)
 	ctx := context.Background()
 	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "restart", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})

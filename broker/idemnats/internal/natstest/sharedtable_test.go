@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"github.com/idem-go/idem/internal/testenv"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
-	"github.com/idem-go/idem/store/idemsql"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,19 +29,7 @@ func TestCopiesAndConsumersShareOneTable(t *testing.T) {
 	s := newStreams(t, js, time.Minute)
 	ctx := context.Background()
 
-	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "shared.db")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.SetMaxOpenConns(4)
-	t.Cleanup(func() { db.Close() })
-	store, err := idemsql.New(db, idemsql.SQLite, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db, store := newSQLiteStore(t, "shared.db")
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (consumer TEXT NOT NULL, message_id TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
