@@ -12,6 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lifecycle"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -105,12 +106,7 @@ type Consumer struct {
 	conn *amqp.Connection
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	started bool
-	stop    chan struct{} // closed by Stop
-	stopped bool
-	done    chan struct{} // closed when Run returns
-	hard    context.CancelFunc
+	life *lifecycle.Lifecycle
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed at the first basic.consume-ok
@@ -137,8 +133,7 @@ func NewConsumer(conn *amqp.Connection, cfg Config) (*Consumer, error) {
 		cfg:   cfg,
 		conn:  conn,
 		log:   cfg.Logger.With("queue", cfg.Queue),
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+		life:  lifecycle.New(),
 		ready: make(chan struct{}),
 	}, nil
 }
@@ -208,22 +203,7 @@ func (cfg *Config) withDefaults() error {
 // ctx is the parent of every handler's context: cancelling it stops the
 // Consumer at once, without waiting for handlers (use Stop to finish them).
 func (c *Consumer) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.started {
-		c.mu.Unlock()
-		return fmt.Errorf("idemamqp: queue %s: %w", c.cfg.Queue, idem.ErrAlreadyRunning)
-	}
-	c.started = true
-	runCtx, hard := context.WithCancel(ctx)
-	c.hard = hard
-	c.mu.Unlock()
-	defer close(c.done)
-	defer hard()
-	err := c.run(runCtx)
-	if err == nil && ctx.Err() != nil && !c.stopping() {
-		return ctx.Err()
-	}
-	return err
+	return c.life.Run(ctx, fmt.Errorf("idemamqp: queue %s: %w", c.cfg.Queue, idem.ErrAlreadyRunning), c.run)
 }
 
 // run is Run's loop; it returns nil when runCtx ends or Stop is called.
@@ -238,7 +218,7 @@ func (c *Consumer) run(runCtx context.Context) error {
 	bo.InitialInterval = 100 * time.Millisecond
 	bo.MaxInterval = c.cfg.MaxReconnectInterval
 	for {
-		if c.stopping() || runCtx.Err() != nil {
+		if c.life.Stopping() || runCtx.Err() != nil {
 			return nil
 		}
 		if conn.IsClosed() {
@@ -259,7 +239,7 @@ func (c *Consumer) run(runCtx context.Context) error {
 			}
 			if err != nil {
 				c.log.Warn("idemamqp: reconnect failed", "err", err)
-				if !c.wait(runCtx, bo.NextBackOff()) {
+				if !c.life.Sleep(runCtx, bo.NextBackOff()) {
 					return nil
 				}
 				continue
@@ -274,14 +254,14 @@ func (c *Consumer) run(runCtx context.Context) error {
 		if isPermanent(err) {
 			return fmt.Errorf("idemamqp: consume %s: %w", c.cfg.Queue, err)
 		}
-		if runCtx.Err() != nil || c.stopping() {
+		if runCtx.Err() != nil || c.life.Stopping() {
 			return nil
 		}
 		if time.Since(began) > c.cfg.MaxReconnectInterval {
 			bo.Reset()
 		}
 		c.log.Warn("idemamqp: channel lost; resuming", "err", err)
-		if !c.wait(runCtx, bo.NextBackOff()) {
+		if !c.life.Sleep(runCtx, bo.NextBackOff()) {
 			return nil
 		}
 	}
@@ -301,55 +281,13 @@ func isPermanent(err error) bool {
 	return false
 }
 
-// wait sleeps d unless ctx ends or Stop is called first; it reports
-// whether Run should go on.
-func (c *Consumer) wait(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	case <-c.stop:
-		return false
-	}
-}
-
-func (c *Consumer) stopping() bool {
-	select {
-	case <-c.stop:
-		return true
-	default:
-		return false
-	}
-}
-
 // Stop stops the Consumer gracefully: no new deliveries (basic.cancel),
 // prefetched deliveries not yet started are requeued, deliveries in flight
 // finish and are settled, held ones are requeued, and the channels close.
 // It returns nil once Run has returned, or ctx's error if ctx ends first,
 // in which case the handlers still running have their contexts cancelled.
 // Stop before Run makes Run return nil at once. Stop is idempotent.
-func (c *Consumer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	if !c.stopped {
-		c.stopped = true
-		close(c.stop)
-	}
-	started, hard := c.started, c.hard
-	c.mu.Unlock()
-	if !started {
-		return nil
-	}
-	select {
-	case <-c.done:
-		return nil
-	case <-ctx.Done():
-		hard()
-		return ctx.Err()
-	}
-}
+func (c *Consumer) Stop(ctx context.Context) error { return c.life.Stop(ctx) }
 
 // session consumes on one pair of channels until Stop (returning nil) or
 // until a channel or the connection closes (returning why).
@@ -400,7 +338,7 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection) error {
 
 	var cause error
 	select {
-	case <-c.stop:
+	case <-c.life.Stopped():
 		close(s.stop)
 		// basic.cancel: the broker sends no more; what amqp091 already
 		// buffered still comes out of deliveries and is requeued unstarted.
@@ -425,7 +363,7 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection) error {
 	}
 	<-allDone
 	s.releaseHeld()
-	if c.stopping() {
+	if c.life.Stopping() {
 		return nil
 	}
 	return cause

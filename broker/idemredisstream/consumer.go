@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/internal/lifecycle"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -107,12 +108,7 @@ type Consumer struct {
 	cfg Config
 	log *slog.Logger
 
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	stop    chan struct{} // closed by Stop
-	done    chan struct{} // closed when Run returns
-	hard    context.CancelFunc
+	life *lifecycle.Lifecycle
 
 	readyOnce sync.Once
 	ready     chan struct{} // closed once the group exists and reading starts
@@ -134,8 +130,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg Config) (*Consumer, error) {
 		rdb:      rdb,
 		cfg:      cfg,
 		log:      cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		life:     lifecycle.New(),
 		ready:    make(chan struct{}),
 		inFlight: map[string]struct{}{},
 	}, nil
@@ -216,23 +211,7 @@ func (cfg *Config) withDefaults() error {
 // ctx is the parent of every handler's context: cancelling it stops the
 // Consumer at once, without waiting for handlers (use Stop to finish them).
 func (c *Consumer) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.started {
-		c.mu.Unlock()
-		return fmt.Errorf("idemredisstream: stream %s, consumer %s: %w", c.cfg.Stream, c.cfg.Consumer, idem.ErrAlreadyRunning)
-	}
-	c.started = true
-	runCtx, hard := context.WithCancel(ctx)
-	c.hard = hard
-	c.mu.Unlock()
-	defer close(c.done)
-	defer hard()
-
-	err := c.run(runCtx)
-	if err == nil && ctx.Err() != nil && !c.stopping() {
-		return ctx.Err()
-	}
-	return err
+	return c.life.Run(ctx, fmt.Errorf("idemredisstream: stream %s, consumer %s: %w", c.cfg.Stream, c.cfg.Consumer, idem.ErrAlreadyRunning), c.run)
 }
 
 // run is Run's body; it returns nil when runCtx ends or Stop is called.
@@ -263,7 +242,7 @@ func (c *Consumer) run(runCtx context.Context) error {
 	defer stopLoops()
 	go func() {
 		select {
-		case <-c.stop:
+		case <-c.life.Stopped():
 			stopLoops()
 		case <-loopCtx.Done():
 		}
@@ -284,7 +263,7 @@ func (c *Consumer) run(runCtx context.Context) error {
 	workers.Wait()
 	stopAlive()
 	alive.Wait()
-	if runCtx.Err() != nil || c.stopping() {
+	if runCtx.Err() != nil || c.life.Stopping() {
 		return nil
 	}
 	return fatal
@@ -492,40 +471,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func (c *Consumer) stopping() bool {
-	select {
-	case <-c.stop:
-		return true
-	default:
-		return false
-	}
-}
-
 // Stop stops the Consumer gracefully: no new reads or claims, the entries
 // already read are processed and settled. It returns nil once Run has
 // returned, or ctx's error if ctx ends first, in which case the handlers
 // still running have their contexts cancelled and what they had not
 // settled stays pending. Stop before Run makes Run return nil at once.
 // Stop is idempotent.
-func (c *Consumer) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	if !c.stopped {
-		c.stopped = true
-		close(c.stop)
-	}
-	started, hard := c.started, c.hard
-	c.mu.Unlock()
-	if !started {
-		return nil
-	}
-	select {
-	case <-c.done:
-		return nil
-	case <-ctx.Done():
-		hard()
-		return ctx.Err()
-	}
-}
+func (c *Consumer) Stop(ctx context.Context) error { return c.life.Stop(ctx) }
 
 func (c *Consumer) field(m redis.XMessage, name string) string {
 	switch v := m.Values[name].(type) {
