@@ -188,16 +188,24 @@ func (s *Store) Keys(ctx context.Context) ([]string, error) {
 	return keys, err
 }
 
-// DeleteAll deletes every key under the Store's prefix.
+// DeleteAll deletes every key under the Store's prefix: one UNLINK per
+// key (keys of any slot), pipelined 1,000 at a time.
 func (s *Store) DeleteAll(ctx context.Context) error {
 	keys, err := s.Keys(ctx)
 	if err != nil {
 		return err
 	}
-	for _, k := range keys {
-		if err := s.client.Unlink(ctx, k).Err(); err != nil {
+	for len(keys) > 0 {
+		n := min(len(keys), 1000)
+		if _, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys[:n] {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
+		keys = keys[n:]
 	}
 	return nil
 }
