@@ -246,28 +246,34 @@ func (c *batchCalls) ids() [][]string {
 	return out
 }
 
-// wantOutcome checks one delivery's outcome: its status, its MessageID,
-// that the returned error is out.Err, and that the error matches wantErr
-// (nil: no error).
+// wantOutcome checks one delivery's outcome (checkOutcome).
 func (b *bundle[TTx]) wantOutcome(what, id string, out idem.Outcome, err error, want idem.Status, wantErr error) {
 	b.t.Helper()
+	checkOutcome(b.t, what, id, out, err, want, wantErr)
+}
+
+// checkOutcome checks one delivery's outcome, transactional or lease
+// mode: its status, its MessageID, that the returned error is out.Err,
+// that the error matches wantErr (nil: no error), and Ack.
+func checkOutcome(t *testing.T, what, id string, out idem.Outcome, err error, want idem.Status, wantErr error) {
+	t.Helper()
 	if out.Status != want {
-		b.t.Errorf("%s: status = %v, want %v (err: %v)", what, out.Status, want, err)
+		t.Errorf("%s: status = %v, want %v (err: %v)", what, out.Status, want, err)
 	}
 	if out.MessageID != id {
-		b.t.Errorf("%s: Outcome.MessageID = %q, want %q", what, out.MessageID, id)
+		t.Errorf("%s: Outcome.MessageID = %q, want %q", what, out.MessageID, id)
 	}
 	if err != out.Err {
-		b.t.Errorf("%s: returned error %v is not Outcome.Err %v", what, err, out.Err)
+		t.Errorf("%s: returned error %v is not Outcome.Err %v", what, err, out.Err)
 	}
 	switch {
 	case wantErr == nil && err != nil:
-		b.t.Errorf("%s: err = %v, want nil", what, err)
+		t.Errorf("%s: err = %v, want nil", what, err)
 	case wantErr != nil && !errors.Is(err, wantErr):
-		b.t.Errorf("%s: err = %v, want an error matching %v", what, err, wantErr)
+		t.Errorf("%s: err = %v, want an error matching %v", what, err, wantErr)
 	}
 	if got, want := out.Ack(), want == idem.Processed || want == idem.Duplicate; got != want {
-		b.t.Errorf("%s: Outcome.Ack() = %v, want %v", what, got, want)
+		t.Errorf("%s: Outcome.Ack() = %v, want %v", what, got, want)
 	}
 }
 

@@ -213,24 +213,7 @@ func (b *leaseBundle) wantRecords(what, consumer string, want int) {
 // Ack, a RetryAfter exactly for InProgress, and Poison only on Failed.
 func (b *leaseBundle) wantOutcome(what, id string, out idem.Outcome, err error, want idem.Status, wantErr error) {
 	b.t.Helper()
-	if out.Status != want {
-		b.t.Errorf("%s: status = %v, want %v (err: %v)", what, out.Status, want, err)
-	}
-	if out.MessageID != id {
-		b.t.Errorf("%s: Outcome.MessageID = %q, want %q", what, out.MessageID, id)
-	}
-	if err != out.Err {
-		b.t.Errorf("%s: returned error %v is not Outcome.Err %v", what, err, out.Err)
-	}
-	switch {
-	case wantErr == nil && err != nil:
-		b.t.Errorf("%s: err = %v, want nil", what, err)
-	case wantErr != nil && !errors.Is(err, wantErr):
-		b.t.Errorf("%s: err = %v, want an error matching %v", what, err, wantErr)
-	}
-	if got, want := out.Ack(), want == idem.Processed || want == idem.Duplicate; got != want {
-		b.t.Errorf("%s: Outcome.Ack() = %v, want %v", what, got, want)
-	}
+	checkOutcome(b.t, what, id, out, err, want, wantErr)
 	if want == idem.InProgress && out.RetryAfter <= 0 {
 		b.t.Errorf("%s: InProgress with RetryAfter %v, want a positive redelivery delay", what, out.RetryAfter)
 	}
