@@ -202,8 +202,12 @@ func (p *Producer) channel(ctx context.Context) error {
 	if p.closed {
 		return fmt.Errorf("%w: producer closed", ErrConnectionClosed)
 	}
-	if p.ch == nil || p.ch.IsClosed() {
-		if p.conn == nil || p.conn.IsClosed() {
+	// amqp091 marks a connection closed before it closes the connection's
+	// channels: a channel that still looks open on a closed connection is
+	// as dead as a closed one.
+	connClosed := p.conn == nil || p.conn.IsClosed()
+	if p.ch == nil || p.ch.IsClosed() || connClosed {
+		if connClosed {
 			if p.cfg.Redial == nil {
 				return ErrConnectionClosed
 			}
