@@ -5,10 +5,11 @@ package idemcli
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/idem-go/idem/internal/ownservice"
 )
 
 // run runs the command in process and returns its exit status and output.
@@ -93,20 +94,9 @@ func serviceURL(t *testing.T, env string) string {
 // freePorts returns n distinct loopback ports that were free a moment ago.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports, err := ownservice.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

@@ -3,24 +3,21 @@
 package idemcli
 
 import (
-	"bufio"
 	"bytes"
 	"database/sql"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idem-go/idem/internal/ownservice"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -35,8 +32,8 @@ import (
 // (persistent messages on durable queues).
 func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 	t.Parallel()
-	svc := startOwnService(t, "rabbitmq")
-	testDemoSurvivesKill(t, svc.fault("--broker"), 800)
+	svc := ownservice.Start(t, "rabbitmq")
+	testDemoSurvivesKill(t, ownFault(svc, "--broker"), 800)
 }
 
 // TestDemoSurvivesNATSKill kills -9 nats-server mid-run. The connections
@@ -44,8 +41,8 @@ func TestDemoSurvivesRabbitMQKill(t *testing.T) {
 // server's file store, which redelivers what was not acked.
 func TestDemoSurvivesNATSKill(t *testing.T) {
 	t.Parallel()
-	svc := startOwnService(t, "nats")
-	testDemoSurvivesKill(t, svc.fault("--broker"), 800)
+	svc := ownservice.Start(t, "nats")
+	testDemoSurvivesKill(t, ownFault(svc, "--broker"), 800)
 }
 
 // TestDemoSurvivesPostgresKill kills -9 the postmaster of a PostgreSQL
@@ -54,8 +51,8 @@ func TestDemoSurvivesNATSKill(t *testing.T) {
 // either there or rolled back, and the redelivery finds which.
 func TestDemoSurvivesPostgresKill(t *testing.T) {
 	t.Parallel()
-	svc := startOwnService(t, "postgres-durable")
-	db, err := sql.Open("pgx", svc.url)
+	svc := ownservice.Start(t, "postgres-durable")
+	db, err := sql.Open("pgx", svc.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,12 +63,12 @@ func TestDemoSurvivesPostgresKill(t *testing.T) {
 			t.Fatalf("%s = %q (%v), want on", setting, v, err)
 		}
 	}
-	f := svc.fault("--store")
+	f := ownFault(svc, "--store")
 	restart := f.restart
 	f.restart = func(t *testing.T) {
 		restart(t)
 		// The restart replayed the WAL: the kill was a crash.
-		b, _ := os.ReadFile(filepath.Join(svc.dir, svc.name, "postgres.log"))
+		b, _ := os.ReadFile(filepath.Join(svc.Dir, svc.Name, "postgres.log"))
 		if !bytes.Contains(b, []byte("automatic recovery in progress")) {
 			t.Errorf("no crash recovery in the server log:\n%s", b)
 		}
@@ -225,120 +222,16 @@ func (w *progressWatch) await(t *testing.T, n int, timeout time.Duration) {
 	}
 }
 
-// ownService is one service of scripts/services run by a test in a state
-// directory and on ports of its own, stopped and removed at cleanup.
-type ownService struct {
-	name, dir, script, url string
-	env                    []string
-}
-
-// startOwnService starts service (a scripts/services service name) with
-// its own IDEM_SERVICES_DIR and ports. It needs root, as scripts/services
-// does: without it the test skips, or fails under IDEM_TEST_REQUIRE_ALL=1.
-func startOwnService(t *testing.T, service string) *ownService {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if testenv.Required() {
-			t.Fatalf("scripts/services needs root to start a %s of the test's own (required: %s=1)", service, testenv.RequireAllEnv)
-		}
-		t.Skipf("scripts/services needs root to start a %s of the test's own", service)
-	}
-	script, err := filepath.Abs(filepath.Join("..", "..", "..", "scripts", "services"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Not t.TempDir: the services' users must be able to traverse it.
-	dir, err := os.MkdirTemp("", "idem-kill-"+service+"-")
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	knobs := []string{"IDEM_POSTGRES_PORT", "IDEM_POSTGRES_DURABLE_PORT", "IDEM_PGBOUNCER_PORT", "IDEM_MYSQL_PORT",
-		"IDEM_REDIS_PORT", "IDEM_AMQP_PORT", "IDEM_NATS_PORT", "IDEM_AMQP_DIST_PORT", "IDEM_EPMD_PORT"}
-	s := &ownService{name: service, dir: dir, script: script,
-		env: append(os.Environ(), "IDEM_SERVICES_DIR="+dir, "IDEM_AMQP_NODE=idem-test-"+filepath.Base(dir)+"@localhost")}
-	for i, port := range freePorts(t, len(knobs)) {
-		s.env = append(s.env, fmt.Sprintf("%s=%d", knobs[i], port))
-	}
-	t.Cleanup(func() {
-		if out, err := s.run("stop", service); err != nil {
-			t.Errorf("scripts/services stop %s: %v\n%s", service, err, out)
-		}
-		_ = os.RemoveAll(dir)
-	})
-	s.start(t)
-	return s
-}
-
-// run runs scripts/services with the service's environment.
-func (s *ownService) run(args ...string) (string, error) {
-	cmd := exec.Command(s.script, args...)
-	cmd.Env = s.env
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	return out.String() + errOut.String(), err
-}
-
-// start starts (or starts again) the service and reads its URL from the
-// export line. A PostgreSQL whose postmaster was killed refuses to start
-// while its old backends, orphaned, still hold its shared memory (they
-// exit when they notice): start tries again then.
-func (s *ownService) start(t *testing.T) {
-	t.Helper()
-	var out string
-	var err error
-	for range 10 {
-		if out, err = s.run("start", s.name); err == nil {
-			break
+// ownFault returns the kill -9 and restart of svc, whose URL is passed
+// to the demo with flag.
+func ownFault(svc *ownservice.Service, flag string) fault {
+	must := func(f func() error) func(*testing.T) {
+		return func(t *testing.T) {
+			t.Helper()
+			if err := f(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	if err != nil {
-		t.Fatalf("scripts/services start %s: %v\n%s", s.name, err, out)
-	}
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		if _, v, ok := strings.Cut(sc.Text(), "_URL='"); ok && strings.HasPrefix(sc.Text(), "export ") {
-			s.url = strings.TrimSuffix(v, "'")
-		}
-	}
-	if s.url == "" {
-		t.Fatalf("scripts/services start %s printed no URL:\n%s", s.name, out)
-	}
-}
-
-// fault returns the kill -9 and restart of the service, whose URL is
-// passed to the demo with flag.
-func (s *ownService) fault(flag string) fault {
-	return fault{what: s.name + " kill -9", args: []string{flag, s.url}, kill: s.kill9, restart: s.start}
-}
-
-// kill9 sends SIGKILL to the server's main process, read from its pid
-// file, and waits until it is gone.
-func (s *ownService) kill9(t *testing.T) {
-	t.Helper()
-	pidFile := map[string]string{
-		"rabbitmq":         "rabbitmq/rabbitmq.pid",
-		"nats":             "nats/nats.pid",
-		"postgres-durable": "postgres-durable/data/postmaster.pid",
-	}[s.name]
-	b, err := os.ReadFile(filepath.Join(s.dir, pidFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		t.Fatalf("%s: %v", pidFile, err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill -9 %s (pid %d): %v", s.name, pid, err)
-	}
-	testenv.Eventually(t, time.Minute, fmt.Sprintf("%s (pid %d) to exit", s.name, pid), func() bool {
-		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		// Gone, or a zombie waiting for its parent (init, after setsid).
-		return err != nil || strings.Contains(string(st), ") Z ")
-	}, nil)
+	return fault{what: svc.Name + " kill -9", args: []string{flag, svc.URL}, kill: must(svc.Kill), restart: must(svc.Restart)}
 }

@@ -1,0 +1,193 @@
+// Package ownservice runs one service of scripts/services (Debian's
+// PostgreSQL, RabbitMQ, NATS, ...) for a single test, in a state directory
+// and on ports of its own, so that the test can kill -9 it and start it
+// again without touching the services other tests share. It is stopped
+// and its state removed when the test ends.
+//
+// scripts/services runs the daemons as root: without root the test is
+// skipped, or fails under IDEM_TEST_REQUIRE_ALL=1.
+package ownservice
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// Service is one service of scripts/services run by a test.
+type Service struct {
+	// Name is the scripts/services service name ("rabbitmq", "nats",
+	// "postgres-durable", ...).
+	Name string
+	// Dir is the service's state directory (IDEM_SERVICES_DIR).
+	Dir string
+	// URL is the service's URL, as scripts/services exports it.
+	URL string
+
+	script string
+	env    []string
+}
+
+// Start starts service with its own state directory and ports, and
+// returns once it answers.
+func Start(t *testing.T, service string) *Service {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if testenv.Required() {
+			t.Fatalf("scripts/services needs root to start a %s of the test's own (required: %s=1)", service, testenv.RequireAllEnv)
+		}
+		t.Skipf("scripts/services needs root to start a %s of the test's own", service)
+	}
+	script, err := findScript()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not t.TempDir: the services' users must be able to traverse it.
+	dir, err := os.MkdirTemp("", "idem-own-"+service+"-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	knobs := []string{"IDEM_POSTGRES_PORT", "IDEM_POSTGRES_DURABLE_PORT", "IDEM_PGBOUNCER_PORT", "IDEM_MYSQL_PORT",
+		"IDEM_REDIS_PORT", "IDEM_AMQP_PORT", "IDEM_NATS_PORT", "IDEM_AMQP_DIST_PORT", "IDEM_EPMD_PORT"}
+	s := &Service{Name: service, Dir: dir, script: script,
+		env: append(os.Environ(), "IDEM_SERVICES_DIR="+dir, "IDEM_AMQP_NODE=idem-test-"+filepath.Base(dir)+"@localhost")}
+	ports, err := FreePorts(len(knobs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, port := range ports {
+		s.env = append(s.env, fmt.Sprintf("%s=%d", knobs[i], port))
+	}
+	t.Cleanup(func() {
+		if out, err := s.run("stop", service); err != nil {
+			t.Errorf("scripts/services stop %s: %v\n%s", service, err, out)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// findScript returns scripts/services of the repository the test runs in:
+// the first one found going up from the working directory.
+func findScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, "scripts", "services")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("scripts/services not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// FreePorts returns n distinct loopback ports that were free a moment ago.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// run runs scripts/services with the service's environment.
+func (s *Service) run(args ...string) (string, error) {
+	cmd := exec.Command(s.script, args...)
+	cmd.Env = s.env
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	return out.String() + errOut.String(), err
+}
+
+// Restart starts the service (again, on the same state) and reads its URL
+// from the export line. A PostgreSQL whose postmaster was killed refuses
+// to start while its old backends, orphaned, still hold its shared memory
+// (they exit when they notice): Restart tries again then. It may be
+// called on any goroutine.
+func (s *Service) Restart() error {
+	var out string
+	var err error
+	for range 10 {
+		if out, err = s.run("start", s.Name); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("scripts/services start %s: %v\n%s", s.Name, err, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		if _, v, ok := strings.Cut(sc.Text(), "_URL='"); ok && strings.HasPrefix(sc.Text(), "export ") {
+			s.URL = strings.TrimSuffix(v, "'")
+		}
+	}
+	if s.URL == "" {
+		return fmt.Errorf("scripts/services start %s printed no URL:\n%s", s.Name, out)
+	}
+	return nil
+}
+
+// Kill sends SIGKILL to the server's main process, read from its pid
+// file, and returns once it is gone. It may be called on any goroutine.
+func (s *Service) Kill() error {
+	pidFile, ok := map[string]string{
+		"rabbitmq":         "rabbitmq/rabbitmq.pid",
+		"nats":             "nats/nats.pid",
+		"postgres-durable": "postgres-durable/data/postmaster.pid",
+	}[s.Name]
+	if !ok {
+		return fmt.Errorf("ownservice: no pid file known for %s", s.Name)
+	}
+	b, err := os.ReadFile(filepath.Join(s.Dir, pidFile))
+	if err != nil {
+		return err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		return fmt.Errorf("%s: %w", pidFile, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill -9 %s (pid %d): %w", s.Name, pid, err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(testenv.Poll) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		// Gone, or a zombie waiting for its parent (init, after setsid).
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s (pid %d) still running a minute after kill -9", s.Name, pid)
+		}
+	}
+}
