@@ -25,12 +25,19 @@ type amqpBroker struct {
 	deadLetter sync.Mutex // one DeadLetters read at a time
 }
 
-func newAMQPBroker(t *testing.T) brokertest.Broker {
-	conn := dial(t, "idem-test-broker")
-	q, dead := queues(t, conn.Connection)
+func newAMQPBroker(t *testing.T) brokertest.Broker { return newAMQPBrokerAt(t, testURL(t)) }
+
+// newAMQPBrokerAt is newAMQPBroker on the RabbitMQ at url.
+func newAMQPBrokerAt(t *testing.T, url string) *amqpBroker {
+	conn, err := dialTap(url, "idem-test-broker")
+	if err != nil {
+		t.Fatalf("dial RabbitMQ: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	q, dead := queuesAt(t, conn.Connection, url)
 	p := idemamqp.NewProducer(conn.Connection, idemamqp.ProducerConfig{})
 	t.Cleanup(func() { _ = p.Close() })
-	return &amqpBroker{t: t, url: testURL(t), conn: conn, queue: q, dead: dead, producer: p}
+	return &amqpBroker{t: t, url: url, conn: conn, queue: q, dead: dead, producer: p}
 }
 
 func (b *amqpBroker) Publish(ctx context.Context, id string, payload []byte) error {

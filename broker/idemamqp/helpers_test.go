@@ -99,6 +99,13 @@ func dialTap(url, name string) (*tapConn, error) {
 // deleted at cleanup, and returns their names.
 func queues(tb testing.TB, conn *amqp.Connection) (queue, dead string) {
 	tb.Helper()
+	return queuesAt(tb, conn, testURL(tb))
+}
+
+// queuesAt is queues on conn to the RabbitMQ at url, where cleanup deletes
+// them.
+func queuesAt(tb testing.TB, conn *amqp.Connection, url string) (queue, dead string) {
+	tb.Helper()
 	queue = randName("idem-test-")
 	dead = queue + ".dead"
 	ch, err := conn.Channel()
@@ -111,7 +118,6 @@ func queues(tb testing.TB, conn *amqp.Connection) (queue, dead string) {
 			tb.Fatalf("declare %s: %v", q, err)
 		}
 	}
-	url := testURL(tb)
 	tb.Cleanup(func() {
 		c, err := amqp.Dial(url)
 		if err != nil {

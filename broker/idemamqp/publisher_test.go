@@ -8,12 +8,19 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemamqp"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // OutboxPublisher implements brokertest.OutboxBroker: the relay publishes
 // on the default exchange with the work queue's name as routing key.
 func (b *amqpBroker) OutboxPublisher() (idem.Publisher, string) {
-	return idemamqp.NewPublisher(b.conn.Connection, idemamqp.ProducerConfig{}), b.queue
+	pub := idemamqp.NewPublisher(b.conn.Connection, idemamqp.ProducerConfig{
+		// A new connection when the broker closed the first (its restart).
+		Redial:               func(context.Context) (*amqp.Connection, error) { return amqp.Dial(b.url) },
+		MaxReconnectInterval: 200 * time.Millisecond,
+	})
+	b.t.Cleanup(func() { _ = pub.Close() })
+	return pub, b.queue
 }
 
 // TestPublisherBatch publishes a batch with an invalid ID and an
