@@ -155,6 +155,14 @@
 // row exactly once, and the downstream consumer applies each once, in
 // order per key.
 //
+// [RunRelayAcrossKill] runs the relay while the broker's server dies: an
+// adapter's test gives it a server of its own that a [ServerKiller] kills
+// (SIGKILL) and starts again. The server is killed twice in the middle of a
+// publish, after half of a batch was confirmed, and restarted after one
+// more publish ran against it dead; every row must end sent and the
+// downstream consumer must apply each message once, in order per key.
+// The adapter's Publisher must recover by itself (reconnect or redial).
+//
 // # Timing
 //
 // The suite orders events with channels and barriers, and polls with
