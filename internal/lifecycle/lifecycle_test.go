@@ -90,6 +90,32 @@ func TestRunContextEnds(t *testing.T) {
 	})
 }
 
+// TestRunContextEndsWhileStopping: a body that returns nil after Stop is
+// a stopped Run, nil, even when Run's context ended meanwhile.
+func TestRunContextEndsWhileStopping(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := New()
+		ctx, cancel := context.WithCancel(t.Context())
+		entered := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- l.Run(ctx, errAlready, func(context.Context) error {
+				close(entered)
+				<-l.Stopped()
+				cancel()
+				return nil
+			})
+		}()
+		<-entered
+		if err := l.Stop(t.Context()); err != nil {
+			t.Fatalf("Stop = %v", err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Run = %v, want nil: it was stopped", err)
+		}
+	})
+}
+
 // TestStopBeforeRun: Stop without a Run returns at once; the body of a
 // later Run sees Stopping, and Sleep returns false at once.
 func TestStopBeforeRun(t *testing.T) {

@@ -33,7 +33,8 @@ type Service struct {
 	Name string
 	// Dir is the service's state directory (IDEM_SERVICES_DIR).
 	Dir string
-	// URL is the service's URL, as scripts/services exports it.
+	// URL is the service's URL, as scripts/services exports it; the same
+	// after a Restart (the service keeps its ports).
 	URL string
 
 	script string
@@ -129,21 +130,25 @@ func (s *Service) run(args ...string) (string, error) {
 	return out.String() + errOut.String(), err
 }
 
-// Restart starts the service (again, on the same state) and reads its URL
-// from the export line. A PostgreSQL whose postmaster was killed refuses
-// to start while its old backends, orphaned, still hold its shared memory
-// (they exit when they notice): Restart tries again then. It may be
-// called on any goroutine.
+// Restart starts the service (again, on the same state and ports) and,
+// the first time, reads its URL from the export line. A PostgreSQL whose
+// postmaster was killed refuses to start while its old backends, orphaned,
+// still hold its shared memory (they exit when they notice): a failed
+// start is tried again, a second apart, for up to three minutes. It may
+// be called on any goroutine; URL does not change.
 func (s *Service) Restart() error {
 	var out string
 	var err error
-	for range 10 {
-		if out, err = s.run("start", s.Name); err == nil {
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		if out, err = s.run("start", s.Name); err == nil || time.Now().After(deadline) {
 			break
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("scripts/services start %s: %v\n%s", s.Name, err, out)
+	}
+	if s.URL != "" {
+		return nil
 	}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
@@ -153,6 +158,15 @@ func (s *Service) Restart() error {
 	}
 	if s.URL == "" {
 		return fmt.Errorf("scripts/services start %s printed no URL:\n%s", s.Name, out)
+	}
+	return nil
+}
+
+// Stop stops the service gracefully (scripts/services stop), keeping its
+// state for Restart.
+func (s *Service) Stop() error {
+	if out, err := s.run("stop", s.Name); err != nil {
+		return fmt.Errorf("scripts/services stop %s: %v\n%s", s.Name, err, out)
 	}
 	return nil
 }
