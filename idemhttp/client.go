@@ -509,10 +509,13 @@ func retryableError(ctx context.Context, err error) bool {
 		return true
 	}
 	// net/http reports a connection closed before the response as a plain
-	// error in some paths ("server closed idle connection" and the like).
+	// error in some paths ("server closed idle connection" and the like),
+	// and a pooled connection closed under the request, by the server or
+	// by CloseIdleConnections on a shared transport (httptest.Server.Close
+	// calls it on http.DefaultTransport), as "transport connection broken".
 	msg := err.Error()
 	return strings.Contains(msg, "connection reset") || strings.Contains(msg, "server closed") ||
-		strings.Contains(msg, "broken pipe")
+		strings.Contains(msg, "broken pipe") || strings.Contains(msg, "transport connection broken")
 }
 
 // retryAfter parses a Retry-After value: delay seconds or an HTTP-date

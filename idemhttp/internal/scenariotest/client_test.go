@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -230,7 +231,11 @@ func TestTransportRetriesOnlyRetryableOutcomes(t *testing.T) {
 				w.Header().Set("X-Attempt", fmt.Sprint(n))
 				tt.write(w)
 			})
-			c := newTestClient(t, fastOpts(nil))
+			// A connection of its own per attempt: a pooled one of the
+			// shared default transport may be closed under an attempt
+			// when a parallel test's server closes, which the server's
+			// count of attempts would not see.
+			c := newTestClient(t, fastOpts(noKeepAlive()))
 			resp, err := post(t, c, context.Background(), srv.URL, `{}`)
 			if err != nil {
 				t.Fatal(err)
@@ -287,6 +292,39 @@ func TestTransportRetriesNetworkErrors(t *testing.T) {
 		t.Fatalf("keys %q: want 3 attempts with one key", keys)
 	}
 }
+
+// TestTransportRetriesBrokenPooledConnection: an attempt whose pooled
+// connection was closed under it (net/http's "transport connection
+// broken", as CloseIdleConnections on a shared transport causes) is
+// retried with the same key.
+func TestTransportRetriesBrokenPooledConnection(t *testing.T) {
+	t.Parallel()
+	srv := newScriptServer(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(201)
+		io.WriteString(w, "ok")
+	})
+	var attempts atomic.Int32
+	base := noKeepAlive()
+	broken := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if attempts.Add(1) == 1 {
+			return nil, fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w", errors.New("http: CloseIdleConnections called"))
+		}
+		return base.RoundTrip(r)
+	})
+	c := newTestClient(t, fastOpts(broken))
+	resp, err := post(t, c, context.Background(), srv.URL, `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 201 || readAll(t, resp) != "ok" || attempts.Load() != 2 || srv.calls() != 1 {
+		t.Fatalf("got %d after %d attempts (%d at the server), want 201 after 2 (1)", resp.StatusCode, attempts.Load(), srv.calls())
+	}
+}
+
+// roundTripFunc is an http.RoundTripper of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 func TestTransportGivesUpWithRetryError(t *testing.T) {
 	t.Parallel()
