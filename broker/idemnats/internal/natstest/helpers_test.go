@@ -69,6 +69,21 @@ func external(t testing.TB) connector {
 	}
 }
 
+// reconnecting connects to the server at url, reconnecting without end
+// (wait apart) whenever the server goes away: for tests that kill or
+// restart it.
+func reconnecting(url string, wait time.Duration) connector {
+	return func(t testing.TB) *nats.Conn {
+		t.Helper()
+		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10*time.Second))
+		if err != nil {
+			t.Fatalf("connect %s: %v", url, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+}
+
 // newJS returns a JetStream context on a new connection.
 func newJS(t testing.TB, conn connector) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()

@@ -63,23 +63,6 @@ func newSQLiteStore(t *testing.T, name string) (*sql.DB, *idemsql.Store) {
 	return db, store
 }
 
-// reconnectingJS connects to the server at url, reconnecting without end
-// (wait apart) whenever it goes away, and returns a JetStream context on
-// that connection, closed at cleanup.
-func reconnectingJS(t *testing.T, url string, wait time.Duration) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(20*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
-}
-
 // sqliteTx is a transactional idem consumer on a fresh SQLite database
 // with an effects table written in the claim's transaction.
 type sqliteTx struct {
@@ -417,7 +400,7 @@ func TestReviewServerRestart(t *testing.T) {
 	var cur atomic.Pointer[server.Server]
 	cur.Store(srv)
 	t.Cleanup(func() { s := cur.Load(); s.Shutdown(); s.WaitForShutdown() })
-	js := reconnectingJS(t, addr, 50*time.Millisecond)
+	_, js := newJS(t, reconnecting(addr, 50*time.Millisecond))
 	s := newStreams(t, js, time.Minute)
 	ctx := context.Background()
 	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "restart", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})
