@@ -104,6 +104,18 @@
 // about a minute, autovacuum_naptime). Until then duplicates on a young,
 // fast-growing table cost a scan; new messages do not.
 //
+// Every statement that finds a record by its key (the lookups, lease
+// mode's statements, the purge's delete) compares the consumer with the
+// value of a subquery, which the planner does not see: it then probes the
+// primary key even for a consumer that the table's statistics do not know
+// yet. With the value in view, such a consumer (new on a table that holds
+// another consumer's records, until the next analyze) looks like a row or
+// two, and a walk of the retention index (consumer, processed_at) by
+// consumer alone looks as cheap, though it reads every record of the
+// consumer: on a custom plan (the first five executions of a prepared
+// statement, and every execution without one, as behind PgBouncer) a
+// redelivery's claim then read 200,000 records.
+//
 // [Store.ClaimBatchTx] claims a whole batch with one INSERT ... SELECT FROM
 // unnest($ids, $fingerprints) ... ON CONFLICT DO NOTHING RETURNING
 // statement, built the same way: when every message was new it returns a

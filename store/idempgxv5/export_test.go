@@ -27,3 +27,7 @@ func PartitionedClaimBatchSQL(s *Store) string { return s.part.q.ClaimBatch }
 func ClaimBatchQuery(s *Store, p *idemdriver.ClaimBatchParams) (string, []any) {
 	return s.q.ClaimBatchQuery(p)
 }
+
+// KeyedStatements are the statements of s (default layout) that find
+// records by key, by name (pgsql.Queries.Keyed).
+func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
