@@ -24,11 +24,16 @@ func Outbox(table string) *sqlstore.Outbox {
 func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d := outboxDialect(table)
 	d.IDArray = `id = ANY($1::text[])`
+	// The rows to mark are found from the arrays, one probe of the key per
+	// row (o.id = v.id alone). With o.id = ANY ($1) beside it, statistics
+	// taken while no row was pending (a relay that keeps up) made
+	// PostgreSQL start from the outbox, take the rows to mark for one, and
+	// read the arrays again for each: 0.6 to 1 s a call for 1,000 rows.
 	d.MarkFailedArrays = `UPDATE ` + table + ` AS o SET lease_until = NULL, last_error = v.err,
 	failed_at = CASE WHEN v.permanent THEN now() ELSE o.failed_at END,
 	available_at = CASE WHEN v.permanent THEN o.available_at ELSE now() + v.retry * interval '1 microsecond' END
 FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[]) AS v(id, attempt, permanent, retry, err)
-WHERE o.id = ANY($1::text[]) AND o.id = v.id AND o.attempts = v.attempt AND o.sent_at IS NULL`
+WHERE o.id = v.id AND o.attempts = v.attempt AND o.sent_at IS NULL`
 	return sqlstore.NewOutbox(d)
 }
 

@@ -256,7 +256,11 @@ SELECT count(*) FROM owner`,
 		// locked by others, so claims and other cleaners are never
 		// waited for), the records, and their recovery points. Purges
 		// never touch in_progress (state 1) records; a NULL state (a
-		// transactional record) is a completed one.
+		// transactional record) is a completed one. Both deletes compare
+		// the consumer with a subquery's value, as byKey does: for a
+		// consumer rare in the statistics, the delete of recovery points
+		// otherwise compared every step of the consumer with the whole
+		// batch (84 s per batch at 200,000 steps).
 		purgeBatch: `WITH batch AS (
 	SELECT message_id FROM ` + t + `
 	WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1
@@ -267,7 +271,7 @@ SELECT count(*) FROM owner`,
 	DELETE FROM ` + t + ` WHERE consumer = (SELECT $1::text) AND message_id IN (SELECT message_id FROM batch)
 	RETURNING message_id
 ), del_steps AS (
-	DELETE FROM ` + steps + ` WHERE consumer = $1::text AND message_id IN (SELECT message_id FROM del)
+	DELETE FROM ` + steps + ` WHERE consumer = (SELECT $1::text) AND message_id IN (SELECT message_id FROM del)
 )
 SELECT count(*) FROM del`,
 		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error

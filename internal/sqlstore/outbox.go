@@ -106,6 +106,10 @@ type Outbox struct {
 	markSentArray                                          string
 }
 
+// MarkFailedSQL is the dialect's MarkFailedArrays (empty without one), for
+// tests that look at its plan.
+func (o *Outbox) MarkFailedSQL() string { return o.d.MarkFailedArrays }
+
 // ClaimSQL is the claim statement (the selection of the two-statement
 // claim without UPDATE ... RETURNING), for tests that look at its plan.
 func (o *Outbox) ClaimSQL() string {

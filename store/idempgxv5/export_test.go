@@ -31,3 +31,7 @@ func ClaimBatchQuery(s *Store, p *idemdriver.ClaimBatchParams) (string, []any) {
 // KeyedStatements are the statements of s (default layout) that find
 // records by key, by name (pgsql.Queries.Keyed).
 func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
+
+// OutboxMarkFailedSQL is the relay's failure mark on s's outbox: IDs ($1),
+// attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5).
+func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }

@@ -73,12 +73,9 @@ func claimPlan(t *testing.T, q interface {
 	if err := q.QueryRow(context.Background(), `EXPLAIN (FORMAT JSON) `+idempgxv5.OutboxClaimSQL(b.store), int64(100), int64(30_000_000)).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
-	var plan []struct{ Plan planNode }
-	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
-		t.Fatalf("plan %s: %v", raw, err)
-	}
+	plan := parsePlan(t, raw)
 	found := false
-	plan[0].Plan.walk(func(n *planNode) {
+	plan.walk(func(n *planNode) {
 		if n.SubplanName != "" {
 			sub, found = *n, true
 		}
@@ -99,9 +96,21 @@ type planNode struct {
 	IndexCond string `json:"Index Cond"`
 	// RelationName is the table a scan reads (a partition's name, for a
 	// partition).
-	RelationName string     `json:"Relation Name"`
-	SubplanName  string     `json:"Subplan Name"`
-	Plans        []planNode `json:"Plans"`
+	RelationName string `json:"Relation Name"`
+	SubplanName  string `json:"Subplan Name"`
+	// ActualLoops is how many times the node ran (EXPLAIN ANALYZE only).
+	ActualLoops float64    `json:"Actual Loops"`
+	Plans       []planNode `json:"Plans"`
+}
+
+// parsePlan reads the plan of EXPLAIN (FORMAT JSON).
+func parsePlan(t *testing.T, raw []byte) *planNode {
+	t.Helper()
+	var plan []struct{ Plan planNode }
+	if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
+		t.Fatalf("plan %s: %v", raw, err)
+	}
+	return &plan[0].Plan
 }
 
 func (n *planNode) walk(f func(*planNode)) {
@@ -159,5 +168,79 @@ func TestOutboxMarkFailedPlannedPerCall(t *testing.T) {
 	}
 	if marked != 1000 {
 		t.Errorf("%d rows marked for a retry in an hour, want 1000", marked)
+	}
+}
+
+// TestOutboxMarkFailedReadsItsArraysOnce: statistics taken while every
+// row of the outbox was sent (a relay that keeps up) make PostgreSQL take
+// "sent_at IS NULL" to match no row. The failure mark, an UPDATE joined
+// to its arrays, then started from the outbox, took the rows to mark for
+// one, and read the arrays again for every row it marked: 0.6 to 1 s a
+// call for 1,000 rows, quadratic in the rows per call, and a relay whose
+// destination is down marks its whole claim failed at once. On the custom
+// and the generic plan, the mark must read its arrays once.
+func TestOutboxMarkFailedReadsItsArraysOnce(t *testing.T) {
+	testURL(t)
+	b := setup(t, poolOpts{maxConns: 1})
+	ctx := context.Background()
+	outbox := b.table + "_outbox"
+	for _, q := range []string{
+		`INSERT INTO ` + outbox + ` (id, destination, payload, attempts, sent_at)
+			SELECT 'sent-' || g, 'orders', '\x00'::bytea, 1, now() FROM generate_series(1, 20000) g`,
+		`VACUUM ANALYZE ` + outbox,
+		`ALTER TABLE ` + outbox + ` SET (autovacuum_enabled = off)`,
+		`INSERT INTO ` + outbox + ` (id, destination, payload, attempts)
+			SELECT 'id-' || g, 'orders', '\x00'::bytea, 1 FROM generate_series(1, 1000) g`,
+	} {
+		if _, err := b.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 1000
+	ids, attempts, permanent, retry, errs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n)
+	for i := range n {
+		ids[i], attempts[i], retry[i], errs[i] = fmt.Sprintf("id-%d", i+1), 1, int64(time.Hour/time.Microsecond), "refused"
+	}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `PREPARE mark AS `+idempgxv5.OutboxMarkFailedSQL(b.store)); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var raw []byte
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = `+mode); err != nil {
+			t.Fatal(err)
+		}
+		// EXECUTE takes no parameters of its own: the simple protocol
+		// writes the arrays into the text as literals.
+		err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mark($1, $2, $3, $4, $5)`,
+			pgx.QueryExecModeSimpleProtocol, ids, attempts, permanent, retry, errs).Scan(&raw)
+		if rerr := tx.Rollback(ctx); err == nil {
+			err = rerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := parsePlan(t, raw)
+		scans := 0
+		plan.walk(func(n *planNode) {
+			if n.NodeType != "Function Scan" {
+				return
+			}
+			scans++
+			if n.ActualLoops > 1 {
+				t.Errorf("%s: the arrays were read %v times: %s", mode, n.ActualLoops, raw)
+			}
+		})
+		if scans == 0 {
+			t.Errorf("%s: no scan of the arrays in the plan: %s", mode, raw)
+		}
 	}
 }
