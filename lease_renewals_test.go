@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"runtime"
@@ -28,13 +29,14 @@ func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 // goroutine (the consumer's one timer schedules every renewal), and none
 // is left when they end. Every attempt is renewed every Lease/3, on time:
 // after three leases none has lost its lease, and each was renewed about
-// 9 times. Not parallel: it counts the process's goroutines.
+// 9 times. Not parallel: it counts the goroutines of its synctest bubble
+// (bubbleGoroutines), and no other test may run one meanwhile.
 func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lease, n = 3 * time.Second, 50
 		store := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
 		c := leaseConsumer(t, store, lease)
-		before := runtime.NumGoroutine()
+		before := bubbleGoroutines()
 		var held []*idem.Attempt
 		for i := range n {
 			a, out, err := c.Acquire(t.Context(), idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}, idem.AcquireOptions{})
@@ -45,7 +47,7 @@ func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 			time.Sleep(lease / 6 / n) // spread the renewal times, all after the last Acquire
 		}
 		synctest.Wait()
-		if got := runtime.NumGoroutine() - before; got > 0 {
+		if got := bubbleGoroutines() - before; got > 0 {
 			t.Errorf("%d attempts held: %d more goroutines, want none", n, got)
 		}
 		time.Sleep(3 * lease)
@@ -67,7 +69,7 @@ func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 			}
 		}
 		synctest.Wait()
-		if got := runtime.NumGoroutine() - before; got > 0 {
+		if got := bubbleGoroutines() - before; got > 0 {
 			t.Errorf("after every attempt ended: %d more goroutines than before, want 0", got)
 		}
 		renews := store.renews.Load()
@@ -129,4 +131,21 @@ func TestRenewalAfterASlowOneGoesAtOnce(t *testing.T) {
 			}
 		}
 	})
+}
+
+// bubbleGoroutines counts the goroutines in a synctest bubble, from the
+// tracebacks of all goroutines, whose headers name the bubble ("[select
+// (durable), synctest bubble 1]"); the calling goroutine, which is
+// running, is not counted. runtime.NumGoroutine would also count the
+// goroutines of other tests: a timer of an earlier test that fires
+// starts one, and made this test fail once.
+func bubbleGoroutines() int {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return bytes.Count(buf[:n], []byte(", synctest bubble "))
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }
