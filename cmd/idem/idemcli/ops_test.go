@@ -79,7 +79,6 @@ func testOperatingCommands(t *testing.T, url string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	for i := range 10 {
 		_, err := c.Process(ctx, idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("x")},
 			func(ctx context.Context, _ *sql.Tx, m idem.Message) error {
@@ -92,6 +91,13 @@ func testOperatingCommands(t *testing.T, url string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The consumer marks itself running from a goroutine of its own; a
+	// mark landing between the steps below would start the newest run, and
+	// the runs written here would not be what the purge reads. Closing the
+	// consumer waits for that goroutine, so the runs are this test's alone.
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
 	}
 	// Age every record but m-9 by two hours, in the dialect's own terms.
 	age := map[idemsql.Dialect]string{
