@@ -291,8 +291,9 @@ func subjectMatches(pattern, subject string) bool {
 // Config.Concurrency deliveries at once. It returns nil after Stop, ctx's
 // error when ctx ended (the handlers in flight see their context cancelled,
 // and their deliveries are settled as their outcomes say), and an error
-// when JetStream ends the consumption (the consumer was deleted, the
-// connection closed). An error matching idem.ErrAlreadyRunning if Run was
+// when JetStream ends the consumption: matching jetstream.ErrConsumerDeleted
+// when the consumer was deleted, nats.ErrConnectionClosed when the
+// connection closed. An error matching idem.ErrAlreadyRunning if Run was
 // called before; an error
 // matching idem.ErrInvalidConfig, before consuming anything, when the
 // consumer has no filter subject and its stream captures the dead-letter
@@ -314,30 +315,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkDeadLetterLoop(ctx); err != nil {
 		return err
 	}
-	// Missing heartbeats are reported so that a consumer deleted while its
-	// "consumer deleted" status was lost (a slow connection drops it) is
-	// noticed: Run then asks the server whether the consumer still exists.
-	// The client pulls no more than the handlers can start at once: what
-	// it buffers is out of reach of in-progress reports. The rest of
-	// MaxMessages waits in queue, reported in progress.
-	iter, err := c.cons.Messages(jetstream.PullMaxMessages(min(c.cfg.MaxMessages, c.cfg.Concurrency)), jetstream.WithMessagesErrOnMissingHeartbeat(true))
-	if err != nil {
-		return fmt.Errorf("idemnats: start consuming: %w", err)
-	}
-	watchDone := make(chan struct{})
-	defer close(watchDone)
-	go func() {
-		select {
-		case <-ctx.Done():
-			c.stopping.Store(true)
-			iter.Drain()
-		case <-c.stopCh:
-			iter.Drain()
-		case <-watchDone:
-			iter.Stop()
-		}
-	}()
-
 	// held has one slot per message taken from the client and not yet
 	// settled; queue holds the ones waiting for a handler.
 	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
@@ -368,43 +345,117 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer reporter.Wait()
 		defer close(reportDone)
 	}
-	var runErr error
-	for {
-		held <- struct{}{}
-		msg, err := iter.Next()
-		if err != nil {
-			<-held
-			if c.stopping.Load() {
-				break
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
-				errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, nats.ErrConnectionClosed) {
-				runErr = fmt.Errorf("idemnats: consuming stopped: %w", err)
-				break
-			}
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
-				_, ierr := c.cons.Info(ictx)
-				icancel()
-				if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
-					runErr = fmt.Errorf("idemnats: consuming stopped: %w", jetstream.ErrConsumerDeleted)
-					break
-				}
-			}
-			c.log.Warn("idemnats: consuming", "err", err)
-			continue
-		}
+
+	// quit is closed when consuming ends (Stop, ctx, an error): a delivery
+	// waiting for a slot is then Nak'ed instead, unless it is its last.
+	quit := make(chan struct{})
+	deliver := func(msg jetstream.Msg) {
 		if c.stopping.Load() && !c.lastDelivery(msg) {
 			c.nakBuffered(msg)
-			<-held
-			continue
+			return
+		}
+		select {
+		case held <- struct{}{}:
+		case <-quit:
+			if !c.lastDelivery(msg) {
+				c.nakBuffered(msg)
+				return
+			}
+			held <- struct{}{} // the handlers in flight finish, so one frees
 		}
 		if hold > c.cfg.Concurrency {
 			waiting.add(msg)
 		}
 		queue <- msg // never blocks: queue has a place for every held slot
 	}
-	ended.Store(runErr != nil)
+	// failed receives the error that ends consuming; the first one counts.
+	failed := make(chan error, 1)
+	fail := func(err error) {
+		select {
+		case failed <- fmt.Errorf("idemnats: consuming stopped: %w", err):
+		default:
+		}
+	}
+	// A missing heartbeat may mean that the consumer was deleted while its
+	// "consumer deleted" status was lost (a slow connection drops it): the
+	// server is asked whether the consumer still exists, one question at a
+	// time, off the client's goroutines.
+	var asking atomic.Bool
+	var asks sync.WaitGroup
+	askCtx, stopAsking := context.WithCancel(ctx)
+	onErr := func(_ jetstream.ConsumeContext, err error) {
+		if c.stopping.Load() {
+			return
+		}
+		switch {
+		case errors.Is(err, jetstream.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionClosed):
+			fail(nats.ErrConnectionClosed) // one error to match, whichever package said it
+			return
+		case errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest):
+			fail(err)
+			return
+		case errors.Is(err, jetstream.ErrNoHeartbeat) && asking.CompareAndSwap(false, true):
+			asks.Go(func() {
+				defer asking.Store(false)
+				ictx, icancel := context.WithTimeout(askCtx, 10*time.Second)
+				_, ierr := c.cons.Info(ictx)
+				icancel()
+				if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+					fail(jetstream.ErrConsumerDeleted)
+				}
+			})
+		}
+		c.log.Warn("idemnats: consuming", "err", err)
+	}
+	// The client pulls no more than the handlers can start at once: what
+	// it buffers is out of reach of in-progress reports. The rest of
+	// MaxMessages waits in queue, reported in progress. Consume queues what
+	// the server sends under nats.go's pending limits, far above what is
+	// pulled; Messages' channel holds no more than the messages pulled, so
+	// a heartbeat or a pull renewed after a reconnect made the client drop
+	// a message, which then came back only after AckWait.
+	cc, err := c.cons.Consume(deliver, jetstream.PullMaxMessages(min(c.cfg.MaxMessages, c.cfg.Concurrency)), jetstream.ConsumeErrHandler(onErr))
+	if err != nil {
+		stopAsking()
+		close(queue)
+		wg.Wait()
+		return fmt.Errorf("idemnats: start consuming: %w", err)
+	}
+	closed := cc.Closed()
+	var runErr error
+	select {
+	case <-ctx.Done():
+		c.stopping.Store(true)
+		close(quit)
+		cc.Drain()
+	case <-c.stopCh:
+		close(quit)
+		cc.Drain()
+	case runErr = <-failed:
+		ended.Store(true)
+		close(quit)
+		cc.Stop()
+	case <-closed:
+		// The client ended consuming on its own; the error handler has
+		// said why, unless Stop came at the same time.
+		select {
+		case runErr = <-failed:
+		default:
+			if !c.stopping.Load() {
+				var cause error = jetstream.ErrMsgIteratorClosed
+				if nc := c.js.Conn(); nc != nil && nc.IsClosed() {
+					cause = nats.ErrConnectionClosed
+				}
+				runErr = fmt.Errorf("idemnats: consuming stopped: %w", cause)
+			}
+		}
+		ended.Store(runErr != nil)
+		close(quit)
+	}
+	// Closed is closed after the client's last call of deliver returned.
+	<-closed
+	stopAsking()
+	asks.Wait()
 	close(queue)
 	wg.Wait()
 	// The acks are written to the connection's buffer; flush them so that

@@ -81,8 +81,11 @@
 //
 // # Concurrency, fetching ahead and stopping
 //
-// Run pulls with jetstream.Consumer.Messages and processes up to
-// Config.Concurrency messages at once. It holds up to Config.MaxMessages
+// Run pulls with jetstream.Consumer.Consume and processes up to
+// Config.Concurrency messages at once. (Not with Consumer.Messages: its
+// channel holds no more than the messages pulled, so a heartbeat, or a
+// pull renewed after a reconnect, made the client drop a delivery as a
+// slow consumer, and the message came back only after AckWait.) It holds up to Config.MaxMessages
 // (Concurrency by default): a message's ack wait runs from its delivery, so
 // the ones waiting for a free handler are reported in progress (AckProgress)
 // every third of AckWait (Config.ProgressInterval when positive) while they

@@ -71,11 +71,12 @@ func external(t testing.TB) connector {
 
 // reconnecting connects to the server at url, reconnecting without end
 // (wait apart) whenever the server goes away: for tests that kill or
-// restart it.
-func reconnecting(url string, wait time.Duration) connector {
+// restart it. opts are added to the connection's options.
+func reconnecting(url string, wait time.Duration, opts ...nats.Option) connector {
 	return func(t testing.TB) *nats.Conn {
 		t.Helper()
-		nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10*time.Second))
+		opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10 * time.Second)}, opts...)
+		nc, err := nats.Connect(url, opts...)
 		if err != nil {
 			t.Fatalf("connect %s: %v", url, err)
 		}

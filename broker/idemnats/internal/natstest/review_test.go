@@ -262,42 +262,61 @@ func TestReviewDeadLetterLoop(t *testing.T) {
 // an error instead of leaving it waiting for ever.
 func TestReviewConsumerDeleted(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
-	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "gone", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var calls atomic.Int32
-	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-			calls.Add(1)
-			return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
-		}),
-		DeadLetter: s.dlSubject, Logger: testLogger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("one")); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 30*time.Second, "first message not processed", func() bool { return calls.Load() == 1 }, nil)
-	if err := s.stream.DeleteConsumer(ctx, "gone"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Error("Run returned nil after its consumer was deleted, want an error")
-		}
-	case <-time.After(60 * time.Second):
-		_ = c.Stop(ctx)
-		t.Fatal("Run still running 60s after its consumer was deleted")
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, nc *nats.Conn, s *testStreams)
+		want error
+	}{
+		{"consumer deleted", func(t *testing.T, _ *nats.Conn, s *testStreams) {
+			if err := s.stream.DeleteConsumer(context.Background(), "gone"); err != nil {
+				t.Fatal(err)
+			}
+		}, jetstream.ErrConsumerDeleted},
+		{"connection closed", func(_ *testing.T, nc *nats.Conn, _ *testStreams) { nc.Close() }, nats.ErrConnectionClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			conn := inProcess(t)
+			_, js := newJS(t, conn)
+			s := newStreams(t, js, time.Minute)
+			ctx := context.Background()
+			if _, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "gone", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+				t.Fatal(err)
+			}
+			// The Consumer has a connection of its own, the one closed.
+			nc, cjs := newJS(t, conn)
+			cons, err := cjs.Consumer(ctx, s.name, "gone")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int32
+			c, err := idemnats.NewConsumer(cjs, cons, idemnats.Config{
+				Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
+					calls.Add(1)
+					return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
+				}),
+				DeadLetter: s.dlSubject, Logger: testLogger(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("one")); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 30*time.Second, "first message not processed", func() bool { return calls.Load() == 1 }, nil)
+			tc.end(t, nc, s)
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Errorf("Run returned %v, want an error matching %v", err, tc.want)
+				}
+			case <-time.After(60 * time.Second):
+				_ = c.Stop(ctx)
+				t.Fatalf("Run still running 60s after: %s", tc.name)
+			}
+		})
 	}
 }
 
@@ -400,7 +419,16 @@ func TestReviewServerRestart(t *testing.T) {
 	var cur atomic.Pointer[server.Server]
 	cur.Store(srv)
 	t.Cleanup(func() { s := cur.Load(); s.Shutdown(); s.WaitForShutdown() })
-	_, js := newJS(t, reconnecting(addr, 50*time.Millisecond))
+	// The client must not drop a delivery (a slow consumer, in NATS's
+	// terms) when it pulls again after the reconnect: a dropped message
+	// comes back only after AckWait.
+	var dropped atomic.Int32
+	countDrops := nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrSlowConsumer) {
+			dropped.Add(1)
+		}
+	})
+	_, js := newJS(t, reconnecting(addr, 50*time.Millisecond, countDrops))
 	s := newStreams(t, js, time.Minute)
 	ctx := context.Background()
 	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "restart", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 3 * time.Second})
@@ -442,6 +470,9 @@ func TestReviewServerRestart(t *testing.T) {
 	}
 	if dls, _ := s.deadLetters(ctx); len(dls) != 0 {
 		t.Errorf("%d dead letters, want 0", len(dls))
+	}
+	if n := dropped.Load(); n != 0 {
+		t.Errorf("the client dropped deliveries %d times (slow consumer), want 0", n)
 	}
 }
 
