@@ -75,8 +75,8 @@ func external(t testing.TB) connector {
 func reconnecting(url string, wait time.Duration, opts ...nats.Option) connector {
 	return func(t testing.TB) *nats.Conn {
 		t.Helper()
-		opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10 * time.Second)}, opts...)
-		nc, err := nats.Connect(url, opts...)
+		all := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(wait), nats.ReconnectJitter(0, 0), nats.Timeout(10 * time.Second)}, opts...)
+		nc, err := nats.Connect(url, all...)
 		if err != nil {
 			t.Fatalf("connect %s: %v", url, err)
 		}
