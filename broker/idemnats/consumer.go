@@ -90,16 +90,17 @@ type Config struct {
 	// disables it (a stuck handler then holds its message for ever).
 	HandlerTimeout time.Duration
 	// MaxMessages is how many messages the Consumer holds at once,
-	// running or waiting for a free handler. Defaults to Concurrency.
-	// Messages above Concurrency wait in the Consumer, reported in
-	// progress (AckProgress) every ProgressInterval, or a third of AckWait
-	// when ProgressInterval is not positive, so that their ack wait does
-	// not run out while they wait their turn; a member that dies stops
-	// reporting, and they come back after AckWait, as does a message that
-	// has waited longer than HandlerTimeout. The client itself
-	// buffers at most min(MaxMessages, Concurrency) more
-	// (jetstream.PullMaxMessages): messages nobody can report yet, which
-	// wait at most about one handler's run.
+	// running or waiting for a free handler: Run asks JetStream for more
+	// only when it holds fewer, and for as many as it has room for.
+	// Defaults to twice Concurrency, so that a handler that finishes finds
+	// the next message waiting rather than waits for a pull request's
+	// round trip. Messages above Concurrency wait in the Consumer, reported
+	// in progress (AckProgress) every ProgressInterval, or a third of
+	// AckWait when ProgressInterval is not positive, so that their ack
+	// wait does not run out while they wait their turn; a member that dies
+	// stops reporting, and they come back after AckWait, as does a message
+	// that has waited longer than HandlerTimeout. The JetStream consumer's
+	// MaxRequestBatch, when set, caps one pull request, not MaxMessages.
 	MaxMessages int
 	// Logger receives every settlement at the level idem.Settlement.Level
 	// gives it (duplicates at debug, dead letters at warn, store failures
@@ -185,7 +186,7 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 		cfg.RetryDelay = DefaultRetryDelay
 	}
 	if cfg.MaxMessages == 0 {
-		cfg.MaxMessages = cfg.Concurrency
+		cfg.MaxMessages = 2 * cfg.Concurrency
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -293,11 +294,13 @@ func subjectMatches(pattern, subject string) bool {
 // and their deliveries are settled as their outcomes say), and an error
 // when JetStream ends the consumption: matching jetstream.ErrConsumerDeleted
 // when the consumer was deleted, nats.ErrConnectionClosed when the
-// connection closed. An error matching idem.ErrAlreadyRunning if Run was
-// called before; an error
-// matching idem.ErrInvalidConfig, before consuming anything, when the
-// consumer has no filter subject and its stream captures the dead-letter
-// subject.
+// connection closed, jetstream.ErrBadRequest when the server refused a
+// pull request as malformed. It returns an error matching
+// idem.ErrAlreadyRunning if Run was called before, and one matching
+// idem.ErrInvalidConfig, before consuming anything, when the consumer has
+// no filter subject and its stream captures the dead-letter subject. Other
+// failed pull requests (no JetStream responding, a server shutting down)
+// are logged at warn and retried after a pause of 100ms doubling to 5s.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return fmt.Errorf("idemnats: %w", idem.ErrAlreadyRunning)
@@ -315,8 +318,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkDeadLetterLoop(ctx); err != nil {
 		return err
 	}
-	// held has one slot per message taken from the client and not yet
-	// settled; queue holds the ones waiting for a handler.
+	// held has one place per message the Consumer holds (fetched and not
+	// yet settled); queue holds the ones waiting for a handler.
 	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
 	held := make(chan struct{}, hold)
 	queue := make(chan jetstream.Msg, hold)
@@ -346,28 +349,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(reportDone)
 	}
 
-	// quit is closed when consuming ends (Stop, ctx, an error): a delivery
-	// waiting for a slot is then Nak'ed instead, unless it is its last.
+	// quit is closed when consuming ends (Stop, ctx, an error): the fetch
+	// loop asks for no more, and what it still receives is Nak'ed, unless
+	// on its last delivery.
 	quit := make(chan struct{})
-	deliver := func(msg jetstream.Msg) {
-		if c.stopping.Load() && !c.lastDelivery(msg) {
-			c.nakBuffered(msg)
-			return
-		}
-		select {
-		case held <- struct{}{}:
-		case <-quit:
-			if !c.lastDelivery(msg) {
-				c.nakBuffered(msg)
-				return
-			}
-			held <- struct{}{} // the handlers in flight finish, so one frees
-		}
-		if hold > c.cfg.Concurrency {
-			waiting.add(msg)
-		}
-		queue <- msg // never blocks: queue has a place for every held slot
-	}
 	// failed receives the error that ends consuming; the first one counts.
 	failed := make(chan error, 1)
 	fail := func(err error) {
@@ -376,86 +361,36 @@ func (c *Consumer) Run(ctx context.Context) error {
 		default:
 		}
 	}
-	// A missing heartbeat may mean that the consumer was deleted while its
-	// "consumer deleted" status was lost (a slow connection drops it): the
-	// server is asked whether the consumer still exists, one question at a
-	// time, off the client's goroutines.
-	var asking atomic.Bool
-	var asks sync.WaitGroup
-	askCtx, stopAsking := context.WithCancel(ctx)
-	onErr := func(_ jetstream.ConsumeContext, err error) {
-		if c.stopping.Load() {
-			return
+	take := func(msg jetstream.Msg) {
+		select {
+		case <-quit:
+			if !c.lastDelivery(msg) {
+				c.nakBuffered(msg)
+				<-held
+				return
+			}
+		default:
 		}
-		switch {
-		case errors.Is(err, jetstream.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionClosed):
-			fail(nats.ErrConnectionClosed) // one error to match, whichever package said it
-			return
-		case errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest):
-			fail(err)
-			return
-		case errors.Is(err, jetstream.ErrNoHeartbeat) && asking.CompareAndSwap(false, true):
-			asks.Go(func() {
-				defer asking.Store(false)
-				ictx, icancel := context.WithTimeout(askCtx, 10*time.Second)
-				_, ierr := c.cons.Info(ictx)
-				icancel()
-				if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
-					fail(jetstream.ErrConsumerDeleted)
-				}
-			})
+		if hold > c.cfg.Concurrency {
+			waiting.add(msg)
 		}
-		c.log.Warn("idemnats: consuming", "err", err)
+		queue <- msg // never blocks: queue has a place for every held one
 	}
-	// The client pulls no more than the handlers can start at once: what
-	// it buffers is out of reach of in-progress reports. The rest of
-	// MaxMessages waits in queue, reported in progress. Consume queues what
-	// the server sends under nats.go's pending limits, far above what is
-	// pulled; Messages' channel holds no more than the messages pulled, so
-	// a heartbeat or a pull renewed after a reconnect made the client drop
-	// a message, which then came back only after AckWait.
-	cc, err := c.cons.Consume(deliver, jetstream.PullMaxMessages(min(c.cfg.MaxMessages, c.cfg.Concurrency)), jetstream.ConsumeErrHandler(onErr))
-	if err != nil {
-		stopAsking()
-		close(queue)
-		wg.Wait()
-		return fmt.Errorf("idemnats: start consuming: %w", err)
-	}
-	closed := cc.Closed()
+	fetching := make(chan struct{})
+	go func() {
+		defer close(fetching)
+		c.fetchLoop(work, quit, held, take, fail)
+	}()
 	var runErr error
 	select {
 	case <-ctx.Done():
 		c.stopping.Store(true)
-		close(quit)
-		cc.Drain()
 	case <-c.stopCh:
-		close(quit)
-		cc.Drain()
 	case runErr = <-failed:
 		ended.Store(true)
-		close(quit)
-		cc.Stop()
-	case <-closed:
-		// The client ended consuming on its own; the error handler has
-		// said why, unless Stop came at the same time.
-		select {
-		case runErr = <-failed:
-		default:
-			if !c.stopping.Load() {
-				var cause error = jetstream.ErrMsgIteratorClosed
-				if nc := c.js.Conn(); nc != nil && nc.IsClosed() {
-					cause = nats.ErrConnectionClosed
-				}
-				runErr = fmt.Errorf("idemnats: consuming stopped: %w", cause)
-			}
-		}
-		ended.Store(runErr != nil)
-		close(quit)
 	}
-	// Closed is closed after the client's last call of deliver returned.
-	<-closed
-	stopAsking()
-	asks.Wait()
+	close(quit)
+	<-fetching
 	close(queue)
 	wg.Wait()
 	// The acks are written to the connection's buffer; flush them so that
@@ -471,6 +406,170 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return runErr
+}
+
+// fetchExpiry is how long one pull request waits at the server for
+// messages; the client expects a heartbeat from it every 5s meanwhile.
+const fetchExpiry = 30 * time.Second
+
+// fetchLoop pulls messages for the free places in held, one pull request
+// (jetstream.Consumer.Fetch) at a time, and hands each message, its place
+// taken, to take. It returns when quit is closed, or after passing to fail
+// an error that ends consuming: the consumer deleted, the connection
+// closed, a pull request the server refused as bad.
+//
+// A pull request asks for every place free when it is sent: one request
+// is always waiting at the server while a place is free, and messages
+// stream to the handlers as they come. (Not jetstream.Consumer.Consume or
+// Messages: they renew their pull from a count of pending messages, and a
+// message that arrives while the previous request is still being sent
+// leaves that count at zero with no request out, so consuming stalled
+// until a missing heartbeat, 30s later; Messages' channel, sized to the
+// pull, also dropped deliveries after a reconnect.)
+func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held chan struct{}, take func(jetstream.Msg), fail func(error)) {
+	nc := c.js.Conn()
+	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	defer nc.RemoveStatusListener(status)
+	maxBatch := cap(held)
+	if info := c.cons.CachedInfo(); info != nil && info.Config.MaxRequestBatch > 0 {
+		maxBatch = min(maxBatch, info.Config.MaxRequestBatch)
+	}
+	release := func(k int) {
+		for range k {
+			<-held
+		}
+	}
+	pause := newPause()
+	for {
+		// Wait for a free place, then take every other free one.
+		select {
+		case held <- struct{}{}:
+		case <-quit:
+			return
+		}
+		n := 1
+	more:
+		for n < maxBatch {
+			select {
+			case held <- struct{}{}:
+				n++
+			default:
+				break more
+			}
+		}
+		// A reconnect before this request needs no second one.
+	drained:
+		for {
+			select {
+			case st := <-status:
+				if st == nats.CLOSED {
+					break drained
+				}
+			default:
+				break drained
+			}
+		}
+		if nc.IsClosed() {
+			release(n)
+			fail(nats.ErrConnectionClosed)
+			return
+		}
+		sent := time.Now()
+		fctx, fcancel := context.WithTimeout(ctx, fetchExpiry)
+		batch, err := c.cons.Fetch(n, jetstream.FetchContext(fctx))
+		if err != nil {
+			fcancel()
+			release(n)
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				fail(nats.ErrConnectionClosed)
+				return
+			}
+			c.log.Warn("idemnats: pull request", "err", err)
+			if !pause.wait(quit) {
+				return
+			}
+			continue
+		}
+		got, reconnected := 0, false
+		msgs, q := batch.Messages(), quit
+		for msgs != nil {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					msgs = nil
+					continue
+				}
+				got++
+				take(m)
+			case st := <-status:
+				if st == nats.CLOSED {
+					fail(nats.ErrConnectionClosed)
+				}
+				// A reconnect: the request went with the old connection
+				// (a server that restarted has forgotten it); send another.
+				reconnected = true
+				fcancel()
+			case <-q:
+				q = nil
+				fcancel()
+			}
+		}
+		fcancel()
+		release(n - got)
+		err = batch.Error()
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest):
+			fail(err)
+			return
+		case q == nil || ctx.Err() != nil:
+			return // quit, or Run's context ended
+		case got > 0 || reconnected:
+			pause.reset()
+			continue
+		case err == nil || errors.Is(err, context.DeadlineExceeded):
+			// The request expired with nothing to deliver; one that
+			// ended at once is not renewed at once.
+			if time.Since(sent) < time.Second && !pause.wait(quit) {
+				return
+			}
+			continue
+		case errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders):
+			// The request was lost, or nothing answers for the consumer:
+			// it may have been deleted, its "consumer deleted" status lost.
+			ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
+			_, ierr := c.cons.Info(ictx)
+			icancel()
+			if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+				fail(jetstream.ErrConsumerDeleted)
+				return
+			}
+		}
+		c.log.Warn("idemnats: pull request ended", "err", err)
+		if !pause.wait(quit) {
+			return
+		}
+	}
+}
+
+// pause spaces the pull requests that follow a failed one: 100ms, doubling
+// to 5s, back to 100ms after a request that delivered.
+type pause struct{ d time.Duration }
+
+func newPause() *pause { return &pause{d: 100 * time.Millisecond} }
+
+func (p *pause) reset() { p.d = 100 * time.Millisecond }
+
+// wait waits out the pause and doubles it; false if quit closed first.
+func (p *pause) wait(quit <-chan struct{}) bool {
+	t := time.NewTimer(p.d)
+	defer t.Stop()
+	p.d = min(2*p.d, 5*time.Second)
+	select {
+	case <-t.C:
+		return true
+	case <-quit:
+		return false
+	}
 }
 
 func (c *Consumer) stopRequested() bool {

@@ -81,21 +81,25 @@
 //
 // # Concurrency, fetching ahead and stopping
 //
-// Run pulls with jetstream.Consumer.Consume and processes up to
-// Config.Concurrency messages at once. (Not with Consumer.Messages: its
-// channel holds no more than the messages pulled, so a heartbeat, or a
-// pull renewed after a reconnect, made the client drop a delivery as a
-// slow consumer, and the message came back only after AckWait.) It holds up to Config.MaxMessages
-// (Concurrency by default): a message's ack wait runs from its delivery, so
-// the ones waiting for a free handler are reported in progress (AckProgress)
-// every third of AckWait (Config.ProgressInterval when positive) while they
-// wait, and do not come back to another member, or to this one, while they
-// wait their turn. (With a slow store, say 35ms a claim, one handler and 32
-// messages fetched ahead, the last of them would otherwise wait past a 1s
-// AckWait and be redelivered, and the redeliveries, buffered behind the
-// others, would expire in turn.) The client's own buffer, which no report
-// can reach, is kept to Concurrency messages, which start within about one
-// handler's run. Several Consumers, in one process or many, on the same
+// Run pulls with jetstream.Consumer.Fetch, one pull request at a time,
+// each for as many messages as the Consumer has room for, and processes up
+// to Config.Concurrency messages at once. (Not with Consumer.Consume or
+// Consumer.Messages: they renew their pull from a count of pending
+// messages that a message arriving while the previous pull request is
+// still being sent leaves at zero, with no request out, so that consuming
+// stalled until a missing heartbeat, 30s later; and Messages' channel,
+// sized to the pull, dropped a delivery after a reconnect.) A reconnect
+// sends a new pull request at once. The Consumer holds up to
+// Config.MaxMessages (twice Concurrency by default): a message's ack wait
+// runs from its delivery, so the ones waiting for a free handler are
+// reported in progress (AckProgress) every third of AckWait
+// (Config.ProgressInterval when positive) while they wait, and do not come
+// back to another member, or to this one, while they wait their turn.
+// (With a slow store, say 35ms a claim, one handler and 32 messages
+// fetched ahead, the last of them would otherwise wait past a 1s AckWait
+// and be redelivered, and the redeliveries, buffered behind the others,
+// would expire in turn.) Nothing waits in the client's own buffer, out of
+// reach of those reports. Several Consumers, in one process or many, on the same
 // durable consumer share its messages. Stop is graceful: no new deliveries
 // (buffered ones are Nak'ed so another member gets them at once), the
 // handlers in flight finish with their context intact, their acks are

@@ -320,33 +320,64 @@ func TestReviewConsumerDeleted(t *testing.T) {
 	}
 }
 
-// Fewer ack-pending slots on the server than handlers: every message is
-// still processed once.
-func TestReviewMaxAckPendingBelowConcurrency(t *testing.T) {
+// How the Consumer pulls, each case processing every message once:
+//   - the server's limits below the Consumer's: fewer ack-pending slots
+//     than handlers, or a MaxRequestBatch below MaxMessages (a pull request
+//     then asks for no more than the server takes; it refuses a larger
+//     one);
+//   - one message at a time: once each is settled, a pull request waits at
+//     the server for the next, so consuming never pauses until a missing
+//     heartbeat renews the pull.
+func TestReviewPullRequests(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
-	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "map1", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := newSQLiteTx(t)
-	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: 4, MaxMessages: 8, DeadLetter: s.dlSubject, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runConsumer(t, c)
-	const n = 30
-	for i := range n {
-		if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("p"), idemnats.WithMessageID(fmt.Sprintf("m-%d", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	testenv.Eventually(t, 90*time.Second, "not every message was processed", func() bool { r, _ := st.effects(t); return r >= n }, nil)
-	if r, d := st.effects(t); r != n || d != n {
-		t.Errorf("%d effects for %d distinct IDs, want %d", r, d, n)
+	for _, tc := range []struct {
+		name                     string
+		cfg                      jetstream.ConsumerConfig
+		concurrency, maxMessages int
+		oneByOne                 bool
+	}{
+		{"max ack pending below concurrency", jetstream.ConsumerConfig{MaxAckPending: 1}, 4, 8, false},
+		{"max request batch below max messages", jetstream.ConsumerConfig{MaxRequestBatch: 2}, 4, 8, false},
+		{"a request waits while idle", jetstream.ConsumerConfig{}, 1, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			conn := inProcess(t)
+			_, js := newJS(t, conn)
+			s := newStreams(t, js, time.Minute)
+			ctx := context.Background()
+			tc.cfg.Durable, tc.cfg.AckPolicy = "pulls", jetstream.AckExplicitPolicy
+			cons, err := s.stream.CreateOrUpdateConsumer(ctx, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := newSQLiteTx(t)
+			c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: tc.concurrency, MaxMessages: tc.maxMessages, DeadLetter: s.dlSubject, Logger: testLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runConsumer(t, c)
+			const n = 30
+			for i := range n {
+				if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("p"), idemnats.WithMessageID(fmt.Sprintf("m-%d", i))); err != nil {
+					t.Fatal(err)
+				}
+				if !tc.oneByOne {
+					continue
+				}
+				testenv.Eventually(t, 30*time.Second, fmt.Sprintf("message %d not processed", i), func() bool { r, _ := st.effects(t); return r == i+1 }, nil)
+				// A lost pull request is noticed after a missing
+				// heartbeat, 10s; 5s is well inside it.
+				testenv.Eventually(t, 5*time.Second, fmt.Sprintf("no pull request waiting after message %d", i), func() bool {
+					info, err := cons.Info(ctx)
+					return err == nil && info.NumWaiting == 1 && info.NumAckPending == 0
+				}, nil)
+			}
+			testenv.Eventually(t, 60*time.Second, "not every message was processed", func() bool { r, _ := st.effects(t); return r >= n }, nil)
+			if r, d := st.effects(t); r != n || d != n {
+				t.Errorf("%d effects for %d distinct IDs, want %d", r, d, n)
+			}
+		})
 	}
 }
 
