@@ -409,8 +409,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // fetchExpiry is how long one pull request waits at the server for
-// messages; the client expects a heartbeat from it every 5s meanwhile.
+// messages (less when the consumer's MaxRequestExpires is lower); the
+// client expects a heartbeat from it every 5s meanwhile.
 const fetchExpiry = 30 * time.Second
+
+// quitGrace is how long, once consuming ends, the pull request still out
+// is read after its last message before it is cancelled: messages the
+// server sent before it reach the Consumer, which Naks them, instead of
+// being dropped by the client and waiting out AckWait.
+const quitGrace = 100 * time.Millisecond
 
 // fetchLoop pulls messages for the free places in held, one pull request
 // (jetstream.Consumer.Fetch) at a time, and hands each message, its place
@@ -418,21 +425,46 @@ const fetchExpiry = 30 * time.Second
 // an error that ends consuming: the consumer deleted, the connection
 // closed, a pull request the server refused as bad.
 //
-// A pull request asks for every place free when it is sent: one request
-// is always waiting at the server while a place is free, and messages
-// stream to the handlers as they come. (Not jetstream.Consumer.Consume or
-// Messages: they renew their pull from a count of pending messages, and a
-// message that arrives while the previous request is still being sent
-// leaves that count at zero with no request out, so consuming stalled
-// until a missing heartbeat, 30s later; Messages' channel, sized to the
-// pull, also dropped deliveries after a reconnect.)
+// A pull request asks for every place free when it is sent, and the next
+// one goes out as soon as it ends: while a place is free a request waits
+// at the server (except in the pause after a failed one, or while the
+// connection is down), and messages stream to the handlers as they come.
+// (Not jetstream.Consumer.Consume or Messages: they renew their pull from
+// a count of pending messages, and a message that arrives while the
+// previous request is still being sent leaves that count at zero with no
+// request out, so consuming stalled until a missing heartbeat, 30s later;
+// Messages' channel, sized to the pull, also dropped deliveries after a
+// reconnect.)
 func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held chan struct{}, take func(jetstream.Msg), fail func(error)) {
 	nc := c.js.Conn()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
 	defer nc.RemoveStatusListener(status)
-	maxBatch := cap(held)
-	if info := c.cons.CachedInfo(); info != nil && info.Config.MaxRequestBatch > 0 {
-		maxBatch = min(maxBatch, info.Config.MaxRequestBatch)
+	// asking bounds the questions to the server about the consumer: they
+	// end with consuming.
+	asking, stopAsking := context.WithCancel(ctx)
+	defer stopAsking()
+	go func() {
+		select {
+		case <-quit:
+			stopAsking()
+		case <-asking.Done():
+		}
+	}()
+	maxBatch, expiry := c.requestLimits(cap(held), c.cons.CachedInfo())
+	// ask refreshes the consumer's limits from the server, and reports
+	// false after failing consuming when the consumer no longer exists.
+	ask := func() bool {
+		ictx, icancel := context.WithTimeout(asking, 10*time.Second)
+		info, err := c.cons.Info(ictx)
+		icancel()
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			fail(jetstream.ErrConsumerDeleted)
+			return false
+		}
+		if err == nil {
+			maxBatch, expiry = c.requestLimits(cap(held), info)
+		}
+		return true
 	}
 	release := func(k int) {
 		for range k {
@@ -457,16 +489,28 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 				break more
 			}
 		}
-		// A reconnect before this request needs no second one.
-	drained:
-		for {
+		// No request after consuming ended (the select above may take a
+		// place although quit is closed); none while the connection is
+		// down (nats.go keeps the subscription of a request it could not
+		// send); a reconnect before this request needs no second one.
+		for up := false; !up; {
 			select {
+			case <-quit:
+				release(n)
+				return
 			case st := <-status:
 				if st == nats.CLOSED {
-					break drained
+					up = true // nc.IsClosed below
 				}
 			default:
-				break drained
+				if nc.IsConnected() || nc.IsClosed() {
+					up = true
+					break
+				}
+				select {
+				case <-status:
+				case <-quit:
+				}
 			}
 		}
 		if nc.IsClosed() {
@@ -475,7 +519,7 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 			return
 		}
 		sent := time.Now()
-		fctx, fcancel := context.WithTimeout(ctx, fetchExpiry)
+		fctx, fcancel := context.WithTimeout(ctx, expiry)
 		batch, err := c.cons.Fetch(n, jetstream.FetchContext(fctx))
 		if err != nil {
 			fcancel()
@@ -492,6 +536,8 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 		}
 		got, reconnected := 0, false
 		msgs, q := batch.Messages(), quit
+		var grace *time.Timer
+		var graceC <-chan time.Time
 		for msgs != nil {
 			select {
 			case m, ok := <-msgs:
@@ -501,6 +547,9 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 				}
 				got++
 				take(m)
+				if grace != nil {
+					grace.Reset(quitGrace)
+				}
 			case st := <-status:
 				if st == nats.CLOSED {
 					fail(nats.ErrConnectionClosed)
@@ -511,8 +560,15 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 				fcancel()
 			case <-q:
 				q = nil
+				grace = time.NewTimer(quitGrace)
+				graceC = grace.C
+			case <-graceC:
+				graceC = nil
 				fcancel()
 			}
+		}
+		if grace != nil {
+			grace.Stop()
 		}
 		fcancel()
 		release(n - got)
@@ -528,27 +584,41 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 			continue
 		case err == nil || errors.Is(err, context.DeadlineExceeded):
 			// The request expired with nothing to deliver; one that
-			// ended at once is not renewed at once.
-			if time.Since(sent) < time.Second && !pause.wait(quit) {
+			// ended well before its expiry is not renewed at once.
+			if time.Since(sent) < expiry/2 && !pause.wait(quit) {
 				return
 			}
 			continue
-		case errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders):
-			// The request was lost, or nothing answers for the consumer:
-			// it may have been deleted, its "consumer deleted" status lost.
-			ictx, icancel := context.WithTimeout(ctx, 10*time.Second)
-			_, ierr := c.cons.Info(ictx)
-			icancel()
-			if errors.Is(ierr, jetstream.ErrConsumerNotFound) {
-				fail(jetstream.ErrConsumerDeleted)
-				return
-			}
+		}
+		// The request was lost (no heartbeat), nothing answers for the
+		// consumer, or the server refused the request (its limits may
+		// have changed): the consumer may be gone, its "consumer
+		// deleted" status lost.
+		if !ask() {
+			return
 		}
 		c.log.Warn("idemnats: pull request ended", "err", err)
 		if !pause.wait(quit) {
 			return
 		}
 	}
+}
+
+// requestLimits returns how many messages one pull request may ask for
+// (places, capped by the consumer's MaxRequestBatch) and how long it waits
+// (fetchExpiry, capped by its MaxRequestExpires): the server refuses a
+// request above either.
+func (c *Consumer) requestLimits(places int, info *jetstream.ConsumerInfo) (int, time.Duration) {
+	batch, expiry := places, fetchExpiry
+	if info != nil {
+		if m := info.Config.MaxRequestBatch; m > 0 {
+			batch = min(batch, m)
+		}
+		if m := info.Config.MaxRequestExpires; m > 0 {
+			expiry = min(expiry, m)
+		}
+	}
+	return batch, expiry
 }
 
 // pause spaces the pull requests that follow a failed one: 100ms, doubling
@@ -581,8 +651,9 @@ func (c *Consumer) stopRequested() bool {
 	}
 }
 
-// Stop stops the Consumer gracefully: Run takes no new deliveries (messages
-// the client had buffered are Nak'ed for redelivery at once), the handlers
+// Stop stops the Consumer gracefully: Run sends no new pull requests
+// (messages held but not started, and those that reach the request still
+// out, are Nak'ed for redelivery at once; see the package doc), the handlers
 // in flight finish with their context intact, their deliveries are
 // acknowledged (or otherwise settled) and flushed to the server, and Run
 // returns nil. Stop returns when that is done, or with ctx's error when ctx
@@ -607,10 +678,11 @@ func (c *Consumer) Stop(ctx context.Context) error {
 	}
 }
 
-// nakBuffered Naks a message buffered (by the client, or in the queue) when
-// Stop came or Run's context ended: it is not taken, and another member
-// gets it now rather than after the ack wait. (A message on its last
-// delivery is processed instead: JetStream would drop it after a Nak.)
+// nakBuffered Naks a message held and not started (in the queue, or just
+// received by the pull request still out) when Stop came or Run's context
+// ended: it is not taken, and another member gets it now rather than after
+// the ack wait. (A message on its last delivery is processed instead:
+// JetStream would drop it after a Nak.)
 func (c *Consumer) nakBuffered(m jetstream.Msg) {
 	if err := m.Nak(); err != nil {
 		c.log.Debug("idemnats: nak of a message buffered at stop", "err", err)

@@ -99,9 +99,12 @@
 // fetched ahead, the last of them would otherwise wait past a 1s AckWait
 // and be redelivered, and the redeliveries, buffered behind the others,
 // would expire in turn.) Nothing waits in the client's own buffer, out of
-// reach of those reports. Several Consumers, in one process or many, on the same
-// durable consumer share its messages. Stop is graceful: no new deliveries
-// (buffered ones are Nak'ed so another member gets them at once), the
+// reach of those reports. Several Consumers, in one process or many, on
+// the same durable consumer share its messages. Stop is graceful: no new
+// pull requests; the messages held but not started are Nak'ed so that
+// another member gets them at once, as are those that reach the pull
+// request still out until 100ms pass without one (it is then cancelled,
+// and a message the server sends it later waits out AckWait);
 // handlers in flight finish with their context intact, their acks are
 // flushed to the server, then Run returns nil. When Run's context ends
 // instead, Run returns ctx.Err(). Stop's context bounds the wait; when it
