@@ -24,14 +24,7 @@ var okProcessor = idem.ProcessorFunc(func(ctx context.Context, msg idem.Message)
 
 func TestNewConsumerConfigErrors(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
-	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "c"})
 	good := idemnats.Config{Processor: okProcessor, DeadLetter: s.dlSubject}
 	tests := []struct {
 		name string
@@ -342,14 +335,8 @@ func TestCustomIDHeader(t *testing.T) {
 // handler that runs past the ack wait is not redelivered meanwhile.
 func TestProgressKeepsLongHandler(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "slow", AckWait: time.Second})
 	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "slow", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var calls atomic.Int32
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
 		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
@@ -398,14 +385,8 @@ func TestProgressKeepsLongHandler(t *testing.T) {
 // that handler's context and returns ctx's error; Run then returns nil.
 func TestStopTimeoutCancelsHandler(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "life"})
 	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "life", AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := idemnats.Config{Processor: okProcessor, DeadLetter: s.dlSubject, Logger: testLogger()}
 
 	// Stop whose context ends first cancels the handler and returns ctx's error.
@@ -495,14 +476,8 @@ func TestProducer(t *testing.T) {
 // worker, whose outcome settles it.
 func TestHandlerTimeoutEndsKeepAlive(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "stuck", AckWait: time.Second})
 	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "stuck", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	release := make(chan struct{})
 	var calls atomic.Int32
 	var ctxEnded atomic.Bool

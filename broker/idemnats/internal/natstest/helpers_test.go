@@ -113,6 +113,21 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// inProcessConsumer returns a JetStream client on the in-process server,
+// fresh streams (a minute's dedupe window) and a durable pull consumer of
+// cfg on the work stream, with explicit acks.
+func inProcessConsumer(t *testing.T, cfg jetstream.ConsumerConfig) (jetstream.JetStream, *testStreams, jetstream.Consumer) {
+	t.Helper()
+	_, js := newJS(t, inProcess(t))
+	s := newStreams(t, js, time.Minute)
+	cfg.AckPolicy = jetstream.AckExplicitPolicy
+	cons, err := s.stream.CreateOrUpdateConsumer(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, s, cons
+}
+
 // testStreams creates a work stream and a dead-letter stream, deleted at
 // cleanup.
 type testStreams struct {

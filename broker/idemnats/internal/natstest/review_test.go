@@ -322,9 +322,10 @@ func TestReviewConsumerDeleted(t *testing.T) {
 
 // How the Consumer pulls, each case processing every message once:
 //   - the server's limits below the Consumer's: fewer ack-pending slots
-//     than handlers, or a MaxRequestBatch below MaxMessages (a pull request
-//     then asks for no more than the server takes; it refuses a larger
-//     one);
+//     than handlers, a MaxRequestBatch below MaxMessages or a
+//     MaxRequestExpires below the pull request's 30s (a pull request then
+//     asks for no more, and waits no longer, than the server takes; it
+//     refuses a request above either);
 //   - one message at a time: once each is settled, a pull request waits at
 //     the server for the next, so consuming never pauses until a missing
 //     heartbeat renews the pull.
@@ -338,19 +339,14 @@ func TestReviewPullRequests(t *testing.T) {
 	}{
 		{"max ack pending below concurrency", jetstream.ConsumerConfig{MaxAckPending: 1}, 4, 8, false},
 		{"max request batch below max messages", jetstream.ConsumerConfig{MaxRequestBatch: 2}, 4, 8, false},
+		{"max request expires below the pull's", jetstream.ConsumerConfig{MaxRequestExpires: 2 * time.Second}, 4, 8, false},
 		{"a request waits while idle", jetstream.ConsumerConfig{}, 1, 1, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			conn := inProcess(t)
-			_, js := newJS(t, conn)
-			s := newStreams(t, js, time.Minute)
+			tc.cfg.Durable = "pulls"
+			js, s, cons := inProcessConsumer(t, tc.cfg)
 			ctx := context.Background()
-			tc.cfg.Durable, tc.cfg.AckPolicy = "pulls", jetstream.AckExplicitPolicy
-			cons, err := s.stream.CreateOrUpdateConsumer(ctx, tc.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
 			st := newSQLiteTx(t)
 			c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: tc.concurrency, MaxMessages: tc.maxMessages, DeadLetter: s.dlSubject, Logger: testLogger()})
 			if err != nil {
@@ -381,18 +377,58 @@ func TestReviewPullRequests(t *testing.T) {
 	}
 }
 
+// A stopped Consumer leaves no pull request behind to take the next
+// messages: published after Stop, they go to the next member at once, not
+// after the ack wait (a minute).
+func TestReviewStopLeavesNoPullRequest(t *testing.T) {
+	t.Parallel()
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "stopped", AckWait: time.Minute})
+	ctx := context.Background()
+	st := newSQLiteTx(t)
+	member := func() *idemnats.Consumer {
+		c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: 2, DeadLetter: s.dlSubject, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	first := member()
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	t.Cleanup(func() { _ = first.Stop(ctx) })
+	testenv.Eventually(t, 10*time.Second, "no pull request waiting", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumWaiting == 1
+	}, nil)
+	if err := first.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Run after Stop: %v", err)
+	}
+	const n = 5
+	for i := range n {
+		if _, err := idemnats.NewProducer(js).Publish(ctx, s.subject, []byte("p"), idemnats.WithMessageID(fmt.Sprintf("m-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runConsumer(t, member())
+	testenv.Eventually(t, 20*time.Second, "messages published after Stop not processed", func() bool { r, _ := st.effects(t); return r >= n }, nil)
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, d := st.effects(t); r != n || d != n || info.NumRedelivered != 0 {
+		t.Errorf("%d effects for %d distinct IDs, %d redelivered; want %d, %d, 0", r, d, info.NumRedelivered, n, n)
+	}
+}
+
 // NakWithDelay longer than the consumer's AckWait: JetStream waits for the
 // delay, not the ack wait.
 func TestReviewRetryAfterLongerThanAckWait(t *testing.T) {
 	t.Parallel()
-	conn := inProcess(t)
-	_, js := newJS(t, conn)
-	s := newStreams(t, js, time.Minute)
+	js, s, cons := inProcessConsumer(t, jetstream.ConsumerConfig{Durable: "short", AckWait: time.Second})
 	ctx := context.Background()
-	cons, err := s.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "short", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const retryAfter = 3 * time.Second
 	var mu sync.Mutex
 	var times []time.Time
