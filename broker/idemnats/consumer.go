@@ -349,10 +349,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(reportDone)
 	}
 
-	// quit is closed when consuming ends (Stop, ctx, an error): the fetch
-	// loop asks for no more, and what it still receives is Nak'ed, unless
-	// on its last delivery.
-	quit := make(chan struct{})
+	// consuming ends with Stop, ctx or an error: the fetch loop asks for
+	// no more, and what it still receives is Nak'ed, unless on its last
+	// delivery.
+	consuming, endConsuming := context.WithCancel(work)
+	defer endConsuming()
+	quit := consuming.Done()
 	// failed receives the error that ends consuming; the first one counts.
 	failed := make(chan error, 1)
 	fail := func(err error) {
@@ -379,7 +381,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fetching := make(chan struct{})
 	go func() {
 		defer close(fetching)
-		c.fetchLoop(work, quit, held, take, fail)
+		c.fetchLoop(work, consuming, held, take, fail)
 	}()
 	var runErr error
 	select {
@@ -389,7 +391,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case runErr = <-failed:
 		ended.Store(true)
 	}
-	close(quit)
+	endConsuming()
 	<-fetching
 	close(queue)
 	wg.Wait()
@@ -421,7 +423,8 @@ const quitGrace = 100 * time.Millisecond
 
 // fetchLoop pulls messages for the free places in held, one pull request
 // (jetstream.Consumer.Fetch) at a time, and hands each message, its place
-// taken, to take. It returns when quit is closed, or after passing to fail
+// taken, to take. Its requests run under ctx; it returns when consuming
+// ends, or after passing to fail
 // an error that ends consuming: the consumer deleted, the connection
 // closed, a pull request the server refused as bad.
 //
@@ -435,26 +438,16 @@ const quitGrace = 100 * time.Millisecond
 // request out, so consuming stalled until a missing heartbeat, 30s later;
 // Messages' channel, sized to the pull, also dropped deliveries after a
 // reconnect.)
-func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held chan struct{}, take func(jetstream.Msg), fail func(error)) {
+func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{}, take func(jetstream.Msg), fail func(error)) {
+	quit := consuming.Done()
 	nc := c.js.Conn()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
 	defer nc.RemoveStatusListener(status)
-	// asking bounds the questions to the server about the consumer: they
-	// end with consuming.
-	asking, stopAsking := context.WithCancel(ctx)
-	defer stopAsking()
-	go func() {
-		select {
-		case <-quit:
-			stopAsking()
-		case <-asking.Done():
-		}
-	}()
 	maxBatch, expiry := c.requestLimits(cap(held), c.cons.CachedInfo())
 	// ask refreshes the consumer's limits from the server, and reports
 	// false after failing consuming when the consumer no longer exists.
 	ask := func() bool {
-		ictx, icancel := context.WithTimeout(asking, 10*time.Second)
+		ictx, icancel := context.WithTimeout(consuming, 10*time.Second)
 		info, err := c.cons.Info(ictx)
 		icancel()
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -489,29 +482,23 @@ func (c *Consumer) fetchLoop(ctx context.Context, quit <-chan struct{}, held cha
 				break more
 			}
 		}
-		// No request after consuming ended (the select above may take a
-		// place although quit is closed); none while the connection is
-		// down (nats.go keeps the subscription of a request it could not
-		// send); a reconnect before this request needs no second one.
-		for up := false; !up; {
+		// No request while the connection is down (nats.go keeps the
+		// subscription of a request it could not send), nor after
+		// consuming ended (the select above may take a place although
+		// quit is closed).
+		for !nc.IsConnected() && !nc.IsClosed() && consuming.Err() == nil {
 			select {
+			case <-status:
 			case <-quit:
-				release(n)
-				return
-			case st := <-status:
-				if st == nats.CLOSED {
-					up = true // nc.IsClosed below
-				}
-			default:
-				if nc.IsConnected() || nc.IsClosed() {
-					up = true
-					break
-				}
-				select {
-				case <-status:
-				case <-quit:
-				}
 			}
+		}
+		if consuming.Err() != nil {
+			release(n)
+			return
+		}
+		// A reconnect before this request needs no second one.
+		for len(status) > 0 {
+			<-status
 		}
 		if nc.IsClosed() {
 			release(n)
