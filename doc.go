@@ -75,7 +75,9 @@
 // after commit through a [Publisher] (woken at once by a Consumer whose
 // Config.Relay is set), sends whatever a crash left behind, keeps order
 // per destination and ordering key, retries a failing destination with
-// backoff without holding up the others, and purges sent rows. A duplicate
+// backoff without holding up the others, and deletes each row once its
+// send was confirmed (RelayConfig.KeepSent keeps sent rows for a
+// retention instead; failed rows are kept until purged). A duplicate
 // delivery never runs the handler and never emits anew; it wakes the
 // relay when its first processing left messages unsent. The table's schema
 // is documented in docs/outbox.md, so programs in other languages can

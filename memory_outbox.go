@@ -17,23 +17,26 @@ var (
 )
 
 // memOutbox is a MemoryStore's outbox table: rows in sequence order,
-// indexed by ID; rows[:done] are all sent or failed, so claims start
-// after them.
+// indexed by ID; rows[:done] are all sent, failed or deleted, so claims
+// start after them. A deleted row leaves ids at once and rows once
+// deleted rows make up half of them.
 type memOutbox struct {
-	mu   sync.Mutex
-	seq  int64
-	rows []*memOutRow
-	ids  map[string]*memOutRow
-	done int
+	mu      sync.Mutex
+	seq     int64
+	rows    []*memOutRow
+	ids     map[string]*memOutRow
+	done    int
+	deleted int // rows in rows that are deleted
 }
 
 type memOutRow struct {
 	rec                                     idemdriver.OutgoingRecord
 	available, leaseUntil, sentAt, failedAt time.Time
 	lastErr                                 string
+	deleted                                 bool
 }
 
-func (r *memOutRow) pending() bool { return r.sentAt.IsZero() && r.failedAt.IsZero() }
+func (r *memOutRow) pending() bool { return !r.deleted && r.sentAt.IsZero() && r.failedAt.IsZero() }
 
 // EmitTx implements idemdriver.OutboxTx: the rows are added to the outbox
 // when tx commits (MemoryTx.OnCommit), in order; a row whose ID exists is
@@ -112,9 +115,27 @@ func (s *MemoryStore) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutg
 	return out, nil
 }
 
-// MarkSent implements idemdriver.OutboxStore.
+// MarkSent implements idemdriver.OutboxStore: it deletes the rows, or,
+// with p.Keep, marks the unsent ones sent, under one lock.
 func (s *MemoryStore) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
-	return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
+	if p.Keep {
+		return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
+	}
+	o := &s.outbox
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, id := range p.IDs {
+		if r := o.ids[id]; r != nil {
+			r.deleted = true
+			delete(o.ids, id)
+			o.deleted++
+		}
+	}
+	if o.deleted > 64 && 2*o.deleted > len(o.rows) {
+		o.rows = slices.DeleteFunc(o.rows, func(r *memOutRow) bool { return r.deleted })
+		o.done, o.deleted = 0, 0
+	}
+	return nil
 }
 
 // MarkFailed implements idemdriver.OutboxStore, fenced by each row's
@@ -142,7 +163,8 @@ func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedPa
 	})
 }
 
-// outboxUpdate applies fn to the unsent rows with the given IDs.
+// outboxUpdate applies fn to the unsent rows with the given IDs (a
+// deleted row has no ID any more).
 func (s *MemoryStore) outboxUpdate(ids []string, fn func(r *memOutRow, now time.Time)) error {
 	o := &s.outbox
 	o.mu.Lock()
@@ -184,6 +206,9 @@ func (s *MemoryStore) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutbox
 	horizon := s.now().Add(-p.Retention)
 	var n int64
 	o.rows = slices.DeleteFunc(o.rows, func(r *memOutRow) bool {
+		if r.deleted {
+			return true // gone already: not counted
+		}
 		done := r.sentAt
 		if done.IsZero() {
 			done = r.failedAt
@@ -195,7 +220,7 @@ func (s *MemoryStore) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutbox
 		delete(o.ids, r.rec.ID)
 		return true
 	})
-	o.done = 0
+	o.done, o.deleted = 0, 0
 	return n, nil
 }
 
@@ -213,7 +238,7 @@ func (s *MemoryStore) OutboxStats(ctx context.Context) (idemdriver.OutboxStats, 
 				st.OldestPending = max(now.Sub(r.rec.CreatedAt), 0)
 			}
 			st.Pending++
-		case r.sentAt.IsZero():
+		case !r.deleted && r.sentAt.IsZero():
 			st.Failed++
 		}
 	}

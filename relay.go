@@ -38,8 +38,9 @@ const (
 	// doubling per attempt up to MaxRetry.
 	DefaultRelayMinRetry = time.Second
 	DefaultRelayMaxRetry = 5 * time.Minute
-	// DefaultOutboxRetention is how long sent (and failed) outbox rows are
-	// kept before the relay purges them.
+	// DefaultOutboxRetention is how long failed outbox rows (and sent
+	// ones, with RelayConfig.KeepSent) are kept before the relay purges
+	// them.
 	DefaultOutboxRetention = 24 * time.Hour
 )
 
@@ -79,8 +80,18 @@ type RelayConfig struct {
 	// MinRetry and MaxRetry bound the per-message backoff after a failed
 	// publish. Defaults to 1s and 5 minutes.
 	MinRetry, MaxRetry time.Duration
-	// Retention is how long sent and failed rows are kept. Defaults to
-	// DefaultOutboxRetention (24 hours); negative disables purging.
+	// KeepSent keeps each sent row in the outbox table, marked sent, until
+	// Retention has passed (the purge then deletes it): for audit, or to
+	// replay what was sent. False, the default, deletes a row as soon as
+	// the publisher confirmed it, in the statement that would have marked
+	// it: the processed-messages record is what stops a redelivered
+	// incoming message from emitting again, so a sent row guards nothing,
+	// and deleting it at once spares the table a write per message (the
+	// mark, then the purge's delete) and the sent rows' space.
+	KeepSent bool
+	// Retention is how long failed rows, and sent ones with KeepSent, are
+	// kept. Defaults to DefaultOutboxRetention (24 hours); negative
+	// disables purging.
 	Retention time.Duration
 	// PurgeInterval is how often Run purges. Defaults to a tenth of
 	// Retention, between 1 second and 1 hour.
@@ -156,10 +167,11 @@ func (c RelayConfig) validate() error {
 // by a crash, and rows other programs wrote into the table.
 //
 // Delivery is at least once, and each message carries its outbox ID, so
-// a downstream idem consumer applies it once: a row is marked sent only
-// after the publisher confirmed it, and a relay that dies between the
-// confirmation and the mark leaves the row to be sent again, with the same
-// ID, when its lease ends. Relays side by side (in one process or many)
+// a downstream idem consumer applies it once: a row is deleted (or, with
+// RelayConfig.KeepSent, marked sent and kept until its retention ends)
+// only after the publisher confirmed it, and a relay that dies between the
+// confirmation and that delete leaves the row to be sent again, with the
+// same ID, when its lease ends. Relays side by side (in one process or many)
 // claim disjoint rows (FOR UPDATE SKIP LOCKED, or SQLite's single writer)
 // and never send one row at once while its lease lasts. Per destination
 // and non-empty ordering key, messages go out in sequence order, each
@@ -208,14 +220,16 @@ func (r *Relay) Wake() {
 
 // RelayResult counts what one [Relay.RunOnce] did.
 type RelayResult struct {
-	// Claimed counts the rows claimed; Sent those confirmed and marked;
+	// Claimed counts the rows claimed; Sent those confirmed and deleted
+	// (or marked sent, with RelayConfig.KeepSent);
 	// Retried those that failed and wait for their backoff; Failed those
 	// that failed for good (each counted once its mark was written).
 	Claimed, Sent, Retried, Failed int
 }
 
-// RunOnce claims one batch of pending rows, publishes it, and marks each
-// row sent, for retry, or failed. The error matches ErrStore when the
+// RunOnce claims one batch of pending rows, publishes it, and deletes
+// each confirmed row (marks it sent, with KeepSent) and marks each other
+// row for retry, or failed. The error matches ErrStore when the
 // claim or a mark failed (a row whose mark failed is sent again after its
 // lease), and is ctx's error when ctx ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
@@ -259,8 +273,9 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 }
 
 // mark writes the outcome of a published batch in two calls: the
-// confirmed rows marked sent first (a confirmed row left unmarked is
-// published again after its lease), then the failed rows, each for retry
+// confirmed rows deleted (or marked sent, with KeepSent) first (a
+// confirmed row left in place is published again after its lease), then
+// the failed rows, each for retry
 // or as failed. Each call has its own finishTimeout on a context detached
 // from ctx, so that a slow store (a SQLite writer waiting its turn) makes
 // a round long rather than failing the second mark because the first used
@@ -286,7 +301,7 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 	var markErrs []error
 	if len(sent) > 0 {
 		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
-		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent})
+		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent, Keep: r.cfg.KeepSent})
 		cancel()
 		if err != nil {
 			markErrs = append(markErrs, storeError("mark outgoing sent", err))
@@ -351,7 +366,8 @@ func (r *Relay) backoff(attempts int) time.Duration {
 // and publishes batch after batch while there is work (a worker that
 // claimed a full batch wakes another), then waits for a Wake, a
 // notification from the store (idemdriver.OutboxNotifier), or its poll
-// interval; the first worker purges sent rows every PurgeInterval.
+// interval; the first worker purges failed (and kept sent) rows every
+// PurgeInterval.
 // Failures are logged and retried with backoff; they never stop Run. One
 // Run at a time per Relay: a second call waits for the first to return.
 func (r *Relay) Run(ctx context.Context) error {
@@ -443,7 +459,8 @@ func (r *Relay) listen(ctx context.Context, n idemdriver.OutboxNotifier) {
 	}
 }
 
-// Purge deletes sent and failed rows older than the retention, in batches
+// Purge deletes failed rows, and sent rows kept by KeepSent, older than
+// the retention, in batches
 // of PurgeBatchSize, and returns how many it deleted. Errors match
 // ErrStore.
 func (r *Relay) Purge(ctx context.Context) (int64, error) {

@@ -59,9 +59,10 @@ type OutboxCommitter[TTx any] interface {
 }
 
 // OutboxStore is what the relay needs of a store: claim pending outgoing
-// rows with a lease, mark them sent or failed, purge sent rows, and
-// report the backlog. Every method runs in its own short transaction (or
-// statement); times are the store's clock.
+// rows with a lease, end the rows whose send was confirmed (deleted, or
+// kept marked sent), mark failed ones, purge failed (and kept sent) rows,
+// and report the backlog. Every method runs in its own short transaction
+// (or statement); times are the store's clock.
 //
 // Contract:
 //   - ClaimOutgoing takes up to Limit pending rows (not sent, not failed
@@ -76,12 +77,20 @@ type OutboxCommitter[TTx any] interface {
 //     increments each row's attempt count. Concurrent claims must not
 //     wait on each other's rows (FOR UPDATE SKIP LOCKED, or a single
 //     writer).
-//   - MarkSent marks rows sent (and ends their lease), whoever holds it:
-//     a row that was sent stays sent.
+//   - MarkSent ends the rows a publisher confirmed, whoever holds their
+//     lease: without Keep it deletes them, with one statement (or one per
+//     few hundred IDs where the driver has no arrays), whether they are
+//     pending, leased, failed or kept sent; with Keep it marks them sent
+//     and ends their lease, and a row that was sent stays sent until
+//     PurgeOutbox deletes it. Deleting is the default because a sent row
+//     guards nothing: the processed-messages record is what stops a
+//     redelivered incoming message from emitting again, and the relay
+//     never claims a row that is gone. IDs of no row are ignored.
 //   - MarkFailed ends the leases of the rows of one round whose publish
 //     failed, and either makes each available again after its RetryAfter
 //     (retryable) or marks it failed for good, which unblocks the later
-//     rows of its key. A row already sent is left sent. The rows are
+//     rows of its key. A row already sent (kept, or deleted) is left as it
+//     is. The rows are
 //     marked with one statement (or a few, for many rows), not one
 //     transaction per row: when a broker is down every row of every round
 //     fails, and a durable store would otherwise flush once per row. Each
@@ -92,11 +101,11 @@ type OutboxCommitter[TTx any] interface {
 //     other relay's lease (a third would send the row while the second
 //     still does) nor fail a row the second may be sending. MarkSent needs
 //     no fence: a confirmed message was sent, whoever holds the row.
-//   - PurgeOutbox deletes at most Limit rows sent (or failed) more than
-//     Retention ago, skipping rows another transaction has locked (every
-//     relay purges, so relays side by side purge at once): it never
-//     waits for a row lock, and returns fewer than Limit when it skipped
-//     some.
+//   - PurgeOutbox deletes at most Limit rows failed for good (or kept
+//     sent, see MarkSentParams.Keep) more than Retention ago, skipping
+//     rows another transaction has locked (every relay purges, so relays
+//     side by side purge at once): it never waits for a row lock, and
+//     returns fewer than Limit when it skipped some.
 type OutboxStore interface {
 	ClaimOutgoing(ctx context.Context, p *ClaimOutgoingParams) ([]OutgoingRecord, error)
 	MarkSent(ctx context.Context, p *MarkSentParams) error
@@ -171,8 +180,13 @@ type ClaimOutgoingParams struct {
 
 // MarkSentParams names the rows a publisher confirmed.
 type MarkSentParams struct {
-	// IDs are the rows' IDs.
+	// IDs are the rows' IDs; an ID may come twice, or name no row.
 	IDs []string
+	// Keep keeps the rows in the outbox table, marked sent (sent_at set,
+	// lease ended), until PurgeOutbox deletes them once their retention
+	// has passed: for audit, or to replay what was sent. False, the
+	// default, deletes them at once.
+	Keep bool
 }
 
 // MarkFailedParams are the rows of one relay round whose publish failed.
@@ -200,9 +214,10 @@ type FailedRow struct {
 	Error string
 }
 
-// PurgeOutboxParams bound one purge of sent rows.
+// PurgeOutboxParams bound one purge of done rows.
 type PurgeOutboxParams struct {
-	// Retention is how long sent and failed rows are kept, > 0.
+	// Retention is how long failed rows, and sent rows kept by
+	// MarkSentParams.Keep, are kept, > 0.
 	Retention time.Duration
 	// Limit is the most rows deleted, at least 1.
 	Limit int

@@ -37,11 +37,15 @@ import (
 // per destination and key, with a failed message holding back only its
 // key; one failing destination among good ones (retried with backoff, and
 // a permanent failure unblocking its key); invalid emissions; batches
-// (EmitFor); MarkSent marking exactly the rows it names (none, thousands,
-// named twice, absent or already sent); a Run with the default batch size
-// and workers over a publisher that fails every other message once (two
-// rounds in flight on disjoint rows, each message confirmed once); purging
-// sent rows; the emit and relay hooks; and, for a store that implements
+// (EmitFor); MarkSent ending exactly the rows it names (none, thousands,
+// named twice, absent or already sent), deleting them (their IDs free
+// again) or, with Keep, marking them sent (their IDs held until purged);
+// a sent row deleted at once by default and kept until its retention by
+// RelayConfig.KeepSent, a failed row kept until its retention either way;
+// a Run with the default batch size and workers over a publisher that
+// fails every other message once (two rounds in flight on disjoint rows,
+// each message confirmed once); purging kept sent rows, by relays side by
+// side too; the emit and relay hooks; and, for a store that implements
 // idemdriver.OutboxNotifier, an idle relay woken by the store's
 // notification alone.
 //
@@ -174,6 +178,23 @@ func (b *bundle[TTx]) drain(what string, r *idem.Relay, done func() bool) {
 		}
 		return false
 	}, func() string { return fmt.Sprintf("%+v", b.stats()) })
+}
+
+// purgeUntil purges with r until want rows in all were deleted, waiting
+// on the store's clock for their retention to pass, and returns how many
+// were.
+func (b *bundle[TTx]) purgeUntil(what string, r *idem.Relay, want int64) int64 {
+	b.t.Helper()
+	var purged int64
+	testenv.Eventually(b.t, realTimeout, what, func() bool {
+		n, err := r.Purge(b.ctx)
+		if err != nil {
+			b.t.Fatalf("%s: Purge: %v", what, err)
+		}
+		purged += n
+		return purged >= want
+	}, func() string { return fmt.Sprintf("%d purged", purged) })
+	return purged
 }
 
 func (b *bundle[TTx]) stats() idemdriver.OutboxStats {
@@ -718,80 +739,10 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("sent %d messages, %d distinct, want %d once each", len(rec.sentIDs()), len(got), msgs*each)
 			}
 		}},
-		{"MarkSentMarksExactlyItsIDs", func(t *testing.T, b *bundle[TTx]) {
-			// MarkSent with no IDs changes nothing; with thousands of
-			// IDs (more than one IN list holds), listed twice, mixed
-			// with IDs of no row and of rows already sent, and with IDs
-			// that array or list syntax could misread, it marks exactly
-			// the rows named: the others are the next claim's, whole.
-			store := b.outboxOf()
-			all := b.emitNamed(1201)
-			total := int64(len(all))
-			b.wantPending("after the emit", total)
-			mark := func(what string, ids []string) {
-				t.Helper()
-				if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: ids}); err != nil {
-					t.Fatalf("%s: MarkSent of %d IDs: %v", what, len(ids), err)
-				}
-			}
-			mark("no IDs (nil)", nil)
-			mark("no IDs (empty)", []string{})
-			b.wantPending("after marking no IDs", total)
-
-			// Every other numbered row and every odd one, each named
-			// twice: half of them before 3,000 IDs of no row, half after.
-			want := map[string]bool{} // marked sent
-			var ids []string
-			for i, id := range all {
-				if i%2 == 0 || i >= 1201 {
-					want[id] = true
-					ids = append(ids, id)
-				}
-			}
-			var names []string
-			for _, id := range ids[:len(ids)/2] {
-				names = append(names, id, id)
-			}
-			for i := range 3000 {
-				names = append(names, fmt.Sprintf("absent-%d", i))
-			}
-			for _, id := range ids[len(ids)/2:] {
-				names = append(names, id, id)
-			}
-			mark("thousands of IDs", names)
-			b.wantPending("after the big mark", total-int64(len(want)))
-
-			// Marking the sent rows again, with one more, marks that one.
-			mark("sent rows again", append(slices.Clone(ids), "r-0001"))
-			want["r-0001"] = true
-			b.wantPending("after marking sent rows again", total-int64(len(want)))
-			mark("one ID", []string{"r-0003"})
-			want["r-0003"] = true
-			b.wantPending("after marking one ID", total-int64(len(want)))
-
-			recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
-			if err != nil {
-				t.Fatalf("ClaimOutgoing: %v", err)
-			}
-			claimed := map[string]bool{}
-			for _, r := range recs {
-				if want[r.ID] {
-					t.Errorf("row %q claimed after it was marked sent", r.ID)
-				}
-				if !bytes.Equal(r.Payload, []byte(r.ID)) {
-					t.Errorf("row %q claimed with payload %q, want its ID", r.ID, r.Payload)
-				}
-				claimed[r.ID] = true
-			}
-			for _, id := range all {
-				if !want[id] && !claimed[id] {
-					t.Errorf("row %q neither marked sent nor claimed", id)
-				}
-			}
-			if len(recs) != len(all)-len(want) {
-				t.Errorf("claimed %d rows, want %d", len(recs), len(all)-len(want))
-			}
-		}},
+		{"MarkSentMarksExactlyItsIDs", markSentExactly[TTx](false)},
+		{"MarkSentKeepMarksExactlyItsIDs", markSentExactly[TTx](true)},
+		{"SentRowsDeleted", sentRows[TTx](false)},
+		{"SentRowsKept", sentRows[TTx](true)},
 		{"MarkFailedMarksExactlyItsRows", func(t *testing.T, b *bundle[TTx]) {
 			// One MarkFailed of more rows than one statement of a
 			// dialect without arrays names, with IDs that list syntax
@@ -1101,20 +1052,14 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			var calls atomic.Int64
 			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "")), idem.Processed, nil)
 			b.process("deliver", c, idem.Message{ID: "n", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "")), idem.Processed, nil)
-			r := b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{Retention: time.Millisecond, PurgeBatchSize: 1})
+			r := b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{KeepSent: true, Retention: time.Millisecond, PurgeBatchSize: 1})
 			if n, err := r.Purge(b.ctx); err != nil || n != 0 {
 				t.Errorf("Purge before sending = %d, %v; want 0 (pending rows are never purged)", n, err)
 			}
 			b.drain("send", r, nil)
-			var purged int64
-			testenv.Eventually(t, realTimeout, "sent rows purged after their retention", func() bool {
-				n, err := r.Purge(b.ctx)
-				if err != nil {
-					t.Fatalf("Purge: %v", err)
-				}
-				purged += n
-				return purged == 2
-			}, func() string { return fmt.Sprintf("%d purged", purged) })
+			if purged := b.purgeUntil("sent rows purged after their retention", r, 2); purged != 2 {
+				t.Errorf("purged %d rows, want 2", purged)
+			}
 			if res := b.runOnce("after purge", r); res.Claimed != 0 {
 				t.Errorf("claimed %d rows after purge, want 0", res.Claimed)
 			}
@@ -1135,7 +1080,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				}
 				return out
 			}), idem.Processed, nil)
-			b.drain("send", b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{BatchSize: rows}), nil)
+			b.drain("send", b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{BatchSize: rows, KeepSent: true}), nil)
 			relays := make([]*idem.Relay, purgers)
 			for i := range relays {
 				relays[i] = b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{Retention: time.Millisecond, PurgeBatchSize: 10})
@@ -1167,5 +1112,167 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("after the purges: %+v, want nothing pending or failed", s)
 			}
 		}},
+	}
+}
+
+// markSentExactly is the case MarkSentMarksExactlyItsIDs, with keep as
+// MarkSentParams.Keep: MarkSent with no IDs changes nothing; with
+// thousands of IDs (more than one IN list holds), listed twice, mixed
+// with IDs of no row and of rows already sent, and with IDs that array or
+// list syntax could misread, it ends exactly the rows named (deleted, or
+// marked sent and kept): the others are the next claim's, whole. A row it
+// deleted leaves its ID free (emitted again, it is a new pending row); a
+// row it kept holds its ID.
+func markSentExactly[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
+	return func(t *testing.T, b *bundle[TTx]) {
+		store := b.outboxOf()
+		all := b.emitNamed(1201)
+		total := int64(len(all))
+		b.wantPending("after the emit", total)
+		mark := func(what string, ids []string) {
+			t.Helper()
+			if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: ids, Keep: keep}); err != nil {
+				t.Fatalf("%s: MarkSent of %d IDs: %v", what, len(ids), err)
+			}
+		}
+		mark("no IDs (nil)", nil)
+		mark("no IDs (empty)", []string{})
+		b.wantPending("after marking no IDs", total)
+
+		// Every other numbered row and every odd one, each named
+		// twice: half of them before 3,000 IDs of no row, half after.
+		want := map[string]bool{} // marked sent
+		var ids []string
+		for i, id := range all {
+			if i%2 == 0 || i >= 1201 {
+				want[id] = true
+				ids = append(ids, id)
+			}
+		}
+		var names []string
+		for _, id := range ids[:len(ids)/2] {
+			names = append(names, id, id)
+		}
+		for i := range 3000 {
+			names = append(names, fmt.Sprintf("absent-%d", i))
+		}
+		for _, id := range ids[len(ids)/2:] {
+			names = append(names, id, id)
+		}
+		mark("thousands of IDs", names)
+		b.wantPending("after the big mark", total-int64(len(want)))
+
+		// Marking the sent rows again, with one more, marks that one.
+		mark("sent rows again", append(slices.Clone(ids), "r-0001"))
+		want["r-0001"] = true
+		b.wantPending("after marking sent rows again", total-int64(len(want)))
+		mark("one ID", []string{"r-0003"})
+		want["r-0003"] = true
+		b.wantPending("after marking one ID", total-int64(len(want)))
+
+		recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
+		if err != nil {
+			t.Fatalf("ClaimOutgoing: %v", err)
+		}
+		claimed := map[string]bool{}
+		for _, r := range recs {
+			if want[r.ID] {
+				t.Errorf("row %q claimed after it was marked sent", r.ID)
+			}
+			if !bytes.Equal(r.Payload, []byte(r.ID)) {
+				t.Errorf("row %q claimed with payload %q, want its ID", r.ID, r.Payload)
+			}
+			claimed[r.ID] = true
+		}
+		for _, id := range all {
+			if !want[id] && !claimed[id] {
+				t.Errorf("row %q neither marked sent nor claimed", id)
+			}
+		}
+		if len(recs) != len(all)-len(want) {
+			t.Errorf("claimed %d rows, want %d", len(recs), len(all)-len(want))
+		}
+		// Emitted again, a deleted row's ID is a new pending row; a
+		// kept row's is left as it is.
+		again := []string{"r-0000", "r-0001", "NULL", "a,b"}
+		tx := b.begin()
+		msgs := make([]idemdriver.OutgoingRecord, len(again))
+		for i, id := range again {
+			msgs[i] = idemdriver.OutgoingRecord{ID: id, Destination: "d", Payload: []byte("again")}
+		}
+		if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: msgs}); err != nil {
+			b.rollback(tx)
+			t.Fatalf("EmitTx: %v", err)
+		}
+		b.commit(tx)
+		recs, err = store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 2 * len(all), Lease: time.Hour})
+		if err != nil {
+			t.Fatalf("ClaimOutgoing: %v", err)
+		}
+		wantAgain := len(again)
+		if keep {
+			wantAgain = 0
+		}
+		if len(recs) != wantAgain {
+			t.Errorf("keep %v: %d of %d ended rows emitted again were claimed, want %d", keep, len(recs), len(again), wantAgain)
+		}
+		for _, r := range recs {
+			if !slices.Contains(again, r.ID) || string(r.Payload) != "again" || r.Attempts != 1 {
+				t.Errorf("claimed %q (payload %q, attempt %d), want a new row of one of %q", r.ID, r.Payload, r.Attempts, again)
+			}
+		}
+
+	}
+}
+
+// sentRows runs a relay with KeepSent set to keep over a message sent at
+// once and one that fails for good: without keep the sent row is gone at
+// once (emitted again, its ID makes a new row; the purge finds only the
+// failed row); with keep it stays, holding its ID, until the purge
+// deletes it with the failed row once their retention passed.
+func sentRows[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
+	return func(t *testing.T, b *bundle[TTx]) {
+		c := b.consumer("c", idem.Config{})
+		var calls atomic.Int64
+		h := b.emitting(c, &calls, func(m idem.Message) []idem.OutgoingMessage {
+			return []idem.OutgoingMessage{{Name: "ok", Destination: "d", Key: "k", Payload: []byte("1")}, {Name: "bad", Destination: "poison", Payload: []byte("2")}}
+		})
+		b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, h, idem.Processed, nil)
+		rec := newRecorder()
+		rec.fail = func(m idem.Outgoing, try int) error {
+			if m.Destination == "poison" {
+				return idem.Permanent(errors.New("idemtest: message too large"))
+			}
+			return nil
+		}
+		r := b.relay(b.outboxOf(), rec, idem.RelayConfig{KeepSent: keep, Retention: time.Millisecond})
+		if res := b.runOnce("relay", r); res.Claimed != 2 || res.Sent != 1 || res.Failed != 1 {
+			t.Fatalf("RunOnce = %+v, want 2 claimed, 1 sent, 1 failed", res)
+		}
+		if st := b.stats(); st.Pending != 0 || st.Failed != 1 {
+			t.Errorf("after the round: %+v, want nothing pending and 1 failed", st)
+		}
+		ok := idem.OutgoingID(c.Name(), "m", "ok", 1)
+		wantPurged := int64(1) // the failed row
+		if keep {
+			wantPurged = 2 // and the kept one
+		}
+		if purged := b.purgeUntil("done rows purged after their retention", r, wantPurged); purged != wantPurged {
+			t.Errorf("keep %v: purged %d rows, want %d", keep, purged, wantPurged)
+		}
+		if st := b.stats(); st.Pending != 0 || st.Failed != 0 {
+			t.Errorf("after the purge: %+v, want nothing pending or failed", st)
+		}
+		// The sent row is gone either way now: its ID makes a new row.
+		tx := b.begin()
+		if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: []idemdriver.OutgoingRecord{{ID: ok, Destination: "d", Key: "k", Payload: []byte("1")}}}); err != nil {
+			b.rollback(tx)
+			t.Fatalf("EmitTx: %v", err)
+		}
+		b.commit(tx)
+		b.wantPending("the sent row's ID emitted again", 1)
+		if got := rec.sentIDs(); len(got) != 1 || got[0] != ok {
+			t.Errorf("sent %q, want [%q]", got, ok)
+		}
 	}
 }

@@ -74,7 +74,8 @@ type OutboxDialect struct {
 	KeyPending string
 	// IDArray, if set, is the condition "id is in the array given as
 	// parameter 1", for a driver that takes a []string as an array:
-	// MarkSent then runs one statement whatever the number of IDs.
+	// MarkSent then runs one statement (a DELETE, or with Keep an UPDATE)
+	// whatever the number of IDs.
 	IDArray string
 	// MarkFailedArrays, if set, is the statement that marks failed rows
 	// given as five arrays, for a driver that takes slices as arrays: IDs
@@ -103,7 +104,7 @@ type Outbox struct {
 	pending string // a pending row of alias o, first in its key
 	// Fixed statements.
 	claimReturning, claimSelect, purge, purgeSelect, stats string
-	markSentArray                                          string
+	markSentArray, deleteSentArray                         string
 }
 
 // MarkFailedSQL is the dialect's MarkFailedArrays (empty without one), for
@@ -122,8 +123,8 @@ func (o *Outbox) ClaimSQL() string {
 // insertCols are the columns EmitTx writes; the rest take their defaults.
 const insertCols = `(id, consumer, source_id, destination, order_key, payload, headers)`
 
-// MaxInList is the most IDs one MarkSent statement names; more take
-// several statements.
+// MaxInList is the most IDs one MarkSent statement names where the
+// dialect has no IDArray; more take several statements.
 const MaxInList = 500
 
 // MaxFailedPerStatement is the most rows one MarkFailed statement names
@@ -158,7 +159,8 @@ RETURNING ` + o.cols
 	o.claimSelect = `SELECT ` + o.cols + ` FROM ` + t + ` o WHERE ` + o.pending + `
 ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	if d.IDArray != "" {
-		o.markSentArray = `UPDATE ` + t + ` SET sent_at = ` + d.Now + `, lease_until = NULL WHERE ` + d.IDArray + ` AND sent_at IS NULL`
+		o.markSentArray = o.markSent(d.IDArray)
+		o.deleteSentArray = `DELETE FROM ` + t + ` WHERE ` + d.IDArray
 	}
 	done := `WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
 	LIMIT ` + d.Param(3, "bigint") + d.SkipLocked
@@ -314,14 +316,22 @@ func scanOutgoing(rows Rows, addAttempt int) ([]idemdriver.OutgoingRecord, error
 	return out, err
 }
 
-// MarkSent marks p's rows sent: with one statement when the dialect has
-// IDArray, else MaxInList IDs per statement.
+// MarkSent ends p's rows, whose send was confirmed: it deletes them, or,
+// with p.Keep, marks them sent (those not sent yet) and ends their lease.
+// With one statement when the dialect has IDArray, else MaxInList IDs per
+// statement, each on its own (an error may come after the first ones
+// ended their rows). Not fenced: a confirmed message was sent, whoever
+// holds the row.
 func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSentParams) error {
-	if o.markSentArray != "" {
-		if len(p.IDs) == 0 {
-			return nil
+	if len(p.IDs) == 0 {
+		return nil
+	}
+	if o.d.IDArray != "" {
+		q := o.deleteSentArray
+		if p.Keep {
+			q = o.markSentArray
 		}
-		_, err := db.Exec(ctx, o.markSentArray, p.IDs)
+		_, err := db.Exec(ctx, q, p.IDs)
 		return err
 	}
 	for ids := p.IDs; len(ids) > 0; {
@@ -330,13 +340,22 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 		for i, id := range ids[:n] {
 			args[i] = id
 		}
-		q := `UPDATE ` + o.d.Table + ` SET sent_at = ` + o.d.Now + `, lease_until = NULL WHERE id IN (` + o.list(1, n, "text") + `) AND sent_at IS NULL`
+		in := `id IN (` + o.list(1, n, "text") + `)`
+		q := `DELETE FROM ` + o.d.Table + ` WHERE ` + in
+		if p.Keep {
+			q = o.markSent(in)
+		}
 		if _, err := db.Exec(ctx, q, args...); err != nil {
 			return err
 		}
 		ids = ids[n:]
 	}
 	return nil
+}
+
+// markSent is the UPDATE that marks the unsent rows matching cond sent.
+func (o *Outbox) markSent(cond string) string {
+	return `UPDATE ` + o.d.Table + ` SET sent_at = ` + o.d.Now + `, lease_until = NULL WHERE ` + cond + ` AND sent_at IS NULL`
 }
 
 // MarkFailed ends the leases of p's rows, each for a retry after its
@@ -421,7 +440,8 @@ func (o *Outbox) markFailed(rows []idemdriver.FailedRow) (string, []any) {
 	return b.String(), args
 }
 
-// Purge deletes up to p.Limit rows done for longer than p.Retention,
+// Purge deletes up to p.Limit rows done (failed for good, or sent and
+// kept) for longer than p.Retention,
 // after checking p (idemdriver.ValidatePurgeOutboxParams), skipping rows
 // locked by another transaction (where the dialect has SkipLocked): with
 // one DELETE on db, or, for a dialect without UPDATE ... RETURNING, with

@@ -174,7 +174,7 @@ func testOutboxFillFactorUpgrade(t *testing.T, v upgradeVariant) {
 	for _, r := range claimed[:5] {
 		sent = append(sent, r.ID)
 	}
-	if err := store.MarkSent(ctx, &idemdriver.MarkSentParams{IDs: sent}); err != nil {
+	if err := store.MarkSent(ctx, &idemdriver.MarkSentParams{IDs: sent, Keep: true}); err != nil {
 		t.Fatal(err)
 	}
 	before := snapshot()
@@ -214,7 +214,7 @@ func testOutboxFillFactorUpgrade(t *testing.T, v upgradeVariant) {
 	for i, r := range rest {
 		ids[i] = r.ID
 	}
-	if err := store.MarkSent(ctx, &idemdriver.MarkSentParams{IDs: ids}); err != nil {
+	if err := store.MarkSent(ctx, &idemdriver.MarkSentParams{IDs: ids, Keep: true}); err != nil {
 		t.Fatal(err)
 	}
 	var nSent, nLeased int

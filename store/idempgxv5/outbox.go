@@ -177,7 +177,9 @@ func (s *Store) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingPa
 	return s.outbox().Claim(ctx, querier{s.pool}, nil, p)
 }
 
-// MarkSent implements [idemdriver.OutboxStore].
+// MarkSent implements [idemdriver.OutboxStore]: one DELETE of the rows
+// named by p.IDs, given as an array, whatever their number; with p.Keep,
+// one UPDATE that marks them sent instead.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.pool}, p)
 }

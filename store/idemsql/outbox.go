@@ -101,7 +101,9 @@ type sqlTx struct {
 func (t sqlTx) Commit(context.Context) error   { return t.tx.Commit() }
 func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
-// MarkSent implements [idemdriver.OutboxStore].
+// MarkSent implements [idemdriver.OutboxStore]: one DELETE per 500 IDs
+// of p (id IN (...)); with p.Keep, one UPDATE per 500 IDs that marks them
+// sent instead.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.db}, p)
 }

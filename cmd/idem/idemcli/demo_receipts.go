@@ -141,8 +141,8 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 	faults := &relayFaults{OutboxStore: r.st.store, pub: r.events, rate: r.o.crashRate, draws: r.draws, crashes: &r.relayCrashes}
 	r.relay, err = idem.NewRelay(idem.RelayConfig{Store: faults, Publisher: faults, Workers: 1, Lease: demoRelayLease,
 		MaxPoll: demoRelayMaxPoll, MinRetry: demoRelayMinRetry, MaxRetry: demoRelayMaxRetry,
-		Retention: -1, // the report counts the rows emitted
-		Logger:    r.log})
+		KeepSent: true, Retention: -1, // the report counts the rows emitted
+		Logger: r.log})
 	if err != nil || r.lease != nil {
 		return err
 	}
