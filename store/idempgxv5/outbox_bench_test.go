@@ -13,6 +13,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // confirmAll is a publisher that confirms every message at once.
@@ -24,18 +25,30 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //     one narrow outbox row per message, in the same transaction, deleted
 //     by two hand-written relay loops once published. It is the floor an
 //     outbox costs on this server: what every outbox pays, without what
-//     idem's adds (sent rows kept for their retention, order per key, an
-//     outgoing ID that is unique, leases instead of a transaction held open
-//     through the publish);
+//     idem's adds (order per key, an outgoing ID that is unique, leases
+//     instead of a transaction held open through the publish, retries);
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message, and
 //     a Relay (on a pool of its own, publishing to a Publisher that
 //     confirms at once, woken by the Consumer after each commit and by the
-//     table's notifications, purging rows sent over a millisecond ago
-//     every second) sends them while the consumers run. The timed section
-//     ends when every message was sent and the sent rows were purged, so
-//     the row's whole life (insert, claim, mark, delete) is paid in it;
+//     table's notifications) sends them while the consumers run, deleting
+//     each row once confirmed. The timed section ends when every message
+//     was sent and its row deleted, so the row's whole life (insert,
+//     claim, delete) is paid in it;
+//   - idem_outbox1_keepsent: idem_outbox1 with RelayConfig.KeepSent (sent
+//     rows marked sent, purged once sent over a millisecond ago, every
+//     second; the timed section ends when they are all purged): the
+//     row's life before rows were deleted on acknowledgement (insert,
+//     claim, mark sent, purge);
+//   - idem_outbox1_txround: idem_outbox1 whose relay is not idem's but two
+//     loops of the shape best_outbox1's relay has, on idem's outbox table:
+//     in one transaction, select the claimable rows (idem's claim
+//     condition, order per key included) FOR UPDATE SKIP LOCKED, publish,
+//     delete them, commit. No lease and no attempt count are written,
+//     and a round commits once instead of twice (claim, then delete): an
+//     experiment measuring what a relay holding its rows by a transaction
+//     through the publish would save (it has no retries or fenced marks);
 //   - idem_outbox1_norelay: the same without a relay (the insert alone:
 //     what the consumer's own transaction pays);
 //   - relay: a Relay sending b.N rows written beforehand, through a
@@ -48,13 +61,13 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 // case K, where outbox_best names best and outbox_idem names idem. So
 // best_outbox1's and idem_outbox1's x-outbox_best and x-outbox_idem are the
 // outbox's cost, idem's x-outbox_best is idem against best, and
-// idem_outbox1 also reports x-best_outbox1. They also report the CPU (client, and server: the backends of both
+// idem_outbox1 (and idem_outbox1_keepsent) also report x-best_outbox1. They also report the CPU (client, and server: the backends of both
 // pools) and WAL per message. They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL). The WAL and server
 // CPU figures are the server's and its backends': on a shared machine
 // they move much less than throughput does.
 //
-// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=6 go test -run '^$' -bench 'BenchmarkOutbox/^(best|best_outbox1|idem|idem_outbox1)(#[0-9]+)?$' -benchtime 10000x
+// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=6 go test -run '^$' -bench 'BenchmarkOutbox/^(best|best_outbox1|idem|idem_outbox1|idem_outbox1_keepsent)(#[0-9]+)?$' -benchtime 10000x
 func BenchmarkOutbox(b *testing.B) {
 	for range benchRounds {
 		benchOutboxRound(b)
@@ -87,7 +100,15 @@ func benchOutboxRound(b *testing.B) {
 	})
 	b.Run("idem_outbox1", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayDelete), "outbox_idem", "best_outbox1")
+	})
+	b.Run("idem_outbox1_keepsent", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "idem_outbox1_keepsent", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayKeep), "outbox_idem", "best_outbox1")
+	})
+	b.Run("idem_outbox1_txround", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "idem_outbox1_txround", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayTxRound), "outbox_idem", "best_outbox1")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -142,9 +163,13 @@ func benchOutboxRound(b *testing.B) {
 // while the workers process (see BenchmarkOutbox's idem_outbox1): the
 // Relay's store is on a pool of two connections of its own, the Consumer
 // wakes it after every commit, and the timed section ends once every
-// message was published and marked sent, and every sent row purged. CPU
-// is measured on the backends of both pools. It returns the throughput.
-func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []byte) float64 {
+// message was published and its row is gone: deleted once confirmed, or,
+// with relayKeep (RelayConfig.KeepSent), marked sent and then purged;
+// relayTxRound replaces the Relay by two loops of transactional rounds
+// (see BenchmarkOutbox's idem_outbox1_txround), woken by the Consumer's
+// emit hook. CPU is measured on the backends of both pools. It returns
+// the throughput.
+func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []byte, mode relayMode) float64 {
 	b.Helper()
 	steady(b, bb)
 	ctx := context.Background()
@@ -153,20 +178,28 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sent atomic.Int64
+	var sent, rounds atomic.Int64
 	all := make(chan struct{})
 	var allOnce sync.Once
-	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, Retention: time.Millisecond, PurgeInterval: time.Second,
-		Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {
-			if sent.Add(int64(len(m))) >= int64(b.N) {
-				allOnce.Do(func() { close(all) })
-			}
-			return make([]error, len(m))
-		})})
+	pub := idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {
+		rounds.Add(1)
+		if sent.Add(int64(len(m))) >= int64(b.N) {
+			allOnce.Do(func() { close(all) })
+		}
+		return make([]error, len(m))
+	})
+	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, KeepSent: mode == relayKeep, Retention: time.Millisecond, PurgeInterval: time.Second,
+		Publisher: pub})
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := idem.NewConsumer[pgx.Tx](bb.store, idem.Config{Name: "bench", PurgeInterval: -1, Relay: r})
+	cfg := idem.Config{Name: "bench", PurgeInterval: -1, Relay: r}
+	wake := make(chan struct{}, 1)
+	if mode == relayTxRound {
+		cfg.Relay = nil
+		cfg.Hooks = []idem.Hook{emitWake(wake)}
+	}
+	c, err := idem.NewConsumer[pgx.Tx](bb.store, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -175,7 +208,13 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	w := startWAL(b, bb)
 	rctx, cancel := context.WithCancel(ctx)
 	var running sync.WaitGroup
-	running.Go(func() { _ = r.Run(rctx) })
+	if mode == relayTxRound {
+		for range 2 {
+			running.Go(func() { txRounds(rctx, b, rpool, bb.table+"_outbox", pub, wake) })
+		}
+	} else {
+		running.Go(func() { _ = r.Run(rctx) })
+	}
 	defer func() { cancel(); running.Wait() }()
 	prefix := benchPrefix()
 	b.ResetTimer()
@@ -194,7 +233,8 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	case <-time.After(time.Minute):
 		b.Fatalf("relay sent %d of %d in a minute", sent.Load(), b.N)
 	}
-	// Published is not yet marked: wait for the marks, then purge.
+	// Published is not yet deleted (marked): wait for that, then purge
+	// what was kept.
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
 		st, err := rstore.OutboxStats(ctx)
 		if err != nil {
@@ -231,9 +271,90 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	}
 	rate := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
+	b.ReportMetric(float64(b.N)/float64(rounds.Load()), "msgs/round")
 	m.report(b, b.N)
 	w.report(b, b.N)
 	return rate
+}
+
+// relayMode is how processRelayed's rows are sent.
+type relayMode int
+
+const (
+	relayDelete  relayMode = iota // an idem.Relay, deleting rows once sent
+	relayKeep                     // an idem.Relay with KeepSent
+	relayTxRound                  // txRounds
+)
+
+// emitWake is a HookEmit that wakes a txRounds loop.
+type emitWake chan struct{}
+
+func (w emitWake) OnEmit(context.Context, idem.EmitEvent) {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// txRounds relays outbox until ctx ends, one transaction per round: it
+// selects up to 1,000 rows that idem's claim would take (pending, not
+// leased, the first pending row of their destination and key) FOR UPDATE
+// SKIP LOCKED, publishes them through pub, deletes them and commits;
+// then, unless the round was full, waits for a wake or 50ms.
+func txRounds(ctx context.Context, b *testing.B, pool *pgxpool.Pool, outbox string, pub idem.Publisher, wake <-chan struct{}) {
+	claim := `SELECT id::text, seq, consumer::text, source_id::text, destination::text, order_key::text, payload, headers::text, attempts, created_at
+FROM ` + outbox + ` o WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND o.available_at <= now()
+	AND (o.lease_until IS NULL OR o.lease_until <= now())
+	AND (o.order_key = '' OR NOT EXISTS (SELECT 1 FROM ` + outbox + ` p
+		WHERE p.destination = o.destination AND p.order_key = o.order_key AND p.seq < o.seq
+		AND COALESCE(p.sent_at, p.failed_at) IS NULL))
+ORDER BY o.seq LIMIT 1000 FOR UPDATE SKIP LOCKED`
+	round := func() (int, error) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		rows, _ := tx.Query(ctx, claim)
+		var headers string
+		recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (idem.Outgoing, error) {
+			var m idem.Outgoing
+			err := r.Scan(&m.ID, &m.Seq, &m.Consumer, &m.SourceID, &m.Destination, &m.Key, &m.Payload, &headers, &m.Attempts, &m.CreatedAt)
+			m.Attempts++
+			return m, err
+		})
+		if err != nil || len(recs) == 0 {
+			return 0, err
+		}
+		errs := pub.Publish(ctx, recs)
+		ids := make([]string, 0, len(recs))
+		for i, m := range recs {
+			if errs[i] == nil {
+				ids = append(ids, m.ID)
+			}
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+outbox+` WHERE id = ANY($1::text[])`, ids); err != nil {
+			return 0, err
+		}
+		return len(recs), tx.Commit(ctx)
+	}
+	for ctx.Err() == nil {
+		n, err := round()
+		if err != nil && ctx.Err() == nil {
+			b.Error(err)
+			return
+		}
+		if n == 1000 {
+			continue
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 }
 
 // processBestRelayed is the hand-written outbox, the least a person can
@@ -258,7 +379,7 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 	}
 	steady(b, bb)
 	rpool := newPool(b, poolOpts{maxConns: 2, url: benchURL()})
-	var sent atomic.Int64
+	var sent, rounds atomic.Int64
 	wake := make(chan struct{}, 1)
 	round := func(ctx context.Context) (int, error) {
 		tx, err := rpool.Begin(ctx)
@@ -281,6 +402,9 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 		}
 		if err := rows.Err(); err != nil {
 			return 0, err
+		}
+		if len(out) > 0 {
+			rounds.Add(1)
 		}
 		sent.Add(int64(len(out))) // the publish, confirmed at once
 		return len(out), tx.Commit(ctx)
@@ -358,6 +482,7 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 	b.StopTimer()
 	rate := float64(b.N) / elapsed.Seconds()
 	b.ReportMetric(rate, "msgs/s")
+	b.ReportMetric(float64(b.N)/float64(rounds.Load()), "msgs/round")
 	m.report(b, b.N)
 	w.report(b, b.N)
 	return rate
