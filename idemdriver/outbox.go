@@ -89,11 +89,11 @@ type OutboxCommitter[TTx any] interface {
 //   - MarkFailed ends the leases of the rows of one round whose publish
 //     failed, and either makes each available again after its RetryAfter
 //     (retryable) or marks it failed for good, which unblocks the later
-//     rows of its key. A row already sent (kept, or deleted) is left as it
-//     is. The rows are
-//     marked with one statement (or a few, for many rows), not one
-//     transaction per row: when a broker is down every row of every round
-//     fails, and a durable store would otherwise flush once per row. Each
+//     rows of its key. A row kept sent is left sent (a deleted one is
+//     gone). The rows are marked with one statement (or a few, for many
+//     rows), not one transaction per row: when a broker is down every row
+//     of every round fails, and a durable store would otherwise flush once
+//     per row. Each
 //     row is fenced by its attempt: it is changed only while its attempt
 //     count is still Attempt, the count the caller's claim returned. A
 //     relay whose lease ran out while it published, and whose row another
