@@ -61,9 +61,9 @@ type Outgoing = idemdriver.OutgoingRecord
 // of another length fails the whole batch, as retryable). A nil error
 // means the broker has durably accepted the message (a JetStream PubAck, a
 // Kafka produce acknowledged by the required replicas, a RabbitMQ
-// publisher confirm, an XADD reply): the relay then marks the row sent and
-// never sends it again, so a publisher must not report success before
-// that. An error matching [ErrPermanent] (wrap it with [Permanent]) means
+// publisher confirm, an XADD reply): the relay then deletes the row (or
+// marks it sent, with RelayConfig.KeepSent) and never sends it again, so
+// a publisher must not report success before that. An error matching [ErrPermanent] (wrap it with [Permanent]) means
 // the message can never be sent as it is; the row is marked failed and no
 // longer holds back its key. Any other error is retried with backoff, and
 // later messages of the same destination and key wait for it.

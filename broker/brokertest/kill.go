@@ -37,11 +37,11 @@ type ServerKiller interface {
 // publishes that come meanwhile wait for it. The Publisher must recover
 // on its own (a client that reconnects, or a redial).
 //
-// Then every row must be marked sent, and an idem consumer of b started
-// afterwards must apply each message exactly once, each ordering key's
-// messages in emission order: a message the relay marked sent was stored
-// by the server and survived its death, and a message sent twice (stored
-// before its confirm was lost) is applied once. The server must keep what
+// Then every row must be sent (none pending), and an idem consumer of b
+// started afterwards must apply each message exactly once, each ordering
+// key's messages in emission order: a message the relay counted sent was
+// stored by the server and survived its death, and a message sent twice
+// (stored before its confirm was lost) is applied once. The server must keep what
 // it confirmed and its queues or streams across a kill; one that may lose
 // recent declarations should be given them before (its test's concern).
 func RunRelayAcrossKill(t *testing.T, b OutboxBroker, k ServerKiller) {
