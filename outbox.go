@@ -63,10 +63,11 @@ type Outgoing = idemdriver.OutgoingRecord
 // Kafka produce acknowledged by the required replicas, a RabbitMQ
 // publisher confirm, an XADD reply): the relay then deletes the row (or
 // marks it sent, with RelayConfig.KeepSent) and never sends it again, so
-// a publisher must not report success before that. An error matching [ErrPermanent] (wrap it with [Permanent]) means
-// the message can never be sent as it is; the row is marked failed and no
-// longer holds back its key. Any other error is retried with backoff, and
-// later messages of the same destination and key wait for it.
+// a publisher must not report success before that. An error matching
+// [ErrPermanent] (wrap it with [Permanent]) means the message can never be
+// sent as it is; the row is marked failed and no longer holds back its
+// key. Any other error is retried with backoff, and later messages of the
+// same destination and key wait for it.
 //
 // Each message's ID must travel where the destination's idem consumer
 // adapter reads the message ID (NATS: the Nats-Msg-Id header, which also
