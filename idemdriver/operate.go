@@ -48,7 +48,9 @@ type Operator interface {
 	// backwards from p.Cursor and examines at most p.Scan records, so a
 	// page costs the same on a table of any size; it may therefore return
 	// fewer than p.Limit records, even none, with a Next cursor to go on
-	// from. Next is empty when no record older than the page is left.
+	// from. Next is empty when no record older than the page is left. A
+	// store that keeps no index of a state returns an error matching
+	// ErrUnsupported for it.
 	ListRecords(ctx context.Context, p *ListRecordsParams) (RecordPage, error)
 	// RetryRecord makes a failed (poisoned) record retryable: in
 	// progress, its lease ended and no attempt holding it, its attempt
@@ -319,3 +321,8 @@ func CheckRelease(rec Record, token int64) error {
 	}
 	return nil
 }
+
+// ErrUnsupported means a store cannot answer an operator request without
+// reading all of its keys: store/idemredis keeps no index of the records
+// in progress, so it cannot list them (read one by ID instead).
+var ErrUnsupported = errors.New("idem: not supported by this store")

@@ -134,6 +134,11 @@ func testOperateListFailed(t *testing.T, b *leaseBundle) {
 				r.MessageID, r.Error, r.Attempt, r.Token, r.Fingerprint, "boom "+r.MessageID)
 		}
 	}
+	_, err := b.ops().ListRecords(b.ctx, &idemdriver.ListRecordsParams{Consumer: c, State: idemdriver.StateInProgress})
+	if errors.Is(err, idemdriver.ErrUnsupported) {
+		t.Logf("the store cannot list the records in progress: %v", err)
+		return
+	}
 	held := b.listAll(idemdriver.ListRecordsParams{Consumer: c, State: idemdriver.StateInProgress})
 	if len(held) != 1 || held[0].MessageID != "held" || held[0].Token != 1 || held[0].Attempt != 1 || held[0].LeaseExpiresAt.IsZero() {
 		t.Errorf("in-progress records = %+v, want one: held, token 1, attempt 1, with its lease's end", held)
