@@ -16,6 +16,7 @@ var (
 	_ idemdriver.Inspector      = (*MemoryStore)(nil)
 	_ idemdriver.Operator       = (*MemoryStore)(nil)
 	_ idemdriver.OutboxOperator = (*MemoryStore)(nil)
+	_ idemdriver.ConsumerLister = (*MemoryStore)(nil)
 )
 
 // ErrWrongState is idemdriver.ErrWrongState: an operator action (retry,
@@ -73,6 +74,21 @@ func (s *MemoryStore) Stats(ctx context.Context) ([]idemdriver.ConsumerStats, er
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// Consumers implements [idemdriver.ConsumerLister]: Stats without the
+// counts.
+func (s *MemoryStore) Consumers(ctx context.Context) ([]idemdriver.ConsumerStats, error) {
+	out, err := s.Stats(ctx)
+	for i := range out {
+		out[i].Count = 0
+	}
+	return out, err
+}
+
+// OutboxBacklog implements [idemdriver.OutboxOperator]: OutboxStats.
+func (s *MemoryStore) OutboxBacklog(ctx context.Context) (idemdriver.OutboxStats, error) {
+	return s.OutboxStats(ctx)
 }
 
 // public is r as an idemdriver.Record, times in UTC at microsecond

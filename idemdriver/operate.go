@@ -72,6 +72,17 @@ type Operator interface {
 	ReleaseLease(ctx context.Context, p *ReleaseLeaseParams) (ActionResult, error)
 }
 
+// ConsumerLister is an optional capability of a store, for the operator
+// console's first page at any table size: the consumers with records and
+// the times of their oldest and newest records, found through the
+// (consumer, processed_at) index (a skip scan: a few index probes per
+// consumer), without counting records as Inspector.Stats does.
+type ConsumerLister interface {
+	// Consumers returns one entry per consumer with records, by name,
+	// Count left 0.
+	Consumers(ctx context.Context) ([]ConsumerStats, error)
+}
+
 // OutboxOperator is an optional capability of an [OutboxStore], for the
 // people on call: the outbox rows failed for good, grouped by cause and
 // one by one, and a retry of one. RetryOutgoing has the idempotency and
@@ -92,6 +103,11 @@ type OutboxOperator interface {
 	// pending reports Changed false; a sent row is ErrWrongState, a
 	// missing one ErrNotFound.
 	RetryOutgoing(ctx context.Context, id string) (ActionResult, error)
+	// OutboxBacklog is OutboxStore.OutboxStats read through the indexes
+	// of the pending and the failed rows alone (where the dialect has
+	// them), so its cost follows the backlog, not the sent rows that
+	// retention keeps.
+	OutboxBacklog(ctx context.Context) (OutboxStats, error)
 }
 
 // ListRecordsParams select a page of records.

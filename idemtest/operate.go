@@ -29,6 +29,7 @@ func RunOperate(t *testing.T, h LeaseHarness) {
 		{"RetryPoisoned", testOperateRetry},
 		{"ReleaseStuckLease", testOperateRelease},
 		{"BadInput", testOperateBadInput},
+		{"Consumers", testOperateConsumers},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -258,6 +259,36 @@ func testOperateRelease(t *testing.T, b *leaseBundle) {
 	}
 }
 
+// A store that lists its consumers lists each one with records once,
+// with its oldest and newest record's time.
+func testOperateConsumers(t *testing.T, b *leaseBundle) {
+	cl, ok := b.s.Store.(idemdriver.ConsumerLister)
+	if !ok {
+		t.Skipf("store %T does not implement idemdriver.ConsumerLister", b.s.Store)
+	}
+	c1, c2 := b.name("a"), b.name("b")
+	b.complete(c1, "m-1")
+	b.complete(c1, "m-2")
+	b.poison(c2, "m-1", "x")
+	all, err := cl.Consumers(b.ctx)
+	if err != nil {
+		t.Fatalf("Consumers: %v", err)
+	}
+	found := map[string]idemdriver.ConsumerStats{}
+	for i, c := range all {
+		if i > 0 && all[i-1].Consumer >= c.Consumer {
+			t.Errorf("Consumers: %q after %q, want byte order", c.Consumer, all[i-1].Consumer)
+		}
+		found[c.Consumer] = c
+	}
+	for _, name := range []string{c1, c2} {
+		c, ok := found[name]
+		if !ok || c.Oldest.IsZero() || c.Newest.Before(c.Oldest) {
+			t.Errorf("consumer %q: %+v (listed %v), want its oldest and newest record times", name, c, ok)
+		}
+	}
+}
+
 // Bad parameters are refused with typed errors before anything runs.
 func testOperateBadInput(t *testing.T, b *leaseBundle) {
 	c := b.name("c")
@@ -397,5 +428,12 @@ func testOutboxOperate[TTx any](t *testing.T, b *bundle[TTx]) {
 	}
 	if s := b.stats(); s.Pending != 0 || s.Failed != 2 {
 		t.Errorf("outbox stats = %+v, want 0 pending and 2 failed", s)
+	}
+	if _, err := ops.RetryOutgoing(b.ctx, ids[1]); err != nil {
+		t.Fatalf("RetryOutgoing(%s): %v", ids[1], err)
+	}
+	backlog, err := ops.OutboxBacklog(b.ctx)
+	if err != nil || backlog.Pending != 1 || backlog.Failed != 1 || backlog.OldestPending < 0 {
+		t.Errorf("OutboxBacklog = %+v, %v; want 1 pending and 1 failed", backlog, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -24,6 +25,9 @@ type Ops struct {
 	// failures: limit. failed and failedOf: position (µs) twice, its ID,
 	// (failedOf: error text), limit. retryOut and outState: ID.
 	failures, failed, failedOf, retryOut, outState string
+	// consumers -> consumer, oldest (µs), newest (µs). backlog ->
+	// pending, failed, oldest pending's age (µs).
+	consumers, backlog string
 }
 
 // NewOps builds the operator statements of the processed table table
@@ -69,9 +73,60 @@ LIMIT ` + p(7, "bigint")
 	ops.failedOf = cols + page + ` AND COALESCE(last_error, '') = ` + p(4, "text") + order + p(5, "bigint")
 	ops.retryOut = `UPDATE ` + t + ` SET failed_at = NULL, lease_until = NULL, available_at = ` + d.Now +
 		` WHERE id = ` + p(1, "text") + ` AND failed_at IS NOT NULL AND sent_at IS NULL`
+	// A skip scan of the (consumer, processed_at) index: each step finds
+	// the next consumer with one probe, then two probes find its oldest
+	// and newest record.
+	ops.consumers = `WITH RECURSIVE c (consumer) AS (
+	SELECT MIN(consumer) FROM ` + table + `
+	UNION ALL
+	SELECT (SELECT MIN(t.consumer) FROM ` + table + ` t WHERE t.consumer > c.consumer) FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT c.consumer` + x + `, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `, ` +
+		d.Micros(`(SELECT MAX(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `
+FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
+	pending := ` FROM ` + t + ` WHERE sent_at IS NULL AND failed_at IS NULL`
+	ops.backlog = `SELECT (SELECT COUNT(*)` + pending + `), (SELECT COUNT(*)` + failed + `), ` +
+		d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`(SELECT created_at`+pending+` ORDER BY seq LIMIT 1)`) + `, ` + d.Micros(d.Now) + `)`
 	ops.outState = `SELECT consumer` + x + `, CASE WHEN sent_at IS NOT NULL THEN 2 WHEN failed_at IS NOT NULL THEN 3 ELSE 1 END FROM ` + t + ` WHERE id = ` + p(1, "text")
 	return ops
 }
+
+// Consumers runs the list of idemdriver.ConsumerLister.
+func (ops *Ops) Consumers(ctx context.Context, db Querier) ([]idemdriver.ConsumerStats, error) {
+	rows, err := db.Query(ctx, ops.consumers)
+	if err != nil {
+		return nil, err
+	}
+	var out []idemdriver.ConsumerStats
+	err = ForEach(rows, func(r Row) error {
+		var (
+			c              idemdriver.ConsumerStats
+			oldest, newest int64
+		)
+		if err := r.Scan(&c.Consumer, &oldest, &newest); err != nil {
+			return err
+		}
+		c.Oldest, c.Newest = Time(oldest), Time(newest)
+		out = append(out, c)
+		return nil
+	})
+	return out, err
+}
+
+// OutboxBacklog runs the backlog of idemdriver.OutboxOperator.
+func (ops *Ops) OutboxBacklog(ctx context.Context, db Querier) (idemdriver.OutboxStats, error) {
+	var (
+		s   idemdriver.OutboxStats
+		age int64
+	)
+	err := db.QueryRow(ctx, ops.backlog).Scan(&s.Pending, &s.Failed, &age)
+	s.OldestPending = time.Duration(max(age, 0)) * time.Microsecond
+	return s, err
+}
+
+// ConsumersSQL is the statement of Consumers, for tests that look at its
+// plan.
+func (ops *Ops) ConsumersSQL() string { return ops.consumers }
 
 // ListSQL is the statement of ListRecords, for tests that look at its plan.
 func (ops *Ops) ListSQL() string { return ops.list }

@@ -13,6 +13,7 @@ import (
 var (
 	_ idemdriver.Operator       = (*Store)(nil)
 	_ idemdriver.OutboxOperator = (*Store)(nil)
+	_ idemdriver.ConsumerLister = (*Store)(nil)
 )
 
 // opsByTable caches the operator statements per table.
@@ -62,4 +63,18 @@ func (s *Store) ListFailedOutgoing(ctx context.Context, p *idemdriver.ListOutgoi
 // primary key, then a read of the row's state.
 func (s *Store) RetryOutgoing(ctx context.Context, id string) (idemdriver.ActionResult, error) {
 	return s.ops().RetryOutgoing(ctx, querier{s.pool}, id)
+}
+
+// Consumers implements [idemdriver.ConsumerLister]: one statement, a skip
+// scan of the (consumer, processed_at) index (a recursive CTE), and two
+// index probes per consumer for its oldest and newest record.
+func (s *Store) Consumers(ctx context.Context) ([]idemdriver.ConsumerStats, error) {
+	return s.ops().Consumers(ctx, querier{s.pool})
+}
+
+// OutboxBacklog implements [idemdriver.OutboxOperator]: counts of the
+// pending and the failed rows, and the oldest pending row's age, each
+// through the index of those rows.
+func (s *Store) OutboxBacklog(ctx context.Context) (idemdriver.OutboxStats, error) {
+	return s.ops().OutboxBacklog(ctx, querier{s.pool})
 }

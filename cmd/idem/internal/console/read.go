@@ -22,7 +22,7 @@ const maxGroups = 50
 // (of error text errText, when set) and its backlog. Errors match
 // ErrNoOutbox when st has no outbox, or the store's.
 func ReadOutbox(ctx context.Context, st Store, errText string, limit int, cursor string, showPayloads bool) (OutboxView, error) {
-	op, ob, ok := outboxOf(st)
+	op, _, ok := outboxOf(st)
 	if !ok {
 		return OutboxView{}, ErrNoOutbox
 	}
@@ -35,7 +35,7 @@ func ReadOutbox(ctx context.Context, st Store, errText string, limit int, cursor
 	if err != nil {
 		return OutboxView{}, err
 	}
-	s, err := ob.OutboxStats(ctx)
+	s, err := op.OutboxBacklog(ctx)
 	if err != nil {
 		return OutboxView{}, err
 	}

@@ -202,23 +202,36 @@ type ConsumersView struct {
 
 // ConsumerView is one consumer's records.
 type ConsumerView struct {
-	Consumer string  `json:"consumer"`
-	Records  int64   `json:"records"`
-	Oldest   *string `json:"oldest"`
-	Newest   *string `json:"newest"`
+	Consumer string `json:"consumer"`
+	// Records is null when the store lists its consumers without
+	// counting (idemdriver.ConsumerLister).
+	Records *int64  `json:"records"`
+	Oldest  *string `json:"oldest"`
+	Newest  *string `json:"newest"`
 }
 
+// consumers lists the consumers without counting their records when the
+// store can (idemdriver.ConsumerLister: a skip scan of an index), and
+// with Stats (a scan of the table) otherwise.
 func (s *Server) consumers(r *http.Request) (any, error) {
-	stats, err := s.cfg.Store.Stats(r.Context())
+	list, counted := s.cfg.Store.Stats, true
+	if cl, ok := s.cfg.Store.(idemdriver.ConsumerLister); ok {
+		list, counted = cl.Consumers, false
+	}
+	stats, err := list(r.Context())
 	if err != nil {
 		return nil, err
 	}
 	v := ConsumersView{Consumers: []ConsumerView{}}
 	for _, c := range stats {
-		v.Consumers = append(v.Consumers, ConsumerView{Consumer: c.Consumer, Records: c.Count, Oldest: Time(c.Oldest), Newest: Time(c.Newest)})
+		cv := ConsumerView{Consumer: c.Consumer, Oldest: Time(c.Oldest), Newest: Time(c.Newest)}
+		if counted {
+			cv.Records = &c.Count
+		}
+		v.Consumers = append(v.Consumers, cv)
 	}
-	if _, ob, ok := outboxOf(s.cfg.Store); ok {
-		st, err := ob.OutboxStats(r.Context())
+	if op, _, ok := outboxOf(s.cfg.Store); ok {
+		st, err := op.OutboxBacklog(r.Context())
 		if err != nil {
 			return nil, err
 		}

@@ -135,7 +135,7 @@ func TestPagesAndRetryOnce(t *testing.T) {
 	}
 	var cons console.ConsumersView
 	_, js, _ := f.get("/api/consumers")
-	if err := json.Unmarshal([]byte(js), &cons); err != nil || len(cons.Consumers) != 1 || cons.Consumers[0].Records != 2 {
+	if err := json.Unmarshal([]byte(js), &cons); err != nil || len(cons.Consumers) != 1 || cons.Consumers[0].Oldest == nil {
 		t.Errorf("api/consumers: %s (%v)", js, err)
 	}
 	var page console.RecordPageView
