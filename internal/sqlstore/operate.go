@@ -25,7 +25,7 @@ type Ops struct {
 	// failures: limit. failed and failedOf: position (µs) twice, its ID,
 	// (failedOf: error text), limit. retryOut and outState: ID.
 	failures, failed, failedOf, retryOut, outState string
-	// consumers -> consumer, oldest (µs), newest (µs). backlog ->
+	// consumers -> consumer, 0, oldest (µs), newest (µs), as Stats. backlog ->
 	// pending, failed, oldest pending's age (µs).
 	consumers, backlog string
 }
@@ -81,7 +81,7 @@ LIMIT ` + p(7, "bigint")
 	UNION ALL
 	SELECT (SELECT MIN(t.consumer) FROM ` + table + ` t WHERE t.consumer > c.consumer) FROM c WHERE c.consumer IS NOT NULL
 )
-SELECT c.consumer` + x + `, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `, ` +
+SELECT c.consumer` + x + `, 0, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `, ` +
 		d.Micros(`(SELECT MAX(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `
 FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
 	pending := ` FROM ` + t + ` WHERE sent_at IS NULL AND failed_at IS NULL`
@@ -91,26 +91,9 @@ FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
 	return ops
 }
 
-// Consumers runs the list of idemdriver.ConsumerLister.
+// Consumers runs the list of idemdriver.ConsumerLister (Count 0).
 func (ops *Ops) Consumers(ctx context.Context, db Querier) ([]idemdriver.ConsumerStats, error) {
-	rows, err := db.Query(ctx, ops.consumers)
-	if err != nil {
-		return nil, err
-	}
-	var out []idemdriver.ConsumerStats
-	err = ForEach(rows, func(r Row) error {
-		var (
-			c              idemdriver.ConsumerStats
-			oldest, newest int64
-		)
-		if err := r.Scan(&c.Consumer, &oldest, &newest); err != nil {
-			return err
-		}
-		c.Oldest, c.Newest = Time(oldest), Time(newest)
-		out = append(out, c)
-		return nil
-	})
-	return out, err
+	return Stats(ctx, db, ops.consumers)
 }
 
 // OutboxBacklog runs the backlog of idemdriver.OutboxOperator.
