@@ -17,6 +17,7 @@ var (
 	_ idemdriver.Operator       = (*MemoryStore)(nil)
 	_ idemdriver.OutboxOperator = (*MemoryStore)(nil)
 	_ idemdriver.ConsumerLister = (*MemoryStore)(nil)
+	_ idemdriver.StepReader     = (*MemoryStore)(nil)
 )
 
 // ErrWrongState is idemdriver.ErrWrongState: an operator action (retry,
@@ -84,6 +85,24 @@ func (s *MemoryStore) Consumers(ctx context.Context) ([]idemdriver.ConsumerStats
 		out[i].Count = 0
 	}
 	return out, err
+}
+
+// Steps implements [idemdriver.StepReader].
+func (s *MemoryStore) Steps(ctx context.Context, consumer, messageID string) ([]idemdriver.Step, error) {
+	if err := idemdriver.ValidateKey(consumer, messageID); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	steps := s.records[memKey{consumer, messageID}].steps
+	out := make([]idemdriver.Step, 0, len(steps))
+	for _, name := range slices.Sorted(maps.Keys(steps)) {
+		out = append(out, idemdriver.Step{Name: name, Result: slices.Clone(steps[name])})
+	}
+	return out, nil
 }
 
 // OutboxBacklog implements [idemdriver.OutboxOperator]: OutboxStats.

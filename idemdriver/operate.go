@@ -83,6 +83,22 @@ type ConsumerLister interface {
 	Consumers(ctx context.Context) ([]ConsumerStats, error)
 }
 
+// StepReader is an optional capability of a lease store, for the
+// operator console's message page: the recovery points (LeaseStore.SaveStep)
+// of one record.
+type StepReader interface {
+	// Steps returns the record's saved steps, by name (byte order); none
+	// (and no error) when it has none or does not exist. Invalid names
+	// are refused (ValidateKey).
+	Steps(ctx context.Context, consumer, messageID string) ([]Step, error)
+}
+
+// Step is one saved recovery point.
+type Step struct {
+	Name   string
+	Result []byte
+}
+
 // OutboxOperator is an optional capability of an [OutboxStore], for the
 // people on call: the outbox rows failed for good, grouped by cause and
 // one by one, and a retry of one. RetryOutgoing has the idempotency and

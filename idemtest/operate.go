@@ -30,6 +30,7 @@ func RunOperate(t *testing.T, h LeaseHarness) {
 		{"ReleaseStuckLease", testOperateRelease},
 		{"BadInput", testOperateBadInput},
 		{"Consumers", testOperateConsumers},
+		{"Steps", testOperateSteps},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -286,6 +287,29 @@ func testOperateConsumers(t *testing.T, b *leaseBundle) {
 		if !ok || c.Oldest.IsZero() || c.Newest.Before(c.Oldest) {
 			t.Errorf("consumer %q: %+v (listed %v), want its oldest and newest record times", name, c, ok)
 		}
+	}
+}
+
+// A store that reads recovery points returns each saved step once, by
+// name, byte for byte, and none for a record without any.
+func testOperateSteps(t *testing.T, b *leaseBundle) {
+	sr, ok := b.s.Store.(idemdriver.StepReader)
+	if !ok {
+		t.Skipf("store %T does not implement idemdriver.StepReader", b.s.Store)
+	}
+	c := b.name("c")
+	res := b.mustAcquire("stepped", c, idem.Message{ID: "m", Payload: []byte("p")}, longLease, 1)
+	for _, st := range []idemdriver.Step{{Name: "charge", Result: everyByte()}, {Name: "a-email", Result: []byte{}}} {
+		if err := b.s.Store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: c, MessageID: "m", Token: res.Token, Step: st.Name, Result: st.Result}); err != nil {
+			t.Fatalf("SaveStep(%q): %v", st.Name, err)
+		}
+	}
+	got, err := sr.Steps(b.ctx, c, "m")
+	if err != nil || len(got) != 2 || got[0].Name != "a-email" || len(got[0].Result) != 0 || got[1].Name != "charge" || string(got[1].Result) != string(everyByte()) {
+		t.Errorf("Steps = %+v, %v; want a-email (empty) and charge (every byte value)", got, err)
+	}
+	if none, err := sr.Steps(b.ctx, c, "missing"); err != nil || len(none) != 0 {
+		t.Errorf("Steps of a missing record = %+v, %v; want none", none, err)
 	}
 }
 

@@ -28,6 +28,8 @@ type Ops struct {
 	// consumers -> consumer, 0, oldest (µs), newest (µs), as Stats. backlog ->
 	// pending, failed, oldest pending's age (µs).
 	consumers, backlog string
+	// steps: consumer, message ID -> step, result.
+	steps string
 }
 
 // NewOps builds the operator statements of the processed table table
@@ -84,6 +86,7 @@ LIMIT ` + p(7, "bigint")
 SELECT c.consumer` + x + `, 0, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `, ` +
 		d.Micros(`(SELECT MAX(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `
 FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
+	ops.steps = `SELECT step` + x + `, result FROM ` + table + `_steps` + key + ` ORDER BY step`
 	pending := ` FROM ` + t + ` WHERE sent_at IS NULL AND failed_at IS NULL`
 	ops.backlog = `SELECT (SELECT COUNT(*)` + pending + `), (SELECT COUNT(*)` + failed + `), ` +
 		d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`(SELECT created_at`+pending+` ORDER BY seq LIMIT 1)`) + `, ` + d.Micros(d.Now) + `)`
@@ -94,6 +97,27 @@ FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
 // Consumers runs the list of idemdriver.ConsumerLister (Count 0).
 func (ops *Ops) Consumers(ctx context.Context, db Querier) ([]idemdriver.ConsumerStats, error) {
 	return Stats(ctx, db, ops.consumers)
+}
+
+// Steps runs the read of idemdriver.StepReader.
+func (ops *Ops) Steps(ctx context.Context, db Querier, consumer, messageID string) ([]idemdriver.Step, error) {
+	if err := idemdriver.ValidateKey(consumer, messageID); err != nil {
+		return nil, err
+	}
+	rows, err := db.Query(ctx, ops.steps, consumer, messageID)
+	if err != nil {
+		return nil, err
+	}
+	var out []idemdriver.Step
+	err = ForEach(rows, func(r Row) error {
+		var st idemdriver.Step
+		if err := r.Scan(&st.Name, &st.Result); err != nil {
+			return err
+		}
+		out = append(out, st)
+		return nil
+	})
+	return out, err
 }
 
 // OutboxBacklog runs the backlog of idemdriver.OutboxOperator.

@@ -14,6 +14,7 @@ var (
 	_ idemdriver.Operator       = (*Store)(nil)
 	_ idemdriver.OutboxOperator = (*Store)(nil)
 	_ idemdriver.ConsumerLister = (*Store)(nil)
+	_ idemdriver.StepReader     = (*Store)(nil)
 )
 
 // opsByTable caches the operator statements per table.
@@ -77,4 +78,10 @@ func (s *Store) Consumers(ctx context.Context) ([]idemdriver.ConsumerStats, erro
 // through the index of those rows.
 func (s *Store) OutboxBacklog(ctx context.Context) (idemdriver.OutboxStats, error) {
 	return s.ops().OutboxBacklog(ctx, querier{s.pool})
+}
+
+// Steps implements [idemdriver.StepReader]: one read of the recovery
+// points table by its primary key.
+func (s *Store) Steps(ctx context.Context, consumer, messageID string) ([]idemdriver.Step, error) {
+	return s.ops().Steps(ctx, querier{s.pool}, consumer, messageID)
 }

@@ -3,6 +3,8 @@ package idemredis
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -11,7 +13,10 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 )
 
-var _ idemdriver.Operator = (*Store)(nil)
+var (
+	_ idemdriver.Operator   = (*Store)(nil)
+	_ idemdriver.StepReader = (*Store)(nil)
+)
 
 // retryScript: KEYS record. A failed record becomes retryable (in
 // progress, released, attempt 0, token + 1, its lease ended now): 1; an
@@ -163,4 +168,21 @@ func (s *Store) ReleaseLease(ctx context.Context, p *idemdriver.ReleaseLeasePara
 		}
 	}
 	return idemdriver.ActionResult{Changed: v == 1, Record: rec}, nil
+}
+
+// Steps implements [idemdriver.StepReader]: HGETALL of the record's
+// steps hash.
+func (s *Store) Steps(ctx context.Context, consumer, messageID string) ([]idemdriver.Step, error) {
+	if err := idemdriver.ValidateKey(consumer, messageID); err != nil {
+		return nil, err
+	}
+	h, err := s.client.HGetAll(ctx, s.recordKey(consumer, messageID)+stepsSuffix).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]idemdriver.Step, 0, len(h))
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		out = append(out, idemdriver.Step{Name: name, Result: []byte(h[name])})
+	}
+	return out, nil
 }

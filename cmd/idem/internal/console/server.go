@@ -267,7 +267,36 @@ func (s *Server) message(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewRecordView(rec, s.cfg.Now()), nil
+	v := MessageView{RecordView: NewRecordView(rec, s.cfg.Now()), Steps: []StepView{}}
+	if sr, ok := s.cfg.Store.(idemdriver.StepReader); ok {
+		steps, err := sr.Steps(r.Context(), rec.Consumer, rec.MessageID)
+		if err != nil {
+			return nil, err
+		}
+		for _, st := range steps {
+			sv := StepView{Name: st.Name, Size: len(st.Result)}
+			if s.cfg.ShowPayloads {
+				res := string(st.Result)
+				sv.Result = &res
+			}
+			v.Steps = append(v.Steps, sv)
+		}
+	}
+	return v, nil
+}
+
+// MessageView is the message page: the record and its recovery points.
+type MessageView struct {
+	RecordView
+	Steps []StepView `json:"steps"`
+}
+
+// StepView is one recovery point; its result is shown only with
+// ShowPayloads.
+type StepView struct {
+	Name   string  `json:"name"`
+	Size   int     `json:"result_bytes"`
+	Result *string `json:"result,omitempty"`
 }
 
 // confirm shows an action before it runs: a form with the CSRF token and

@@ -149,6 +149,10 @@ func TestPagesAndRetryOnce(t *testing.T) {
 	if code, body, _ := f.get("/message?consumer=payments&id=pay-1"); code != 200 || !strings.Contains(body, "failed") {
 		t.Errorf("message page: %d %s", code, body)
 	}
+	var msg console.MessageView
+	if _, js, _ := f.get("/api/message?consumer=payments&id=pay-1"); json.Unmarshal([]byte(js), &msg) != nil || msg.State != "failed" || msg.Steps == nil {
+		t.Errorf("api/message: %s", js)
+	}
 	if code, _, _ := f.get("/message?consumer=payments&id=nope"); code != http.StatusNotFound {
 		t.Errorf("message page of a missing record: %d, want 404", code)
 	}
@@ -225,7 +229,17 @@ func TestReleaseStuckLease(t *testing.T) {
 	if err != nil || a == nil {
 		t.Fatalf("Acquire: %v", err)
 	}
+	if _, err := a.Step(t.Context(), "send", func(context.Context) ([]byte, error) { return []byte("msg_secret_id"), nil }); err != nil {
+		t.Fatal(err)
+	}
 	f := newFixture(t, store, console.Config{})
+	if _, body, _ := f.get("/message?consumer=mail&id=m-1"); !strings.Contains(body, "13 bytes (hidden)") || strings.Contains(body, "msg_secret_id") {
+		t.Errorf("message page without ShowPayloads: %s", body)
+	}
+	shown := newFixture(t, store, console.Config{ShowPayloads: true})
+	if _, body, _ := shown.get("/message?consumer=mail&id=m-1"); !strings.Contains(body, "msg_secret_id") {
+		t.Errorf("message page with ShowPayloads: %s", body)
+	}
 	_, body, _ := f.get("/failed?consumer=mail&state=in_progress")
 	if !strings.Contains(body, "/confirm?action=release") || !strings.Contains(body, "live until") {
 		t.Fatalf("in-progress page: %s", body)
