@@ -34,7 +34,10 @@ type Opener func(ctx context.Context, storeURL, table string) (Opened, error)
 // UsageError marks bad flags or arguments (the idem command exits 2).
 type UsageError struct{ Err error }
 
+// Error is the wrapped error's text.
 func (e UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
 func (e UsageError) Unwrap() error { return e.Err }
 
 // Commands returns the operator commands over open. now is the clock of
