@@ -68,9 +68,10 @@ type Server struct {
 	actions *prometheus.CounterVec
 	session string // the session cookie's value when Token is set
 
-	mu   sync.Mutex
-	done map[string]ActionView // action keys already used -> their result
-	keys []string              // the same keys, oldest first, to forget
+	mu     sync.Mutex
+	done   map[string]ActionView    // action keys already used -> their result
+	keys   []string                 // the same keys, oldest first, to forget
+	flight map[string]chan struct{} // action keys whose action runs now
 }
 
 // maxKeys is how many used action keys the server remembers.
@@ -97,7 +98,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]ActionView{}, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]ActionView{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
 	s.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_console_actions_total",
 		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error).",
@@ -333,9 +334,10 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, asJSON, err)
 		return
 	}
-	s.mu.Lock()
-	v, seen := s.done[key]
-	s.mu.Unlock()
+	v, seen, err := s.claim(r.Context(), key)
+	if err != nil {
+		return
+	}
 	who := "local"
 	if s.cfg.Token != "" {
 		who = "token holder"
@@ -355,11 +357,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		attrs := []any{"who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "result", result, "at", s.cfg.Now().UTC()}
 		if err != nil {
 			s.cfg.Logger.Warn("console action", append(attrs, "error", err.Error())...)
+			s.settle(key, nil)
 			s.fail(w, r, asJSON, err)
 			return
 		}
 		s.cfg.Logger.Info("console action", attrs...)
-		s.remember(key, v)
+		s.settle(key, &v)
 	} else {
 		s.actions.WithLabelValues(a.Kind, "repeated").Inc()
 		s.cfg.Logger.Info("console action repeated", "who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "at", s.cfg.Now().UTC())
@@ -372,15 +375,48 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "done", map[string]any{"Title": "Done", "Result": v, "Repeated": seen})
 }
 
-func (s *Server) remember(key string, v ActionView) {
+// claim returns the result of the action key when it ran already
+// (seen), waiting for it while it runs; otherwise it marks the key as
+// running, and the caller runs the action and settles the key. So a form
+// submitted twice at once acts once. The error is ctx's, when it ended
+// while waiting.
+func (s *Server) claim(ctx context.Context, key string) (ActionView, bool, error) {
+	for {
+		s.mu.Lock()
+		if v, ok := s.done[key]; ok {
+			s.mu.Unlock()
+			return v, true, nil
+		}
+		ch, running := s.flight[key]
+		if !running {
+			s.flight[key] = make(chan struct{})
+			s.mu.Unlock()
+			return ActionView{}, false, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ActionView{}, false, ctx.Err()
+		}
+	}
+}
+
+// settle ends the run of key: its result v is kept for repeats (nil, an
+// action that failed: a repeat runs it again).
+func (s *Server) settle(key string, v *ActionView) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.done[key] = v
-	s.keys = append(s.keys, key)
-	if len(s.keys) > maxKeys {
-		delete(s.done, s.keys[0])
-		s.keys = s.keys[1:]
+	if v != nil {
+		s.done[key] = *v
+		s.keys = append(s.keys, key)
+		if len(s.keys) > maxKeys {
+			delete(s.done, s.keys[0])
+			s.keys = s.keys[1:]
+		}
 	}
+	close(s.flight[key])
+	delete(s.flight, key)
 }
 
 // actionOf reads an action from a query or a form.

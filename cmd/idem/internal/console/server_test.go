@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -286,5 +287,49 @@ func TestReadOnlyTokenAndPayloads(t *testing.T) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Errorf("bearer: %v %v", resp, err)
+	}
+}
+
+// gated blocks RetryRecord until release is closed, counting calls.
+type gated struct {
+	*idem.MemoryStore
+	entered chan struct{}
+	release chan struct{}
+	calls   atomic.Int32
+}
+
+func (g *gated) RetryRecord(ctx context.Context, consumer, id string) (idemdriver.ActionResult, error) {
+	if g.calls.Add(1) == 1 {
+		close(g.entered)
+	}
+	<-g.release
+	return g.MemoryStore.RetryRecord(ctx, consumer, id)
+}
+
+// One confirmation posted twice at once (a double click) runs the action
+// once: the second post waits for the first and answers its result.
+func TestConcurrentDoubleSubmit(t *testing.T) {
+	mem := idem.NewMemoryStore(nil)
+	poisoned(t, mem, "payments", "pay-1")
+	g := &gated{MemoryStore: mem, entered: make(chan struct{}), release: make(chan struct{})}
+	f := newFixture(t, g, console.Config{})
+	form := f.confirmForm("action=retry&consumer=payments&id=pay-1")
+	codes := make(chan int, 2)
+	post := func() {
+		code, _ := f.post("/action", form)
+		codes <- code
+	}
+	go post()
+	<-g.entered
+	go post()
+	close(g.release)
+	if a, b := <-codes, <-codes; a != 200 || b != 200 {
+		t.Fatalf("statuses %d, %d", a, b)
+	}
+	if n := g.calls.Load(); n != 1 {
+		t.Errorf("RetryRecord ran %d times, want 1", n)
+	}
+	if got := testutil.ToFloat64(mustCounter(t, f.reg, "retry", "repeated")); got != 1 {
+		t.Errorf("repeats counted %v, want 1", got)
 	}
 }
