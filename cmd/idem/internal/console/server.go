@@ -248,7 +248,8 @@ func (s *Server) failed(r *http.Request) (any, error) {
 		state = idemdriver.StateInProgress
 	}
 	limit, _ := strconv.Atoi(q.Get("limit"))
-	p := idemdriver.ListRecordsParams{Consumer: q.Get("consumer"), State: state, Limit: limit, Cursor: q.Get("cursor")}
+	scan, _ := strconv.Atoi(q.Get("scan"))
+	p := idemdriver.ListRecordsParams{Consumer: q.Get("consumer"), State: state, Limit: limit, Scan: scan, Cursor: q.Get("cursor")}
 	page, err := s.cfg.Store.ListRecords(r.Context(), &p)
 	if err != nil {
 		return nil, err

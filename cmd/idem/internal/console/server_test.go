@@ -144,6 +144,9 @@ func TestPagesAndRetryOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &page); err != nil || len(page.Records) != 2 || page.Records[0].Error == "" {
 		t.Fatalf("api/failed: %s (%v)", js, err)
 	}
+	if code, _, _ := f.get("/api/failed?consumer=payments&limit=10&scan=5"); code != http.StatusBadRequest {
+		t.Errorf("scan below limit: %d, want 400", code)
+	}
 	if code, body, _ := f.get("/failed?consumer=payments"); code != 200 || !strings.Contains(body, "charge declined") || !strings.Contains(body, "/confirm?action=retry") {
 		t.Errorf("failed page: %d %s", code, body)
 	}
