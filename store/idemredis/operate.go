@@ -70,13 +70,22 @@ func (s *Store) ListRecords(ctx context.Context, p *idemdriver.ListRecordsParams
 	if err != nil {
 		return idemdriver.RecordPage{}, err
 	}
-	var window []redis.Z
+	var (
+		window []redis.Z
+		before int // entries after the position
+	)
 	for _, e := range entries {
 		id, _ := e.Member.(string)
-		if pos.Before(time.UnixMilli(int64(e.Score)).UTC(), id) && len(window) < p.Scan {
+		if !pos.Before(time.UnixMilli(int64(e.Score)).UTC(), id) {
+			continue
+		}
+		if before++; len(window) < p.Scan {
 			window = append(window, e)
 		}
 	}
+	// More entries follow the window when some were left out of it, or
+	// when the read was cut at its count.
+	more := before > len(window) || len(entries) == p.Scan+slack
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.MapStringStringCmd, len(window))
 	for i, e := range window {
@@ -93,7 +102,7 @@ func (s *Store) ListRecords(ctx context.Context, p *idemdriver.ListRecordsParams
 		r.ProcessedAt = time.UnixMilli(int64(e.Score)).UTC()
 		recs = append(recs, r)
 	}
-	return idemdriver.PageRecords(recs, p, len(entries) > len(window)), nil
+	return idemdriver.PageRecords(recs, p, more), nil
 }
 
 // recordOf reads a record hash (empty: a vanished record, state 0).
