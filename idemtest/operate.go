@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idem-go/idem"
@@ -31,6 +33,7 @@ func RunOperate(t *testing.T, h LeaseHarness) {
 		{"BadInput", testOperateBadInput},
 		{"Consumers", testOperateConsumers},
 		{"Steps", testOperateSteps},
+		{"ConcurrentActions", testOperateConcurrent},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -288,6 +291,44 @@ func testOperateConsumers(t *testing.T, b *leaseBundle) {
 			t.Errorf("consumer %q: %+v (listed %v), want its oldest and newest record times", name, c, ok)
 		}
 	}
+}
+
+// Actions run at once on one record (two operators, a retried request)
+// change it once: of 8 retries of a failed record exactly one reports
+// Changed, and likewise of 8 releases of one lease.
+func testOperateConcurrent(t *testing.T, b *leaseBundle) {
+	c := b.name("c")
+	b.poison(c, "failed", "x")
+	held := b.mustAcquire("held", c, idem.Message{ID: "held", Payload: []byte("p")}, longLease, 1)
+	const n = 8
+	count := func(what string, act func() (idemdriver.ActionResult, error)) {
+		var (
+			wg      sync.WaitGroup
+			start   = make(chan struct{})
+			changed atomic.Int32
+		)
+		for range n {
+			wg.Go(func() {
+				<-start
+				res, err := act()
+				if err != nil {
+					t.Errorf("%s: %v", what, err)
+				}
+				if res.Changed {
+					changed.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if got := changed.Load(); got != 1 {
+			t.Errorf("%d concurrent %s: %d changed the record, want 1", n, what, got)
+		}
+	}
+	count("retries", func() (idemdriver.ActionResult, error) { return b.ops().RetryRecord(b.ctx, c, "failed") })
+	count("releases", func() (idemdriver.ActionResult, error) {
+		return b.ops().ReleaseLease(b.ctx, &idemdriver.ReleaseLeaseParams{Consumer: c, MessageID: "held", Token: held.Token})
+	})
 }
 
 // A store that reads recovery points returns each saved step once, by
