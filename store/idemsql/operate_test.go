@@ -22,3 +22,18 @@ func TestOperate(t *testing.T) {
 		}})
 	})
 }
+
+// TestOperateMySQLFoundRows runs the operator cases on MySQL with
+// clientFoundRows=true (rows affected counts matched rows),
+// interpolateParams=true and parseTime=false.
+func TestOperateMySQLFoundRows(t *testing.T) {
+	t.Parallel()
+	serverOf(t, idemsql.MySQL)
+	o := envOptions{mysqlParams: map[string]string{"clientFoundRows": "true", "interpolateParams": "true", "parseTime": "false"}}
+	idemtest.RunOperate(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+		return newEnv(t, idemsql.MySQL, o).leaseSetup()
+	}})
+	idemtest.RunOutboxOperate(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
+		return newEnv(t, idemsql.MySQL, o).setup()
+	}})
+}
