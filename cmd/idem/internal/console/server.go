@@ -467,8 +467,8 @@ func wantsJSON(r *http.Request) bool {
 }
 
 // fail answers err: 400 for bad input, 404 for a missing record, 409 for
-// the wrong state, 403 for CSRF, 500 otherwise (without the detail, which
-// may name the database).
+// the wrong state, 403 for CSRF, 501 for what the store cannot do, 500
+// otherwise (without the detail, which may name the database).
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err error) {
 	code, msg := http.StatusInternalServerError, "the store failed; see the console's log"
 	switch {
@@ -480,6 +480,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err e
 		code, msg = http.StatusConflict, err.Error()
 	case errors.Is(err, ErrNoOutbox):
 		code, msg = http.StatusNotFound, err.Error()
+	case errors.Is(err, idemdriver.ErrUnsupported):
+		code, msg = http.StatusNotImplemented, err.Error()
 	case errors.Is(err, ErrBadAction), errors.Is(err, idemdriver.ErrInvalidConfig), errors.Is(err, idemdriver.ErrInvalidConsumerName),
 		errors.Is(err, idemdriver.ErrInvalidMessageID), errors.Is(err, idemdriver.ErrMissingMessageID):
 		code, msg = http.StatusBadRequest, err.Error()
