@@ -2,28 +2,19 @@ package idemcli
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"io"
-	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/idemdriver"
 )
 
-// writeJSON writes v as indented JSON and a newline.
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// jsonTime is a time in RFC 3339 (UTC, nanoseconds), null when zero.
-func jsonTime(t time.Time) *string {
-	if t.IsZero() {
-		return nil
-	}
-	s := t.UTC().Format(time.RFC3339Nano)
-	return &s
-}
+// writeJSON writes v as indented JSON and a newline; jsonTime is a time
+// in RFC 3339 (UTC, nanoseconds), null when zero. The operator commands
+// share them (package console).
+var (
+	writeJSON = console.WriteJSON
+	jsonTime  = console.Time
+)
 
 // recordJSON is `idem inspect --json`: the fields of the text output,
 // under stable names. The fingerprint is hex, as in the text output.

@@ -1,0 +1,330 @@
+// Package operate is the idem command's operator commands: failed,
+// retry, release and console. Each reads its flags and makes one call
+// into the store's operator capabilities (through package console); the
+// idem command registers them with a function that opens a store.
+package operate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// Opened is an open store.
+type Opened struct {
+	Store console.Store
+	// Where names the database for messages, without credentials.
+	Where string
+	Close func() error
+}
+
+// Opener opens the store at storeURL with the processed-messages table
+// table ("" for the default). Its errors never hold a password.
+type Opener func(ctx context.Context, storeURL, table string) (Opened, error)
+
+// UsageError marks bad flags or arguments (the idem command exits 2).
+type UsageError struct{ Err error }
+
+// Error is the wrapped error's text.
+func (e UsageError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Commands returns the operator commands over open. now is the clock of
+// the ages shown (nil: time.Now).
+func Commands(open Opener, now func() time.Time) []*cobra.Command {
+	if now == nil {
+		now = time.Now
+	}
+	return []*cobra.Command{newFailedCmd(open, now), newRetryCmd(open, now), newReleaseCmd(open, now), newConsoleCmd(open)}
+}
+
+// storeFlags are the flags of the store.
+type storeFlags struct{ store, table string }
+
+func (s *storeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&s.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://... (required)")
+	cmd.Flags().StringVar(&s.table, "table", "", "processed-messages table (default idem_processed)")
+}
+
+func (s *storeFlags) open(ctx context.Context, open Opener) (Opened, error) {
+	if s.store == "" {
+		return Opened{}, UsageError{errors.New("--store is required (or IDEM_STORE)")}
+	}
+	return open(ctx, s.store, s.table)
+}
+
+func newFailedCmd(open Opener, now func() time.Time) *cobra.Command {
+	var (
+		sf                  storeFlags
+		consumer, cursor    string
+		errText             string
+		inProgress, outbox  bool
+		limit, scan         int
+		asJSON, showPayload bool
+	)
+	cmd := &cobra.Command{
+		Use:   "failed",
+		Short: "List a consumer's failed records (or leases in progress, or the outbox rows that failed), newest first",
+		Long: `failed lists what needs the people on call, newest first, a page at a time:
+
+  idem failed --consumer C               records failed for good (poisoned, or out of attempts)
+  idem failed --consumer C --in-progress records in progress: their lease, holder token, attempt
+  idem failed --outbox                   outbox rows failed for good, grouped by error, and a page of them
+
+A page walks the (consumer, processed_at) index from --cursor and examines
+at most --scan records, so it costs the same on a table of any size; a
+page may hold fewer than --limit records and still have a next one. The
+next page's cursor is printed last (JSON: "next").`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if outbox == (consumer != "") {
+				return UsageError{errors.New("give --consumer NAME (records) or --outbox (outbox rows); run idem stats to see the consumers")}
+			}
+			st, err := sf.open(cmd.Context(), open)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			out := cmd.OutOrStdout()
+			if outbox {
+				v, err := console.ReadOutbox(cmd.Context(), st.Store, errText, limit, cursor, showPayload)
+				if err != nil {
+					return badInput(err, st.Where)
+				}
+				if asJSON {
+					return console.WriteJSON(out, v)
+				}
+				return printOutbox(out, v)
+			}
+			state := idemdriver.StateFailed
+			if inProgress {
+				state = idemdriver.StateInProgress
+			}
+			p := idemdriver.ListRecordsParams{Consumer: consumer, State: state, Limit: limit, Scan: scan, Cursor: cursor}
+			page, err := st.Store.ListRecords(cmd.Context(), &p)
+			if err != nil {
+				return badInput(err, st.Where)
+			}
+			v := console.NewRecordPageView(consumer, state, page, now())
+			if asJSON {
+				return console.WriteJSON(out, v)
+			}
+			return printRecords(out, v)
+		},
+	}
+	sf.add(cmd)
+	f := cmd.Flags()
+	f.StringVar(&consumer, "consumer", "", "consumer name (or --outbox)")
+	f.BoolVar(&inProgress, "in-progress", false, "list the records in progress (leases) instead of the failed ones")
+	f.BoolVar(&outbox, "outbox", false, "list the outbox rows failed for good, grouped by error")
+	f.StringVar(&errText, "error", "", "with --outbox: only the rows with this error text")
+	f.IntVar(&limit, "limit", idemdriver.DefaultPageSize, "most items on the page (1 to 500)")
+	f.IntVar(&scan, "scan", 0, "most records a page examines (default 10000)")
+	f.StringVar(&cursor, "cursor", "", "the cursor a previous page printed")
+	f.BoolVar(&asJSON, "json", false, "print JSON")
+	f.BoolVar(&showPayload, "show-payloads", false, "with --outbox: print the rows' payloads and headers")
+	return cmd
+}
+
+// badInput makes the store's refusals of bad input usage errors.
+func badInput(err error, where string) error {
+	switch {
+	case errors.Is(err, idemdriver.ErrInvalidCursor):
+		return UsageError{errors.New("--cursor is not one a page printed")}
+	case errors.Is(err, idemdriver.ErrInvalidConfig), errors.Is(err, idemdriver.ErrInvalidConsumerName),
+		errors.Is(err, idemdriver.ErrInvalidMessageID), errors.Is(err, idemdriver.ErrMissingMessageID), errors.Is(err, console.ErrBadAction):
+		return UsageError{err}
+	case errors.Is(err, console.ErrNoOutbox):
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	return err
+}
+
+func printRecords(w io.Writer, v console.RecordPageView) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE ID\tSTATE\tATTEMPT\tTOKEN\tAGE\tLEASE\tERROR")
+	for _, r := range v.Records {
+		lease := "-"
+		switch {
+		case r.LeaseExpiresAt != nil && r.LeaseLive:
+			lease = "live until " + *r.LeaseExpiresAt
+		case r.LeaseExpiresAt != nil:
+			lease = "ended " + *r.LeaseExpiresAt
+		}
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%d\t%s\t%s\t%s\n", r.MessageID, r.State, r.Attempt, r.Token,
+			(time.Duration(r.AgeS * float64(time.Second))).Round(time.Second), lease, oneLine(r.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(v.Records) == 0 {
+		fmt.Fprintf(w, "no %s records of consumer %q on this page\n", v.State, v.Consumer)
+	}
+	if v.Next != "" {
+		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
+	}
+	return nil
+}
+
+func printOutbox(w io.Writer, v console.OutboxView) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROWS\tNEWEST FAILURE\tERROR")
+	for _, g := range v.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Count, deref(g.Newest), oneLine(g.Error))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "OUTBOX ID\tDESTINATION\tATTEMPTS\tFAILED AT\tERROR")
+	for _, r := range v.Rows {
+		fmt.Fprintf(tw, "%q\t%s\t%d\t%s\t%s\n", r.ID, r.Destination, r.Attempts, deref(r.FailedAt), oneLine(r.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if v.Next != "" {
+		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+// oneLine is s on one line, cut at 200 bytes.
+func oneLine(s string) string {
+	q := strconv.Quote(s)
+	q = q[1 : len(q)-1]
+	if len(q) > 200 {
+		q = q[:200] + "..."
+	}
+	return q
+}
+
+func newRetryCmd(open Opener, now func() time.Time) *cobra.Command {
+	var (
+		sf                     storeFlags
+		consumer, id, outboxID string
+		asJSON                 bool
+	)
+	cmd := &cobra.Command{
+		Use:   "retry",
+		Short: "Make a failed record retryable, or a failed outbox row pending again",
+		Long: `retry undoes a failure for good, once:
+
+  idem retry --consumer C --id M    the record becomes retryable: the next delivery of the
+                                    message (a redelivery or a replay) is processed as attempt 1,
+                                    resuming after its last completed step
+  idem retry --outbox-id ID         the outbox row is pending again: the relay sends it next
+
+A second run changes nothing and says so; a completed record or a sent row
+is refused, and nothing changes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a := console.Action{Kind: console.ActionRetry, Consumer: consumer, MessageID: id}
+			switch {
+			case outboxID != "" && (consumer != "" || id != ""):
+				return UsageError{errors.New("give --consumer and --id (a record) or --outbox-id (an outbox row), not both")}
+			case outboxID != "":
+				a = console.Action{Kind: console.ActionRetryOutbox, OutboxID: outboxID}
+			case consumer == "" || id == "":
+				return UsageError{errors.New("--consumer and --id are required (or --outbox-id)")}
+			}
+			return runAction(cmd, open, &sf, a, asJSON, now)
+		},
+	}
+	sf.add(cmd)
+	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name")
+	cmd.Flags().StringVar(&id, "id", "", "message ID")
+	cmd.Flags().StringVar(&outboxID, "outbox-id", "", "ID of a failed outbox row")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+func newReleaseCmd(open Opener, now func() time.Time) *cobra.Command {
+	var (
+		sf           storeFlags
+		consumer, id string
+		token        int64
+		asJSON       bool
+	)
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "End a stuck lease, so the next delivery takes the message over",
+		Long: `release ends the lease of the attempt holding --token (as listed by
+idem failed --in-progress or idem inspect), as that attempt's own release
+would: the record stays in progress and the next delivery takes it over;
+the stuck attempt's later writes are refused (lease lost). The token makes
+it safe to repeat: once the token no longer holds the record, release
+changes nothing, so it never ends a later attempt's lease.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if consumer == "" || id == "" {
+				return UsageError{errors.New("--consumer and --id are required")}
+			}
+			st, err := sf.open(cmd.Context(), open)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if token == 0 {
+				rec, err := st.Store.Inspect(cmd.Context(), consumer, id)
+				if err != nil {
+					return badInput(err, st.Where)
+				}
+				if rec.State != idemdriver.StateInProgress {
+					return fmt.Errorf("message %q of consumer %q is %s: it has no lease to release", id, consumer, rec.State)
+				}
+				return UsageError{fmt.Errorf("--token is required: the record's token is %d (attempt %d, lease until %s); run again with --token %d",
+					rec.Token, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339), rec.Token)}
+			}
+			a := console.Action{Kind: console.ActionRelease, Consumer: consumer, MessageID: id, Token: token}
+			return act(cmd, st, a, asJSON, now)
+		},
+	}
+	sf.add(cmd)
+	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
+	cmd.Flags().StringVar(&id, "id", "", "message ID (required)")
+	cmd.Flags().Int64Var(&token, "token", 0, "the holder's fencing token (required; without it, release prints the record's)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
+func runAction(cmd *cobra.Command, open Opener, sf *storeFlags, a console.Action, asJSON bool, now func() time.Time) error {
+	st, err := sf.open(cmd.Context(), open)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return act(cmd, st, a, asJSON, now)
+}
+
+func act(cmd *cobra.Command, st Opened, a console.Action, asJSON bool, now func() time.Time) error {
+	v, err := console.Run(cmd.Context(), st.Store, a, now())
+	switch {
+	case errors.Is(err, idemdriver.ErrNotFound):
+		return fmt.Errorf("%s: nothing changed: %w", a, err)
+	case errors.Is(err, idemdriver.ErrWrongState):
+		return fmt.Errorf("%s: refused, nothing changed: %w", a, err)
+	case err != nil:
+		return badInput(err, st.Where)
+	}
+	if asJSON {
+		return console.WriteJSON(cmd.OutOrStdout(), v)
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), v.Message)
+	return err
+}

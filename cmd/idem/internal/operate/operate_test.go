@@ -1,0 +1,115 @@
+package operate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/operate"
+)
+
+// run runs one operator command over store and returns its output.
+func run(t *testing.T, store *idem.MemoryStore, args ...string) (string, error) {
+	t.Helper()
+	open := func(context.Context, string, string) (operate.Opened, error) {
+		return operate.Opened{Store: store, Where: "memory", Close: func() error { return nil }}, nil
+	}
+	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
+	root.AddCommand(operate.Commands(open, func() time.Time { return time.Now() })...)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs(args)
+	err := root.ExecuteContext(t.Context())
+	return out.String(), err
+}
+
+func TestFailedRetryRelease(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "payments", MaxAttempts: 1, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = c.Process(t.Context(), idem.Message{ID: "pay-1", Payload: []byte("x")}, func(context.Context, *idem.Attempt) (idem.Result, error) {
+		return idem.Result{}, errors.New("card declined")
+	})
+	a, _, err := c.Acquire(t.Context(), idem.Message{ID: "pay-2", Payload: []byte("y")}, idem.AcquireOptions{})
+	if err != nil || a == nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+
+	out, err := run(t, store, "failed", "--store", "mem:", "--consumer", "payments", "--json")
+	var page console.RecordPageView
+	if err != nil || json.Unmarshal([]byte(out), &page) != nil || len(page.Records) != 1 || page.Records[0].Error != "card declined" {
+		t.Fatalf("failed --json: %v %s", err, out)
+	}
+	out, err = run(t, store, "failed", "--store", "mem:", "--consumer", "payments", "--in-progress")
+	if err != nil || !strings.Contains(out, `"pay-2"`) || !strings.Contains(out, "live until") {
+		t.Fatalf("failed --in-progress: %v %s", err, out)
+	}
+
+	var v console.ActionView
+	out, err = run(t, store, "retry", "--store", "mem:", "--consumer", "payments", "--id", "pay-1", "--json")
+	if err != nil || json.Unmarshal([]byte(out), &v) != nil || !v.Changed || v.Record.Attempt != 0 {
+		t.Fatalf("retry: %v %s", err, out)
+	}
+	out, err = run(t, store, "retry", "--store", "mem:", "--consumer", "payments", "--id", "pay-1")
+	if err != nil || !strings.Contains(out, "nothing changed") {
+		t.Errorf("second retry: %v %s", err, out)
+	}
+	if _, err := run(t, store, "retry", "--store", "mem:", "--consumer", "payments", "--id", "nope"); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("retry of a missing record: %v, want ErrNotFound", err)
+	}
+
+	_, err = run(t, store, "release", "--store", "mem:", "--consumer", "payments", "--id", "pay-2")
+	var ue operate.UsageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--token 1") {
+		t.Errorf("release without --token: %v, want a usage error naming the token", err)
+	}
+	out, err = run(t, store, "release", "--store", "mem:", "--consumer", "payments", "--id", "pay-2", "--token", "1")
+	if err != nil || !strings.Contains(out, "released") {
+		t.Fatalf("release: %v %s", err, out)
+	}
+	if _, err := a.Complete(t.Context(), idem.Result{}); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("released holder's Complete: %v, want ErrLeaseLost", err)
+	}
+	if _, err := run(t, store, "release", "--store", "mem:", "--consumer", "payments", "--id", "pay-1", "--token", "7"); !errors.Is(err, idem.ErrWrongState) {
+		t.Errorf("release of a token never held: %v, want ErrWrongState", err)
+	}
+	if _, err := run(t, store, "failed", "--store", "mem:"); !errors.As(err, &ue) {
+		t.Errorf("failed without --consumer: %v, want a usage error", err)
+	}
+	if _, err := run(t, store, "failed", "--store", "mem:", "--consumer", "payments", "--cursor", "bad"); !errors.As(err, &ue) {
+		t.Errorf("bad cursor: %v, want a usage error", err)
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	for _, tc := range []struct {
+		addr, token string
+		ok          bool
+	}{
+		{"127.0.0.1:8089", "", true},
+		{"[::1]:8089", "", true},
+		{"localhost:8089", "", true},
+		{":8089", "", false},
+		{"0.0.0.0:8089", "", false},
+		{"10.1.2.3:8089", "", false},
+		{"0.0.0.0:8089", "t", true},
+		{"nonsense", "", false},
+	} {
+		err := operate.CheckListen(tc.addr, tc.token)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckListen(%q, token %q) = %v, want ok %v", tc.addr, tc.token, err, tc.ok)
+		}
+	}
+}

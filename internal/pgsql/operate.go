@@ -1,0 +1,9 @@
+package pgsql
+
+import "github.com/idem-go/idem/internal/sqlstore"
+
+// Ops returns the operator statements (sqlstore.Ops) on PostgreSQL for
+// the processed-messages table t and its outbox t + "_outbox".
+func Ops(t string) *sqlstore.Ops {
+	return sqlstore.NewOps(t, New(t).Inspect, Outbox(t+`_outbox`), TimeParam)
+}
