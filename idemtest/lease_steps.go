@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,7 @@ func leaseStepCases() []leaseCase {
 		{"ReleaseSavesPoint", testLeaseStepRelease},
 		{"Validation", testLeaseStepValidation},
 		{"ConsumerRoundTrips", testLeaseStepConsumer},
+		{"RoundTripsPerCase", testLeaseStepRoundTrips},
 	}
 }
 
@@ -258,6 +260,39 @@ func testLeaseStepConsumer(t *testing.T, b *leaseBundle) {
 		}
 		if got := store.saves.Load(); got != tc.wantSaves {
 			t.Errorf("%s: %d SaveStep calls, want %d", tc.name, got, tc.wantSaves)
+		}
+	}
+}
+
+// MeasureRoundTrips on the store: with the StepRecorder capability a new
+// message costs two calls (Acquire, Complete), a duplicate one, a release
+// one; without it, one SaveStep more for a new message and for a release.
+func testLeaseStepRoundTrips(t *testing.T, b *leaseBundle) {
+	// want is the calls per message of each case, and the SaveStep
+	// calls among them.
+	type want struct {
+		hide                   bool
+		newMsg, dup, release   int64
+		newSaves, releaseSaves int64
+	}
+	cases := []want{{true, 3, 1, 2, 1, 1}}
+	if idemdriver.RecordsSteps(b.s.Store) {
+		cases = append(cases, want{false, 2, 1, 1, 0, 0})
+	}
+	const n = 3
+	for _, tc := range cases {
+		rt, err := MeasureRoundTrips(b.ctx, b.s.Store, b.name(fmt.Sprintf("rt-hide-%v", tc.hide)), n, tc.hide)
+		if err != nil {
+			t.Fatalf("MeasureRoundTrips (capability hidden: %v): %v", tc.hide, err)
+		}
+		for _, c := range []struct {
+			what        string
+			got         Calls
+			want, saves int64
+		}{{"new message", rt.New, tc.newMsg, tc.newSaves}, {"duplicate", rt.Duplicate, tc.dup, 0}, {"release", rt.Release, tc.release, tc.releaseSaves}} {
+			if c.got.Total() != c.want*n || c.got.SaveStep != c.saves*n {
+				t.Errorf("capability hidden: %v: %s: %s per message, want %d calls (%d SaveStep)", tc.hide, c.what, c.got.PerMessage(n), c.want, c.saves)
+			}
 		}
 	}
 }

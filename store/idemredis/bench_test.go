@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -125,4 +126,13 @@ func commandUsec(tb testing.TB, client redis.UniversalClient) map[string]int64 {
 		}
 	}
 	return usec
+}
+
+// BenchmarkLeaseRoundTrips reports lease mode's store calls per message
+// (new, duplicate, release) with the store's StepRecorder capability and
+// without it, and the time of a new message (idemtest.BenchmarkRoundTrips):
+//
+//	go test -run '^$' -bench BenchmarkLeaseRoundTrips -benchtime 20x
+func BenchmarkLeaseRoundTrips(b *testing.B) {
+	idemtest.BenchmarkRoundTrips(b, setup(b, nil).store, "bench-rt")
 }
