@@ -76,6 +76,7 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Purge", leasePurgeCases()},
 		{"Store", leaseStoreCases()},
 		{"Steps", leaseStepCases()},
+		{"Batch", leaseBatchCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -44,6 +44,12 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix).Result()
+	return acquireResult(v, err)
+}
+
+// acquireResult reads the reply of acquireScript.
+func acquireResult(v any, err error) (idemdriver.AcquireResult, error) {
+	var res idemdriver.AcquireResult
 	if err != nil {
 		return res, fmt.Errorf("idemredis: acquire: %w", err)
 	}

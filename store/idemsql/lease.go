@@ -234,15 +234,17 @@ func (s *Store) takeoverMySQL(ctx context.Context, p *idemdriver.AcquireParams, 
 // _txlock, which New checks): SQLite runs one writer at a time, so nothing
 // changes between its statements.
 func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return res, nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		res, last, err = s.acquireSQLiteTx(ctx, tx, p)
+		return err
+	})
+	return res, last, err
+}
+
+// acquireSQLiteTx is the body of acquireSQLite, on tx: res is zero (and
+// last set) when the record could be taken over by the time it was read,
+// a case for another try.
+func (s *Store) acquireSQLiteTx(ctx context.Context, tx *sql.Tx, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
 	var token, attempt int64
 	err = tx.QueryRowContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)).Scan(&token, &attempt)
 	switch {
@@ -258,18 +260,12 @@ func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) 
 				return res, nil, err
 			}
 		}
-		if err = tx.Commit(); err != nil {
-			return res, nil, err
-		}
 		return sqlstore.Acquired(token, attempt, steps), nil, nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return res, nil, err
 	}
 	var rec sqlstore.LeaseRecord
 	if err = tx.QueryRowContext(ctx, s.lq.record, p.Consumer, p.MessageID, p.Fingerprint).Scan(rec.ScanArgs()...); err != nil {
-		return res, nil, err
-	}
-	if err = tx.Commit(); err != nil {
 		return res, nil, err
 	}
 	if rec.Acquirable {
