@@ -23,8 +23,13 @@ import (
 )
 
 // envNATS names the NATS server (JetStream, with a network listener) the
-// --sidecar mode runs on; scripts/services sets it.
-const envNATS = "IDEM_TEST_NATS_URL"
+// --sidecar mode runs on; scripts/services sets it. envBaseBin, when set,
+// names another idem binary (an earlier build, without --store-batch)
+// that --sidecar runs too, on every store, as a baseline.
+const (
+	envNATS    = "IDEM_TEST_NATS_URL"
+	envBaseBin = "IDEM_BENCH_BASE_IDEM"
+)
 
 // sidecarService is the do-nothing HTTP service of --sidecar: it answers
 // 200 to every POST and, per path (one per run), counts the distinct
@@ -135,11 +140,18 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	if u := os.Getenv(envRedis); u != "" {
 		stores = append(stores, struct{ name, url string }{"redis", u})
 	}
+	base := os.Getenv(envBaseBin)
 	for _, st := range stores {
 		for _, batch := range []int{64, 1} {
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume, %s, --store-batch %d", st.name, batch),
 				idemConsume(bin, natsURL, st.url, batch, concurrency),
+			})
+		}
+		if base != "" {
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("idem consume (%s), %s", filepath.Base(base), st.name),
+				idemConsume(base, natsURL, st.url, 0, concurrency),
 			})
 		}
 	}
@@ -299,12 +311,16 @@ func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context
 
 // idemConsume is the contender `idem consume` on store (a URL; STORE in
 // a sqlite path is replaced by the run's tag), a process of its own with
-// --concurrency and --store-batch, stopped by an interrupt.
+// --concurrency and --store-batch (none when batch is 0, for a binary
+// without the flag), stopped by an interrupt.
 func idemConsume(bin, natsURL, store string, batch, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func(), error) {
 	return func(ctx context.Context, _, subject, url, tag string) (func(), error) {
 		args := []string{"consume", "--broker", natsURL, "--from", subject, "--to", url,
 			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", "idem",
-			"--concurrency", fmt.Sprint(concurrency), "--store-batch", fmt.Sprint(batch), "--log-level", "warn"}
+			"--concurrency", fmt.Sprint(concurrency), "--log-level", "warn"}
+		if batch > 0 {
+			args = append(args, "--store-batch", fmt.Sprint(batch))
+		}
 		switch {
 		case strings.HasPrefix(store, "postgres"):
 			args = append(args, "--table", tag)
