@@ -38,6 +38,9 @@ type roundTripStore struct {
 	name    string
 	store   idemdriver.LeaseStore
 	cleanup func()
+	// wal, on PostgreSQL, returns the server's WAL position in bytes
+	// (pg_current_wal_lsn), for the WAL written per message.
+	wal func(ctx context.Context) (int64, error)
 }
 
 // openRoundTripStores opens the lease stores of the round-trip table:
@@ -59,7 +62,7 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 	var rb [4]byte
 	_, _ = rand.Read(rb[:])
 	table := "idem_rt_" + hex.EncodeToString(rb[:])
-	stores = append(stores, roundTripStore{"memory", idem.NewMemoryStore(nil), func() {}})
+	stores = append(stores, roundTripStore{name: "memory", store: idem.NewMemoryStore(nil), cleanup: func() {}})
 
 	dir, err := os.MkdirTemp("", "idem-bench-rt-")
 	if err != nil {
@@ -73,7 +76,7 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 	if err != nil {
 		return fail(err)
 	}
-	stores = append(stores, roundTripStore{"sqlite", s.store, s.cleanup})
+	stores = append(stores, s)
 
 	if u := postgresURL(); u != "" {
 		pool, err := pgxpool.New(ctx, u)
@@ -88,9 +91,12 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 			pool.Close()
 			return fail(fmt.Errorf("postgres (pgx): %w", err))
 		}
-		stores = append(stores, roundTripStore{"postgres (pgx)", ps, func() {
+		stores = append(stores, roundTripStore{name: "postgres (pgx)", store: ps, cleanup: func() {
 			dropTables(func(q string) error { _, err := pool.Exec(context.Background(), q); return err }, table+"_pgx")
 			pool.Close()
+		}, wal: func(ctx context.Context) (n int64, err error) {
+			err = pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&n)
+			return n, err
 		}})
 		db, err := sql.Open("pgx", u)
 		if err != nil {
@@ -100,7 +106,8 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 		if err != nil {
 			return fail(fmt.Errorf("postgres (database/sql): %w", err))
 		}
-		stores = append(stores, roundTripStore{"postgres (database/sql)", s.store, s.cleanup})
+		s.name = "postgres (database/sql)"
+		stores = append(stores, s)
 	}
 	if u := os.Getenv(envMySQL); u != "" {
 		cfg, err := mysql.ParseDSN(u)
@@ -115,7 +122,8 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 		if err != nil {
 			return fail(fmt.Errorf("mariadb: %w", err))
 		}
-		stores = append(stores, roundTripStore{"mariadb", s.store, s.cleanup})
+		s.name = "mariadb"
+		stores = append(stores, s)
 	}
 	if u := os.Getenv(envRedis); u != "" {
 		opt, err := redis.ParseURL(u)
@@ -129,7 +137,7 @@ func openRoundTripStores(ctx context.Context) ([]roundTripStore, func(), error) 
 			_ = client.Close()
 			return fail(fmt.Errorf("redis: %w", err))
 		}
-		stores = append(stores, roundTripStore{"redis", rs, func() {
+		stores = append(stores, roundTripStore{name: "redis", store: rs, cleanup: func() {
 			ctx := context.Background()
 			iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
 			for iter.Next(ctx) {
@@ -152,7 +160,7 @@ func sqlStore(ctx context.Context, db *sql.DB, d idemsql.Dialect, table string, 
 		closeDB()
 		return roundTripStore{}, err
 	}
-	return roundTripStore{string(d), s, func() {
+	return roundTripStore{name: string(d), store: s, cleanup: func() {
 		if d != idemsql.SQLite {
 			dropTables(func(q string) error { _, err := db.ExecContext(context.Background(), q); return err }, table)
 		}
@@ -187,23 +195,40 @@ func runRoundTrips(ctx context.Context, w, log io.Writer, n int) error {
 	var b strings.Builder
 	b.WriteString("| store | new message: calls | duplicate | release | new message before: calls | duplicate before | release before | new ms | new ms before |\n")
 	b.WriteString("|---|---|---:|---|---|---:|---|---:|---:|\n")
+	var wals []string
 	for _, s := range stores {
 		if log != nil {
 			fmt.Fprintf(log, "round trips: %s\n", s.name)
 		}
 		var now, before idemtest.RoundTrips
+		var walNow, walBefore int64
 		// Before, then now, then before again: the first run of a store
 		// warms its connections and statement caches.
 		for i, hide := range []bool{true, false, true} {
+			var w0, w1 int64
+			if s.wal != nil {
+				if w0, err = s.wal(ctx); err != nil {
+					return err
+				}
+			}
 			rt, err := idemtest.MeasureRoundTrips(ctx, s.store, fmt.Sprintf("rt-%d", i), n, hide)
 			if err != nil {
 				return fmt.Errorf("round trips on %s: %w", s.name, err)
 			}
-			if hide {
-				before = rt
-			} else {
-				now = rt
+			if s.wal != nil {
+				if w1, err = s.wal(ctx); err != nil {
+					return err
+				}
 			}
+			if hide {
+				before, walBefore = rt, w1-w0
+			} else {
+				now, walNow = rt, w1-w0
+			}
+		}
+		if s.wal != nil {
+			wals = append(wals, fmt.Sprintf("%s: WAL bytes per message (a new one, a duplicate and a release, together): %.0f now, %.0f before",
+				s.name, float64(walNow)/float64(n), float64(walBefore)/float64(n)))
 		}
 		cell := func(rt idemtest.RoundTrips, c idemtest.Calls) string {
 			return fmt.Sprintf("%.3g (%s)", rt.PerMessage(c), c.PerMessage(rt.Messages))
@@ -212,6 +237,9 @@ func runRoundTrips(ctx context.Context, w, log io.Writer, n int) error {
 			cell(now, now.New), now.PerMessage(now.Duplicate), cell(now, now.Release),
 			cell(before, before.New), before.PerMessage(before.Duplicate), cell(before, before.Release),
 			float64(now.NewTime)/float64(time.Millisecond), float64(before.NewTime)/float64(time.Millisecond))
+	}
+	for _, l := range wals {
+		b.WriteString("\n" + l + "\n")
 	}
 	_, err = io.WriteString(w, b.String())
 	return err
