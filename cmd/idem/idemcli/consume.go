@@ -73,6 +73,10 @@ Idem-Dead-Letter-Reason and Idem-Dead-Letter-Error.
 stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
 (durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
+A message costs two store writes: the claim, which also records the recovery
+point, and the result. The claims (and the results) of the messages in flight
+that reach the store together go as one batch, one commit on SQLite and
+PostgreSQL, one pipeline on Redis (--store-batch, the most per batch).
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
