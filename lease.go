@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -35,6 +36,23 @@ type AcquireOptions struct {
 	// OnWait, if set, is called once, before the first poll, when the
 	// delivery starts waiting.
 	OnWait func()
+	// StepPrefix, when not empty, saves a recovery point of the attempt
+	// with its acquisition: the step named StepPrefix followed by the
+	// attempt's token in decimal (idemdriver.PrefixStep), with an empty
+	// result, as Attempt.SaveStep would right after Acquire. It is what a
+	// front end records before an effect that must not run twice, so that
+	// an attempt taking over after a crash knows this one may have acted.
+	// On a store that is an idemdriver.StepRecorder the point is saved by
+	// the Acquire itself, in the same atomic write
+	// (idemdriver.AcquireParams.StepPrefix): no store call of its own. On
+	// another store Acquire saves it with SaveStep once it holds the
+	// lease; if that fails, the attempt is released (or abandoned) and
+	// Acquire returns Failed with the error (matching ErrStore or
+	// ErrLeaseLost), nothing having run. The attempt's Steps include the
+	// point; those of earlier attempts are as Acquire found them.
+	// StepPrefix plus a 19-digit token must be a valid step name (an
+	// error matching ErrInvalidConfig otherwise).
+	StepPrefix string
 }
 
 // Acquire claims msg in lease mode and returns the held lease as an
@@ -72,13 +90,23 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 	}
 	var waitUntil time.Time
 	delay := 20 * time.Millisecond
+	atomicStep := opt.StepPrefix != "" && idemdriver.RecordsSteps(c.store)
+	prefix := ""
+	if atomicStep {
+		prefix = opt.StepPrefix
+	} else if opt.StepPrefix != "" {
+		if err := idemdriver.ValidateStepName(idemdriver.PrefixStep(opt.StepPrefix, math.MaxInt64)); err != nil {
+			out, err := c.failed(msg.ID, err)
+			return nil, out, err
+		}
+	}
 	for {
 		// The lease cannot have started before this instant, by our clock.
 		leaseFrom := time.Now()
 		since := t.now()
 		actx, cancel := callCtx(ctx, c.storeTimeout())
 		acq, err := c.store.Acquire(actx, &idemdriver.AcquireParams{
-			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease,
+			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease, StepPrefix: prefix,
 		})
 		err = timedOut(actx, err)
 		cancel()
@@ -87,7 +115,7 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 			return nil, out, err
 		}
 		if acq.Acquired {
-			return c.held(ctx, t, msg, acq, leaseFrom, since)
+			return c.held(ctx, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep)
 		}
 		out, err := c.existing(msg.ID, fp, acq)
 		if out.Status != InProgress || opt.Wait <= 0 {
@@ -116,12 +144,16 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 	}
 }
 
-// held starts the attempt that acquired msg: its renewals, its hooks, and
-// the crash-loop check.
-func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time) (*Attempt, Outcome, error) {
+// held starts the attempt that acquired msg: its renewals, its hooks, the
+// crash-loop check, and the recovery point of prefix (already saved by the
+// Acquire when saved is true).
+func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time, prefix string, saved bool) (*Attempt, Outcome, error) {
 	a := &Attempt{
 		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
 		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease),
+	}
+	if prefix != "" && saved {
+		a.keepStep(idemdriver.PrefixStep(prefix, acq.Token), nil)
 	}
 	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, since)
 	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
@@ -142,6 +174,17 @@ func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq ide
 			out, err = a.Abandon(ctx, err)
 		}
 		return nil, out, err
+	}
+	if prefix != "" && !saved {
+		// A store without idemdriver.StepRecorder: the point costs a
+		// write of its own, before anything runs.
+		if err := a.SaveStep(ctx, idemdriver.PrefixStep(prefix, acq.Token), nil); err != nil {
+			out, rerr := a.release(ctx, err, func() bool { return false })
+			if !a.isEnded() {
+				out, rerr = a.Abandon(ctx, rerr)
+			}
+			return nil, out, rerr
+		}
 	}
 	return a, Outcome{}, nil
 }
@@ -172,11 +215,12 @@ type Attempt struct {
 	cancel context.CancelCauseFunc // cancels lctx and ctx
 	rs     renewalState            // guarded by c.renewals.mu
 
-	mu         sync.Mutex
-	steps      map[string][]byte // nil until a step is saved or found
-	validUntil time.Time         // the lease is held until at least then, by our clock
-	lost       bool              // the store said another attempt owns the record
-	ended      bool
+	mu          sync.Mutex
+	steps       map[string][]byte // nil until a step is saved or found
+	validUntil  time.Time         // the lease is held until at least then, by our clock
+	lost        bool              // the store said another attempt owns the record
+	ended       bool
+	releaseStep string // saved with the release (SaveStepOnRelease)
 }
 
 // Context returns the attempt's context: derived from the context given
@@ -390,13 +434,41 @@ func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) erro
 		}
 		return a.c.storeErr(ctx, "save step", a.Message.ID, err)
 	}
+	a.keepStep(name, result)
+	return nil
+}
+
+// keepStep records locally that step name is saved with result, unless
+// it was already.
+func (a *Attempt) keepStep(name string, result []byte) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if _, done := a.steps[name]; !done {
 		if a.steps == nil {
 			a.steps = map[string][]byte{}
 		}
 		a.steps[name] = slices.Clone(result)
 	}
+}
+
+// SaveStepOnRelease names a recovery point, with an empty result, that
+// the attempt's Release saves with the release: in the same atomic store
+// write on a store that is an idemdriver.StepRecorder
+// (idemdriver.ReleaseParams.Step), so the point costs no store call of its
+// own; on another store with a SaveStep just before the release (a
+// failure of which fails the Release as the release's own would). It
+// writes nothing by itself; a later call replaces the name and "" clears
+// it. Complete and Abandon do not save it. A front end uses it to record
+// that the attempt's outcome is known when it releases the key. name is
+// checked as SaveStep's (an error matching ErrInvalidConfig).
+func (a *Attempt) SaveStepOnRelease(name string) error {
+	if name != "" {
+		if err := idemdriver.ValidateStepName(name); err != nil {
+			return err
+		}
+	}
+	a.mu.Lock()
+	a.releaseStep = name
 	a.mu.Unlock()
 	return nil
 }
@@ -523,12 +595,28 @@ func (a *Attempt) release(ctx context.Context, cause error, isTerminal func() bo
 	}
 	defer a.endOnPanic()
 	terminal := isTerminal()
+	a.mu.Lock()
+	step := a.releaseStep
+	a.mu.Unlock()
+	if step != "" && !idemdriver.RecordsSteps(a.c.store) {
+		if err := a.SaveStep(ctx, step, nil); err != nil {
+			cause = errors.Join(cause, err)
+			if errors.Is(err, ErrLeaseLost) {
+				return a.finish(Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number}, cause)
+			}
+			return Outcome{Status: Failed, MessageID: a.Message.ID, Err: cause, Attempt: a.Number}, cause
+		}
+		step = ""
+	}
 	since := time.Now()
 	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
 	err := timedOut(cctx, a.c.store.Release(cctx, &idemdriver.ReleaseParams{
-		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal,
+		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Error: cause.Error(), Terminal: terminal, Step: step,
 	}))
 	cancel()
+	if err == nil && step != "" {
+		a.keepStep(step, nil)
+	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):
 		a.markLost(ctx, "release", since, err)

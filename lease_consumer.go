@@ -97,7 +97,14 @@ func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) { return
 //   - Failed, the handler's error (or ErrHandlerPanic, ErrStore,
 //     ErrLeaseLost): the lease was released or lost; redeliver.
 func (c *LeaseConsumer) Process(ctx context.Context, msg Message, handler LeaseHandler) (Outcome, error) {
-	a, out, err := c.Acquire(ctx, msg, AcquireOptions{})
+	return c.ProcessWith(ctx, msg, AcquireOptions{}, handler)
+}
+
+// ProcessWith is Process with the options of the acquisition (see
+// AcquireOptions: a wait for a live lease, a recovery point saved with the
+// acquisition).
+func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt AcquireOptions, handler LeaseHandler) (Outcome, error) {
+	a, out, err := c.Acquire(ctx, msg, opt)
 	if a == nil {
 		return out, err
 	}

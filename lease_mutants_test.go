@@ -37,6 +37,32 @@ var leaseMutants = []leaseMutant{
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &echoLeaseFingerprint{s} }},
 	{"TruncatesResults", "Process/ClaimCompleteReplay", // a 64 KiB BLOB column
 		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &truncatedResults{s} }},
+	{"IgnoresStepPrefix", "Steps/AcquireSavesRunPoint",
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &ignoresStepPrefix{s} }},
+	{"ReportsOwnRunPoint", "Steps/AcquireSavesRunPoint",
+		func(s *idem.MemoryStore) idemdriver.LeaseStore { return &ownRunPoint{s} }},
+}
+
+// ignoresStepPrefix says it records steps but drops AcquireParams.StepPrefix,
+// as a store that claims the capability without the work would.
+type ignoresStepPrefix struct{ *idem.MemoryStore }
+
+func (s *ignoresStepPrefix) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	q := *p
+	q.StepPrefix = ""
+	return s.MemoryStore.Acquire(ctx, &q)
+}
+
+// ownRunPoint reports the acquiring attempt's own point among its Steps,
+// as a store that read them after saving it would.
+type ownRunPoint struct{ *idem.MemoryStore }
+
+func (s *ownRunPoint) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	res, err := s.MemoryStore.Acquire(ctx, p)
+	if err == nil && res.Acquired && p.StepPrefix != "" {
+		res.Steps[idemdriver.PrefixStep(p.StepPrefix, res.Token)] = []byte{}
+	}
+	return res, err
 }
 
 // TestSuiteCatchesBrokenLeaseStores runs RunLease against each lease

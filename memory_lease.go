@@ -11,7 +11,12 @@ import (
 // MemoryStore implements idemdriver.LeaseStore too, with its clock as the lease clock.
 // A consumer name should use one mode: a transactional claim sees any
 // record, in progress or not, as a duplicate.
-var _ idemdriver.LeaseStore = (*MemoryStore)(nil)
+var _ idemdriver.StepRecorder = (*MemoryStore)(nil)
+
+// RecordsSteps implements idemdriver.StepRecorder: Acquire and Release
+// save the points of AcquireParams.StepPrefix and ReleaseParams.Step under
+// the store's lock, with the acquisition or the release.
+func (*MemoryStore) RecordsSteps() bool { return true }
 
 // Acquire implements idemdriver.LeaseStore.
 func (s *MemoryStore) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
@@ -32,10 +37,12 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *idemdriver.AcquireParams) 
 	now := s.now()
 	r, ok := s.records[k]
 	if !ok {
-		s.records[k] = memRecord{
+		r := memRecord{
 			fingerprint: slices.Clone(p.Fingerprint), at: now, state: idemdriver.StateInProgress,
 			token: 1, attempt: 1, leaseUntil: now.Add(p.Lease),
 		}
+		r.saveStep(stepOf(p, 1))
+		s.records[k] = r
 		return idemdriver.AcquireResult{Acquired: true, Token: 1, Attempt: 1, Steps: map[string][]byte{}}, nil
 	}
 	state := r.state
@@ -48,8 +55,10 @@ func (s *MemoryStore) Acquire(ctx context.Context, p *idemdriver.AcquireParams) 
 		r.released = false
 		r.leaseUntil = now.Add(p.Lease)
 		r.at = now
+		steps := cloneSteps(r.steps)
+		r.saveStep(stepOf(p, r.token))
 		s.records[k] = r
-		return idemdriver.AcquireResult{Acquired: true, Token: r.token, Attempt: r.attempt, Steps: cloneSteps(r.steps)}, nil
+		return idemdriver.AcquireResult{Acquired: true, Token: r.token, Attempt: r.attempt, Steps: steps}, nil
 	}
 	res := idemdriver.AcquireResult{
 		State: state, Attempt: r.attempt, Fingerprint: slices.Clone(r.fingerprint),
@@ -116,6 +125,7 @@ func (s *MemoryStore) Release(ctx context.Context, p *idemdriver.ReleaseParams) 
 		return err
 	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, now time.Time) {
+		r.saveStep(p.Step, nil)
 		r.errText, r.at, r.leaseUntil, r.released = p.Error, now, now, true
 		if p.Terminal {
 			r.state = idemdriver.StateFailed
@@ -129,13 +139,31 @@ func (s *MemoryStore) SaveStep(ctx context.Context, p *idemdriver.StepParams) er
 		return err
 	}
 	return s.fenced(ctx, p.Consumer, p.MessageID, p.Token, func(r *memRecord, _ time.Time) {
-		if r.steps == nil {
-			r.steps = map[string][]byte{}
-		}
-		if _, done := r.steps[p.Step]; !done {
-			r.steps[p.Step] = append([]byte{}, p.Result...)
-		}
+		r.saveStep(p.Step, p.Result)
 	})
+}
+
+// stepOf returns the name of the point p.StepPrefix asks for under
+// token, and a nil result; "" when p names none.
+func stepOf(p *idemdriver.AcquireParams, token int64) (string, []byte) {
+	if p.StepPrefix == "" {
+		return "", nil
+	}
+	return idemdriver.PrefixStep(p.StepPrefix, token), nil
+}
+
+// saveStep saves the step name (none when "") with a copy of result,
+// unless it exists.
+func (r *memRecord) saveStep(name string, result []byte) {
+	if name == "" {
+		return
+	}
+	if r.steps == nil {
+		r.steps = map[string][]byte{}
+	}
+	if _, done := r.steps[name]; !done {
+		r.steps[name] = append([]byte{}, result...)
+	}
 }
 
 func cloneSteps(m map[string][]byte) map[string][]byte {

@@ -265,3 +265,34 @@ func TestHelp(t *testing.T) {
 		t.Errorf("--help printed %q", errOut.String())
 	}
 }
+
+// TestRoundTrips runs `bench --round-trips` and checks the counts of
+// every store it opened: with the acquire that records the run point, a
+// new message costs two store calls, a duplicate one and a release one;
+// before it, three, one and two.
+func TestRoundTrips(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := cli(ctx, []string{"--round-trips", "5"}, &stdout, &stderr); err != nil {
+		t.Fatalf("bench --round-trips: %v\n%s", err, stderr.String())
+	}
+	rows := 0
+	for line := range strings.Lines(stdout.String()) {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| store ") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), "|")
+		want := []string{"2 (Acquire 1 + Complete 1)", "1", "1 (Release 1)",
+			"3 (Acquire 1 + SaveStep 1 + Complete 1)", "1", "2 (SaveStep 1 + Release 1)"}
+		for i, w := range want {
+			if got := strings.TrimSpace(cells[i+1]); got != w {
+				t.Errorf("%s: column %d = %q, want %q", strings.TrimSpace(cells[0]), i+1, got, w)
+			}
+		}
+	}
+	if rows < 2 {
+		t.Errorf("%d store rows, want at least memory and sqlite:\n%s", rows, stdout.String())
+	}
+}

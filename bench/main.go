@@ -73,6 +73,28 @@
 //
 // Output: a Markdown table on stdout, and results.csv and throughput.png
 // (gonum/plot) in the folder given by --out.
+//
+// With --round-trips N the harness prints only lease mode's store calls
+// per message (a new message, a duplicate, a release after a known
+// failure), as the at-most-once front ends (idemhttp, idemgrpc, idem
+// consume) make them, counted by idemtest.CallCounter over N messages per
+// case, for memory, SQLite, PostgreSQL through pgx and through
+// database/sql, MariaDB and Redis (those whose URL is set): with the
+// stores' idemdriver.StepRecorder capability, and with it hidden (the
+// calls before it existed), and the time of a new message of each:
+//
+//	go run ./bench --round-trips 200
+//
+// With --sidecar N it measures only `idem consume` (built from ./cmd/idem)
+// against a bare Go relay that fetches from JetStream (nats.go's Fetch),
+// POSTs and acks, both at --workers messages at a time, with a
+// do-nothing HTTP service, N messages per run, --rounds interleaved rounds
+// (5 by default, after a discarded warm-up), on SQLite, PostgreSQL and
+// Redis (those whose URL is set), with idem consume's store batches and
+// without (--store-batch 64 and 1). It needs a NATS server with
+// JetStream (IDEM_TEST_NATS_URL):
+//
+//	go run ./bench --sidecar 3000
 package main
 
 import (
@@ -117,6 +139,10 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&brokers, "brokers", "nats,kafka", "brokers: nats (in-process JetStream), kafka (kfake)")
 	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgresDurable+" (preferred) or "+envPostgres+" is set)")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
+	var roundTrips int
+	fs.IntVar(&roundTrips, "round-trips", 0, "only print lease mode's store calls per message (new, duplicate, release; now and before the acquire recorded the run point), over this many messages per case, for memory, sqlite, postgres (pgx and database/sql, when "+envPostgresDurable+" or "+envPostgres+" is set), mariadb ("+envMySQL+") and redis ("+envRedis+"), and exit")
+	var sidecar int
+	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+", and exit")
 	var only string
 	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
 	if err := fs.Parse(args); err != nil {
@@ -127,6 +153,39 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if roundTrips < 0 {
+		return fmt.Errorf("%w: --round-trips %d", errUsage, roundTrips)
+	}
+	if sidecar < 0 {
+		return fmt.Errorf("%w: --sidecar %d", errUsage, sidecar)
+	}
+	if sidecar > 0 {
+		var log io.Writer
+		if o.verbose {
+			log = stderr
+		}
+		rounds := o.rounds
+		if rounds == 0 {
+			rounds = 5
+		}
+		load0 := loadAvg()
+		if err := runSidecar(ctx, stdout, log, sidecar, rounds, o.workers); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nload average %s at the start, %s at the end\n", load0, loadAvg())
+		return nil
+	}
+	if roundTrips > 0 {
+		var log io.Writer
+		if o.verbose {
+			log = stderr
+		}
+		if err := runRoundTrips(ctx, stdout, log, roundTrips); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nload average %s\n", loadAvg())
+		return nil
 	}
 	o.brokers = splitList(brokers)
 	o.stores = splitList(stores)

@@ -21,7 +21,13 @@
 // pipelined with BEGIN) by type assertion, as database/sql finds
 // driver.ExecerContext, and where a store lacks one takes a correct, slower
 // path (one ClaimTx per message, in byte order of message ID, or Begin then
-// ClaimTx or ClaimBatchTx). [Migrator] and [Inspector] are for operators' tools, such as the
+// ClaimTx or ClaimBatchTx). In lease mode, [StepRecorder] (Acquire saves
+// the acquiring attempt's run point and Release a settled point, in the
+// same write) spares the at-most-once front ends a SaveStep per message
+// (the core saves the points with SaveStep where a store lacks it), and
+// [LeaseBatcher] (Acquire and Complete of many records in one commit or
+// one pipeline) lets idem consume group the messages it holds.
+// [Migrator] and [Inspector] are for operators' tools, such as the
 // idem command's migrate, inspect and stats. The transactional outbox is
 // [OutboxTx] (write outgoing rows in the handler's transaction) and
 // [OutboxStore] (what the relay claims, marks and purges), with the

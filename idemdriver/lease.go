@@ -2,6 +2,7 @@ package idemdriver
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -35,7 +36,9 @@ type LeaseStore interface {
 	// p.Fingerprint: that takeover gets a new, higher token and the next
 	// attempt number. Atomic: of concurrent calls, one acquires. A lease
 	// that is not positive is refused with an error matching
-	// ErrInvalidConfig, never stored as a lease without expiry.
+	// ErrInvalidConfig, never stored as a lease without expiry. A store
+	// that implements StepRecorder also saves p.StepPrefix's recovery
+	// point in the same atomic write; see AcquireParams.StepPrefix.
 	Acquire(ctx context.Context, p *AcquireParams) (AcquireResult, error)
 	// Renew extends the lease of the attempt holding p.Token to now plus
 	// p.Lease, or returns ErrLeaseLost.
@@ -48,7 +51,8 @@ type LeaseStore interface {
 	// ends now and the record stays in_progress for the next attempt, or,
 	// with p.Terminal, becomes failed (poison). The attempt count, the
 	// error text and the recovery points are kept. ErrLeaseLost if p.Token
-	// does not own the record.
+	// does not own the record. A store that implements StepRecorder also
+	// saves p.Step in the same atomic write; see ReleaseParams.Step.
 	Release(ctx context.Context, p *ReleaseParams) error
 	// SaveStep records a recovery point of the attempt holding p.Token:
 	// a completed step and its result, returned to later attempts by
@@ -65,6 +69,21 @@ type AcquireParams struct {
 	Fingerprint []byte
 	// Lease is how long the lease lasts if acquired; positive.
 	Lease time.Duration
+	// StepPrefix, when not empty, asks a StepRecorder store to save, in
+	// the write that acquires, a recovery point of the acquiring attempt:
+	// the step named StepPrefix followed by the new token in decimal
+	// ("idemhttp:run:" and token 7 make "idemhttp:run:7"), with an empty
+	// result, exactly as a SaveStep under that token right after the
+	// acquisition would (a step of that name that exists keeps its first
+	// result). Acquisition and point are one atomic write: no other call
+	// sees the record acquired without the point, and a failed Acquire
+	// saves neither. Nothing is saved when Acquire does not acquire.
+	// AcquireResult.Steps does not hold the point: it reports only what
+	// was saved before this acquisition. StepPrefix plus the longest token
+	// (19 digits) must be a valid step name (ValidateStepName). A store
+	// that does not implement StepRecorder is never given one: the core
+	// then saves the point with SaveStep.
+	StepPrefix string
 }
 
 // AcquireResult is what Acquire found or did.
@@ -76,7 +95,8 @@ type AcquireResult struct {
 	// Attempt is this attempt's number when Acquired: 1 for the first, one
 	// more for each takeover; when not Acquired, the attempts made so far.
 	Attempt int
-	// Steps are the recovery points saved by earlier attempts, when Acquired.
+	// Steps are the recovery points saved by earlier attempts, when
+	// Acquired: never the point that AcquireParams.StepPrefix saved.
 	Steps map[string][]byte
 	// State is the existing record's state when not Acquired.
 	State RecordState
@@ -126,6 +146,47 @@ type ReleaseParams struct {
 	Error string
 	// Terminal makes the record failed (poison) instead of available.
 	Terminal bool
+	// Step, when not empty, asks a StepRecorder store to save, in the
+	// write that releases, the recovery point Step of the releasing
+	// attempt, with an empty result, as a SaveStep under p.Token just
+	// before the release would (a step that exists keeps its first
+	// result): both happen, while p.Token owns the record, or neither
+	// (ErrLeaseLost). Step must be a valid step name (ValidateStepName).
+	// A store that does not implement StepRecorder is never given one:
+	// the core then saves the point with SaveStep first.
+	Step string
+}
+
+// StepRecorder is an optional capability of a LeaseStore, found by type
+// assertion: its Acquire honours AcquireParams.StepPrefix and its Release
+// honours ReleaseParams.Step, each saving the recovery point in the same
+// atomic write (one statement, one transaction or one script) as the
+// acquisition or the release, so that an attempt that records a point
+// before it acts, and again when it releases, costs no store call of its
+// own for either. RecordsSteps returns true when the store does so; a
+// wrapper around a store should implement it by asking the store it
+// wraps. A store that lacks the method (written before these fields
+// existed) need do nothing: the core never sets the fields for it and
+// saves the points with SaveStep, one more call each.
+type StepRecorder interface {
+	LeaseStore
+	// RecordsSteps reports whether Acquire and Release save the points
+	// named by AcquireParams.StepPrefix and ReleaseParams.Step.
+	RecordsSteps() bool
+}
+
+// RecordsSteps reports whether s is a StepRecorder whose RecordsSteps is
+// true.
+func RecordsSteps(s LeaseStore) bool {
+	r, ok := s.(StepRecorder)
+	return ok && r.RecordsSteps()
+}
+
+// PrefixStep returns the name of the recovery point that
+// AcquireParams.StepPrefix prefix names for token: prefix followed by the
+// token in decimal.
+func PrefixStep(prefix string, token int64) string {
+	return prefix + strconv.FormatInt(token, 10)
 }
 
 // StepParams saves a recovery point.

@@ -2,6 +2,7 @@ package idemdriver
 
 import (
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -153,13 +154,20 @@ func ValidateClaimBatchParams(p *ClaimBatchParams) error {
 }
 
 // ValidateAcquireParams checks p as every Acquire does: a valid key and
-// fingerprint, and a positive lease (a zero lease never means "no expiry").
+// fingerprint, a positive lease (a zero lease never means "no expiry"),
+// and a StepPrefix that is empty or makes valid step names with every
+// token (ValidateStepName of the prefix and the longest token).
 func ValidateAcquireParams(p *AcquireParams) error {
 	if err := ValidateLease(p.Lease); err != nil {
 		return err
 	}
 	if err := ValidateKey(p.Consumer, p.MessageID); err != nil {
 		return err
+	}
+	if p.StepPrefix != "" {
+		if err := ValidateStepName(PrefixStep(p.StepPrefix, math.MaxInt64)); err != nil {
+			return fmt.Errorf("StepPrefix: %w", err)
+		}
 	}
 	return ValidateFingerprint(p.Fingerprint)
 }
@@ -183,10 +191,16 @@ func ValidateCompleteParams(p *CompleteParams) error {
 	return ValidateToken(p.Token)
 }
 
-// ValidateReleaseParams checks p as every Release does.
+// ValidateReleaseParams checks p as every Release does: a valid key and
+// token, and a Step that is empty or a valid step name.
 func ValidateReleaseParams(p *ReleaseParams) error {
 	if err := ValidateKey(p.Consumer, p.MessageID); err != nil {
 		return err
+	}
+	if p.Step != "" {
+		if err := ValidateStepName(p.Step); err != nil {
+			return err
+		}
 	}
 	return ValidateToken(p.Token)
 }

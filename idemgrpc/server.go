@@ -188,7 +188,15 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, newStatus(codes.Internal, ReasonNotProtoMessage, "request cannot be fingerprinted: "+err.Error(), 0).Err()
 	}
-	a, out, err := s.lc.Acquire(ctx, idem.Message{ID: s.RecordID(scope, key), Payload: fp}, idem.AcquireOptions{Wait: s.o.Wait, OnWait: func() { s.stats.waited.Add(1) }})
+	opt := idem.AcquireOptions{Wait: s.o.Wait, OnWait: func() { s.stats.waited.Add(1) }}
+	if s.atMostOnce() {
+		// The recovery point is saved with the acquisition, before the
+		// handler runs: if this process dies while the handler works, the
+		// attempt that takes the key over finds it and does not run the
+		// call again.
+		opt.StepPrefix = s.fin.RunPrefix()
+	}
+	a, out, err := s.lc.Acquire(ctx, idem.Message{ID: s.RecordID(scope, key), Payload: fp}, opt)
 	if a == nil {
 		return s.answerExisting(ctx, req, handler, out, err)
 	}
@@ -250,17 +258,6 @@ func (s *Server) run(req any, handler grpc.UnaryHandler, a *idem.Attempt) (any, 
 	if s.atMostOnce() {
 		if _, ok := s.fin.Unsettled(a); ok {
 			return s.answerUnknown(a)
-		}
-		// The recovery point goes first: if this process dies while the
-		// handler works, the attempt that takes the key over finds it and
-		// does not run the call again.
-		if err := s.fin.MarkRun(a); err != nil {
-			s.o.Logger.Warn("idemgrpc: could not record the recovery point; nothing was run", "consumer", s.consumer, "record", a.Message.ID, "error", err)
-			relErr := s.fin.Release(a, errors.New("recovery point not recorded"))
-			if errors.Is(err, idem.ErrLeaseLost) || errors.Is(relErr, idem.ErrLeaseLost) {
-				return nil, s.leaseLost()
-			}
-			return nil, newStatus(codes.Unavailable, ReasonUnavailable, "the idempotency store is unavailable and nothing was run; retry with the same key", s.o.UnavailableRetryAfter).Err()
 		}
 	}
 	resp, md, herr := s.call(req, handler, a)

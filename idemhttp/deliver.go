@@ -261,7 +261,15 @@ func (d *Deliverer) Stats() DeliveryStats {
 // lease engine's other outcomes (InProgress, FingerprintMismatch,
 // Rejected, poison after MaxAttempts) as they are.
 func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-	out, _ := d.lc.Process(ctx, msg, d.deliver)
+	var opt idem.AcquireOptions
+	if !d.o.AtLeastOnce {
+		// The recovery point is saved with the acquisition, before the
+		// request leaves: if this process dies while the service works,
+		// the attempt that takes the message over finds it and does not
+		// send the message again.
+		opt.StepPrefix = d.fin.RunPrefix()
+	}
+	out, _ := d.lc.ProcessWith(ctx, msg, opt, d.deliver)
 	out = d.settle(out)
 	return out, out.Err
 }
@@ -325,12 +333,6 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
 			return encodeAnswer(&answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}), nil
 		}
-		// The recovery point goes first: if this process dies while the
-		// service works, the attempt that takes the message over finds
-		// it and does not send the message again.
-		if err := d.fin.MarkRun(a); err != nil {
-			return idem.Result{}, fmt.Errorf("idemhttp: recovery point not recorded; nothing was sent: %w", err)
-		}
 	}
 	ans, sent, err := d.call(ctx, a)
 	switch {
@@ -351,18 +353,13 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 }
 
 // settled records, in at-most-once mode, that the attempt's call ended
-// with a known outcome that does not complete the message, and returns
-// cause (joined with the store's error when the point could not be
-// recorded: the next attempt will then take the call as unknown, which
-// never sends a message twice).
+// with a known outcome that does not complete the message, in the write
+// that releases it (keyed.Finisher.SettleOnRelease), and returns cause. A
+// release that fails leaves the point unsaved: the next attempt then
+// takes the call as unknown, which never sends a message twice.
 func (d *Deliverer) settled(a *idem.Attempt, cause error) error {
-	if d.o.AtLeastOnce {
-		return cause
-	}
-	// Recorded even when the caller stopped waiting, while the lease is
-	// held.
-	if err := d.fin.MarkSettled(a); err != nil {
-		return errors.Join(cause, err)
+	if !d.o.AtLeastOnce {
+		d.fin.SettleOnRelease(a)
 	}
 	return cause
 }

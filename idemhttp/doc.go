@@ -91,8 +91,11 @@
 // broker adapter, that POSTs each message to a service with its message ID
 // as Idempotency-Key and records the answer under the core's lease engine
 // before the delivery is settled. It is at most once by default, like a
-// Proxy: a recovery point is recorded before each call, so a call whose
-// outcome is unknown (the connection broke after sending, or the process
+// Proxy: a recovery point is recorded before each call (by the store write
+// that acquires the message, on a store that is an
+// idemdriver.StepRecorder, as every store of this repository is; the
+// release after a known failure likewise records that it is settled), so
+// a call whose outcome is unknown (the connection broke after sending, or the process
 // died) is dead-lettered with reason outcome-unknown (idem.ErrOutcomeUnknown)
 // instead of being sent again. Its type documentation has the table of
 // answers and what each does to the message.

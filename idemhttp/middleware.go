@@ -309,6 +309,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.TransferEncoding = nil
 
 	opt := idem.AcquireOptions{Wait: m.o.Wait, OnWait: func() { m.stats.waited.Add(1) }}
+	if m.atMostOnce() {
+		// The recovery point is saved with the acquisition, before the
+		// handler (or the upstream) runs: if this process dies while it
+		// works, the attempt that takes the key over finds it and does
+		// not run the request again.
+		opt.StepPrefix = m.fin.RunPrefix()
+	}
 	a, out, err := m.lc.Acquire(withRequestDelivery(r), idem.Message{ID: id, Payload: fp}, opt)
 	if a == nil {
 		ev.outcome(out)
@@ -444,23 +451,6 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	if m.atMostOnce() {
 		if prev, ok := m.fin.Unsettled(a); ok {
 			m.answerUnknown(w, a, ev, prev, created)
-			return
-		}
-		// The recovery point goes first: if this process dies while the
-		// handler (or the upstream) works, the attempt that takes the key
-		// over finds it and does not run the request again.
-		err := m.fin.MarkRun(a)
-		if err != nil {
-			m.o.Logger.Warn("idemhttp: could not record the recovery point; nothing was run", "consumer", m.consumer, "record", info.RecordID, "error", err)
-			relErr := m.release(a, &errReleased{0, "recovery point not recorded"})
-			if errors.Is(err, idem.ErrLeaseLost) || errors.Is(relErr, idem.ErrLeaseLost) {
-				m.leaseLostAnswer(w, ev)
-				return
-			}
-			p := newProblem(ProblemUnavailable, "the idempotency store is unavailable and nothing was run; retry with the same key")
-			p.RetryAfter = m.o.UnavailableRetryAfter
-			ev.problem(p)
-			p.Write(w)
 			return
 		}
 	}

@@ -54,6 +54,11 @@ type leaseCase struct {
 //     are stored byte for byte: binary, empty (an empty step result still
 //     marks the step done), and results of 1 MiB.
 //   - Purge never deletes an in_progress record, live, expired or released.
+//   - A store that is an idemdriver.StepRecorder saves the point of
+//     AcquireParams.StepPrefix with the acquisition only (a takeover sees
+//     the earlier attempts' points, never its own, and one of concurrent
+//     calls saves one point), and ReleaseParams.Step with the release
+//     only; the LeaseConsumer then saves neither with SaveStep.
 func RunLease(t *testing.T, h LeaseHarness) {
 	t.Helper()
 	if h.New == nil {
@@ -70,6 +75,8 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Fingerprint", leaseFingerprintCases()},
 		{"Purge", leasePurgeCases()},
 		{"Store", leaseStoreCases()},
+		{"Steps", leaseStepCases()},
+		{"Batch", leaseBatchCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -55,45 +55,43 @@ type Finisher struct {
 	Consumer string
 	// Lease bounds the retries of one write; StoreTimeout bounds each call.
 	Lease, StoreTimeout time.Duration
-	// AtMostOnce makes Release record that the attempt's outcome is known
-	// before releasing (see MarkRun).
+	// AtMostOnce makes Release record, with the release, that the
+	// attempt's outcome is known (see RunPrefix).
 	AtMostOnce bool
 	Logger     *slog.Logger
 	// StoreErrors counts failed store calls; Released counts releases.
 	StoreErrors, Released *atomic.Int64
 }
 
-func (f *Finisher) runStep(tok int64) string {
-	return f.Name + ":run:" + strconv.FormatInt(tok, 10)
-}
+// RunPrefix is the idem.AcquireOptions.StepPrefix of an attempt that
+// records, with its acquisition and before it acts, a recovery point
+// under its fencing token (Name+":run:"+token): an attempt that later
+// takes the key over and finds it without a settled point (Unsettled)
+// knows this one may have acted and never recorded its outcome.
+func (f *Finisher) RunPrefix() string { return f.Name + ":run:" }
 
 func (f *Finisher) settledStep(tok int64) string {
 	return f.Name + ":settled:" + strconv.FormatInt(tok, 10)
 }
 
-// MarkRun records, before the attempt acts, a recovery point under its
-// fencing token: an attempt that later takes the key over and finds it
-// without a settled point (Unsettled) knows this one may have acted and
-// never recorded its outcome. Retried like every final write.
-func (f *Finisher) MarkRun(a *idem.Attempt) error {
-	return f.RetryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, f.runStep(a.Token), nil) })
-}
-
-// MarkSettled records that the attempt's outcome is known (it did not
-// act, or its result is about to be recorded otherwise), so Unsettled no
-// longer reports it. Retried like every final write.
-func (f *Finisher) MarkSettled(a *idem.Attempt) error {
-	return f.RetryWrite(a, func(ctx context.Context) error { return a.SaveStep(ctx, f.settledStep(a.Token), nil) })
+// SettleOnRelease makes the attempt's release record that its outcome
+// is known (it did not act, or acted and failed in a way that is known),
+// in the same store write as the release (idem.Attempt.SaveStepOnRelease),
+// so Unsettled no longer reports it.
+func (f *Finisher) SettleOnRelease(a *idem.Attempt) {
+	_ = a.SaveStepOnRelease(f.settledStep(a.Token)) // a valid name: Name is a constant
 }
 
 // Unsettled returns the token of an earlier attempt that saved a run
 // point and no settled point: it may have acted, and it never recorded
-// its result nor released the key with a known outcome.
+// its result nor released the key with a known outcome. a's own run
+// point is not one.
 func (f *Finisher) Unsettled(a *idem.Attempt) (string, bool) {
 	steps := a.Steps()
+	own := strconv.FormatInt(a.Token, 10)
 	for name := range steps {
-		tok, ok := strings.CutPrefix(name, f.Name+":run:")
-		if _, settled := steps[f.Name+":settled:"+tok]; ok && !settled {
+		tok, ok := strings.CutPrefix(name, f.RunPrefix())
+		if _, settled := steps[f.Name+":settled:"+tok]; ok && !settled && tok != own {
 			return tok, true
 		}
 	}
@@ -156,26 +154,23 @@ func (f *Finisher) Complete(a *idem.Attempt, res idem.Result) error {
 }
 
 // Release releases the key after cause so the next retry runs (retried
-// while the lease is held), first recording, when AtMostOnce, that this
-// attempt's outcome is known. It returns nil, or the error (matching
-// idem.ErrLeaseLost or idem.ErrStore) that kept the key from being
-// released; the attempt is then abandoned, and a later attempt takes over
-// when its lease runs out.
+// while the lease is held), recording in the same write, when AtMostOnce,
+// that this attempt's outcome is known (SettleOnRelease). It returns nil,
+// or the error (matching idem.ErrLeaseLost or idem.ErrStore) that kept
+// the key from being released; the attempt is then abandoned, and a later
+// attempt takes over when its lease runs out.
 func (f *Finisher) Release(a *idem.Attempt, cause error) error {
 	f.Released.Add(1)
-	var err error
 	if f.AtMostOnce {
-		err = f.MarkSettled(a)
+		f.SettleOnRelease(a)
 	}
-	if err == nil {
-		err = f.RetryWrite(a, func(ctx context.Context) error {
-			_, err := a.Release(ctx, cause)
-			if err != nil && !errors.Is(err, idem.ErrStore) && !errors.Is(err, idem.ErrLeaseLost) {
-				return nil // the cause itself: released
-			}
-			return err
-		})
-	}
+	err := f.RetryWrite(a, func(ctx context.Context) error {
+		_, err := a.Release(ctx, cause)
+		if err != nil && !errors.Is(err, idem.ErrStore) && !errors.Is(err, idem.ErrLeaseLost) {
+			return nil // the cause itself: released
+		}
+		return err
+	})
 	if err != nil {
 		f.Logger.Warn(f.Name+": could not release the key; it frees when its lease runs out",
 			"consumer", f.Consumer, "record", a.Message.ID, "error", err)

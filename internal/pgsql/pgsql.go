@@ -220,8 +220,9 @@ func (q *Queries) claimBatchArgs(p *idemdriver.ClaimBatchParams, pending []idemd
 // Acquire runs the acquire statement until it settles (see Queries.acquire),
 // on db outside any transaction, and reads a takeover's recovery points
 // with one more statement, whose new snapshot sees a step that the
-// previous owner committed while the takeover waited for the row. p must
-// have been validated.
+// previous owner committed while the takeover waited for the row. The
+// point of p.StepPrefix, saved by the acquire statement itself, is left
+// out of them. p must have been validated.
 func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 	var last *sqlstore.LeaseRecord
 	for range sqlstore.MaxClaimAttempts {
@@ -229,7 +230,7 @@ func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdrive
 			won bool
 			r   sqlstore.LeaseRecord
 		)
-		err := db.QueryRow(ctx, q.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)).
+		err := db.QueryRow(ctx, q.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix).
 			Scan(append([]any{&won}, r.ScanArgs()...)...)
 		switch {
 		case errors.Is(err, sqlstore.ErrNoRows):
@@ -243,6 +244,9 @@ func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdrive
 			if r.Token > 1 { // a takeover: earlier attempts may have saved steps
 				if steps, err = sqlstore.ReadSteps(ctx, db, q.steps, p.Consumer, p.MessageID); err != nil {
 					return idemdriver.AcquireResult{}, err
+				}
+				if p.StepPrefix != "" {
+					delete(steps, idemdriver.PrefixStep(p.StepPrefix, r.Token))
 				}
 			}
 			return sqlstore.Acquired(r.Token, r.Attempt, steps), nil
@@ -275,10 +279,21 @@ func (q *Queries) Complete(ctx context.Context, db sqlstore.Querier, p *idemdriv
 		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
 }
 
-// Release ends the attempt of p.Token (p validated).
+// Release ends the attempt of p.Token (p validated), saving p.Step in the
+// same statement when it is set.
 func (q *Queries) Release(ctx context.Context, db sqlstore.Querier, p *idemdriver.ReleaseParams) error {
-	return sqlstore.Fenced(ctx, db, "release", p.Consumer, p.MessageID, p.Token, q.release,
-		sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token)
+	if p.Step == "" {
+		return sqlstore.Fenced(ctx, db, "release", p.Consumer, p.MessageID, p.Token, q.release,
+			sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token)
+	}
+	var owned int64
+	if err := db.QueryRow(ctx, q.releaseStep, sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token, p.Step).Scan(&owned); err != nil {
+		return err
+	}
+	if owned == 0 {
+		return sqlstore.LeaseLost("release", p.Consumer, p.MessageID, p.Token)
+	}
+	return nil
 }
 
 // SaveStep saves the recovery point of p (validated) while p.Token owns

@@ -149,8 +149,10 @@ type Queries struct {
 	// state.
 	fingerprints string
 
-	// acquire: consumer, message ID, fingerprint, lease (µs) -> acquired,
-	// then the columns of sqlstore.LeaseRecord.
+	// acquire: consumer, message ID, fingerprint, lease (µs), step prefix
+	// ('' for none) -> acquired, then the columns of sqlstore.LeaseRecord.
+	// When it acquires and the prefix is not empty, the same statement
+	// saves the recovery point prefix || token.
 	acquire string
 	// steps: consumer, message ID -> step, result.
 	steps string
@@ -160,6 +162,10 @@ type Queries struct {
 	complete string
 	// release: error text, terminal (bool), consumer, message ID, token.
 	release string
+	// releaseStep: release's arguments, then a step -> 1 when the token
+	// owned the record (released, and the step saved in the same
+	// statement, or kept when it existed), 0 otherwise.
+	releaseStep string
 	// saveStep: consumer, message ID, token, step, result -> 1 when the
 	// token owns the record (the step is then saved, or was already).
 	saveStep string
@@ -216,6 +222,10 @@ UNION ALL
 		processed_at = excluded.processed_at, updated_at = excluded.updated_at
 	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
 	RETURNING r.token, r.attempt
+), point AS (
+	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+	SELECT $1::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up WHERE $5::text <> ''
+	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )
 SELECT true, 0::bigint, token::bigint, attempt::bigint, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
 UNION ALL
@@ -236,6 +246,19 @@ WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
 	lease_expires_at = now(), processed_at = now(), updated_at = now()
 WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
+		// The release and its recovery point: the INSERT runs on the row
+		// the UPDATE changed (and locked), in the same statement.
+		releaseStep: `WITH rel AS (
+	UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
+		lease_expires_at = now(), processed_at = now(), updated_at = now()
+	WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint
+	RETURNING 1
+), point AS (
+	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+	SELECT $3::text, $4::text, $6::text, ''::bytea, now() FROM rel
+	ON CONFLICT (consumer, message_id, step) DO NOTHING
+)
+SELECT count(*) FROM rel`,
 		// FOR SHARE conflicts with the row lock of a takeover, Complete or
 		// Release; under READ COMMITTED the owner check is then made again
 		// on the row they committed, so a stale owner's step is never
@@ -318,7 +341,7 @@ func (q *Queries) Keyed() map[string]string {
 	return map[string]string{
 		"claim": q.Claim, "fingerprint": q.fingerprint, "fingerprints": q.fingerprints,
 		"claimBatch": q.claimBatch, "claimBatchNative": q.claimBatchNative,
-		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release,
+		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
 		"saveStep": q.saveStep, "purgeBatch": q.purgeBatch, "inspect": q.Inspect,
 	}
 }

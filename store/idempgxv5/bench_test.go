@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -635,4 +636,13 @@ func processNew(b *testing.B, bb *bundle, c *idem.Consumer[pgx.Tx], h idem.Handl
 		}
 		return err
 	})
+}
+
+// BenchmarkLeaseRoundTrips reports lease mode's store calls per message
+// (new, duplicate, release) with the store's StepRecorder capability and
+// without it, and the time of a new message (idemtest.BenchmarkRoundTrips):
+//
+//	go test -run '^$' -bench BenchmarkLeaseRoundTrips -benchtime 20x
+func BenchmarkLeaseRoundTrips(b *testing.B) {
+	idemtest.BenchmarkRoundTrips(b, setup(b, poolOpts{}).store, "bench-rt")
 }

@@ -17,6 +17,13 @@ const (
 	MaxErrorTextLength = sqlstore.MaxErrorTextLength
 )
 
+// RecordsSteps implements [idemdriver.StepRecorder]: the acquire
+// statement saves the point of [idemdriver.AcquireParams].StepPrefix on
+// the row it inserts or takes over (a data-modifying CTE of the same
+// statement), and Release saves [idemdriver.ReleaseParams].Step the same
+// way, on the row its UPDATE changed.
+func (*Store) RecordsSteps() bool { return true }
+
 // Acquire implements [idemdriver.LeaseStore] with one statement, INSERT ...
 // ON CONFLICT (consumer, message_id) DO UPDATE ... WHERE <in_progress,
 // lease ended (lease_expires_at <= now()), same fingerprint> RETURNING,

@@ -82,7 +82,7 @@ var (
 	_ idemdriver.BatchClaimer[pgx.Tx]      = (*Store)(nil)
 	_ idemdriver.BeginClaimer[pgx.Tx]      = (*Store)(nil)
 	_ idemdriver.BeginBatchClaimer[pgx.Tx] = (*Store)(nil)
-	_ idemdriver.LeaseStore                = (*Store)(nil)
+	_ idemdriver.StepRecorder              = (*Store)(nil)
 	_ idemdriver.Retainer                  = (*Store)(nil)
 	_ idemdriver.Migrator                  = (*Store)(nil)
 	_ idemdriver.Inspector                 = (*Store)(nil)

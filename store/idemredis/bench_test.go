@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -125,4 +126,84 @@ func commandUsec(tb testing.TB, client redis.UniversalClient) map[string]int64 {
 		}
 	}
 	return usec
+}
+
+// BenchmarkLeaseRoundTrips reports lease mode's store calls per message
+// (new, duplicate, release) with the store's StepRecorder capability and
+// without it, and the time of a new message (idemtest.BenchmarkRoundTrips):
+//
+//	go test -run '^$' -bench BenchmarkLeaseRoundTrips -benchtime 20x
+func BenchmarkLeaseRoundTrips(b *testing.B) {
+	idemtest.BenchmarkRoundTrips(b, setup(b, nil).store, "bench-rt")
+}
+
+// BenchmarkLeaseRunPoint measures a new message processed the way the
+// at-most-once front ends do it (idemhttp, idem consume): with its run
+// point saved by the acquire (idem.AcquireOptions.StepPrefix, two store
+// round trips) and, interleaved, as before the store recorded it (a
+// SaveStep of its own after the acquire, three). Reported per message:
+// ns and allocations (whole process, runtime.MemStats.Mallocs) of each,
+// and ratio, before-ns / now-ns.
+func BenchmarkLeaseRunPoint(b *testing.B) {
+	tb := setup(b, nil)
+	ctx := context.Background()
+	c, err := idem.NewLeaseConsumer(tb.store, idem.Config{Name: "bench-rp", PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	opt := idem.AcquireOptions{StepPrefix: "bench:run:"}
+	now := func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		return idem.Result{Body: []byte("ok")}, nil
+	}
+	before := func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		if err := a.SaveStep(ctx, "bench:run:"+strconv.FormatInt(a.Token, 10), nil); err != nil {
+			return idem.Result{}, err
+		}
+		return idem.Result{Body: []byte("ok")}, nil
+	}
+	const round = 20
+	var (
+		nowT, beforeT           time.Duration
+		nowAllocs, beforeAllocs uint64
+		msgs, n                 int
+		ms                      runtime.MemStats
+	)
+	payload := []byte("payload")
+	for b.Loop() {
+		for _, withPoint := range []bool{true, false} {
+			runtime.ReadMemStats(&ms)
+			m0 := ms.Mallocs
+			start := time.Now()
+			for range round {
+				n++
+				msg := idem.Message{ID: "m" + strconv.Itoa(n), Payload: payload}
+				var out idem.Outcome
+				var err error
+				if withPoint {
+					out, err = c.ProcessWith(ctx, msg, opt, now)
+				} else {
+					out, err = c.Process(ctx, msg, before)
+				}
+				if err != nil || out.Status != idem.Processed {
+					b.Fatalf("Process: %v %v", out.Status, err)
+				}
+			}
+			d := time.Since(start)
+			runtime.ReadMemStats(&ms)
+			if withPoint {
+				nowT += d
+				nowAllocs += ms.Mallocs - m0
+			} else {
+				beforeT += d
+				beforeAllocs += ms.Mallocs - m0
+			}
+		}
+		msgs += round
+	}
+	b.ReportMetric(float64(nowT.Nanoseconds())/float64(msgs), "now-ns/msg")
+	b.ReportMetric(float64(beforeT.Nanoseconds())/float64(msgs), "before-ns/msg")
+	b.ReportMetric(float64(nowAllocs)/float64(msgs), "now-allocs/msg")
+	b.ReportMetric(float64(beforeAllocs)/float64(msgs), "before-allocs/msg")
+	b.ReportMetric(float64(beforeT)/float64(nowT), "ratio")
 }

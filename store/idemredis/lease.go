@@ -20,9 +20,16 @@ func ceilMillis(d time.Duration) int64 {
 	return ms
 }
 
+// RecordsSteps implements [idemdriver.StepRecorder]: the scripts of
+// Acquire and Release save the points of
+// [idemdriver.AcquireParams].StepPrefix and [idemdriver.ReleaseParams].Step
+// in the record's steps hash (the same hash slot), within the one script.
+func (*Store) RecordsSteps() bool { return true }
+
 // Acquire implements [idemdriver.LeaseStore]: one script that creates the
 // record, takes over an in_progress record whose lease ended (expired or
-// released) when the fingerprint matches, or reports the record as it is.
+// released) when the fingerprint matches, or reports the record as it is;
+// with p.StepPrefix, the same script saves the acquiring attempt's point.
 // Invalid parameters are refused before any command, with the errors of
 // [idemdriver.ValidateAcquireParams] (a lease that is not positive matches
 // [idemdriver.ErrInvalidConfig]); a lease is kept in whole milliseconds,
@@ -36,7 +43,13 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 		return res, err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease)).Result()
+	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix).Result()
+	return acquireResult(v, err)
+}
+
+// acquireResult reads the reply of acquireScript.
+func acquireResult(v any, err error) (idemdriver.AcquireResult, error) {
+	var res idemdriver.AcquireResult
 	if err != nil {
 		return res, fmt.Errorf("idemredis: acquire: %w", err)
 	}
@@ -118,7 +131,8 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 
 // Release implements [idemdriver.LeaseStore]: the lease ends now by the
 // server's clock and p.Error is kept; with p.Terminal the record becomes
-// failed, and is indexed for retention first, as in Complete. Invalid
+// failed, and is indexed for retention first, as in Complete; p.Step is
+// saved by the same script. Invalid
 // parameters are refused before any command, with the errors of
 // [idemdriver.ValidateReleaseParams].
 func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
@@ -136,7 +150,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 		}
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := releaseScript.Run(ctx, s.client, []string{rk}, p.Token, p.Error, terminal).Result()
+	v, err := releaseScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Token, p.Error, terminal, p.Step).Result()
 	return s.fenced("release", p.Consumer, p.MessageID, p.Token, v, err)
 }
 

@@ -53,10 +53,12 @@ local function completed_again(key, lost, token, result, ctype)
 end
 `
 
-// acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms).
-// Creates the record (token 1, attempt 1), or takes over an in_progress
-// record whose lease ended and whose fingerprint matches (token and
-// attempt + 1, its steps returned): {1, token, attempt, steps}. Otherwise
+// acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms), step
+// prefix ("" for none). Creates the record (token 1, attempt 1), or takes
+// over an in_progress record whose lease ended and whose fingerprint
+// matches (token and attempt + 1, its steps returned, as they were before
+// this script): {1, token, attempt, steps}; either way, with a prefix,
+// saves the point prefix..token (empty result) unless it exists. Otherwise
 // reports the record: {0, state, attempt, fingerprint, lease remaining
 // (ms), result, content type, last error}.
 var acquireScript = redis.NewScript(luaPrelude + `
@@ -68,6 +70,7 @@ if not r[1] then
 	redis.call('DEL', KEYS[2])
 	redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
 		'lease_until_ms', now + lease, 'created_ms', now, 'updated_ms', now)
+	if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[3] .. '1', '') end
 	return {1, 1, 1, {}}
 end
 local state = tonumber(r[1])
@@ -78,7 +81,9 @@ if state == 1 and now >= lease_until and r[2] == ARGV[1] then
 	redis.call('HSET', KEYS[1], 'token', token, 'attempt', attempt,
 		'lease_until_ms', now + lease, 'updated_ms', now)
 	redis.call('HDEL', KEYS[1], 'released')
-	return {1, token, attempt, redis.call('HGETALL', KEYS[2])}
+	local steps = redis.call('HGETALL', KEYS[2])
+	if ARGV[3] ~= '' then redis.call('HSETNX', KEYS[2], ARGV[3] .. string.format('%d', token), '') end
+	return {1, token, attempt, steps}
 end
 local remaining = 0
 if state == 1 and lease_until > now then
@@ -127,12 +132,14 @@ return {1, now}
 `
 }
 
-// releaseScript: KEYS record; ARGV token, error text, terminal ("1" or
-// "0"). Ends the lease now and keeps the error; terminal makes the record
-// failed: {1, now}.
+// releaseScript: KEYS record, steps; ARGV token, error text, terminal ("1"
+// or "0"), step ("" for none). Ends the lease now and keeps the error;
+// terminal makes the record failed; a step is saved (empty result) unless
+// it exists: {1, now}.
 var releaseScript = redis.NewScript(luaPrelude + `
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
 if not ok then return lost end
+if ARGV[4] ~= '' then redis.call('HSETNX', KEYS[2], ARGV[4], '') end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'last_error', ARGV[2], 'lease_until_ms', now, 'updated_ms', now, 'released', 1)
 if ARGV[3] == '1' then

@@ -33,7 +33,7 @@ type Store struct {
 	single bool // client is one server: a script may touch any key
 }
 
-var _ idemdriver.LeaseStore = (*Store)(nil)
+var _ idemdriver.StepRecorder = (*Store)(nil)
 
 // New returns a Store that keeps its records in the Redis behind client:
 // a *redis.Client, a *redis.ClusterClient, a failover client, or anything

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -141,5 +142,20 @@ func reportRate(b *testing.B, perOp int) {
 	}
 	if perOp > 1 {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/msgs, "ns/msg")
+	}
+}
+
+// BenchmarkLeaseRoundTrips reports, per dialect (SQLite always,
+// PostgreSQL and MySQL/MariaDB when their URLs are set), lease mode's
+// store calls per message (new, duplicate, release) with the store's
+// StepRecorder capability and without it, and the time of a new message
+// (idemtest.BenchmarkRoundTrips):
+//
+//	go test -run '^$' -bench BenchmarkLeaseRoundTrips -benchtime 20x
+func BenchmarkLeaseRoundTrips(b *testing.B) {
+	for _, d := range []idemsql.Dialect{idemsql.SQLite, idemsql.Postgres, idemsql.MySQL} {
+		b.Run(string(d), func(b *testing.B) {
+			idemtest.BenchmarkRoundTrips(b, newEnv(b, d, envOptions{}).store, "bench-rt")
+		})
 	}
 }

@@ -46,6 +46,13 @@ const (
 //   - SQLite: one BEGIN IMMEDIATE transaction: INSERT ... ON CONFLICT DO
 //     UPDATE ... WHERE ... RETURNING, then a read.
 //
+// The recovery point of p.StepPrefix ([idemdriver.StepRecorder]) is saved
+// in the transaction that acquires: on PostgreSQL by the acquire
+// statement itself; on MySQL, when p.StepPrefix is set, the INSERT of a
+// new record runs in a transaction with the INSERT of the point (one
+// commit), and a takeover saves it in its locking transaction; on SQLite
+// in the BEGIN IMMEDIATE transaction.
+//
 // p.Lease must be positive (an error matching idemdriver.ErrInvalidConfig
 // otherwise: a zero lease never means "no expiry"); names and the
 // fingerprint are checked as in ClaimTx (idemdriver.ValidateAcquireParams),
@@ -89,15 +96,17 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	return idemdriver.AcquireResult{}, sqlstore.ErrAcquireUnsettled(p)
 }
 
+// RecordsSteps implements [idemdriver.StepRecorder]: Acquire and Release
+// save the points of [idemdriver.AcquireParams].StepPrefix and
+// [idemdriver.ReleaseParams].Step in the statement or transaction that
+// acquires or releases, on every dialect.
+func (*Store) RecordsSteps() bool { return true }
+
 // acquireMySQL inserts a new record or, if it exists, reads it and takes
 // it over when it can be.
 func (s *Store) acquireMySQL(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, *sqlstore.LeaseRecord, error) {
 	lease := sqlstore.DurationMicros(p.Lease)
-	r, err := s.db.ExecContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, lease)
-	if err != nil {
-		return idemdriver.AcquireResult{}, nil, err
-	}
-	dup, err := mysqlDuplicates(r, 1)
+	dup, err := s.insertMySQL(ctx, p, lease)
 	if err != nil {
 		return idemdriver.AcquireResult{}, nil, err
 	}
@@ -120,6 +129,46 @@ func (s *Store) acquireMySQL(ctx context.Context, p *idemdriver.AcquireParams) (
 		return rec.NotAcquired(), &rec, nil
 	}
 	return s.takeoverMySQL(ctx, p, lease)
+}
+
+// insertMySQL inserts a new record, and returns 0 when it did (1 when the
+// record existed and nothing changed). With p.StepPrefix the insert and
+// the point of token 1 are one transaction.
+func (s *Store) insertMySQL(ctx context.Context, p *idemdriver.AcquireParams, lease int64) (uint64, error) {
+	if p.StepPrefix == "" {
+		r, err := s.db.ExecContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, lease)
+		if err != nil {
+			return 0, err
+		}
+		return mysqlDuplicates(r, 1)
+	}
+	var dup uint64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		r, err := tx.ExecContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, lease)
+		if err != nil {
+			return err
+		}
+		if dup, err = mysqlDuplicates(r, 1); err != nil || dup != 0 {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, s.lq.point, p.Consumer, p.MessageID, idemdriver.PrefixStep(p.StepPrefix, 1))
+		return err
+	})
+	return dup, err
+}
+
+// inTx runs fn in a transaction, committed when fn returns nil and rolled
+// back otherwise.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 // takeoverMySQL takes over an expired record in a short transaction: lock
@@ -170,7 +219,12 @@ func (s *Store) takeoverMySQL(ctx context.Context, p *idemdriver.AcquireParams, 
 	if err != nil {
 		return res, nil, err
 	}
-	if err := tx.Commit(); err != nil {
+	if p.StepPrefix != "" {
+		if _, err = tx.ExecContext(ctx, s.lq.point, p.Consumer, p.MessageID, idemdriver.PrefixStep(p.StepPrefix, rec.Token+1)); err != nil {
+			return res, nil, err
+		}
+	}
+	if err = tx.Commit(); err != nil {
 		return res, nil, err
 	}
 	return sqlstore.Acquired(rec.Token+1, rec.Attempt+1, steps), nil, nil
@@ -180,15 +234,17 @@ func (s *Store) takeoverMySQL(ctx context.Context, p *idemdriver.AcquireParams, 
 // _txlock, which New checks): SQLite runs one writer at a time, so nothing
 // changes between its statements.
 func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return res, nil, err
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		res, last, err = s.acquireSQLiteTx(ctx, tx, p)
+		return err
+	})
+	return res, last, err
+}
+
+// acquireSQLiteTx is the body of acquireSQLite, on tx: res is zero (and
+// last set) when the record could be taken over by the time it was read,
+// a case for another try.
+func (s *Store) acquireSQLiteTx(ctx context.Context, tx *sql.Tx, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
 	var token, attempt int64
 	err = tx.QueryRowContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)).Scan(&token, &attempt)
 	switch {
@@ -199,8 +255,10 @@ func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) 
 				return res, nil, err
 			}
 		}
-		if err = tx.Commit(); err != nil {
-			return res, nil, err
+		if p.StepPrefix != "" {
+			if _, err = tx.ExecContext(ctx, s.lq.point, p.Consumer, p.MessageID, idemdriver.PrefixStep(p.StepPrefix, token)); err != nil {
+				return res, nil, err
+			}
 		}
 		return sqlstore.Acquired(token, attempt, steps), nil, nil
 	case !errors.Is(err, sql.ErrNoRows):
@@ -208,9 +266,6 @@ func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) 
 	}
 	var rec sqlstore.LeaseRecord
 	if err = tx.QueryRowContext(ctx, s.lq.record, p.Consumer, p.MessageID, p.Fingerprint).Scan(rec.ScanArgs()...); err != nil {
-		return res, nil, err
-	}
-	if err = tx.Commit(); err != nil {
 		return res, nil, err
 	}
 	if rec.Acquirable {
@@ -272,6 +327,11 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 // failed. The attempt count and the recovery points stay. Otherwise an
 // error matching idemdriver.ErrLeaseLost.
 //
+// With p.Step ([idemdriver.StepRecorder]) the recovery point is saved with
+// the release: on PostgreSQL in the same statement (a data-modifying CTE
+// on the row the UPDATE changed); on MySQL and SQLite in one transaction,
+// the UPDATE then the point.
+//
 // The error text is stored as valid UTF-8 without NUL bytes (others become
 // U+FFFD), cut to at most [MaxErrorTextLength] bytes: PostgreSQL text holds
 // nothing else, and a failure must never fail to be recorded.
@@ -289,8 +349,17 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 	if p.Terminal {
 		terminal = 1
 	}
-	return sqlstore.Fenced(ctx, querier{s.db}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release,
-		sqlstore.ErrorText(p.Error), terminal, p.Consumer, p.MessageID, p.Token)
+	args := []any{sqlstore.ErrorText(p.Error), terminal, p.Consumer, p.MessageID, p.Token}
+	if p.Step == "" {
+		return sqlstore.Fenced(ctx, querier{s.db}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...)
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := sqlstore.Fenced(ctx, querier{tx}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, s.lq.point, p.Consumer, p.MessageID, p.Step)
+		return err
+	})
 }
 
 // SaveStep implements [idemdriver.LeaseStore]: it inserts the recovery point only
@@ -325,28 +394,19 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 		p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result))
 }
 
-func (s *Store) saveStepMySQL(ctx context.Context, p *idemdriver.StepParams, result []byte) (err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
+func (s *Store) saveStepMySQL(ctx context.Context, p *idemdriver.StepParams, result []byte) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, s.lq.ownStep, p.Consumer, p.MessageID, p.Token).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return sqlstore.LeaseLost("save step", p.Consumer, p.MessageID, p.Token)
 		}
-	}()
-	var one int
-	err = tx.QueryRowContext(ctx, s.lq.ownStep, p.Consumer, p.MessageID, p.Token).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return sqlstore.LeaseLost("save step", p.Consumer, p.MessageID, p.Token)
-	}
-	if err != nil {
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, s.lq.saveStep, p.Consumer, p.MessageID, p.Step, result)
 		return err
-	}
-	if _, err = tx.ExecContext(ctx, s.lq.saveStep, p.Consumer, p.MessageID, p.Step, result); err != nil {
-		return err
-	}
-	return tx.Commit()
+	})
 }
 
 // purgeBatchMySQL deletes a batch in one short transaction: a locking

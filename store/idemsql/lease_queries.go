@@ -42,6 +42,10 @@ type leaseQueries struct {
 	// token, step, result, judged by rows affected; MySQL: consumer,
 	// message ID, step, result, inside the transaction that ran ownStep.
 	ownStep, saveStep string
+	// point: consumer, message ID, step -> the recovery point saved with
+	// an empty result (kept when it exists), inside the transaction of
+	// an Acquire or a Release that holds the record.
+	point string
 
 	// purgeBatch: MySQL: the locking SELECT of a batch: consumer,
 	// horizon (µs), batch size -> message ID, token. SQLite: DELETE ...
@@ -104,6 +108,7 @@ WHERE ` + pk + ` AND state = 1 AND token = ?`,
 		// owner), and holds the row in share mode until the step is saved.
 		ownStep:  `SELECT 1 FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ? LOCK IN SHARE MODE`,
 		saveStep: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE step = step`,
+		point:    `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?, ?, ?, X'', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE step = step`,
 		purgeBatch: `SELECT message_id, token FROM ` + t + `
 WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1
 ORDER BY processed_at LIMIT ? FOR UPDATE`,
@@ -146,6 +151,8 @@ WHERE consumer = ?3 AND message_id = ?4 AND state = 1 AND token = ?5`,
 		saveStep: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
 SELECT ?1, ?2, ?4, ?5, ` + sqliteNow + ` FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ?3
 ON CONFLICT (consumer, message_id, step) DO UPDATE SET created_at = created_at`,
+		point: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?1, ?2, ?3, X'', ` + sqliteNow + `)
+ON CONFLICT (consumer, message_id, step) DO NOTHING`,
 		purgeBatch: `DELETE FROM ` + t + ` WHERE rowid IN (
 	SELECT rowid FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1 ORDER BY processed_at LIMIT ?3)
 RETURNING message_id, token`,

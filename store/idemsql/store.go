@@ -85,7 +85,7 @@ type Store struct {
 var (
 	_ idemdriver.TxStore[*sql.Tx]      = (*Store)(nil)
 	_ idemdriver.BatchClaimer[*sql.Tx] = (*Store)(nil)
-	_ idemdriver.LeaseStore            = (*Store)(nil)
+	_ idemdriver.StepRecorder          = (*Store)(nil)
 	_ idemdriver.Retainer              = (*Store)(nil)
 	_ idemdriver.Migrator              = (*Store)(nil)
 	_ idemdriver.Inspector             = (*Store)(nil)

@@ -15,21 +15,23 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/internal/leasebatch"
 )
 
 // consumeFlags are the flags of `idem consume`.
 type consumeFlags struct {
 	leaseStoreFlags
-	broker, from, to                    string
-	consumer, group, deadLetter         string
-	healthAddr, metricsAddr             string
-	concurrency, maxAttempts            int
-	atLeastOnce                         bool
-	lease, timeout, retryBase, retryMax time.Duration
-	retryDelay, ackWait, natsDuplicates time.Duration
-	shutdownTimeout                     time.Duration
-	log                                 logFlags
+	broker, from, to                     string
+	consumer, group, deadLetter          string
+	healthAddr, metricsAddr              string
+	concurrency, maxAttempts, storeBatch int
+	atLeastOnce                          bool
+	lease, timeout, retryBase, retryMax  time.Duration
+	retryDelay, ackWait, natsDuplicates  time.Duration
+	shutdownTimeout                      time.Duration
+	log                                  logFlags
 }
 
 func newConsumeCmd() *cobra.Command {
@@ -71,6 +73,10 @@ Idem-Dead-Letter-Reason and Idem-Dead-Letter-Error.
 stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
 (durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
+A message costs two store writes: the claim, which also records the recovery
+point, and the result. The claims (and the results) of the messages in flight
+that reach the store together go as one batch, one commit on SQLite and
+PostgreSQL, one pipeline on Redis (--store-batch, the most per batch).
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
@@ -97,6 +103,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.group, "group", "idem-consume", "NATS durable consumer, Kafka consumer group or Redis Streams group")
 	fl.StringVar(&f.deadLetter, "dead-letter", "", "where dead letters go (default FROM.dead on NATS, FROM-dead elsewhere)")
 	fl.IntVar(&f.concurrency, "concurrency", 8, "messages delivered at a time")
+	fl.IntVar(&f.storeBatch, "store-batch", 64, "most messages claimed, or completed, in one store commit: the claims (and completions) of the messages in flight that reach the store together go as one batch; 1 sends each alone")
 	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
 	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
 	fl.DurationVar(&f.lease, "lease", 30*time.Second, "lease of a message while it is delivered, renewed meanwhile; after a crash, the message waits this long")
@@ -131,6 +138,9 @@ func (f *consumeFlags) check() (*url.URL, error) {
 		if _, _, err := net.SplitHostPort(a.v); err != nil {
 			return nil, usageError{fmt.Errorf("--%s %q: want host:port: %v", a.name, a.v, err)}
 		}
+	}
+	if f.storeBatch < 1 || f.storeBatch > idemdriver.MaxLeaseBatch {
+		return nil, usageError{fmt.Errorf("--store-batch must be 1 to %d", idemdriver.MaxLeaseBatch)}
 	}
 	if f.concurrency < 1 {
 		return nil, usageError{errors.New("--concurrency must be at least 1")}
@@ -178,7 +188,13 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		}
 		defer metrics.close()
 	}
-	lc, err := idem.NewLeaseConsumer(ps.store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
+	store := ps.store
+	if b, ok := store.(idemdriver.LeaseBatcher); ok && f.storeBatch > 1 {
+		// The claims and completions of the messages in flight go to the
+		// store together: one commit per batch, not per message.
+		store = leasebatch.New(b, f.storeBatch)
+	}
+	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
 		Hooks: metrics.hooks(), Logger: logger})
 	if err != nil {
 		return usageError{err}

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// envNATS names the NATS server (JetStream, with a network listener) the
+// --sidecar mode runs on; scripts/services sets it. envBaseBin, when set,
+// names another idem binary (an earlier build, without --store-batch)
+// that --sidecar runs too, on every store, as a baseline.
+const (
+	envNATS    = "IDEM_TEST_NATS_URL"
+	envBaseBin = "IDEM_BENCH_BASE_IDEM"
+)
+
+// sidecarService is the do-nothing HTTP service of --sidecar: it answers
+// 200 to every POST and, per path (one per run), counts the distinct
+// Idempotency-Keys it saw and the times of the first and of the one that
+// made the count reach the run's target.
+type sidecarService struct {
+	mu   sync.Mutex
+	runs map[string]*serviceRun
+}
+
+type serviceRun struct {
+	target      int
+	keys        map[string]struct{}
+	calls       int
+	first, last time.Time
+	reached     chan struct{}
+}
+
+func (s *sidecarService) expect(path string, target int) *serviceRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := &serviceRun{target: target, keys: map[string]struct{}{}, reached: make(chan struct{})}
+	s.runs[path] = r
+	return r
+}
+
+func (s *sidecarService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	now := time.Now()
+	s.mu.Lock()
+	if run := s.runs[r.URL.Path]; run != nil {
+		run.calls++
+		if run.first.IsZero() {
+			run.first = now
+		}
+		key := r.Header.Get("Idempotency-Key")
+		if _, dup := run.keys[key]; !dup {
+			run.keys[key] = struct{}{}
+			if len(run.keys) == run.target {
+				run.last = now
+				close(run.reached)
+			}
+		}
+	}
+	s.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+// sidecarContender is one way of moving the messages of a subject to the
+// service: the bare relay, or `idem consume` on a store.
+type sidecarContender struct {
+	name string
+	// start begins consuming subject (stream stream) into url; stop ends it.
+	start func(ctx context.Context, stream, subject, url, tag string) (stop func(), err error)
+}
+
+// sidecarResult is one run's figures.
+type sidecarResult struct {
+	contender string
+	rate      float64 // distinct messages per second, first call to the last new one
+	calls     int     // calls the service received
+}
+
+// runSidecar measures `idem consume` against a bare Go relay that only
+// fetches from JetStream, POSTs and acks (nats.go's Fetch, the same
+// concurrency), with a do-nothing HTTP service in this process: n messages
+// per run, rounds rounds with the contenders interleaved; throughput is
+// distinct messages the service received per second, from its first call
+// to the call that completed the set. Stores: SQLite, and PostgreSQL and
+// Redis when their URLs are set, each with the store batches of idem
+// consume (--store-batch 64) and without (--store-batch 1). The idem
+// binary is built from ./cmd/idem.
+func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
+	natsURL := os.Getenv(envNATS)
+	if natsURL == "" {
+		return fmt.Errorf("--sidecar needs a NATS server with JetStream: set %s (scripts/services prints it)", envNATS)
+	}
+	dir, err := os.MkdirTemp("", "idem-bench-sidecar-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "idem")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/idem").CombinedOutput(); err != nil {
+		return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
+	}
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return fmt.Errorf("NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	svc := &sidecarService{runs: map[string]*serviceRun{}}
+	srv := httptest.NewServer(svc)
+	defer srv.Close()
+
+	var rb [3]byte
+	_, _ = rand.Read(rb[:])
+	runID := hex.EncodeToString(rb[:])
+	contenders := []sidecarContender{{"bare relay", bareRelay(js, concurrency)}}
+	stores := []struct{ name, url string }{{"sqlite", "sqlite:" + filepath.Join(dir, "STORE.db")}}
+	if u := postgresURL(); u != "" {
+		stores = append(stores, struct{ name, url string }{"postgres", u})
+	}
+	if u := os.Getenv(envRedis); u != "" {
+		stores = append(stores, struct{ name, url string }{"redis", u})
+	}
+	base := os.Getenv(envBaseBin)
+	for _, st := range stores {
+		for _, batch := range []int{64, 1} {
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("idem consume, %s, --store-batch %d", st.name, batch),
+				idemConsume(bin, natsURL, st.url, batch, concurrency),
+			})
+		}
+		if base != "" {
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("idem consume (%s), %s", filepath.Base(base), st.name),
+				idemConsume(base, natsURL, st.url, 0, concurrency),
+			})
+		}
+	}
+	results := map[string][]sidecarResult{}
+	for round := range rounds + 1 { // round 0 warms up and is discarded
+		for i, c := range contenders {
+			tag := fmt.Sprintf("sc_%s_%d_%d", runID, round, i)
+			r, err := sidecarRun(ctx, js, svc, srv.URL, c, tag, n)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			if log != nil {
+				fmt.Fprintf(log, "sidecar round %d: %s: %.0f msgs/s (%d calls)\n", round, c.name, r.rate, r.calls)
+			}
+			if round > 0 {
+				results[c.name] = append(results[c.name], r)
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages |\n|---|---:|---:|---:|\n", rounds)
+	bare := results["bare relay"]
+	for _, c := range contenders {
+		rs := results[c.name]
+		rates := make([]float64, len(rs))
+		ratios := make([]float64, len(rs))
+		calls := 0
+		for i, r := range rs {
+			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
+			calls += r.calls
+		}
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)))
+	}
+	_, err = io.WriteString(w, b.String())
+	return err
+}
+
+// median of xs (not empty), sorting a copy.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// sidecarRun publishes n messages to a new stream, runs c until the
+// service has had every one, and stops it.
+func sidecarRun(ctx context.Context, js jetstream.JetStream, svc *sidecarService, base string, c sidecarContender, tag string, n int) (sidecarResult, error) {
+	stream, subject := strings.ToUpper(tag), "bench."+tag
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
+		return sidecarResult{}, fmt.Errorf("create stream: %w", err)
+	}
+	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
+	payload := []byte(`{"amount_cents":1250,"currency":"EUR"}`)
+	var pubErr error
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: payload,
+			Header: nats.Header{nats.MsgIdHdr: []string{fmt.Sprintf("%s-%d", tag, i)}}})
+		if err != nil {
+			return sidecarResult{}, fmt.Errorf("publish: %w", err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			pubErr = errors.Join(pubErr, err)
+		case <-ctx.Done():
+			return sidecarResult{}, ctx.Err()
+		}
+	}
+	if pubErr != nil {
+		return sidecarResult{}, fmt.Errorf("publish: %w", pubErr)
+	}
+	path := "/" + tag
+	run := svc.expect(path, n)
+	stop, err := c.start(ctx, stream, subject, base+path, tag)
+	if err != nil {
+		return sidecarResult{}, err
+	}
+	defer stop()
+	select {
+	case <-run.reached:
+	case <-time.After(10 * time.Minute):
+		return sidecarResult{}, fmt.Errorf("the service had %d of %d messages after 10 minutes", len(run.keys), n)
+	case <-ctx.Done():
+		return sidecarResult{}, ctx.Err()
+	}
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls}, nil
+}
+
+// bareRelay is the contender that only moves messages: a durable pull
+// consumer fetched 64 at a time (nats.go's Fetch), concurrency workers
+// that POST each message with its ID as Idempotency-Key and ack it after
+// a 2xx.
+func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func(), error) {
+	return func(ctx context.Context, stream, _, url, _ string) (func(), error) {
+		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
+		work := make(chan jetstream.Msg)
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for range concurrency {
+			wg.Go(func() {
+				for m := range work {
+					req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(m.Data())))
+					if err != nil {
+						failed.Add(1)
+						continue
+					}
+					req.Header.Set("Idempotency-Key", m.Headers().Get(nats.MsgIdHdr))
+					resp, err := client.Do(req)
+					if err != nil {
+						_ = m.Nak()
+						continue
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode/100 == 2 {
+						_ = m.Ack()
+					} else {
+						_ = m.Nak()
+					}
+				}
+			})
+		}
+		wg.Go(func() {
+			defer close(work)
+			for ctx.Err() == nil {
+				batch, err := cons.Fetch(64, jetstream.FetchMaxWait(time.Second))
+				if err != nil {
+					continue
+				}
+				for m := range batch.Messages() {
+					select {
+					case work <- m:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		})
+		return func() { cancel(); wg.Wait(); client.CloseIdleConnections() }, nil
+	}
+}
+
+// idemConsume is the contender `idem consume` on store (a URL; STORE in
+// a sqlite path is replaced by the run's tag), a process of its own with
+// --concurrency and --store-batch (none when batch is 0, for a binary
+// without the flag), stopped by an interrupt.
+func idemConsume(bin, natsURL, store string, batch, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func(), error) {
+	return func(ctx context.Context, _, subject, url, tag string) (func(), error) {
+		args := []string{"consume", "--broker", natsURL, "--from", subject, "--to", url,
+			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", "idem",
+			"--concurrency", fmt.Sprint(concurrency), "--log-level", "warn"}
+		if batch > 0 {
+			args = append(args, "--store-batch", fmt.Sprint(batch))
+		}
+		switch {
+		case strings.HasPrefix(store, "postgres"):
+			args = append(args, "--table", tag)
+		case strings.HasPrefix(store, "redis"):
+			args = append(args, "--redis-prefix", tag+":")
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		return func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		}, nil
+	}
+}

@@ -1,0 +1,169 @@
+// Package leasebatch turns the Acquire and Complete calls that many
+// goroutines make at the same time on a lease store into batches
+// (idemdriver.LeaseBatcher), a group commit: while one batch is in the
+// store, the calls that arrive wait, and go together in the next one. A
+// process that runs many messages at once (the idem consume sidecar, with
+// its --concurrency) then commits the store once per batch instead of once
+// per message. It is internal: not part of idem's API. Standard library
+// and the root module only.
+package leasebatch
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// Store is a LeaseStore over a LeaseBatcher whose Acquire and Complete
+// are batched; Renew, Release, SaveStep and retention go to the store as
+// they are. It is a StepRecorder when the store is one. Safe for
+// concurrent use; it starts no goroutine (the first caller of a batch
+// runs it, then hands over to the first caller that waited).
+type Store struct {
+	idemdriver.LeaseBatcher
+	acquire  group[*idemdriver.AcquireParams, idemdriver.AcquireResult]
+	complete group[*idemdriver.CompleteParams, struct{}]
+}
+
+var _ idemdriver.StepRecorder = (*Store)(nil)
+
+// New returns a Store over b whose batches hold at most size calls (at
+// least 1, at most idemdriver.MaxLeaseBatch).
+func New(b idemdriver.LeaseBatcher, size int) *Store {
+	size = min(max(size, 1), idemdriver.MaxLeaseBatch)
+	s := &Store{LeaseBatcher: b}
+	s.acquire = group[*idemdriver.AcquireParams, idemdriver.AcquireResult]{max: size,
+		one: b.Acquire, many: b.AcquireBatch}
+	s.complete = group[*idemdriver.CompleteParams, struct{}]{max: size,
+		one: func(ctx context.Context, p *idemdriver.CompleteParams) (struct{}, error) {
+			return struct{}{}, b.Complete(ctx, p)
+		},
+		many: func(ctx context.Context, ps []*idemdriver.CompleteParams) ([]struct{}, []error, error) {
+			errs, err := b.CompleteBatch(ctx, ps)
+			return make([]struct{}, len(ps)), errs, err
+		}}
+	return s
+}
+
+// RecordsSteps implements idemdriver.StepRecorder: the store's answer.
+func (s *Store) RecordsSteps() bool { return idemdriver.RecordsSteps(s.LeaseBatcher) }
+
+// Acquire implements idemdriver.LeaseStore: the call joins the next batch
+// (idemdriver.LeaseBatcher.AcquireBatch), or runs alone when no other
+// waits.
+func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	return s.acquire.do(ctx, p)
+}
+
+// Complete implements idemdriver.LeaseStore: the call joins the next
+// batch (idemdriver.LeaseBatcher.CompleteBatch), or runs alone.
+func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
+	_, err := s.complete.do(ctx, p)
+	return err
+}
+
+// call is one caller's call in a group.
+type call[P, R any] struct {
+	p    P
+	res  R
+	err  error
+	done chan struct{} // closed when res and err are set
+	lead chan struct{} // closed when the caller is to run the next batch
+}
+
+// group batches the calls of one method. The caller that finds no batch
+// running runs one with what waits (up to max calls, its own among them),
+// then, if more wait, makes the first of them run the next.
+type group[P, R any] struct {
+	max  int
+	one  func(ctx context.Context, p P) (R, error)
+	many func(ctx context.Context, ps []P) ([]R, []error, error)
+
+	mu    sync.Mutex
+	queue []*call[P, R]
+	busy  bool
+}
+
+func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
+	if err := ctx.Err(); err != nil {
+		var zero R
+		return zero, err // as the store would: nothing is sent
+	}
+	c := &call[P, R]{p: p, done: make(chan struct{}), lead: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, c)
+	if !g.busy {
+		g.busy = true
+		g.mu.Unlock()
+		return g.run(ctx, c)
+	}
+	g.mu.Unlock()
+	// A waiting call is bounded by the batches ahead of it, each by the
+	// context of the caller that runs it: it does not leave early, since
+	// its call may already be in the store.
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-c.lead:
+		return g.run(ctx, c)
+	}
+}
+
+// run sends the waiting calls (c first among them) as one batch on ctx,
+// without its cancellation but with its deadline, then hands over.
+func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
+	g.mu.Lock()
+	n := min(len(g.queue), g.max)
+	batch := make([]*call[P, R], n)
+	copy(batch, g.queue)
+	g.queue = g.queue[n:]
+	g.mu.Unlock()
+
+	bctx := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithDeadline(bctx, dl)
+		defer cancel()
+	}
+	g.send(bctx, batch)
+
+	g.mu.Lock()
+	if len(g.queue) == 0 {
+		g.busy = false
+	} else {
+		close(g.queue[0].lead)
+	}
+	g.mu.Unlock()
+	return c.res, c.err
+}
+
+// send runs batch and settles its calls: one call alone as the single
+// method, more as one batch.
+func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
+	defer func() {
+		for _, c := range batch {
+			close(c.done)
+		}
+	}()
+	if len(batch) == 1 {
+		batch[0].res, batch[0].err = g.one(ctx, batch[0].p)
+		return
+	}
+	ps := make([]P, len(batch))
+	for i, c := range batch {
+		ps[i] = c.p
+	}
+	res, errs, err := g.many(ctx, ps)
+	for i, c := range batch {
+		switch {
+		case err != nil:
+			c.err = err
+		case i < len(res) && i < len(errs):
+			c.res, c.err = res[i], errs[i]
+		default:
+			c.err = fmt.Errorf("leasebatch: the store answered %d results and %d errors for %d calls", len(res), len(errs), len(batch))
+		}
+	}
+}

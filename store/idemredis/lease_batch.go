@@ -1,0 +1,103 @@
+package idemredis
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+var _ idemdriver.LeaseBatcher = (*Store)(nil)
+
+// AcquireBatch implements [idemdriver.LeaseBatcher]: the script of Acquire
+// for each element, sent in one pipeline (one round trip per server; a
+// Cluster client splits it by node), each script atomic on its own and
+// run in the order given. A script the server does not know yet is run
+// again on its own. Every error, the network's included, is an element's
+// (errs); err is only that of an ended ctx or a batch over
+// idemdriver.MaxLeaseBatch.
+func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams) ([]idemdriver.AcquireResult, []error, error) {
+	if err := idemdriver.ValidateBatchSize(len(ps)); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil || len(ps) == 0 {
+		return nil, nil, err
+	}
+	res := make([]idemdriver.AcquireResult, len(ps))
+	errs := s.pipeline(ctx, acquireScript, len(ps), func(i int) ([]string, []any, error) {
+		p := ps[i]
+		if err := idemdriver.ValidateAcquireParams(p); err != nil {
+			return nil, nil, err
+		}
+		rk := s.recordKey(p.Consumer, p.MessageID)
+		return []string{rk, rk + stepsSuffix}, []any{p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix}, nil
+	}, func(i int, v any, err error) error {
+		res[i], err = acquireResult(v, err)
+		return err
+	})
+	return res, errs, nil
+}
+
+// CompleteBatch implements [idemdriver.LeaseBatcher]. On a single server
+// the fenced script of Complete (with its retention index) for each
+// element goes in one pipeline, as in AcquireBatch; through a Cluster
+// client, whose Complete indexes first with a command of its own, it is
+// one Complete per element, in order. Every error is an element's.
+func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompleteParams) ([]error, error) {
+	if err := idemdriver.ValidateBatchSize(len(ps)); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil || len(ps) == 0 {
+		return nil, err
+	}
+	if !s.single {
+		errs := make([]error, len(ps))
+		for i, p := range ps {
+			errs[i] = s.Complete(ctx, p)
+		}
+		return errs, nil
+	}
+	return s.pipeline(ctx, completeIndexScript, len(ps), func(i int) ([]string, []any, error) {
+		p := ps[i]
+		if err := idemdriver.ValidateCompleteParams(p); err != nil {
+			return nil, nil, err
+		}
+		return []string{s.recordKey(p.Consumer, p.MessageID), s.consumerKey(p.Consumer, doneSuffix)},
+			[]any{p.Token, p.Result, p.ContentType, p.MessageID}, nil
+	}, func(i int, v any, err error) error {
+		p := ps[i]
+		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
+	}), nil
+}
+
+// pipeline runs script for elements 0..n-1 in one pipeline: args gives an
+// element's keys and arguments (or its error, and the element is left
+// out), and read turns its reply into its error. An element whose script
+// the server did not know is run again on its own.
+func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
+	args func(i int) ([]string, []any, error), read func(i int, v any, err error) error) []error {
+	errs := make([]error, n)
+	cmds := make([]*redis.Cmd, n)
+	_, _ = s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for i := range n {
+			keys, a, err := args(i)
+			if errs[i] = err; err == nil {
+				cmds[i] = script.EvalSha(ctx, pl, keys, a...)
+			}
+		}
+		return nil
+	})
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		v, err := c.Result()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			keys, a, _ := args(i)
+			v, err = script.Run(ctx, s.client, keys, a...).Result()
+		}
+		errs[i] = read(i, v, err)
+	}
+	return errs
+}
