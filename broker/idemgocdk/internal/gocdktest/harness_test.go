@@ -42,12 +42,20 @@ type memberSub struct {
 	quiesce func()
 }
 
-// drain receives what sub still holds, or is fetching, until it has nothing
-// for 300ms, and settles each message with settle. The Go CDK (v0.49.0)
-// parks the goroutine of a fetch whose Receive gave up (a Stop, a context
-// ended) until the Subscription's next Receive, even through Shutdown: a
-// Receive that drains returns it.
+// drain receives what sub still holds, or is fetching, until it has
+// nothing for 300ms, then settles each message it got with settle. The Go
+// CDK (v0.49.0) parks the goroutine of a fetch whose Receive gave up (a
+// Stop, a context ended) until the Subscription's next Receive, even
+// through Shutdown: a Receive that drains lets it go. The messages are
+// settled only at the end, so that a nack's immediate redelivery does not
+// keep the drain going.
 func drain(sub *pubsub.Subscription, settle func(*pubsub.Message)) {
+	var got []*pubsub.Message
+	defer func() {
+		for _, m := range got {
+			settle(m)
+		}
+	}()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		m, err := sub.Receive(ctx)
@@ -55,7 +63,7 @@ func drain(sub *pubsub.Subscription, settle func(*pubsub.Message)) {
 		if err != nil {
 			return
 		}
-		settle(m)
+		got = append(got, m)
 	}
 }
 
