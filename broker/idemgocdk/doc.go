@@ -66,6 +66,14 @@
 // settled is redelivered after its ack deadline. Shut the Subscription
 // down after Stop: that flushes the acks the Go CDK still holds.
 //
+// The Go CDK (v0.49.0) fetches in a goroutine of its own, started by
+// Receive. When Stop interrupts a Receive whose fetch then brings
+// messages, that goroutine waits for the Subscription's next Receive, even
+// through Shutdown, and the messages it fetched are redelivered after their
+// ack deadline. A process that stops consuming for good loses nothing by
+// it; one that runs a new Consumer on the same Subscription hands it those
+// messages.
+//
 // # Producing
 //
 // [Producer.Send] sends a message with the message ID in its metadata, the
