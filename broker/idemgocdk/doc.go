@@ -57,6 +57,18 @@
 // driver's ReceiveBatcherOptions (MaxBatchSize near Config.Concurrency;
 // MaxBatchSize 1 and MaxHandlers 1 fetch one message at a time).
 //
+// # Delivery limit
+//
+// In transactional mode a handler that always fails is retried for ever:
+// the claim rolls back with the effects, so the store counts no attempts
+// (lease mode counts them and poisons the message after MaxAttempts; in
+// either mode a handler error wrapped with idem.Permanent is dead-lettered
+// at once). The Go CDK has no portable delivery count, so this adapter
+// sets no limit of its own: give the subscription the service's limit
+// (a Pub/Sub dead-letter policy with max_delivery_attempts, an SQS redrive
+// policy with maxReceiveCount), which moves such a message aside without
+// idem's dead-letter metadata.
+//
 // # Stopping
 //
 // [Consumer.Stop] stops gracefully: no new Receive, the messages already
