@@ -56,7 +56,11 @@ type consumeConfig struct {
 //	kafka://host:9092,host:9093     Kafka
 //	amqp://user:pass@host:5672/     RabbitMQ (amqps:// too)
 //	redis://host:6379/0             Redis Streams (rediss:// too)
+//	gcppubsub://, awssqs://, mem:// Go CDK pub/sub (see openGoCDK)
 func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.Duration) (sidecarBroker, error) {
+	if isGoCDKURL(rawURL) { // gcppubsub://, awssqs://, mem:// (broker_gocdk.go)
+		return openGoCDK(rawURL)
+	}
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
@@ -90,7 +94,7 @@ func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.D
 		}
 		return &redisSidecar{rdb: rdb, addr: opts.Addr, prod: idemredisstream.NewProducer(rdb, idemredisstream.ProducerConfig{})}, nil
 	}
-	return nil, usageError{fmt.Errorf("%w: broker %q: want nats://, kafka://, amqp:// or redis://", errBadURL, redact(rawURL))}
+	return nil, usageError{fmt.Errorf("%w: broker %q: want nats://, kafka://, amqp://, redis://, gcppubsub://, awssqs:// or mem://", errBadURL, redact(rawURL))}
 }
 
 // defaultDeadLetter names the dead letter of src when --dead-letter is not

@@ -1,0 +1,13 @@
+package idemgocdk_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/idem-go/idem/internal/leakcheck"
+)
+
+// TestMain fails the run if a test leaves a goroutine behind (a Consumer
+// loop, a worker, a delayed nack, a subscription's batcher) once the
+// tests are over.
+func TestMain(m *testing.M) { os.Exit(leakcheck.Run(m)) }
