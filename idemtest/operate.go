@@ -18,7 +18,9 @@ import (
 // LeaseSetups of h. Beyond the interface's contract it checks that a
 // record made retryable is processed by the next delivery as attempt 1
 // of a LeaseConsumer whose MaxAttempts it had reached, and that a
-// released holder can no longer write.
+// released holder can no longer write. It also runs the cases of
+// [idemdriver.ConsumerLister] and [idemdriver.StepReader], each skipped
+// on a store that does not implement it.
 func RunOperate(t *testing.T, h LeaseHarness) {
 	t.Helper()
 	if h.New == nil {
