@@ -59,6 +59,10 @@ type leaseCase struct {
 //     the earlier attempts' points, never its own, and one of concurrent
 //     calls saves one point), and ReleaseParams.Step with the release
 //     only; the LeaseConsumer then saves neither with SaveStep.
+//   - A store that is an idemdriver.LeaseBatcher judges every element of
+//     AcquireBatch and CompleteBatch as the single call would, in order, and
+//     reports the results in the order given (the Batch cases, skipped for
+//     a store without it).
 func RunLease(t *testing.T, h LeaseHarness) {
 	t.Helper()
 	if h.New == nil {
