@@ -10,6 +10,17 @@
 // handler that fails rolls back its effects and the record together, so the
 // redelivery runs it again.
 //
+// # Modes
+//
+// That is transactional mode ([Consumer]), for effects in the store's own
+// database. Lease mode ([LeaseConsumer]) is for side effects outside it (a
+// payment provider, an email): the claim takes a lease with a fencing token,
+// renewed while the handler runs, and after a crash a later attempt takes
+// over when the lease ends, so an external call may be made again and must
+// carry [Attempt.Key]; a message that fails [Config.MaxAttempts] times, or
+// with a [Permanent] error, is poison. [LeaseConsumer] says what each mode
+// guarantees.
+//
 // # Identity
 //
 // The producer gives every message a stable message ID; the consumer never
