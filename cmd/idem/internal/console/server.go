@@ -12,9 +12,11 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,6 +143,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
+	if s.cfg.Token == "" && !loopbackHost(r.Host) {
+		// Without a token, loopback is the only barrier: a page of another
+		// site whose name resolves to 127.0.0.1 (DNS rebinding) is
+		// same-origin to the browser and could read the pages and the
+		// confirm forms' CSRF tokens. Its requests carry its own name.
+		http.Error(w, "this console answers requests addressed to localhost or a loopback address only (set --token to serve other names)", http.StatusMisdirectedRequest)
+		return
+	}
 	if s.cfg.Token != "" && !s.authorized(r) && r.URL.Path != "/login" && r.URL.Path != "/static/console.css" {
 		if wantsJSON(r) {
 			s.jsonError(w, http.StatusUnauthorized, "a token is required: Authorization: Bearer TOKEN")
@@ -150,6 +160,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// loopbackHost reports whether host (a Host header: a name or an IP
+// address, with or without a port) names this machine's loopback
+// interface: localhost, or a loopback IP address.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) authorized(r *http.Request) bool {

@@ -1,0 +1,87 @@
+package console_test
+
+import (
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// do sends a request to f's server with the Host header host.
+func (f *fixture) do(method, path, host string, form url.Values) (int, string) {
+	f.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, f.srv.URL+path, body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Host = host
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// A console without a token answers only requests addressed to a
+// loopback name: a page of another site whose name was rebound to
+// 127.0.0.1 (DNS rebinding) is same-origin to the browser, so it could
+// otherwise read every page, read a confirm form's CSRF token and post
+// it. With a token, the attacker's origin has no session cookie, and the
+// Host a reverse proxy forwards is whatever the proxy's name is.
+func TestTokenlessConsoleRefusesForeignHost(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	poisoned(t, store, "payments", "pay-1")
+	f := newFixture(t, store, console.Config{})
+	port := f.srv.URL[strings.LastIndex(f.srv.URL, ":"):]
+
+	for _, host := range []string{"evil.example" + port, "evil.example", "127.0.0.1.evil.example" + port, "localhost.evil.example" + port, "10.0.0.1" + port} {
+		if code, body := f.do("GET", "/api/failed?consumer=payments", host, nil); code != http.StatusMisdirectedRequest || strings.Contains(body, "pay-1") {
+			t.Errorf("Host %s: %d %s, want 421 and no record", host, code, body)
+		}
+		if code, body := f.do("GET", "/confirm?action=retry&consumer=payments&id=pay-1", host, nil); code != http.StatusMisdirectedRequest || strings.Contains(body, `name="csrf"`) {
+			t.Errorf("Host %s: confirm page %d %s, want 421 and no CSRF token", host, code, body)
+		}
+	}
+	// The rebound page's post, with the form and cookie it would have
+	// obtained, runs nothing.
+	form := f.confirmForm("action=retry&consumer=payments&id=pay-1")
+	if code, _ := f.do("POST", "/action", "evil.example"+port, form); code != http.StatusMisdirectedRequest {
+		t.Errorf("foreign Host action: %d, want 421", code)
+	}
+	rec, err := store.Inspect(t.Context(), "payments", "pay-1")
+	if err != nil || rec.State != idemdriver.StateFailed {
+		t.Fatalf("after a foreign Host's action: %+v %v, want the record still failed", rec, err)
+	}
+	for _, host := range []string{"127.0.0.1" + port, "localhost" + port, "LOCALHOST" + port, "[::1]" + port, "127.0.0.2" + port, "localhost"} {
+		if code, body := f.do("GET", "/api/failed?consumer=payments", host, nil); code != http.StatusOK || !strings.Contains(body, "pay-1") {
+			t.Errorf("Host %s: %d %s, want 200", host, code, body)
+		}
+	}
+
+	tok := newFixture(t, store, console.Config{Token: "s3cret-token"})
+	req, _ := http.NewRequest("GET", tok.srv.URL+"/api/failed?consumer=payments", nil)
+	req.Host = "console.internal.example"
+	req.Header.Set("Authorization", "Bearer s3cret-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a token console behind a proxy's name: %d, want 200", resp.StatusCode)
+	}
+}
