@@ -482,11 +482,17 @@ func testOutboxOperate[TTx any](t *testing.T, b *bundle[TTx]) {
 	if len(claimed) != 1 || claimed[0].ID != ids[0] {
 		t.Fatalf("claimed after the retry: %d rows, want %s alone", len(claimed), ids[0])
 	}
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{ids[0]}, Keep: true}); err != nil {
+		t.Fatalf("MarkSent(Keep): %v", err)
+	}
+	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrWrongState) {
+		t.Errorf("RetryOutgoing of a row kept sent: %v, want ErrWrongState", err)
+	}
 	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{ids[0]}}); err != nil {
 		t.Fatalf("MarkSent: %v", err)
 	}
-	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrWrongState) {
-		t.Errorf("RetryOutgoing of a sent row: %v, want ErrWrongState", err)
+	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrNotFound) {
+		t.Errorf("RetryOutgoing of a row sent and deleted: %v, want ErrNotFound", err)
 	}
 	if _, err := ops.RetryOutgoing(b.ctx, "missing"); !errors.Is(err, idemdriver.ErrNotFound) {
 		t.Errorf("RetryOutgoing of a missing row: %v, want ErrNotFound", err)
