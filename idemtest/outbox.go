@@ -254,6 +254,30 @@ func (b *bundle[TTx]) emitNamed(n int) []string {
 	return all
 }
 
+// overtaken starts relay A (cfg with a 10 ms lease) on store's one
+// pending row with the publisher pub, which closes publishing when it
+// starts and then blocks; once A's lease has ended it claims the row as
+// relay B would, for an hour. It returns A's RunOnce error to come, and
+// B's claim (one row).
+func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, pub idem.Publisher, publishing chan struct{}, cfg idem.RelayConfig) (chan error, []idemdriver.OutgoingRecord) {
+	b.t.Helper()
+	cfg.Lease = 10 * time.Millisecond
+	a := b.relay(store, pub, cfg)
+	aDone := make(chan error, 1)
+	go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()
+	<-publishing
+	var held []idemdriver.OutgoingRecord
+	testenv.Eventually(b.t, realTimeout, "A's lease to end and B to claim the row", func() bool {
+		recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+		if err != nil {
+			b.t.Fatalf("ClaimOutgoing: %v", err)
+		}
+		held = recs
+		return len(recs) == 1
+	}, nil)
+	return aDone, held
+}
+
 func one(dest, key string) func(idem.Message) []idem.OutgoingMessage {
 	return func(m idem.Message) []idem.OutgoingMessage {
 		return []idem.OutgoingMessage{{Destination: dest, Key: key, Payload: []byte("out:" + m.ID)}}
@@ -463,19 +487,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				<-release
 				return slices.Repeat([]error{idem.Permanent(errors.New("idemtest: A's publish failed"))}, len(msgs))
 			})
-			a := b.relay(store, slow, idem.RelayConfig{Lease: 10 * time.Millisecond})
-			aDone := make(chan error, 1)
-			go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()
-			<-publishing
-			var held []idemdriver.OutgoingRecord // B's claim, once A's lease ended
-			testenv.Eventually(t, realTimeout, "A's lease to end and B to claim the row", func() bool {
-				recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
-				if err != nil {
-					t.Fatalf("ClaimOutgoing: %v", err)
-				}
-				held = recs
-				return len(recs) == 1
-			}, nil)
+			aDone, held := b.overtaken(store, slow, publishing, idem.RelayConfig{})
 			if held[0].Attempts != 2 {
 				t.Errorf("B's claim has attempt %d, want 2", held[0].Attempts)
 			}
@@ -514,6 +526,8 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("after the holder's permanent mark: %+v, want 1 failed", st)
 			}
 		}},
+		{"LateSentMarkSparesRowWrittenAgain", lateSentMark[TTx](false)},
+		{"LateKeepSentMarkSparesRowWrittenAgain", lateSentMark[TTx](true)},
 		{"DuplicateFinishesTheJob", func(t *testing.T, b *bundle[TTx]) {
 			rec := newRecorder()
 			sig := claimSignal{hiddenNotifier{b.outboxOf()}, make(chan struct{}, 16)}
@@ -1220,6 +1234,54 @@ func markSentExactly[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
 			if !slices.Contains(again, r.ID) || string(r.Payload) != "again" || r.Attempts != 1 {
 				t.Errorf("claimed %q (payload %q, attempt %d), want a new row of one of %q", r.ID, r.Payload, r.Attempts, again)
 			}
+		}
+
+	}
+}
+
+// lateSentMark: relay A's lease runs out while it publishes; B claims the
+// row, sends it and deletes it; the same ID is written again (a new row,
+// to be sent again); then A's publish is confirmed. A's mark (a delete,
+// or with keep an update to sent) must end the row it claimed, which is
+// gone, and leave the new row pending, to be sent.
+func lateSentMark[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
+	return func(t *testing.T, b *bundle[TTx]) {
+		store := b.outboxOf()
+		emit := func() {
+			tx := b.begin()
+			if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: []idemdriver.OutgoingRecord{{ID: "again", Destination: "d", Payload: []byte("p")}}}); err != nil {
+				b.rollback(tx)
+				t.Fatalf("EmitTx: %v", err)
+			}
+			b.commit(tx)
+		}
+		emit()
+		publishing, release := make(chan struct{}), make(chan struct{})
+		slow := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+			close(publishing)
+			<-release
+			return make([]error, len(msgs))
+		})
+		aDone, held := b.overtaken(store, slow, publishing, idem.RelayConfig{KeepSent: keep})
+		if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}, Seqs: []int64{held[0].Seq}}); err != nil {
+			t.Fatalf("B's MarkSent: %v", err)
+		}
+		b.wantPending("after B's send", 0)
+		emit()
+		b.wantPending("the ID written again", 1)
+		close(release)
+		if err := <-aDone; err != nil {
+			t.Fatalf("A's RunOnce: %v", err)
+		}
+		b.wantPending("after A's late mark", 1)
+		rec := newRecorder()
+		if res := b.runOnce("a third relay", b.relay(store, rec, idem.RelayConfig{})); res.Sent != 1 {
+			t.Errorf("a third relay sent %+v, want the row written again", res)
+		}
+		b.wantPending("at the end", 0)
+		err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{"again"}, Seqs: []int64{1, 2}})
+		if !errors.Is(err, idemdriver.ErrInvalidConfig) {
+			t.Errorf("MarkSent of 1 ID with 2 seqs: %v, want ErrInvalidConfig", err)
 		}
 
 	}

@@ -24,6 +24,7 @@ func Outbox(table string) *sqlstore.Outbox {
 func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d := outboxDialect(table)
 	d.IDArray = `id = ANY($1::text[])`
+	d.IDSeqArrays = `(id, seq) IN (SELECT v.id, v.seq FROM unnest($1::text[], $2::bigint[]) AS v(id, seq))`
 	// The rows to mark are found from the arrays, one probe of the key per
 	// row (o.id = v.id alone). With o.id = ANY ($1) beside it, statistics
 	// taken while no row was pending (a relay that keeps up) made
