@@ -615,8 +615,9 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			var wg sync.WaitGroup
 			errs := make(chan error, 2)
-			for _, rec := range recs {
-				r := b.relay(b.outboxOf(), rec, idem.RelayConfig{BatchSize: 5})
+			for i, rec := range recs {
+				// The second keeps the rows it sent; the first deletes them.
+				r := b.relay(b.outboxOf(), rec, idem.RelayConfig{BatchSize: 5, KeepSent: i == 1})
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -655,6 +656,14 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if len(count) != n {
 				t.Errorf("%d distinct messages sent, want %d", len(count), n)
+			}
+			// Left in the table: the rows the second relay sent and kept,
+			// which a purge finds once their retention passed.
+			b.wantPending("after both relays", 0)
+			kept := int64(len(recs[1].sentIDs()))
+			purger := b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{Retention: time.Millisecond})
+			if purged := b.purgeUntil("the kept rows purged", purger, kept); purged != kept {
+				t.Errorf("purged %d rows, want the %d the keeping relay sent", purged, kept)
 			}
 		}},
 		{"OrderPerKey", func(t *testing.T, b *bundle[TTx]) {
