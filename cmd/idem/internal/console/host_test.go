@@ -85,3 +85,25 @@ func TestTokenlessConsoleRefusesForeignHost(t *testing.T) {
 		t.Errorf("a token console behind a proxy's name: %d, want 200", resp.StatusCode)
 	}
 }
+
+// An action key answers repeats of its own action only: the same key
+// posted with another target is refused, and that target is left alone
+// (it is not answered "acted once" with the first action's result).
+func TestActionKeyBoundToItsAction(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	poisoned(t, store, "payments", "pay-1", "pay-2")
+	f := newFixture(t, store, console.Config{})
+	form := f.confirmForm("action=retry&consumer=payments&id=pay-1")
+	if code, body := f.post("/action", form); code != http.StatusOK {
+		t.Fatalf("retry: %d %s", code, body)
+	}
+	form.Set("id", "pay-2")
+	if code, body := f.post("/action", form); code != http.StatusBadRequest || strings.Contains(body, "acted once") {
+		t.Errorf("the key of pay-1's retry posted for pay-2: %d %s, want 400", code, body)
+	}
+	for id, want := range map[string]idemdriver.RecordState{"pay-1": idemdriver.StateInProgress, "pay-2": idemdriver.StateFailed} {
+		if rec, err := store.Inspect(t.Context(), "payments", id); err != nil || rec.State != want {
+			t.Errorf("%s: %v %v, want %v", id, rec.State, err, want)
+		}
+	}
+}

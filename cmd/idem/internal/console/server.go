@@ -9,6 +9,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -71,7 +72,7 @@ type Server struct {
 	session string // the session cookie's value when Token is set
 
 	mu     sync.Mutex
-	done   map[string]ActionView    // action keys already used -> their result
+	done   map[string]doneAction    // action keys already used -> their action and result
 	keys   []string                 // the same keys, oldest first, to forget
 	flight map[string]chan struct{} // action keys whose action runs now
 }
@@ -100,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]ActionView{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]doneAction{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
 	s.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_console_actions_total",
 		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error).",
@@ -361,7 +362,11 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, asJSON, err)
 		return
 	}
-	v, seen, err := s.claim(r.Context(), key)
+	v, seen, err := s.claim(r.Context(), key, a)
+	if errors.Is(err, ErrBadAction) {
+		s.fail(w, r, asJSON, err)
+		return
+	}
 	if err != nil {
 		return
 	}
@@ -384,12 +389,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		attrs := []any{"who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "result", result, "at", s.cfg.Now().UTC()}
 		if err != nil {
 			s.cfg.Logger.Warn("console action", append(attrs, "error", err.Error())...)
-			s.settle(key, nil)
+			s.settle(key, a, nil)
 			s.fail(w, r, asJSON, err)
 			return
 		}
 		s.cfg.Logger.Info("console action", attrs...)
-		s.settle(key, &v)
+		s.settle(key, a, &v)
 	} else {
 		s.actions.WithLabelValues(a.Kind, "repeated").Inc()
 		s.cfg.Logger.Info("console action repeated", "who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "at", s.cfg.Now().UTC())
@@ -402,17 +407,27 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "done", map[string]any{"Title": "Done", "Result": v, "Repeated": seen})
 }
 
+// doneAction is an action that ran under a key, and its result.
+type doneAction struct {
+	action Action
+	view   ActionView
+}
+
 // claim returns the result of the action key when it ran already
 // (seen), waiting for it while it runs; otherwise it marks the key as
 // running, and the caller runs the action and settles the key. So a form
-// submitted twice at once acts once. The error is ctx's, when it ended
-// while waiting.
-func (s *Server) claim(ctx context.Context, key string) (ActionView, bool, error) {
+// submitted twice at once acts once. The error matches ErrBadAction when
+// the key ran another action than a (a form edited after its
+// confirmation), or is ctx's, when it ended while waiting.
+func (s *Server) claim(ctx context.Context, key string, a Action) (ActionView, bool, error) {
 	for {
 		s.mu.Lock()
-		if v, ok := s.done[key]; ok {
+		if d, ok := s.done[key]; ok {
 			s.mu.Unlock()
-			return v, true, nil
+			if d.action != a {
+				return ActionView{}, false, fmt.Errorf("%w: this confirmation ran another action (%s); confirm this one on its own page", ErrBadAction, d.action)
+			}
+			return d.view, true, nil
 		}
 		ch, running := s.flight[key]
 		if !running {
@@ -429,13 +444,13 @@ func (s *Server) claim(ctx context.Context, key string) (ActionView, bool, error
 	}
 }
 
-// settle ends the run of key: its result v is kept for repeats (nil, an
-// action that failed: a repeat runs it again).
-func (s *Server) settle(key string, v *ActionView) {
+// settle ends the run of key, action a: its result v is kept for repeats
+// (nil, an action that failed: a repeat runs it again).
+func (s *Server) settle(key string, a Action, v *ActionView) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v != nil {
-		s.done[key] = *v
+		s.done[key] = doneAction{a, *v}
 		s.keys = append(s.keys, key)
 		if len(s.keys) > maxKeys {
 			delete(s.done, s.keys[0])
