@@ -1,11 +1,14 @@
 package console_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
@@ -105,5 +108,45 @@ func TestActionKeyBoundToItsAction(t *testing.T) {
 		if rec, err := store.Inspect(t.Context(), "payments", id); err != nil || rec.State != want {
 			t.Errorf("%s: %v %v, want %v", id, rec.State, err, want)
 		}
+	}
+}
+
+// An action's result shows the record at a time after the action: a
+// released lease is over (not "live until" the release's own time), and
+// its age is not negative.
+func TestActionResultAfterTheAction(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		last = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	)
+	// The store's clock moves a millisecond per reading; the console's
+	// reads the store's latest time.
+	storeNow := func() time.Time { mu.Lock(); defer mu.Unlock(); last = last.Add(time.Millisecond); return last }
+	consoleNow := func() time.Time { mu.Lock(); defer mu.Unlock(); return last }
+	store := idem.NewMemoryStore(storeNow)
+	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "mail", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if a, _, err := c.Acquire(t.Context(), idem.Message{ID: "m-1", Payload: []byte("x")}, idem.AcquireOptions{}); err != nil || a == nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	f := newFixture(t, store, console.Config{Now: consoleNow})
+	form := f.confirmForm("action=release&consumer=mail&id=m-1&token=1")
+	req, _ := http.NewRequest("POST", f.srv.URL+"/action", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v console.ActionView
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || !v.Changed || v.Record == nil {
+		t.Fatalf("release: %d %+v %v", resp.StatusCode, v, err)
+	}
+	if v.Record.LeaseLive || v.Record.AgeS < 0 {
+		t.Errorf("released record: lease live %v, age %vs; want the lease over and an age >= 0", v.Record.LeaseLive, v.Record.AgeS)
 	}
 }

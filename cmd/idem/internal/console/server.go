@@ -375,7 +375,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		who = "token holder"
 	}
 	if !seen {
-		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now())
+		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now)
 		result := "changed"
 		switch {
 		case err == nil && !v.Changed:
