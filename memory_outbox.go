@@ -163,8 +163,8 @@ func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedPa
 	}
 	return s.outboxUpdate(ids, func(r *memOutRow, now time.Time) {
 		f := rows[r.rec.ID]
-		if r.rec.Attempts != f.Attempt {
-			return // another claim took the row since
+		if r.rec.Attempts != f.Attempt || f.Seq != 0 && r.rec.Seq != f.Seq {
+			return // another claim took the row since, or it is another row
 		}
 		r.leaseUntil, r.lastErr = time.Time{}, f.Error
 		if f.Permanent {

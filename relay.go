@@ -293,7 +293,7 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 			sent, seqs = append(sent, rec.ID), append(seqs, rec.Seq)
 			continue
 		}
-		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Seq: rec.Seq, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
 		if !f.Permanent {
 			f.RetryAfter = r.backoff(rec.Attempts)
 		}

@@ -215,6 +215,13 @@ type FailedRow struct {
 	// (OutgoingRecord.Attempts), at least 1: the mark applies only if no
 	// claim took the row since.
 	Attempt int
+	// Seq, when not 0, is the row's sequence number as claimed
+	// (OutgoingRecord.Seq): the mark applies only to that row. A row
+	// deleted once sent and written again with the same ID has a new seq
+	// and its own attempt count, which may equal Attempt: a relay whose
+	// lease ran out while it published must not fail it or end the lease
+	// of the relay sending it.
+	Seq int64
 	// Permanent marks the row failed for good: it is never sent and no
 	// longer holds back its key.
 	Permanent bool

@@ -254,13 +254,30 @@ func (b *bundle[TTx]) emitNamed(n int) []string {
 	return all
 }
 
-// overtaken starts relay A (cfg with a 10 ms lease) on store's one
-// pending row with the publisher pub, which closes publishing when it
-// starts and then blocks; once A's lease has ended it claims the row as
-// relay B would, for an hour. It returns A's RunOnce error to come, and
-// B's claim (one row).
-func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, pub idem.Publisher, publishing chan struct{}, cfg idem.RelayConfig) (chan error, []idemdriver.OutgoingRecord) {
+// emitOne writes one pending row with ID id, to destination d.
+func (b *bundle[TTx]) emitOne(id string) {
 	b.t.Helper()
+	tx := b.begin()
+	if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: []idemdriver.OutgoingRecord{{ID: id, Destination: "d", Payload: []byte("p")}}}); err != nil {
+		b.rollback(tx)
+		b.t.Fatalf("EmitTx: %v", err)
+	}
+	b.commit(tx)
+}
+
+// overtaken starts relay A (cfg with a 10 ms lease) on store's one
+// pending row, with a publisher that blocks; once A's lease has ended it
+// claims the row as relay B would, for an hour. It returns B's claim (one
+// row), and finish, which lets A's publish end with the error fail (nil:
+// confirmed) and returns A's RunOnce error.
+func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, fail error, cfg idem.RelayConfig) ([]idemdriver.OutgoingRecord, func() error) {
+	b.t.Helper()
+	publishing, release := make(chan struct{}), make(chan struct{})
+	pub := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+		close(publishing)
+		<-release
+		return slices.Repeat([]error{fail}, len(msgs))
+	})
 	cfg.Lease = 10 * time.Millisecond
 	a := b.relay(store, pub, cfg)
 	aDone := make(chan error, 1)
@@ -275,7 +292,7 @@ func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, pub idem.Publisher
 		held = recs
 		return len(recs) == 1
 	}, nil)
-	return aDone, held
+	return held, func() error { close(release); return <-aDone }
 }
 
 func one(dest, key string) func(idem.Message) []idem.OutgoingMessage {
@@ -481,18 +498,11 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			var calls atomic.Int64
 			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "k")), idem.Processed, nil)
 			store := b.outboxOf()
-			publishing, release := make(chan struct{}), make(chan struct{})
-			slow := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
-				close(publishing)
-				<-release
-				return slices.Repeat([]error{idem.Permanent(errors.New("idemtest: A's publish failed"))}, len(msgs))
-			})
-			aDone, held := b.overtaken(store, slow, publishing, idem.RelayConfig{})
+			held, finishA := b.overtaken(store, idem.Permanent(errors.New("idemtest: A's publish failed")), idem.RelayConfig{})
 			if held[0].Attempts != 2 {
 				t.Errorf("B's claim has attempt %d, want 2", held[0].Attempts)
 			}
-			close(release)
-			if err := <-aDone; err != nil {
+			if err := finishA(); err != nil {
 				t.Errorf("A's RunOnce: %v; a fenced mark is not an error", err)
 			}
 			if st := b.stats(); st.Pending != 1 || st.Failed != 0 {
@@ -528,6 +538,7 @@ func outboxCases[TTx any]() []testCase[TTx] {
 		}},
 		{"LateSentMarkSparesRowWrittenAgain", lateSentMark[TTx](false)},
 		{"LateKeepSentMarkSparesRowWrittenAgain", lateSentMark[TTx](true)},
+		{"LateFailedMarkSparesRowWrittenAgain", lateFailedMark[TTx]},
 		{"DuplicateFinishesTheJob", func(t *testing.T, b *bundle[TTx]) {
 			rec := newRecorder()
 			sig := claimSignal{hiddenNotifier{b.outboxOf()}, make(chan struct{}, 16)}
@@ -1248,6 +1259,39 @@ func markSentExactly[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
 	}
 }
 
+// lateFailedMark: relay A's lease runs out while it publishes; B claims
+// the row, sends it and deletes it; the same ID is written again and
+// relay C claims the new row, its first attempt, as A's was; then A's
+// publish fails for good. A's mark must leave the new row alone: not
+// fail it, not end C's lease.
+func lateFailedMark[TTx any](t *testing.T, b *bundle[TTx]) {
+	store := b.outboxOf()
+	emit := func() { b.emitOne("again") }
+	emit()
+	held, finishA := b.overtaken(store, idem.Permanent(errors.New("idemtest: A's publish failed")), idem.RelayConfig{})
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}, Seqs: []int64{held[0].Seq}}); err != nil {
+		t.Fatalf("B's MarkSent: %v", err)
+	}
+	emit()
+	c, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+	if err != nil || len(c) != 1 || c[0].Attempts != 1 {
+		t.Fatalf("C's claim of the row written again: %+v, %v; want it, attempt 1", c, err)
+	}
+	if err := finishA(); err != nil {
+		t.Fatalf("A's RunOnce: %v", err)
+	}
+	if st := b.stats(); st.Pending != 1 || st.Failed != 0 {
+		t.Errorf("after A's late failure: %+v, want the new row pending (C sends it), none failed", st)
+	}
+	if res := b.runOnce("a fourth relay under C's lease", b.relay(store, newRecorder(), idem.RelayConfig{})); res.Claimed != 0 {
+		t.Errorf("a fourth relay claimed %d rows C holds, want 0 (A's mark ended C's lease)", res.Claimed)
+	}
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{c[0].ID}, Seqs: []int64{c[0].Seq}}); err != nil {
+		t.Fatalf("C's MarkSent: %v", err)
+	}
+	b.wantPending("at the end", 0)
+}
+
 // lateSentMark: relay A's lease runs out while it publishes; B claims the
 // row, sends it and deletes it; the same ID is written again (a new row,
 // to be sent again); then A's publish is confirmed. A's mark (a delete,
@@ -1256,30 +1300,16 @@ func markSentExactly[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
 func lateSentMark[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
 	return func(t *testing.T, b *bundle[TTx]) {
 		store := b.outboxOf()
-		emit := func() {
-			tx := b.begin()
-			if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: []idemdriver.OutgoingRecord{{ID: "again", Destination: "d", Payload: []byte("p")}}}); err != nil {
-				b.rollback(tx)
-				t.Fatalf("EmitTx: %v", err)
-			}
-			b.commit(tx)
-		}
+		emit := func() { b.emitOne("again") }
 		emit()
-		publishing, release := make(chan struct{}), make(chan struct{})
-		slow := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
-			close(publishing)
-			<-release
-			return make([]error, len(msgs))
-		})
-		aDone, held := b.overtaken(store, slow, publishing, idem.RelayConfig{KeepSent: keep})
+		held, finishA := b.overtaken(store, nil, idem.RelayConfig{KeepSent: keep})
 		if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}, Seqs: []int64{held[0].Seq}}); err != nil {
 			t.Fatalf("B's MarkSent: %v", err)
 		}
 		b.wantPending("after B's send", 0)
 		emit()
 		b.wantPending("the ID written again", 1)
-		close(release)
-		if err := <-aDone; err != nil {
+		if err := finishA(); err != nil {
 			t.Fatalf("A's RunOnce: %v", err)
 		}
 		b.wantPending("after A's late mark", 1)

@@ -33,8 +33,8 @@ func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d.MarkFailedArrays = `UPDATE ` + table + ` AS o SET lease_until = NULL, last_error = v.err,
 	failed_at = CASE WHEN v.permanent THEN now() ELSE o.failed_at END,
 	available_at = CASE WHEN v.permanent THEN o.available_at ELSE now() + v.retry * interval '1 microsecond' END
-FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[]) AS v(id, attempt, permanent, retry, err)
-WHERE o.id = v.id AND o.attempts = v.attempt AND o.sent_at IS NULL`
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[], $6::bigint[]) AS v(id, attempt, permanent, retry, err, seq)
+WHERE o.id = v.id AND o.attempts = v.attempt AND (v.seq = 0 OR o.seq = v.seq) AND o.sent_at IS NULL`
 	return sqlstore.NewOutbox(d)
 }
 

@@ -83,9 +83,10 @@ type OutboxDialect struct {
 	// one statement whatever the number of rows.
 	IDSeqArrays string
 	// MarkFailedArrays, if set, is the statement that marks failed rows
-	// given as five arrays, for a driver that takes slices as arrays: IDs
+	// given as six arrays, for a driver that takes slices as arrays: IDs
 	// ([]string), attempts ([]int64), permanent ([]bool), retry delays in
-	// microseconds ([]int64) and error texts ([]string). MarkFailed then
+	// microseconds ([]int64), error texts ([]string) and seqs ([]int64, 0
+	// for a row named by ID and attempt alone). MarkFailed then
 	// runs one statement whatever the number of rows; otherwise it runs
 	// one per MaxFailedPerStatement rows, written out.
 	MarkFailedArrays string
@@ -138,7 +139,7 @@ const insertCols = `(id, consumer, source_id, destination, order_key, payload, h
 const MaxInList = 500
 
 // MaxFailedPerStatement is the most rows one MarkFailed statement names
-// where the dialect has no MarkFailedArrays (five or six parameters a
+// where the dialect has no MarkFailedArrays (up to seven parameters a
 // row); more take several statements.
 const MaxFailedPerStatement = 100
 
@@ -418,11 +419,11 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 	}
 	if o.d.MarkFailedArrays != "" {
 		n := len(p.Rows)
-		ids, attempts, permanent, retry, errs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n)
+		ids, attempts, permanent, retry, errs, seqs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n), make([]int64, n)
 		for i, r := range p.Rows {
-			ids[i], attempts[i], permanent[i], retry[i], errs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error)
+			ids[i], attempts[i], permanent[i], retry[i], errs[i], seqs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error), r.Seq
 		}
-		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs)
+		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs, seqs)
 		return err
 	}
 	for rows := p.Rows; len(rows) > 0; {
@@ -481,7 +482,11 @@ func (o *Outbox) markFailed(rows []idemdriver.FailedRow) (string, []any) {
 		if i > 0 {
 			b.WriteString(` OR `)
 		}
-		b.WriteString(`(id = ` + param("text", r.ID) + ` AND attempts = ` + param("bigint", int64(r.Attempt)) + `)`)
+		b.WriteString(`(id = ` + param("text", r.ID) + ` AND attempts = ` + param("bigint", int64(r.Attempt)))
+		if r.Seq != 0 {
+			b.WriteString(` AND seq = ` + param("bigint", r.Seq))
+		}
+		b.WriteString(`)`)
 	}
 	b.WriteString(`)`)
 	return b.String(), args
