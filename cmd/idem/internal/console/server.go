@@ -188,13 +188,13 @@ func (s *Server) authorized(r *http.Request) bool {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, r, "login", map[string]any{"Title": "Sign in"})
+	s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true})
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(s.cfg.Token)) != 1 {
 		w.WriteHeader(http.StatusUnauthorized)
-		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token"})
+		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token", "Public": true})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
@@ -545,8 +545,14 @@ func (s *Server) jsonError(w http.ResponseWriter, code int, msg string) {
 	_ = WriteJSON(w, map[string]string{"error": msg})
 }
 
+// render writes the page name with data. A page whose data sets
+// "Public" (the sign-in page, which anyone who reaches the console reads)
+// does not name the store.
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, data map[string]any) {
-	data["Where"], data["ReadOnly"], data["Page"] = s.cfg.Where, s.cfg.ReadOnly, name
+	data["ReadOnly"], data["Page"] = s.cfg.ReadOnly, name
+	if data["Public"] == nil {
+		data["Where"] = s.cfg.Where
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := s.tmpl.ExecuteTemplate(w, name+".html", data); err != nil {
 		s.cfg.Logger.Error("console: template", "page", name, "error", err.Error())

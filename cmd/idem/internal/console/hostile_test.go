@@ -150,3 +150,21 @@ func TestActionResultAfterTheAction(t *testing.T) {
 		t.Errorf("released record: lease live %v, age %vs; want the lease over and an age >= 0", v.Record.LeaseLive, v.Record.AgeS)
 	}
 }
+
+// The sign-in page, which anyone who reaches the console reads, names
+// no store: where the database is stays behind the token.
+func TestSignInPageNamesNoStore(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	tok := newFixture(t, store, console.Config{Token: "s3cret-token"})
+	for _, path := range []string{"/login", "/consumers"} {
+		if code, body, _ := tok.get(path); code != http.StatusOK || strings.Contains(body, "test store") {
+			t.Errorf("GET %s without the token: %d, names the store: %v", path, code, strings.Contains(body, "test store"))
+		}
+	}
+	if code, body := tok.post("/login", url.Values{"token": {"wrong"}}); code != http.StatusUnauthorized || strings.Contains(body, "test store") {
+		t.Errorf("wrong token: %d, names the store: %v", code, strings.Contains(body, "test store"))
+	}
+	if code, body := tok.post("/login", url.Values{"token": {"s3cret-token"}}); code != http.StatusOK || !strings.Contains(body, "test store") {
+		t.Errorf("signed in: %d, want the store named", code)
+	}
+}
