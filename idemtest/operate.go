@@ -249,7 +249,21 @@ func testOperateRelease(t *testing.T, b *leaseBundle) {
 	if !errors.Is(err, idemdriver.ErrLeaseLost) {
 		t.Errorf("released holder's Complete: %v, want ErrLeaseLost", err)
 	}
+	err = b.s.Store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: c, MessageID: msg.ID, Token: held.Token, Step: "charge", Result: []byte("late")})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's SaveStep: %v, want ErrLeaseLost", err)
+	}
 	next := b.mustAcquire("delivery after the release", c, msg, longLease, 2)
+	// The released holder, still running beside the next one, can
+	// neither save a step nor complete.
+	err = b.s.Store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: c, MessageID: msg.ID, Token: held.Token, Step: "charge", Result: []byte("late")})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's SaveStep beside the next holder: %v, want ErrLeaseLost", err)
+	}
+	err = b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: c, MessageID: msg.ID, Token: held.Token})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's Complete beside the next holder: %v, want ErrLeaseLost", err)
+	}
 	if again, err := b.ops().ReleaseLease(b.ctx, p); err != nil || again.Changed {
 		t.Errorf("ReleaseLease of the old token after a takeover: %+v, %v; want Changed false", again, err)
 	}
