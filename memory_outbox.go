@@ -118,14 +118,26 @@ func (s *MemoryStore) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutg
 // MarkSent implements idemdriver.OutboxStore: it deletes the rows, or,
 // with p.Keep, marks the unsent ones sent, under one lock.
 func (s *MemoryStore) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
-	if p.Keep {
-		return s.outboxUpdate(p.IDs, func(r *memOutRow, now time.Time) { r.sentAt, r.leaseUntil = now, time.Time{} })
+	if err := idemdriver.ValidateMarkSentParams(p); err != nil {
+		return err
 	}
+	// claimed reports whether r is the row p named as its i-th ID: the
+	// same seq, when p has seqs (a row written again has a new one).
+	claimed := func(r *memOutRow, i int) bool { return r != nil && (len(p.Seqs) == 0 || r.rec.Seq == p.Seqs[i]) }
 	o := &s.outbox
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, id := range p.IDs {
-		if r := o.ids[id]; r != nil {
+	if p.Keep {
+		now := s.now()
+		for i, id := range p.IDs {
+			if r := o.ids[id]; claimed(r, i) && r.sentAt.IsZero() {
+				r.sentAt, r.leaseUntil = now, time.Time{}
+			}
+		}
+		return nil
+	}
+	for i, id := range p.IDs {
+		if r := o.ids[id]; claimed(r, i) {
 			r.deleted = true
 			delete(o.ids, id)
 			o.deleted++
@@ -151,8 +163,8 @@ func (s *MemoryStore) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedPa
 	}
 	return s.outboxUpdate(ids, func(r *memOutRow, now time.Time) {
 		f := rows[r.rec.ID]
-		if r.rec.Attempts != f.Attempt {
-			return // another claim took the row since
+		if r.rec.Attempts != f.Attempt || f.Seq != 0 && r.rec.Seq != f.Seq {
+			return // another claim took the row since, or it is another row
 		}
 		r.leaseUntil, r.lastErr = time.Time{}, f.Error
 		if f.Permanent {

@@ -285,14 +285,15 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 	ctx = context.WithoutCancel(ctx)
 	var (
 		sent   []string
+		seqs   []int64
 		failed []idemdriver.FailedRow
 	)
 	for i, rec := range recs {
 		if errs[i] == nil {
-			sent = append(sent, rec.ID)
+			sent, seqs = append(sent, rec.ID), append(seqs, rec.Seq)
 			continue
 		}
-		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
+		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Seq: rec.Seq, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
 		if !f.Permanent {
 			f.RetryAfter = r.backoff(rec.Attempts)
 		}
@@ -301,7 +302,7 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 	var markErrs []error
 	if len(sent) > 0 {
 		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
-		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent, Keep: r.cfg.KeepSent})
+		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent, Seqs: seqs, Keep: r.cfg.KeepSent})
 		cancel()
 		if err != nil {
 			markErrs = append(markErrs, storeError("mark outgoing sent", err))

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ErrWrongState means an operator action found its record (or outbox
@@ -243,6 +244,9 @@ func ValidateListOutgoingParams(p *ListOutgoingParams) (Position, error) {
 	if err := pageLimit(&p.Limit); err != nil {
 		return Position{}, err
 	}
+	if !utf8.ValidString(p.Error) || strings.IndexByte(p.Error, 0) >= 0 {
+		return Position{}, fmt.Errorf("%w: the error text to list is not UTF-8 text without NUL bytes, which no store holds", ErrInvalidConfig)
+	}
 	return DecodeCursor(p.Cursor)
 }
 
@@ -296,7 +300,10 @@ func EncodeCursor(at time.Time, key string) string {
 }
 
 // DecodeCursor reads a cursor of EncodeCursor (microsecond precision);
-// the empty cursor is the position before every item. Errors match
+// the empty cursor is the position before every item. A cursor whose
+// time is before 1970 or after the first page's position (9999-01-01),
+// or whose key is not a valid ID (ValidateMessageID, DefaultMaxIDLength),
+// is no list's: the stores could not even compare it. Errors match
 // ErrInvalidCursor.
 func DecodeCursor(c string) (Position, error) {
 	if c == "" {
@@ -308,7 +315,7 @@ func DecodeCursor(c string) (Position, error) {
 	}
 	us, key, ok := strings.Cut(string(b), ".")
 	n, err := strconv.ParseInt(us, 10, 64)
-	if !ok || err != nil || key == "" {
+	if !ok || err != nil || n < 0 || n > farFuture.UnixMicro() || ValidateMessageID(key, 0) != nil {
 		return Position{}, ErrInvalidCursor
 	}
 	return Position{At: time.UnixMicro(n).UTC(), Key: key}, nil

@@ -85,7 +85,11 @@ type OutboxCommitter[TTx any] interface {
 //     PurgeOutbox deletes it. Deleting is the default because a sent row
 //     guards nothing: the processed-messages record is what stops a
 //     redelivered incoming message from emitting again, and the relay
-//     never claims a row that is gone. IDs of no row are ignored.
+//     never claims a row that is gone. IDs of no row are ignored. With
+//     Seqs it ends a row only while its seq is the one claimed, so the
+//     late mark of a relay whose lease ran out leaves a row written
+//     again with the same ID (after another relay sent and deleted the
+//     first) to be sent.
 //   - MarkFailed ends the leases of the rows of one round whose publish
 //     failed, and either makes each available again after its RetryAfter
 //     (retryable) or marks it failed for good, which unblocks the later
@@ -182,6 +186,14 @@ type ClaimOutgoingParams struct {
 type MarkSentParams struct {
 	// IDs are the rows' IDs; an ID may come twice, or name no row.
 	IDs []string
+	// Seqs, when set, are the rows' sequence numbers as claimed
+	// (OutgoingRecord.Seq), one per ID: a row is ended only while its
+	// seq is the one its ID came with. A row deleted once sent and
+	// written again with the same ID has a new seq, so the late mark of
+	// a relay whose lease ran out while it published (another relay sent
+	// and deleted the row meanwhile) leaves the new row to be sent.
+	// Empty: the rows are named by ID alone.
+	Seqs []int64
 	// Keep keeps the rows in the outbox table, marked sent (sent_at set,
 	// lease ended), until PurgeOutbox deletes them once their retention
 	// has passed: for audit, or to replay what was sent. False, the
@@ -203,6 +215,13 @@ type FailedRow struct {
 	// (OutgoingRecord.Attempts), at least 1: the mark applies only if no
 	// claim took the row since.
 	Attempt int
+	// Seq, when not 0, is the row's sequence number as claimed
+	// (OutgoingRecord.Seq): the mark applies only to that row. A row
+	// deleted once sent and written again with the same ID has a new seq
+	// and its own attempt count, which may equal Attempt: a relay whose
+	// lease ran out while it published must not fail it or end the lease
+	// of the relay sending it.
+	Seq int64
 	// Permanent marks the row failed for good: it is never sent and no
 	// longer holds back its key.
 	Permanent bool
@@ -324,6 +343,15 @@ func ValidateClaimOutgoingParams(p *ClaimOutgoingParams) error {
 	}
 	if p.Lease < time.Millisecond {
 		return fmt.Errorf("%w: outbox lease %v, want >= 1ms", ErrInvalidConfig, p.Lease)
+	}
+	return nil
+}
+
+// ValidateMarkSentParams checks that p's Seqs, when set, has one seq per
+// ID. Errors match ErrInvalidConfig.
+func ValidateMarkSentParams(p *MarkSentParams) error {
+	if len(p.Seqs) != 0 && len(p.Seqs) != len(p.IDs) {
+		return fmt.Errorf("%w: MarkSent of %d IDs with %d seqs, want one seq per ID (or none)", ErrInvalidConfig, len(p.IDs), len(p.Seqs))
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package idemtest
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,7 +251,21 @@ func testOperateRelease(t *testing.T, b *leaseBundle) {
 	if !errors.Is(err, idemdriver.ErrLeaseLost) {
 		t.Errorf("released holder's Complete: %v, want ErrLeaseLost", err)
 	}
+	err = b.s.Store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: c, MessageID: msg.ID, Token: held.Token, Step: "charge", Result: []byte("late")})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's SaveStep: %v, want ErrLeaseLost", err)
+	}
 	next := b.mustAcquire("delivery after the release", c, msg, longLease, 2)
+	// The released holder, still running beside the next one, can
+	// neither save a step nor complete.
+	err = b.s.Store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: c, MessageID: msg.ID, Token: held.Token, Step: "charge", Result: []byte("late")})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's SaveStep beside the next holder: %v, want ErrLeaseLost", err)
+	}
+	err = b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: c, MessageID: msg.ID, Token: held.Token})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) {
+		t.Errorf("released holder's Complete beside the next holder: %v, want ErrLeaseLost", err)
+	}
 	if again, err := b.ops().ReleaseLease(b.ctx, p); err != nil || again.Changed {
 		t.Errorf("ReleaseLease of the old token after a takeover: %+v, %v; want Changed false", again, err)
 	}
@@ -373,12 +389,32 @@ func testOperateBadInput(t *testing.T, b *leaseBundle) {
 			t.Errorf("ListRecords(%+v): %v, want %v", tc.p, err, tc.want)
 		}
 	}
+	for _, cur := range forgedCursors() {
+		p := idemdriver.ListRecordsParams{Consumer: c, State: idemdriver.StateFailed, Cursor: cur}
+		if _, err := b.ops().ListRecords(b.ctx, &p); !errors.Is(err, idemdriver.ErrInvalidCursor) {
+			t.Errorf("ListRecords(cursor %q): %v, want ErrInvalidCursor", cur, err)
+		}
+	}
 	if _, err := b.ops().ReleaseLease(b.ctx, &idemdriver.ReleaseLeaseParams{Consumer: c, MessageID: "m", Token: 0}); !errors.Is(err, idemdriver.ErrInvalidConfig) {
 		t.Errorf("ReleaseLease of token 0: %v, want ErrInvalidConfig", err)
 	}
 	if _, err := b.ops().RetryRecord(b.ctx, c, ""); !errors.Is(err, idemdriver.ErrMissingMessageID) {
 		t.Errorf("RetryRecord of an empty ID: %v, want ErrMissingMessageID", err)
 	}
+}
+
+// forgedCursors are cursors no list returns, each well-formed base64 of
+// "microseconds.key": a time beyond what a store holds (either way), and
+// a key that is not valid text (a NUL byte, invalid UTF-8, too long).
+func forgedCursors() []string {
+	var out []string
+	for _, raw := range []string{
+		"9223372036854775807.x", "-9223372036854775808.x", "-1.x", "253402300800000001.x",
+		"1764979200000000.a\x00b", "1764979200000000.a\xffb", "1764979200000000." + strings.Repeat("k", 300),
+	} {
+		out = append(out, base64.RawURLEncoding.EncodeToString([]byte(raw)))
+	}
+	return out
 }
 
 // RunOutboxOperate runs the cases of [idemdriver.OutboxOperator] on an
@@ -465,6 +501,16 @@ func testOutboxOperate[TTx any](t *testing.T, b *bundle[TTx]) {
 	if !slices.Equal(listed, ids) {
 		t.Errorf("failed rows listed %v, want %v", listed, ids)
 	}
+	for _, cur := range forgedCursors() {
+		if _, err := ops.ListFailedOutgoing(b.ctx, &idemdriver.ListOutgoingParams{Cursor: cur}); !errors.Is(err, idemdriver.ErrInvalidCursor) {
+			t.Errorf("ListFailedOutgoing(cursor %q): %v, want ErrInvalidCursor", cur, err)
+		}
+	}
+	for _, e := range []string{"a\x00b", "a\xffb"} {
+		if _, err := ops.ListFailedOutgoing(b.ctx, &idemdriver.ListOutgoingParams{Error: e}); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+			t.Errorf("ListFailedOutgoing(error text %q): %v, want ErrInvalidConfig", e, err)
+		}
+	}
 	only, err := ops.ListFailedOutgoing(b.ctx, &idemdriver.ListOutgoingParams{Error: "too large"})
 	if err != nil || len(only.Rows) != 1 || only.Rows[0].ID != ids[0] {
 		t.Errorf("ListFailedOutgoing(too large) = %+v, %v; want %s alone", only, err, ids[0])
@@ -484,11 +530,17 @@ func testOutboxOperate[TTx any](t *testing.T, b *bundle[TTx]) {
 	if len(claimed) != 1 || claimed[0].ID != ids[0] {
 		t.Fatalf("claimed after the retry: %d rows, want %s alone", len(claimed), ids[0])
 	}
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{ids[0]}, Keep: true}); err != nil {
+		t.Fatalf("MarkSent(Keep): %v", err)
+	}
+	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrWrongState) {
+		t.Errorf("RetryOutgoing of a row kept sent: %v, want ErrWrongState", err)
+	}
 	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{ids[0]}}); err != nil {
 		t.Fatalf("MarkSent: %v", err)
 	}
-	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrWrongState) {
-		t.Errorf("RetryOutgoing of a sent row: %v, want ErrWrongState", err)
+	if _, err := ops.RetryOutgoing(b.ctx, ids[0]); !errors.Is(err, idemdriver.ErrNotFound) {
+		t.Errorf("RetryOutgoing of a row sent and deleted: %v, want ErrNotFound", err)
 	}
 	if _, err := ops.RetryOutgoing(b.ctx, "missing"); !errors.Is(err, idemdriver.ErrNotFound) {
 		t.Errorf("RetryOutgoing of a missing row: %v, want ErrNotFound", err)

@@ -254,6 +254,47 @@ func (b *bundle[TTx]) emitNamed(n int) []string {
 	return all
 }
 
+// emitOne writes one pending row with ID id, to destination d.
+func (b *bundle[TTx]) emitOne(id string) {
+	b.t.Helper()
+	tx := b.begin()
+	if err := b.s.Store.(idemdriver.OutboxTx[TTx]).EmitTx(b.ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: []idemdriver.OutgoingRecord{{ID: id, Destination: "d", Payload: []byte("p")}}}); err != nil {
+		b.rollback(tx)
+		b.t.Fatalf("EmitTx: %v", err)
+	}
+	b.commit(tx)
+}
+
+// overtaken starts relay A (cfg with a 10 ms lease) on store's one
+// pending row, with a publisher that blocks; once A's lease has ended it
+// claims the row as relay B would, for an hour. It returns B's claim (one
+// row), and finish, which lets A's publish end with the error fail (nil:
+// confirmed) and returns A's RunOnce error.
+func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, fail error, cfg idem.RelayConfig) ([]idemdriver.OutgoingRecord, func() error) {
+	b.t.Helper()
+	publishing, release := make(chan struct{}), make(chan struct{})
+	pub := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
+		close(publishing)
+		<-release
+		return slices.Repeat([]error{fail}, len(msgs))
+	})
+	cfg.Lease = 10 * time.Millisecond
+	a := b.relay(store, pub, cfg)
+	aDone := make(chan error, 1)
+	go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()
+	<-publishing
+	var held []idemdriver.OutgoingRecord
+	testenv.Eventually(b.t, realTimeout, "A's lease to end and B to claim the row", func() bool {
+		recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+		if err != nil {
+			b.t.Fatalf("ClaimOutgoing: %v", err)
+		}
+		held = recs
+		return len(recs) == 1
+	}, nil)
+	return held, func() error { close(release); return <-aDone }
+}
+
 func one(dest, key string) func(idem.Message) []idem.OutgoingMessage {
 	return func(m idem.Message) []idem.OutgoingMessage {
 		return []idem.OutgoingMessage{{Destination: dest, Key: key, Payload: []byte("out:" + m.ID)}}
@@ -457,30 +498,11 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			var calls atomic.Int64
 			b.process("deliver", c, idem.Message{ID: "m", Payload: []byte("p")}, b.emitting(c, &calls, one("d", "k")), idem.Processed, nil)
 			store := b.outboxOf()
-			publishing, release := make(chan struct{}), make(chan struct{})
-			slow := idem.PublisherFunc(func(_ context.Context, msgs []idem.Outgoing) []error {
-				close(publishing)
-				<-release
-				return slices.Repeat([]error{idem.Permanent(errors.New("idemtest: A's publish failed"))}, len(msgs))
-			})
-			a := b.relay(store, slow, idem.RelayConfig{Lease: 10 * time.Millisecond})
-			aDone := make(chan error, 1)
-			go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()
-			<-publishing
-			var held []idemdriver.OutgoingRecord // B's claim, once A's lease ended
-			testenv.Eventually(t, realTimeout, "A's lease to end and B to claim the row", func() bool {
-				recs, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
-				if err != nil {
-					t.Fatalf("ClaimOutgoing: %v", err)
-				}
-				held = recs
-				return len(recs) == 1
-			}, nil)
+			held, finishA := b.overtaken(store, idem.Permanent(errors.New("idemtest: A's publish failed")), idem.RelayConfig{})
 			if held[0].Attempts != 2 {
 				t.Errorf("B's claim has attempt %d, want 2", held[0].Attempts)
 			}
-			close(release)
-			if err := <-aDone; err != nil {
+			if err := finishA(); err != nil {
 				t.Errorf("A's RunOnce: %v; a fenced mark is not an error", err)
 			}
 			if st := b.stats(); st.Pending != 1 || st.Failed != 0 {
@@ -514,6 +536,9 @@ func outboxCases[TTx any]() []testCase[TTx] {
 				t.Errorf("after the holder's permanent mark: %+v, want 1 failed", st)
 			}
 		}},
+		{"LateSentMarkSparesRowWrittenAgain", lateSentMark[TTx](false)},
+		{"LateKeepSentMarkSparesRowWrittenAgain", lateSentMark[TTx](true)},
+		{"LateFailedMarkSparesRowWrittenAgain", lateFailedMark[TTx]},
 		{"DuplicateFinishesTheJob", func(t *testing.T, b *bundle[TTx]) {
 			rec := newRecorder()
 			sig := claimSignal{hiddenNotifier{b.outboxOf()}, make(chan struct{}, 16)}
@@ -601,8 +626,9 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			var wg sync.WaitGroup
 			errs := make(chan error, 2)
-			for _, rec := range recs {
-				r := b.relay(b.outboxOf(), rec, idem.RelayConfig{BatchSize: 5})
+			for i, rec := range recs {
+				// The second keeps the rows it sent; the first deletes them.
+				r := b.relay(b.outboxOf(), rec, idem.RelayConfig{BatchSize: 5, KeepSent: i == 1})
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -641,6 +667,14 @@ func outboxCases[TTx any]() []testCase[TTx] {
 			}
 			if len(count) != n {
 				t.Errorf("%d distinct messages sent, want %d", len(count), n)
+			}
+			// Left in the table: the rows the second relay sent and kept,
+			// which a purge finds once their retention passed.
+			b.wantPending("after both relays", 0)
+			kept := int64(len(recs[1].sentIDs()))
+			purger := b.relay(b.outboxOf(), newRecorder(), idem.RelayConfig{Retention: time.Millisecond})
+			if purged := b.purgeUntil("the kept rows purged", purger, kept); purged != kept {
+				t.Errorf("purged %d rows, want the %d the keeping relay sent", purged, kept)
 			}
 		}},
 		{"OrderPerKey", func(t *testing.T, b *bundle[TTx]) {
@@ -1220,6 +1254,73 @@ func markSentExactly[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
 			if !slices.Contains(again, r.ID) || string(r.Payload) != "again" || r.Attempts != 1 {
 				t.Errorf("claimed %q (payload %q, attempt %d), want a new row of one of %q", r.ID, r.Payload, r.Attempts, again)
 			}
+		}
+
+	}
+}
+
+// lateFailedMark: relay A's lease runs out while it publishes; B claims
+// the row, sends it and deletes it; the same ID is written again and
+// relay C claims the new row, its first attempt, as A's was; then A's
+// publish fails for good. A's mark must leave the new row alone: not
+// fail it, not end C's lease.
+func lateFailedMark[TTx any](t *testing.T, b *bundle[TTx]) {
+	store := b.outboxOf()
+	emit := func() { b.emitOne("again") }
+	emit()
+	held, finishA := b.overtaken(store, idem.Permanent(errors.New("idemtest: A's publish failed")), idem.RelayConfig{})
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}, Seqs: []int64{held[0].Seq}}); err != nil {
+		t.Fatalf("B's MarkSent: %v", err)
+	}
+	emit()
+	c, err := store.ClaimOutgoing(b.ctx, &idemdriver.ClaimOutgoingParams{Limit: 10, Lease: time.Hour})
+	if err != nil || len(c) != 1 || c[0].Attempts != 1 {
+		t.Fatalf("C's claim of the row written again: %+v, %v; want it, attempt 1", c, err)
+	}
+	if err := finishA(); err != nil {
+		t.Fatalf("A's RunOnce: %v", err)
+	}
+	if st := b.stats(); st.Pending != 1 || st.Failed != 0 {
+		t.Errorf("after A's late failure: %+v, want the new row pending (C sends it), none failed", st)
+	}
+	if res := b.runOnce("a fourth relay under C's lease", b.relay(store, newRecorder(), idem.RelayConfig{})); res.Claimed != 0 {
+		t.Errorf("a fourth relay claimed %d rows C holds, want 0 (A's mark ended C's lease)", res.Claimed)
+	}
+	if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{c[0].ID}, Seqs: []int64{c[0].Seq}}); err != nil {
+		t.Fatalf("C's MarkSent: %v", err)
+	}
+	b.wantPending("at the end", 0)
+}
+
+// lateSentMark: relay A's lease runs out while it publishes; B claims the
+// row, sends it and deletes it; the same ID is written again (a new row,
+// to be sent again); then A's publish is confirmed. A's mark (a delete,
+// or with keep an update to sent) must end the row it claimed, which is
+// gone, and leave the new row pending, to be sent.
+func lateSentMark[TTx any](keep bool) func(t *testing.T, b *bundle[TTx]) {
+	return func(t *testing.T, b *bundle[TTx]) {
+		store := b.outboxOf()
+		emit := func() { b.emitOne("again") }
+		emit()
+		held, finishA := b.overtaken(store, nil, idem.RelayConfig{KeepSent: keep})
+		if err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{held[0].ID}, Seqs: []int64{held[0].Seq}}); err != nil {
+			t.Fatalf("B's MarkSent: %v", err)
+		}
+		b.wantPending("after B's send", 0)
+		emit()
+		b.wantPending("the ID written again", 1)
+		if err := finishA(); err != nil {
+			t.Fatalf("A's RunOnce: %v", err)
+		}
+		b.wantPending("after A's late mark", 1)
+		rec := newRecorder()
+		if res := b.runOnce("a third relay", b.relay(store, rec, idem.RelayConfig{})); res.Sent != 1 {
+			t.Errorf("a third relay sent %+v, want the row written again", res)
+		}
+		b.wantPending("at the end", 0)
+		err := store.MarkSent(b.ctx, &idemdriver.MarkSentParams{IDs: []string{"again"}, Seqs: []int64{1, 2}})
+		if !errors.Is(err, idemdriver.ErrInvalidConfig) {
+			t.Errorf("MarkSent of 1 ID with 2 seqs: %v, want ErrInvalidConfig", err)
 		}
 
 	}

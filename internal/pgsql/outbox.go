@@ -24,6 +24,7 @@ func Outbox(table string) *sqlstore.Outbox {
 func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d := outboxDialect(table)
 	d.IDArray = `id = ANY($1::text[])`
+	d.IDSeqArrays = `(id, seq) IN (SELECT v.id, v.seq FROM unnest($1::text[], $2::bigint[]) AS v(id, seq))`
 	// The rows to mark are found from the arrays, one probe of the key per
 	// row (o.id = v.id alone). With o.id = ANY ($1) beside it, statistics
 	// taken while no row was pending (a relay that keeps up) made
@@ -32,8 +33,8 @@ func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	d.MarkFailedArrays = `UPDATE ` + table + ` AS o SET lease_until = NULL, last_error = v.err,
 	failed_at = CASE WHEN v.permanent THEN now() ELSE o.failed_at END,
 	available_at = CASE WHEN v.permanent THEN o.available_at ELSE now() + v.retry * interval '1 microsecond' END
-FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[]) AS v(id, attempt, permanent, retry, err)
-WHERE o.id = v.id AND o.attempts = v.attempt AND o.sent_at IS NULL`
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[], $6::bigint[]) AS v(id, attempt, permanent, retry, err, seq)
+WHERE o.id = v.id AND o.attempts = v.attempt AND (v.seq = 0 OR o.seq = v.seq) AND o.sent_at IS NULL`
 	return sqlstore.NewOutbox(d)
 }
 

@@ -78,10 +78,15 @@ type OutboxDialect struct {
 	// MarkSent then runs one statement (a DELETE, or with Keep an UPDATE)
 	// whatever the number of IDs.
 	IDArray string
+	// IDSeqArrays, with IDArray, is the condition "(id, seq) is a pair of
+	// the arrays given as parameters 1 and 2": MarkSent with seqs then runs
+	// one statement whatever the number of rows.
+	IDSeqArrays string
 	// MarkFailedArrays, if set, is the statement that marks failed rows
-	// given as five arrays, for a driver that takes slices as arrays: IDs
+	// given as six arrays, for a driver that takes slices as arrays: IDs
 	// ([]string), attempts ([]int64), permanent ([]bool), retry delays in
-	// microseconds ([]int64) and error texts ([]string). MarkFailed then
+	// microseconds ([]int64), error texts ([]string) and seqs ([]int64, 0
+	// for a row named by ID and attempt alone). MarkFailed then
 	// runs one statement whatever the number of rows; otherwise it runs
 	// one per MaxFailedPerStatement rows, written out.
 	MarkFailedArrays string
@@ -106,6 +111,7 @@ type Outbox struct {
 	// Fixed statements.
 	claimReturning, claimSelect, purge, purgeSelect, stats string
 	markSentArray, deleteSentArray                         string
+	markSentSeqArrays, deleteSentSeqArrays                 string
 	// emitSQL caches the INSERT of 1 to len(emitSQL) rows, built on first
 	// use: most processings emit one or a few rows, and building the text
 	// (a placeholder string per column) cost an emit 15 allocations.
@@ -133,7 +139,7 @@ const insertCols = `(id, consumer, source_id, destination, order_key, payload, h
 const MaxInList = 500
 
 // MaxFailedPerStatement is the most rows one MarkFailed statement names
-// where the dialect has no MarkFailedArrays (five or six parameters a
+// where the dialect has no MarkFailedArrays (up to seven parameters a
 // row); more take several statements.
 const MaxFailedPerStatement = 100
 
@@ -166,6 +172,8 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	if d.IDArray != "" {
 		o.markSentArray = o.markSent(d.IDArray)
 		o.deleteSentArray = `DELETE FROM ` + t + ` WHERE ` + d.IDArray
+		o.markSentSeqArrays = o.markSent(d.IDSeqArrays)
+		o.deleteSentSeqArrays = `DELETE FROM ` + t + ` WHERE ` + d.IDSeqArrays
 	}
 	done := `WHERE sent_at < ` + d.Minus(d.Param(1, "bigint")) + ` OR (sent_at IS NULL AND failed_at < ` + d.Minus(d.Param(2, "bigint")) + `)
 	LIMIT ` + d.Param(3, "bigint") + d.SkipLocked
@@ -346,24 +354,42 @@ func scanOutgoing(rows Rows, addAttempt int) ([]idemdriver.OutgoingRecord, error
 // ended their rows). Not fenced: a confirmed message was sent, whoever
 // holds the row.
 func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSentParams) error {
+	if err := idemdriver.ValidateMarkSentParams(p); err != nil {
+		return err
+	}
 	if len(p.IDs) == 0 {
 		return nil
 	}
+	withSeqs := len(p.Seqs) > 0
 	if o.d.IDArray != "" {
-		q := o.deleteSentArray
+		q, args := o.deleteSentArray, []any{p.IDs}
+		if withSeqs {
+			q, args = o.deleteSentSeqArrays, []any{p.IDs, p.Seqs}
+		}
 		if p.Keep {
 			q = o.markSentArray
+			if withSeqs {
+				q = o.markSentSeqArrays
+			}
 		}
-		_, err := db.Exec(ctx, q, p.IDs)
+		_, err := db.Exec(ctx, q, args...)
 		return err
 	}
-	for ids := p.IDs; len(ids) > 0; {
-		n := min(len(ids), MaxInList)
-		args := make([]any, n)
-		for i, id := range ids[:n] {
-			args[i] = id
+	for from := 0; from < len(p.IDs); from += MaxInList {
+		n := min(len(p.IDs)-from, MaxInList)
+		args := make([]any, 0, 2*n)
+		for _, id := range p.IDs[from : from+n] {
+			args = append(args, id)
 		}
+		// Rows named by ID, and by seq when given: seqs are unique, so a
+		// row matching both lists is the row claimed with that ID and seq.
 		in := `id IN (` + o.list(1, n, "text") + `)`
+		if withSeqs {
+			for _, seq := range p.Seqs[from : from+n] {
+				args = append(args, seq)
+			}
+			in += ` AND seq IN (` + o.list(n+1, n, "bigint") + `)`
+		}
 		q := `DELETE FROM ` + o.d.Table + ` WHERE ` + in
 		if p.Keep {
 			q = o.markSent(in)
@@ -371,7 +397,6 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 		if _, err := db.Exec(ctx, q, args...); err != nil {
 			return err
 		}
-		ids = ids[n:]
 	}
 	return nil
 }
@@ -394,11 +419,11 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 	}
 	if o.d.MarkFailedArrays != "" {
 		n := len(p.Rows)
-		ids, attempts, permanent, retry, errs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n)
+		ids, attempts, permanent, retry, errs, seqs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n), make([]int64, n)
 		for i, r := range p.Rows {
-			ids[i], attempts[i], permanent[i], retry[i], errs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error)
+			ids[i], attempts[i], permanent[i], retry[i], errs[i], seqs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error), r.Seq
 		}
-		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs)
+		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs, seqs)
 		return err
 	}
 	for rows := p.Rows; len(rows) > 0; {
@@ -457,7 +482,11 @@ func (o *Outbox) markFailed(rows []idemdriver.FailedRow) (string, []any) {
 		if i > 0 {
 			b.WriteString(` OR `)
 		}
-		b.WriteString(`(id = ` + param("text", r.ID) + ` AND attempts = ` + param("bigint", int64(r.Attempt)) + `)`)
+		b.WriteString(`(id = ` + param("text", r.ID) + ` AND attempts = ` + param("bigint", int64(r.Attempt)))
+		if r.Seq != 0 {
+			b.WriteString(` AND seq = ` + param("bigint", r.Seq))
+		}
+		b.WriteString(`)`)
 	}
 	b.WriteString(`)`)
 	return b.String(), args

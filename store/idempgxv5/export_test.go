@@ -33,5 +33,6 @@ func ClaimBatchQuery(s *Store, p *idemdriver.ClaimBatchParams) (string, []any) {
 func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
 
 // OutboxMarkFailedSQL is the relay's failure mark on s's outbox: IDs ($1),
-// attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5).
+// attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5),
+// seqs ($6, 0 for none).
 func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }

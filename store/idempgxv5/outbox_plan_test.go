@@ -197,7 +197,7 @@ func TestOutboxMarkFailedReadsItsArraysOnce(t *testing.T) {
 		}
 	}
 	n := 1000
-	ids, attempts, permanent, retry, errs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n)
+	ids, attempts, permanent, retry, errs, seqs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n), make([]int64, n)
 	for i := range n {
 		ids[i], attempts[i], retry[i], errs[i] = fmt.Sprintf("id-%d", i+1), 1, int64(time.Hour/time.Microsecond), "refused"
 	}
@@ -220,8 +220,8 @@ func TestOutboxMarkFailedReadsItsArraysOnce(t *testing.T) {
 		}
 		// EXECUTE takes no parameters of its own: the simple protocol
 		// writes the arrays into the text as literals.
-		err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mark($1, $2, $3, $4, $5)`,
-			pgx.QueryExecModeSimpleProtocol, ids, attempts, permanent, retry, errs).Scan(&raw)
+		err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mark($1, $2, $3, $4, $5, $6)`,
+			pgx.QueryExecModeSimpleProtocol, ids, attempts, permanent, retry, errs, seqs).Scan(&raw)
 		if rerr := tx.Rollback(ctx); err == nil {
 			err = rerr
 		}

@@ -68,10 +68,12 @@ func (a Action) String() string {
 	return fmt.Sprintf("make message %q of consumer %q retryable", a.MessageID, a.Consumer)
 }
 
-// Run checks a and runs it on st: one store call. Errors match
+// Run checks a and runs it on st: one store call. The record's view is
+// taken at now() read after the call (its age, whether its lease is
+// live), so that it shows the record as the action left it. Errors match
 // ErrBadAction, ErrNoOutbox, idemdriver.ErrNotFound, ErrWrongState or the
 // store's validation errors; nothing changed then.
-func Run(ctx context.Context, st Store, a Action, now time.Time) (ActionView, error) {
+func Run(ctx context.Context, st Store, a Action, now func() time.Time) (ActionView, error) {
 	if err := a.Check(); err != nil {
 		return ActionView{}, err
 	}
@@ -108,7 +110,7 @@ func Run(ctx context.Context, st Store, a Action, now time.Time) (ActionView, er
 	if err != nil {
 		return ActionView{}, err
 	}
-	rv := NewRecordView(res.Record, now)
+	rv := NewRecordView(res.Record, now())
 	v.Changed, v.Record = res.Changed, &rv
 	return v, nil
 }

@@ -9,12 +9,15 @@ import (
 	"embed"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,7 +72,7 @@ type Server struct {
 	session string // the session cookie's value when Token is set
 
 	mu     sync.Mutex
-	done   map[string]ActionView    // action keys already used -> their result
+	done   map[string]doneAction    // action keys already used -> their action and result
 	keys   []string                 // the same keys, oldest first, to forget
 	flight map[string]chan struct{} // action keys whose action runs now
 }
@@ -98,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]ActionView{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]doneAction{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
 	s.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_console_actions_total",
 		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error).",
@@ -141,6 +144,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")
+	if s.cfg.Token == "" && !loopbackHost(r.Host) {
+		// Without a token, loopback is the only barrier: a page of another
+		// site whose name resolves to 127.0.0.1 (DNS rebinding) is
+		// same-origin to the browser and could read the pages and the
+		// confirm forms' CSRF tokens. Its requests carry its own name.
+		http.Error(w, "this console answers requests addressed to localhost or a loopback address only (set --token to serve other names)", http.StatusMisdirectedRequest)
+		return
+	}
 	if s.cfg.Token != "" && !s.authorized(r) && r.URL.Path != "/login" && r.URL.Path != "/static/console.css" {
 		if wantsJSON(r) {
 			s.jsonError(w, http.StatusUnauthorized, "a token is required: Authorization: Bearer TOKEN")
@@ -152,6 +163,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
+// loopbackHost reports whether host (a Host header: a name or an IP
+// address, with or without a port) names this machine's loopback
+// interface: localhost, or a loopback IP address.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func (s *Server) authorized(r *http.Request) bool {
 	if a := r.Header.Get("Authorization"); len(a) > 7 && a[:7] == "Bearer " {
 		return subtle.ConstantTimeCompare([]byte(a[7:]), []byte(s.cfg.Token)) == 1
@@ -161,13 +188,13 @@ func (s *Server) authorized(r *http.Request) bool {
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, r, "login", map[string]any{"Title": "Sign in"})
+	s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true})
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(s.cfg.Token)) != 1 {
 		w.WriteHeader(http.StatusUnauthorized)
-		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token"})
+		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token", "Public": true})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
@@ -335,7 +362,11 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, asJSON, err)
 		return
 	}
-	v, seen, err := s.claim(r.Context(), key)
+	v, seen, err := s.claim(r.Context(), key, a)
+	if errors.Is(err, ErrBadAction) {
+		s.fail(w, r, asJSON, err)
+		return
+	}
 	if err != nil {
 		return
 	}
@@ -344,7 +375,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		who = "token holder"
 	}
 	if !seen {
-		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now())
+		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now)
 		result := "changed"
 		switch {
 		case err == nil && !v.Changed:
@@ -358,12 +389,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		attrs := []any{"who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "result", result, "at", s.cfg.Now().UTC()}
 		if err != nil {
 			s.cfg.Logger.Warn("console action", append(attrs, "error", err.Error())...)
-			s.settle(key, nil)
+			s.settle(key, a, nil)
 			s.fail(w, r, asJSON, err)
 			return
 		}
 		s.cfg.Logger.Info("console action", attrs...)
-		s.settle(key, &v)
+		s.settle(key, a, &v)
 	} else {
 		s.actions.WithLabelValues(a.Kind, "repeated").Inc()
 		s.cfg.Logger.Info("console action repeated", "who", who, "remote", r.RemoteAddr, "action", a.Kind, "what", a.String(), "at", s.cfg.Now().UTC())
@@ -376,17 +407,27 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "done", map[string]any{"Title": "Done", "Result": v, "Repeated": seen})
 }
 
+// doneAction is an action that ran under a key, and its result.
+type doneAction struct {
+	action Action
+	view   ActionView
+}
+
 // claim returns the result of the action key when it ran already
 // (seen), waiting for it while it runs; otherwise it marks the key as
 // running, and the caller runs the action and settles the key. So a form
-// submitted twice at once acts once. The error is ctx's, when it ended
-// while waiting.
-func (s *Server) claim(ctx context.Context, key string) (ActionView, bool, error) {
+// submitted twice at once acts once. The error matches ErrBadAction when
+// the key ran another action than a (a form edited after its
+// confirmation), or is ctx's, when it ended while waiting.
+func (s *Server) claim(ctx context.Context, key string, a Action) (ActionView, bool, error) {
 	for {
 		s.mu.Lock()
-		if v, ok := s.done[key]; ok {
+		if d, ok := s.done[key]; ok {
 			s.mu.Unlock()
-			return v, true, nil
+			if d.action != a {
+				return ActionView{}, false, fmt.Errorf("%w: this confirmation ran another action (%s); confirm this one on its own page", ErrBadAction, d.action)
+			}
+			return d.view, true, nil
 		}
 		ch, running := s.flight[key]
 		if !running {
@@ -403,13 +444,13 @@ func (s *Server) claim(ctx context.Context, key string) (ActionView, bool, error
 	}
 }
 
-// settle ends the run of key: its result v is kept for repeats (nil, an
-// action that failed: a repeat runs it again).
-func (s *Server) settle(key string, v *ActionView) {
+// settle ends the run of key, action a: its result v is kept for repeats
+// (nil, an action that failed: a repeat runs it again).
+func (s *Server) settle(key string, a Action, v *ActionView) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if v != nil {
-		s.done[key] = *v
+		s.done[key] = doneAction{a, *v}
 		s.keys = append(s.keys, key)
 		if len(s.keys) > maxKeys {
 			delete(s.done, s.keys[0])
@@ -504,8 +545,14 @@ func (s *Server) jsonError(w http.ResponseWriter, code int, msg string) {
 	_ = WriteJSON(w, map[string]string{"error": msg})
 }
 
+// render writes the page name with data. A page whose data sets
+// "Public" (the sign-in page, which anyone who reaches the console reads)
+// does not name the store.
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, data map[string]any) {
-	data["Where"], data["ReadOnly"], data["Page"] = s.cfg.Where, s.cfg.ReadOnly, name
+	data["ReadOnly"], data["Page"] = s.cfg.ReadOnly, name
+	if data["Public"] == nil {
+		data["Where"] = s.cfg.Where
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := s.tmpl.ExecuteTemplate(w, name+".html", data); err != nil {
 		s.cfg.Logger.Error("console: template", "page", name, "error", err.Error())

@@ -313,7 +313,7 @@ func runAction(cmd *cobra.Command, open Opener, sf *storeFlags, a console.Action
 }
 
 func act(cmd *cobra.Command, st Opened, a console.Action, asJSON bool, now func() time.Time) error {
-	v, err := console.Run(cmd.Context(), st.Store, a, now())
+	v, err := console.Run(cmd.Context(), st.Store, a, now)
 	switch {
 	case errors.Is(err, idemdriver.ErrNotFound):
 		return fmt.Errorf("%s: nothing changed: %w", a, err)
