@@ -47,7 +47,7 @@ RabbitMQ queue is declared durable.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://... (required)")
+	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (required)")
 	fl.StringVar(&f.to, "to", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream (required)")
 	fl.StringVar(&f.id, "id", "", "publish one message with this ID")
 	fl.StringVar(&f.payload, "payload", "", `payload of the --id message (default {"id":"ID"})`)

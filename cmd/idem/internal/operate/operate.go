@@ -76,7 +76,7 @@ func newFailedCmd(open Opener, now func() time.Time) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "failed",
 		Short: "List a consumer's failed records (or leases in progress, or the outbox rows that failed), newest first",
-		Long: `failed lists what needs the people on call, newest first, a page at a time:
+		Long: `failed lists the work that needs an operator, newest first, a page at a time:
 
   idem failed --consumer C               records failed for good (poisoned, or out of attempts)
   idem failed --consumer C --in-progress records in progress: their lease, holder token, attempt
