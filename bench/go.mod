@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/idem-go/idem v0.0.0
 	github.com/idem-go/idem/broker/idemkafka v0.0.0
 	github.com/idem-go/idem/broker/idemnats v0.0.0

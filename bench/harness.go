@@ -99,8 +99,11 @@ func (o *options) validate() error {
 		}
 	}
 	for _, s := range o.stores {
-		if s != "sqlite" && s != "postgres" {
-			return fmt.Errorf("%w: unknown store %q (want sqlite, postgres)", errUsage, s)
+		if s != "sqlite" && s != "postgres" && s != "mysql" {
+			return fmt.Errorf("%w: unknown store %q (want sqlite, postgres, mysql)", errUsage, s)
+		}
+		if s == "mysql" && os.Getenv(envMySQL) == "" {
+			return fmt.Errorf("%w: --stores mysql needs %s", errUsage, envMySQL)
 		}
 		if s == "postgres" && postgresURL() == "" {
 			return fmt.Errorf("%w: --stores postgres needs %s (preferred: durable settings) or %s (eval \"$(scripts/services)\" sets both)", errUsage, envPostgresDurable, envPostgres)
@@ -116,13 +119,15 @@ func (o *options) validate() error {
 
 // contender is one way of consuming.
 type contender struct {
-	name  string // naive, best, idem, idem-outbox, idem-batch10, watermill-dedup, relay
-	kind  string // naive, best, idem, outbox, batch, watermill, relay
+	name  string // naive, best, best_checked, best_checked_batch10, idem, idem-outbox, idem-batch10, watermill-dedup, relay
+	kind  string // naive, best, checked, checked-batch, idem, outbox, batch, watermill, relay
 	batch int    // batch size (1 for per-message contenders)
 }
 
 func (o *options) contenderList() []contender {
-	cs := []contender{{"naive", "naive", 1}, {"best", "best", 1}, {"idem", "idem", 1}, {"idem-outbox", "outbox", 1}}
+	cs := []contender{{"naive", "naive", 1}, {"best", "best", 1}}
+	cs = append(cs, checkedContenders(o.batchSizes)...)
+	cs = append(cs, contender{"idem", "idem", 1}, contender{"idem-outbox", "outbox", 1})
 	for _, b := range o.batchSizes {
 		cs = append(cs, contender{"idem-batch" + strconv.Itoa(b), "batch", b})
 	}
@@ -238,6 +243,15 @@ func run(ctx context.Context, o options) ([]result, *harness, error) {
 			switch sname {
 			case "sqlite":
 				db, err = newSQLiteDB(1)
+			case "mysql":
+				var my *mysqlDB
+				my, err = newMySQLDB(ctx, o.workers*2+4)
+				if err == nil {
+					if v, verr := my.serverVersion(ctx); verr == nil {
+						h.pgInfo = strings.TrimPrefix(h.pgInfo+", "+v, ", ")
+					}
+					db = my
+				}
 			case "postgres":
 				var pg *postgresDB
 				pg, err = newPostgresDB(ctx, postgresURL(), o.workers*2+4)
@@ -457,6 +471,16 @@ func (h *harness) start(ch channel, rdb runDB, c contender, f *faults, st *runSt
 		w = perMessage(rdb.naive())
 	case "best":
 		w = perMessage(rdb.best())
+	case "checked", "checked-batch":
+		chk := checkedOf(rdb)
+		if chk == nil {
+			return nil, fmt.Errorf("%s: the store has no best_checked", c.name)
+		}
+		if c.kind == "checked" {
+			w = perMessage(chk.one())
+		} else {
+			w = perBatch(chk.batch())
+		}
 	case "idem":
 		hd, err := rdb.idem("bench-" + c.name)
 		if err != nil {

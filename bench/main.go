@@ -21,6 +21,16 @@
 //     processed_at column, claimed when a row was inserted; the row written
 //     in the same transaction; COMMIT (a duplicate: ROLLBACK, and acked).
 //     The "× best" column is each contender's throughput against it.
+//   - best_checked (every store): the hand-written consumer with idem's
+//     guarantee: a processed table of the message ID, the payload's
+//     SHA-256 fingerprint and the time of processing, with an index on
+//     that time for a purge by age; BEGIN, a plain INSERT ... ON CONFLICT
+//     DO NOTHING (INSERT IGNORE on MariaDB, INSERT OR IGNORE on SQLite),
+//     the row, COMMIT; on a conflict the stored fingerprint is read and
+//     compared, then ROLLBACK. best_checked_batchN does the same for N
+//     messages with one claim statement. The "× best_checked" column is
+//     each contender's throughput against it (idem-batchN against
+//     best_checked_batchN).
 //   - idem: idem.Consumer in transactional mode through idem.Bind; the row
 //     is written in the claim's transaction.
 //   - idem-outbox: idem with one outgoing message per new message: the
@@ -53,9 +63,10 @@
 // written here (watermill-nats and watermill-kafka use other clients, Sarama
 // for Kafka, which would measure the client library instead of the
 // deduplication). Stores: SQLite through store/idemsql (modernc.org/sqlite,
-// WAL, synchronous FULL), and PostgreSQL through store/idempgxv5 when
+// WAL, synchronous FULL), PostgreSQL through store/idempgxv5 when
 // IDEM_TEST_POSTGRES_DURABLE_URL (preferred: durable settings) or
-// IDEM_TEST_POSTGRES_URL is set.
+// IDEM_TEST_POSTGRES_URL is set, and MariaDB through store/idemsql with
+// --stores mysql (IDEM_TEST_MYSQL_URL, a go-sql-driver DSN).
 //
 // Each contender gets --rounds throughput runs (3 by default, after a
 // warm-up run that is discarded), taken round-robin over the contenders,
@@ -137,14 +148,14 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&o.rounds, "rounds", 0, "throughput runs per contender, round-robin; medians reported (default 3; 1 with --quick)")
 	fs.StringVar(&batches, "batch-sizes", "", "batch sizes of the idem-batch contenders (default 10,100; 10 with --quick)")
 	fs.StringVar(&brokers, "brokers", "nats,kafka", "brokers: nats (in-process JetStream), kafka (kfake)")
-	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres (default sqlite, and postgres when "+envPostgresDurable+" (preferred) or "+envPostgres+" is set)")
+	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres, mysql (default sqlite, and postgres when "+envPostgresDurable+" (preferred) or "+envPostgres+" is set)")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
 	var roundTrips int
 	fs.IntVar(&roundTrips, "round-trips", 0, "only print lease mode's store calls per message (new, duplicate, release; now and before the acquire recorded the run point), over this many messages per case, for memory, sqlite, postgres (pgx and database/sql, when "+envPostgresDurable+" or "+envPostgres+" is set), mariadb ("+envMySQL+") and redis ("+envRedis+"), and exit")
 	var sidecar int
 	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+", and exit")
 	var only string
-	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
+	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), best_checked, best_checked_batchN, idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h, --help: the usage was printed; exit 0

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
 
@@ -134,6 +133,9 @@ type txRun[TTx any] struct {
 	// bestClaim, when set, is the hand-written consumer's claim: it begins
 	// a transaction and claims id, returning the open transaction.
 	bestClaim func(ctx context.Context, id string) (tx TTx, claimed bool, err error)
+	// checked is the best_checked consumer (checked.go) on the run's
+	// tables; nil when the store has none.
+	checked checkedRun
 
 	mu        sync.Mutex
 	consumers []*idem.Consumer[TTx]
@@ -363,8 +365,12 @@ func (d *sqliteDB) newRun(ctx context.Context, tag string, f *faults) (runDB, er
 	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (id TEXT NOT NULL)`); err != nil {
 		return fail(err)
 	}
+	chk, err := newSQLChecked(ctx, db, "sqlite", "checked", "effects", f)
+	if err != nil {
+		return fail(err)
+	}
 	return &txRun[*sql.Tx]{
-		store: store, faults: f,
+		store: store, faults: f, checked: chk,
 		insertOne: func(ctx context.Context, tx *sql.Tx, id string) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO effects (id) VALUES (?)`, id)
 			return err
@@ -446,12 +452,12 @@ func (d *postgresDB) serverVersion(ctx context.Context) (version, fsync string, 
 
 func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
 	table := "bench_" + tag
-	effects, best := table+"_effects", table+"_best"
+	effects, best, checked := table+"_effects", table+"_best", table+"_checked"
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s_steps, %s_runs, %s_outbox, %s_migrations`,
-			effects, best, table, table, table, table, table))
+		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s, %s_steps, %s_runs, %s_outbox, %s_migrations`,
+			effects, best, checked, table, table, table, table, table))
 		_, _ = d.pool.Exec(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s_outbox_notify()`, table))
 	}
 	fail := func(err error) (runDB, error) {
@@ -473,25 +479,22 @@ func (d *postgresDB) newRun(ctx context.Context, tag string, f *faults) (runDB, 
 	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (message_id text COLLATE "C" PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`, best)); err != nil {
 		return fail(err)
 	}
+	chk, err := newPGChecked(ctx, d.pool, checked, effects, f)
+	if err != nil {
+		return fail(err)
+	}
 	bestIns := fmt.Sprintf(`INSERT INTO %s (message_id) VALUES ($1) ON CONFLICT DO NOTHING`, best)
 	insOne := fmt.Sprintf(`INSERT INTO %s (id) VALUES ($1)`, effects)
 	insMany := fmt.Sprintf(`INSERT INTO %s (id) SELECT unnest($1::text[])`, effects)
 	return &txRun[pgx.Tx]{
-		store: store, faults: f,
+		store: store, faults: f, checked: chk,
 		bestClaim: func(ctx context.Context, id string) (pgx.Tx, bool, error) {
 			b := &pgx.Batch{}
 			b.BeginTx(pgx.TxOptions{})
 			b.Queue(bestIns, id)
 			br := d.pool.SendBatch(ctx, b)
 			tx := br.Tx()
-			_, err := br.Exec() // BEGIN
-			var tag pgconn.CommandTag
-			if err == nil {
-				tag, err = br.Exec()
-			}
-			if cerr := br.Close(); err == nil {
-				err = cerr
-			}
+			tag, err := execAfterBegin(br)
 			if err != nil {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 				return nil, false, err
