@@ -25,12 +25,9 @@ import (
 	"github.com/idem-go/idem/store/idemsql"
 )
 
-// Servers of the round-trip table beside PostgreSQL's (scripts/services
-// sets them).
-const (
-	envMySQL = "IDEM_TEST_MYSQL_URL"
-	envRedis = "IDEM_TEST_REDIS_URL"
-)
+// envRedis names the Redis of the round-trip table (scripts/services sets
+// it); MariaDB's is envMySQL.
+const envRedis = "IDEM_TEST_REDIS_URL"
 
 // roundTripStore is one lease store of the round-trip table, with what
 // drops its tables or keys.
