@@ -286,9 +286,10 @@ func (f *leaseStoreFlags) register(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
 }
 
-// open opens the store (see openProxyStore).
+// open opens the store (see openProxyStore; on PostgreSQL the pgx store,
+// whose lease batches are one round trip).
 func (f *leaseStoreFlags) open(ctx context.Context) (*proxyStore, error) {
-	return openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
+	return openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate, true)
 }
 
 // envName is the environment variable of a flag.
