@@ -77,8 +77,8 @@ stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
 A message costs two store writes: the claim, which also records the recovery
 point, and the result. The claims (and the results) of the messages that reach
 the store together go as one batch, one commit and one round trip on
-PostgreSQL, one commit on SQLite, one pipeline on Redis (--store-batch, the
-most per batch). The sidecar holds up to --hold messages (by default
+PostgreSQL (one commit behind a pooler such as PgBouncer), one commit on
+SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages (by default
 --store-batch when the store takes batches): each is claimed as the broker
 hands it over, and waits claimed, its lease renewed, for one of the
 --concurrency calls. At most once, a message claimed and waiting when the
