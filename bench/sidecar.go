@@ -82,15 +82,18 @@ func (s *sidecarService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // service: the bare relay, or `idem consume` on a store.
 type sidecarContender struct {
 	name string
-	// start begins consuming subject (stream stream) into url; stop ends it.
-	start func(ctx context.Context, stream, subject, url, tag string) (stop func(), err error)
+	// start begins consuming subject (stream stream) into url; stop ends it
+	// and returns the CPU time its process used (0 when it runs in this
+	// process).
+	start func(ctx context.Context, stream, subject, url, tag string) (stop func() time.Duration, err error)
 }
 
 // sidecarResult is one run's figures.
 type sidecarResult struct {
 	contender string
-	rate      float64 // distinct messages per second, first call to the last new one
-	calls     int     // calls the service received
+	rate      float64       // distinct messages per second, first call to the last new one
+	calls     int           // calls the service received
+	cpu       time.Duration // CPU time of the contender's process, user and system
 }
 
 // runSidecar measures `idem consume` against a bare Go relay that only
@@ -148,6 +151,11 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 				idemConsume(bin, natsURL, st.url, batch, concurrency),
 			})
 		}
+		// Store batches of the messages in flight only: no claim ahead.
+		contenders = append(contenders, sidecarContender{
+			fmt.Sprintf("idem consume, %s, --store-batch 64 --hold %d", st.name, concurrency),
+			idemConsume(bin, natsURL, st.url, 64, concurrency, "--hold", fmt.Sprint(concurrency)),
+		})
 		if base != "" {
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume (%s), %s", filepath.Base(base), st.name),
@@ -172,19 +180,25 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages |\n|---|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) |\n|---|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
 		rates := make([]float64, len(rs))
 		ratios := make([]float64, len(rs))
+		cpus := make([]float64, len(rs))
 		calls := 0
 		for i, r := range rs {
 			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
+			cpus[i] = float64(r.cpu.Microseconds()) / float64(n)
 			calls += r.calls
 		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
-			median(ratios), float64(calls)/float64(n*len(rs)))
+		cpu := "–"
+		if m := median(cpus); m > 0 {
+			cpu = fmt.Sprintf("%.0f", m)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)), cpu)
 	}
 	_, err = io.WriteString(w, b.String())
 	return err
@@ -237,25 +251,27 @@ func sidecarRun(ctx context.Context, js jetstream.JetStream, svc *sidecarService
 	if err != nil {
 		return sidecarResult{}, err
 	}
-	defer stop()
 	select {
 	case <-run.reached:
 	case <-time.After(10 * time.Minute):
+		stop()
 		return sidecarResult{}, fmt.Errorf("the service had %d of %d messages after 10 minutes", len(run.keys), n)
 	case <-ctx.Done():
+		stop()
 		return sidecarResult{}, ctx.Err()
 	}
+	cpu := stop()
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
-	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls}, nil
+	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls, cpu: cpu}, nil
 }
 
 // bareRelay is the contender that only moves messages: a durable pull
 // consumer fetched 64 at a time (nats.go's Fetch), concurrency workers
 // that POST each message with its ID as Idempotency-Key and ack it after
 // a 2xx.
-func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func(), error) {
-	return func(ctx context.Context, stream, _, url, _ string) (func(), error) {
+func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() time.Duration, error) {
+	return func(ctx context.Context, stream, _, url, _ string) (func() time.Duration, error) {
 		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
 		if err != nil {
 			return nil, err
@@ -305,22 +321,23 @@ func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context
 				}
 			}
 		})
-		return func() { cancel(); wg.Wait(); client.CloseIdleConnections() }, nil
+		return func() time.Duration { cancel(); wg.Wait(); client.CloseIdleConnections(); return 0 }, nil
 	}
 }
 
 // idemConsume is the contender `idem consume` on store (a URL; STORE in
 // a sqlite path is replaced by the run's tag), a process of its own with
 // --concurrency and --store-batch (none when batch is 0, for a binary
-// without the flag), stopped by an interrupt.
-func idemConsume(bin, natsURL, store string, batch, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func(), error) {
-	return func(ctx context.Context, _, subject, url, tag string) (func(), error) {
+// without the flag) and the flags of extra, stopped by an interrupt.
+func idemConsume(bin, natsURL, store string, batch, concurrency int, extra ...string) func(ctx context.Context, stream, subject, url, tag string) (func() time.Duration, error) {
+	return func(ctx context.Context, _, subject, url, tag string) (func() time.Duration, error) {
 		args := []string{"consume", "--broker", natsURL, "--from", subject, "--to", url,
 			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", "idem",
 			"--concurrency", fmt.Sprint(concurrency), "--log-level", "warn"}
 		if batch > 0 {
 			args = append(args, "--store-batch", fmt.Sprint(batch))
 		}
+		args = append(args, extra...)
 		switch {
 		case strings.HasPrefix(store, "postgres"):
 			args = append(args, "--table", tag)
@@ -332,7 +349,7 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int) func(ctx co
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		return func() {
+		return func() time.Duration {
 			_ = cmd.Process.Signal(os.Interrupt)
 			done := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(done) }()
@@ -342,6 +359,7 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int) func(ctx co
 				_ = cmd.Process.Kill()
 				<-done
 			}
+			return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 		}, nil
 	}
 }

@@ -115,6 +115,21 @@ type DelivererOptions struct {
 	// Timeout bounds one call (HeaderDeadline tells the service). Defaults
 	// to DefaultDeliveryTimeout.
 	Timeout time.Duration
+	// MaxCalls is the most calls to the service at once; 0 (the default)
+	// sets no limit. A delivery whose message is claimed (its lease
+	// acquired, renewed meanwhile by the lease engine) waits for a free
+	// call in the order the deliveries arrived, so that an adapter may run
+	// more deliveries than the service takes calls: their claims then
+	// reach the store together (in one batch, through a batching store).
+	// Timeout starts when the call does. A delivery whose context ends
+	// while it waits (its lease lost, the adapter stopping) is not sent
+	// and is redelivered after the backoff, like a call not sent.
+	//
+	// In at-most-once mode a waiting message's claim has recorded its
+	// recovery point: if the process dies while it waits, the attempt
+	// that takes it over dead-letters it as outcome-unknown, as it does a
+	// message whose call was running.
+	MaxCalls int
 	// AtLeastOnce turns the at-most-once protection off: a call whose
 	// outcome is unknown (the connection broke after the request was
 	// sent, or the process died and a later attempt takes the message
@@ -175,6 +190,7 @@ type Deliverer struct {
 	o      DelivererOptions
 	client *http.Client
 	fin    keyed.Finisher // the recovery points
+	calls  chan struct{}  // one place per call running; nil: no MaxCalls
 	stats  struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
@@ -208,7 +224,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 		return nil, fmt.Errorf("%w: nil LeaseConsumer", idem.ErrInvalidConfig)
 	case o.Target == nil || (o.Target.Scheme != "http" && o.Target.Scheme != "https") || o.Target.Host == "":
 		return nil, fmt.Errorf("%w: target %v: want an absolute http:// or https:// URL", idem.ErrInvalidConfig, o.Target)
-	case o.Timeout < 0, o.RetryBase < 0, o.RetryMax < 0, o.MaxAnswerBytes < 0:
+	case o.Timeout < 0, o.RetryBase < 0, o.RetryMax < 0, o.MaxAnswerBytes < 0, o.MaxCalls < 0:
 		return nil, fmt.Errorf("%w: negative delivery option", idem.ErrInvalidConfig)
 	}
 	if o.Timeout == 0 {
@@ -239,6 +255,9 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 		// message somewhere else.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
+	if o.MaxCalls > 0 {
+		d.calls = make(chan struct{}, o.MaxCalls)
+	}
 	// A recovery point is written like a call is bounded: each try and
 	// all of its retries within o.Timeout.
 	d.fin = keyed.Finisher{Name: deliverPoints, Lease: o.Timeout, StoreTimeout: o.Timeout, AtMostOnce: !o.AtLeastOnce,
@@ -367,6 +386,14 @@ func (d *Deliverer) settled(a *idem.Attempt, cause error) error {
 // call POSTs the message. sent reports whether the request may have
 // reached the service (its headers were written to a connection).
 func (d *Deliverer) call(ctx context.Context, a *idem.Attempt) (ans *answer, sent bool, err error) {
+	if d.calls != nil {
+		select {
+		case d.calls <- struct{}{}:
+			defer func() { <-d.calls }()
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("waiting for one of the %d calls: %w", cap(d.calls), context.Cause(ctx))
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Timeout)
 	defer cancel()
 	var wrote atomic.Bool

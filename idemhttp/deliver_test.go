@@ -366,9 +366,10 @@ func TestNewDelivererErrors(t *testing.T) {
 	ok, _ := url.Parse("http://127.0.0.1:1/")
 	rel, _ := url.Parse("/relative")
 	for name, o := range map[string]DelivererOptions{
-		"no target":        {},
-		"relative target":  {Target: rel},
-		"negative timeout": {Target: ok, Timeout: -1},
+		"no target":         {},
+		"relative target":   {Target: rel},
+		"negative timeout":  {Target: ok, Timeout: -1},
+		"negative MaxCalls": {Target: ok, MaxCalls: -1},
 	} {
 		if _, err := NewDeliverer(lc, o); !errors.Is(err, idem.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)

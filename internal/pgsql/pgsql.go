@@ -224,39 +224,71 @@ func (q *Queries) claimBatchArgs(p *idemdriver.ClaimBatchParams, pending []idemd
 // point of p.StepPrefix, saved by the acquire statement itself, is left
 // out of them. p must have been validated.
 func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	query, args := q.AcquireQuery(p)
+	return q.AcquireFrom(ctx, db, p, ScanAcquire(db.QueryRow(ctx, query, args...)))
+}
+
+// AcquireQuery returns the acquire statement of p and its arguments, for
+// a caller that sends it itself (in a pipeline of many) and finishes
+// with AcquireFrom.
+func (q *Queries) AcquireQuery(p *idemdriver.AcquireParams) (string, []any) {
+	return q.acquire, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix}
+}
+
+// AcquireRow is the row of one acquire statement, as ScanAcquire read it.
+type AcquireRow struct {
+	won bool
+	r   sqlstore.LeaseRecord
+	err error
+}
+
+// ScanAcquire reads the row of an acquire statement (AcquireQuery).
+func ScanAcquire(row sqlstore.Row) AcquireRow {
+	var a AcquireRow
+	a.err = row.Scan(append([]any{&a.won}, a.r.ScanArgs()...)...)
+	return a
+}
+
+// AcquireFrom finishes the Acquire of p whose first acquire statement
+// answered first: what Acquire does after each statement, the statements
+// that follow (again, when the row judged was not the one the statement
+// could see; a takeover's recovery points) running on db. p must have
+// been validated.
+func (q *Queries) AcquireFrom(ctx context.Context, db sqlstore.Querier, p *idemdriver.AcquireParams, first AcquireRow) (idemdriver.AcquireResult, error) {
 	var last *sqlstore.LeaseRecord
-	for range sqlstore.MaxClaimAttempts {
-		var (
-			won bool
-			r   sqlstore.LeaseRecord
-		)
-		err := db.QueryRow(ctx, q.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix).
-			Scan(append([]any{&won}, r.ScanArgs()...)...)
+	a := first
+	for i := range sqlstore.MaxClaimAttempts {
+		if i > 0 {
+			query, args := q.AcquireQuery(p)
+			a = ScanAcquire(db.QueryRow(ctx, query, args...))
+		}
 		switch {
-		case errors.Is(err, sqlstore.ErrNoRows):
+		case errors.Is(a.err, sqlstore.ErrNoRows):
 			// Inserted by a transaction the statement waited for
 			// (invisible to its snapshot), or deleted meanwhile: again.
 			continue
-		case err != nil:
-			return idemdriver.AcquireResult{}, err
-		case won:
+		case a.err != nil:
+			return idemdriver.AcquireResult{}, a.err
+		case a.won:
 			var steps map[string][]byte
-			if r.Token > 1 { // a takeover: earlier attempts may have saved steps
+			if a.r.Token > 1 { // a takeover: earlier attempts may have saved steps
+				var err error
 				if steps, err = sqlstore.ReadSteps(ctx, db, q.steps, p.Consumer, p.MessageID); err != nil {
 					return idemdriver.AcquireResult{}, err
 				}
 				if p.StepPrefix != "" {
-					delete(steps, idemdriver.PrefixStep(p.StepPrefix, r.Token))
+					delete(steps, idemdriver.PrefixStep(p.StepPrefix, a.r.Token))
 				}
 			}
-			return sqlstore.Acquired(r.Token, r.Attempt, steps), nil
-		case r.Acquirable:
+			return sqlstore.Acquired(a.r.Token, a.r.Attempt, steps), nil
+		case a.r.Acquirable:
 			// The snapshot shows a record the DO UPDATE would have taken:
 			// the row it judged was newer. Again.
+			r := a.r
 			last = &r
 			continue
 		}
-		return r.NotAcquired(), nil
+		return a.r.NotAcquired(), nil
 	}
 	// The record kept changing (or vanishing) between snapshots: leases
 	// ending as fast as they are taken, or a purge. Report what was seen.
@@ -264,6 +296,13 @@ func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdrive
 		return last.NotAcquired(), nil
 	}
 	return idemdriver.AcquireResult{}, sqlstore.ErrAcquireUnsettled(p)
+}
+
+// CompleteQuery returns the fenced complete statement of p and its
+// arguments (a statement whose rows affected are 0 when p.Token owns
+// nothing), for a caller that sends it itself.
+func (q *Queries) CompleteQuery(p *idemdriver.CompleteParams) (string, []any) {
+	return q.complete, []any{sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token}
 }
 
 // Renew extends the lease of p.Token to now plus p.Lease (validated).
@@ -275,8 +314,8 @@ func (q *Queries) Renew(ctx context.Context, db sqlstore.Querier, p *idemdriver.
 // Complete completes the record of p.Token (p validated, content type
 // checked).
 func (q *Queries) Complete(ctx context.Context, db sqlstore.Querier, p *idemdriver.CompleteParams) error {
-	return sqlstore.Fenced(ctx, db, "complete", p.Consumer, p.MessageID, p.Token, q.complete,
-		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
+	query, args := q.CompleteQuery(p)
+	return sqlstore.Fenced(ctx, db, "complete", p.Consumer, p.MessageID, p.Token, query, args...)
 }
 
 // Release ends the attempt of p.Token (p validated), saving p.Step in the
@@ -416,3 +455,7 @@ func (q *Queries) Migrate(ctx context.Context, tx sqlstore.Querier, migs []sqlsc
 	}
 	return sqlstore.Apply(ctx, tx, migs, q.Migrations)
 }
+
+// Err is the error of the statement's row: sqlstore.ErrNoRows when it
+// returned none (AcquireFrom runs it again), another when it failed.
+func (a AcquireRow) Err() error { return a.err }

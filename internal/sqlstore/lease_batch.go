@@ -25,21 +25,54 @@ func keyOrder(n int, key func(i int) (string, string)) []int {
 	return order
 }
 
+// AcquireOrder validates a batch of acquires: it returns the indexes of
+// the valid elements of ps in key order (the order their statements
+// run), and one error per element, that of its validation or nil. err is
+// the batch's: too many elements.
+func AcquireOrder(ps []*idemdriver.AcquireParams) (order []int, errs []error, err error) {
+	return batchOrder(ps, func(p *idemdriver.AcquireParams) (string, string) { return p.Consumer, p.MessageID },
+		idemdriver.ValidateAcquireParams)
+}
+
+// CompleteOrder is AcquireOrder for a batch of completions: validation
+// includes the content type (CheckContentType).
+func CompleteOrder(ps []*idemdriver.CompleteParams) (order []int, errs []error, err error) {
+	return batchOrder(ps, func(p *idemdriver.CompleteParams) (string, string) { return p.Consumer, p.MessageID },
+		func(p *idemdriver.CompleteParams) error {
+			if err := idemdriver.ValidateCompleteParams(p); err != nil {
+				return err
+			}
+			return CheckContentType(p.ContentType)
+		})
+}
+
+func batchOrder[P any](ps []P, key func(P) (string, string), validate func(P) error) ([]int, []error, error) {
+	if err := idemdriver.ValidateBatchSize(len(ps)); err != nil {
+		return nil, nil, err
+	}
+	errs := make([]error, len(ps))
+	order := keyOrder(len(ps), func(i int) (string, string) { return key(ps[i]) })
+	valid := order[:0]
+	for _, i := range order {
+		if errs[i] = validate(ps[i]); errs[i] == nil {
+			valid = append(valid, i)
+		}
+	}
+	return valid, errs, nil
+}
+
 // AcquireBatch runs acquire (one Acquire on the batch's transaction, p
 // validated) for each element of ps in key order and returns the results
 // in the order of ps: an element that fails validation has its error in
 // errs; any other error ends the batch (the caller rolls its transaction
 // back).
 func AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams, acquire func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error)) ([]idemdriver.AcquireResult, []error, error) {
-	if err := idemdriver.ValidateBatchSize(len(ps)); err != nil {
+	order, errs, err := AcquireOrder(ps)
+	if err != nil {
 		return nil, nil, err
 	}
 	res := make([]idemdriver.AcquireResult, len(ps))
-	errs := make([]error, len(ps))
-	for _, i := range keyOrder(len(ps), func(i int) (string, string) { return ps[i].Consumer, ps[i].MessageID }) {
-		if errs[i] = idemdriver.ValidateAcquireParams(ps[i]); errs[i] != nil {
-			continue
-		}
+	for _, i := range order {
 		r, err := acquire(ps[i])
 		if err != nil {
 			return nil, nil, err
@@ -54,19 +87,12 @@ func AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams, acquire f
 // returns one error per element of ps: its validation error, or
 // ErrLeaseLost; any other error ends the batch.
 func CompleteBatch(ctx context.Context, ps []*idemdriver.CompleteParams, complete func(p *idemdriver.CompleteParams) error) ([]error, error) {
-	if err := idemdriver.ValidateBatchSize(len(ps)); err != nil {
+	order, errs, err := CompleteOrder(ps)
+	if err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(ps))
-	for _, i := range keyOrder(len(ps), func(i int) (string, string) { return ps[i].Consumer, ps[i].MessageID }) {
-		p := ps[i]
-		if errs[i] = idemdriver.ValidateCompleteParams(p); errs[i] != nil {
-			continue
-		}
-		if errs[i] = CheckContentType(p.ContentType); errs[i] != nil {
-			continue
-		}
-		err := complete(p)
+	for _, i := range order {
+		err := complete(ps[i])
 		if err != nil && !errors.Is(err, idemdriver.ErrLeaseLost) {
 			return nil, err
 		}

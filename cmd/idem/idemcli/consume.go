@@ -27,6 +27,7 @@ type consumeFlags struct {
 	consumer, group, deadLetter          string
 	healthAddr, metricsAddr              string
 	concurrency, maxAttempts, storeBatch int
+	hold                                 int
 	atLeastOnce                          bool
 	lease, timeout, retryBase, retryMax  time.Duration
 	retryDelay, ackWait, natsDuplicates  time.Duration
@@ -74,9 +75,15 @@ stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
 (durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
 A message costs two store writes: the claim, which also records the recovery
-point, and the result. The claims (and the results) of the messages in flight
-that reach the store together go as one batch, one commit on SQLite and
-PostgreSQL, one pipeline on Redis (--store-batch, the most per batch).
+point, and the result. The claims (and the results) of the messages that reach
+the store together go as one batch, one commit and one round trip on
+PostgreSQL (one commit behind a pooler such as PgBouncer), one commit on
+SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages (by default
+--store-batch when the store takes batches): each is claimed as the broker
+hands it over, and waits claimed, its lease renewed, for one of the
+--concurrency calls. At most once, a message claimed and waiting when the
+sidecar is killed is dead-lettered as outcome-unknown, like one whose call was
+running; --hold equal to --concurrency claims only what is called.
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
@@ -104,6 +111,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.deadLetter, "dead-letter", "", "where dead letters go (default FROM.dead on NATS, FROM-dead elsewhere)")
 	fl.IntVar(&f.concurrency, "concurrency", 8, "messages delivered at a time")
 	fl.IntVar(&f.storeBatch, "store-batch", 64, "most messages claimed, or completed, in one store commit: the claims (and completions) of the messages in flight that reach the store together go as one batch; 1 sends each alone")
+	fl.IntVar(&f.hold, "hold", 0, "most messages held at once, claimed and running or waiting for one of the --concurrency calls (default --store-batch when the store takes batches, --concurrency otherwise)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
 	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
 	fl.DurationVar(&f.lease, "lease", 30*time.Second, "lease of a message while it is delivered, renewed meanwhile; after a crash, the message waits this long")
@@ -144,6 +152,9 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	}
 	if f.concurrency < 1 {
 		return nil, usageError{errors.New("--concurrency must be at least 1")}
+	}
+	if f.hold != 0 && (f.hold < f.concurrency || f.hold > idemdriver.MaxLeaseBatch) {
+		return nil, usageError{fmt.Errorf("--hold must be --concurrency (%d) to %d", f.concurrency, idemdriver.MaxLeaseBatch)}
 	}
 	if f.maxAttempts < 1 {
 		return nil, usageError{errors.New("--max-attempts must be at least 1")}
@@ -189,10 +200,15 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		defer metrics.close()
 	}
 	store := ps.store
+	hold := f.concurrency
 	if b, ok := store.(idemdriver.LeaseBatcher); ok && f.storeBatch > 1 {
-		// The claims and completions of the messages in flight go to the
+		// The claims and completions of the messages held go to the
 		// store together: one commit per batch, not per message.
 		store = leasebatch.New(b, f.storeBatch)
+		hold = max(hold, f.storeBatch)
+	}
+	if f.hold != 0 {
+		hold = f.hold
 	}
 	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
 		Hooks: metrics.hooks(), Logger: logger})
@@ -200,13 +216,15 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		return usageError{err}
 	}
 	defer lc.Close()
+	// The adapter runs hold deliveries at once, each claimed as it
+	// arrives; the Deliverer lets --concurrency of them call the service.
 	d, err := idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Timeout: f.timeout, AtLeastOnce: f.atLeastOnce,
-		RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
+		MaxCalls: f.concurrency, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
 	if err != nil {
 		return usageError{err}
 	}
 	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), consumeConfig{group: f.group, deadLetter: f.deadLetter,
-		concurrency: f.concurrency, retryDelay: f.retryDelay, ackWait: f.ackWait, logger: logger})
+		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, logger: logger})
 	if err != nil {
 		return err
 	}
@@ -268,9 +286,10 @@ func (f *leaseStoreFlags) register(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")
 }
 
-// open opens the store (see openProxyStore).
+// open opens the store (see openProxyStore; on PostgreSQL the pgx store,
+// whose lease batches are one round trip).
 func (f *leaseStoreFlags) open(ctx context.Context) (*proxyStore, error) {
-	return openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
+	return openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate, true)
 }
 
 // envName is the environment variable of a flag.

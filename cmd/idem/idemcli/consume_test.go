@@ -21,6 +21,8 @@ func TestConsumeUsageErrors(t *testing.T) {
 		{"not http", "--to", "ftp://host/x", "--to"},
 		{"relative", "--to", "/in", "--to"},
 		{"no concurrency", "--concurrency", "0", "--concurrency"},
+		{"hold below concurrency", "--hold", "4", "--hold"},
+		{"hold too large", "--hold", "5000", "--hold"},
 		{"no attempts", "--max-attempts", "0", "--max-attempts"},
 		{"short ack wait", "--ack-wait", "10ms", "--ack-wait"},
 		{"bad health address", "--health-addr", "nohost", "--health-addr"},

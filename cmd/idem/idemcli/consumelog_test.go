@@ -30,16 +30,8 @@ func TestConsumeLogsOneLinePerMessage(t *testing.T) {
 	brokerURL := "nats://idem:" + password + "@" + startNATS(t, "idem", password)
 
 	// The messages wait in the stream before the sidecar starts.
-	nc, err := nats.Connect(brokerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js := newStream(t, brokerURL, "ORDERS", "orders.>")
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
-		t.Fatal(err)
-	}
 	for _, id := range []string{"ord-ok", "ord-refused", "ord-busy"} {
 		m := nats.NewMsg("orders.created")
 		m.Header.Set(jetstream.MsgIDHeader, id)
@@ -155,4 +147,23 @@ func startNATS(t *testing.T, user, password string) string {
 		t.Fatal("NATS server did not start")
 	}
 	return srv.Addr().String()
+}
+
+// newStream connects to the NATS server at brokerURL (closed at cleanup)
+// and creates the stream name capturing subjects.
+func newStream(t *testing.T, brokerURL, name string, subjects ...string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(brokerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(context.Background(), jetstream.StreamConfig{Name: name, Subjects: subjects}); err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/store/idemredis"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 // proxyFlags are the flags of `idem proxy`.
@@ -197,8 +198,11 @@ type proxyStore struct {
 }
 
 // openProxyStore opens the lease-mode store named by rawURL: a SQL store
-// (see openSQLStore) migrated when migrate is set, or Redis.
-func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migrate bool) (_ *proxyStore, err error) {
+// (see openSQLStore) migrated when migrate is set, or Redis. With pgx set,
+// a PostgreSQL store not behind a pooler is the pgx one (idempgxv5, over
+// a pool of its own, on the tables openSQLStore's store migrated), whose
+// lease batches go in one round trip (database/sql cannot pipeline).
+func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migrate, pgx bool) (_ *proxyStore, err error) {
 	defer func() { err = secret.Error(err, rawURL) }()
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	if s := strings.ToLower(scheme); s == "redis" || s == "rediss" {
@@ -232,6 +236,15 @@ func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migr
 			return nil, fmt.Errorf("migrate %s: %w", st.where, err)
 		}
 	}
+	if pgx && st.dialect == idemsql.Postgres && !st.pooler {
+		s, pool, err := openPgxStore(ctx, rawURL, st.where, table)
+		if err != nil {
+			st.db.Close()
+			return nil, err
+		}
+		return &proxyStore{store: s, where: st.where, close: func() error { pool.Close(); return st.db.Close() },
+			ping: func(ctx context.Context) error { return secret.Error(pool.Ping(ctx), rawURL) }}, nil
+	}
 	return &proxyStore{store: st.store, where: st.where, close: st.db.Close,
 		ping: func(ctx context.Context) error { return secret.Error(st.db.PingContext(ctx), rawURL) }}, nil
 }
@@ -242,7 +255,7 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 	if err != nil {
 		return err
 	}
-	ps, err := openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate)
+	ps, err := openProxyStore(ctx, f.store, f.table, f.redisPrefix, f.migrate, false)
 	if err != nil {
 		return err
 	}

@@ -122,21 +122,33 @@ func relayStore(ctx context.Context, st *sqlStore, rawURL, table string) (_ idem
 		return st.store, "polling: no LISTEN through a pooler", func() {}, nil
 	}
 	defer func() { err = secret.Error(err, rawURL) }()
+	s, pool, err := openPgxStore(ctx, rawURL, st.where, table)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return s, "LISTEN/NOTIFY", pool.Close, nil
+}
+
+// openPgxStore opens the pgx store (idempgxv5) of table on PostgreSQL at
+// rawURL (where names it in errors), over a pool of its own with the
+// store's session settings; it does not migrate. The caller closes the
+// pool.
+func openPgxStore(ctx context.Context, rawURL, where, table string) (*idempgxv5.Store, *pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
+		return nil, nil, fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
 	}
 	pgStoreSettings(pcfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("open %s: %w", st.where, err)
+		return nil, nil, fmt.Errorf("open %s: %w", where, err)
 	}
 	s, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table})
 	if err != nil {
 		pool.Close()
-		return nil, "", nil, err
+		return nil, nil, err
 	}
-	return s, "LISTEN/NOTIFY", pool.Close, nil
+	return s, pool, nil
 }
 
 // relayMetrics returns the hooks that record the relay's outbox metrics

@@ -43,7 +43,7 @@ type sidecarBroker interface {
 // consumeConfig is what the adapters of `idem consume` are given.
 type consumeConfig struct {
 	group, deadLetter string
-	concurrency       int
+	concurrency       int // deliveries the adapter runs at once (the messages held)
 	retryDelay        time.Duration
 	ackWait           time.Duration // NATS AckWait, Redis Streams MinIdle, Kafka session timeout
 	natsDuplicates    time.Duration
