@@ -78,12 +78,15 @@ A message costs two store writes: the claim, which also records the recovery
 point, and the result. The claims (and the results) of the messages that reach
 the store together go as one batch, one commit and one round trip on
 PostgreSQL (one commit behind a pooler such as PgBouncer), one commit on
-SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages (by default
---store-batch when the store takes batches): each is claimed as the broker
-hands it over, and waits claimed, its lease renewed, for one of the
---concurrency calls. At most once, a message claimed and waiting when the
+SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages: each is claimed as the broker hands
+it over, and waits claimed, its lease renewed, for one of the --concurrency
+calls. At most once (the default), a message claimed and waiting when the
 sidecar is killed is dead-lettered as outcome-unknown, like one whose call was
-running; --hold equal to --concurrency claims only what is called.
+running, so --hold defaults to --concurrency there: only what is called is
+claimed. With --at-least-once it defaults to --store-batch when the store
+takes batches, since a held message is then simply sent after a crash. A
+larger --hold at most once buys throughput with more outcome-unknown dead
+letters after a crash.
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
@@ -111,7 +114,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.deadLetter, "dead-letter", "", "where dead letters go (default FROM.dead on NATS, FROM-dead elsewhere)")
 	fl.IntVar(&f.concurrency, "concurrency", 8, "messages delivered at a time")
 	fl.IntVar(&f.storeBatch, "store-batch", 64, "most messages claimed, or completed, in one store commit: the claims (and completions) of the messages in flight that reach the store together go as one batch; 1 sends each alone")
-	fl.IntVar(&f.hold, "hold", 0, "most messages held at once, claimed and running or waiting for one of the --concurrency calls (default --store-batch when the store takes batches, --concurrency otherwise)")
+	fl.IntVar(&f.hold, "hold", 0, "most messages held at once, claimed and running or waiting for one of the --concurrency calls (default --concurrency; with --at-least-once, --store-batch when the store takes batches)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
 	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
 	fl.DurationVar(&f.lease, "lease", 30*time.Second, "lease of a message while it is delivered, renewed meanwhile; after a crash, the message waits this long")
@@ -205,7 +208,13 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		// The claims and completions of the messages held go to the
 		// store together: one commit per batch, not per message.
 		store = leasebatch.New(b, f.storeBatch)
-		hold = max(hold, f.storeBatch)
+		if f.atLeastOnce {
+			// At least once, a held message that was never called is
+			// simply sent after a crash; at most once it would be
+			// dead-lettered as outcome-unknown, so by default only
+			// what is called is claimed.
+			hold = max(hold, f.storeBatch)
+		}
 	}
 	if f.hold != 0 {
 		hold = f.hold
