@@ -93,7 +93,11 @@ message_id, system and destination (the broker and where the message came
 from), outcome (Processed, Duplicate, InProgress, Failed, ...), action (Ack,
 Redeliver, DeadLetter), reason, attempt, delay_ms of a redelivery,
 duration_ms, and for a failure service_status (the service's answer) or
-error. No payload, no header value and no answer body is logged.
+error. That line holds no payload, no header value and no answer body. A
+failure the service answered is also logged at warn by the broker adapter,
+and kept as the record's last error (what idem failed shows), with the start
+of the service's answer (at most 512 bytes): a service must not put secrets
+in its error answers.
 
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
