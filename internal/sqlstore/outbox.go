@@ -377,18 +377,30 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 	}
 	for from := 0; from < len(p.IDs); from += MaxInList {
 		n := min(len(p.IDs)-from, MaxInList)
-		args := make([]any, 0, 2*n)
-		for _, id := range p.IDs[from : from+n] {
-			args = append(args, id)
-		}
-		// Rows named by ID, and by seq when given: seqs are unique, so a
-		// row matching both lists is the row claimed with that ID and seq.
-		in := `id IN (` + o.list(1, n, "text") + `)`
+		args := make([]any, 0, 3*n)
+		var in string
 		if withSeqs {
+			// Rows named by seq, each only while it still has the ID it
+			// was claimed with: seqs are never reused, so a row matching
+			// both is the row claimed. The seqs are what is looked up
+			// (the primary key or rowid); two IN lists, one of IDs and
+			// one of seqs, would have SQLite probe every pair of them.
 			for _, seq := range p.Seqs[from : from+n] {
 				args = append(args, seq)
 			}
-			in += ` AND seq IN (` + o.list(n+1, n, "bigint") + `)`
+			var b strings.Builder
+			b.WriteString(`seq IN (` + o.list(1, n, "bigint") + `) AND id = CASE seq`)
+			for i, id := range p.IDs[from : from+n] {
+				args = append(args, p.Seqs[from+i], id)
+				b.WriteString(` WHEN ` + o.d.Param(len(args)-1, "bigint") + ` THEN ` + o.d.Param(len(args), "text"))
+			}
+			b.WriteString(` END`)
+			in = b.String()
+		} else {
+			for _, id := range p.IDs[from : from+n] {
+				args = append(args, id)
+			}
+			in = `id IN (` + o.list(1, n, "text") + `)`
 		}
 		q := `DELETE FROM ` + o.d.Table + ` WHERE ` + in
 		if p.Keep {
