@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -25,11 +24,11 @@ type Ops struct {
 	// failures: limit. failed and failedOf: position (µs) twice, its ID,
 	// (failedOf: error text), limit. retryOut and outState: ID.
 	failures, failed, failedOf, retryOut, outState string
-	// consumers -> consumer, 0, oldest (µs), newest (µs), as Stats. backlog ->
-	// pending, failed, oldest pending's age (µs).
-	consumers, backlog string
+	// consumers -> consumer, 0, oldest (µs), newest (µs), as Stats.
+	consumers string
 	// steps: consumer, message ID -> step, result.
-	steps string
+	steps  string
+	outbox *Outbox
 }
 
 // NewOps builds the operator statements of the processed table table
@@ -40,7 +39,7 @@ func NewOps(table, inspect string, o *Outbox, timeParam func(p string) string) *
 	d := o.d
 	p := d.Param
 	x := d.TextOut
-	ops := &Ops{table: table, inspect: inspect}
+	ops := &Ops{table: table, inspect: inspect, outbox: o}
 	// The inner select walks the (consumer, processed_at) index backwards
 	// from the position and stops after scan rows; the outer keeps those
 	// in the state and the window's last row, which positions the next
@@ -87,9 +86,6 @@ SELECT c.consumer` + x + `, 0, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+
 		d.Micros(`(SELECT MAX(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `
 FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
 	ops.steps = `SELECT step` + x + `, result FROM ` + table + `_steps` + key + ` ORDER BY step`
-	pending := ` FROM ` + t + ` WHERE sent_at IS NULL AND failed_at IS NULL`
-	ops.backlog = `SELECT (SELECT COUNT(*)` + pending + `), (SELECT COUNT(*)` + failed + `), ` +
-		d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`(SELECT created_at`+pending+` ORDER BY seq LIMIT 1)`) + `, ` + d.Micros(d.Now) + `)`
 	ops.outState = `SELECT consumer` + x + `, CASE WHEN sent_at IS NOT NULL THEN 2 WHEN failed_at IS NOT NULL THEN 3 ELSE 1 END FROM ` + t + ` WHERE id = ` + p(1, "text")
 	return ops
 }
@@ -120,15 +116,11 @@ func (ops *Ops) Steps(ctx context.Context, db Querier, consumer, messageID strin
 	return out, err
 }
 
-// OutboxBacklog runs the backlog of idemdriver.OutboxOperator.
+// OutboxBacklog runs the backlog of idemdriver.OutboxOperator: the
+// outbox's own statistics, which read the indexes of the pending and
+// failed rows.
 func (ops *Ops) OutboxBacklog(ctx context.Context, db Querier) (idemdriver.OutboxStats, error) {
-	var (
-		s   idemdriver.OutboxStats
-		age int64
-	)
-	err := db.QueryRow(ctx, ops.backlog).Scan(&s.Pending, &s.Failed, &age)
-	s.OldestPending = time.Duration(max(age, 0)) * time.Microsecond
-	return s, err
+	return ops.outbox.Stats(ctx, db)
 }
 
 // ConsumersSQL is the statement of Consumers, for tests that look at its

@@ -180,11 +180,12 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
 	` + done + `) AS done)`
 	o.purgeSelect = `SELECT seq FROM ` + t + ` ` + done
-	o.stats = `SELECT
-	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN 1 ELSE 0 END), 0),
-	COALESCE(SUM(CASE WHEN sent_at IS NULL AND failed_at IS NOT NULL THEN 1 ELSE 0 END), 0),
-	` + d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`MIN(CASE WHEN sent_at IS NULL AND failed_at IS NULL THEN created_at END)`) + `, ` + d.Micros(d.Now) + `)
-FROM ` + t
+	// The backlog through the indexes of the pending and the failed rows
+	// (their partial indexes where the dialect has them), not a scan of
+	// the table: the oldest pending row is the first by seq.
+	pending := ` FROM ` + t + ` WHERE sent_at IS NULL AND failed_at IS NULL`
+	o.stats = `SELECT (SELECT COUNT(*)` + pending + `), (SELECT COUNT(*) FROM ` + t + ` WHERE failed_at IS NOT NULL AND sent_at IS NULL), ` +
+		d.Micros(d.Now) + ` - COALESCE(` + d.Micros(`(SELECT created_at`+pending+` ORDER BY seq LIMIT 1)`) + `, ` + d.Micros(d.Now) + `)`
 	return o
 }
 
