@@ -363,5 +363,6 @@ func CheckRelease(rec Record, token int64) error {
 
 // ErrUnsupported means a store cannot answer an operator request without
 // reading all of its keys: store/idemredis keeps no index of the records
-// in progress, so it cannot list them (read one by ID instead).
-var ErrUnsupported = errors.New("idem: not supported by this store")
+// in progress, so it cannot list them (read one by ID instead). It wraps
+// the standard library's errors.ErrUnsupported, which it also matches.
+var ErrUnsupported = fmt.Errorf("idem: not supported by this store: %w", errors.ErrUnsupported)
