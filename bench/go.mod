@@ -1,3 +1,4 @@
+// idem:unpublished — benchmarks only; scripts/release never tags this module.
 module github.com/idem-go/idem/bench
 
 go 1.26.0

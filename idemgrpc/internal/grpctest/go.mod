@@ -1,3 +1,4 @@
+// idem:unpublished — tests only; scripts/release never tags this module.
 module github.com/idem-go/idem/idemgrpc/internal/grpctest
 
 go 1.26.0
