@@ -134,6 +134,7 @@ func tag(w io.Writer, root, version string, apply bool) error {
 	if err := errors.Join(
 		checkVersion(version, order),
 		checkClean(root),
+		checkNewer(root, version),
 		checkTags(root, version, order),
 		ws.checkModules(version, order),
 	); err != nil {

@@ -149,6 +149,11 @@ func TestReleaseOrderAndDryRun(t *testing.T) {
 		}
 	}
 
+	// A version below the last release is refused.
+	if out, err := runTool(t, root, "v0.1.9"); err == nil || !strings.Contains(err.Error(), "version v0.1.9 is not above the last release v0.2.0") {
+		t.Errorf("release of v0.1.9 after v0.2.0: err %v\n%s", err, out)
+	}
+
 	// Tagging the same version again is refused, every tag named.
 	out, err = runTool(t, root, "v0.2.0")
 	if err == nil {

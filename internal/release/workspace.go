@@ -234,6 +234,17 @@ func checkClean(root string) error {
 	return nil
 }
 
+// checkNewer refuses a version that is not above the last release (the
+// highest root tag): the go command's "latest" is the highest version, so
+// a lower one would never be picked up.
+func checkNewer(root, version string) error {
+	last, err := lastRelease(root)
+	if err != nil || last == "" || semver.Compare(version, last) > 0 {
+		return err
+	}
+	return fmt.Errorf("version %s is not above the last release %s", version, last)
+}
+
 // checkTags refuses a tag that exists already: a published version is
 // immutable (the checksum database remembers it).
 func checkTags(root, version string, order []*module) error {
