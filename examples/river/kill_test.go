@@ -25,7 +25,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivermigrate"
 	"github.com/riverqueue/river/rivertype"
 )
 
@@ -114,21 +113,11 @@ func setup(t *testing.T, url, kind string) *bundle {
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA "+b.schema+" CASCADE") })
 	b.pool = openPool(t, url, b.schema)
 
-	migrator, err := rivermigrate.New(riverpgxv5.New(b.pool), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		t.Fatal(err)
-	}
 	store, err := idempgxv5.New(b.pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(ctx, LedgerSchema); err != nil {
+	if err := Migrate(ctx, b.pool, store); err != nil {
 		t.Fatal(err)
 	}
 	if kind == "charge" {

@@ -38,10 +38,12 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 )
 
 // PaymentArgs is a job's arguments: one payment to book or to charge.
@@ -80,6 +82,26 @@ const LedgerSchema = `CREATE TABLE IF NOT EXISTS ledger (
 	amount_cents bigint NOT NULL,
 	job_id       bigint NOT NULL
 )`
+
+// Migrate creates, in the schema pool's connections use (search_path),
+// River's tables (rivermigrate, up to its latest version), idem's
+// (store.Migrate) and the ledger (LedgerSchema). Each step is idempotent.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, store *idempgxv5.Store) error {
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return err
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("river's migrations: %w", err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fmt.Errorf("idem's migrations: %w", err)
+	}
+	if _, err := pool.Exec(ctx, LedgerSchema); err != nil {
+		return fmt.Errorf("the ledger table: %w", err)
+	}
+	return nil
+}
 
 // LedgerWorker books each payment once: idem's claim, the ledger row and
 // River's job completion share one transaction of Pool. Consumer must be
