@@ -4,9 +4,9 @@ module github.com/idem-go/idem/internal/release
 go 1.26.0
 
 require (
-	golang.org/x/exp v0.0.0-20261113113407-e3970619a1a4
-	golang.org/x/mod v0.43.0
-	golang.org/x/tools v0.53.0
+	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e
+	golang.org/x/mod v0.42.0
+	golang.org/x/tools v0.52.0
 )
 
-require golang.org/x/sync v0.25.0 // indirect
+require golang.org/x/sync v0.24.0 // indirect
