@@ -225,11 +225,12 @@ type HTTPProvider struct {
 	Client *http.Client
 }
 
-// errProvider is a provider answer other than 2xx.
-var errProvider = errors.New("provider refused the charge")
+// ErrProvider is what HTTPProvider.Charge wraps when the provider answered
+// other than 2xx, or without a charge ID.
+var ErrProvider = errors.New("provider refused the charge")
 
 // Charge implements Provider. A non-2xx answer is an error wrapping
-// errProvider with the status; the job is retried.
+// ErrProvider with the status; the job is retried.
 func (p HTTPProvider) Charge(ctx context.Context, key string, args PaymentArgs) (string, error) {
 	body, err := json.Marshal(args)
 	if err != nil {
@@ -255,13 +256,13 @@ func (p HTTPProvider) Charge(ctx context.Context, key string, args PaymentArgs) 
 		return "", err
 	}
 	if resp.StatusCode/100 != 2 {
-		return "", fmt.Errorf("%w: %s", errProvider, resp.Status)
+		return "", fmt.Errorf("%w: %s", ErrProvider, resp.Status)
 	}
 	var charge struct {
 		ID string `json:"id"`
 	}
 	if err := json.Unmarshal(data, &charge); err != nil || charge.ID == "" {
-		return "", fmt.Errorf("%w: no charge id in the answer", errProvider)
+		return "", fmt.Errorf("%w: no charge id in the answer", ErrProvider)
 	}
 	return charge.ID, nil
 }
