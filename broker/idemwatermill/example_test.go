@@ -1,0 +1,65 @@
+package idemwatermill_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemwatermill"
+)
+
+// A Watermill router charging payments from an in-process Pub/Sub
+// (gochannel): the producer publishes pay-1 twice (a retried publish keeps
+// the message's UUID) and the charge runs once. The store is idem's
+// MemoryStore, whose transaction takes the effect through OnCommit; with
+// store/idemsql the handler writes its rows with the *sql.Tx that Tx
+// returns, and any Watermill Pub/Sub takes gochannel's place.
+func Example() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer pubSub.Close()
+
+	payments, _ := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "payments"})
+	defer payments.Close()
+	idempotent, err := idemwatermill.Transactional(payments, idemwatermill.Config{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	handled := make(chan struct{}, 3)
+	handler := router.AddConsumerHandler("charge", "payments", pubSub, func(msg *message.Message) error {
+		tx, _ := idemwatermill.Tx[*idem.MemoryTx](msg.Context())
+		tx.OnCommit(func() { fmt.Println("charged", msg.UUID, string(msg.Payload)) })
+		return nil
+	})
+	// Reports each message once the middleware is done with it, only to
+	// end the example.
+	handler.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			defer func() { handled <- struct{}{} }()
+			return h(msg)
+		}
+	}, idempotent)
+	go router.Run(ctx)
+	<-router.Running()
+
+	for _, id := range []string{"pay-1", "pay-1", "pay-2"} {
+		if err := pubSub.Publish("payments", message.NewMessage(id, []byte(`{"amount":100}`))); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	for range 3 {
+		<-handled
+	}
+	_ = router.Close()
+	// Unordered output:
+	// charged pay-1 {"amount":100}
+	// charged pay-2 {"amount":100}
+}
