@@ -25,6 +25,13 @@
 // first transaction and is then a duplicate: the effects commit exactly
 // once.
 //
+// [TransactionalIn] goes one step further where the Pub/Sub itself
+// consumes in a transaction of the same database, as watermill-sql's
+// subscriber does (its sql.TxFromContext): the claim and the effects join
+// that transaction, which the Pub/Sub commits with its ack. Claim,
+// effects and ack are then one commit, and a crash never turns into a
+// redelivery at all.
+//
 // [Lease] (an *idem.LeaseConsumer, lease mode) is for handlers whose
 // effects are elsewhere (an HTTP API, a payment provider): the attempt
 // holds a lease with a fencing token, read with [Attempt] from

@@ -145,23 +145,70 @@ func Transactional[TTx any](c *idem.Consumer[TTx], cfg Config) (message.HandlerM
 	if err := cfg.fill(c == nil, "Consumer"); err != nil {
 		return nil, err
 	}
+	return txMiddleware(&cfg, c.Process), nil
+}
+
+// txMiddleware is the transactional-mode middleware over process, which
+// claims a message and runs the handler in a transaction.
+func txMiddleware[TTx any](cfg *Config, process func(context.Context, idem.Message, idem.Handler[TTx]) (idem.Outcome, error)) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			var produced []*message.Message
 			p := idem.ProcessorFunc(func(ctx context.Context, m idem.Message) (idem.Outcome, error) {
-				return c.Process(ctx, m, func(ctx context.Context, tx TTx, _ idem.Message) error {
+				return process(ctx, m, func(ctx context.Context, tx TTx, _ idem.Message) error {
 					var err error
 					produced, err = call(h, msg, context.WithValue(ctx, txKey{}, tx))
 					return err
 				})
 			})
-			out := guard(&cfg, p, msg)
+			out := guard(cfg, p, msg)
 			if out.Status != idem.Processed {
 				produced = nil
 			}
-			return settle(&cfg, msg, out, produced)
+			return settle(cfg, msg, out, produced)
 		}
-	}, nil
+	}
+}
+
+// TransactionalIn is Transactional inside a transaction the Pub/Sub
+// already holds for the message: from returns it from msg.Context(). The
+// claim and the handler's effects are made in it (idem.Consumer.ProcessTx)
+// and the Pub/Sub commits it with its own ack, or rolls it back on the
+// nack, so the claim, the effects and the ack are one transaction: a crash
+// at any point leaves either all of them or none.
+//
+// watermill-sql's subscriber is such a Pub/Sub: it consumes each message
+// in a transaction, in msg.Context() (its sql.TxFromContext), that it
+// commits on Ack. With an idemsql store on the same *sql.DB:
+//
+//	from := func(ctx context.Context) (*sql.Tx, bool) {
+//		tx, ok := wsql.TxFromContext(ctx)
+//		std, isStd := tx.(*wsql.StdSQLTx)
+//		return std.Tx, ok && isStd
+//	}
+//
+// The handler reads the same transaction with Tx[TTx]. A message whose
+// context holds no transaction is Failed with an error matching
+// idem.ErrInvalidConfig (redelivered, never acked). A failed handler
+// leaves the Pub/Sub's transaction to be rolled back, which its nack does.
+// watermill-sql consumes in REPEATABLE READ: a claim that meets another
+// transaction's claim of the same ID fails to serialise, and the
+// redelivery is a Duplicate.
+//
+// Errors match idem.ErrInvalidConfig: a nil c or from, a negative
+// RetryDelay.
+func TransactionalIn[TTx any](c *idem.Consumer[TTx], from func(ctx context.Context) (TTx, bool), cfg Config) (message.HandlerMiddleware, error) {
+	if err := cfg.fill(c == nil || from == nil, "Consumer or transaction source"); err != nil {
+		return nil, err
+	}
+	return txMiddleware(&cfg, func(ctx context.Context, m idem.Message, h idem.Handler[TTx]) (idem.Outcome, error) {
+		tx, ok := from(ctx)
+		if !ok {
+			err := fmt.Errorf("%w: idemwatermill: the message's context holds no transaction", idem.ErrInvalidConfig)
+			return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: err}, err
+		}
+		return c.ProcessTx(ctx, tx, m, h)
+	}), nil
 }
 
 // Lease returns the middleware that runs each message through c in lease

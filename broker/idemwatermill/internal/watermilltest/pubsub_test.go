@@ -1,0 +1,199 @@
+package watermilltest
+
+import (
+	"database/sql"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemwatermill"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// countAcks returns a middleware, to add outermost, that counts the
+// deliveries the Router is about to ack (the handler chain returned nil).
+func countAcks(n *atomic.Int64) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				n.Add(1)
+			}
+			return out, err
+		}
+	}
+}
+
+// waitAcks waits until acks reaches want, then checks that the charges
+// table holds exactly one row for each of the n messages.
+func waitAcks(t *testing.T, acks *atomic.Int64, want int64, db *sql.DB, charges string, n int) {
+	t.Helper()
+	testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("%d acked deliveries", want), func() bool { return acks.Load() >= want },
+		func() string {
+			rows, _ := chargeCounts(t, db, charges)
+			return fmt.Sprintf("%d acked, %d charge rows", acks.Load(), rows)
+		})
+	rows, distinct := chargeCounts(t, db, charges)
+	if rows != n || distinct != n {
+		t.Fatalf("charges: %d rows for %d messages; want exactly one each (%d)", rows, distinct, n)
+	}
+}
+
+// watermill-sql on PostgreSQL, two replicas of the consumer group, with
+// TransactionalIn: the claim and the charge row join the transaction the
+// subscriber consumes the message in, committed with its ack. A fifth of
+// the messages are published twice, some handlers fail once after writing
+// their row: each message is charged exactly once, and every delivery is
+// acked in the end.
+func TestSQLPubSubSubscriberTransaction(t *testing.T) {
+	t.Parallel()
+	url := testenv.URL(t, testenv.PostgresEnv, pgExample)
+	id := suffix()
+	charges, topic := "wm_charges_"+id, "wm_pay_"+id
+	db, store := openPG(t, url, charges)
+	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-sql-" + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	idempotent, err := idemwatermill.TransactionalIn(c, subscriberTx, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, dupEvery = 100, 5
+	pub, _ := sqlPubSub(t, db, "g")
+	publishAll(t, pub, topic, n, dupEvery)
+	fails := newFailOnce("m-3", "m-10", "m-51", "m-99")
+	var acks atomic.Int64
+	for range 2 {
+		_, sub := sqlPubSub(t, db, "g")
+		runRouter(t, sub, topic, charge(charges, fails), countAcks(&acks), idempotent)
+	}
+	waitAcks(t, &acks, n+n/dupEvery, db, charges, n)
+	var claimed int
+	if err := db.QueryRow(`SELECT count(*) FROM idem_processed WHERE consumer = $1`, "wm-sql-"+id).Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	if claimed != n {
+		t.Fatalf("idem_processed holds %d claims; want %d", claimed, n)
+	}
+}
+
+// watermill-amqp on RabbitMQ, two competing routers on one durable queue,
+// with Transactional (idem's own transaction on PostgreSQL): duplicates
+// published by the producer and handlers failing once are charged exactly
+// once.
+func TestAMQPTransactional(t *testing.T) {
+	t.Parallel()
+	pgURL := testenv.URL(t, testenv.PostgresEnv, pgExample)
+	amqpURL := testenv.URL(t, testenv.AMQPEnv, amqpExample)
+	id := suffix()
+	charges, topic := "wm_charges_"+id, "wm-pay-"+id
+	db, store := openPG(t, pgURL, charges)
+	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-amqp-" + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	idempotent, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fails := newFailOnce("m-3", "m-10", "m-51", "m-99")
+	var acks atomic.Int64
+	for range 2 {
+		sub, err := amqp.NewSubscriber(amqpConfig(amqpURL), watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runRouter(t, sub, topic, charge(charges, fails), countAcks(&acks), idempotent)
+	}
+	pub, err := amqp.NewPublisher(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	const n, dupEvery = 100, 5
+	publishAll(t, pub, topic, n, dupEvery)
+	waitAcks(t, &acks, n+n/dupEvery, db, charges, n)
+}
+
+// provider is an external payment API that deduplicates by idempotency
+// key, as lease mode asks of external effects.
+type provider struct {
+	mu    sync.Mutex
+	calls int
+	byKey map[string]string // idempotency key -> message UUID
+}
+
+func (p *provider) charge(key, msgID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	p.byKey[key] = msgID
+}
+
+// watermill-amqp with Lease (lease mode, the record on PostgreSQL, the
+// effect at an external provider keyed by Attempt.Key): a handler that
+// fails after its call is retried with the same key, and the duplicates
+// are not called at all; every message's charge has one key.
+func TestAMQPLease(t *testing.T) {
+	t.Parallel()
+	pgURL := testenv.URL(t, testenv.PostgresEnv, pgExample)
+	amqpURL := testenv.URL(t, testenv.AMQPEnv, amqpExample)
+	id := suffix()
+	topic := "wm-mail-" + id
+	_, store := openPG(t, pgURL, "")
+	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: "wm-lease-" + id, Lease: 10 * time.Second, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	idempotent, err := idemwatermill.Lease(lc, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &provider{byKey: map[string]string{}}
+	fails := newFailOnce("m-2", "m-20", "m-33")
+	handler := func(msg *message.Message) error {
+		a := idemwatermill.Attempt(msg.Context())
+		p.charge(a.Key("charge"), msg.UUID)
+		if fails.fail(msg.UUID) {
+			return fmt.Errorf("injected failure after the provider's call for %s", msg.UUID)
+		}
+		return nil
+	}
+	var acks atomic.Int64
+	sub, err := amqp.NewSubscriber(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runRouter(t, sub, topic, handler, countAcks(&acks), idempotent)
+	pub, err := amqp.NewPublisher(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	const n, dupEvery = 50, 5
+	publishAll(t, pub, topic, n, dupEvery)
+	testenv.Eventually(t, 2*time.Minute, "every delivery acked", func() bool { return acks.Load() >= n+n/dupEvery }, nil)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	perMsg := map[string]int{}
+	for _, m := range p.byKey {
+		perMsg[m]++
+	}
+	if len(perMsg) != n || len(p.byKey) != n {
+		t.Fatalf("provider: %d keys for %d messages; want one key per message (%d)", len(p.byKey), len(perMsg), n)
+	}
+	if p.calls != n+3 {
+		t.Fatalf("provider called %d times; want %d (each message once, the 3 failed ones once more with the same key)", p.calls, n+3)
+	}
+}
