@@ -28,9 +28,10 @@
 // [TransactionalIn] goes one step further where the Pub/Sub itself
 // consumes in a transaction of the same database, as watermill-sql's
 // subscriber does (its sql.TxFromContext): the claim and the effects join
-// that transaction, which the Pub/Sub commits with its ack. Claim,
-// effects and ack are then one commit, and a crash never turns into a
-// redelivery at all.
+// that transaction, which the Pub/Sub commits with its ack (each message
+// under a savepoint, so that a failed handler is undone before the nack).
+// Claim, effects and ack are then one commit: a crash leaves all of them
+// or none.
 //
 // [Lease] (an *idem.LeaseConsumer, lease mode) is for handlers whose
 // effects are elsewhere (an HTTP API, a payment provider): the attempt

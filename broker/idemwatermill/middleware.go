@@ -3,6 +3,7 @@ package idemwatermill
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -170,44 +171,67 @@ func txMiddleware[TTx any](cfg *Config, process func(context.Context, idem.Messa
 	}
 }
 
-// TransactionalIn is Transactional inside a transaction the Pub/Sub
-// already holds for the message: from returns it from msg.Context(). The
-// claim and the handler's effects are made in it (idem.Consumer.ProcessTx)
-// and the Pub/Sub commits it with its own ack, or rolls it back on the
-// nack, so the claim, the effects and the ack are one transaction: a crash
-// at any point leaves either all of them or none.
+// TransactionalIn is Transactional inside a database/sql transaction the
+// Pub/Sub already holds for the message, which from returns from
+// msg.Context(). The claim and the handler's effects are made in it
+// (idem.Consumer.ProcessTx) and the Pub/Sub commits it with its own ack,
+// so the claim, the effects and the ack are one commit: a crash at any
+// point leaves all of them or none (what was not committed is delivered
+// again and processed afresh).
 //
-// watermill-sql's subscriber is such a Pub/Sub: it consumes each message
-// in a transaction, in msg.Context() (its sql.TxFromContext), that it
-// commits on Ack. With an idemsql store on the same *sql.DB:
+// watermill-sql's subscriber is such a Pub/Sub: it consumes a batch of
+// messages (its schema adapter's SubscribeBatchSize, 100 by default) in
+// one transaction, in msg.Context() (its sql.TxFromContext), committed
+// with the acks of the batch, and sends a nacked message again in the
+// same transaction. Each message is therefore claimed and handled under a
+// SAVEPOINT: a failed handler (or claim) is rolled back to it, claim and
+// effects together, before the nack, so the message sent again is claimed
+// afresh; a processed one releases it. SAVEPOINT is standard SQL
+// (PostgreSQL, MySQL, SQLite). With an idemsql store on the same *sql.DB:
 //
 //	from := func(ctx context.Context) (*sql.Tx, bool) {
 //		tx, ok := wsql.TxFromContext(ctx)
 //		std, isStd := tx.(*wsql.StdSQLTx)
-//		return std.Tx, ok && isStd
+//		if !ok || !isStd {
+//			return nil, false
+//		}
+//		return std.Tx, true
 //	}
 //
-// The handler reads the same transaction with Tx[TTx]. A message whose
+// The handler reads the same transaction with Tx[*sql.Tx]. A message whose
 // context holds no transaction is Failed with an error matching
-// idem.ErrInvalidConfig (redelivered, never acked). A failed handler
-// leaves the Pub/Sub's transaction to be rolled back, which its nack does.
-// watermill-sql consumes in REPEATABLE READ: a claim that meets another
-// transaction's claim of the same ID fails to serialise, and the
-// redelivery is a Duplicate.
+// idem.ErrInvalidConfig (nacked, never acked). watermill-sql consumes in
+// REPEATABLE READ: a claim that meets another consumer's claim of the same
+// ID fails to serialise, is rolled back to the savepoint, and the message
+// sent again is then a Duplicate.
 //
 // Errors match idem.ErrInvalidConfig: a nil c or from, a negative
 // RetryDelay.
-func TransactionalIn[TTx any](c *idem.Consumer[TTx], from func(ctx context.Context) (TTx, bool), cfg Config) (message.HandlerMiddleware, error) {
+func TransactionalIn(c *idem.Consumer[*sql.Tx], from func(ctx context.Context) (*sql.Tx, bool), cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.fill(c == nil || from == nil, "Consumer or transaction source"); err != nil {
 		return nil, err
 	}
-	return txMiddleware(&cfg, func(ctx context.Context, m idem.Message, h idem.Handler[TTx]) (idem.Outcome, error) {
-		tx, ok := from(ctx)
-		if !ok {
-			err := fmt.Errorf("%w: idemwatermill: the message's context holds no transaction", idem.ErrInvalidConfig)
+	return txMiddleware(&cfg, func(ctx context.Context, m idem.Message, h idem.Handler[*sql.Tx]) (idem.Outcome, error) {
+		failed := func(err error) (idem.Outcome, error) {
 			return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: err}, err
 		}
-		return c.ProcessTx(ctx, tx, m, h)
+		tx, ok := from(ctx)
+		if !ok {
+			return failed(fmt.Errorf("%w: idemwatermill: the message's context holds no transaction", idem.ErrInvalidConfig))
+		}
+		if _, err := tx.ExecContext(ctx, `SAVEPOINT idem_watermill`); err != nil {
+			return failed(fmt.Errorf("%w: idemwatermill: savepoint: %w", idem.ErrStore, err))
+		}
+		out, err := c.ProcessTx(ctx, tx, m, h)
+		end := `RELEASE SAVEPOINT idem_watermill`
+		if err != nil {
+			end = `ROLLBACK TO SAVEPOINT idem_watermill`
+		}
+		if _, serr := tx.ExecContext(context.WithoutCancel(ctx), end); serr != nil {
+			// The transaction cannot be trusted any more: never ack.
+			return failed(errors.Join(err, fmt.Errorf("%w: idemwatermill: %s: %w", idem.ErrStore, end, serr)))
+		}
+		return out, err
 	}), nil
 }
 

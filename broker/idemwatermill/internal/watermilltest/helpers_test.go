@@ -81,6 +81,10 @@ func chargeCounts(tb testing.TB, db *sql.DB, charges string) (rows, distinct int
 	return rows, distinct
 }
 
+// failedPayload marks the row of a handler that then failed: it must have
+// been rolled back with the claim.
+const failedPayload = "failed attempt"
+
 // charge is the handler every test wraps: it inserts one charges row with
 // the transaction idem claimed the message in, then fails when f says so.
 func charge(charges string, f *failOnce) message.NoPublishHandlerFunc {
@@ -89,8 +93,12 @@ func charge(charges string, f *failOnce) message.NoPublishHandlerFunc {
 		if !ok {
 			return errors.New("no transaction in the message's context")
 		}
-		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` (message_id, payload) VALUES ($1, $2)`, msg.UUID, string(msg.Payload))
-		if err == nil && f.fail(msg.UUID) {
+		payload, fail := string(msg.Payload), f.fail(msg.UUID)
+		if fail {
+			payload = failedPayload
+		}
+		_, err := tx.ExecContext(msg.Context(), `INSERT INTO `+charges+` (message_id, payload) VALUES ($1, $2)`, msg.UUID, payload)
+		if err == nil && fail {
 			err = fmt.Errorf("injected failure of the first delivery of %s, after its row", msg.UUID)
 		}
 		return err
@@ -98,19 +106,20 @@ func charge(charges string, f *failOnce) message.NoPublishHandlerFunc {
 }
 
 // sqlPubSub returns a watermill-sql publisher and subscriber on db
-// (PostgreSQL, the default schema with consumer-group offsets), polling
-// fast so that the tests run quickly.
-func sqlPubSub(tb testing.TB, db *sql.DB, group string) (message.Publisher, message.Subscriber) {
+// (PostgreSQL, the default schema with consumer-group offsets, batch
+// messages a transaction; 0: watermill-sql's default, 100), polling fast
+// so that the tests run quickly.
+func sqlPubSub(tb testing.TB, db *sql.DB, group string, batch int) (message.Publisher, message.Subscriber) {
 	tb.Helper()
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db), wsql.PublisherConfig{
-		SchemaAdapter: wsql.DefaultPostgreSQLSchema{}, AutoInitializeSchema: true,
+		SchemaAdapter: wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: batch}, AutoInitializeSchema: true,
 	}, watermill.NopLogger{})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db), wsql.SubscriberConfig{
 		ConsumerGroup:    group,
-		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: batch},
 		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
 		InitializeSchema: true,
 		PollInterval:     20 * time.Millisecond,
