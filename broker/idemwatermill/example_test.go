@@ -33,10 +33,10 @@ func Example() {
 
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	handled := make(chan struct{}, 3)
-	handler := router.AddConsumerHandler("charge", "payments", pubSub, func(msg *message.Message) error {
+	handler := router.AddHandler("charge", "payments", pubSub, "receipts", pubSub, func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := idemwatermill.Tx[*idem.MemoryTx](msg.Context())
 		tx.OnCommit(func() { fmt.Println("charged", msg.UUID, string(msg.Payload)) })
-		return nil
+		return nil, nil // or receipts, published once the charge has committed
 	})
 	// Reports each message once the middleware is done with it, only to
 	// end the example.

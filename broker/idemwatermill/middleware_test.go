@@ -191,10 +191,10 @@ func TestRouterPoisonQueue(t *testing.T) {
 	}
 	var charged atomic.Int32
 	done := make(chan *message.Message, 4)
-	handler := router.AddConsumerHandler("charge", "payments", ps, func(msg *message.Message) error {
+	handler := router.AddHandler("charge", "payments", ps, "receipts", ps, func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := idemwatermill.Tx[*idem.MemoryTx](msg.Context())
 		tx.OnCommit(func() { charged.Add(1) })
-		return nil
+		return nil, nil
 	})
 	handler.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -239,5 +239,25 @@ func TestConfigErrors(t *testing.T) {
 	c, _ := newConsumer(t)
 	if _, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: -1}); !errors.Is(err, idem.ErrInvalidConfig) {
 		t.Errorf("negative RetryDelay: %v", err)
+	}
+}
+
+// A handler that panics is Failed (idem.ErrHandlerPanic), its effect rolled
+// back, and its message nacked for redelivery, not dead-lettered.
+func TestHandlerPanic(t *testing.T) {
+	c, _ := newConsumer(t)
+	var charged atomic.Int32
+	mw, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: time.Nanosecond})
+	h := wrap(t, mw, err, func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := idemwatermill.Tx[*idem.MemoryTx](msg.Context())
+		tx.OnCommit(func() { charged.Add(1) })
+		panic("boom")
+	})
+	_, err = h(message.NewMessage("pay-1", nil))
+	if !errors.Is(err, idem.ErrHandlerPanic) || idemwatermill.ShouldDeadLetter(err) {
+		t.Fatalf("got %v; want a redeliver error matching ErrHandlerPanic", err)
+	}
+	if charged.Load() != 0 {
+		t.Fatal("a panicking handler's effect committed")
 	}
 }

@@ -2,6 +2,7 @@ package watermilltest
 
 import (
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -211,5 +212,30 @@ func TestAMQPLease(t *testing.T) {
 	}
 	if p.calls != n+3 {
 		t.Fatalf("provider called %d times; want %d (each message once, the 3 failed ones once more with the same key)", p.calls, n+3)
+	}
+}
+
+// TransactionalIn on a message whose context holds no transaction (a
+// Pub/Sub other than watermill-sql): Failed with idem.ErrInvalidConfig,
+// nacked, the handler not run.
+func TestTransactionalInWithoutTransaction(t *testing.T) {
+	url := testenv.URL(t, testenv.PostgresEnv, pgExample)
+	_, store := openPG(t, url, "")
+	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-notx-" + suffix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mw, err := idemwatermill.TransactionalIn(c, subscriberTx, idemwatermill.Config{RetryDelay: time.Nanosecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(func(*message.Message) ([]*message.Message, error) {
+		t.Error("the handler ran without a transaction")
+		return nil, nil
+	})
+	_, err = h(message.NewMessage("m-1", []byte(`{}`)))
+	if !errors.Is(err, idem.ErrInvalidConfig) || idemwatermill.ShouldDeadLetter(err) {
+		t.Fatalf("got %v; want a redeliver error matching ErrInvalidConfig", err)
 	}
 }
