@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemwatermill"
@@ -237,5 +238,103 @@ func TestTransactionalInWithoutTransaction(t *testing.T) {
 	_, err = h(message.NewMessage("m-1", []byte(`{}`)))
 	if !errors.Is(err, idem.ErrInvalidConfig) || idemwatermill.ShouldDeadLetter(err) {
 		t.Fatalf("got %v; want a redeliver error matching ErrInvalidConfig", err)
+	}
+}
+
+// watermill-amqp with Watermill's PoisonQueueWithFilter and
+// ShouldDeadLetter: a message without an ID, one with an invalid ID, the
+// same ID with another payload and a handler's idem.Permanent error each
+// reach the poison queue once, with idem's reason in its metadata, and are
+// acked there (never redelivered); none has a charge row, and the
+// permanently failing handler ran once. The valid message is charged once.
+func TestAMQPPoisonQueue(t *testing.T) {
+	t.Parallel()
+	pgURL := testenv.URL(t, testenv.PostgresEnv, pgExample)
+	amqpURL := testenv.URL(t, testenv.AMQPEnv, amqpExample)
+	id := suffix()
+	charges, topic, poison := "wm_charges_"+id, "wm-bad-"+id, "wm-bad-"+id+".poison"
+	db, store := openPG(t, pgURL, charges)
+	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-bad-" + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	idempotent, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := amqp.NewPublisher(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	pq, err := middleware.PoisonQueueWithFilter(pub, poison, idemwatermill.ShouldDeadLetter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poisonSub, err := amqp.NewSubscriber(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer poisonSub.Close()
+	poisoned, err := poisonSub.Subscribe(t.Context(), poison)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var permanentRuns atomic.Int32
+	chargeRow := charge(charges, nil)
+	handler := func(msg *message.Message) error {
+		if msg.UUID == "m-permanent" {
+			permanentRuns.Add(1)
+			return idem.Permanent(errors.New("card declined"))
+		}
+		return chargeRow(msg)
+	}
+	sub, err := amqp.NewSubscriber(amqpConfig(amqpURL), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acks atomic.Int64
+	runRouter(t, sub, topic, handler, countAcks(&acks), pq, idempotent)
+	sent := []struct{ uuid, payload, reason string }{
+		{"m-1", `{"n":1}`, ""},
+		{"", `{"n":2}`, idem.ReasonMissingMessageID},
+		{"bad\x01id", `{"n":3}`, idem.ReasonInvalidMessageID},
+		{"m-1", `{"n":999}`, idem.ReasonFingerprintMismatch},
+		{"m-permanent", `{"n":4}`, idem.ReasonPermanent},
+	}
+	want := map[string]string{} // payload -> reason
+	for _, s := range sent {
+		if err := pub.Publish(topic, message.NewMessage(s.uuid, []byte(s.payload))); err != nil {
+			t.Fatal(err)
+		}
+		if s.reason != "" {
+			want[s.payload] = s.reason
+		}
+	}
+	got := map[string]string{}
+	timeout := time.After(time.Minute)
+	for len(got) < len(want) {
+		select {
+		case m := <-poisoned:
+			got[string(m.Payload)] = m.Metadata.Get(idem.HeaderDeadLetterReason)
+			m.Ack()
+		case <-timeout:
+			t.Fatalf("poison queue after a minute: %v; want %v", got, want)
+		}
+	}
+	for payload, reason := range want {
+		if got[payload] != reason {
+			t.Errorf("poisoned %s: reason %q; want %q", payload, got[payload], reason)
+		}
+	}
+	// Every delivery was acked by the Router: the poison queue's ack of
+	// the four and the charge of m-1; none comes back.
+	testenv.Eventually(t, time.Minute, "5 deliveries acked", func() bool { return acks.Load() >= int64(len(sent)) }, nil)
+	if rows, distinct := chargeCounts(t, db, charges); rows != 1 || distinct != 1 {
+		t.Fatalf("charges: %d rows, %d messages; want m-1 once", rows, distinct)
+	}
+	if n := permanentRuns.Load(); n != 1 {
+		t.Fatalf("the permanently failing handler ran %d times; want 1", n)
 	}
 }
