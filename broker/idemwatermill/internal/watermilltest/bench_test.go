@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/broker/idemwatermill"
 	"github.com/idem-go/idem/internal/testenv"
 )
 
@@ -58,23 +57,6 @@ func BenchmarkMiddleware(b *testing.B) {
 		h := charge(charges, nil)
 		runBench(b, db, charges, mw, func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })
 	})
-}
-
-// transactional returns a function that takes what idem.NewConsumer
-// returns and gives idemwatermill.Transactional over that Consumer, closed
-// when b ends.
-func transactional[TTx any](b *testing.B) func(*idem.Consumer[TTx], error) message.HandlerMiddleware {
-	return func(c *idem.Consumer[TTx], err error) message.HandlerMiddleware {
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { c.Close() })
-		mw, err := idemwatermill.Transactional(c, idemwatermill.Config{Logger: quiet})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return mw
-	}
 }
 
 // dedup is Watermill's Deduplicator as its documentation sets it up, keyed

@@ -24,6 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemwatermill"
 	"github.com/idem-go/idem/store/idemsql"
 )
@@ -220,4 +221,21 @@ func (f *failOnce) fail(id string) bool {
 	first := f.ids[id] && !f.seen[id]
 	f.seen[id] = true
 	return first
+}
+
+// transactional returns a function that takes what idem.NewConsumer
+// returns and gives idemwatermill.Transactional over that Consumer, closed
+// when tb ends.
+func transactional[TTx any](tb testing.TB) func(*idem.Consumer[TTx], error) message.HandlerMiddleware {
+	return func(c *idem.Consumer[TTx], err error) message.HandlerMiddleware {
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { c.Close() })
+		mw, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return mw
+	}
 }

@@ -81,11 +81,7 @@ func kinds(tb testing.TB) map[string]kind {
 				return p
 			},
 			middleware: func(tb testing.TB, c *idem.Consumer[*sql.Tx]) message.HandlerMiddleware {
-				mw, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
-				if err != nil {
-					tb.Fatal(err)
-				}
-				return mw
+				return transactional[*sql.Tx](tb)(c, nil)
 			},
 			committedAfter: true,
 		},

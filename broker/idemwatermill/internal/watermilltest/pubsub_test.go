@@ -115,15 +115,7 @@ func TestAMQPTransactional(t *testing.T) {
 	id := suffix()
 	charges, topic := "wm_charges_"+id, "wm-pay-"+id
 	db, store := openPG(t, pgURL, charges)
-	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-amqp-" + id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	idempotent, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	idempotent := transactional[*sql.Tx](t)(idem.NewConsumer(store, idem.Config{Name: "wm-amqp-" + id}))
 	fails := newFailOnce("m-3", "m-10", "m-51", "m-99")
 	var acks atomic.Int64
 	for range 2 {
@@ -254,15 +246,7 @@ func TestAMQPPoisonQueue(t *testing.T) {
 	id := suffix()
 	charges, topic, poison := "wm_charges_"+id, "wm-bad-"+id, "wm-bad-"+id+".poison"
 	db, store := openPG(t, pgURL, charges)
-	c, err := idem.NewConsumer(store, idem.Config{Name: "wm-bad-" + id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	idempotent, err := idemwatermill.Transactional(c, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
+	idempotent := transactional[*sql.Tx](t)(idem.NewConsumer(store, idem.Config{Name: "wm-bad-" + id}))
 	pub, err := amqp.NewPublisher(amqpConfig(amqpURL), watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
