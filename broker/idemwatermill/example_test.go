@@ -3,6 +3,7 @@ package idemwatermill_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -62,4 +63,52 @@ func Example() {
 	// Unordered output:
 	// charged pay-1 {"amount":100}
 	// charged pay-2 {"amount":100}
+}
+
+// Lease mode, for effects outside the store (here an email): the welcome
+// mail for user-1, delivered twice, is sent once, under an idempotency key
+// for the mail provider. The message the handler returns is stored with
+// the record and published again for the duplicate, with the same UUID, so
+// that a crash before the first publish could not lose it.
+func ExampleLease() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer pubSub.Close()
+
+	emails, _ := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "emails", Lease: time.Minute, PurgeInterval: -1})
+	defer emails.Close()
+	idempotent, err := idemwatermill.Lease(emails, idemwatermill.Config{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	router.AddHandler("welcome", "users.created", pubSub, "mails.sent", pubSub, func(msg *message.Message) ([]*message.Message, error) {
+		a := idemwatermill.Attempt(msg.Context())
+		// The provider call would carry a.Key("welcome-mail") as its
+		// idempotency key.
+		fmt.Println("mail sent to", msg.UUID, "key set:", a.Key("welcome-mail") != "")
+		return []*message.Message{message.NewMessage("mail-"+msg.UUID, []byte("welcome"))}, nil
+	}).AddMiddleware(idempotent)
+	sent := make(chan string, 2)
+	router.AddHandler("audit", "mails.sent", pubSub, "audit.out", pubSub, func(msg *message.Message) ([]*message.Message, error) {
+		sent <- msg.UUID
+		return nil, nil
+	})
+	go router.Run(ctx)
+	<-router.Running()
+
+	for range 2 {
+		if err := pubSub.Publish("users.created", message.NewMessage("user-1", []byte(`{"name":"Ada"}`))); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	fmt.Println("published:", <-sent, <-sent)
+	_ = router.Close()
+	// Output:
+	// mail sent to user-1 key set: true
+	// published: mail-user-1 mail-user-1
 }

@@ -247,9 +247,9 @@ func TransactionalIn(c *idem.Consumer[*sql.Tx], from func(ctx context.Context) (
 //
 // The messages the handler returns are stored with the record (JSON, with
 // content type ResultContentType) and returned again to every duplicate,
-// so the Router publishes them again when a crash came between the
-// completion and the publish: downstream, the same UUIDs arrive at least
-// once.
+// which the Router then publishes again: a crash between the completion
+// and the publish loses nothing, and downstream the same UUIDs arrive at
+// least once (deduplicate them there, with this package on the UUID).
 //
 // Errors match idem.ErrInvalidConfig: a nil c, a negative RetryDelay.
 func Lease(c *idem.LeaseConsumer, cfg Config) (message.HandlerMiddleware, error) {
