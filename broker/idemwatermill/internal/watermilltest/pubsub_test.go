@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -107,7 +108,9 @@ func TestSQLPubSubSubscriberTransaction(t *testing.T) {
 // watermill-amqp on RabbitMQ, two competing routers on one durable queue,
 // with Transactional (idem's own transaction on PostgreSQL): duplicates
 // published by the producer and handlers failing once are charged exactly
-// once.
+// once. The handler also publishes a receipt with a watermill-sql
+// Publisher on idem's transaction (an outbox in Watermill's terms): the
+// receipts, failed attempts' included, are committed exactly once too.
 func TestAMQPTransactional(t *testing.T) {
 	t.Parallel()
 	pgURL := testenv.URL(t, testenv.PostgresEnv, pgExample)
@@ -117,13 +120,30 @@ func TestAMQPTransactional(t *testing.T) {
 	db, store := openPG(t, pgURL, charges)
 	idempotent := transactional[*sql.Tx](t)(idem.NewConsumer(store, idem.Config{Name: "wm-amqp-" + id}))
 	fails := newFailOnce("m-3", "m-10", "m-51", "m-99")
+	receipts := "wm_receipts_" + id
+	_, receiptsSub := sqlPubSub(t, db, "g", 0)
+	if err := receiptsSub.(*wsql.Subscriber).SubscribeInitialize(receipts); err != nil {
+		t.Fatal(err)
+	}
+	chargeRow := charge(charges, fails)
+	handler := func(msg *message.Message) error {
+		tx, _ := idemwatermill.Tx[*sql.Tx](msg.Context())
+		out, err := wsql.NewPublisher(wsql.TxFromStdSQL(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, watermill.NopLogger{})
+		if err != nil {
+			return err
+		}
+		if err := out.Publish(receipts, message.NewMessage("receipt-"+msg.UUID, msg.Payload)); err != nil {
+			return err
+		}
+		return chargeRow(msg)
+	}
 	var acks atomic.Int64
 	for range 2 {
 		sub, err := amqp.NewSubscriber(amqpConfig(amqpURL), watermill.NopLogger{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		runRouter(t, sub, topic, charge(charges, fails), countAcks(&acks), idempotent)
+		runRouter(t, sub, topic, handler, countAcks(&acks), idempotent)
 	}
 	pub, err := amqp.NewPublisher(amqpConfig(amqpURL), watermill.NopLogger{})
 	if err != nil {
@@ -133,6 +153,13 @@ func TestAMQPTransactional(t *testing.T) {
 	const n, dupEvery = 100, 5
 	publishAll(t, pub, topic, n, dupEvery)
 	waitAcks(t, &acks, n+n/dupEvery, db, charges, n)
+	var rows, distinct int
+	if err := db.QueryRow(`SELECT count(*), count(DISTINCT uuid) FROM "watermill_`+receipts+`"`).Scan(&rows, &distinct); err != nil {
+		t.Fatal(err)
+	}
+	if rows != n || distinct != n {
+		t.Fatalf("receipts: %d rows for %d messages; want exactly one each (%d)", rows, distinct, n)
+	}
 }
 
 // provider is an external payment API that deduplicates by idempotency
