@@ -20,12 +20,13 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemwatermill"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 // Environment of the consumer process TestKillHelper runs.
 const (
 	envHelper   = "IDEM_WM_KILL_HELPER" // "1" in the helper process
-	envKind     = "IDEM_WM_KIND"        // "sql" or "amqp"
+	envKind     = "IDEM_WM_KIND"        // a key of kinds
 	envTopic    = "IDEM_WM_TOPIC"
 	envCharges  = "IDEM_WM_CHARGES"
 	envConsumer = "IDEM_WM_CONSUMER"
@@ -36,26 +37,51 @@ const (
 // kind is one Pub/Sub the kill test runs on, with the middleware its
 // users would pick.
 type kind struct {
-	name string
 	// sub returns a new subscriber of the kind.
 	sub func(tb testing.TB, db *sql.DB) message.Subscriber
 	// pub returns a publisher of the kind.
 	pub func(tb testing.TB, db *sql.DB) message.Publisher
-	// middleware is idem's middleware over store.
-	middleware func(tb testing.TB, c *idem.Consumer[*sql.Tx]) message.HandlerMiddleware
-	// committedAfter is whether a message held after idem's middleware
-	// returned has its row committed (idem's own transaction) or not yet
-	// (the subscriber's transaction, committed with the ack).
-	committedAfter bool
+	// middleware is idem's middleware over store, for consumer.
+	middleware func(tb testing.TB, store *idemsql.Store, consumer string) message.HandlerMiddleware
+	// handler is the handler it wraps: charge, unless set.
+	handler func(db *sql.DB, charges string) message.NoPublishHandlerFunc
+	// inside and after are the charge rows of a message whose consumer
+	// was killed inside its handler, and after idem's middleware returned
+	// (before the Router's ack): 0 when rolled back, 1 when committed.
+	inside, after int
 }
 
+// kinds are the kill test's Pub/Subs and modes: watermill-sql with
+// TransactionalIn, watermill-amqp with Transactional, and watermill-amqp
+// with Lease, whose handler charges an external provider that keeps one
+// charge per idempotency key (Attempt.Key): its rows are the provider's
+// calls, its payload the key.
 func kinds(tb testing.TB) map[string]kind {
+	amqpSub := func(tb testing.TB, _ *sql.DB) message.Subscriber {
+		s, err := amqp.NewSubscriber(amqpConfig(testenv.URL(tb, testenv.AMQPEnv, amqpExample)), watermill.NopLogger{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return s
+	}
+	amqpPub := func(tb testing.TB, _ *sql.DB) message.Publisher {
+		p, err := amqp.NewPublisher(amqpConfig(testenv.URL(tb, testenv.AMQPEnv, amqpExample)), watermill.NopLogger{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { p.Close() })
+		return p
+	}
 	return map[string]kind{
 		"sql": {
-			name: "sql",
-			sub:  func(tb testing.TB, db *sql.DB) message.Subscriber { _, s := sqlPubSub(tb, db, "g", 1); return s },
-			pub:  func(tb testing.TB, db *sql.DB) message.Publisher { p, _ := sqlPubSub(tb, db, "g", 1); return p },
-			middleware: func(tb testing.TB, c *idem.Consumer[*sql.Tx]) message.HandlerMiddleware {
+			sub: func(tb testing.TB, db *sql.DB) message.Subscriber { _, s := sqlPubSub(tb, db, "g", 1); return s },
+			pub: func(tb testing.TB, db *sql.DB) message.Publisher { p, _ := sqlPubSub(tb, db, "g", 1); return p },
+			middleware: func(tb testing.TB, store *idemsql.Store, consumer string) message.HandlerMiddleware {
+				c, err := idem.NewConsumer(store, idem.Config{Name: consumer})
+				if err != nil {
+					tb.Fatal(err)
+				}
+				tb.Cleanup(func() { c.Close() })
 				mw, err := idemwatermill.TransactionalIn(c, subscriberTx, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
 				if err != nil {
 					tb.Fatal(err)
@@ -64,28 +90,49 @@ func kinds(tb testing.TB) map[string]kind {
 			},
 		},
 		"amqp": {
-			name: "amqp",
-			sub: func(tb testing.TB, _ *sql.DB) message.Subscriber {
-				s, err := amqp.NewSubscriber(amqpConfig(testenv.URL(tb, testenv.AMQPEnv, amqpExample)), watermill.NopLogger{})
+			sub: amqpSub,
+			pub: amqpPub,
+			middleware: func(tb testing.TB, store *idemsql.Store, consumer string) message.HandlerMiddleware {
+				return transactional[*sql.Tx](tb)(idem.NewConsumer(store, idem.Config{Name: consumer}))
+			},
+			after: 1,
+		},
+		"amqp-lease": {
+			sub: amqpSub,
+			pub: amqpPub,
+			middleware: func(tb testing.TB, store *idemsql.Store, consumer string) message.HandlerMiddleware {
+				// A short lease, so that the next consumer takes over the
+				// killed one's message soon.
+				lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: consumer, Lease: 2 * time.Second, PurgeInterval: -1})
 				if err != nil {
 					tb.Fatal(err)
 				}
-				return s
-			},
-			pub: func(tb testing.TB, _ *sql.DB) message.Publisher {
-				p, err := amqp.NewPublisher(amqpConfig(testenv.URL(tb, testenv.AMQPEnv, amqpExample)), watermill.NopLogger{})
+				tb.Cleanup(func() { lc.Close() })
+				mw, err := idemwatermill.Lease(lc, idemwatermill.Config{RetryDelay: 10 * time.Millisecond, Logger: quiet})
 				if err != nil {
 					tb.Fatal(err)
 				}
-				tb.Cleanup(func() { p.Close() })
-				return p
+				return mw
 			},
-			middleware: func(tb testing.TB, c *idem.Consumer[*sql.Tx]) message.HandlerMiddleware {
-				return transactional[*sql.Tx](tb)(c, nil)
+			handler: func(db *sql.DB, charges string) message.NoPublishHandlerFunc {
+				return func(msg *message.Message) error {
+					key := idemwatermill.Attempt(msg.Context()).Key("charge")
+					_, err := db.ExecContext(msg.Context(), `INSERT INTO `+charges+` (message_id, payload) VALUES ($1, $2)`, msg.UUID, key)
+					return err
+				}
 			},
-			committedAfter: true,
+			inside: 1, // the provider was called
+			after:  1,
 		},
 	}
+}
+
+// handlerOn returns k's handler on db's charges table.
+func (k kind) handlerOn(db *sql.DB, charges string) message.NoPublishHandlerFunc {
+	if k.handler == nil {
+		return charge(charges, nil)
+	}
+	return k.handler(db, charges)
 }
 
 // holdLine is what the helper prints when it stops at the held message.
@@ -102,16 +149,13 @@ func TestKillHelper(t *testing.T) {
 	k := kinds(t)[os.Getenv(envKind)]
 	charges, hold, where := os.Getenv(envCharges), os.Getenv(envHold), os.Getenv(envHoldAt)
 	db, store := openPG(t, testenv.URL(t, testenv.PostgresEnv, pgExample), "")
-	c, err := idem.NewConsumer(store, idem.Config{Name: os.Getenv(envConsumer)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	stop := func(at string) {
 		fmt.Println(holdLine(at, hold))
 		select {} // until SIGKILL
 	}
+	inner := k.handlerOn(db, charges)
 	handler := func(msg *message.Message) error {
-		if err := charge(charges, nil)(msg); err != nil {
+		if err := inner(msg); err != nil {
 			return err
 		}
 		if where == "inside" && msg.UUID == hold {
@@ -128,7 +172,7 @@ func TestKillHelper(t *testing.T) {
 			return out, err
 		}
 	}
-	runRouter(t, k.sub(t, db), os.Getenv(envTopic), handler, after, k.middleware(t, c))
+	runRouter(t, k.sub(t, db), os.Getenv(envTopic), handler, after, k.middleware(t, store, os.Getenv(envConsumer)))
 	select {}
 }
 
@@ -183,19 +227,21 @@ func rowsOf(t *testing.T, db *sql.DB, charges, id string) int {
 	return n
 }
 
-// TestKillConsumer SIGKILLs a consumer process twice on each Pub/Sub:
-// once inside the handler of m-10 (its row written, uncommitted), once
-// after idem's middleware returned for m-25 and before the Router's ack (on
-// watermill-sql the claim and the row are in the subscriber's transaction,
-// not committed yet; on RabbitMQ idem's transaction has committed and
-// the message is unacked). A third consumer, in this process, takes over
-// the rest: every message is charged exactly once, duplicates published by
-// the producer included.
+// TestKillConsumer SIGKILLs a consumer process twice on each Pub/Sub and
+// mode: once inside the handler of m-10 (its row written, uncommitted),
+// once after idem's middleware returned for m-25 and before the Router's
+// ack (on watermill-sql the claim and the row are in the subscriber's
+// transaction, not committed yet; on RabbitMQ idem's transaction, or the
+// lease's completion, has committed and the message is unacked). A third
+// consumer, in this process, takes over the rest: every message is
+// charged exactly once, duplicates published by the producer included;
+// in lease mode the provider may be called again for m-10, with the same
+// idempotency key.
 func TestKillConsumer(t *testing.T) {
 	pgURL := testenv.URL(t, testenv.PostgresEnv, pgExample)
-	for _, name := range []string{"sql", "amqp"} {
+	for _, name := range []string{"sql", "amqp", "amqp-lease"} {
 		t.Run(name, func(t *testing.T) {
-			if name == "amqp" {
+			if name != "sql" {
 				testenv.URL(t, testenv.AMQPEnv, amqpExample)
 			}
 			k := kinds(t)[name]
@@ -204,7 +250,7 @@ func TestKillConsumer(t *testing.T) {
 			db, store := openPG(t, pgURL, charges)
 			env := []string{envKind + "=" + name, envTopic + "=" + topic, envCharges + "=" + charges, envConsumer + "=" + consumer}
 			const n, dupEvery = 42, 4 // m-41, the last, is published once
-			if name == "amqp" {
+			if name != "sql" {
 				// The queue must exist before the messages are published
 				// to it: a subscriber declares it.
 				s := k.sub(t, db)
@@ -218,26 +264,14 @@ func TestKillConsumer(t *testing.T) {
 			publishAll(t, k.pub(t, db), topic, n, dupEvery)
 
 			runUntilKilled(t, env, "inside", "m-10")
-			if got := rowsOf(t, db, charges, "m-10"); got != 0 {
-				t.Fatalf("m-10, killed inside its handler, has %d rows; want 0 (rolled back)", got)
+			if got := rowsOf(t, db, charges, "m-10"); got != k.inside {
+				t.Fatalf("m-10, killed inside its handler, has %d rows; want %d", got, k.inside)
 			}
-			r1, _ := chargeCounts(t, db, charges)
 			runUntilKilled(t, env, "after", "m-25")
-			r2, _ := chargeCounts(t, db, charges)
-			t.Logf("rows after the first kill: %d, after the second: %d", r1, r2)
-			want := 0
-			if k.committedAfter {
-				want = 1
-			}
-			if got := rowsOf(t, db, charges, "m-25"); got != want {
-				t.Fatalf("m-25, killed before its ack, has %d rows; want %d", got, want)
+			if got := rowsOf(t, db, charges, "m-25"); got != k.after {
+				t.Fatalf("m-25, killed before its ack, has %d rows; want %d", got, k.after)
 			}
 
-			c, err := idem.NewConsumer(store, idem.Config{Name: consumer})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
 			last := make(chan struct{})
 			var lastOnce sync.Once
 			seenLast := func(h message.HandlerFunc) message.HandlerFunc {
@@ -249,17 +283,30 @@ func TestKillConsumer(t *testing.T) {
 					return out, err
 				}
 			}
-			runRouter(t, k.sub(t, db), topic, charge(charges, nil), seenLast, k.middleware(t, c))
+			runRouter(t, k.sub(t, db), topic, k.handlerOn(db, charges), seenLast, k.middleware(t, store, consumer))
 			select {
 			case <-last:
 			case <-time.After(2 * time.Minute):
 				t.Fatal("the last message was not acked in 2 minutes")
 			}
-			testenv.Eventually(t, time.Minute, "every charge committed", func() bool { rows, _ := chargeCounts(t, db, charges); return rows >= n }, nil)
-			rows, distinct := chargeCounts(t, db, charges)
-			t.Logf("%s: %d messages (%d deliveries published), 2 consumers SIGKILLed: %d charge rows, %d distinct", name, n, n+(n+dupEvery-1)/dupEvery, rows, distinct)
-			if rows != n || distinct != n {
-				t.Fatalf("charges: %d rows for %d messages; want exactly one each (%d)", rows, distinct, n)
+			var rows, messages, charged int
+			testenv.Eventually(t, time.Minute, "every charge committed", func() bool {
+				// charged: distinct (message, payload) pairs; the payload
+				// is the message's own, or in lease mode the idempotency
+				// key, of which each message must have one.
+				err := db.QueryRow(`SELECT count(*), count(DISTINCT message_id), count(DISTINCT (message_id, payload)) FROM `+charges).Scan(&rows, &messages, &charged)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return messages >= n
+			}, nil)
+			t.Logf("%s: %d messages (%d deliveries published), 2 consumers SIGKILLed: %d charges of %d messages, %d rows (handler calls that committed or reached the provider)",
+				name, n, n+(n+dupEvery-1)/dupEvery, charged, messages, rows)
+			if messages != n || charged != n {
+				t.Fatalf("%d charges of %d messages; want exactly one each (%d)", charged, messages, n)
+			}
+			if k.handler == nil && rows != n {
+				t.Fatalf("%d charge rows for %d messages; want exactly one each", rows, n)
 			}
 		})
 	}
