@@ -6,8 +6,6 @@ replace github.com/idem-go/idem => ../../../..
 
 replace github.com/idem-go/idem/broker/idemwatermill => ../..
 
-replace github.com/idem-go/idem/broker/brokertest => ../../../brokertest
-
 replace github.com/idem-go/idem/store/idemsql => ../../../../store/idemsql
 
 replace github.com/idem-go/idem/store/idempgxv5 => ../../../../store/idempgxv5
@@ -18,6 +16,7 @@ require (
 	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
 	github.com/idem-go/idem v0.0.0
 	github.com/idem-go/idem/broker/idemwatermill v0.0.0-00010101000000-000000000000
+	github.com/idem-go/idem/store/idempgxv5 v0.0.0-00010101000000-000000000000
 	github.com/idem-go/idem/store/idemsql v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 )
