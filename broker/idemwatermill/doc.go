@@ -12,7 +12,7 @@
 // store's, shared by every replica and kept across restarts, and it exists
 // only once the handler has succeeded.
 //
-// # Two modes
+// # Modes
 //
 // [Transactional] (an *idem.Consumer, transactional mode) is for handlers
 // whose effects live in the store's database, the way Watermill's SQL
@@ -82,16 +82,20 @@
 //     redelivered, for ever: nothing is dropped silently.
 //
 // Watermill's middleware.Retry may wrap this middleware (each retry claims
-// again); a middleware.Timeout inside it bounds the handler, whose context
-// then ends, and the claim rolls back.
+// again). A middleware.Timeout, outside or inside it, bounds the handler:
+// its context ends, its statements fail, and the claim rolls back with
+// them.
 //
 // # Costs
 //
 // One store transaction per message (transactional mode: BEGIN, the claim,
 // COMMIT, in the same database as the effects) or a lease acquire and a
-// complete (lease mode), instead of the Deduplicator's map lookup; the
-// benchmark in this module's test module measures it against the
-// Deduplicator. A redelivery that is a duplicate costs one claim. In
+// complete (lease mode), instead of the Deduplicator's map lookup.
+// BenchmarkMiddleware, in this module's test module, measures it against
+// the Deduplicator, one message at a time, with the handler writing the
+// same row on durable PostgreSQL: about 1.4 to 1.7 times its time per
+// message, 3.5 times its client CPU, 690 WAL bytes against 152 and 93
+// allocations against 16 (the README's table has the runs). A redelivery that is a duplicate costs one claim. In
 // transactional mode, the messages a handler returns (rather than publishing
 // them on the transaction) are published after the commit, and a crash
 // between the two loses them.
