@@ -153,13 +153,33 @@ func amqpConfig(url string) amqp.Config {
 // runRouter runs a Router with one consumer handler of topic on sub,
 // wrapped in mws (outermost first), until the test ends; it returns once
 // the handler is running.
-func runRouter(tb testing.TB, sub message.Subscriber, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) *message.Router {
+func runRouter(tb testing.TB, sub message.Subscriber, topic string, h message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) {
+	tb.Helper()
+	runRouterOut(tb, sub, topic, nil, func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }, mws...)
+}
+
+// output is where a handler's returned messages are published.
+type output struct {
+	topic string
+	pub   message.Publisher
+}
+
+// runRouterOut is runRouter for a handler whose returned messages the
+// Router publishes to out (nil: a handler that returns none).
+func runRouterOut(tb testing.TB, sub message.Subscriber, topic string, out *output, h message.HandlerFunc, mws ...message.HandlerMiddleware) {
 	tb.Helper()
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	router.AddConsumerHandler("charge", topic, sub, h).AddMiddleware(mws...)
+	if out != nil {
+		router.AddHandler("charge", topic, sub, out.topic, out.pub, h).AddMiddleware(mws...)
+	} else {
+		router.AddConsumerHandler("charge", topic, sub, func(msg *message.Message) error {
+			_, err := h(msg)
+			return err
+		}).AddMiddleware(mws...)
+	}
 	done := make(chan error, 1)
 	go func() { done <- router.Run(context.Background()) }()
 	select {
@@ -173,7 +193,6 @@ func runRouter(tb testing.TB, sub message.Subscriber, topic string, h message.No
 		}
 		<-done
 	})
-	return router
 }
 
 // publishAll publishes n JSON messages m-0 ... m-(n-1) on topic, and again

@@ -44,7 +44,10 @@ type kind struct {
 	// middleware is idem's middleware over store, for consumer.
 	middleware func(tb testing.TB, store *idemsql.Store, consumer string) message.HandlerMiddleware
 	// handler is the handler it wraps: charge, unless set.
-	handler func(db *sql.DB, charges string) message.NoPublishHandlerFunc
+	handler func(db *sql.DB, charges string) message.HandlerFunc
+	// receipts is whether the handler returns a receipt for each message,
+	// which the Router publishes to the topic's "-receipts" queue.
+	receipts bool
 	// inside and after are the charge rows of a message whose consumer
 	// was killed inside its handler, and after idem's middleware returned
 	// (before the Router's ack): 0 when rolled back, 1 when committed.
@@ -114,25 +117,37 @@ func kinds(tb testing.TB) map[string]kind {
 				}
 				return mw
 			},
-			handler: func(db *sql.DB, charges string) message.NoPublishHandlerFunc {
-				return func(msg *message.Message) error {
+			handler: func(db *sql.DB, charges string) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
 					key := idemwatermill.Attempt(msg.Context()).Key("charge")
-					_, err := db.ExecContext(msg.Context(), `INSERT INTO `+charges+` (message_id, payload) VALUES ($1, $2)`, msg.UUID, key)
-					return err
+					if _, err := db.ExecContext(msg.Context(), `INSERT INTO `+charges+` (message_id, payload) VALUES ($1, $2)`, msg.UUID, key); err != nil {
+						return nil, err
+					}
+					return []*message.Message{message.NewMessage("receipt-"+msg.UUID, []byte(`{}`))}, nil
 				}
 			},
-			inside: 1, // the provider was called
-			after:  1,
+			receipts: true,
+			inside:   1, // the provider was called
+			after:    1,
 		},
 	}
 }
 
 // handlerOn returns k's handler on db's charges table.
-func (k kind) handlerOn(db *sql.DB, charges string) message.NoPublishHandlerFunc {
+func (k kind) handlerOn(db *sql.DB, charges string) message.HandlerFunc {
 	if k.handler == nil {
-		return charge(charges, nil)
+		h := charge(charges, nil)
+		return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
 	}
 	return k.handler(db, charges)
+}
+
+// outputOf returns where k's receipts for topic go (nil: none).
+func (k kind) outputOf(tb testing.TB, db *sql.DB, topic string) *output {
+	if !k.receipts {
+		return nil
+	}
+	return &output{topic: topic + "-receipts", pub: k.pub(tb, db)}
 }
 
 // holdLine is what the helper prints when it stops at the held message.
@@ -154,14 +169,12 @@ func TestKillHelper(t *testing.T) {
 		select {} // until SIGKILL
 	}
 	inner := k.handlerOn(db, charges)
-	handler := func(msg *message.Message) error {
-		if err := inner(msg); err != nil {
-			return err
-		}
-		if where == "inside" && msg.UUID == hold {
+	handler := func(msg *message.Message) ([]*message.Message, error) {
+		out, err := inner(msg)
+		if err == nil && where == "inside" && msg.UUID == hold {
 			stop("inside")
 		}
-		return nil
+		return out, err
 	}
 	after := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -172,7 +185,8 @@ func TestKillHelper(t *testing.T) {
 			return out, err
 		}
 	}
-	runRouter(t, k.sub(t, db), os.Getenv(envTopic), handler, after, k.middleware(t, store, os.Getenv(envConsumer)))
+	topic := os.Getenv(envTopic)
+	runRouterOut(t, k.sub(t, db), topic, k.outputOf(t, db, topic), handler, after, k.middleware(t, store, os.Getenv(envConsumer)))
 	select {}
 }
 
@@ -261,6 +275,7 @@ func TestKillConsumer(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			receipts := collect(t, k, db, topic)
 			publishAll(t, k.pub(t, db), topic, n, dupEvery)
 
 			runUntilKilled(t, env, "inside", "m-10")
@@ -283,7 +298,7 @@ func TestKillConsumer(t *testing.T) {
 					return out, err
 				}
 			}
-			runRouter(t, k.sub(t, db), topic, k.handlerOn(db, charges), seenLast, k.middleware(t, store, consumer))
+			runRouterOut(t, k.sub(t, db), topic, k.outputOf(t, db, topic), k.handlerOn(db, charges), seenLast, k.middleware(t, store, consumer))
 			select {
 			case <-last:
 			case <-time.After(2 * time.Minute):
@@ -308,6 +323,62 @@ func TestKillConsumer(t *testing.T) {
 			if k.handler == nil && rows != n {
 				t.Fatalf("%d charge rows for %d messages; want exactly one each", rows, n)
 			}
+			if receipts != nil {
+				testenv.Eventually(t, time.Minute, "a receipt for every message", func() bool { return receipts.distinct() >= n }, nil)
+				t.Logf("%s: receipts of %d messages published, %d in all (the duplicates' replays included)", name, receipts.distinct(), receipts.total())
+			}
 		})
 	}
+}
+
+// receiptSet counts the receipts a kind's handlers returned and the Router
+// published.
+type receiptSet struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (r *receiptSet) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+func (r *receiptSet) total() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, c := range r.seen {
+		n += c
+	}
+	return n
+}
+
+// collect subscribes to k's receipts for topic, when k has any, and
+// counts them until the test ends.
+func collect(t *testing.T, k kind, db *sql.DB, topic string) *receiptSet {
+	if !k.receipts {
+		return nil
+	}
+	sub := k.sub(t, db)
+	msgs, err := sub.Subscribe(t.Context(), topic+"-receipts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &receiptSet{seen: map[string]int{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m := range msgs {
+			r.mu.Lock()
+			r.seen[m.UUID]++
+			r.mu.Unlock()
+			m.Ack()
+		}
+	}()
+	t.Cleanup(func() {
+		sub.Close()
+		<-done
+	})
+	return r
 }
