@@ -2,9 +2,7 @@ package console
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -59,8 +57,13 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Metrics, if set, is served at /metrics (behind the token).
 	Metrics http.Handler
-	// Now is the clock of ages; nil is time.Now.
+	// Now is the clock of ages, of the session's expiry and of the
+	// sign-in limit; nil is time.Now.
 	Now func() time.Time
+	// SessionTTL is how long a sign-in lasts (the session cookie's
+	// Max-Age and the expiry the server checks). Defaults to
+	// DefaultSessionTTL.
+	SessionTTL time.Duration
 }
 
 // Server is the web console: an http.Handler.
@@ -69,7 +72,7 @@ type Server struct {
 	mux     *http.ServeMux
 	tmpl    *template.Template
 	actions *prometheus.CounterVec
-	session string // the session cookie's value when Token is set
+	signIns signIns
 
 	mu     sync.Mutex
 	done   map[string]doneAction    // action keys already used -> their action and result
@@ -91,6 +94,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	tmpl, err := template.New("").Funcs(template.FuncMap{"deref": func(s *string) string {
 		if s == nil {
 			return "-"
@@ -110,11 +116,6 @@ func New(cfg Config) (*Server, error) {
 		if err := cfg.Registerer.Register(s.actions); err != nil {
 			return nil, err
 		}
-	}
-	if cfg.Token != "" {
-		m := hmac.New(sha256.New, []byte(cfg.Token))
-		m.Write([]byte("idem console session"))
-		s.session = hex.EncodeToString(m.Sum(nil))
 	}
 	static, _ := fs.Sub(staticFS, "static")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
@@ -184,20 +185,36 @@ func (s *Server) authorized(r *http.Request) bool {
 		return subtle.ConstantTimeCompare([]byte(a[7:]), []byte(s.cfg.Token)) == 1
 	}
 	c, err := r.Cookie("idem_session")
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
+	return err == nil && s.sessionOK(c.Value)
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true})
 }
 
+// login signs a client in with the token, at most SignInFailures failed
+// attempts per client in SignInWindow: the next get 429 and a
+// Retry-After, without the token being compared.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	client, now := clientOf(r), s.cfg.Now()
+	if d := s.signIns.wait(client, now); d > 0 {
+		secs := int(d.Seconds()) + 1
+		s.cfg.Logger.Warn("console sign-in refused: too many failures", "remote", r.RemoteAddr, "retry_after_s", secs, "at", now.UTC())
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		w.WriteHeader(http.StatusTooManyRequests)
+		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true,
+			"Error": fmt.Sprintf("too many failed sign-ins from this address: try again in %s", time.Duration(secs)*time.Second)})
+		return
+	}
 	if s.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(s.cfg.Token)) != 1 {
+		s.signIns.fail(client, now)
+		s.cfg.Logger.Warn("console sign-in failed", "remote", r.RemoteAddr, "at", now.UTC())
 		w.WriteHeader(http.StatusUnauthorized)
 		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token", "Public": true})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.sessionValue(now.Add(s.cfg.SessionTTL)), Path: "/",
+		MaxAge: int(s.cfg.SessionTTL.Seconds()), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	http.Redirect(w, r, "/consumers", http.StatusSeeOther)
 }
 
@@ -280,6 +297,11 @@ func (s *Server) failed(r *http.Request) (any, error) {
 	page, err := s.cfg.Store.ListRecords(r.Context(), &p)
 	if err != nil {
 		return nil, err
+	}
+	if len(page.Records) == 0 && page.Next == "" && p.Cursor == "" {
+		if err := KnownConsumer(r.Context(), s.cfg.Store, p.Consumer); err != nil {
+			return nil, err
+		}
 	}
 	return NewRecordPageView(p.Consumer, state, page, s.cfg.Now()), nil
 }
@@ -507,15 +529,16 @@ func wantsJSON(r *http.Request) bool {
 	return len(r.URL.Path) > 5 && r.URL.Path[:5] == "/api/" || r.Header.Get("Accept") == "application/json"
 }
 
-// fail answers err: 400 for bad input, 404 for a missing record, 409 for
-// the wrong state, 403 for CSRF, 501 for what the store cannot do, 500
-// otherwise (without the detail, which may name the database).
+// fail answers err: 400 for bad input, 404 for a missing record or an
+// unknown consumer, 409 for the wrong state, 403 for CSRF, 501 for what
+// the store cannot do, 500 otherwise, with PublicError's text (the full
+// error goes to the log).
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err error) {
 	code, msg := http.StatusInternalServerError, "the store failed; see the console's log"
 	switch {
 	case errors.Is(err, errCSRF):
 		code, msg = http.StatusForbidden, err.Error()
-	case errors.Is(err, idemdriver.ErrNotFound):
+	case errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrUnknownConsumer):
 		code, msg = http.StatusNotFound, err.Error()
 	case errors.Is(err, idemdriver.ErrWrongState):
 		code, msg = http.StatusConflict, err.Error()
@@ -529,6 +552,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err e
 	case errors.Is(err, context.Canceled):
 		return
 	default:
+		msg = PublicError(err, s.cfg.ShowPayloads)
 		s.cfg.Logger.Error("console: store error", "path", r.URL.Path, "error", err.Error())
 	}
 	if asJSON {

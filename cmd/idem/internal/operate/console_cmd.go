@@ -74,6 +74,9 @@ every action; outbox payloads are hidden unless --show-payloads.`,
 				return err
 			}
 			defer st.Close()
+			if err := console.Probe(cmd.Context(), st.Store); err != nil {
+				return fmt.Errorf("%s: %w", st.Where, err)
+			}
 			reg := prometheus.NewRegistry()
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			srv, err := console.New(console.Config{
@@ -99,9 +102,21 @@ every action; outbox payloads are hidden unless --show-payloads.`,
 	return cmd
 }
 
-// Serve serves h on ln until ctx ends, then shuts down within 5 seconds.
+// The console server's timeouts: a client that sends its request slowly,
+// or reads the answer slowly, or keeps an idle connection, does not keep
+// a connection (and its goroutine) for longer.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 60 * time.Second
+	IdleTimeout       = 2 * time.Minute
+)
+
+// Serve serves h on ln until ctx ends, then shuts down within 5 seconds,
+// with the timeouts above.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
+		WriteTimeout: WriteTimeout, IdleTimeout: IdleTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

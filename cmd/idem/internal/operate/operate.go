@@ -116,6 +116,11 @@ next page's cursor is printed last (JSON: "next").`,
 			if err != nil {
 				return badInput(err, st.Where)
 			}
+			if len(page.Records) == 0 && page.Next == "" && cursor == "" {
+				if err := console.KnownConsumer(cmd.Context(), st.Store, consumer); err != nil {
+					return fmt.Errorf("%s: %w", st.Where, err)
+				}
+			}
 			v := console.NewRecordPageView(consumer, state, page, now())
 			if asJSON {
 				return console.WriteJSON(out, v)

@@ -91,6 +91,9 @@ func TestFailedRetryRelease(t *testing.T) {
 	if _, err := run(t, store, "failed", "--store", "mem:", "--consumer", "payments", "--cursor", "bad"); !errors.As(err, &ue) {
 		t.Errorf("bad cursor: %v, want a usage error", err)
 	}
+	if _, err := run(t, store, "failed", "--store", "mem:", "--consumer", "paymnets"); !errors.Is(err, console.ErrUnknownConsumer) || !strings.Contains(err.Error(), `"payments"`) {
+		t.Errorf("unknown consumer: %v, want ErrUnknownConsumer naming payments", err)
+	}
 }
 
 func TestCheckListen(t *testing.T) {
