@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -47,8 +48,16 @@ type Config struct {
 	Token string
 	// ReadOnly removes every action.
 	ReadOnly bool
-	// ShowPayloads shows the outbox rows' payloads and headers.
+	// ShowPayloads shows the outbox rows' and the dead letters' payloads
+	// and headers, and the store's own error messages.
 	ShowPayloads bool
+	// DeadLetters, if set, is the broker whose dead letters the console
+	// lists and replays.
+	DeadLetters DeadLetters
+	// DeadLetterDests are the dead-letter destinations the dead-letters
+	// page links to, each "DEST" or "DEST=CONSUMER" (the consumer whose
+	// records a replay makes retryable).
+	DeadLetterDests []string
 	// Logger receives the audit log of the actions (who, what, when,
 	// result); nil discards it.
 	Logger *slog.Logger
@@ -126,6 +135,7 @@ func New(cfg Config) (*Server, error) {
 	s.page("failed", s.failed)
 	s.page("outbox", s.outbox)
 	s.page("message", s.message)
+	s.page("deadletters", s.deadLetters)
 	if cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
 	}
@@ -336,6 +346,40 @@ func (s *Server) message(r *http.Request) (any, error) {
 	return v, nil
 }
 
+// deadLetters is the dead-letters page: without dest, the destinations
+// configured; with it, its causes and a page of its dead letters.
+func (s *Server) deadLetters(r *http.Request) (any, error) {
+	q := r.URL.Query()
+	if q.Get("dest") == "" {
+		if s.cfg.DeadLetters == nil {
+			return nil, ErrNoBroker
+		}
+		v := DeadLetterIndexView{Broker: s.cfg.DeadLetters.Where(), Destinations: []DeadLetterDest{}}
+		for _, d := range s.cfg.DeadLetterDests {
+			dest, consumer, _ := strings.Cut(d, "=")
+			v.Destinations = append(v.Destinations, DeadLetterDest{Destination: dest, Consumer: consumer})
+		}
+		return v, nil
+	}
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	scan, _ := strconv.Atoi(q.Get("scan"))
+	return ReadDeadLetters(r.Context(), s.cfg.DeadLetters, q.Get("dest"), q.Get("consumer"), q.Get("cursor"), limit, scan, s.cfg.ShowPayloads)
+}
+
+// DeadLetterIndexView is the dead-letters page without a destination:
+// the destinations the console was started with.
+type DeadLetterIndexView struct {
+	Broker       string           `json:"broker"`
+	Destinations []DeadLetterDest `json:"destinations"`
+}
+
+// DeadLetterDest is a dead-letter destination and the consumer whose
+// records its replays make retryable ("" when not configured).
+type DeadLetterDest struct {
+	Destination string `json:"destination"`
+	Consumer    string `json:"consumer,omitempty"`
+}
+
 // MessageView is the message page: the record and its recovery points.
 type MessageView struct {
 	RecordView
@@ -397,12 +441,14 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		who = "token holder"
 	}
 	if !seen {
-		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now)
+		v, err = Run(r.Context(), s.cfg.Store, s.cfg.DeadLetters, a, s.cfg.Now)
 		result := "changed"
 		switch {
 		case err == nil && !v.Changed:
 			result = "unchanged"
-		case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrBadAction):
+		case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrBadAction),
+			errors.Is(err, ErrNotReplayable), errors.Is(err, ErrReplayDropped), errors.Is(err, ErrNoDeadLetter), errors.Is(err, ErrUnknownConsumer),
+			errors.Is(err, idem.ErrPurgeInProgress), errors.Is(err, ErrNoBroker):
 			result = "refused"
 		case err != nil:
 			result = "error"
@@ -485,7 +531,15 @@ func (s *Server) settle(key string, a Action, v *ActionView) {
 
 // actionOf reads an action from a query or a form.
 func actionOf(q url.Values) (Action, error) {
-	a := Action{Kind: q.Get("action"), Consumer: q.Get("consumer"), MessageID: q.Get("id"), OutboxID: q.Get("outbox_id")}
+	a := Action{Kind: q.Get("action"), Consumer: q.Get("consumer"), MessageID: q.Get("id"), OutboxID: q.Get("outbox_id"),
+		DeadLetter: q.Get("dead_letter"), Position: q.Get("position"), Force: q.Get("force") == "true"}
+	if d := q.Get("older_than"); d != "" {
+		n, err := time.ParseDuration(d)
+		if err != nil {
+			return Action{}, fmt.Errorf("%w: older than %q: want a duration, as in 168h", ErrBadAction, d)
+		}
+		a.OlderThan = n
+	}
 	if t := q.Get("token"); t != "" {
 		n, err := strconv.ParseInt(t, 10, 64)
 		if err != nil {
@@ -538,9 +592,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err e
 	switch {
 	case errors.Is(err, errCSRF):
 		code, msg = http.StatusForbidden, err.Error()
-	case errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrUnknownConsumer):
+	case errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrUnknownConsumer), errors.Is(err, ErrNoBroker),
+		errors.Is(err, ErrNoDeadLetters), errors.Is(err, ErrNoDeadLetter):
 		code, msg = http.StatusNotFound, err.Error()
-	case errors.Is(err, idemdriver.ErrWrongState):
+	case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, ErrReplayDropped), errors.Is(err, idem.ErrPurgeInProgress):
 		code, msg = http.StatusConflict, err.Error()
 	case errors.Is(err, ErrNoOutbox):
 		code, msg = http.StatusNotFound, err.Error()

@@ -23,7 +23,7 @@ func run(t *testing.T, store *idem.MemoryStore, args ...string) (string, error) 
 		return operate.Opened{Store: store, Where: "memory", Close: func() error { return nil }}, nil
 	}
 	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
-	root.AddCommand(operate.Commands(open, func() time.Time { return time.Now() })...)
+	root.AddCommand(operate.Commands(open, nil, func() time.Time { return time.Now() })...)
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
