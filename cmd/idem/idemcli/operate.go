@@ -66,7 +66,7 @@ func openDeadLetters(ctx context.Context, rawURL string) (console.DeadLetters, f
 	case "amqp", "amqps":
 		return deadletter.Unbrowsable{Broker: "RabbitMQ at " + redact(rawURL)}, func() {}, nil
 	case "kafka":
-		return deadletter.Unbrowsable{Broker: "Kafka (not read by the console yet)"}, func() {}, nil
+		return deadletter.Unbrowsable{Broker: "Kafka at " + redact(rawURL), Why: "the console does not read Kafka's dead-letter topics yet; read them with a consumer of your own from the start (kcat -C -t TOPIC -o beginning)"}, func() {}, nil
 	}
 	return nil, nil, usageError{fmt.Errorf("%w: broker %q: want nats:// or redis:// (dead letters read in place)", errBadURL, redact(rawURL))}
 }

@@ -322,3 +322,25 @@ func TestRedisStreamsDeadLettersReplayedOnce(t *testing.T) {
 		},
 	})
 }
+
+// Without --broker the dead-letters page says how to get one; a broker
+// whose queues cannot be browsed says why; read-only offers no replay and
+// runs none.
+func TestDeadLettersWithoutABrowsableBroker(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	f := newFixture(t, store, console.Config{})
+	if code, body, _ := f.get("/api/deadletters"); code != http.StatusNotFound || !strings.Contains(body, "--broker") {
+		t.Errorf("no broker: %d %s", code, body)
+	}
+	q := newFixture(t, store, console.Config{DeadLetters: deadletter.Unbrowsable{Broker: "RabbitMQ at amqp://host/"}, DeadLetterDests: []string{"orders-dead=orders"}})
+	if code, body, _ := q.get("/api/deadletters"); code != 200 || !strings.Contains(body, `"consumer": "orders"`) {
+		t.Errorf("index: %d %s", code, body)
+	}
+	if code, body, _ := q.get("/deadletters?dest=orders-dead&consumer=orders"); code != http.StatusNotFound || !strings.Contains(body, "cannot be read without taking its messages") {
+		t.Errorf("RabbitMQ: %d %s", code, body)
+	}
+	ro := newFixture(t, store, console.Config{ReadOnly: true, DeadLetters: deadletter.Unbrowsable{Broker: "x"}})
+	if code, _ := ro.post("/action", map[string][]string{"action": {"replay"}, "consumer": {"c"}, "dead_letter": {"d"}, "position": {"1"}}); code != http.StatusNotFound && code != http.StatusMethodNotAllowed {
+		t.Errorf("read-only replay: %d", code)
+	}
+}

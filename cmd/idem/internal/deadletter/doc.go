@@ -11,5 +11,7 @@
 //     XREVRANGE and XRANGE; a replay is an XADD of the original's fields.
 //   - RabbitMQ and the Go CDK's queues cannot be browsed: reading a
 //     message takes it off the queue (a get and a requeue moves it to the
-//     back and marks it redelivered), so Unbrowsable refuses.
+//     back and marks it redelivered), so Unbrowsable refuses, saying so.
+//     Kafka's dead-letter topics could be read from the start by a client
+//     of no group; that is not done yet, and Unbrowsable says so too.
 package deadletter
