@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,12 +116,26 @@ func FromHeaders(dl *DeadLetter, h map[string]string) {
 	}
 }
 
+// Cause is err with the message ID id replaced by "<id>" (quoted, and,
+// when it is 4 bytes or longer, bare), so that the dead letters of one
+// cause group together although their errors name their messages.
+func Cause(err, id string) string {
+	if id == "" {
+		return err
+	}
+	err = strings.ReplaceAll(err, strconv.Quote(id), `"<id>"`)
+	if len(id) >= 4 {
+		err = strings.ReplaceAll(err, id, "<id>")
+	}
+	return err
+}
+
 // DefaultDeadLetterScan is how many of the newest dead letters the
 // groups of the dead-letters page count.
 const DefaultDeadLetterScan = 1000
 
 // DeadLetterGroup is the dead letters of one cause: a reason and an
-// error text.
+// error text with the message ID left out (Cause).
 type DeadLetterGroup struct {
 	Reason string  `json:"reason"`
 	Error  string  `json:"error"`
@@ -192,12 +207,12 @@ func ReadDeadLetters(ctx context.Context, dls DeadLetters, dest, consumer, curso
 	v.Scanned = len(newest)
 	idx := map[[2]string]int{}
 	for _, dl := range newest {
-		k := [2]string{dl.Reason, dl.Error}
+		k := [2]string{dl.Reason, Cause(dl.Error, dl.MessageID)}
 		i, ok := idx[k]
 		if !ok {
 			i = len(v.Groups)
 			idx[k] = i
-			v.Groups = append(v.Groups, DeadLetterGroup{Reason: dl.Reason, Error: dl.Error, Newest: Time(dl.At)})
+			v.Groups = append(v.Groups, DeadLetterGroup{Reason: dl.Reason, Error: k[1], Newest: Time(dl.At)})
 		}
 		v.Groups[i].Count++
 	}
