@@ -167,14 +167,17 @@ func TestReplayAndPurgeInChromium(t *testing.T) {
 		t.Errorf("after a refused replay: %d copies, o-2 ran %d times; want 1 and 1", n, o.count("o-2"))
 	}
 
-	// The same through the idem command: o-3, at its dead letter's position.
-	dl, _, err := w.dls.Newest(t.Context(), w.dead, "", 1)
-	if err != nil || len(dl) != 1 || dl[0].MessageID != "o-3" {
-		t.Fatalf("newest dead letter: %+v %v", dl, err)
+	// The same through the idem command: o-3, the newest dead letter.
+	code, stdout, stderr := w.cli("failed", "--store", pgURL, "--table", w.table, "--broker", w.redisURL, "--dead-letter", w.dead, "--consumer", "orders", "--limit", "1", "--json")
+	var list console.DeadLettersView
+	if code != 0 || json.Unmarshal([]byte(stdout), &list) != nil || len(list.Groups) != 1 || list.Groups[0].Count != 3 ||
+		len(list.Letters) != 1 || list.Letters[0].MessageID != "o-3" || list.Next == "" || strings.Contains(stdout, "secret-sku") {
+		t.Fatalf("idem failed --dead-letter: %d %s %s", code, stdout, stderr)
 	}
+	dl := list.Letters
 	replay := []string{"replay", "--store", pgURL, "--table", w.table, "--broker", w.redisURL, "--dead-letter", w.dead,
 		"--consumer", "orders", "--position", dl[0].Position, "--json"}
-	code, stdout, stderr := w.cli(replay...)
+	code, stdout, stderr = w.cli(replay...)
 	var v console.ActionView
 	if code != 0 || json.Unmarshal([]byte(stdout), &v) != nil || !v.Changed || v.MessageID != "o-3" {
 		t.Fatalf("idem replay: %d %s %s", code, stdout, stderr)
