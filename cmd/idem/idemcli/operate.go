@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/cmd/idem/internal/deadletter"
@@ -37,9 +38,9 @@ func openOperated(ctx context.Context, storeURL, table string) (operate.Opened, 
 }
 
 // openDeadLetters connects to the broker at rawURL for its dead letters:
-// NATS JetStream and Redis Streams are read in place; RabbitMQ's and the
-// Go CDK's queues cannot be browsed without taking their messages, and
-// say so.
+// NATS JetStream, Redis Streams and Kafka are read in place; RabbitMQ's
+// and the Go CDK's queues cannot be browsed without taking their
+// messages, and say so.
 func openDeadLetters(ctx context.Context, rawURL string) (console.DeadLetters, func(), error) {
 	if isGoCDKURL(rawURL) {
 		return deadletter.Unbrowsable{Broker: "the Go CDK queue at " + redact(rawURL)}, func() {}, nil
@@ -66,9 +67,14 @@ func openDeadLetters(ctx context.Context, rawURL string) (console.DeadLetters, f
 	case "amqp", "amqps":
 		return deadletter.Unbrowsable{Broker: "RabbitMQ at " + redact(rawURL)}, func() {}, nil
 	case "kafka":
-		return deadletter.Unbrowsable{Broker: "Kafka at " + redact(rawURL), Why: "the console does not read Kafka's dead-letter topics yet; read them with a consumer of your own from the start (kcat -C -t TOPIC -o beginning)"}, func() {}, nil
+		seeds := strings.Split(strings.TrimPrefix(strings.TrimPrefix(rawURL, "kafka://"), "kafka:"), ",")
+		cl, err := dialKafka(ctx, seeds)
+		if err != nil {
+			return nil, nil, err
+		}
+		return deadletter.NewKafka(cl, "Kafka at "+strings.Join(seeds, ","), kgo.SeedBrokers(seeds...)), cl.Close, nil
 	}
-	return nil, nil, usageError{fmt.Errorf("%w: broker %q: want nats:// or redis:// (dead letters read in place)", errBadURL, redact(rawURL))}
+	return nil, nil, usageError{fmt.Errorf("%w: broker %q: want nats://, redis:// or kafka:// (dead letters read in place)", errBadURL, redact(rawURL))}
 }
 
 // adaptOperate makes the command's usage errors the idem command's (exit

@@ -40,6 +40,9 @@ type DeadLetter struct {
 	At time.Time
 	// Payload is the original's payload, byte for byte.
 	Payload []byte
+	// Key is the original's record key (Kafka), which a replay keeps so
+	// that the copy goes to the original's partition.
+	Key []byte
 	// Headers are the original's other headers (or fields), without the
 	// ones idem added to the dead letter. A replay publishes them.
 	Headers map[string]string

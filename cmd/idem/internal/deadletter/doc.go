@@ -9,9 +9,11 @@
 //     detected after (the publish ack's Duplicate flag).
 //   - Redis Streams (RedisStreams): the dead-letter stream, read with
 //     XREVRANGE and XRANGE; a replay is an XADD of the original's fields.
+//   - Kafka (Kafka): the dead-letter topic, read by a client of no
+//     consumer group from offsets below each partition's end (nothing
+//     committed); a replay produces the original's key, value and headers
+//     to the source topic.
 //   - RabbitMQ and the Go CDK's queues cannot be browsed: reading a
 //     message takes it off the queue (a get and a requeue moves it to the
 //     back and marks it redelivered), so Unbrowsable refuses, saying so.
-//     Kafka's dead-letter topics could be read from the start by a client
-//     of no group; that is not done yet, and Unbrowsable says so too.
 package deadletter

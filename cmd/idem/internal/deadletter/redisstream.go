@@ -138,21 +138,15 @@ func (r *RedisStreams) Republish(ctx context.Context, dl console.DeadLetter) (st
 	return "entry " + id, nil
 }
 
-// Unbrowsable is the dead letters of a broker the console does not read:
+// Unbrowsable is the dead letters of a broker whose queues cannot be read
+// without taking the messages off them (RabbitMQ, the Go CDK's queues):
 // every call fails with an error matching console.ErrNoDeadLetters that
-// says why (Why, or for a queue, that reading takes its messages).
-type Unbrowsable struct{ Broker, Why string }
-
-// QueueWhy is why a queue's dead letters are not read: RabbitMQ's, the Go
-// CDK's.
-const QueueWhy = "a queue cannot be read without taking its messages (a get and a requeue moves a message to the back and marks it redelivered); read the dead-letter queue with the broker's own tools"
+// says so.
+type Unbrowsable struct{ Broker string }
 
 func (u Unbrowsable) err() error {
-	why := u.Why
-	if why == "" {
-		why = QueueWhy
-	}
-	return fmt.Errorf("%w: %s: %s", console.ErrNoDeadLetters, u.Broker, why)
+	return fmt.Errorf("%w: %s: a queue cannot be read without taking its messages (a get and a requeue moves a message to the back and marks it redelivered); read the dead-letter queue with the broker's own tools",
+		console.ErrNoDeadLetters, u.Broker)
 }
 
 // Where names the broker.
