@@ -163,8 +163,12 @@ func replayOnce(t *testing.T, store console.Store, ls idemdriver.LeaseStore, b b
 	if _, err := store.RetryRecord(t.Context(), consumer, "pay-1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := console.Run(t.Context(), store, b.dls, a, time.Now); !errors.Is(err, console.ErrNotReplayable) || !strings.Contains(err.Error(), "force") {
-		t.Errorf("replay of a retried record: %v, want ErrNotReplayable naming force", err)
+	if _, err := console.Run(t.Context(), store, b.dls, a, time.Now); !errors.Is(err, console.ErrNotReplayable) || !errors.Is(err, console.ErrForceable) {
+		t.Errorf("replay of a retried record: %v, want ErrNotReplayable, forceable", err)
+	}
+	if code, body := f.post("/action", f.confirmForm("action=replay&consumer="+consumer+"&dead_letter="+b.dest+"&position="+pos1)); code != http.StatusConflict ||
+		!strings.Contains(body, `id="force"`) || !strings.Contains(body, "force=true") {
+		t.Errorf("console replay of a retried record: %d %s, want 409 and a link to force it", code, body)
 	}
 	a.Force = true
 	if res, err := console.Run(t.Context(), store, b.dls, a, time.Now); err != nil || !res.Changed {

@@ -89,6 +89,9 @@ var (
 	// ErrNotReplayable means the dead letter or its record is in no state
 	// to be replayed: nothing was published.
 	ErrNotReplayable = errors.New("not replayed")
+	// ErrForceable marks a replay refused (or dropped) with its record
+	// retryable, which a forced replay publishes anyway.
+	ErrForceable = errors.New("a forced replay publishes it")
 )
 
 // IdemHeader reports whether a header (or field) name is one idem's

@@ -38,7 +38,8 @@ import (
 // The consumer processes the copy once: it is the record's first delivery
 // since the retry, and any other copy is a duplicate of it. Refusals
 // match ErrNotReplayable (and idemdriver.ErrWrongState), and nothing was
-// changed or published.
+// changed or published; those a forced replay would publish (a record
+// retryable already, a copy the broker dropped) match ErrForceable too.
 func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func() time.Time) (ActionView, error) {
 	if err := a.Check(); err != nil {
 		return ActionView{}, err
@@ -54,6 +55,10 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	refuse := func(format string, args ...any) (ActionView, error) {
 		return ActionView{}, fmt.Errorf("%w: %w: dead letter %s of %s: %s; nothing published", ErrNotReplayable, idemdriver.ErrWrongState,
 			a.Position, a.DeadLetter, fmt.Sprintf(format, args...))
+	}
+	forceable := func(format string, args ...any) (ActionView, error) {
+		v, err := refuse(format, args...)
+		return v, fmt.Errorf("%w (%w)", err, ErrForceable)
 	}
 	if dl.MessageID == "" || dl.Reason == idem.ReasonMissingMessageID || dl.Reason == idem.ReasonInvalidMessageID {
 		return refuse("it has no usable message ID (reason %q): its copy would be dead-lettered again", dl.Reason)
@@ -72,7 +77,7 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	case rec.State == idemdriver.StateInProgress && rec.LeaseExpiresAt.After(now()):
 		return refuse("message %q of consumer %q is being processed (attempt %d holds its lease until %s)", dl.MessageID, a.Consumer, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case rec.State == idemdriver.StateInProgress && !a.Force:
-		return refuse("message %q of consumer %q is retryable already: it was replayed (or retried) and waits for that delivery; if no copy is on its way (a retry made without a publish, or a replay the broker dropped), replay with force: the consumer drops any copy after the first as a duplicate", dl.MessageID, a.Consumer)
+		return forceable("message %q of consumer %q is retryable already: it was replayed (or retried) and waits for that delivery; if no copy is on its way (a retry made without a publish, or a replay the broker dropped), replay with force: the consumer drops any copy after the first as a duplicate", dl.MessageID, a.Consumer)
 	}
 	if err := dls.Replayable(ctx, dl); err != nil {
 		return ActionView{}, err
@@ -89,7 +94,7 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	at, err := dls.Republish(ctx, dl)
 	if err != nil {
 		if found {
-			return ActionView{}, fmt.Errorf("%w (message %q of consumer %q is retryable now: replay with force when a copy can reach it)", err, dl.MessageID, a.Consumer)
+			return ActionView{}, fmt.Errorf("%w (message %q of consumer %q is retryable now: replay with force when a copy can reach it; %w)", err, dl.MessageID, a.Consumer, ErrForceable)
 		}
 		return ActionView{}, err
 	}

@@ -458,6 +458,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.cfg.Logger.Warn("console action", append(attrs, "error", err.Error())...)
 			s.settle(key, a, nil)
+			if a.Kind == ActionReplay && !a.Force && !asJSON && errors.Is(err, ErrForceable) {
+				q := url.Values{"action": {a.Kind}, "consumer": {a.Consumer}, "dead_letter": {a.DeadLetter}, "position": {a.Position}, "force": {"true"}}
+				w.WriteHeader(http.StatusConflict)
+				s.render(w, r, "error", map[string]any{"Title": "Error", "Error": err.Error(), "Code": http.StatusConflict, "Force": "/confirm?" + q.Encode()})
+				return
+			}
 			s.fail(w, r, asJSON, err)
 			return
 		}
