@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -127,6 +128,14 @@ func replayOnce(t *testing.T, store console.Store, ls idemdriver.LeaseStore, b b
 
 	h.heal()
 	form := f.confirmForm("action=replay&consumer=" + consumer + "&dead_letter=" + b.dest + "&position=" + pos2)
+	forged := url.Values{}
+	for k, v := range form {
+		forged[k] = v
+	}
+	forged.Set("csrf", strings.Repeat("0", 64))
+	if code, _ := f.post("/action", forged); code != http.StatusForbidden || b.inSource() != before {
+		t.Fatalf("replay with a forged CSRF token: %d, %d copies published; want 403 and none", code, b.inSource()-before)
+	}
 	for range 2 { // a double click
 		if code, body := f.post("/action", form); code != http.StatusOK || !strings.Contains(body, "replayed") {
 			t.Fatalf("replay: %d %s", code, body)

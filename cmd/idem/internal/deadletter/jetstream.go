@@ -53,10 +53,12 @@ func (j *JetStream) stream(ctx context.Context, subject string) (jetstream.Strea
 // asked for, in a stream that holds other subjects too.
 const scanFactor = 4
 
-// Newest reads the stream backwards by sequence from before (exclusive),
-// one stream get per sequence, keeping the messages on dest; it reads at
-// most scanFactor*n+100 sequences, so a page may be short and still have
-// a next one.
+// Newest reads the window of at most scanFactor*n+100 sequences (n when
+// the stream captures dest alone) below before (exclusive; the last
+// sequence when "") with an ordered consumer
+// filtered on dest (an ephemeral consumer: nothing is acknowledged or
+// taken), and returns its newest n messages on dest; a page may be short
+// and still have a next one.
 func (j *JetStream) Newest(ctx context.Context, dest, before string, n int) ([]console.DeadLetter, string, error) {
 	s, err := j.stream(ctx, dest)
 	if err != nil {
@@ -66,34 +68,80 @@ func (j *JetStream) Newest(ctx context.Context, dest, before string, n int) ([]c
 	if err != nil {
 		return nil, "", err
 	}
-	seq := info.State.LastSeq
+	hi, first := info.State.LastSeq, max(info.State.FirstSeq, 1)
 	if before != "" {
 		b, err := strconv.ParseUint(before, 10, 64)
 		if err != nil || b == 0 {
 			return nil, "", fmt.Errorf("%w: position %q is not a stream sequence", console.ErrBadAction, before)
 		}
-		seq = min(seq, b-1)
+		hi = min(hi, b-1)
 	}
-	var out []console.DeadLetter
-	budget := scanFactor*n + 100
-	for ; seq >= max(info.State.FirstSeq, 1) && len(out) < n && budget > 0; seq-- {
-		budget--
-		m, err := s.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // deleted
-		}
-		if err != nil {
-			return nil, "", err
-		}
-		if m.Subject == dest {
-			out = append(out, letter(dest, m))
-		}
+	if hi < first || n <= 0 {
+		return nil, "", nil
+	}
+	span := uint64(scanFactor*n + 100)
+	if len(info.Config.Subjects) == 1 && info.Config.Subjects[0] == dest {
+		span = uint64(n) // every message of the stream is a dead letter
+	}
+	lo := first
+	if hi-first+1 > span {
+		lo = hi - span + 1
+	}
+	window, err := j.window(ctx, s, dest, lo, hi)
+	if err != nil {
+		return nil, "", err
 	}
 	next := ""
-	if seq >= max(info.State.FirstSeq, 1) && seq > 0 {
-		next = strconv.FormatUint(seq+1, 10)
+	if len(window) > n {
+		window = window[len(window)-n:]
+		next = window[0].Position
+	} else if lo > first {
+		next = strconv.FormatUint(lo, 10)
+	}
+	out := make([]console.DeadLetter, 0, len(window))
+	for i := len(window) - 1; i >= 0; i-- {
+		out = append(out, window[i])
 	}
 	return out, next, nil
+}
+
+// window returns the messages on subject with sequences in [lo, hi], oldest
+// first, read by an ordered consumer in batches.
+func (j *JetStream) window(ctx context.Context, s jetstream.Stream, subject string, lo, hi uint64) ([]console.DeadLetter, error) {
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: lo, InactiveThreshold: 5 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	var out []console.DeadLetter
+	for {
+		batch, err := cons.FetchNoWait(int(min(hi-lo+1, 1000)))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			if md.Sequence.Stream > hi {
+				return out, nil
+			}
+			out = append(out, letter(subject, &jetstream.RawStreamMsg{Subject: m.Subject(), Sequence: md.Sequence.Stream,
+				Header: m.Headers(), Data: m.Data(), Time: md.Timestamp}))
+			if md.Sequence.Stream == hi {
+				return out, nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, err
+		}
+		if got == 0 {
+			return out, nil // nothing more on subject up to the stream's end
+		}
+	}
 }
 
 // Get reads the message at sequence pos of dest's stream.
