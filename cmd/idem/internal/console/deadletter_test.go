@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -356,5 +357,57 @@ func TestDeadLettersWithoutABrowsableBroker(t *testing.T) {
 	ro := newFixture(t, store, console.Config{ReadOnly: true, DeadLetters: deadletter.Unbrowsable{Broker: "x"}})
 	if code, _ := ro.post("/action", map[string][]string{"action": {"replay"}, "consumer": {"c"}, "dead_letter": {"d"}, "position": {"1"}}); code != http.StatusNotFound && code != http.StatusMethodNotAllowed {
 		t.Errorf("read-only replay: %d", code)
+	}
+}
+
+// A stream that captures other subjects beside the dead-letter subject is
+// read over windows of sequences (104 for a page of one; some windows
+// hold no dead letter): paging newest first yields every dead letter
+// once, in order, and nothing else.
+func TestJetStreamDeadLettersInASharedStream(t *testing.T) {
+	nc, err := nats.Connect(testenv.URL(t, "IDEM_TEST_NATS_URL", "nats://127.0.0.1:4222"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := t.Context()
+	sfx := suffix()
+	name := "CONSOLE_SHARED_" + sfx
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"shared." + sfx + ".>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	dest := "shared." + sfx + ".dead"
+	for i := range 400 {
+		subject, id := "shared."+sfx+".orders", ""
+		if i%40 == 0 {
+			subject, id = dest, "m-"+strconv.Itoa(i)
+		}
+		m := nats.NewMsg(subject)
+		m.Header.Set(idem.HeaderOriginalMessageID, id)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dls := deadletter.NewJetStream(js, "NATS", nil)
+	var got []string
+	cursor := ""
+	for range 50 {
+		page, next, err := dls.Newest(ctx, dest, cursor, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dl := range page {
+			got = append(got, dl.MessageID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	want := "m-360 m-320 m-280 m-240 m-200 m-160 m-120 m-80 m-40 m-0"
+	if strings.Join(got, " ") != want {
+		t.Errorf("paged %v, want %s", got, want)
 	}
 }
