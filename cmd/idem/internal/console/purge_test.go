@@ -72,6 +72,13 @@ func TestPurgeNowOnce(t *testing.T) {
 	if code, _, _ := f.get("/confirm?action=purge&consumer=payments&older_than=soon"); code != http.StatusBadRequest {
 		t.Errorf("a bad window: %d, want 400", code)
 	}
+	ro := newFixture(t, store, console.Config{ReadOnly: true})
+	if _, body, _ := ro.get("/consumers"); strings.Contains(body, "older_than") || strings.Contains(body, "/confirm") {
+		t.Errorf("read-only consumers page offers a purge: %s", body)
+	}
+	if code, _, _ := ro.get("/confirm?action=purge&consumer=payments&older_than=1h"); code != http.StatusNotFound {
+		t.Errorf("read-only purge confirm: %d, want 404", code)
+	}
 	for result, want := range map[string]float64{"changed": 1, "repeated": 1, "unchanged": 2} {
 		if got := testutil.ToFloat64(mustCounter(t, f.reg, "purge", result)); got != want {
 			t.Errorf("purge %s counted %v, want %v", result, got, want)
