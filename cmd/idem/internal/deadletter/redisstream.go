@@ -38,10 +38,13 @@ func (r *RedisStreams) exists(ctx context.Context, dest string) error {
 	if err != nil {
 		return err
 	}
-	if t != "stream" {
-		return fmt.Errorf("%w: Redis key %q is no stream (%s)", console.ErrNoDeadLetters, dest, t)
+	switch t {
+	case "stream":
+		return nil
+	case "none":
+		return fmt.Errorf("%w: Redis has no stream %q (no dead letter yet, or another name)", console.ErrNoDeadLetters, dest)
 	}
-	return nil
+	return fmt.Errorf("%w: Redis key %q is a %s, not a stream", console.ErrNoDeadLetters, dest, t)
 }
 
 // Newest is one XREVRANGE from before (exclusive).
