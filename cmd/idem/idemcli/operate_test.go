@@ -13,8 +13,11 @@ func TestOperateCommands(t *testing.T) {
 	if code, _, stderr := run(t, "migrate", "--store", db); code != 0 {
 		t.Fatalf("migrate: %d %s", code, stderr)
 	}
-	if code, stdout, stderr := run(t, "failed", "--store", db, "--consumer", "c"); code != 0 || !strings.Contains(stdout, "no failed records") {
-		t.Errorf("failed: %d %q %q", code, stdout, stderr)
+	if code, stdout, stderr := run(t, "failed", "--store", db, "--consumer", "c"); code != 1 || !strings.Contains(stderr, `unknown consumer "c"`) {
+		t.Errorf("failed of an unknown consumer: %d %q %q", code, stdout, stderr)
+	}
+	if code, _, stderr := run(t, "replay", "--store", db, "--consumer", "c", "--dead-letter", "d", "--position", "1"); code != 2 || !strings.Contains(stderr, "--broker") {
+		t.Errorf("replay without --broker: %d %q", code, stderr)
 	}
 	if code, _, stderr := run(t, "retry", "--store", db, "--consumer", "c", "--id", "m"); code != 1 || !strings.Contains(stderr, "nothing changed") {
 		t.Errorf("retry of a missing record: %d %q", code, stderr)

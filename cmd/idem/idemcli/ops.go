@@ -100,7 +100,7 @@ func newPurgeCmd() *cobra.Command {
 has outrun by --older-than of running time: time in which the consumer was
 not running does not count, so a consumer that was down keeps the history
 its redeliveries need. Deletes in batches, one cleaner at a time; the
-consumer need not be running.`,
+consumer need not be running. A second purge deletes nothing and says so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {
@@ -123,9 +123,6 @@ consumer need not be running.`,
 				return err
 			}
 			defer st.db.Close()
-			if err := knownConsumer(cmd, st, consumer); err != nil {
-				return err
-			}
 			out := cmd.OutOrStdout()
 			res, err := idem.Purge(cmd.Context(), st.store, idem.PurgeParams{
 				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun,
@@ -148,6 +145,12 @@ consumer need not be running.`,
 				fmt.Fprintf(out, " in %d batch(es)", res.Batches)
 			}
 			fmt.Fprintln(out)
+			if res.Deleted == 0 {
+				// Purged clean before, or a typo: say which consumers there are.
+				if err := knownConsumer(cmd, st, consumer); err != nil {
+					fmt.Fprintf(out, "note: %v\n", err)
+				}
+			}
 			return nil
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -17,6 +18,12 @@ const (
 	ActionRetryOutbox = "retry-outbox"
 	// ActionRelease ends the lease of the attempt holding a token.
 	ActionRelease = "release"
+	// ActionReplay makes a dead letter's record retryable and republishes
+	// the dead letter to its source with the same message ID.
+	ActionReplay = "replay"
+	// ActionPurge deletes a consumer's records outside a retention window
+	// now (idem.Purge).
+	ActionPurge = "purge"
 )
 
 // ErrBadAction marks an action whose parameters are missing or unknown.
@@ -33,6 +40,15 @@ type Action struct {
 	OutboxID  string
 	// Token is the holder's fencing token, for ActionRelease.
 	Token int64
+	// DeadLetter and Position locate the dead letter of ActionReplay.
+	DeadLetter, Position string
+	// Force replays a dead letter whose record is retryable already (in
+	// progress, no live lease): a retry made without a publish, or a
+	// replay the broker dropped.
+	Force bool
+	// OlderThan is ActionPurge's retention window, in running time of the
+	// consumer.
+	OlderThan time.Duration
 }
 
 // Check refuses an action with a missing or unknown part, with an error
@@ -51,8 +67,16 @@ func (a Action) Check() error {
 		if a.OutboxID == "" {
 			return fmt.Errorf("%w: an outbox retry needs the row's ID", ErrBadAction)
 		}
+	case ActionReplay:
+		if a.Consumer == "" || a.DeadLetter == "" || a.Position == "" {
+			return fmt.Errorf("%w: replay needs the consumer, the dead-letter destination and the dead letter's position", ErrBadAction)
+		}
+	case ActionPurge:
+		if a.Consumer == "" || a.OlderThan <= 0 || a.OlderThan > idem.MaxRetentionWindow {
+			return fmt.Errorf("%w: purge needs a consumer and a positive retention window (older than), at most %s", ErrBadAction, idem.MaxRetentionWindow)
+		}
 	default:
-		return fmt.Errorf("%w: unknown action %q (want %s, %s or %s)", ErrBadAction, a.Kind, ActionRetry, ActionRelease, ActionRetryOutbox)
+		return fmt.Errorf("%w: unknown action %q (want %s, %s, %s, %s or %s)", ErrBadAction, a.Kind, ActionRetry, ActionRelease, ActionRetryOutbox, ActionReplay, ActionPurge)
 	}
 	return nil
 }
@@ -64,18 +88,36 @@ func (a Action) String() string {
 		return fmt.Sprintf("retry outbox row %q", a.OutboxID)
 	case ActionRelease:
 		return fmt.Sprintf("release the lease of token %d on message %q of consumer %q", a.Token, a.MessageID, a.Consumer)
+	case ActionReplay:
+		force := ""
+		if a.Force {
+			force = " (forced: even if its record is retryable already)"
+		}
+		return fmt.Sprintf("replay dead letter %s of %s to its source, its record of consumer %q made retryable first%s", a.Position, a.DeadLetter, a.Consumer, force)
+	case ActionPurge:
+		return fmt.Sprintf("delete now the records of consumer %q outrun by %s of running time", a.Consumer, a.OlderThan)
 	}
 	return fmt.Sprintf("make message %q of consumer %q retryable", a.MessageID, a.Consumer)
 }
 
-// Run checks a and runs it on st: one store call. The record's view is
-// taken at now() read after the call (its age, whether its lease is
-// live), so that it shows the record as the action left it. Errors match
-// ErrBadAction, ErrNoOutbox, idemdriver.ErrNotFound, ErrWrongState or the
-// store's validation errors; nothing changed then.
-func Run(ctx context.Context, st Store, a Action, now func() time.Time) (ActionView, error) {
+// Run checks a and runs it on st (and dls, for a replay; nil without a
+// broker): one store call, or for a replay the calls Replay describes,
+// or for a purge idem.Purge. The record's view is taken at now() read
+// after the call (its age, whether its lease is live), so that it shows
+// the record as the action left it. Errors match ErrBadAction,
+// ErrNoOutbox, ErrNoBroker, ErrNoDeadLetter, ErrNotReplayable,
+// ErrReplayDropped, idemdriver.ErrNotFound, ErrWrongState,
+// idem.ErrPurgeInProgress or the store's validation errors; nothing
+// changed then (but see Replay for ErrReplayDropped).
+func Run(ctx context.Context, st Store, dls DeadLetters, a Action, now func() time.Time) (ActionView, error) {
 	if err := a.Check(); err != nil {
 		return ActionView{}, err
+	}
+	switch a.Kind {
+	case ActionReplay:
+		return Replay(ctx, st, dls, a, now)
+	case ActionPurge:
+		return purge(ctx, st, a)
 	}
 	v := ActionView{Action: a.Kind, Consumer: a.Consumer, MessageID: a.MessageID, OutboxID: a.OutboxID}
 	var (
@@ -120,4 +162,27 @@ func pick(changed bool, yes, no string, arg any) string {
 		return fmt.Sprintf(yes, arg)
 	}
 	return fmt.Sprintf(no, arg)
+}
+
+// purge runs idem.Purge for a's consumer and window: a second purge finds
+// nothing more to delete and says so, naming an unknown consumer as such.
+func purge(ctx context.Context, st Store, a Action) (ActionView, error) {
+	r, ok := st.(idemdriver.Retainer)
+	if !ok {
+		return ActionView{}, fmt.Errorf("%w: this store keeps no runs to purge by", idemdriver.ErrUnsupported)
+	}
+	res, err := idem.Purge(ctx, r, idem.PurgeParams{Consumer: a.Consumer, RetentionWindow: a.OlderThan, BatchSize: idem.DefaultPurgeBatchSize})
+	if err != nil {
+		return ActionView{}, err
+	}
+	v := ActionView{Action: a.Kind, Consumer: a.Consumer, Changed: res.Deleted > 0, Deleted: &res.Deleted}
+	if res.Deleted > 0 {
+		v.Message = fmt.Sprintf("deleted %d records of consumer %q outrun by %s of running time (horizon %s)", res.Deleted, a.Consumer, a.OlderThan, res.Horizon.UTC().Format(time.RFC3339))
+	} else {
+		v.Message = fmt.Sprintf("no record of consumer %q is outrun by %s of running time: nothing changed", a.Consumer, a.OlderThan)
+		if err := KnownConsumer(ctx, st, a.Consumer); errors.Is(err, ErrUnknownConsumer) {
+			v.Message += " (" + err.Error() + ")"
+		}
+	}
+	return v, nil
 }

@@ -2,9 +2,7 @@ package console
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -49,8 +48,16 @@ type Config struct {
 	Token string
 	// ReadOnly removes every action.
 	ReadOnly bool
-	// ShowPayloads shows the outbox rows' payloads and headers.
+	// ShowPayloads shows the outbox rows' and the dead letters' payloads
+	// and headers, and the store's own error messages.
 	ShowPayloads bool
+	// DeadLetters, if set, is the broker whose dead letters the console
+	// lists and replays.
+	DeadLetters DeadLetters
+	// DeadLetterDests are the dead-letter destinations the dead-letters
+	// page links to, each "DEST" or "DEST=CONSUMER" (the consumer whose
+	// records a replay makes retryable).
+	DeadLetterDests []string
 	// Logger receives the audit log of the actions (who, what, when,
 	// result); nil discards it.
 	Logger *slog.Logger
@@ -59,8 +66,13 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Metrics, if set, is served at /metrics (behind the token).
 	Metrics http.Handler
-	// Now is the clock of ages; nil is time.Now.
+	// Now is the clock of ages, of the session's expiry and of the
+	// sign-in limit; nil is time.Now.
 	Now func() time.Time
+	// SessionTTL is how long a sign-in lasts (the session cookie's
+	// Max-Age and the expiry the server checks). Defaults to
+	// DefaultSessionTTL.
+	SessionTTL time.Duration
 }
 
 // Server is the web console: an http.Handler.
@@ -69,7 +81,7 @@ type Server struct {
 	mux     *http.ServeMux
 	tmpl    *template.Template
 	actions *prometheus.CounterVec
-	session string // the session cookie's value when Token is set
+	signIns signIns
 
 	mu     sync.Mutex
 	done   map[string]doneAction    // action keys already used -> their action and result
@@ -91,6 +103,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
 	tmpl, err := template.New("").Funcs(template.FuncMap{"deref": func(s *string) string {
 		if s == nil {
 			return "-"
@@ -111,11 +126,6 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	if cfg.Token != "" {
-		m := hmac.New(sha256.New, []byte(cfg.Token))
-		m.Write([]byte("idem console session"))
-		s.session = hex.EncodeToString(m.Sum(nil))
-	}
 	static, _ := fs.Sub(staticFS, "static")
 	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/consumers", http.StatusSeeOther) })
@@ -125,6 +135,7 @@ func New(cfg Config) (*Server, error) {
 	s.page("failed", s.failed)
 	s.page("outbox", s.outbox)
 	s.page("message", s.message)
+	s.page("deadletters", s.deadLetters)
 	if cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
 	}
@@ -184,20 +195,36 @@ func (s *Server) authorized(r *http.Request) bool {
 		return subtle.ConstantTimeCompare([]byte(a[7:]), []byte(s.cfg.Token)) == 1
 	}
 	c, err := r.Cookie("idem_session")
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
+	return err == nil && s.sessionOK(c.Value)
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true})
 }
 
+// login signs a client in with the token, at most SignInFailures failed
+// attempts per client in SignInWindow: the next get 429 and a
+// Retry-After, without the token being compared.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	client, now := clientOf(r), s.cfg.Now()
+	if d := s.signIns.wait(client, now); d > 0 {
+		secs := int(d.Seconds()) + 1
+		s.cfg.Logger.Warn("console sign-in refused: too many failures", "remote", r.RemoteAddr, "retry_after_s", secs, "at", now.UTC())
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		w.WriteHeader(http.StatusTooManyRequests)
+		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Public": true,
+			"Error": fmt.Sprintf("too many failed sign-ins from this address: try again in %s", time.Duration(secs)*time.Second)})
+		return
+	}
 	if s.cfg.Token == "" || subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(s.cfg.Token)) != 1 {
+		s.signIns.fail(client, now)
+		s.cfg.Logger.Warn("console sign-in failed", "remote", r.RemoteAddr, "at", now.UTC())
 		w.WriteHeader(http.StatusUnauthorized)
 		s.render(w, r, "login", map[string]any{"Title": "Sign in", "Error": "wrong token", "Public": true})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: "idem_session", Value: s.sessionValue(now.Add(s.cfg.SessionTTL)), Path: "/",
+		MaxAge: int(s.cfg.SessionTTL.Seconds()), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	http.Redirect(w, r, "/consumers", http.StatusSeeOther)
 }
 
@@ -281,6 +308,11 @@ func (s *Server) failed(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(page.Records) == 0 && page.Next == "" && p.Cursor == "" {
+		if err := KnownConsumer(r.Context(), s.cfg.Store, p.Consumer); err != nil {
+			return nil, err
+		}
+	}
 	return NewRecordPageView(p.Consumer, state, page, s.cfg.Now()), nil
 }
 
@@ -312,6 +344,40 @@ func (s *Server) message(r *http.Request) (any, error) {
 		}
 	}
 	return v, nil
+}
+
+// deadLetters is the dead-letters page: without dest, the destinations
+// configured; with it, its causes and a page of its dead letters.
+func (s *Server) deadLetters(r *http.Request) (any, error) {
+	q := r.URL.Query()
+	if q.Get("dest") == "" {
+		if s.cfg.DeadLetters == nil {
+			return nil, ErrNoBroker
+		}
+		v := DeadLetterIndexView{Broker: s.cfg.DeadLetters.Where(), Destinations: []DeadLetterDest{}}
+		for _, d := range s.cfg.DeadLetterDests {
+			dest, consumer, _ := strings.Cut(d, "=")
+			v.Destinations = append(v.Destinations, DeadLetterDest{Destination: dest, Consumer: consumer})
+		}
+		return v, nil
+	}
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	scan, _ := strconv.Atoi(q.Get("scan"))
+	return ReadDeadLetters(r.Context(), s.cfg.DeadLetters, q.Get("dest"), q.Get("consumer"), q.Get("cursor"), limit, scan, s.cfg.ShowPayloads)
+}
+
+// DeadLetterIndexView is the dead-letters page without a destination:
+// the destinations the console was started with.
+type DeadLetterIndexView struct {
+	Broker       string           `json:"broker"`
+	Destinations []DeadLetterDest `json:"destinations"`
+}
+
+// DeadLetterDest is a dead-letter destination and the consumer whose
+// records its replays make retryable ("" when not configured).
+type DeadLetterDest struct {
+	Destination string `json:"destination"`
+	Consumer    string `json:"consumer,omitempty"`
 }
 
 // MessageView is the message page: the record and its recovery points.
@@ -375,12 +441,14 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		who = "token holder"
 	}
 	if !seen {
-		v, err = Run(r.Context(), s.cfg.Store, a, s.cfg.Now)
+		v, err = Run(r.Context(), s.cfg.Store, s.cfg.DeadLetters, a, s.cfg.Now)
 		result := "changed"
 		switch {
 		case err == nil && !v.Changed:
 			result = "unchanged"
-		case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrBadAction):
+		case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrBadAction),
+			errors.Is(err, ErrNotReplayable), errors.Is(err, ErrReplayDropped), errors.Is(err, ErrNoDeadLetter), errors.Is(err, ErrUnknownConsumer),
+			errors.Is(err, idem.ErrPurgeInProgress), errors.Is(err, ErrNoBroker):
 			result = "refused"
 		case err != nil:
 			result = "error"
@@ -390,6 +458,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			s.cfg.Logger.Warn("console action", append(attrs, "error", err.Error())...)
 			s.settle(key, a, nil)
+			if a.Kind == ActionReplay && !a.Force && !asJSON && errors.Is(err, ErrForceable) {
+				q := url.Values{"action": {a.Kind}, "consumer": {a.Consumer}, "dead_letter": {a.DeadLetter}, "position": {a.Position}, "force": {"true"}}
+				w.WriteHeader(http.StatusConflict)
+				s.render(w, r, "error", map[string]any{"Title": "Error", "Error": err.Error(), "Code": http.StatusConflict, "Force": "/confirm?" + q.Encode()})
+				return
+			}
 			s.fail(w, r, asJSON, err)
 			return
 		}
@@ -463,7 +537,15 @@ func (s *Server) settle(key string, a Action, v *ActionView) {
 
 // actionOf reads an action from a query or a form.
 func actionOf(q url.Values) (Action, error) {
-	a := Action{Kind: q.Get("action"), Consumer: q.Get("consumer"), MessageID: q.Get("id"), OutboxID: q.Get("outbox_id")}
+	a := Action{Kind: q.Get("action"), Consumer: q.Get("consumer"), MessageID: q.Get("id"), OutboxID: q.Get("outbox_id"),
+		DeadLetter: q.Get("dead_letter"), Position: q.Get("position"), Force: q.Get("force") == "true"}
+	if d := q.Get("older_than"); d != "" {
+		n, err := time.ParseDuration(d)
+		if err != nil {
+			return Action{}, fmt.Errorf("%w: older than %q: want a duration, as in 168h", ErrBadAction, d)
+		}
+		a.OlderThan = n
+	}
 	if t := q.Get("token"); t != "" {
 		n, err := strconv.ParseInt(t, 10, 64)
 		if err != nil {
@@ -507,17 +589,19 @@ func wantsJSON(r *http.Request) bool {
 	return len(r.URL.Path) > 5 && r.URL.Path[:5] == "/api/" || r.Header.Get("Accept") == "application/json"
 }
 
-// fail answers err: 400 for bad input, 404 for a missing record, 409 for
-// the wrong state, 403 for CSRF, 501 for what the store cannot do, 500
-// otherwise (without the detail, which may name the database).
+// fail answers err: 400 for bad input, 404 for a missing record or an
+// unknown consumer, 409 for the wrong state, 403 for CSRF, 501 for what
+// the store cannot do, 500 otherwise, with PublicError's text (the full
+// error goes to the log).
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err error) {
 	code, msg := http.StatusInternalServerError, "the store failed; see the console's log"
 	switch {
 	case errors.Is(err, errCSRF):
 		code, msg = http.StatusForbidden, err.Error()
-	case errors.Is(err, idemdriver.ErrNotFound):
+	case errors.Is(err, idemdriver.ErrNotFound), errors.Is(err, ErrUnknownConsumer), errors.Is(err, ErrNoBroker),
+		errors.Is(err, ErrNoDeadLetters), errors.Is(err, ErrNoDeadLetter):
 		code, msg = http.StatusNotFound, err.Error()
-	case errors.Is(err, idemdriver.ErrWrongState):
+	case errors.Is(err, idemdriver.ErrWrongState), errors.Is(err, ErrReplayDropped), errors.Is(err, idem.ErrPurgeInProgress):
 		code, msg = http.StatusConflict, err.Error()
 	case errors.Is(err, ErrNoOutbox):
 		code, msg = http.StatusNotFound, err.Error()
@@ -529,6 +613,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, asJSON bool, err e
 	case errors.Is(err, context.Canceled):
 		return
 	default:
+		msg = PublicError(err, s.cfg.ShowPayloads)
 		s.cfg.Logger.Error("console: store error", "path", r.URL.Path, "error", err.Error())
 	}
 	if asJSON {

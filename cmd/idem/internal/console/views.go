@@ -155,6 +155,13 @@ type ActionView struct {
 	Consumer  string `json:"consumer,omitempty"`
 	MessageID string `json:"message_id,omitempty"`
 	OutboxID  string `json:"outbox_id,omitempty"`
+	// DeadLetter and Position name a replayed dead letter, Replayed where
+	// its copy landed in its source.
+	DeadLetter string `json:"dead_letter,omitempty"`
+	Position   string `json:"position,omitempty"`
+	Replayed   string `json:"replayed_to,omitempty"`
+	// Deleted is how many records a purge deleted.
+	Deleted *int64 `json:"deleted,omitempty"`
 	// Changed is false when an earlier call had done it already.
 	Changed bool `json:"changed"`
 	// Message says what happened, in a sentence.

@@ -41,19 +41,23 @@ func CheckListen(addr, token string) error {
 	return UsageError{fmt.Errorf("%w: --addr %s; set --token (or IDEM_CONSOLE_TOKEN), or listen on 127.0.0.1", ErrExposed, addr)}
 }
 
-func newConsoleCmd(open Opener) *cobra.Command {
+func newConsoleCmd(open Opener, openBroker BrokerOpener) *cobra.Command {
 	var (
 		sf                     storeFlags
+		broker                 string
+		deadLetters            []string
 		addr, token            string
 		readOnly, showPayloads bool
 	)
 	cmd := &cobra.Command{
 		Use:   "console",
-		Short: "Serve a web console of the store: consumers, failed work, messages, and the retry and release actions",
+		Short: "Serve a web console of the store: consumers, failed work, dead letters, messages, and the retry, release, replay and purge actions",
 		Long: `console serves a web console on --addr (127.0.0.1:8089 by default): the
 consumers and the outbox backlog, the failed records and leases in progress
 of a consumer, the outbox rows failed for good grouped by error, one
-message's record; and the actions retry and release, each confirmed on a
+message's record; with --broker, the dead letters of each --dead-letter
+destination grouped by cause; and the actions retry, release, replay
+(a dead letter to its source) and purge now, each confirmed on a
 page of its own before it runs, CSRF-protected, run once per confirmation
 and audit-logged to stderr (JSON). Every page has a JSON twin under /api/.
 
@@ -69,15 +73,32 @@ every action; outbox payloads are hidden unless --show-payloads.`,
 			if err := CheckListen(addr, token); err != nil {
 				return err
 			}
+			if broker == "" {
+				broker = os.Getenv("IDEM_BROKER")
+			}
+			var dls console.DeadLetters
+			if broker != "" {
+				bf := brokerFlags{broker: broker}
+				d, closeBroker, err := bf.open(cmd.Context(), openBroker)
+				if err != nil {
+					return err
+				}
+				defer closeBroker()
+				dls = d
+			}
 			st, err := sf.open(cmd.Context(), open)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
+			if err := console.Probe(cmd.Context(), st.Store); err != nil {
+				return fmt.Errorf("%s: %w", st.Where, err)
+			}
 			reg := prometheus.NewRegistry()
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			srv, err := console.New(console.Config{
 				Store: st.Store, Where: st.Where, Token: token, ReadOnly: readOnly, ShowPayloads: showPayloads,
+				DeadLetters: dls, DeadLetterDests: deadLetters,
 				Logger: log, Registerer: reg, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 			})
 			if err != nil {
@@ -95,13 +116,27 @@ every action; outbox payloads are hidden unless --show-payloads.`,
 	cmd.Flags().StringVar(&addr, "addr", DefaultConsoleAddr, "listen address; beyond loopback only with --token")
 	cmd.Flags().StringVar(&token, "token", "", "access token every request must carry (or IDEM_CONSOLE_TOKEN)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "no actions at all")
-	cmd.Flags().BoolVar(&showPayloads, "show-payloads", false, "show the outbox rows' payloads and headers")
+	cmd.Flags().BoolVar(&showPayloads, "show-payloads", false, "show payloads and headers (outbox rows, dead letters) and the store's own error messages")
+	cmd.Flags().StringVar(&broker, "broker", "", "broker URL of the dead letters: nats://..., redis://... (or IDEM_BROKER)")
+	cmd.Flags().StringArrayVar(&deadLetters, "dead-letter", nil, "a dead-letter destination the dead-letters page lists, DEST or DEST=CONSUMER (repeatable)")
 	return cmd
 }
 
-// Serve serves h on ln until ctx ends, then shuts down within 5 seconds.
+// The console server's timeouts: a client that sends its request slowly,
+// or reads the answer slowly, or keeps an idle connection, does not keep
+// a connection (and its goroutine) for longer.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 60 * time.Second
+	IdleTimeout       = 2 * time.Minute
+)
+
+// Serve serves h on ln until ctx ends, then shuts down within 5 seconds,
+// with the timeouts above.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
+		WriteTimeout: WriteTimeout, IdleTimeout: IdleTimeout}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {

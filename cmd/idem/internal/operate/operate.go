@@ -1,5 +1,5 @@
 // Package operate is the idem command's operator commands: failed,
-// retry, release and console. Each reads its flags and makes one call
+// retry, release, replay and console. Each reads its flags and makes one call
 // into the store's operator capabilities (through package console); the
 // idem command registers them with a function that opens a store.
 package operate
@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -31,6 +32,11 @@ type Opened struct {
 // table ("" for the default). Its errors never hold a password.
 type Opener func(ctx context.Context, storeURL, table string) (Opened, error)
 
+// BrokerOpener connects to the broker at brokerURL for its dead letters;
+// the returned function closes the connection. Its errors never hold a
+// password.
+type BrokerOpener func(ctx context.Context, brokerURL string) (console.DeadLetters, func(), error)
+
 // UsageError marks bad flags or arguments (the idem command exits 2).
 type UsageError struct{ Err error }
 
@@ -40,13 +46,34 @@ func (e UsageError) Error() string { return e.Err.Error() }
 // Unwrap returns the wrapped error.
 func (e UsageError) Unwrap() error { return e.Err }
 
-// Commands returns the operator commands over open. now is the clock of
-// the ages shown (nil: time.Now).
-func Commands(open Opener, now func() time.Time) []*cobra.Command {
+// Commands returns the operator commands over the stores open opens and
+// the brokers openBroker connects to (nil: no dead letters). now is the
+// clock of the ages shown (nil: time.Now).
+func Commands(open Opener, openBroker BrokerOpener, now func() time.Time) []*cobra.Command {
 	if now == nil {
 		now = time.Now
 	}
-	return []*cobra.Command{newFailedCmd(open, now), newRetryCmd(open, now), newReleaseCmd(open, now), newConsoleCmd(open)}
+	return []*cobra.Command{newFailedCmd(open, openBroker, now), newRetryCmd(open, now), newReleaseCmd(open, now),
+		newReplayCmd(open, openBroker, now), newConsoleCmd(open, openBroker)}
+}
+
+// brokerFlags are the flags of a broker's dead letters.
+type brokerFlags struct{ broker, deadLetter string }
+
+func (b *brokerFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&b.broker, "broker", "", "broker URL of the dead letters: nats://..., redis://... (or IDEM_BROKER)")
+	cmd.Flags().StringVar(&b.deadLetter, "dead-letter", "", "dead-letter destination: a subject (NATS) or a stream (Redis Streams)")
+}
+
+// open connects to the flags' broker.
+func (b *brokerFlags) open(ctx context.Context, openBroker BrokerOpener) (console.DeadLetters, func(), error) {
+	if b.broker == "" {
+		b.broker = os.Getenv("IDEM_BROKER")
+	}
+	if b.broker == "" || openBroker == nil {
+		return nil, nil, UsageError{console.ErrNoBroker}
+	}
+	return openBroker(ctx, b.broker)
 }
 
 // storeFlags are the flags of the store.
@@ -64,9 +91,10 @@ func (s *storeFlags) open(ctx context.Context, open Opener) (Opened, error) {
 	return open(ctx, s.store, s.table)
 }
 
-func newFailedCmd(open Opener, now func() time.Time) *cobra.Command {
+func newFailedCmd(open Opener, openBroker BrokerOpener, now func() time.Time) *cobra.Command {
 	var (
 		sf                  storeFlags
+		bf                  brokerFlags
 		consumer, cursor    string
 		errText             string
 		inProgress, outbox  bool
@@ -81,6 +109,9 @@ func newFailedCmd(open Opener, now func() time.Time) *cobra.Command {
   idem failed --consumer C               records failed for good (poisoned, or out of attempts)
   idem failed --consumer C --in-progress records in progress: their lease, holder token, attempt
   idem failed --outbox                   outbox rows failed for good, grouped by error, and a page of them
+  idem failed --broker URL --dead-letter D [--consumer C]
+                                         the dead letters of D (a subject, a stream), grouped by
+                                         reason and error (the newest --scan), newest first
 
 A page walks the (consumer, processed_at) index from --cursor and examines
 at most --scan records, so it costs the same on a table of any size; a
@@ -88,6 +119,24 @@ page may hold fewer than --limit records and still have a next one. The
 next page's cursor is printed last (JSON: "next").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if bf.deadLetter != "" {
+				if outbox {
+					return UsageError{errors.New("give --dead-letter or --outbox, not both")}
+				}
+				dls, closeBroker, err := bf.open(cmd.Context(), openBroker)
+				if err != nil {
+					return err
+				}
+				defer closeBroker()
+				v, err := console.ReadDeadLetters(cmd.Context(), dls, bf.deadLetter, consumer, cursor, limit, scan, showPayload)
+				if err != nil {
+					return badInput(err, dls.Where())
+				}
+				if asJSON {
+					return console.WriteJSON(cmd.OutOrStdout(), v)
+				}
+				return printDeadLetters(cmd.OutOrStdout(), v)
+			}
 			if outbox == (consumer != "") {
 				return UsageError{errors.New("give --consumer NAME (records) or --outbox (outbox rows); run idem stats to see the consumers")}
 			}
@@ -116,6 +165,11 @@ next page's cursor is printed last (JSON: "next").`,
 			if err != nil {
 				return badInput(err, st.Where)
 			}
+			if len(page.Records) == 0 && page.Next == "" && cursor == "" {
+				if err := console.KnownConsumer(cmd.Context(), st.Store, consumer); err != nil {
+					return fmt.Errorf("%s: %w", st.Where, err)
+				}
+			}
 			v := console.NewRecordPageView(consumer, state, page, now())
 			if asJSON {
 				return console.WriteJSON(out, v)
@@ -124,16 +178,17 @@ next page's cursor is printed last (JSON: "next").`,
 		},
 	}
 	sf.add(cmd)
+	bf.add(cmd)
 	f := cmd.Flags()
 	f.StringVar(&consumer, "consumer", "", "consumer name (or --outbox)")
 	f.BoolVar(&inProgress, "in-progress", false, "list the records in progress (leases) instead of the failed ones")
 	f.BoolVar(&outbox, "outbox", false, "list the outbox rows failed for good, grouped by error")
 	f.StringVar(&errText, "error", "", "with --outbox: only the rows with this error text")
 	f.IntVar(&limit, "limit", idemdriver.DefaultPageSize, "most items on the page (1 to 500)")
-	f.IntVar(&scan, "scan", 0, "most records a page examines (default 10000)")
+	f.IntVar(&scan, "scan", 0, "most records a page examines (default 10000); with --dead-letter, how many of the newest the groups count (default 1000)")
 	f.StringVar(&cursor, "cursor", "", "the cursor a previous page printed")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
-	f.BoolVar(&showPayload, "show-payloads", false, "with --outbox: print the rows' payloads and headers")
+	f.BoolVar(&showPayload, "show-payloads", false, "with --outbox or --dead-letter: print the payloads and headers")
 	return cmd
 }
 
@@ -145,7 +200,7 @@ func badInput(err error, where string) error {
 	case errors.Is(err, idemdriver.ErrInvalidConfig), errors.Is(err, idemdriver.ErrInvalidConsumerName),
 		errors.Is(err, idemdriver.ErrInvalidMessageID), errors.Is(err, idemdriver.ErrMissingMessageID), errors.Is(err, console.ErrBadAction):
 		return UsageError{err}
-	case errors.Is(err, console.ErrNoOutbox):
+	case errors.Is(err, console.ErrNoOutbox), errors.Is(err, console.ErrNoDeadLetters):
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return err
@@ -170,6 +225,26 @@ func printRecords(w io.Writer, v console.RecordPageView) error {
 	}
 	if len(v.Records) == 0 {
 		fmt.Fprintf(w, "no %s records of consumer %q on this page\n", v.State, v.Consumer)
+	}
+	if v.Next != "" {
+		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
+	}
+	return nil
+}
+
+func printDeadLetters(w io.Writer, v console.DeadLettersView) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "DEAD LETTERS\tNEWEST\tREASON\tERROR\t(the newest %d of %s on %s)\n", v.Scanned, v.Destination, v.Broker)
+	for _, g := range v.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", g.Count, deref(g.Newest), g.Reason, oneLine(g.Error))
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "POSITION\tAT\tMESSAGE ID\tSOURCE\tREASON\tERROR")
+	for _, d := range v.Letters {
+		fmt.Fprintf(tw, "%s\t%s\t%q\t%s\t%s\t%s\n", d.Position, deref(d.At), d.MessageID, d.Source, d.Reason, oneLine(d.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
 	}
 	if v.Next != "" {
 		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
@@ -292,7 +367,7 @@ changes nothing, so it never ends a later attempt's lease.`,
 					rec.Token, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339), rec.Token)}
 			}
 			a := console.Action{Kind: console.ActionRelease, Consumer: consumer, MessageID: id, Token: token}
-			return act(cmd, st, a, asJSON, now)
+			return act(cmd, st, nil, a, asJSON, now)
 		},
 	}
 	sf.add(cmd)
@@ -303,20 +378,73 @@ changes nothing, so it never ends a later attempt's lease.`,
 	return cmd
 }
 
+func newReplayCmd(open Opener, openBroker BrokerOpener, now func() time.Time) *cobra.Command {
+	var (
+		sf                 storeFlags
+		bf                 brokerFlags
+		consumer, position string
+		force, asJSON      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Replay a dead letter to its source, its record made retryable first, so that it is processed once",
+		Long: `replay republishes the dead letter at --position of --dead-letter (as idem
+failed --dead-letter lists them) to the source it was read from, with the
+same message ID, after making the message's record of --consumer retryable:
+its next delivery, the replay, is processed as attempt 1 of a fresh round.
+
+It refuses, and publishes nothing, when the record is completed (processed
+already), or retryable already (replayed or retried before, its delivery
+awaited: --force replays anyway, and the consumer drops a copy after the
+first as a duplicate), or held by a live attempt; and a dead letter without
+a usable message ID. On NATS JetStream it refuses a replay the source
+stream's duplicate window would drop (the original's Nats-Msg-Id is the
+replay's), saying when it can run, and reports a drop the publish ack
+shows rather than success.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a := console.Action{Kind: console.ActionReplay, Consumer: consumer, DeadLetter: bf.deadLetter, Position: position, Force: force}
+			if err := a.Check(); err != nil {
+				return UsageError{fmt.Errorf("--consumer, --dead-letter and --position are required: %w", err)}
+			}
+			dls, closeBroker, err := bf.open(cmd.Context(), openBroker)
+			if err != nil {
+				return err
+			}
+			defer closeBroker()
+			st, err := sf.open(cmd.Context(), open)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			return act(cmd, st, dls, a, asJSON, now)
+		},
+	}
+	sf.add(cmd)
+	bf.add(cmd)
+	cmd.Flags().StringVar(&consumer, "consumer", "", "the consumer whose record of the message is made retryable (required)")
+	cmd.Flags().StringVar(&position, "position", "", "the dead letter's position: a stream sequence (NATS), an entry ID (Redis) (required)")
+	cmd.Flags().BoolVar(&force, "force", false, "replay even if the record is retryable already (no copy on its way)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return cmd
+}
+
 func runAction(cmd *cobra.Command, open Opener, sf *storeFlags, a console.Action, asJSON bool, now func() time.Time) error {
 	st, err := sf.open(cmd.Context(), open)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	return act(cmd, st, a, asJSON, now)
+	return act(cmd, st, nil, a, asJSON, now)
 }
 
-func act(cmd *cobra.Command, st Opened, a console.Action, asJSON bool, now func() time.Time) error {
-	v, err := console.Run(cmd.Context(), st.Store, a, now)
+func act(cmd *cobra.Command, st Opened, dls console.DeadLetters, a console.Action, asJSON bool, now func() time.Time) error {
+	v, err := console.Run(cmd.Context(), st.Store, dls, a, now)
 	switch {
 	case errors.Is(err, idemdriver.ErrNotFound):
 		return fmt.Errorf("%s: nothing changed: %w", a, err)
+	case errors.Is(err, console.ErrNotReplayable), errors.Is(err, console.ErrReplayDropped):
+		return fmt.Errorf("%s: %w", a, err)
 	case errors.Is(err, idemdriver.ErrWrongState):
 		return fmt.Errorf("%s: refused, nothing changed: %w", a, err)
 	case err != nil:

@@ -23,7 +23,7 @@ func run(t *testing.T, store *idem.MemoryStore, args ...string) (string, error) 
 		return operate.Opened{Store: store, Where: "memory", Close: func() error { return nil }}, nil
 	}
 	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
-	root.AddCommand(operate.Commands(open, func() time.Time { return time.Now() })...)
+	root.AddCommand(operate.Commands(open, nil, func() time.Time { return time.Now() })...)
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetErr(&out)
@@ -90,6 +90,9 @@ func TestFailedRetryRelease(t *testing.T) {
 	}
 	if _, err := run(t, store, "failed", "--store", "mem:", "--consumer", "payments", "--cursor", "bad"); !errors.As(err, &ue) {
 		t.Errorf("bad cursor: %v, want a usage error", err)
+	}
+	if _, err := run(t, store, "failed", "--store", "mem:", "--consumer", "paymnets"); !errors.Is(err, console.ErrUnknownConsumer) || !strings.Contains(err.Error(), `"payments"`) {
+		t.Errorf("unknown consumer: %v, want ErrUnknownConsumer naming payments", err)
 	}
 }
 

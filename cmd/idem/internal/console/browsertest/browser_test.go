@@ -18,9 +18,11 @@ import (
 
 	"github.com/chromedp/chromedp"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/deadletter"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/idemsql"
@@ -56,6 +58,12 @@ type world struct {
 	url      string
 	runs     int
 	audit    *bytes.Buffer // the console's audit log
+	// The dead letters on Redis Streams: src is the stream consumed,
+	// dead its dead-letter stream.
+	rdb       *redis.Client
+	redisURL  string
+	dls       console.DeadLetters
+	src, dead string
 }
 
 func newWorld(t *testing.T) *world {
@@ -80,7 +88,17 @@ func newWorld(t *testing.T) *world {
 	}
 	t.Cleanup(func() { _ = w.consumer.Close() })
 	w.audit = &bytes.Buffer{}
-	srv, err := console.New(console.Config{Store: w.store, Where: "postgres (browser test)", Logger: slog.New(slog.NewJSONHandler(w.audit, nil))})
+	w.redisURL = testenv.URL(t, "IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+	ropts, err := redis.ParseURL(w.redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rdb = redis.NewClient(ropts)
+	w.src, w.dead = "browser:"+hex.EncodeToString(b)+":orders", "browser:"+hex.EncodeToString(b)+":orders-dead"
+	t.Cleanup(func() { w.rdb.Del(context.Background(), w.src, w.dead); _ = w.rdb.Close() })
+	w.dls = deadletter.NewRedisStreams(w.rdb, "Redis Streams (browser test)")
+	srv, err := console.New(console.Config{Store: w.store, Where: "postgres (browser test)", Logger: slog.New(slog.NewJSONHandler(w.audit, nil)),
+		DeadLetters: w.dls, DeadLetterDests: []string{w.dead + "=orders"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,18 +162,7 @@ func TestConsoleInChromium(t *testing.T) {
 	w.failOutbox()
 	_, token0, _ := w.row("pay-2")
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.WindowSize(1280, 800))
-	actx, cancel := chromedp.NewExecAllocator(t.Context(), opts...)
-	defer cancel()
-	bctx, cancel := chromedp.NewContext(actx)
-	defer cancel()
-	if err := chromedp.Do(bctx); err != nil { // starts the browser, without a timeout
-		t.Fatalf("starting chromium: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
-	defer cancel()
-	b := &browser{t: t, ctx: ctx}
+	b := startBrowser(t, exe)
 
 	b.do("consumers page", chromedp.Navigate(w.url+"/consumers"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
 	w.shot(b, "consumers")
@@ -261,6 +268,23 @@ func (w *world) failOutbox() {
 	if _, err := relay.RunOnce(ctx); err != nil {
 		w.t.Fatal(err)
 	}
+}
+
+// startBrowser starts headless Chromium at exe, stopped at the test's end;
+// its steps have 2 minutes.
+func startBrowser(t *testing.T, exe string) *browser {
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 800))
+	actx, cancel := chromedp.NewExecAllocator(t.Context(), opts...)
+	t.Cleanup(cancel)
+	bctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(bctx); err != nil { // starts the browser, without a timeout
+		t.Fatalf("starting chromium: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(bctx, 2*time.Minute)
+	t.Cleanup(cancel)
+	return &browser{t: t, ctx: ctx}
 }
 
 // browser runs steps in one tab.

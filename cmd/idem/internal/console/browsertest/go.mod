@@ -49,7 +49,9 @@ replace github.com/idem-go/idem/broker/brokertest => ../../../../../broker/broke
 require (
 	github.com/chromedp/chromedp v0.23.1
 	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/broker/idemredisstream v0.0.0
 	github.com/idem-go/idem/cmd/idem v0.0.0
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
+	github.com/redis/go-redis/v9 v9.23.0
 )
