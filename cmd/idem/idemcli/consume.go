@@ -117,8 +117,9 @@ of the service's answer (at most 512 bytes): a service must not put secrets
 in its error answers.
 
 Recovery after a crash: a message the sidecar held when it died comes back
-within seconds of its restart (or to another sidecar of the group) because
-both what holds it back are short and kept alive while the sidecar lives:
+about 3s later, to its restart or to another sidecar of the group, because
+the two things that hold it back are short and kept alive while the sidecar
+lives:
   --lease 3s       the message's record: renewed every second (a third of
                    it) while the message is held, by one scheduler for all
                    of them; a dead sidecar's lease runs out within 3s
@@ -126,24 +127,26 @@ both what holds it back are short and kept alive while the sidecar lives:
                    in-progress ack (AckProgress) every second, for every
                    held message, by one reporter; Redis Streams: the idle
                    time after which XAUTOCLAIM takes the entry, kept alive
-                   by one XCLAIM of every held entry each second; Kafka: the
-                   session timeout, at least 6s (Kafka's smallest by
-                   default); RabbitMQ needs none: the broker requeues a dead
-                   connection's unacknowledged messages at once
+                   by one XCLAIM of the entries in flight each second;
+                   Kafka: the session timeout, at least 6s (Kafka's
+                   smallest by default); RabbitMQ needs none: the broker
+                   requeues a dead connection's unacknowledged messages
 On Kafka a restarted sidecar gets its partitions back only after the old
 member's session timeout (6s or more) unless --kafka-instance-id names it:
 then it is a static member and takes its partitions back at once, without a
-rebalance (give each sidecar of a group its own stable name, such as its pod
-name: two live members with one name fence each other). The price of the
-short defaults: a message held for longer than a second costs a lease
-renewal (a store write of its own) and an in-progress ack (a broker message)
-each second (one finished sooner costs neither), and a store that stalls for
-more than about 2s (the lease less a renewal period) loses the leases of the messages held:
-their calls are cancelled and, at most once, dead-lettered as
-outcome-unknown. On a slow or distant store, raise --lease; a longer
---ack-wait only delays the redelivery of a dead sidecar's messages. Fencing
-still holds: a sidecar that was not dead after all, only stalled, cannot
-record a result once its lease was taken over.
+rebalance. Give each sidecar of a group its own stable name, such as its pod
+name: two live members with one name fence each other. A static member does
+not leave the group when it stops, even on SIGTERM: its partitions wait for
+its return, or its session timeout, before another member gets them.
+The price of the short defaults: a message held for longer than a second
+costs a lease renewal (a store write of its own) and an in-progress ack each
+second (one done sooner costs neither); and a store that stalls for more than
+about 2s (the lease less a renewal period) costs the leases of the messages
+held: their calls are cancelled, and a call already sent is then, at most
+once, dead-lettered as outcome-unknown. On a slow or distant store, raise
+--lease; a longer --ack-wait only delays the return of a dead sidecar's
+messages. Fencing still holds: a sidecar that was only stalled, not dead,
+cannot record a result once its lease was taken over.
 
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
