@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -218,6 +219,9 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	}
 	if f.ackWait < time.Second {
 		return nil, usageError{errors.New("--ack-wait must be at least 1s")}
+	}
+	if f.kafkaInstanceID != "" && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
+		return nil, usageError{errors.New("--kafka-instance-id is for a kafka:// broker")}
 	}
 	return u, nil
 }
