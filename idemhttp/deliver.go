@@ -126,15 +126,24 @@ type DelivererOptions struct {
 	// while it waits (its lease lost, the adapter stopping) is not sent
 	// and is redelivered after the backoff, like a call not sent.
 	//
-	// In at-most-once mode a message that finds a call free when it
-	// arrives records its recovery point with its claim (no store write
-	// of its own); one that has to wait records it when its call is
-	// taken, in a store write of its own (Attempt.SaveStep) just before
-	// the request leaves. So if the process dies while a message waits,
-	// the attempt that takes it over finds no recovery point of the dead
-	// one and sends the message, which was never sent; only a message
-	// whose call may have started is dead-lettered as outcome-unknown.
+	// In at-most-once mode a waiting message's claim has recorded its
+	// recovery point: if the process dies while it waits, the attempt
+	// that takes it over dead-letters it as outcome-unknown, as it does a
+	// message whose call was running (unless PointAtCall).
 	MaxCalls int
+	// PointAtCall, in at-most-once mode with MaxCalls, records the
+	// recovery point of a message that has to wait for a call when it
+	// gets the call, in a store write of its own (Attempt.SaveStep, not
+	// batched) just before the request leaves, instead of with its claim.
+	// If the process dies while a message waits, the attempt that takes
+	// it over then finds no recovery point of the dead one and sends the
+	// message, which was never sent: only a message whose call may have
+	// started is dead-lettered as outcome-unknown. A message that finds a
+	// call free when it arrives still records its point with its claim.
+	// The price is that third store write for each message that waits,
+	// in the call's place: with many more deliveries than calls and a
+	// fast service, it can cost more than half the throughput.
+	PointAtCall bool
 	// AtLeastOnce turns the at-most-once protection off: a call whose
 	// outcome is unknown (the connection broke after the request was
 	// sent, or the process died and a later attempt takes the message
@@ -288,9 +297,10 @@ func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome
 	var opt idem.AcquireOptions
 	slot := &callSlot{}
 	if !d.o.AtLeastOnce {
-		if d.calls == nil || slot.take(d.calls) {
-			// A call is free: the recovery point is saved with the
-			// acquisition, before the request leaves: if this process
+		if d.calls == nil || !d.o.PointAtCall || slot.take(d.calls) {
+			// A call is free (or the point goes with the claim anyway):
+			// the recovery point is saved with the acquisition, before
+			// the request leaves: if this process
 			// dies while the service works, the attempt that takes the
 			// message over finds it and does not send the message again.
 			opt.StepPrefix = d.fin.RunPrefix()

@@ -94,15 +94,25 @@ func TestDeliverMaxCalls(t *testing.T) {
 	})
 }
 
-// At most once with MaxCalls 1: a message that finds the call free saves
-// its recovery point with its claim; one that waits for the call is
-// claimed without one and saves it when it gets the call, before the
-// request leaves. A waiting message whose process died (its claim left to
-// run out, with no recovery point) is then simply sent by the next
-// attempt, while one whose dead process had saved its point is
-// dead-lettered as outcome-unknown, never sent twice.
+// At most once with MaxCalls 1 and PointAtCall: a message that finds the
+// call free saves its recovery point with its claim; one that waits for
+// the call is claimed without one and saves it when it gets the call,
+// before the request leaves (without PointAtCall, with its claim). A
+// waiting message whose process died (its claim left to run out, with no
+// recovery point) is then simply sent by the next attempt, while one
+// whose dead process had saved its point is dead-lettered as
+// outcome-unknown, never sent twice.
 func TestDeliverWaitingMessageSavesItsPointAtCall(t *testing.T) {
 	t.Parallel()
+	for _, pointAtCall := range []bool{false, true} {
+		t.Run(fmt.Sprintf("PointAtCall=%v", pointAtCall), func(t *testing.T) {
+			t.Parallel()
+			testDeliverWaitingPoint(t, pointAtCall)
+		})
+	}
+}
+
+func testDeliverWaitingPoint(t *testing.T, pointAtCall bool) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		store := idem.NewMemoryStore(nil)
@@ -120,7 +130,7 @@ func TestDeliverWaitingMessageSavesItsPointAtCall(t *testing.T) {
 			return response(200, nil, ""), nil
 		}}
 		target, _ := url.Parse("http://service.test/in")
-		d, err := NewDeliverer(lc, DelivererOptions{Target: target, Transport: svc, MaxCalls: 1, Logger: slog.New(slog.DiscardHandler)})
+		d, err := NewDeliverer(lc, DelivererOptions{Target: target, Transport: svc, MaxCalls: 1, PointAtCall: pointAtCall, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,8 +167,8 @@ func TestDeliverWaitingMessageSavesItsPointAtCall(t *testing.T) {
 		if got := runPoints("first"); got != 1 {
 			t.Errorf("the message called: %d recovery points, want 1 (saved with its claim)", got)
 		}
-		if got := runPoints("waiting"); got != 0 {
-			t.Errorf("the message waiting for the call: %d recovery points, want 0 (none until its call)", got)
+		if got, want := runPoints("waiting"), map[bool]int{false: 1, true: 0}[pointAtCall]; got != want {
+			t.Errorf("the message waiting for the call: %d recovery points, want %d", got, want)
 		}
 		close(release)
 		wg.Wait()

@@ -18,8 +18,8 @@ import (
 // service, restarts it at once, and measures the time from the restart to
 // the last message in flight at the kill taken up again: called again
 // (at least once) or settled as outcome-unknown (at most once, the
-// default, also with --hold above --concurrency, where messages wait
-// claimed for a call). It logs that time (measured, not asserted: the
+// default, also with --hold above --concurrency and --point-at-call,
+// where messages wait claimed for a call, with no recovery point). It logs that time (measured, not asserted: the
 // machine may be loaded) and checks the outcome: at most once, no message
 // is called twice, none is lost, and no more are dead-lettered as
 // outcome-unknown than calls may have started (a message that waited
@@ -42,8 +42,8 @@ func TestSidecarRecovery(t *testing.T) {
 	}{
 		{"at-most-once", nil, false},
 		// Claimed ahead: 8 calls run, 16 messages wait claimed, without
-		// a recovery point until their call.
-		{"at-most-once-hold", []string{"--hold", fmt.Sprint(n)}, false},
+		// a recovery point until their call (--point-at-call).
+		{"at-most-once-hold", []string{"--hold", fmt.Sprint(n), "--point-at-call"}, false},
 		{"at-least-once", []string{"--at-least-once"}, true},
 	}
 	for _, bc := range sidecarBrokers() {

@@ -29,7 +29,7 @@ type consumeFlags struct {
 	healthAddr, metricsAddr              string
 	concurrency, maxAttempts, storeBatch int
 	hold                                 int
-	atLeastOnce                          bool
+	atLeastOnce, pointAtCall             bool
 	lease, timeout, retryBase, retryMax  time.Duration
 	retryDelay, ackWait, natsDuplicates  time.Duration
 	shutdownTimeout                      time.Duration
@@ -96,15 +96,17 @@ the store together go as one batch, one commit and one round trip on
 PostgreSQL (one commit behind a pooler such as PgBouncer), one commit on
 SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages: each is claimed as the broker hands
 it over, and waits claimed, its lease renewed, for one of the --concurrency
-calls. At most once (the default), a message that finds a call free records
-its recovery point with its claim; one that waits for a call records it when
-it gets one, in a store write of its own, just before the request leaves. So
-a message claimed and waiting when the sidecar is killed is simply sent after
-the restart; only one whose call may have started is dead-lettered as
-outcome-unknown. --hold defaults to --concurrency there, so that a message
-costs two store writes; a larger --hold costs a third write for each message
-that waits. With --at-least-once it defaults to --store-batch when the store
-takes batches (no recovery point is recorded).
+calls. At most once (the default), a message claimed and waiting when the
+sidecar is killed is dead-lettered as outcome-unknown, like one whose call was
+running, so --hold defaults to --concurrency there: only what is called is
+claimed. With --at-least-once it defaults to --store-batch when the store
+takes batches, since a held message is then simply sent after a crash. A
+larger --hold at most once buys throughput with more outcome-unknown dead
+letters after a crash, unless --point-at-call: a message that waits for a
+call then records its recovery point when it gets one, in a store write of
+its own (not batched), so a held message that was never called is sent after
+a crash; that third write per waiting message can cost more than half the
+throughput that --hold bought.
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
@@ -170,6 +172,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.IntVar(&f.storeBatch, "store-batch", 64, "most messages claimed, or completed, in one store commit: the claims (and completions) of the messages in flight that reach the store together go as one batch; 1 sends each alone")
 	fl.IntVar(&f.hold, "hold", 0, "most messages held at once, claimed and running or waiting for one of the --concurrency calls (default --concurrency; with --at-least-once, --store-batch when the store takes batches)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
+	fl.BoolVar(&f.pointAtCall, "point-at-call", false, "at most once, a held message waiting for one of the --concurrency calls records its recovery point when it gets the call (a store write of its own), not with its claim: after a crash it is sent, not dead-lettered as outcome-unknown")
 	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
 	fl.DurationVar(&f.lease, "lease", defaultConsumeLease, "lease of a message's record while it is held, renewed every third of it; after a crash, the message waits at most this long")
 	fl.DurationVar(&f.timeout, "timeout", idemhttp.DefaultDeliveryTimeout, "time for the service to answer one message (Idem-Deadline)")
@@ -220,6 +223,9 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	if f.ackWait < time.Second {
 		return nil, usageError{errors.New("--ack-wait must be at least 1s")}
 	}
+	if f.pointAtCall && f.atLeastOnce {
+		return nil, usageError{errors.New("--point-at-call is for at most once: --at-least-once records no recovery point")}
+	}
 	if f.kafkaInstanceID != "" && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
 		return nil, usageError{errors.New("--kafka-instance-id is for a kafka:// broker")}
 	}
@@ -267,11 +273,11 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		// store together: one commit per batch, not per message.
 		store = leasebatch.New(b, f.storeBatch)
 		if f.atLeastOnce {
-			// At least once, claiming ahead costs nothing more; at
-			// most once a message that waits for a call saves its
-			// recovery point in a write of its own when it gets one
-			// (idemhttp.DelivererOptions.MaxCalls), so by default only
-			// what can be called at once is claimed.
+			// At least once, a held message that was never called is
+			// simply sent after a crash; at most once it would be
+			// dead-lettered as outcome-unknown (unless
+			// --point-at-call, which costs a write of its own), so by
+			// default only what is called is claimed.
 			hold = max(hold, f.storeBatch)
 		}
 	}
@@ -287,7 +293,7 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	// The adapter runs hold deliveries at once, each claimed as it
 	// arrives; the Deliverer lets --concurrency of them call the service.
 	d, err := idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Timeout: f.timeout, AtLeastOnce: f.atLeastOnce,
-		MaxCalls: f.concurrency, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
+		MaxCalls: f.concurrency, PointAtCall: f.pointAtCall, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
 	if err != nil {
 		return usageError{err}
 	}
