@@ -147,9 +147,12 @@ second (one done sooner costs neither); and a store that stalls for more than
 about 2s (the lease less a renewal period) costs the leases of the messages
 held: their calls are cancelled, and a call already sent is then, at most
 once, dead-lettered as outcome-unknown. On a slow or distant store, raise
---lease; a longer --ack-wait only delays the return of a dead sidecar's
-messages. Fencing still holds: a sidecar that was only stalled, not dead,
-cannot record a result once its lease was taken over.
+--lease. On Redis Streams a redelivery waits at most --ack-wait (the idle
+time is all that delays XAUTOCLAIM), so a longer backoff (--retry-max) or
+Retry-After is cut to it there: raise --ack-wait for a service that asks for
+longer pauses; elsewhere a longer --ack-wait only delays the return of a dead
+sidecar's messages. Fencing still holds: a sidecar that was only stalled,
+not dead, cannot record a result once its lease was taken over.
 
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
