@@ -298,9 +298,9 @@ func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome
 	slot := &callSlot{}
 	if !d.o.AtLeastOnce {
 		if d.calls == nil || !d.o.PointAtCall || slot.take(d.calls) {
-			// A call is free (or the point goes with the claim anyway):
-			// the recovery point is saved with the acquisition, before
-			// the request leaves: if this process
+			// A call is free (or the point goes with the claim
+			// anyway): the recovery point is saved with the
+			// acquisition, before the request leaves: if this process
 			// dies while the service works, the attempt that takes the
 			// message over finds it and does not send the message again.
 			opt.StepPrefix = d.fin.RunPrefix()
