@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/keyed"
 )
 
@@ -128,8 +129,21 @@ type DelivererOptions struct {
 	// In at-most-once mode a waiting message's claim has recorded its
 	// recovery point: if the process dies while it waits, the attempt
 	// that takes it over dead-letters it as outcome-unknown, as it does a
-	// message whose call was running.
+	// message whose call was running (unless PointAtCall).
 	MaxCalls int
+	// PointAtCall, in at-most-once mode with MaxCalls, records the
+	// recovery point of a message that has to wait for a call when it
+	// gets the call, in a store write of its own (Attempt.SaveStep, not
+	// batched) just before the request leaves, instead of with its claim.
+	// If the process dies while a message waits, the attempt that takes
+	// it over then finds no recovery point of the dead one and sends the
+	// message, which was never sent: only a message whose call may have
+	// started is dead-lettered as outcome-unknown. A message that finds a
+	// call free when it arrives still records its point with its claim.
+	// The price is that third store write for each message that waits,
+	// in the call's place: with many more deliveries than calls and a
+	// fast service, it can cost more than half the throughput.
+	PointAtCall bool
 	// AtLeastOnce turns the at-most-once protection off: a call whose
 	// outcome is unknown (the connection broke after the request was
 	// sent, or the process died and a later attempt takes the message
@@ -281,16 +295,49 @@ func (d *Deliverer) Stats() DeliveryStats {
 // Rejected, poison after MaxAttempts) as they are.
 func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
 	var opt idem.AcquireOptions
+	slot := &callSlot{}
 	if !d.o.AtLeastOnce {
-		// The recovery point is saved with the acquisition, before the
-		// request leaves: if this process dies while the service works,
-		// the attempt that takes the message over finds it and does not
-		// send the message again.
-		opt.StepPrefix = d.fin.RunPrefix()
+		if d.calls == nil || !d.o.PointAtCall || slot.take(d.calls) {
+			// A call is free (or the point goes with the claim
+			// anyway): the recovery point is saved with the
+			// acquisition, before the request leaves: if this process
+			// dies while the service works, the attempt that takes the
+			// message over finds it and does not send the message again.
+			opt.StepPrefix = d.fin.RunPrefix()
+		} else {
+			// The message waits for a call: its point is saved when
+			// the call is taken (call), so that a crash while it
+			// waits leaves it to be sent, not dead-lettered.
+			slot.late = true
+		}
 	}
-	out, _ := d.lc.ProcessWith(ctx, msg, opt, d.deliver)
+	out, _ := d.lc.ProcessWith(ctx, msg, opt, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+		return d.deliver(ctx, a, slot)
+	})
+	if slot.held {
+		<-d.calls // the handler did not run (a duplicate, a store failure): the call taken for it is free again
+	}
 	out = d.settle(out)
 	return out, out.Err
+}
+
+// callSlot is a delivery's place among the MaxCalls calls: held when
+// Process took it before the claim (so the call is certain and the
+// recovery point goes with the claim); late when the delivery waits for
+// one and saves its recovery point once it has it.
+type callSlot struct {
+	held, late bool
+}
+
+// take takes a free place of calls without waiting.
+func (s *callSlot) take(calls chan struct{}) bool {
+	select {
+	case calls <- struct{}{}:
+		s.held = true
+		return true
+	default:
+		return false
+	}
 }
 
 // settle turns the lease engine's outcome into the delivery's: a recorded
@@ -345,7 +392,7 @@ func (d *Deliverer) backoff(n int) time.Duration {
 
 // deliver is the LeaseHandler: one call to the service under the attempt's
 // lease.
-func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt, slot *callSlot) (idem.Result, error) {
 	if !d.o.AtLeastOnce {
 		if prev, ok := d.fin.Unsettled(a); ok {
 			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
@@ -353,7 +400,7 @@ func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt) (idem.Result, 
 			return encodeAnswer(&answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}), nil
 		}
 	}
-	ans, sent, err := d.call(ctx, a)
+	ans, sent, err := d.call(ctx, a, slot)
 	switch {
 	case err != nil && !sent:
 		return idem.Result{}, d.settled(a, fmt.Errorf("idemhttp: the message was not sent: %w", err))
@@ -383,15 +430,27 @@ func (d *Deliverer) settled(a *idem.Attempt, cause error) error {
 	return cause
 }
 
-// call POSTs the message. sent reports whether the request may have
-// reached the service (its headers were written to a connection).
-func (d *Deliverer) call(ctx context.Context, a *idem.Attempt) (ans *answer, sent bool, err error) {
-	if d.calls != nil {
+// call POSTs the message, in one of the MaxCalls calls (slot's, or the
+// next free one, waited for). A delivery that waited (slot.late) saves
+// its recovery point first: not saved, not sent. sent reports whether the
+// request may have reached the service (its headers were written to a
+// connection).
+func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (ans *answer, sent bool, err error) {
+	switch {
+	case slot.held:
+		slot.held = false // this call frees it
+		defer func() { <-d.calls }()
+	case d.calls != nil:
 		select {
 		case d.calls <- struct{}{}:
 			defer func() { <-d.calls }()
 		case <-ctx.Done():
 			return nil, false, fmt.Errorf("waiting for one of the %d calls: %w", cap(d.calls), context.Cause(ctx))
+		}
+	}
+	if slot.late {
+		if err := a.SaveStep(ctx, idemdriver.PrefixStep(d.fin.RunPrefix(), a.Token), nil); err != nil {
+			return nil, false, fmt.Errorf("recording the recovery point before the call: %w", err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Timeout)

@@ -65,6 +65,7 @@ type counts struct {
 	Dead     map[string][]string `json:"dead"`
 	Requests int                 `json:"requests"`
 	Records  map[string][2]any   `json:"records"`
+	Arrivals map[string]int      `json:"arrivals"` // POST /in requests received, cut short or not
 }
 
 func startPyService(t *testing.T, dir, store, consumer string, delayMS int) *pyService {
@@ -105,6 +106,17 @@ func (s *pyService) counts(t *testing.T) counts {
 		return counts{}
 	}
 	return c
+}
+
+// noDelay makes the service execute the requests that arrive from now on
+// at once (POST /nodelay).
+func (s *pyService) noDelay(t *testing.T) {
+	t.Helper()
+	resp, err := http.Post(s.url+"/nodelay", "text/plain", nil)
+	if err != nil {
+		t.Fatalf("POST /nodelay: %v", err)
+	}
+	resp.Body.Close()
 }
 
 // sidecarProc is a running `idem consume`.

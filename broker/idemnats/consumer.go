@@ -121,8 +121,9 @@ type Consumer struct {
 	cons     jetstream.Consumer
 	cfg      Config
 	progress time.Duration // 0: off
-	// waitProgress is the period of the in-progress reports of messages
-	// held while they wait for a handler.
+	// waitProgress is the period of the in-progress reports (progressSet):
+	// progress when that is on, a third of AckWait otherwise (then only
+	// the messages waiting for a handler are reported).
 	waitProgress time.Duration
 	timeout      time.Duration // HandlerTimeout; 0: none
 	log          *slog.Logger
@@ -323,7 +324,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
 	held := make(chan struct{}, hold)
 	queue := make(chan jetstream.Msg, hold)
-	waiting := &waitingSet{msgs: map[jetstream.Msg]time.Time{}, maxWait: c.timeout}
+	// progress holds the messages reported in progress: those waiting
+	// for a handler, and those whose handler runs (when c.progress > 0).
+	progress := newProgressSet()
 	// ended is set when consuming ended with an error (the connection
 	// closed, the consumer deleted): messages still queued are not started.
 	var ended atomic.Bool
@@ -331,20 +334,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for range c.cfg.Concurrency {
 		wg.Go(func() {
 			for msg := range queue {
-				waiting.remove(msg)
+				progress.remove(msg)
 				if (c.stopping.Load() || ended.Load()) && !c.lastDelivery(msg) {
 					c.nakBuffered(msg)
 				} else {
-					c.handle(work, msg)
+					c.handle(work, msg, progress)
 				}
 				<-held
 			}
 		})
 	}
-	if hold > c.cfg.Concurrency {
+	if hold > c.cfg.Concurrency || c.progress > 0 {
+		// One reporter for every message held, waiting or running:
+		// c.waitProgress is c.progress when that is on.
 		reportDone := make(chan struct{})
 		var reporter sync.WaitGroup
-		reporter.Go(func() { waiting.report(reportDone, c.waitProgress, c.log) })
+		reporter.Go(func() { progress.report(reportDone, c.waitProgress, c.log) })
 		defer reporter.Wait()
 		defer close(reportDone)
 	}
@@ -374,7 +379,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		default:
 		}
 		if hold > c.cfg.Concurrency {
-			waiting.add(msg)
+			progress.add(msg, c.timeout)
 		}
 		queue <- msg // never blocks: queue has a place for every held one
 	}
@@ -676,58 +681,74 @@ func (c *Consumer) nakBuffered(m jetstream.Msg) {
 	}
 }
 
-// waitingSet holds the messages taken from the client that wait for a
-// handler, and reports them in progress so that their ack wait does not
-// run out while they wait: for at most maxWait (HandlerTimeout; 0: no
-// limit), so that a member whose handlers hang does not keep its queue
-// from the other members for longer than it may keep a message it runs.
-type waitingSet struct {
-	mu      sync.Mutex
-	msgs    map[jetstream.Msg]time.Time // when the message was queued
-	maxWait time.Duration
+// progressSet holds the messages the Consumer has taken from the client
+// and not yet settled that are to be reported in progress, each until its
+// own deadline: a message waiting for a handler for at most
+// HandlerTimeout (none when HandlerTimeout is off), so that a member whose handlers hang does
+// not keep its queue from the other members for longer than it may keep a
+// message it runs; a message whose handler runs until the handler's
+// timeout. One goroutine and one ticker report them all (report), however
+// many are held: a message costs a map entry, not a timer or a goroutine.
+type progressSet struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]time.Time // reported until then; zero: no limit
 }
 
-func (w *waitingSet) add(m jetstream.Msg) {
-	w.mu.Lock()
-	w.msgs[m] = time.Now()
-	w.mu.Unlock()
+func newProgressSet() *progressSet {
+	return &progressSet{msgs: map[jetstream.Msg]time.Time{}}
 }
 
-func (w *waitingSet) remove(m jetstream.Msg) {
-	w.mu.Lock()
-	delete(w.msgs, m)
-	w.mu.Unlock()
+// add reports m in progress from the next tick on, for at most limit
+// (0: no limit).
+func (p *progressSet) add(m jetstream.Msg, limit time.Duration) {
+	var until time.Time
+	if limit > 0 {
+		until = time.Now().Add(limit)
+	}
+	p.mu.Lock()
+	p.msgs[m] = until
+	p.mu.Unlock()
 }
 
-// report sends AckProgress for every waiting message each period, until
-// done is closed.
-func (w *waitingSet) report(done <-chan struct{}, period time.Duration, log *slog.Logger) {
+func (p *progressSet) remove(m jetstream.Msg) {
+	p.mu.Lock()
+	delete(p.msgs, m)
+	p.mu.Unlock()
+}
+
+// report sends AckProgress for every message in the set each period,
+// until done is closed. A message past its deadline stays in the set,
+// unreported, until it is removed.
+func (p *progressSet) report(done <-chan struct{}, period time.Duration, log *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
+	var ms []jetstream.Msg
 	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
 		}
-		w.mu.Lock()
-		ms := make([]jetstream.Msg, 0, len(w.msgs))
-		for m, since := range w.msgs {
-			if w.maxWait <= 0 || time.Since(since) < w.maxWait {
+		now := time.Now()
+		ms = ms[:0]
+		p.mu.Lock()
+		for m, until := range p.msgs {
+			if until.IsZero() || now.Before(until) {
 				ms = append(ms, m)
 			}
 		}
-		w.mu.Unlock()
+		p.mu.Unlock()
 		for _, m := range ms {
 			if err := m.InProgress(); err != nil {
-				log.Debug("idemnats: in-progress report of a waiting message", "err", err)
+				log.Debug("idemnats: in-progress report", "err", err)
 			}
 		}
+		clear(ms) // no reference kept to a settled message
 	}
 }
 
 // handle processes one delivery and settles it.
-func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
+func (c *Consumer) handle(ctx context.Context, m jetstream.Msg, progress *progressSet) {
 	ids := m.Headers().Values(c.cfg.IDHeader)
 	msg := idem.Message{Payload: m.Data(), Headers: idem.Headers(m.Headers())}
 	if len(ids) > 0 {
@@ -748,14 +769,14 @@ func (c *Consumer) handle(ctx context.Context, m jetstream.Msg) {
 		pctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	var stopProgress func()
 	if c.progress > 0 {
-		stopProgress = c.keepAlive(pctx, m)
+		// Reported in progress while the handler runs, for at most
+		// HandlerTimeout (pctx's deadline), by the Consumer's one
+		// reporter.
+		progress.add(m, c.timeout)
 	}
 	out := idem.Guard(c.withDelivery(pctx, m), c.cfg.Processor, msg)
-	if stopProgress != nil {
-		stopProgress()
-	}
+	progress.remove(m)
 	c.settle(ctx, m, msg, out)
 }
 
@@ -768,31 +789,6 @@ func (c *Consumer) lastDelivery(m jetstream.Msg) bool {
 	}
 	md, err := m.Metadata()
 	return err == nil && md.NumDelivered >= uint64(c.maxDeliver)
-}
-
-// keepAlive reports m in progress every c.progress until the returned
-// function is called or ctx (bounded by HandlerTimeout) ends.
-func (c *Consumer) keepAlive(ctx context.Context, m jetstream.Msg) func() {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(c.progress)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := m.InProgress(); err != nil {
-					c.log.Debug("idemnats: in-progress report", "err", err)
-				}
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }
 
 // settle tells JetStream what became of m, as out.Settle decides: Ack,

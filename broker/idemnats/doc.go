@@ -99,7 +99,11 @@
 // fetched ahead, the last of them would otherwise wait past a 1s AckWait
 // and be redelivered, and the redeliveries, buffered behind the others,
 // would expire in turn.) Nothing waits in the client's own buffer, out of
-// reach of those reports. Several Consumers, in one process or many, on
+// reach of those reports. The messages whose handler runs are reported
+// too, at the same period, by the same goroutine: one ticker per
+// Consumer, not one per message, however many it holds. So a short
+// AckWait (a few seconds) brings a dead member's messages back soon
+// without taking a slow handler's message away from a live one. Several Consumers, in one process or many, on
 // the same durable consumer share its messages. Stop is graceful: no new
 // pull requests; the messages held but not started are Nak'ed so that
 // another member gets them at once, as are those that reach the pull

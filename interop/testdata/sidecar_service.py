@@ -9,12 +9,16 @@ line of stdout.
 
   POST /in     executes the message: one more execution of its
                Idem-Message-Id, after DELAY_MS; answers 200
+  POST /nodelay  executes the requests that arrive from now on at once
   POST /dead   records a dead letter: its original message ID
                (Idem-Header-Idem-Original-Message-Id) and reason
                (Idem-Header-Idem-Dead-Letter-Reason); answers 200
   GET /requests  {"requests": n}: executions so far, cheaply
   GET /counts  {"execs": {id: n}, "dead": {id: [reasons]}, "requests": n,
-               "records": {id: [state, unknown]}}: records are read from
+               "records": {id: [state, unknown]}, "arrivals": {id: n}}:
+               arrivals counts the POST /in requests that reached the
+               service (before DELAY_MS, so a call cut short by a crash
+               of the sidecar counts); records are read from
                the sidecar's SQLite store (STORE_PATH, consumer CONSUMER),
                state 2 is completed, unknown is true when the recorded
                answer is the sidecar's outcome-unknown
@@ -37,6 +41,7 @@ db.execute("CREATE TABLE IF NOT EXISTS execs (id TEXT PRIMARY KEY, n INTEGER NOT
 db.execute("CREATE TABLE IF NOT EXISTS dead (id TEXT NOT NULL, reason TEXT NOT NULL)")
 db.commit()
 requests = 0
+arrivals = {}  # POST /in requests received per message ID, in memory
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -52,11 +57,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b)
 
     def do_POST(self):
-        global requests
+        global requests, delay
         length = int(self.headers.get("Content-Length", "0"))
         self.rfile.read(length)
         if self.path == "/in":
             mid = self.headers.get("Idem-Message-Id", "")
+            with lock:
+                arrivals[mid] = arrivals.get(mid, 0) + 1
             if delay:
                 time.sleep(delay)
             with lock:
@@ -64,6 +71,9 @@ class Handler(BaseHTTPRequestHandler):
                 db.execute("INSERT INTO execs (id, n) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET n = n + 1", (mid,))
                 db.commit()
             self.answer(200, {"executed": mid})
+        elif self.path == "/nodelay":
+            delay = 0
+            self.answer(200, {"delay_ms": 0})
         elif self.path == "/dead":
             orig = self.headers.get("Idem-Header-Idem-Original-Message-Id", "")
             reason = self.headers.get("Idem-Header-Idem-Dead-Letter-Reason", "")
@@ -89,6 +99,7 @@ class Handler(BaseHTTPRequestHandler):
             for mid, reason in db.execute("SELECT id, reason FROM dead"):
                 dead.setdefault(mid, []).append(reason)
             n = requests
+            arrived = dict(arrivals)
         records = {}
         try:
             st = sqlite3.connect(store_path, timeout=2)
@@ -103,7 +114,7 @@ class Handler(BaseHTTPRequestHandler):
                 records[mid] = [state, unknown]
         except sqlite3.OperationalError:
             pass  # the sidecar has not created its store yet
-        self.answer(200, {"execs": execs, "dead": dead, "requests": n, "records": records})
+        self.answer(200, {"execs": execs, "dead": dead, "requests": n, "records": records, "arrivals": arrived})
 
 
 class Server(ThreadingHTTPServer):

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,12 +29,27 @@ type consumeFlags struct {
 	healthAddr, metricsAddr              string
 	concurrency, maxAttempts, storeBatch int
 	hold                                 int
-	atLeastOnce                          bool
+	atLeastOnce, pointAtCall             bool
 	lease, timeout, retryBase, retryMax  time.Duration
 	retryDelay, ackWait, natsDuplicates  time.Duration
 	shutdownTimeout                      time.Duration
+	kafkaInstanceID                      string
 	log                                  logFlags
 }
+
+// The recovery defaults of `idem consume` (see its --help): a SIGKILLed
+// sidecar's messages come back within a few seconds of its restart.
+const (
+	// defaultConsumeLease is --lease: a record's lease, renewed every
+	// third of it (every second) while its message is held.
+	defaultConsumeLease = 3 * time.Second
+	// defaultConsumeAckWait is --ack-wait: NATS AckWait and Redis Streams
+	// min-idle time, each kept alive every third of it while held.
+	defaultConsumeAckWait = 3 * time.Second
+	// minKafkaSessionTimeout is the session timeout used on Kafka when
+	// --ack-wait is shorter: Kafka's group.min.session.timeout.ms default.
+	minKafkaSessionTimeout = 6 * time.Second
+)
 
 func newConsumeCmd() *cobra.Command {
 	var f consumeFlags
@@ -86,7 +102,11 @@ running, so --hold defaults to --concurrency there: only what is called is
 claimed. With --at-least-once it defaults to --store-batch when the store
 takes batches, since a held message is then simply sent after a crash. A
 larger --hold at most once buys throughput with more outcome-unknown dead
-letters after a crash.
+letters after a crash, unless --point-at-call: a message that waits for a
+call then records its recovery point when it gets one, in a store write of
+its own (not batched), so a held message that was never called is sent after
+a crash; that third write per waiting message can cost more than half the
+throughput that --hold bought.
 
 Logging: one line per message at info on stderr (--log-format text or json):
 message_id, system and destination (the broker and where the message came
@@ -98,6 +118,41 @@ failure the service answered is also logged at warn by the broker adapter,
 and kept as the record's last error (what idem failed shows), with the start
 of the service's answer (at most 512 bytes): a service must not put secrets
 in its error answers.
+
+Recovery after a crash: a message the sidecar held when it died comes back
+about 3s later, to its restart or to another sidecar of the group, because
+the two things that hold it back are short and kept alive while the sidecar
+lives:
+  --lease 3s       the message's record: renewed every second (a third of
+                   it) while the message is held, by one scheduler for all
+                   of them; a dead sidecar's lease runs out within 3s
+  --ack-wait 3s    the broker's hold: NATS AckWait, kept alive by an
+                   in-progress ack (AckProgress) every second, for every
+                   held message, by one reporter; Redis Streams: the idle
+                   time after which XAUTOCLAIM takes the entry, kept alive
+                   by one XCLAIM of the entries in flight each second;
+                   Kafka: the session timeout, at least 6s (Kafka's
+                   smallest by default); RabbitMQ needs none: the broker
+                   requeues a dead connection's unacknowledged messages
+On Kafka a restarted sidecar gets its partitions back only after the old
+member's session timeout (6s or more) unless --kafka-instance-id names it:
+then it is a static member and takes its partitions back at once, without a
+rebalance. Give each sidecar of a group its own stable name, such as its pod
+name: two live members with one name fence each other. A static member does
+not leave the group when it stops, even on SIGTERM: its partitions wait for
+its return, or its session timeout, before another member gets them.
+The price of the short defaults: a message held for longer than a second
+costs a lease renewal (a store write of its own) and an in-progress ack each
+second (one done sooner costs neither); and a store that stalls for more than
+about 2s (the lease less a renewal period) costs the leases of the messages
+held: their calls are cancelled, and a call already sent is then, at most
+once, dead-lettered as outcome-unknown. On a slow or distant store, raise
+--lease. On Redis Streams a redelivery waits at most --ack-wait (the idle
+time is all that delays XAUTOCLAIM), so a longer backoff (--retry-max) or
+Retry-After is cut to it there: raise --ack-wait for a service that asks for
+longer pauses; elsewhere a longer --ack-wait only delays the return of a dead
+sidecar's messages. Fencing still holds: a sidecar that was only stalled,
+not dead, cannot record a result once its lease was taken over.
 
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
@@ -120,13 +175,15 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.IntVar(&f.storeBatch, "store-batch", 64, "most messages claimed, or completed, in one store commit: the claims (and completions) of the messages in flight that reach the store together go as one batch; 1 sends each alone")
 	fl.IntVar(&f.hold, "hold", 0, "most messages held at once, claimed and running or waiting for one of the --concurrency calls (default --concurrency; with --at-least-once, --store-batch when the store takes batches)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", idem.DefaultMaxAttempts, "attempts of a message before it is dead-lettered as poison")
+	fl.BoolVar(&f.pointAtCall, "point-at-call", false, "at most once, a held message waiting for one of the --concurrency calls records its recovery point when it gets the call (a store write of its own), not with its claim: after a crash it is sent, not dead-lettered as outcome-unknown")
 	fl.BoolVar(&f.atLeastOnce, "at-least-once", false, "send a message whose outcome is unknown again instead of dead-lettering it (for services that deduplicate by Idempotency-Key)")
-	fl.DurationVar(&f.lease, "lease", 30*time.Second, "lease of a message while it is delivered, renewed meanwhile; after a crash, the message waits this long")
+	fl.DurationVar(&f.lease, "lease", defaultConsumeLease, "lease of a message's record while it is held, renewed every third of it; after a crash, the message waits at most this long")
 	fl.DurationVar(&f.timeout, "timeout", idemhttp.DefaultDeliveryTimeout, "time for the service to answer one message (Idem-Deadline)")
 	fl.DurationVar(&f.retryBase, "retry-base", idemhttp.DefaultDeliveryRetryBase, "first redelivery delay after a retryable answer, doubling with each attempt")
 	fl.DurationVar(&f.retryMax, "retry-max", idemhttp.DefaultDeliveryRetryMax, "longest backoff (a longer Retry-After is honoured)")
 	fl.DurationVar(&f.retryDelay, "retry-delay", time.Second, "redelivery delay after a failure of the store")
-	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "how long a delivery of a dead sidecar waits before the broker gives it to another (NATS AckWait, Redis Streams idle time, Kafka session timeout)")
+	fl.DurationVar(&f.ackWait, "ack-wait", defaultConsumeAckWait, "how long a delivery of a dead sidecar waits before the broker gives it again (NATS AckWait and Redis Streams idle time, both kept alive every third of it while the message is held; Kafka session timeout, at least 6s)")
+	fl.StringVar(&f.kafkaInstanceID, "kafka-instance-id", "", "Kafka static member name (group.instance.id), stable across restarts and unique in the group: a restarted sidecar takes its partitions back at once (default: a dynamic member)")
 	fl.DurationVar(&f.natsDuplicates, "nats-duplicates", 2*time.Minute, "JetStream's duplicate window of a stream this command creates")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
@@ -168,6 +225,12 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	}
 	if f.ackWait < time.Second {
 		return nil, usageError{errors.New("--ack-wait must be at least 1s")}
+	}
+	if f.pointAtCall && f.atLeastOnce {
+		return nil, usageError{errors.New("--point-at-call is for at most once: --at-least-once records no recovery point")}
+	}
+	if f.kafkaInstanceID != "" && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
+		return nil, usageError{errors.New("--kafka-instance-id is for a kafka:// broker")}
 	}
 	return u, nil
 }
@@ -215,8 +278,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		if f.atLeastOnce {
 			// At least once, a held message that was never called is
 			// simply sent after a crash; at most once it would be
-			// dead-lettered as outcome-unknown, so by default only
-			// what is called is claimed.
+			// dead-lettered as outcome-unknown (unless
+			// --point-at-call, which costs a write of its own), so by
+			// default only what is called is claimed.
 			hold = max(hold, f.storeBatch)
 		}
 	}
@@ -232,12 +296,12 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	// The adapter runs hold deliveries at once, each claimed as it
 	// arrives; the Deliverer lets --concurrency of them call the service.
 	d, err := idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Timeout: f.timeout, AtLeastOnce: f.atLeastOnce,
-		MaxCalls: f.concurrency, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
+		MaxCalls: f.concurrency, PointAtCall: f.pointAtCall, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
 	if err != nil {
 		return usageError{err}
 	}
 	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), consumeConfig{group: f.group, deadLetter: f.deadLetter,
-		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, logger: logger})
+		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID, logger: logger})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,8 @@ func TestConsumeUsageErrors(t *testing.T) {
 		{"hold too large", "--hold", "5000", "--hold"},
 		{"no attempts", "--max-attempts", "0", "--max-attempts"},
 		{"short ack wait", "--ack-wait", "10ms", "--ack-wait"},
+		{"Kafka instance ID on NATS", "--kafka-instance-id", "sidecar-1", "--kafka-instance-id"},
+		{"point at call at least once", "--point-at-call=true", "--at-least-once=true", "--point-at-call"},
 		{"bad health address", "--health-addr", "nohost", "--health-addr"},
 		{"bad log format", "--log-format", "xml", "--log-format"},
 		{"bad log level", "--log-level", "loud", "--log-level"},

@@ -45,8 +45,9 @@ type consumeConfig struct {
 	group, deadLetter string
 	concurrency       int // deliveries the adapter runs at once (the messages held)
 	retryDelay        time.Duration
-	ackWait           time.Duration // NATS AckWait, Redis Streams MinIdle, Kafka session timeout
+	ackWait           time.Duration // NATS AckWait, Redis Streams MinIdle, Kafka session timeout (at least minKafkaSessionTimeout)
 	natsDuplicates    time.Duration
+	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
 	logger            *slog.Logger
 }
 
@@ -186,15 +187,24 @@ type kafkaSidecar struct {
 }
 
 func (b *kafkaSidecar) consume(_ context.Context, src string, p idem.Processor, o consumeConfig) (run, stop func(context.Context) error, err error) {
-	cl, err := kgo.NewClient(append([]kgo.Opt{
+	opts := []kgo.Opt{
 		kgo.SeedBrokers(b.seeds...),
 		kgo.ConsumerGroup(o.group),
 		kgo.ConsumeTopics(src),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.AllowAutoTopicCreation(),
-		kgo.SessionTimeout(o.ackWait),
+		// Kafka refuses a session timeout under its
+		// group.min.session.timeout.ms (6s by default).
+		kgo.SessionTimeout(max(o.ackWait, minKafkaSessionTimeout)),
 		kgo.FetchMaxWait(250 * time.Millisecond),
-	}, idemkafka.ClientOpts()...)...)
+	}
+	if o.kafkaInstanceID != "" {
+		// A static member: a restart with the same name takes the old
+		// member's partitions back at once, without a rebalance or
+		// waiting out its session.
+		opts = append(opts, kgo.InstanceID(o.kafkaInstanceID))
+	}
+	cl, err := kgo.NewClient(append(opts, idemkafka.ClientOpts()...)...)
 	if err != nil {
 		return nil, nil, err
 	}
