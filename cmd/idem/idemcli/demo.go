@@ -54,6 +54,13 @@ payments (acknowledged, then dropped by a crash before the ledger commit)
 that idem prevents. Run it, then the plain demo, to see the problem and then
 the fix.
 
+--console keeps a web console (the one idem console serves) up on the
+demo's store after the report, on 127.0.0.1:8089 (--console-addr), until
+interrupted: first it stages work for an operator to look at under a
+consumer of its own, idem-demo-refunds (refunds that failed for good, one
+whose lease is held, outbox rows whose publish failed for good), which the
+report does not count. Its address is printed on stderr.
+
 The exit status is 0 only when every payment was charged exactly once: no
 double charges and no lost messages (3 otherwise). With --without-idem it is
 0 whenever the run completed: it is a demonstration.`,

@@ -25,6 +25,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,6 +39,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/connect"
+	"github.com/idem-go/idem/cmd/idem/internal/operate"
 	"github.com/idem-go/idem/cmd/idem/internal/promserve"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/spf13/pflag"
@@ -79,6 +81,16 @@ type Options struct {
 	WithoutIdem bool
 	// MetricsAddr, when set, serves Prometheus /metrics there during the run.
 	MetricsAddr string
+	// Console keeps a console up on the demo's store after the report, on
+	// ConsoleAddr (loopback only), until ctx ends; the demo first stages
+	// failed work to look at, under a consumer of its own.
+	Console bool
+	// ConsoleAddr is where the console listens (host:port; port 0 picks
+	// one).
+	ConsoleAddr string
+	// consoleUp, set by tests, is called with the console's URL once it
+	// listens and its work is staged.
+	consoleUp func(url string)
 	// afterRun, set by tests, is called with the /metrics URL once the run
 	// is over and reported, before the metrics server stops.
 	afterRun func(metricsURL string)
@@ -152,6 +164,8 @@ func (o *Options) AddFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.JSON, "json", false, "print the report as one JSON object (with the settings, ok and the verdict)")
 	f.BoolVar(&o.WithoutIdem, "without-idem", false, "run the same story (same seed, same faults) through a naive consumer without idem, to see the double charges and lost payments idem prevents; exits 0 when it ran")
 	f.StringVar(&o.Progress, "progress", "auto", "progress display: auto (a bar on a terminal), bar, lines or none")
+	f.BoolVar(&o.Console, "console", false, "after the report, stage some failed work (failed records, a held lease, failed outbox rows, under the consumer "+refundsConsumer+") and keep the web console up on the demo's store until interrupted (not with a redis:// store)")
+	f.StringVar(&o.ConsoleAddr, "console-addr", operate.DefaultConsoleAddr, "with --console: where the console listens, on loopback only (port 0 picks a free one)")
 	f.StringVar(&o.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics of the consumers (idem_messages_total, idem_claims_active, ...) on http://ADDR/metrics while the demo runs, e.g. 127.0.0.1:9464 (default: off)")
 }
 
@@ -174,6 +188,9 @@ func (o *Options) validate() error {
 	case "auto", "bar", "lines", "none":
 	default:
 		return UsageError{fmt.Errorf("--progress must be auto, bar, lines or none, got %q", o.Progress)}
+	}
+	if o.Console && strings.HasPrefix(o.Store, "redis:") {
+		return UsageError{errors.New("--console shows a SQL store (sqlite:, postgres://, mysql://), not redis://")}
 	}
 	return nil
 }
@@ -306,10 +323,18 @@ type demoRun struct {
 // errors to stderr. It returns a [UsageError] for a bad setting, an error
 // wrapping [ErrNotExactlyOnce] when the run found a double or lost charge
 // or receipt (never with WithoutIdem: a demonstration), and ctx's error
-// when ctx ends first (then without a report).
+// when ctx ends first (then without a report). With Console it serves the
+// console after the report until ctx ends, then returns as without it.
 func Run(ctx context.Context, o *Options, stdout, stderr io.Writer) (err error) {
 	if err := o.validate(); err != nil {
 		return err
+	}
+	var consoleLn net.Listener
+	if o.Console {
+		if consoleLn, err = listenConsole(o.ConsoleAddr); err != nil {
+			return err
+		}
+		defer consoleLn.Close()
 	}
 	var metrics *promserve.Server
 	if o.MetricsAddr != "" {
@@ -434,6 +459,11 @@ func Run(ctx context.Context, o *Options, stdout, stderr io.Writer) (err error) 
 	}
 	if o.afterRun != nil && metrics != nil {
 		o.afterRun(metrics.URL())
+	}
+	if consoleLn != nil {
+		if err := r.serveConsole(ctx, consoleLn, stderr); err != nil {
+			return err
+		}
 	}
 	if o.WithoutIdem {
 		return waitErr // a demonstration: it ran, whatever it shows
