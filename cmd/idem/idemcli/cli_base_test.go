@@ -5,11 +5,10 @@ package idemcli
 
 import (
 	"bytes"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/idem-go/idem/internal/ownservice"
+	"github.com/idem-go/idem/cmd/idem/internal/clitest"
 )
 
 // run runs the command in process and returns its exit status and output.
@@ -72,14 +71,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // optionalURL returns the URL in the environment variable env, or ""; under
 // IDEM_TEST_REQUIRE_ALL=1 (the README test command) a missing URL fails
 // the test.
-func optionalURL(t *testing.T, env string) string {
-	t.Helper()
-	u := os.Getenv(env)
-	if u == "" && os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1" {
-		t.Fatalf("%s is not set and IDEM_TEST_REQUIRE_ALL=1", env)
-	}
-	return u
-}
+func optionalURL(t *testing.T, env string) string { return clitest.OptionalURL(t, env) }
 
 // serviceURL is optionalURL, skipping the test when the URL is missing.
 func serviceURL(t *testing.T, env string) string {
@@ -92,14 +84,7 @@ func serviceURL(t *testing.T, env string) string {
 }
 
 // freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	ports, err := ownservice.FreePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ports
-}
+func freePorts(t *testing.T, n int) []int { return clitest.FreePorts(t, n) }
 
 // demoBuilt reports whether this build has the demo command (not built
 // with the nodemo tag).

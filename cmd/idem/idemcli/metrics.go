@@ -1,104 +1,44 @@
 package idemcli
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"net"
-	"net/http"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/prometheus/otlptranslator"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idem-go/idem"
-	"github.com/idem-go/idem/idemotel"
+	"github.com/idem-go/idem/cmd/idem/internal/promserve"
 )
 
-// metricsServer serves the Prometheus text format on GET /metrics for a
-// command that runs consumers (idem demo, idem proxy): the idemotel metrics
-// of the consumers that take hooks(), exported through the OpenTelemetry
-// Prometheus exporter, plus the Go runtime and process collectors, all on a
-// private registry (nothing is registered globally).
+// metricsServer is the /metrics server of --metrics-addr (promserve.Server)
+// under the names the commands use; a nil one serves nothing.
 type metricsServer struct {
-	// addr is the address the server listens on, with the port the kernel
-	// chose when the flag asked for port 0.
-	addr string
-	// meterProvider is where a command creates instruments of its own; they
-	// are served on the same /metrics.
+	srv *promserve.Server
+	// meterProvider is where a command creates instruments of its own.
 	meterProvider metric.MeterProvider
-	// observer is the idem hook that records the consumer metrics.
-	observer *idemotel.Observer
-
-	mp   *sdkmetric.MeterProvider
-	srv  *http.Server
-	done chan struct{}
 }
 
-// serveMetrics listens on addr (host:port; port 0 picks a free one) and
-// serves /metrics until close. An empty addr is not allowed: callers only
-// call it when the --metrics-addr flag is set. It returns an error when the
-// address cannot be listened on or the exporter cannot be built.
+// serveMetrics serves /metrics on addr (promserve.Serve).
 func serveMetrics(addr string) (*metricsServer, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
+	s, err := promserve.Serve(addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics exporter: %w", err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	obs, err := idemotel.NewObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tracenoop.NewTracerProvider()))
-	if err != nil {
-		_ = mp.Shutdown(context.Background())
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		_ = mp.Shutdown(context.Background())
-		return nil, fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	m := &metricsServer{
-		addr: ln.Addr().String(), meterProvider: mp, observer: obs, mp: mp,
-		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
-		done: make(chan struct{}),
-	}
-	go func() {
-		defer close(m.done)
-		_ = m.srv.Serve(ln) // ErrServerClosed after close
-	}()
-	return m, nil
+	return &metricsServer{srv: s, meterProvider: s.MeterProvider}, nil
 }
 
-// hooks returns the hooks to put in an idem.Config; nil on a nil server,
-// so a command without --metrics-addr passes m.hooks() unconditionally.
+// hooks returns the hooks to put in an idem.Config; nil on a nil server.
 func (m *metricsServer) hooks() []idem.Hook {
 	if m == nil {
 		return nil
 	}
-	return []idem.Hook{m.observer}
+	return m.srv.Hooks()
 }
 
 // url returns the address of the /metrics page.
-func (m *metricsServer) url() string { return "http://" + m.addr + "/metrics" }
+func (m *metricsServer) url() string { return m.srv.URL() }
 
-// close stops the server, waiting up to 5 seconds for scrapes in flight,
-// and shuts the meter provider down. It is a no-op on a nil server.
+// close stops the server; a no-op on a nil server.
 func (m *metricsServer) close() error {
 	if m == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err := m.srv.Shutdown(ctx)
-	<-m.done
-	return errors.Join(err, m.mp.Shutdown(ctx))
+	return m.srv.Close()
 }

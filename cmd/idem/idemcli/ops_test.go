@@ -6,35 +6,20 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/clitest"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
 // storeURLs returns the store URLs the operating commands are tested on:
 // SQLite always, PostgreSQL and MariaDB from the IDEM_TEST_* variables.
-func storeURLs(t *testing.T) map[string]string {
-	urls := map[string]string{"sqlite": "sqlite:" + filepath.Join(t.TempDir(), "ops.db")}
-	if u := optionalURL(t, "IDEM_TEST_POSTGRES_URL"); u != "" {
-		urls["postgres"] = u
-	}
-	if dsn := optionalURL(t, "IDEM_TEST_MYSQL_URL"); dsn != "" {
-		cfg, err := mysql.ParseDSN(dsn)
-		if err != nil {
-			t.Fatalf("IDEM_TEST_MYSQL_URL: %v", err)
-		}
-		urls["mariadb"] = fmt.Sprintf("mysql://%s:%s@%s/%s", cfg.User, cfg.Passwd, cfg.Addr, cfg.DBName)
-	}
-	return urls
-}
+func storeURLs(t *testing.T) map[string]string { return clitest.StoreURLs(t) }
 
 func TestOperatingCommands(t *testing.T) {
 	t.Parallel()

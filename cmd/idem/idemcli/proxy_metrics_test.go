@@ -145,7 +145,7 @@ func TestProxyMetricsAddrErrors(t *testing.T) {
 	}
 	defer m.close()
 	store := "sqlite:" + t.TempDir() + "/proxy.db"
-	code, _, errOut := run(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", store, "--listen", "127.0.0.1:0", "--metrics-addr", m.addr)
+	code, _, errOut := run(t, "proxy", "--upstream", "http://127.0.0.1:1", "--store", store, "--listen", "127.0.0.1:0", "--metrics-addr", m.srv.Addr)
 	if code != 1 || !strings.Contains(errOut, "--metrics-addr") || !strings.Contains(errOut, "address already in use") {
 		t.Errorf("address in use: exit %d, stderr %q; want 1 and the address in use", code, errOut)
 	}

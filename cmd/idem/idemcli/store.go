@@ -3,26 +3,23 @@ package idemcli
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"errors"
-	"fmt"
-	"net"
-	"net/url"
-	"strconv"
-	"strings"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
+// The commands' names for what package connect opens and dials.
+
 // errBadURL marks a store or broker URL that cannot be parsed or used.
-var errBadURL = errors.New("bad URL")
+var errBadURL = connect.ErrBadURL
 
 // sqlStore is an opened SQL store: the database, its dialect and the idem store over it.
 type sqlStore struct {
@@ -31,161 +28,39 @@ type sqlStore struct {
 	store   *idemsql.Store
 	// where names the database for messages, without credentials.
 	where string
-	// pooler is set when PostgreSQL is behind a pooler that refused the
-	// session settings (PgBouncer): db then runs without them.
+	// pooler is set when PostgreSQL is behind a pooler (connect.SQLStore).
 	pooler bool
 }
 
-// openSQLStore opens the store named by rawURL:
-//
-//	sqlite:PATH                     a SQLite file (WAL, BEGIN IMMEDIATE, busy timeout)
-//	postgres://user:pass@host:port/db?sslmode=disable
-//	mysql://user:pass@host:port/db  MariaDB or MySQL
-//
-// It checks that the server answers within 10 seconds. The errors it
-// returns never hold the password, the drivers' included.
-func openSQLStore(ctx context.Context, rawURL, table string) (st *sqlStore, err error) {
-	defer func() { err = secret.Error(err, rawURL) }()
-	scheme, rest, ok := strings.Cut(rawURL, ":")
-	if !ok || rawURL == "" {
-		return nil, fmt.Errorf("%w: store %q: want sqlite:PATH, postgres://... or mysql://...", errBadURL, redact(rawURL))
-	}
-	s := &sqlStore{}
-	var bare *pgx.ConnConfig // postgres: the URL's own settings
-	switch strings.ToLower(scheme) {
-	case "sqlite", "sqlite3":
-		path := strings.TrimPrefix(rest, "//")
-		if path == "" {
-			return nil, fmt.Errorf("%w: store %q: sqlite needs a file path, as in sqlite:/var/lib/app/idem.db", errBadURL, rawURL)
-		}
-		s.dialect, s.where = idemsql.SQLite, "sqlite file "+path
-		s.db, err = sql.Open("sqlite", idemsql.SQLiteDSN(path))
-		if err == nil {
-			// SQLite has one writer at a time. Queueing writers in the
-			// pool hands the connection over at once, where contending
-			// connections would sleep in SQLite's busy handler.
-			s.db.SetMaxOpenConns(1)
-		}
-	case "postgres", "postgresql":
-		u, perr := url.Parse(rawURL)
-		if perr != nil || u.Host == "" {
-			return nil, fmt.Errorf("%w: store %q: want postgres://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
-		}
-		s.dialect, s.where = idemsql.Postgres, "postgres at "+u.Host
-		cfg, perr := pgx.ParseConfig(rawURL)
-		if perr != nil {
-			return nil, fmt.Errorf("%w: store %q: want postgres://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
-		}
-		bare = cfg.Copy()
-		pgStoreSettings(cfg)
-		s.db = stdlib.OpenDB(*cfg)
-	case "mysql", "mariadb":
-		cfg, where, derr := mysqlConfig(rawURL)
-		if derr != nil {
-			return nil, derr
-		}
-		s.dialect, s.where = idemsql.MySQL, where
-		var conn driver.Connector
-		if conn, err = mysql.NewConnector(cfg); err == nil {
-			s.db = sql.OpenDB(conn)
-		}
-	case "redis":
-		return nil, fmt.Errorf("%w: store %q: this command works on the SQL stores (sqlite:, postgres://, mysql://); the Redis store (lease mode) is for demo and proxy", errBadURL, redact(rawURL))
-	default:
-		return nil, fmt.Errorf("%w: store %q: unknown scheme %q (want sqlite:, postgres:// or mysql://; demo and proxy also take redis://)", errBadURL, redact(rawURL), scheme)
-	}
+// openSQLStore opens the store named by rawURL (connect.OpenSQL).
+func openSQLStore(ctx context.Context, rawURL, table string) (*sqlStore, error) {
+	s, err := connect.OpenSQL(ctx, rawURL, table)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", s.where, err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err = s.db.PingContext(pingCtx)
-	if bare != nil && refusedStartupParameter(err) {
-		// A pooler such as PgBouncer in front of PostgreSQL.
-		s.db.Close()
-		pgBouncerSettings(bare, rawURL)
-		s.db = stdlib.OpenDB(*bare)
-		s.where += " (through a pooler)"
-		s.pooler = true
-		err = s.db.PingContext(pingCtx)
-	}
-	if err != nil {
-		s.db.Close()
-		return nil, fmt.Errorf("cannot reach %s: %w", s.where, err)
-	}
-	s.store, err = idemsql.New(s.db, s.dialect, &idemsql.Config{Table: table})
-	if err != nil {
-		s.db.Close()
 		return nil, err
 	}
-	return s, nil
-}
-
-// mysqlConfig turns mysql://user:pass@host:port/db?param=v into a
-// go-sql-driver/mysql configuration: the parameters timeout, readTimeout
-// and writeTimeout are the driver's, the others session variables; a
-// mariadb:// URL also sets MariaDB's idle_transaction_timeout.
-func mysqlConfig(rawURL string) (cfg *mysql.Config, where string, err error) {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" {
-		return nil, "", fmt.Errorf("%w: store %q: want mysql://USER:PASSWORD@HOST:PORT/DATABASE", errBadURL, redact(rawURL))
-	}
-	cfg = mysql.NewConfig()
-	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.Trim(u.Path, "/")
-	if !strings.Contains(u.Host, ":") {
-		cfg.Addr += ":3306"
-	}
-	cfg.User = u.User.Username()
-	cfg.Passwd, _ = u.User.Password()
-	cfg.ParseTime = true
-	cfg.Params = map[string]string{}
-	// Bounded network waits (see storenet.go), unless the URL sets them:
-	// a read or write on a stalled connection fails after storeIOTimeout,
-	// which also bounds a COMMIT (go-sql-driver does not cancel it by
-	// context).
-	d := storeDialer()
-	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = storeDialTimeout, storeIOTimeout, storeIOTimeout
-	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return d.DialContext(ctx, network, addr)
-	}
-	for k, v := range u.Query() {
-		switch k {
-		case "timeout", "readTimeout", "writeTimeout":
-			t, perr := time.ParseDuration(v[0])
-			if perr != nil || t < 0 {
-				return nil, "", fmt.Errorf("%w: store %q: %s=%q is not a duration such as 30s (0 for none)", errBadURL, redact(rawURL), k, v[0])
-			}
-			*map[string]*time.Duration{"timeout": &cfg.Timeout, "readTimeout": &cfg.ReadTimeout, "writeTimeout": &cfg.WriteTimeout}[k] = t
-		default:
-			cfg.Params[k] = v[0]
-		}
-	}
-	if _, set := cfg.Params["idle_transaction_timeout"]; !set && strings.EqualFold(u.Scheme, "mariadb") {
-		// MariaDB's: the server ends a session left idle in a transaction
-		// (MySQL has no such variable, so mysql:// URLs go without it).
-		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(storeIdleInTx / time.Second))
-	}
-	return cfg, "mysql at " + cfg.Addr, nil
+	return &sqlStore{db: s.DB, dialect: s.Dialect, store: s.Store, where: s.Where, pooler: s.Pooler}, nil
 }
 
 // redact hides the password of a URL for messages, even of one that does
 // not parse (secret.URL).
 func redact(raw string) string { return secret.URL(raw) }
 
-// rebind rewrites ?-placeholders for the dialect ($1, $2 ... on PostgreSQL).
-func rebind(d idemsql.Dialect, q string) string {
-	if d != idemsql.Postgres {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+// rebind rewrites ?-placeholders for the dialect (connect.Rebind).
+func rebind(d idemsql.Dialect, q string) string { return connect.Rebind(d, q) }
+
+// pgStoreSettings bounds a PostgreSQL connection's waits (connect.PGStoreSettings).
+func pgStoreSettings(cfg *pgx.ConnConfig) { connect.PGStoreSettings(cfg) }
+
+func dialNATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
+	return connect.NATS(url, opts...)
+}
+
+func dialAMQP(url string) (*amqp.Connection, error) { return connect.AMQP(url) }
+
+func dialKafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
+	return connect.Kafka(ctx, seeds)
+}
+
+func dialRedis(ctx context.Context, url string) (*redis.Client, *redis.Options, error) {
+	return connect.Redis(ctx, url)
 }

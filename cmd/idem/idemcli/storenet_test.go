@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 )
 
 // The store connections the command opens carry the settings that bound a
@@ -48,25 +50,25 @@ func TestStoreConnectionSettings(t *testing.T) {
 	if u, ok := urls["mariadb"]; ok {
 		t.Run("mariadb", func(t *testing.T) {
 			t.Parallel()
-			cfg, _, err := mysqlConfig(u)
+			cfg, _, err := connect.MySQLConfig(u)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.ReadTimeout != storeIOTimeout || cfg.WriteTimeout != storeIOTimeout || cfg.Timeout != storeDialTimeout || cfg.DialFunc == nil {
+			if cfg.ReadTimeout != 30*time.Second || cfg.WriteTimeout != 30*time.Second || cfg.Timeout != 10*time.Second || cfg.DialFunc == nil {
 				t.Errorf("default timeouts: read %v, write %v, dial %v (dialer set: %v)", cfg.ReadTimeout, cfg.WriteTimeout, cfg.Timeout, cfg.DialFunc != nil)
 			}
-			cfg, _, err = mysqlConfig(u + "?readTimeout=5s&writeTimeout=0&innodb_lock_wait_timeout=7")
+			cfg, _, err = connect.MySQLConfig(u + "?readTimeout=5s&writeTimeout=0&innodb_lock_wait_timeout=7")
 			if err != nil {
 				t.Fatal(err)
 			}
 			if cfg.ReadTimeout != 5*time.Second || cfg.WriteTimeout != 0 || cfg.Params["innodb_lock_wait_timeout"] != "7" || cfg.Params["readTimeout"] != "" {
 				t.Errorf("URL parameters: read %v, write %v, params %v", cfg.ReadTimeout, cfg.WriteTimeout, cfg.Params)
 			}
-			if _, _, err := mysqlConfig(u + "?readTimeout=soon"); !errors.Is(err, errBadURL) {
+			if _, _, err := connect.MySQLConfig(u + "?readTimeout=soon"); !errors.Is(err, connect.ErrBadURL) {
 				t.Errorf("readTimeout=soon: err %v, want errBadURL", err)
 			}
 			maria := "mariadb" + strings.TrimPrefix(u, "mysql")
-			if cfg, _, err = mysqlConfig(maria); err != nil || cfg.Params["idle_transaction_timeout"] != "30" {
+			if cfg, _, err = connect.MySQLConfig(maria); err != nil || cfg.Params["idle_transaction_timeout"] != "30" {
 				t.Errorf("mariadb:// URL: params %v, err %v; want idle_transaction_timeout 30", cfg.Params, err)
 			}
 			st, err := openSQLStore(t.Context(), maria, "")

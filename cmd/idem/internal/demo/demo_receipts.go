@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemsql"
 )
@@ -80,7 +81,7 @@ type receiptsStory struct {
 	receipts *idem.Consumer[*sql.Tx]
 	// receiptsSt is the receipts service's SQL store: a SQLite file of its
 	// own beside a SQLite store (a second writer), else the same database.
-	receiptsSt *sqlStore
+	receiptsSt *connect.SQLStore
 	// mail is the provider that sends the receipts (by email, say): a third
 	// party of its own, with its own database file, so the receipts do not
 	// queue behind the charges.
@@ -114,9 +115,9 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 		}
 	}
 	r.receiptsSt = r.st
-	if r.st.dialect == idemsql.SQLite && r.lease == nil {
-		if r.receiptsSt, err = openSQLStore(ctx, "sqlite:"+filepath.Join(dir, "receipts.db"), demoTable); err == nil {
-			err = r.receiptsSt.store.Migrate(ctx)
+	if r.st.Dialect == idemsql.SQLite && r.lease == nil {
+		if r.receiptsSt, err = connect.OpenSQL(ctx, "sqlite:"+filepath.Join(dir, "receipts.db"), demoTable); err == nil {
+			err = r.receiptsSt.Store.Migrate(ctx)
 		}
 		if err != nil {
 			return fmt.Errorf("the receipts service's store: %w", err)
@@ -124,21 +125,21 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 	}
 	if fresh {
 		for _, d := range []struct {
-			st       *sqlStore
+			st       *connect.SQLStore
 			q, value string
 		}{
 			{r.receiptsSt, `DELETE FROM ` + demoTable + ` WHERE consumer = ?`, receiptsConsumer},
 			{r.st, `DELETE FROM ` + demoOutboxTable + ` WHERE consumer = ?`, demoConsumer},
 		} {
-			if _, err := d.st.db.ExecContext(ctx, rebind(d.st.dialect, d.q), d.value); err != nil {
-				return fmt.Errorf("reset the demo tables on %s: %w", d.st.where, err)
+			if _, err := d.st.DB.ExecContext(ctx, connect.Rebind(d.st.Dialect, d.q), d.value); err != nil {
+				return fmt.Errorf("reset the demo tables on %s: %w", d.st.Where, err)
 			}
 		}
 	}
-	if r.o.withoutIdem {
+	if r.o.WithoutIdem {
 		return nil
 	}
-	faults := &relayFaults{OutboxStore: r.st.store, pub: r.events, rate: r.o.crashRate, draws: r.draws, crashes: &r.relayCrashes}
+	faults := &relayFaults{OutboxStore: r.st.Store, pub: r.events, rate: r.o.CrashRate, draws: r.draws, crashes: &r.relayCrashes}
 	r.relay, err = idem.NewRelay(idem.RelayConfig{Store: faults, Publisher: faults, Workers: 1, Lease: demoRelayLease,
 		MaxPoll: demoRelayMaxPoll, MinRetry: demoRelayMinRetry, MaxRetry: demoRelayMaxRetry,
 		KeepSent: true, Retention: -1, // the report counts the rows emitted
@@ -146,7 +147,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 	if err != nil || r.lease != nil {
 		return err
 	}
-	r.receipts, err = idem.NewConsumer(r.receiptsSt.store, idem.Config{Name: receiptsConsumer, PurgeInterval: -1, Hooks: hooks})
+	r.receipts, err = idem.NewConsumer(r.receiptsSt.Store, idem.Config{Name: receiptsConsumer, PurgeInterval: -1, Hooks: hooks})
 	return err
 }
 
@@ -158,7 +159,7 @@ func (r *demoRun) closeReceipts() {
 		r.mail.close()
 	}
 	if r.receiptsSt != nil && r.receiptsSt != r.st {
-		r.receiptsSt.db.Close()
+		r.receiptsSt.DB.Close()
 	}
 }
 
@@ -168,7 +169,7 @@ func (r *demoRun) closeReceipts() {
 // writes (claim, mark) on every event; there the relay polls every 50ms
 // while there is work and sends what came meanwhile in one round.
 func (r *demoRun) wakeRelay() *idem.Relay {
-	if r.st.dialect == idemsql.SQLite {
+	if r.st.Dialect == idemsql.SQLite {
 		return nil
 	}
 	return r.relay
@@ -180,7 +181,7 @@ func (r *demoRun) runReceipts(ctx context.Context, wg *sync.WaitGroup) {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = r.relay.Run(ctx) }()
 	}
-	for i := 0; i < r.o.consumers; i++ {
+	for i := 0; i < r.o.Consumers; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -194,7 +195,7 @@ func (r *demoRun) runReceipts(ctx context.Context, wg *sync.WaitGroup) {
 // here, after a commit, as for the payments.
 func (r *demoRun) processReceipt(ctx context.Context, m idem.Message) (out idem.Outcome, err error) {
 	switch {
-	case r.o.withoutIdem:
+	case r.o.WithoutIdem:
 		out, err = r.receiptNaive(ctx, m)
 	case r.lease != nil:
 		out, err = r.lease.receipts.Process(ctx, m, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
@@ -205,7 +206,7 @@ func (r *demoRun) processReceipt(ctx context.Context, m idem.Message) (out idem.
 			return r.sendReceipt(ctx, idem.DeriveKey(receiptsConsumer, m.ID, "receipt"), m)
 		})
 	}
-	if out.Status == idem.Processed && r.draws.crash("receipts-after-commit", m.ID, r.o.crashRate/2) {
+	if out.Status == idem.Processed && r.draws.crash("receipts-after-commit", m.ID, r.o.CrashRate/2) {
 		return idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: errCrashAfterCommit}, errCrashAfterCommit
 	}
 	return out, err
@@ -223,7 +224,7 @@ func (r *demoRun) sendReceipt(ctx context.Context, key string, m idem.Message) e
 	if err := r.mail.receipt(ctx, key, e.PaymentID); err != nil {
 		return err
 	}
-	if r.draws.crash("receipts-before-commit", m.ID, r.o.crashRate/2) {
+	if r.draws.crash("receipts-before-commit", m.ID, r.o.CrashRate/2) {
 		return errCrashBeforeCommit
 	}
 	return nil
@@ -256,7 +257,7 @@ func (r *demoRun) publishChargedNaive(ctx context.Context, p payment, chargeID i
 // row keyed by ledgerKey, the event by its outgoing ID, derived from the
 // message ID, so an attempt that runs again writes neither twice.
 func (r *demoRun) emitChargedLeased(ctx context.Context, m idem.Message, p payment, chargeID int64, ledgerKey string) error {
-	tx, err := r.st.db.BeginTx(ctx, nil)
+	tx, err := r.st.DB.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -268,7 +269,7 @@ func (r *demoRun) emitChargedLeased(ctx context.Context, m idem.Message, p payme
 		return err
 	}
 	e := r.chargedEvent(p, chargeID)
-	err = r.st.store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: demoConsumer, Messages: []idemdriver.OutgoingRecord{{
+	err = r.st.Store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: demoConsumer, Messages: []idemdriver.OutgoingRecord{{
 		ID: idem.OutgoingID(demoConsumer, m.ID, e.Name, 0), Consumer: demoConsumer, SourceID: m.ID,
 		Destination: e.Destination, Key: e.Key, Payload: e.Payload, Headers: e.Headers}}})
 	if err != nil {
@@ -282,11 +283,11 @@ func (r *demoRun) emitChargedLeased(ctx context.Context, m idem.Message, p payme
 // and acknowledged, and, with idem, every payment has its receipt.
 func (r *demoRun) receiptsDone(ctx context.Context) bool {
 	if r.relay != nil {
-		st, err := r.st.store.OutboxStats(ctx)
+		st, err := r.st.Store.OutboxStats(ctx)
 		if err != nil || st.Pending > 0 {
 			return false
 		}
-		if _, _, distinct, err := r.mail.receiptTotals(ctx); err != nil || distinct < int64(r.o.messages) {
+		if _, _, distinct, err := r.mail.receiptTotals(ctx); err != nil || distinct < int64(r.o.Messages) {
 			return false
 		}
 	}
@@ -301,17 +302,17 @@ func (r *demoRun) reportReceipts(ctx context.Context, rep *report) error {
 		return err
 	}
 	rep.EventsEmitted = r.naiveEvents.Load()
-	if !r.o.withoutIdem {
-		q := rebind(r.st.dialect, `SELECT count(*) FROM `+demoOutboxTable+` WHERE consumer = ?`)
-		if err := r.st.db.QueryRowContext(ctx, q, demoConsumer).Scan(&rep.EventsEmitted); err != nil {
-			return fmt.Errorf("count the events emitted on %s: %w", r.st.where, err)
+	if !r.o.WithoutIdem {
+		q := connect.Rebind(r.st.Dialect, `SELECT count(*) FROM `+demoOutboxTable+` WHERE consumer = ?`)
+		if err := r.st.DB.QueryRowContext(ctx, q, demoConsumer).Scan(&rep.EventsEmitted); err != nil {
+			return fmt.Errorf("count the events emitted on %s: %w", r.st.Where, err)
 		}
 	}
 	rep.RelayCrashes = r.relayCrashes.Load()
 	rep.ReceiptCrashes = r.receiptCrashes.Load()
 	rep.ReceiptsSent, rep.DoubleReceipts = sent, doubles
 	rep.ReceiptReplays = r.mail.receiptReplays.Load()
-	rep.LostReceipts = int64(r.o.messages) - distinct
+	rep.LostReceipts = int64(r.o.Messages) - distinct
 	return nil
 }
 

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemamqp"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
@@ -53,9 +54,9 @@ type amqpBroker struct {
 
 func openAMQP(_ context.Context, url string, fresh bool) (_ *amqpBroker, err error) {
 	defer func() { err = secret.Error(err, url) }()
-	conn, err := dialAMQP(url)
+	conn, err := connect.AMQP(url)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", redact(url), err)
+		return nil, fmt.Errorf("cannot reach RabbitMQ at %s: %w", secret.URL(url), err)
 	}
 	b := &amqpBroker{url: url, conn: conn}
 	if b.ch, err = conn.Channel(); err != nil {
@@ -103,7 +104,7 @@ func declareAMQP(ch *amqp.Channel) error {
 // redial dials a new connection and declares the demo's queues on it: the
 // Redial of the producer and of every member.
 func (b *amqpBroker) redial(context.Context) (*amqp.Connection, error) {
-	conn, err := dialAMQP(b.url)
+	conn, err := connect.AMQP(b.url)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ func (b *amqpBroker) member(_ context.Context, p idem.Processor, log *slog.Logge
 
 // join consumes queue on a new connection, counting down outstanding.
 func (b *amqpBroker) join(queue string, outstanding *atomic.Int64, p idem.Processor, log *slog.Logger) (*member, error) {
-	conn, err := dialAMQP(b.url)
+	conn, err := connect.AMQP(b.url)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +215,7 @@ func (b *amqpBroker) eventsDestination() string { return amqpEventsQueue }
 // the messages it publishes as outstanding until a receipts member acks
 // them, as publish does for the payments.
 func (b *amqpBroker) eventsPublisher(context.Context) (idem.Publisher, error) {
-	conn, err := dialAMQP(b.url)
+	conn, err := connect.AMQP(b.url)
 	if err != nil {
 		return nil, err
 	}

@@ -1,18 +1,18 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 // Tests of the demo that sit beside other commands' tests: its metrics
 // and its handling of a broker password.
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/cmd/idem/internal/promserve"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -23,14 +23,14 @@ import (
 func TestDemoServesMetrics(t *testing.T) {
 	t.Parallel()
 	var mfs map[string]*dto.MetricFamily
-	o := &demoOptions{
-		messages: 300, duplicates: 0.2, crashRate: 0.02, consumers: 2,
-		store: "sqlite:", broker: "nats:embedded", ackWait: 300 * time.Millisecond, timeout: 3 * time.Minute,
-		seed: 1, json: true, progress: "none", metricsAddr: "127.0.0.1:0",
+	o := &Options{
+		Messages: 300, Duplicates: 0.2, CrashRate: 0.02, Consumers: 2,
+		Store: "sqlite:", Broker: "nats:embedded", AckWait: 300 * time.Millisecond, Timeout: 3 * time.Minute,
+		Seed: 1, JSON: true, Progress: "none", MetricsAddr: "127.0.0.1:0",
 		afterRun: func(url string) { mfs = scrape(t, url) },
 	}
 	var out, errOut bytes.Buffer
-	if err := runDemo(t.Context(), o, &out, &errOut); err != nil {
+	if err := Run(t.Context(), o, &out, &errOut); err != nil {
 		t.Fatalf("demo: %v\nstderr: %s\nstdout: %s", err, errOut.String(), out.String())
 	}
 	if !strings.Contains(errOut.String(), "idem demo: metrics on http://127.0.0.1:") {
@@ -68,40 +68,13 @@ func TestDemoServesMetrics(t *testing.T) {
 
 func TestDemoMetricsAddrInUse(t *testing.T) {
 	t.Parallel()
-	m, err := serveMetrics("127.0.0.1:0")
+	m, err := promserve.Serve("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.close()
-	code, _, errOut := run(t, "demo", "--metrics-addr", m.addr, "--messages", "1", "--progress", "none")
+	defer m.Close()
+	code, _, errOut := run(t, "demo", "--metrics-addr", m.Addr, "--messages", "1", "--progress", "none")
 	if code != 1 || !strings.Contains(errOut, "--metrics-addr") || !strings.Contains(errOut, "address already in use") {
 		t.Errorf("exit %d, stderr %q; want 1 and the address in use", code, errOut)
-	}
-}
-
-// TestDemoWithPasswordOnNATS runs the demo to its report on a NATS server
-// that requires a user and a password with '/', '@', ':', '%', '#' and
-// '?', written raw in the URL: the command connects with the password the
-// operator meant and prints it nowhere.
-func TestDemoWithPasswordOnNATS(t *testing.T) {
-	t.Parallel()
-	for _, pw := range []struct{ name, written, meant string }{secretPasswords[4], secretPasswords[5]} {
-		t.Run(pw.name, func(t *testing.T) {
-			t.Parallel()
-			addr := startNATS(t, "demo", pw.meant)
-			code, output := runMain(context.Background(), "demo", "--broker", "nats://demo:"+pw.written+"@"+addr,
-				"--messages", "40", "--consumers", "2", "--crash-rate", "0", "--progress", "none", "--timeout", "2m")
-			if code != 0 || !strings.Contains(output, "nats://demo:xxxxx@"+addr) || !strings.Contains(output, "lost messages") {
-				t.Fatalf("exit %d, want 0 and a report naming the broker without its password:\n%s", code, output)
-			}
-			wantNoPassword(t, output, pw.written, pw.meant)
-			// The wrong password is refused, and not printed either.
-			code, output = runMain(context.Background(), "demo", "--broker", "nats://demo:Wrong/pw%40"+"@"+addr,
-				"--messages", "1", "--progress", "none", "--timeout", "1m")
-			if code != 1 || !strings.Contains(output, "cannot reach NATS at nats://demo:xxxxx@"+addr) {
-				t.Fatalf("wrong password: exit %d:\n%s", code, output)
-			}
-			wantNoPassword(t, output, "Wrong/pw%40", "Wrong/pw@")
-		})
 	}
 }

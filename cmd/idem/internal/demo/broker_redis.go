@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemredisstream"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 )
 
 // The demo's Redis Streams names. The message ID travels in idemredisstream's
@@ -41,7 +42,7 @@ type redisStreamBroker struct {
 }
 
 func openRedisStreams(ctx context.Context, url string, ackWait time.Duration, fresh bool) (*redisStreamBroker, error) {
-	client, opts, err := dialRedis(ctx, url)
+	client, opts, err := connect.Redis(ctx, url)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package idemcli
+package connect
 
 import (
 	"context"
@@ -18,9 +18,9 @@ import (
 // The broker connections shared by the demo, `idem consume` and `idem
 // relay` (so not behind the nodemo build tag).
 
-// dialNATS connects to the NATS server at url with opts (a 5s timeout
+// NATS connects to the NATS server at url with opts (a 5s timeout
 // and endless reconnects by default) and returns its JetStream context.
-func dialNATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
+func NATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
 	if len(opts) == 0 {
 		opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
 	}
@@ -35,14 +35,14 @@ func dialNATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
 	return js, err
 }
 
-// dialAMQP connects to RabbitMQ at url, with a 5s dial timeout.
-func dialAMQP(url string) (*amqp.Connection, error) {
+// AMQP connects to RabbitMQ at url, with a 5s dial timeout.
+func AMQP(url string) (*amqp.Connection, error) {
 	return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
 }
 
-// dialKafka returns a client of the cluster at seeds (auto-creating
+// Kafka returns a client of the cluster at seeds (auto-creating
 // topics) once it answers a ping, within 10 seconds.
-func dialKafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
+func Kafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.AllowAutoTopicCreation())
 	if err == nil {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -58,13 +58,13 @@ func dialKafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// dialRedis returns a client of the Redis at url once it answers a ping,
+// Redis returns a client of the Redis at url once it answers a ping,
 // within 10 seconds. Its errors carry no password (secret.Error).
-func dialRedis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
+func Redis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	opts, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: broker %q: %v", errBadURL, redact(url), err)
+		return nil, nil, fmt.Errorf("%w: broker %q: %v", ErrBadURL, secret.URL(url), err)
 	}
 	client := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 )
 
 // naiveQueue is how many payments a naive consumer holds, acknowledged
@@ -130,15 +131,15 @@ func (r *demoRun) chargeNaive(ctx context.Context, m idem.Message) error {
 	if err != nil {
 		return err
 	}
-	if r.draws.crash("payments-before-commit", m.ID, r.o.crashRate/2) {
+	if r.draws.crash("payments-before-commit", m.ID, r.o.CrashRate/2) {
 		return errCrashBeforeCommit
 	}
-	if _, err := r.st.db.ExecContext(ctx, rebind(r.st.dialect,
+	if _, err := r.st.DB.ExecContext(ctx, connect.Rebind(r.st.Dialect,
 		`INSERT INTO idem_demo_ledger (payment_id, customer, amount_cents, charge_id) VALUES (?, ?, ?, ?)`),
 		p.PaymentID, p.Customer, p.AmountCents, chargeID); err != nil {
 		return err
 	}
-	if r.draws.crash("payments-after-commit", m.ID, r.o.crashRate/2) {
+	if r.draws.crash("payments-after-commit", m.ID, r.o.CrashRate/2) {
 		return errCrashAfterCommit // the event is never published
 	}
 	return r.publishChargedNaive(ctx, p, chargeID)

@@ -1,4 +1,4 @@
-package idemcli
+package connect
 
 import (
 	"context"
@@ -46,11 +46,11 @@ func storeDialer() *net.Dialer {
 	}
 }
 
-// pgStoreSettings sets, where the URL did not, the PostgreSQL session's
+// PGStoreSettings sets, where the URL did not, the PostgreSQL session's
 // idle_in_transaction_session_timeout and the server side's TCP
 // keepalive and tcp_user_timeout (so the server, too, notices a client
 // that is gone), and dials with storeDialer.
-func pgStoreSettings(cfg *pgx.ConnConfig) {
+func PGStoreSettings(cfg *pgx.ConnConfig) {
 	pgStoreDialer(cfg)
 	for k, v := range map[string]string{
 		"idle_in_transaction_session_timeout": storeIdleInTx.String(),
@@ -74,7 +74,7 @@ func pgStoreDialer(cfg *pgx.ConnConfig) {
 }
 
 // pgBouncerSettings adapts cfg, as parsed from rawURL, to a pooler that
-// refused the session settings of pgStoreSettings as startup parameters
+// refused the session settings of PGStoreSettings as startup parameters
 // (PgBouncer accepts only a few): the client side keeps storeDialer's
 // keepalive and user timeout, the server's own settings apply, and,
 // unless the URL chose one (default_query_exec_mode), statements run in

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
@@ -70,7 +71,7 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 	js, err := b.connect()
 	if err != nil {
 		b.close()
-		return nil, fmt.Errorf("cannot reach NATS at %s: %w", redact(url), err)
+		return nil, fmt.Errorf("cannot reach NATS at %s: %w", secret.URL(url), err)
 	}
 	b.nc = js.Conn()
 	if fresh {
@@ -114,9 +115,9 @@ func openNATS(ctx context.Context, url, dir string, ackWait time.Duration, fresh
 // redelivers what was not acked.
 func (b *natsBroker) connect() (jetstream.JetStream, error) {
 	if b.srv != nil {
-		return dialNATS("", nats.InProcessServer(b.srv))
+		return connect.NATS("", nats.InProcessServer(b.srv))
 	}
-	return dialNATS(b.url)
+	return connect.NATS(b.url)
 }
 
 // dropCounter counts the publishes JetStream drops as repeats of a

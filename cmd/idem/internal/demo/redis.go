@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/store/idemredis"
 )
@@ -24,7 +25,7 @@ func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem
 	defer func() { err = secret.Error(err, rawURL) }()
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
+		return nil, "", fmt.Errorf("%w: store %q: %v", connect.ErrBadURL, secret.URL(rawURL), err)
 	}
 	client := redis.NewClient(opts)
 	where := "redis at " + opts.Addr

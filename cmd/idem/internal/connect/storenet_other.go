@@ -1,6 +1,6 @@
 //go:build !linux
 
-package idemcli
+package connect
 
 import (
 	"syscall"

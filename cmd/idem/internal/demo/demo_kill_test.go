@@ -1,9 +1,10 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"os"
@@ -123,7 +124,7 @@ func testDemoSurvivesKill(t *testing.T, f fault, messages int) {
 		"--messages", strconv.Itoa(messages), "--consumers", "3", "--crash-rate", "0.01", "--ack-wait", "5s", "--timeout", "10m"},
 		f.args...)
 	code := make(chan int, 1)
-	go func() { code <- Main(demoArgs, &stdout, watch) }()
+	go func() { code <- runArgs(context.Background(), demoArgs, &stdout, watch) }()
 
 	// Mid-run: the producer has published a quarter of the payments (it
 	// records its progress every 100) and the consumers are charging.

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"encoding/json"
@@ -30,14 +30,14 @@ type demoSettings struct {
 // tell completes rep with the settings, ok and the verdict.
 func (r *demoRun) tell(rep report) report {
 	o := r.o
-	rep.Settings = demoSettings{Messages: o.messages, Duplicates: o.duplicates, CrashRate: o.crashRate, Consumers: o.consumers,
-		AckWaitS: o.ackWait.Seconds(), TimeoutS: o.timeout.Seconds(), Seed: o.seed, Broker: rep.Broker, Store: rep.Store,
-		WithoutIdem: o.withoutIdem, Temporary: o.dir == ""}
-	n := int64(o.messages)
+	rep.Settings = demoSettings{Messages: o.Messages, Duplicates: o.Duplicates, CrashRate: o.CrashRate, Consumers: o.Consumers,
+		AckWaitS: o.AckWait.Seconds(), TimeoutS: o.Timeout.Seconds(), Seed: o.Seed, Broker: rep.Broker, Store: rep.Store,
+		WithoutIdem: o.WithoutIdem, Temporary: o.Dir == ""}
+	n := int64(o.Messages)
 	rep.OK = rep.DoubleCharges == 0 && rep.Lost == 0 && rep.LedgerCharges == n && rep.ProviderCharges == n
 	rep.OK = rep.OK && rep.receiptsOK()
 	switch {
-	case o.withoutIdem:
+	case o.WithoutIdem:
 		rep.Verdict = fmt.Sprintf("without idem: %d double charges and %d lost payments out of %d, from %d duplicates published and %d consumer crashes "+
 			"(each delivery charged anew; payments acknowledged on receipt and dropped by a crash before their ledger commit never came back); "+
 			"run `idem demo` (same seed, same faults) to see idem prevent them",

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemkafka"
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
@@ -48,7 +49,7 @@ func openKafka(ctx context.Context, url string) (_ *kafkaBroker, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	if strings.Contains(url, "@") {
 		// The demo speaks plain Kafka: no SASL to pass credentials to.
-		return nil, fmt.Errorf("%w: broker %q: credentials in a kafka:// URL are not supported", errBadURL, redact(url))
+		return nil, fmt.Errorf("%w: broker %q: credentials in a kafka:// URL are not supported", connect.ErrBadURL, secret.URL(url))
 	}
 	b := &kafkaBroker{}
 	if url == "kafka:embedded" || url == "kafka:" {
@@ -59,7 +60,7 @@ func openKafka(ctx context.Context, url string) (_ *kafkaBroker, err error) {
 	} else {
 		b.seeds = strings.Split(strings.TrimPrefix(strings.TrimPrefix(url, "kafka://"), "kafka:"), ",")
 	}
-	if b.cl, err = dialKafka(ctx, b.seeds); err != nil {
+	if b.cl, err = connect.Kafka(ctx, b.seeds); err != nil {
 		b.close()
 		return nil, err
 	}

@@ -1,6 +1,6 @@
 //go:build !nodemo
 
-package idemcli
+package demo
 
 import (
 	"testing"

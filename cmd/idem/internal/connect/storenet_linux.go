@@ -1,4 +1,4 @@
-package idemcli
+package connect
 
 import (
 	"strings"
