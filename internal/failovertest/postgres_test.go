@@ -2,6 +2,7 @@ package failovertest
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -28,16 +29,17 @@ func TestPostgresFailover(t *testing.T) {
 	for _, cfg := range []struct {
 		name, sync string
 		zeroLost   bool
+		risk       string // the start-up warning's
 	}{
-		{"async", "async", false},
-		{"sync_on", "on", true},
-		{"sync_remote_apply", "remote_apply", true},
+		{"async", "async", false, "1 standby(s) replicate asynchronously"},
+		{"sync_on", "on", true, ""},
+		{"sync_remote_apply", "remote_apply", true, ""},
 	} {
-		t.Run(cfg.name, func(t *testing.T) { testPostgresFailover(t, cfg.sync, cfg.zeroLost) })
+		t.Run(cfg.name, func(t *testing.T) { testPostgresFailover(t, cfg.sync, cfg.zeroLost, cfg.risk) })
 	}
 }
 
-func testPostgresFailover(t *testing.T, sync string, zeroLost bool) {
+func testPostgresFailover(t *testing.T, sync string, zeroLost bool, risk string) {
 	ctx := t.Context()
 	c := ownservice.StartEnv(t, "postgres-ha", "IDEM_POSTGRES_HA_SYNC="+sync)
 	pcfg, err := pgxpool.ParseConfig(c.URL + "&connect_timeout=2")
@@ -60,8 +62,9 @@ func testPostgresFailover(t *testing.T, sync string, zeroLost bool) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE failover_effects (id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
+	logs := &riskLog{}
 	consumer, err := idem.NewConsumer(store, idem.Config{
-		Name: "failover", PurgeInterval: -1,
+		Name: "failover", PurgeInterval: -1, Logger: slog.New(logs),
 		// A synchronous commit waits for the standby's return after a
 		// failover: longer than the default would let it.
 		StoreTimeout: 2 * time.Minute,
@@ -70,6 +73,7 @@ func testPostgresFailover(t *testing.T, sync string, zeroLost bool) {
 		t.Fatal(err)
 	}
 	defer consumer.Close()
+	checkRiskWarning(t, logs, store, risk)
 	process := func(ctx context.Context, id string) error {
 		_, err := consumer.Process(ctx, idem.Message{ID: id, Payload: []byte(id)},
 			func(ctx context.Context, tx pgx.Tx, m idem.Message) error {

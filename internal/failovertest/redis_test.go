@@ -2,6 +2,7 @@ package failovertest
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,13 +43,15 @@ func TestRedisSentinelFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logs := &riskLog{}
 	consumer, err := idem.NewLeaseConsumer(store, idem.Config{
-		Name: "failover", PurgeInterval: -1, Lease: 2 * time.Second, StoreTimeout: 2 * time.Second,
+		Name: "failover", PurgeInterval: -1, Logger: slog.New(logs), Lease: 2 * time.Second, StoreTimeout: 2 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer consumer.Close()
+	checkRiskWarning(t, logs, store, "1 replica(s) replicate asynchronously")
 	var mu sync.Mutex
 	effects := map[string]int{}
 	process := func(ctx context.Context, id string) error {
