@@ -171,6 +171,7 @@ func ids(r, n int) []string {
 // matrix collects one configuration's counts over its rounds.
 type matrix struct {
 	doubles, lost []int
+	reissued      []int // lease mode: runs with a fencing token issued again
 	recover       []time.Duration
 	messages      int
 }
@@ -210,7 +211,11 @@ func medianDurations(v []time.Duration) string {
 // the rounds, and the machine's load average.
 func (m *matrix) String() string {
 	load, _ := os.ReadFile("/proc/loadavg")
-	return fmt.Sprintf("doubles %s, lost %s, recovery %s; %d runs of %d messages, %d workers; loadavg %s",
-		medianInts(m.doubles), medianInts(m.lost), medianDurations(m.recover), len(m.lost), m.messages, workers,
+	tokens := ""
+	if m.reissued != nil {
+		tokens = fmt.Sprintf(" (with a fencing token issued again %s)", medianInts(m.reissued))
+	}
+	return fmt.Sprintf("doubles %s%s, lost %s, recovery %s; %d runs of %d messages, %d workers; loadavg %s",
+		medianInts(m.doubles), tokens, medianInts(m.lost), medianDurations(m.recover), len(m.lost), m.messages, workers,
 		strings.TrimSpace(string(load)))
 }

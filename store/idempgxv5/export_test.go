@@ -36,6 +36,3 @@ func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
 // attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5),
 // seqs ($6, 0 for none).
 func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }
-
-// PgFailoverRisk exposes FailoverRisk's judgement of the settings.
-var PgFailoverRisk = pgFailoverRisk

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/store/idempgxv5"
 )
 
@@ -62,7 +63,7 @@ func TestFailoverRisk(t *testing.T) {
 		{"local", "node2", 1, "synchronous_commit is local"},
 		{"off", "", 2, "synchronous_commit is off: a commit is acknowledged before it is flushed; 2 standby(s)"},
 	} {
-		got := idempgxv5.PgFailoverRisk(tt.commit, tt.names, tt.standbys)
+		got := pgsql.FailoverRisk(tt.commit, tt.names, tt.standbys)
 		if tt.want == "" && got != "" || !strings.Contains(got, tt.want) {
 			t.Errorf("%s, %q, %d standbys: risk %q, want %q", tt.commit, tt.names, tt.standbys, got, tt.want)
 		}

@@ -16,11 +16,13 @@ var _ idemdriver.FailoverRiskReporter = (*Store)(nil)
 
 // FailoverRisk counts the replicas of the server behind the client (of
 // every master, through a Cluster client) from INFO replication's
-// connected_slaves. Redis replicates asynchronously and the Store sends
-// no WAIT, so with any replica a failover can promote one that lacks the
-// last acknowledged lease writes: a lost completion runs its message
-// again, a lost takeover can issue one fencing token twice. It returns ""
-// without replicas, else one line with their count. See docs/failover.md.
+// connected_slaves. Redis replicates asynchronously: without
+// Config.WaitReplicas, or with fewer than the replicas, a failover can
+// promote a replica that lacks the last acknowledged lease writes: a lost
+// completion runs its message again, a lost takeover can issue one
+// fencing token twice. It returns "" without replicas or when every write
+// waits for all of them, else one line with the counts. See
+// docs/failover.md.
 func (s *Store) FailoverRisk(ctx context.Context) (string, error) {
 	var replicas atomic.Int64
 	count := func(ctx context.Context, c redis.UniversalClient) error {
@@ -41,8 +43,11 @@ func (s *Store) FailoverRisk(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("idemredis: reading INFO replication: %w", err)
 	}
-	if n := replicas.Load(); n > 0 {
-		return fmt.Sprintf("%d replica(s) replicate asynchronously and idemredis sends no WAIT: a failover can lose acknowledged lease writes", n), nil
+	switch n := replicas.Load(); {
+	case n > 0 && s.wait == 0:
+		return fmt.Sprintf("%d replica(s) replicate asynchronously and idemredis sends no WAIT (Config.WaitReplicas): a failover can lose acknowledged lease writes", n), nil
+	case n > int64(s.wait) && s.wait > 0:
+		return fmt.Sprintf("%d replica(s), and each write waits for %d (Config.WaitReplicas): a failover to one it did not wait for can lose acknowledged lease writes", n, s.wait), nil
 	}
 	return "", nil
 }
