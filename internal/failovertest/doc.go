@@ -1,9 +1,11 @@
 // Package failovertest measures what a failover of a replicated store does
 // to idem's guarantee: a PostgreSQL primary with a streaming standby
 // (asynchronous, and synchronous with synchronous_commit on and
-// remote_apply) and Redis with a replica and Sentinel. Each test starts
-// its own copy of the servers with scripts/services (postgres-ha,
-// redis-ha), in a state directory and on ports of its own, drives a steady
+// remote_apply) and Redis with a replica and Sentinel (with and without
+// idemredis's WaitReplicas), and what a JetStream stream leader's death
+// does on a three-node cluster with R3 streams. Each test starts its own
+// copy of the servers with scripts/services (postgres-ha, redis-ha,
+// nats-ha), in a state directory and on ports of its own, drives a steady
 // load of messages with stable IDs through idem with a counting effect,
 // SIGKILLs the primary (master) mid-load and lets the standby take over,
 // several times, and counts per configuration the effects that ran twice,

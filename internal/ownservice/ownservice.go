@@ -87,7 +87,9 @@ func StartEnv(t *testing.T, service string, env ...string) *Service {
 	}
 	knobs := []string{"IDEM_POSTGRES_PORT", "IDEM_POSTGRES_DURABLE_PORT", "IDEM_PGBOUNCER_PORT", "IDEM_MYSQL_PORT",
 		"IDEM_REDIS_PORT", "IDEM_AMQP_PORT", "IDEM_NATS_PORT", "IDEM_AMQP_DIST_PORT", "IDEM_EPMD_PORT",
-		"IDEM_POSTGRES_HA_PORT", "IDEM_POSTGRES_HA_PORT2", "IDEM_REDIS_HA_PORT", "IDEM_REDIS_HA_PORT2", "IDEM_REDIS_SENTINEL_PORT"}
+		"IDEM_POSTGRES_HA_PORT", "IDEM_POSTGRES_HA_PORT2", "IDEM_REDIS_HA_PORT", "IDEM_REDIS_HA_PORT2", "IDEM_REDIS_SENTINEL_PORT",
+		"IDEM_NATS_HA_PORT", "IDEM_NATS_HA_PORT2", "IDEM_NATS_HA_PORT3",
+		"IDEM_NATS_HA_ROUTE_PORT", "IDEM_NATS_HA_ROUTE_PORT2", "IDEM_NATS_HA_ROUTE_PORT3"}
 	s := &Service{Name: service, Dir: dir, script: script,
 		env: append(os.Environ(), "IDEM_SERVICES_DIR="+dir, "IDEM_AMQP_NODE=idem-test-"+filepath.Base(dir)+"@localhost")}
 	ports, err := FreePorts(len(knobs))
