@@ -77,8 +77,9 @@ type Config struct {
 	// DefaultPurgeBatchSize (1000).
 	PurgeBatchSize int
 	// Logger receives the background loop's messages (a purge summary at
-	// info, failures at warn), failed lease renewals (warn) and panics of
-	// Hooks (error); nothing is logged per message. Defaults to
+	// info, failures at warn), failed lease renewals (warn), panics of
+	// Hooks (error) and, once at start, the store's failover risk (warn;
+	// see idemdriver.FailoverRiskReporter); nothing is logged per message. Defaults to
 	// slog.Default(). See LogHook for per-message debug logs.
 	Logger *slog.Logger
 	// StoreTimeout bounds every store call the consumer makes: a

@@ -234,6 +234,7 @@ func heartbeat(window time.Duration) time.Duration {
 // outage) starts a new run, so the gap is not counted as running.
 func (c *core) runLoop(ctx context.Context) {
 	defer c.loops.Done()
+	c.warnFailoverRisk(ctx)
 	beat := heartbeat(c.cfg.RetentionWindow)
 	var gap time.Duration // zero until the first mark of this process lands
 	t := time.NewTicker(beat)

@@ -36,6 +36,9 @@
 // handler's transaction) and [OutboxStore] (what the relay claims, marks
 // and purges), with the optional [OutboxCommitter] (the rows' INSERT sent
 // with the COMMIT) and [OutboxNotifier] (PostgreSQL LISTEN/NOTIFY).
+// [FailoverRiskReporter] tells, from the server's settings, whether a
+// crash or a failover can lose acknowledged writes; the consumers ask it
+// once at start and log the answer as a warning.
 //
 // # Validation
 //

@@ -39,11 +39,33 @@ type Service struct {
 
 	script string
 	env    []string
+	ports  map[string]int // by knob
+}
+
+// Port returns the port scripts/services was given in the knob (e.g.
+// "IDEM_REDIS_HA_PORT2"), or 0 for a knob it was not given.
+func (s *Service) Port(knob string) int { return s.ports[knob] }
+
+// Command runs scripts/services with the service's state directory and
+// ports (e.g. "promote", "postgres-ha"), returning an error with its
+// output when it fails.
+func (s *Service) Command(args ...string) error {
+	if out, err := s.run(args...); err != nil {
+		return fmt.Errorf("scripts/services %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
 }
 
 // Start starts service with its own state directory and ports, and
 // returns once it answers.
 func Start(t *testing.T, service string) *Service {
+	t.Helper()
+	return StartEnv(t, service)
+}
+
+// StartEnv is Start with more environment for scripts/services, as
+// "NAME=value" words (e.g. "IDEM_POSTGRES_HA_SYNC=on").
+func StartEnv(t *testing.T, service string, env ...string) *Service {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if testenv.Required() {
@@ -64,16 +86,22 @@ func Start(t *testing.T, service string) *Service {
 		t.Fatal(err)
 	}
 	knobs := []string{"IDEM_POSTGRES_PORT", "IDEM_POSTGRES_DURABLE_PORT", "IDEM_PGBOUNCER_PORT", "IDEM_MYSQL_PORT",
-		"IDEM_REDIS_PORT", "IDEM_AMQP_PORT", "IDEM_NATS_PORT", "IDEM_AMQP_DIST_PORT", "IDEM_EPMD_PORT"}
+		"IDEM_REDIS_PORT", "IDEM_AMQP_PORT", "IDEM_NATS_PORT", "IDEM_AMQP_DIST_PORT", "IDEM_EPMD_PORT",
+		"IDEM_POSTGRES_HA_PORT", "IDEM_POSTGRES_HA_PORT2", "IDEM_REDIS_HA_PORT", "IDEM_REDIS_HA_PORT2", "IDEM_REDIS_SENTINEL_PORT",
+		"IDEM_NATS_HA_PORT", "IDEM_NATS_HA_PORT2", "IDEM_NATS_HA_PORT3",
+		"IDEM_NATS_HA_ROUTE_PORT", "IDEM_NATS_HA_ROUTE_PORT2", "IDEM_NATS_HA_ROUTE_PORT3"}
 	s := &Service{Name: service, Dir: dir, script: script,
 		env: append(os.Environ(), "IDEM_SERVICES_DIR="+dir, "IDEM_AMQP_NODE=idem-test-"+filepath.Base(dir)+"@localhost")}
 	ports, err := FreePorts(len(knobs))
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.ports = map[string]int{}
 	for i, port := range ports {
 		s.env = append(s.env, fmt.Sprintf("%s=%d", knobs[i], port))
+		s.ports[knobs[i]] = port
 	}
+	s.env = append(s.env, env...)
 	t.Cleanup(func() {
 		if out, err := s.run("stop", service); err != nil {
 			t.Errorf("scripts/services stop %s: %v\n%s", service, err, out)
@@ -182,7 +210,13 @@ func (s *Service) Kill() error {
 	if !ok {
 		return fmt.Errorf("ownservice: no pid file known for %s", s.Name)
 	}
-	b, err := os.ReadFile(filepath.Join(s.Dir, pidFile))
+	return KillPIDFile(filepath.Join(s.Dir, pidFile))
+}
+
+// KillPIDFile sends SIGKILL to the process whose pid is the first line of
+// pidFile and returns once it is gone. It may be called on any goroutine.
+func KillPIDFile(pidFile string) error {
+	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return err
 	}
@@ -192,7 +226,7 @@ func (s *Service) Kill() error {
 		return fmt.Errorf("%s: %w", pidFile, err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return fmt.Errorf("kill -9 %s (pid %d): %w", s.Name, pid, err)
+		return fmt.Errorf("kill -9 %s (pid %d): %w", pidFile, pid, err)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(testenv.Poll) {
 		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -201,7 +235,7 @@ func (s *Service) Kill() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s (pid %d) still running a minute after kill -9", s.Name, pid)
+			return fmt.Errorf("%s (pid %d) still running a minute after kill -9", pidFile, pid)
 		}
 	}
 }

@@ -341,6 +341,19 @@
 // from now(). Times cross the wire as integer microseconds. The
 // application's clock is never written.
 //
+// # Replication and failover
+//
+// A record and its effects commit together, so a failover can never run
+// an effect twice; it can lose both, after the broker's ack, when the
+// primary acknowledged a commit the promoted standby never received: with
+// asynchronous standbys, or synchronous_commit off or local. With
+// synchronous_standby_names naming the standby and synchronous_commit on
+// (or remote_apply) no acknowledged message is lost; docs/failover.md has
+// the measured matrix. [Store.FailoverRisk] reads those settings, and
+// idem's consumers log one warning at start when they allow a loss.
+// Connect with a multi-host URL and target_session_attrs=read-write so
+// that the pool follows the primary.
+//
 // # Testing
 //
 // The tests run against the PostgreSQL named by IDEM_TEST_POSTGRES_URL

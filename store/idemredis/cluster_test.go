@@ -29,34 +29,14 @@ const clusterNodes = 3
 // installed, or fails under IDEM_TEST_REQUIRE_ALL=1.
 func startCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if testenv.Required() {
-			t.Fatalf("redis-server not found (required: IDEM_TEST_REQUIRE_ALL=1): %v", err)
-		}
-		t.Skipf("redis-server not found, so no Redis Cluster to test on: %v", err)
-	}
 	dir := t.TempDir()
 	ctx := t.Context()
 	addrs := make([]string, clusterNodes)
 	nodes := make([]*redis.Client, clusterNodes)
 	for i, port := range freeClusterPorts(t, clusterNodes) {
 		p := strconv.Itoa(port)
-		cmd := exec.Command(bin,
-			"--port", p, "--bind", "127.0.0.1", "--protected-mode", "no",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"),
-			"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
-			"--logfile", filepath.Join(dir, "redis-"+p+".log"))
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis-server on port %s: %v", p, err)
-		}
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
 		addrs[i] = "127.0.0.1:" + p
-		nodes[i] = redis.NewClient(&redis.Options{Addr: addrs[i]})
-		t.Cleanup(func() { _ = nodes[i].Close() })
+		nodes[i] = startServer(t, dir, port, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"))
 	}
 	testenv.Eventually(t, time.Minute, "the cluster nodes answering PING", func() bool {
 		for _, n := range nodes {
@@ -106,6 +86,35 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 		return true
 	}, nil)
 	return cc
+}
+
+// startServer starts redis-server on port with its files in dir and the
+// extra arguments, and returns a client on it; the server is killed at
+// cleanup. The test skips when redis-server is not installed, or fails
+// under IDEM_TEST_REQUIRE_ALL=1.
+func startServer(t *testing.T, dir string, port int, extra ...string) *redis.Client {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if testenv.Required() {
+			t.Fatalf("redis-server not found (required: IDEM_TEST_REQUIRE_ALL=1): %v", err)
+		}
+		t.Skipf("redis-server not found, so no servers of the test's own: %v", err)
+	}
+	p := strconv.Itoa(port)
+	cmd := exec.Command(bin, append([]string{"--port", p, "--bind", "127.0.0.1", "--protected-mode", "no",
+		"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no",
+		"--logfile", filepath.Join(dir, "redis-"+p+".log")}, extra...)...)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server on port %s: %v", p, err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + p})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // freeClusterPorts returns n loopback ports that are free, as are their

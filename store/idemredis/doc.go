@@ -179,8 +179,16 @@
 //     lost completion makes its message run again (with the same
 //     Attempt.Key for its external calls), and a lost takeover can let one
 //     fencing token be issued twice, to the attempt that took over before
-//     the loss and to one that takes over after it. WAIT after each write
-//     narrows the failover window; idem does not send it.
+//     the loss and to one that takes over after it. [Config.WaitReplicas]
+//     sends WAIT after each lease write, in the same round trip, and
+//     reports a write fewer replicas acknowledged as [ErrNotReplicated]
+//     (never an ack): with one replica and WaitReplicas 1, a failover to
+//     it keeps every write the Store reported done (docs/failover.md has
+//     the measured matrix). Without a replica to answer, every write
+//     fails after WaitTimeout until one is back.
+//   - [Store.FailoverRisk] counts the replicas from INFO replication;
+//     idem's consumers log one warning at start when some replica is not
+//     waited for.
 //
 // Redis 6.0 or later is needed; the tests run on Redis 7.0.
 //

@@ -232,3 +232,6 @@ func globEscape(s string) string {
 	}
 	return b.String()
 }
+
+// ConnectedReplicas exposes the INFO replication parser of FailoverRisk.
+var ConnectedReplicas = connectedReplicas

@@ -46,11 +46,18 @@ type testBundle struct {
 // under a fresh prefix whose keys are deleted at cleanup.
 func setup(tb testing.TB, client redis.UniversalClient) *testBundle {
 	tb.Helper()
+	return setupWith(tb, client, idemredis.Config{})
+}
+
+// setupWith is setup with cfg (its Prefix replaced by a fresh one).
+func setupWith(tb testing.TB, client redis.UniversalClient, cfg idemredis.Config) *testBundle {
+	tb.Helper()
 	if client == nil {
 		client = newClient(tb)
 	}
 	prefix := uniquePrefix(tb)
-	store, err := idemredis.New(client, &idemredis.Config{Prefix: prefix})
+	cfg.Prefix = prefix
+	store, err := idemredis.New(client, &cfg)
 	if err != nil {
 		tb.Fatalf("New: %v", err)
 	}

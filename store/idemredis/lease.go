@@ -43,7 +43,7 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 		return res, err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := acquireScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix).Result()
+	v, err := s.run(ctx, acquireScript, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix).Result()
 	return acquireResult(v, err)
 }
 
@@ -88,7 +88,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 		return err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := renewScript.Run(ctx, s.client, []string{rk}, p.Token, ceilMillis(p.Lease)).Result()
+	v, err := s.run(ctx, renewScript, []string{rk}, p.Token, ceilMillis(p.Lease)).Result()
 	return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
@@ -118,14 +118,14 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	if s.single {
-		v, err := completeIndexScript.Run(ctx, s.client, []string{rk, s.consumerKey(p.Consumer, doneSuffix)},
+		v, err := s.run(ctx, completeIndexScript, []string{rk, s.consumerKey(p.Consumer, doneSuffix)},
 			p.Token, p.Result, p.ContentType, p.MessageID).Result()
 		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 	}
 	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
 		return err
 	}
-	v, err := completeScript.Run(ctx, s.client, []string{rk}, p.Token, p.Result, p.ContentType).Result()
+	v, err := s.run(ctx, completeScript, []string{rk}, p.Token, p.Result, p.ContentType).Result()
 	return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
@@ -150,7 +150,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 		}
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := releaseScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Token, p.Error, terminal, p.Step).Result()
+	v, err := s.run(ctx, releaseScript, []string{rk, rk + stepsSuffix}, p.Token, p.Error, terminal, p.Step).Result()
 	return s.fenced("release", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
@@ -166,7 +166,7 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 		return err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := stepScript.Run(ctx, s.client, []string{rk, rk + stepsSuffix}, p.Token, p.Step, p.Result).Result()
+	v, err := s.run(ctx, stepScript, []string{rk, rk + stepsSuffix}, p.Token, p.Step, p.Result).Result()
 	return s.fenced("save step", p.Consumer, p.MessageID, p.Token, v, err)
 }
 

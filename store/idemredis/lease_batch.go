@@ -79,6 +79,7 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 	args func(i int) ([]string, []any, error), read func(i int, v any, err error) error) []error {
 	errs := make([]error, n)
 	cmds := make([]*redis.Cmd, n)
+	var wait *redis.Cmd
 	_, _ = s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for i := range n {
 			keys, a, err := args(i)
@@ -86,8 +87,16 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 				cmds[i] = script.EvalSha(ctx, pl, keys, a...)
 			}
 		}
+		if s.wait > 0 {
+			// One WAIT after every write of the pipeline's connection.
+			wait = pl.Do(ctx, "WAIT", s.wait, s.waitMS)
+		}
 		return nil
 	})
+	var waitErr error
+	if wait != nil {
+		waitErr = s.waited(wait)
+	}
 	for i, c := range cmds {
 		if c == nil {
 			continue
@@ -95,7 +104,9 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 		v, err := c.Result()
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
 			keys, a, _ := args(i)
-			v, err = script.Run(ctx, s.client, keys, a...).Result()
+			v, err = s.run(ctx, script, keys, a...).Result()
+		} else if err == nil && waitErr != nil {
+			err = waitErr
 		}
 		errs[i] = read(i, v, err)
 	}

@@ -3,6 +3,7 @@ package idemredis
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/redis/go-redis/v9"
@@ -18,7 +19,28 @@ type Config struct {
 	// meeting. It must not contain '{' or '}', which would change the
 	// keys' Redis Cluster hash tags. Defaults to "idem:".
 	Prefix string
+	// WaitReplicas, when positive, makes every lease write (an acquire,
+	// a renewal, a completion, a release, a recovery point; one by one or
+	// in a batch) wait until that many replicas have it: Redis's WAIT is
+	// sent after the write, on the same connection and in the same round
+	// trip. A write that fewer replicas acknowledged within WaitTimeout
+	// returns an error matching [ErrNotReplicated]; it did happen on the
+	// master, so the consumer treats it as any store failure: nothing is
+	// acknowledged and the redelivery tries again (an acquire that
+	// happened holds its lease until it runs out). With one replica per
+	// master and WaitReplicas 1, a failover to it keeps every write the
+	// Store reported done (docs/failover.md). It needs a *redis.Client
+	// (one master, a Sentinel failover client included): WAIT counts the
+	// replicas of the connection's own server. Defaults to 0: no WAIT.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT, in milliseconds on the server (a
+	// duration rounded up to one). Defaults to DefaultWaitTimeout when
+	// WaitReplicas is positive.
+	WaitTimeout time.Duration
 }
+
+// DefaultWaitTimeout is Config.WaitTimeout's default.
+const DefaultWaitTimeout = time.Second
 
 // Store is an [idemdriver.LeaseStore] (and so an [idemdriver.Retainer]) on
 // Redis: lease mode is the only mode Redis has. Every state change is one
@@ -31,6 +53,8 @@ type Store struct {
 	client redis.UniversalClient
 	prefix string
 	single bool // client is one server: a script may touch any key
+	wait   int  // Config.WaitReplicas
+	waitMS int64
 }
 
 var _ idemdriver.StepRecorder = (*Store)(nil)
@@ -55,7 +79,16 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idemdriver.ErrInvalidConfig, c.Prefix)
 	}
 	_, single := client.(*redis.Client)
-	return &Store{client: client, prefix: c.Prefix, single: single}, nil
+	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
+		return nil, fmt.Errorf("%w: idemredis: negative WaitReplicas %d or WaitTimeout %v", idemdriver.ErrInvalidConfig, c.WaitReplicas, c.WaitTimeout)
+	}
+	if c.WaitReplicas > 0 && !single {
+		return nil, fmt.Errorf("%w: idemredis: WaitReplicas needs a *redis.Client (one master), not a %T", idemdriver.ErrInvalidConfig, client)
+	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
+	return &Store{client: client, prefix: c.Prefix, single: single, wait: c.WaitReplicas, waitMS: ceilMillis(c.WaitTimeout)}, nil
 }
 
 // Key layout; see the package doc.

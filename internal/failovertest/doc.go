@@ -1,0 +1,22 @@
+// Package failovertest measures what a failover of a replicated store does
+// to idem's guarantee: a PostgreSQL primary with a streaming standby
+// (asynchronous, and synchronous with synchronous_commit on and
+// remote_apply) and Redis with a replica and Sentinel (with and without
+// idemredis's WaitReplicas), and what a JetStream stream leader's death
+// does on a three-node cluster with R3 streams. Each test starts its own
+// copy of the servers with scripts/services (postgres-ha, redis-ha,
+// nats-ha), in a state directory and on ports of its own, drives a steady
+// load of messages with stable IDs through idem with a counting effect,
+// SIGKILLs the primary (master) mid-load and lets the standby take over,
+// several times, and counts per configuration the effects that ran twice,
+// the messages lost (acknowledged, with no effect) and the time to
+// recover. docs/failover.md holds the figures.
+//
+// The tests need root (scripts/services starts the daemons as their
+// users): without it they skip, or fail under IDEM_TEST_REQUIRE_ALL=1.
+// IDEM_FAILOVER_ROUNDS (5) and IDEM_FAILOVER_MESSAGES (300) set the
+// failovers per configuration and the messages per failover.
+//
+// It is a module of its own so that its dependencies stay out of the
+// stores' modules. It holds tests only; nothing here is idem's API.
+package failovertest

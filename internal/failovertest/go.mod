@@ -1,0 +1,38 @@
+// idem:unpublished — tests only; scripts/release never tags this module.
+module github.com/idem-go/idem/internal/failovertest
+
+go 1.26.0
+
+replace github.com/idem-go/idem => ../..
+
+replace github.com/idem-go/idem/store/idempgxv5 => ../../store/idempgxv5
+
+replace github.com/idem-go/idem/store/idemredis => ../../store/idemredis
+
+replace github.com/idem-go/idem/broker/idemnats => ../../broker/idemnats
+
+require (
+	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/broker/idemnats v0.0.0
+	github.com/idem-go/idem/store/idempgxv5 v0.0.0
+	github.com/idem-go/idem/store/idemredis v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/nats-io/nats.go v1.55.0
+	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/nats-io/nkeys v0.4.17 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)

@@ -1,0 +1,192 @@
+package failovertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemnats"
+	"github.com/idem-go/idem/internal/ownservice"
+	"github.com/idem-go/idem/internal/testenv"
+)
+
+// TestNATSStreamLeaderFailover publishes messages with stable IDs
+// (Nats-Msg-Id) to an R3 stream on a three-node JetStream cluster (Debian's
+// nats-server) while idemnats consumes them into a transactional idem
+// consumer whose effect is a counter that commits with the record (a
+// MemoryStore, which does not fail over). Mid-load the stream's leader is
+// SIGKILLed; the other two elect a new one, and the killed node is started
+// again on its store. A publish counts once JetStream acknowledged it;
+// lost is a message so acknowledged whose effect never ran, doubles an
+// effect run twice; the time to recover runs from the kill to the first
+// publish acknowledged after it. With R3 a publish is acknowledged once
+// two nodes have it, so one node's death loses nothing: asserted, as are
+// the doubles, which idem's record rules out whatever JetStream
+// redelivers.
+func TestNATSStreamLeaderFailover(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := ownservice.Start(t, "nats-ha")
+	nc, err := nats.Connect(c.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stream jetstream.Stream
+	testenv.Eventually(t, time.Minute, "the R3 stream created (a meta leader elected)", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		stream, err = js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{Name: "FAILOVER", Subjects: []string{"failover.>"},
+			Replicas: 3, Duplicates: 5 * time.Minute})
+		return err == nil
+	}, func() string { return fmt.Sprint(err) })
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "failover", FilterSubject: "failover.in",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	effects := map[string]int{}
+	store := idem.NewMemoryStore(nil)
+	consumer, err := idem.NewConsumer(store, idem.Config{Name: "failover", PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	sub, err := idemnats.NewConsumer(js, cons, idemnats.Config{
+		Processor: idem.Bind(consumer, func(ctx context.Context, tx *idem.MemoryTx, m idem.Message) error {
+			tx.OnCommit(func() {
+				mu.Lock()
+				effects[m.ID]++
+				mu.Unlock()
+			})
+			return nil
+		}),
+		DeadLetter: "failover.dead", Concurrency: workers, RetryDelay: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- sub.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-runDone
+	}()
+
+	var m matrix
+	n := messages(t)
+	for r := range rounds(t) {
+		all := ids(r, n)
+		published := map[string]bool{}
+		var killedAt time.Time
+		var recovered time.Duration // the kill to the first publish acknowledged after it
+		rejoined := make(chan error, 1)
+		for i, id := range all {
+			if i == n/3 {
+				leader, err := streamLeader(ctx, stream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ownservice.KillPIDFile(filepath.Join(c.Dir, "nats-ha", leader, "nats.pid")); err != nil {
+					t.Fatal(err)
+				}
+				killedAt = time.Now()
+				go func() { rejoined <- c.Restart() }()
+			}
+			// A publish JetStream did not acknowledge is sent again, with
+			// the same ID, as a producer does.
+			for {
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := js.Publish(pctx, "failover.in", []byte(id), jetstream.WithMsgID(id))
+				cancel()
+				if err == nil {
+					if !killedAt.IsZero() && recovered == 0 {
+						recovered = time.Since(killedAt)
+					}
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatal(ctx.Err())
+				}
+				if time.Since(killedAt) > 2*time.Minute {
+					t.Fatalf("publish of %s: %v, two minutes after the kill", id, err)
+				}
+			}
+			published[id] = true
+		}
+		// Every acknowledged publish should reach the effect; wait until
+		// it does, or until nothing more arrives for 15 seconds.
+		last, lastCount := time.Now(), -1
+		for {
+			mu.Lock()
+			done := 0
+			for _, id := range all {
+				if effects[id] > 0 {
+					done++
+				}
+			}
+			mu.Unlock()
+			if done == n {
+				break
+			}
+			if done != lastCount {
+				last, lastCount = time.Now(), done
+			}
+			if time.Since(last) > 15*time.Second {
+				break
+			}
+			time.Sleep(testenv.Poll)
+		}
+		if err := <-rejoined; err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		res := roundResult{acked: published, recover: recovered}
+		doubles, lost := m.add(res, all, effects)
+		mu.Unlock()
+		t.Logf("round %d: %d doubles, %d lost (published, no effect), recovered in %v", r, doubles, lost, recovered)
+		if doubles != 0 || lost != 0 {
+			t.Errorf("round %d: %d doubles, %d lost; want none with R3 and one node killed", r, doubles, lost)
+		}
+		testenv.Eventually(t, 2*time.Minute, "every replica of the stream current again", func() bool {
+			info, err := stream.Info(ctx)
+			if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
+				return false
+			}
+			for _, p := range info.Cluster.Replicas {
+				if !p.Current || p.Offline {
+					return false
+				}
+			}
+			return true
+		}, nil)
+	}
+	t.Logf("NATS JetStream R3, stream leader killed: %v", &m)
+}
+
+// streamLeader returns the name of the stream's leader (node1..node3).
+func streamLeader(ctx context.Context, s jetstream.Stream) (string, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Cluster == nil || !strings.HasPrefix(info.Cluster.Leader, "node") {
+		return "", errors.New("the stream has no leader")
+	}
+	return info.Cluster.Leader, nil
+}
