@@ -28,7 +28,8 @@ func (s *Store) eval(ctx context.Context, sc *evalScript, nkeys int, keysAndArgs
 	args[0], args[1], args[2] = "evalsha", sc.sha, nkeys
 	copy(args[3:], keysAndArgs)
 	cmd := s.evalCmd(ctx, nkeys, args)
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	// HasErrorPrefix allocates even for a nil error: ask only on an error.
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		args[0], args[1] = "eval", sc.src
 		cmd = s.evalCmd(ctx, nkeys, args)
 	}
