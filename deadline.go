@@ -74,7 +74,17 @@ func detachedCallCtx(ctx context.Context, d time.Duration) (context.Context, con
 	if d <= 0 {
 		d = finishTimeout
 	}
-	return callCtx(context.WithoutCancel(ctx), d)
+	return callCtx(withoutCancel(ctx), d)
+}
+
+// withoutCancel is context.WithoutCancel(ctx), or ctx itself when it
+// cannot be cancelled (no Done channel, hence no deadline either): one
+// context fewer on the paths that detach a final write from the caller.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 func timeoutCause(d time.Duration) error {

@@ -254,7 +254,7 @@ func (a *Attempt) LeaseContext() context.Context {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.lctx == nil {
-		a.lctx, a.cancelLease = context.WithCancelCause(context.WithoutCancel(a.hctx))
+		a.lctx, a.cancelLease = context.WithCancelCause(withoutCancel(a.hctx))
 		if a.cause != nil {
 			a.cancelLease(a.cause)
 		}
