@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"github.com/idem-go/idem/idemdriver"
@@ -276,18 +277,21 @@ func (c *Consumer[TTx]) Process(ctx context.Context, msg Message, handler Handle
 }
 
 func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, handler Handler[TTx]) (Outcome, error) {
-	out, fp := c.prepare(msg)
+	cp := &claimParams{}
+	out, fp := c.prepareInto(msg, &cp.fp)
 	if out.Status != 0 {
 		return out, out.Err
 	}
-	p := &idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout())}
+	cp.p = idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout())}
+	p := &cp.p
 	var (
 		tx  TTx
 		res idemdriver.ClaimResult
 		err error
 	)
 	since := t.now()
-	b := c.newTxBound(ctx)
+	b := &cp.b
+	c.initTxBound(b, ctx)
 	defer b.end()
 	if bc, ok := c.store.(idemdriver.BeginClaimer[TTx]); ok {
 		err = b.call(func(bctx context.Context) (err error) { tx, res, err = bc.BeginClaim(bctx, p); return err })
@@ -323,6 +327,15 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	}
 	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
+}
+
+// claimParams is what Process allocates for one message, together: the
+// claim's parameters, the array its default fingerprint is summed into,
+// and the transaction's deadlines.
+type claimParams struct {
+	p  idemdriver.ClaimParams
+	fp [sha256.Size]byte
+	b  txBound
 }
 
 // claimFailed is the outcome of a claim that failed with err (joined with
@@ -588,6 +601,15 @@ func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return
 // under the context the transaction began with. id is the message ID for
 // the store error hook, empty for a batch.
 func (c *Consumer[TTx]) rollback(ctx context.Context, b *txBound, id string, tx TTx) error {
+	if b.d > 0 && ctx.Done() == nil && b.ctx.Err() == nil {
+		// ctx cannot be cancelled, so b's context, live and armed with
+		// the store timeout, bounds the call as a detached context would,
+		// without one more context and timer.
+		if err := b.call(func(bctx context.Context) error { return c.store.Rollback(bctx, tx) }); err != nil {
+			return c.storeErr(ctx, "rollback", id, err)
+		}
+		return nil
+	}
 	rctx, cancel := detachedCallCtx(ctx, c.storeTimeout())
 	defer cancel()
 	b.arm()

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
 )
 
 // Store deadlines
@@ -74,29 +74,28 @@ func detachedCallCtx(ctx context.Context, d time.Duration) (context.Context, con
 	if d <= 0 {
 		d = finishTimeout
 	}
-	return callCtx(context.WithoutCancel(ctx), d)
+	return callCtx(withoutCancel(ctx), d)
+}
+
+// withoutCancel is context.WithoutCancel(ctx), or ctx itself when it
+// cannot be cancelled (no Done channel, hence no deadline either): one
+// context fewer on the paths that detach a final write from the caller.
+func withoutCancel(ctx context.Context) context.Context {
+	if ctx.Done() == nil {
+		return ctx
+	}
+	return context.WithoutCancel(ctx)
 }
 
 func timeoutCause(d time.Duration) error {
 	// Every call of a consumer has the same store timeout: reuse the last
 	// cause built (an error value is immutable) instead of formatting one
 	// per call.
-	if c := lastTimeoutCause.Load(); c != nil && c.d == d {
-		return c.err
-	}
-	c := &storeTimeoutCause{d: d, err: fmt.Errorf("%w (after %v)", ErrStoreTimeout, d)}
-	lastTimeoutCause.Store(c)
-	return c.err
+	return timeoutCauses.Get(d, func(d time.Duration) error { return fmt.Errorf("%w (after %v)", ErrStoreTimeout, d) })
 }
 
-// storeTimeoutCause is a cause built by timeoutCause, for d.
-type storeTimeoutCause struct {
-	d   time.Duration
-	err error
-}
-
-// lastTimeoutCause is the last cause timeoutCause built.
-var lastTimeoutCause atomic.Pointer[storeTimeoutCause]
+// timeoutCauses is the last cause timeoutCause built.
+var timeoutCauses lastval.Cache[time.Duration, error]
 
 // timedOut returns err marked with the store timeout's cause when ctx
 // ended because of it, and err otherwise.
@@ -119,28 +118,44 @@ type txBound struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	d      time.Duration
-	timer  *time.Timer
+	// timer cancels ctx when it fires; made by the first arm and reset
+	// by the next ones, so a transaction's calls share one timer.
+	timer *time.Timer
 }
 
 // newTxBound returns the txBound of a transaction begun under ctx.
 func (c *core) newTxBound(ctx context.Context) *txBound {
+	b := &txBound{}
+	c.initTxBound(b, ctx)
+	return b
+}
+
+// initTxBound makes b the txBound of a transaction begun under ctx, for a
+// caller that holds b in something it allocates anyway.
+func (c *core) initTxBound(b *txBound, ctx context.Context) {
 	bctx, cancel := context.WithCancelCause(ctx)
-	return &txBound{ctx: bctx, cancel: cancel, d: c.storeTimeout()}
+	*b = txBound{ctx: bctx, cancel: cancel, d: c.storeTimeout()}
 }
 
 // arm starts the deadline of one store call.
 func (b *txBound) arm() {
-	if b.d > 0 {
-		cause := timeoutCause(b.d)
-		b.timer = time.AfterFunc(b.d, func() { b.cancel(cause) })
+	switch {
+	case b.d <= 0:
+	case b.timer == nil:
+		b.timer = time.AfterFunc(b.d, b.expire)
+	default:
+		b.timer.Reset(b.d)
 	}
 }
+
+// expire cancels ctx with the store timeout's cause: the armed call ran
+// past it.
+func (b *txBound) expire() { b.cancel(timeoutCause(b.d)) }
 
 // disarm stops the deadline.
 func (b *txBound) disarm() {
 	if b.timer != nil {
 		b.timer.Stop()
-		b.timer = nil
 	}
 }
 

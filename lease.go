@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"maps"
@@ -84,7 +85,8 @@ func (c *LeaseConsumer) Acquire(ctx context.Context, msg Message, opt AcquireOpt
 }
 
 func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt AcquireOptions) (*Attempt, Outcome, error) {
-	out, fp := c.prepare(msg)
+	ap := &acquireParams{}
+	out, fp := c.prepareInto(msg, &ap.fp)
 	if out.Status != 0 {
 		return nil, out, out.Err
 	}
@@ -105,9 +107,10 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		leaseFrom := time.Now()
 		since := t.now()
 		actx, cancel := callCtx(ctx, c.storeTimeout())
-		acq, err := c.store.Acquire(actx, &idemdriver.AcquireParams{
+		ap.p = idemdriver.AcquireParams{
 			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease, StepPrefix: prefix,
-		})
+		}
+		acq, err := c.store.Acquire(actx, &ap.p)
 		err = timedOut(actx, err)
 		cancel()
 		if err != nil {
@@ -144,6 +147,13 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 	}
 }
 
+// acquireParams is an acquisition's parameters and the array its default
+// fingerprint is summed into, allocated together.
+type acquireParams struct {
+	p  idemdriver.AcquireParams
+	fp [sha256.Size]byte
+}
+
 // held starts the attempt that acquired msg: its renewals, its hooks, the
 // crash-loop check, and the recovery point of prefix (already saved by the
 // Acquire when saved is true).
@@ -160,10 +170,7 @@ func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq ide
 		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
 	}
 	a.hctx = ctx
-	var cancelLease, cancelCtx context.CancelCauseFunc
-	a.lctx, cancelLease = context.WithCancelCause(context.WithoutCancel(ctx))
-	a.ctx, cancelCtx = context.WithCancelCause(ctx)
-	a.cancel = func(cause error) { cancelLease(cause); cancelCtx(cause) }
+	a.ctx, a.cancelCtx = context.WithCancelCause(ctx)
 	c.renewals.add(a, time.Now())
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
@@ -207,15 +214,21 @@ type Attempt struct {
 	// that can reject writes from a stale owner.
 	Token int64
 
-	c      *LeaseConsumer
-	t      *track
-	hctx   context.Context         // the hooks' context, as the start hooks returned it
-	ctx    context.Context         // hctx, also cancelled when lctx is
-	lctx   context.Context         // cancelled when the lease is lost or the attempt ends
-	cancel context.CancelCauseFunc // cancels lctx and ctx
-	rs     renewalState            // guarded by c.renewals.mu
+	c         *LeaseConsumer
+	t         *track
+	hctx      context.Context         // the hooks' context, as the start hooks returned it
+	ctx       context.Context         // hctx, also cancelled when the attempt's lease is lost or it ends
+	cancelCtx context.CancelCauseFunc // cancels ctx
+	rs        renewalState            // guarded by c.renewals.mu
 
-	mu          sync.Mutex
+	mu sync.Mutex
+	// lctx is LeaseContext, made by its first call (most attempts never
+	// ask for it); cancelLease cancels it. cause is the cause of the
+	// attempt's end or lost lease, set by the first cancel: a lctx made
+	// after that is made cancelled with it.
+	lctx        context.Context
+	cancelLease context.CancelCauseFunc
+	cause       error
 	steps       map[string][]byte // nil until a step is saved or found
 	validUntil  time.Time         // the lease is held until at least then, by our clock
 	lost        bool              // the store said another attempt owns the record
@@ -237,7 +250,40 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 // ErrAttemptEnded), not when the context given to Acquire ends. It bounds
 // the work that must go on while the lease is held even after the caller
 // left, such as retrying the final write of a result.
-func (a *Attempt) LeaseContext() context.Context { return a.lctx }
+func (a *Attempt) LeaseContext() context.Context {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.lctx == nil {
+		a.lctx, a.cancelLease = context.WithCancelCause(withoutCancel(a.hctx))
+		if a.cause != nil {
+			a.cancelLease(a.cause)
+		}
+	}
+	return a.lctx
+}
+
+// cancel cancels the attempt's contexts (Context, and LeaseContext if it
+// was made) with cause; the first cause given stays.
+func (a *Attempt) cancel(cause error) {
+	a.mu.Lock()
+	if a.cause == nil {
+		a.cause = cause
+	}
+	cancelLease := a.cancelLease
+	a.mu.Unlock()
+	if cancelLease != nil {
+		cancelLease(cause)
+	}
+	a.cancelCtx(cause)
+}
+
+// leaseLost reports whether the attempt's contexts were cancelled because
+// its lease was lost (what LeaseContext's cause says).
+func (a *Attempt) leaseLost() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return errors.Is(a.cause, ErrLeaseLost)
+}
 
 // Deadline returns the instant, by the local clock, until which the lease
 // is known to be held: the start of the last successful renewal (or of
@@ -293,7 +339,7 @@ func (a *Attempt) state() error {
 		return fmt.Errorf("%w: attempt %d (token %d) of message %q", ErrAttemptEnded, a.Number, a.Token, a.Message.ID)
 	case lost:
 		return a.lostErr("is no longer the record's owner")
-	case a.lctx.Err() != nil && errors.Is(context.Cause(a.lctx), ErrLeaseLost):
+	case a.leaseLost():
 		return a.lostErr("ran out of lease by the local clock with no renewal confirmed")
 	}
 	return nil
@@ -394,10 +440,8 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 // leaseCause returns an ErrLeaseLost error when ctx or the attempt's own
 // context ended because the lease was lost, nil otherwise.
 func (a *Attempt) leaseCause(ctx context.Context) error {
-	for _, c := range []context.Context{ctx, a.lctx} {
-		if c.Err() != nil && errors.Is(context.Cause(c), ErrLeaseLost) {
-			return a.lostErr("lost its lease while the step ran")
-		}
+	if (ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLeaseLost)) || a.leaseLost() {
+		return a.lostErr("lost its lease while the step ran")
 	}
 	return nil
 }

@@ -118,7 +118,7 @@ func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt Acquir
 	// (a client that hung up does not lose it), bounded by finishTimeout:
 	// by each store call's own StoreTimeout when that is no longer (one
 	// context fewer per message), else by a context of its own.
-	fctx := context.WithoutCancel(a.hctx)
+	fctx := withoutCancel(a.hctx)
 	if d := c.storeTimeout(); d <= 0 || d > finishTimeout {
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, finishTimeout)

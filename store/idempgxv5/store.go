@@ -164,10 +164,11 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		}
 		return tx, res, err
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.q.Claim, pgsql.ClaimArgs(p)...)
-	br := s.pool.SendBatch(ctx, b)
+	cb := &claimBatch{}
+	cb.b.QueuedQueries = cb.queued[:0]
+	cb.b.BeginTx(pgx.TxOptions{})
+	cb.b.Queue(s.q.Claim, pgsql.AppendClaimArgs(cb.args[:0], p)...)
+	br := s.pool.SendBatch(ctx, &cb.b)
 	tx := br.Tx()
 	var (
 		res     idemdriver.ClaimResult
@@ -175,7 +176,7 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 	)
 	_, err := br.Exec() // BEGIN
 	if err == nil {
-		res, settled, err = pgsql.ScanClaim(row{br.QueryRow()})
+		res, settled, err = cb.dest.Result(row{br.QueryRow()}.Scan(cb.dest.Dest()...))
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -189,6 +190,16 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 	}
 	s.own.Store(tx, false)
 	return tx, res, nil
+}
+
+// claimBatch is what BeginClaim sends and scans, in one allocation: the
+// batch of BEGIN and the claim, its queue, the claim's arguments and the
+// claim row's destinations.
+type claimBatch struct {
+	b      pgx.Batch
+	queued [2]*pgx.QueuedQuery
+	args   [4]any
+	dest   pgsql.ClaimDest
 }
 
 // ClaimTx implements [idemdriver.TxStore]: one INSERT ... ON CONFLICT DO

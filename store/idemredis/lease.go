@@ -42,8 +42,8 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := s.run(ctx, acquireScript, []string{rk, rk + stepsSuffix}, p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix).Result()
+	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
+	v, err := s.eval(ctx, acquireEval, 2, rk, sk, p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix)
 	return acquireResult(v, err)
 }
 
@@ -88,7 +88,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 		return err
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := s.run(ctx, renewScript, []string{rk}, p.Token, ceilMillis(p.Lease)).Result()
+	v, err := s.run(ctx, renewScript, []string{rk}, p.Token, s.leaseArg(p.Lease)).Result()
 	return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
@@ -118,8 +118,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	if s.single {
-		v, err := s.run(ctx, completeIndexScript, []string{rk, s.consumerKey(p.Consumer, doneSuffix)},
-			p.Token, p.Result, p.ContentType, p.MessageID).Result()
+		v, err := s.eval(ctx, completeIndexEval, 2, rk, s.doneKey(p.Consumer), p.Token, p.Result, p.ContentType, p.MessageID)
 		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 	}
 	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
@@ -149,8 +148,8 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 			return err
 		}
 	}
-	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := s.run(ctx, releaseScript, []string{rk, rk + stepsSuffix}, p.Token, p.Error, terminal, p.Step).Result()
+	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
+	v, err := s.run(ctx, releaseScript, []string{rk, sk}, p.Token, p.Error, terminal, p.Step).Result()
 	return s.fenced("release", p.Consumer, p.MessageID, p.Token, v, err)
 }
 
@@ -165,8 +164,8 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rk := s.recordKey(p.Consumer, p.MessageID)
-	v, err := s.run(ctx, stepScript, []string{rk, rk + stepsSuffix}, p.Token, p.Step, p.Result).Result()
+	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
+	v, err := s.run(ctx, stepScript, []string{rk, sk}, p.Token, p.Step, p.Result).Result()
 	return s.fenced("save step", p.Consumer, p.MessageID, p.Token, v, err)
 }
 

@@ -30,8 +30,8 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		if err := idemdriver.ValidateAcquireParams(p); err != nil {
 			return nil, nil, err
 		}
-		rk := s.recordKey(p.Consumer, p.MessageID)
-		return []string{rk, rk + stepsSuffix}, []any{p.Fingerprint, ceilMillis(p.Lease), p.StepPrefix}, nil
+		rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
+		return []string{rk, sk}, []any{p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix}, nil
 	}, func(i int, v any, err error) error {
 		res[i], err = acquireResult(v, err)
 		return err

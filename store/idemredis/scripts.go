@@ -61,7 +61,9 @@ end
 // saves the point prefix..token (empty result) unless it exists. Otherwise
 // reports the record: {0, state, attempt, fingerprint, lease remaining
 // (ms), result, content type, last error}.
-var acquireScript = redis.NewScript(luaPrelude + `
+var acquireScript = redis.NewScript(acquireLua)
+
+const acquireLua = luaPrelude + `
 local now = now_ms()
 local lease = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'state', 'fingerprint', 'token', 'attempt',
@@ -90,7 +92,7 @@ if state == 1 and lease_until > now then
 	remaining = lease_until - now
 end
 return {0, state, tonumber(r[4]) or 0, r[2] or '', remaining, r[6] or '', r[7] or '', r[8] or ''}
-`)
+`
 
 // renewScript: KEYS record; ARGV token, lease (ms). The lease ends lease
 // after now.
@@ -112,7 +114,16 @@ var completeScript = redis.NewScript(luaPrelude + completeLua(""))
 // of any slot: KEYS record, consumer index; ARGV token, result, content
 // type, message ID. The ID is indexed, at the completion's now, only when
 // the token owns the record: {1, now}.
-var completeIndexScript = redis.NewScript(luaPrelude + completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`))
+var completeIndexScript = redis.NewScript(completeIndexLua)
+
+var completeIndexLua = luaPrelude + completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`)
+
+// acquireEval and completeIndexEval are acquireScript and
+// completeIndexScript for Store.eval: one call of each per message.
+var (
+	acquireEval       = newEvalScript(acquireScript, acquireLua)
+	completeIndexEval = newEvalScript(completeIndexScript, completeIndexLua)
+)
 
 // completeLua is the body of the complete scripts: also runs index (Lua,
 // with now set) when the token owns the record, before completing it.

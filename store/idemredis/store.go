@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -55,6 +56,32 @@ type Store struct {
 	single bool // client is one server: a script may touch any key
 	wait   int  // Config.WaitReplicas
 	waitMS int64
+
+	// The arguments every lease-mode call of a consumer repeats, kept
+	// from the last call so that a call does not build them again: the
+	// retention index key of the last consumer, and the last lease in
+	// milliseconds, boxed.
+	doneKeys    lastval.Cache[string, string]
+	leaseMillis lastval.Cache[time.Duration, any]
+}
+
+// doneKey returns consumerKey(consumer, doneSuffix), the last one built
+// when it is the same consumer's.
+func (s *Store) doneKey(consumer string) string {
+	return s.doneKeys.Get(consumer, func(consumer string) string { return s.consumerKey(consumer, doneSuffix) })
+}
+
+// leaseArg returns ceilMillis(d) as a script argument, the last one boxed
+// when d is the same.
+func (s *Store) leaseArg(d time.Duration) any {
+	return s.leaseMillis.Get(d, func(d time.Duration) any { return ceilMillis(d) })
+}
+
+// recordAndStepsKeys returns the record key of (consumer, id) and the key of its
+// recovery points, built as one string.
+func (s *Store) recordAndStepsKeys(consumer, id string) (record, steps string) {
+	steps = s.recordKeySuffixed(consumer, id, stepsSuffix)
+	return steps[:len(steps)-len(stepsSuffix)], steps
 }
 
 var _ idemdriver.StepRecorder = (*Store)(nil)
@@ -106,15 +133,19 @@ const (
 // recordKey returns the key of the hash holding the record of (consumer,
 // id): prefix{consumer␟id}. Its recovery points are in recordKey + ":steps",
 // in the same hash slot.
-func (s *Store) recordKey(consumer, id string) string {
+func (s *Store) recordKey(consumer, id string) string { return s.recordKeySuffixed(consumer, id, "") }
+
+// recordKeySuffixed is recordKey(consumer, id) + suffix.
+func (s *Store) recordKeySuffixed(consumer, id, suffix string) string {
 	var b strings.Builder
-	b.Grow(len(s.prefix) + len(consumer) + len(id) + 3)
+	b.Grow(len(s.prefix) + len(consumer) + len(id) + 3 + len(suffix))
 	b.WriteString(s.prefix)
 	b.WriteByte('{')
 	escape(&b, consumer)
 	b.WriteByte(idSeparator)
 	escape(&b, id)
 	b.WriteByte('}')
+	b.WriteString(suffix)
 	return b.String()
 }
 
