@@ -116,3 +116,24 @@ func TestCheckListen(t *testing.T) {
 		}
 	}
 }
+
+// TestUsageErrorsNameWhatIsMissing: replay without --consumer names that
+// flag alone, and failed with --broker but no --dead-letter asks for
+// --dead-letter, not for --consumer; both are usage errors (exit 2) and
+// open neither the store nor the broker.
+func TestUsageErrorsNameWhatIsMissing(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	var ue operate.UsageError
+	_, err := run(t, store, "replay", "--store", "mem:", "--broker", "nats://127.0.0.1:1", "--dead-letter", "payments.dead", "--position", "5")
+	if !errors.As(err, &ue) || !errors.Is(err, console.ErrBadAction) || !strings.HasPrefix(err.Error(), "missing --consumer:") {
+		t.Errorf("replay without --consumer: %v, want a usage error starting with \"missing --consumer:\"", err)
+	}
+	_, err = run(t, store, "replay", "--store", "mem:", "--consumer", "payments")
+	if !errors.As(err, &ue) || !strings.HasPrefix(err.Error(), "missing --dead-letter, --position:") {
+		t.Errorf("replay with --consumer only: %v, want a usage error naming --dead-letter and --position", err)
+	}
+	_, err = run(t, store, "failed", "--store", "mem:", "--broker", "nats://127.0.0.1:1")
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--dead-letter") {
+		t.Errorf("failed --broker without --dead-letter: %v, want a usage error asking for --dead-letter", err)
+	}
+}
