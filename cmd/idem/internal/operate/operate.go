@@ -206,6 +206,9 @@ func badInput(err error, where string) error {
 		errors.Is(err, idemdriver.ErrInvalidMessageID), errors.Is(err, idemdriver.ErrMissingMessageID), errors.Is(err, console.ErrBadAction):
 		return UsageError{err}
 	case errors.Is(err, console.ErrNoOutbox), errors.Is(err, console.ErrNoDeadLetters):
+		if strings.Contains(err.Error(), where) { // named already (an unbrowsable broker)
+			return err
+		}
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return err
