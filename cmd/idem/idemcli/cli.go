@@ -42,6 +42,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
 
@@ -81,7 +82,7 @@ func mainContext(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(root.ErrOrStderr(), "idem: %s\n", strings.TrimPrefix(oneLine(err), "idem: "))
+	fmt.Fprintf(root.ErrOrStderr(), "idem: %s%s\n", strings.TrimPrefix(oneLine(err), "idem: "), missingTableHint(err))
 	var ee *exitError
 	switch {
 	case errors.As(err, &ee):
@@ -289,4 +290,22 @@ func (libraryLogger) write(line string) {
 // oneLine flattens an error (errors.Join uses newlines) to one line.
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
+
+// missingTableHint is what follows an error from a records table that does
+// not exist (SQLite's "no such table", PostgreSQL's SQLSTATE 42P01, MySQL's
+// error 1146): the likely cause is a wrong --table, as on a demo's store,
+// whose table is idem_demo_processed. It is empty for any other error, and
+// for one that already says so.
+func missingTableHint(err error) string {
+	text := err.Error()
+	if strings.Contains(text, "is --table right?") {
+		return ""
+	}
+	for _, missing := range []string{"no such table", "(SQLSTATE 42P01)", "Error 1146"} {
+		if strings.Contains(text, missing) {
+			return " " + console.MissingTableHint
+		}
+	}
+	return ""
 }

@@ -88,13 +88,19 @@ Idem-Dead-Letter-Reason and Idem-Dead-Letter-Error.
 
 --broker: nats://HOST:PORT (JetStream; a stream is created for a subject no
 stream captures), kafka://HOST:PORT[,HOST:PORT], amqp://USER:PASS@HOST:PORT/
-(durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group).
+(durable queues), redis://HOST:PORT/DB (Redis Streams, consumer group --group),
+or the start of a Go CDK URL, gcppubsub://, awssqs:// or mem://, whose end is
+--from (projects/P/subscriptions/S; sqs.REGION.amazonaws.com/ACCOUNT/QUEUE?region=REGION)
+and --dead-letter (default: a topic projects/P/topics/S-dead on Pub/Sub, the
+queue QUEUE-dead on SQS); credentials come from the environment, as the Go
+CDK's drivers read them.
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
 A message costs two store writes: the claim, which also records the recovery
 point, and the result. The claims (and the results) of the messages that reach
 the store together go as one batch, one commit and one round trip on
 PostgreSQL (one commit behind a pooler such as PgBouncer), one commit on
-SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch). The sidecar holds up to --hold messages: each is claimed as the broker hands
+SQLite and MySQL, one pipeline on Redis (--store-batch, the most per batch).
+The sidecar holds up to --hold messages: each is claimed as the broker hands
 it over, and waits claimed, its lease renewed, for one of the --concurrency
 calls. At most once (the default), a message claimed and waiting when the
 sidecar is killed is dead-lettered as outcome-unknown, like one whose call was
@@ -133,7 +139,10 @@ lives:
                    by one XCLAIM of the entries in flight each second;
                    Kafka: the session timeout, at least 6s (Kafka's
                    smallest by default); RabbitMQ needs none: the broker
-                   requeues a dead connection's unacknowledged messages
+                   requeues a dead connection's unacknowledged messages;
+                   the Go CDK ignores it: the subscription's own ack
+                   deadline (set on Pub/Sub or SQS) holds the message,
+                   and is not extended
 On Kafka a restarted sidecar gets its partitions back only after the old
 member's session timeout (6s or more) unless --kafka-instance-id names it:
 then it is a static member and takes its partitions back at once, without a
@@ -164,7 +173,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://... (required)")
+	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (required)")
 	fl.StringVar(&f.from, "from", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream to consume (required)")
 	fl.StringVar(&f.to, "to", "", "URL each message is POSTed to, as in http://127.0.0.1:9000/orders (required)")
 	f.leaseStoreFlags.register(fl)

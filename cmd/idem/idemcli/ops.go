@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -147,7 +148,7 @@ consumer need not be running. A second purge deletes nothing and says so.`,
 			fmt.Fprintln(out)
 			if res.Deleted == 0 {
 				// Purged clean before, or a typo: say which consumers there are.
-				if err := knownConsumer(cmd, st, consumer); err != nil {
+				if err := console.KnownConsumer(cmd.Context(), st.store, consumer); err != nil {
 					fmt.Fprintf(out, "note: %v\n", err)
 				}
 			}
@@ -190,7 +191,7 @@ func newInspectCmd() *cobra.Command {
 			defer st.db.Close()
 			rec, err := st.store.Inspect(cmd.Context(), consumer, id)
 			if errors.Is(err, idemdriver.ErrNotFound) {
-				if kerr := knownConsumer(cmd, st, consumer); kerr != nil {
+				if kerr := console.KnownConsumer(cmd.Context(), st.store, consumer); kerr != nil {
 					return kerr
 				}
 				return fmt.Errorf("no record of message %q for consumer %q", id, consumer)
@@ -262,21 +263,6 @@ func newStatsCmd() *cobra.Command {
 	sf.add(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: {consumers: [{consumer, records, oldest, newest}], outbox: {pending, failed, oldest_pending_s} or null}")
 	return cmd
-}
-
-// knownConsumer fails when the store has no record of consumer, so a typo
-// in a consumer name is an error rather than a silent "0 deleted".
-func knownConsumer(cmd *cobra.Command, st *sqlStore, consumer string) error {
-	stats, err := st.store.Stats(cmd.Context())
-	if err != nil {
-		return err
-	}
-	for _, s := range stats {
-		if s.Consumer == consumer {
-			return nil
-		}
-	}
-	return fmt.Errorf("unknown consumer %q: %s has no records for it", consumer, st.where)
 }
 
 func fmtTime(t time.Time) string {

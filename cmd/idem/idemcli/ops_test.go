@@ -126,7 +126,7 @@ func testOperatingCommands(t *testing.T, url string) {
 	}
 	// A purge is idempotent: one of a consumer with no records (purged
 	// clean before, or a typo) deletes nothing and names the consumers.
-	if code, out, errOut = cmd("purge", "--consumer", "ghost", "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 0 records") || !strings.Contains(out, "unknown consumer") {
+	if code, out, errOut = cmd("purge", "--consumer", "ghost", "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 0 records") || !strings.Contains(out, "unknown consumer") || !strings.Contains(out, `its consumers: "orders"`) {
 		t.Errorf("purge of an unknown consumer: exit %d, %q %q", code, out, errOut)
 	}
 	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") || strings.Contains(errOut, "deleted so far") {

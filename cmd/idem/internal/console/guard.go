@@ -141,6 +141,12 @@ func Probe(ctx context.Context, st Store) error {
 	return fmt.Errorf("%w: %s", ErrTable, PublicError(err, false))
 }
 
+// MissingTableHint follows the news of a missing records table, here and
+// in the idem command's errors: a wrong --table is the likely cause (the
+// demo's store names its table idem_demo_processed), and migrate, not the
+// console, creates the table.
+const MissingTableHint = "(is --table right? the demo's store has --table idem_demo_processed; idem migrate creates a table)"
+
 // PublicError is what a page or a command says of a store failure err:
 // the database's own error code and message, unless that kind of message
 // quotes the values of a row (a PostgreSQL data or integrity error, and
@@ -152,7 +158,7 @@ func PublicError(err error, showPayloads bool) string {
 	case errors.As(err, &pg):
 		msg := pg.Message
 		if pg.Code == "42P01" {
-			return "the table does not exist: " + msg + " (is --table right? idem migrate creates it)"
+			return "the table does not exist: " + msg + " " + MissingTableHint
 		}
 		if !showPayloads && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23")) {
 			msg = "(the message may quote a row's values; --show-payloads shows it)"
@@ -171,7 +177,7 @@ func PublicError(err error, showPayloads bool) string {
 	text := err.Error()
 	for _, missing := range []string{"no such table", "doesn't exist", "does not exist"} {
 		if strings.Contains(text, missing) {
-			return "the table does not exist (is --table right? idem migrate creates it)"
+			return "the table does not exist " + MissingTableHint
 		}
 	}
 	if showPayloads {

@@ -73,7 +73,8 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	case err != nil:
 		return ActionView{}, err
 	case rec.State == idemdriver.StateCompleted:
-		return refuse("message %q of consumer %q is completed: it was processed (replayed before, or redelivered), and a copy would be dropped as a duplicate", dl.MessageID, a.Consumer)
+		return refuse("message %q of consumer %q is completed: it was processed (replayed before, or redelivered), or its outcome was recorded as it was dead-lettered "+
+			"(idem consume records a service's final 4xx answer and an unknown outcome); a copy would be settled as that record says, without running again", dl.MessageID, a.Consumer)
 	case rec.State == idemdriver.StateInProgress && rec.LeaseExpiresAt.After(now()):
 		return refuse("message %q of consumer %q is being processed (attempt %d holds its lease until %s)", dl.MessageID, a.Consumer, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case rec.State == idemdriver.StateInProgress && !a.Force:

@@ -119,7 +119,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, tmpl: tmpl, done: map[string]doneAction{}, flight: map[string]chan struct{}{}, mux: http.NewServeMux()}
 	s.actions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idem_console_actions_total",
-		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error).",
+		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error; repeated: a form submitted again, answered with its first result without running).",
 	}, []string{"action", "result"})
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(s.actions); err != nil {

@@ -124,10 +124,16 @@ func (r *demoRun) stageForConsole(ctx context.Context) error {
 }
 
 // listenConsole listens on --console-addr, refused beyond loopback (the
-// console the demo serves has no token).
+// console the demo serves has no token). The refusal names the demo's own
+// flag and points to idem console for a console with a token: the demo has
+// no --token.
 func listenConsole(addr string) (net.Listener, error) {
 	if err := operate.CheckListen(addr, ""); err != nil {
-		return nil, UsageError{fmt.Errorf("--console-addr: %w", err)}
+		if errors.Is(err, operate.ErrExposed) {
+			return nil, UsageError{fmt.Errorf("--console-addr %s: %w; the demo's console has none: listen on 127.0.0.1:PORT, [::1]:PORT or localhost:PORT, "+
+				"or keep the demo's store (--dir) and serve it with idem console --token", addr, operate.ErrExposed)}
+		}
+		return nil, UsageError{fmt.Errorf("--console-addr %q: want HOST:PORT, as in %s", addr, operate.DefaultConsoleAddr)}
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -120,16 +120,22 @@ func TestDemoConsole(t *testing.T) {
 }
 
 // TestDemoConsoleRefusals: --console refuses an address beyond loopback
-// (the demo's console has no token) and a Redis store, before the run.
+// (the demo's console has no token, and the refusal does not ask for a
+// --token the demo lacks) and a Redis store, and --console-addr without
+// --console is refused rather than ignored, all before the run.
 func TestDemoConsoleRefusals(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"--console", "--console-addr", "0.0.0.0:0"},
 		{"--console", "--store", "redis://127.0.0.1:1/0"},
+		{"--console-addr", "127.0.0.1:0"},
 	} {
-		code, _, errOut := run(t, append([]string{"demo", "--messages", "1", "--progress", "none"}, args...)...)
-		if code != 2 || !strings.Contains(errOut, "--console") {
-			t.Errorf("%v: exit %d, stderr %q; want 2 and why", args, code, errOut)
+		code, out, errOut := run(t, append([]string{"demo", "--messages", "1", "--progress", "none"}, args...)...)
+		if code != 2 || !strings.Contains(errOut, "--console") || out != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2, no report, and why", args, code, out, errOut)
+		}
+		if strings.Contains(errOut, "set --token") {
+			t.Errorf("%v: stderr %q asks for --token, which idem demo does not have", args, errOut)
 		}
 	}
 }

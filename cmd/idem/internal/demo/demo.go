@@ -86,7 +86,8 @@ type Options struct {
 	// failed work to look at, under a consumer of its own.
 	Console bool
 	// ConsoleAddr is where the console listens (host:port; port 0 picks
-	// one).
+	// one). Without Console it must be empty or the default: the flag
+	// alone is refused rather than ignored.
 	ConsoleAddr string
 	// consoleUp, set by tests, is called with the console's URL once it
 	// listens and its work is staged.
@@ -188,6 +189,9 @@ func (o *Options) validate() error {
 	case "auto", "bar", "lines", "none":
 	default:
 		return UsageError{fmt.Errorf("--progress must be auto, bar, lines or none, got %q", o.Progress)}
+	}
+	if !o.Console && o.ConsoleAddr != "" && o.ConsoleAddr != operate.DefaultConsoleAddr {
+		return UsageError{fmt.Errorf("--console-addr %s is for the console: add --console", o.ConsoleAddr)}
 	}
 	if o.Console && strings.HasPrefix(o.Store, "redis:") {
 		return UsageError{errors.New("--console shows a SQL store (sqlite:, postgres://, mysql://), not redis://")}

@@ -117,7 +117,7 @@ every action; outbox payloads are hidden unless --show-payloads.`,
 	cmd.Flags().StringVar(&token, "token", "", "access token every request must carry (or IDEM_CONSOLE_TOKEN)")
 	cmd.Flags().BoolVar(&readOnly, "read-only", false, "no actions at all")
 	cmd.Flags().BoolVar(&showPayloads, "show-payloads", false, "show payloads and headers (outbox rows, dead letters) and the store's own error messages")
-	cmd.Flags().StringVar(&broker, "broker", "", "broker URL of the dead letters: nats://..., redis://... (or IDEM_BROKER)")
+	cmd.Flags().StringVar(&broker, "broker", "", "broker URL of the dead letters: nats://..., redis://..., kafka://... (or IDEM_BROKER)")
 	cmd.Flags().StringArrayVar(&deadLetters, "dead-letter", nil, "a dead-letter destination the dead-letters page lists, DEST or DEST=CONSUMER (repeatable)")
 	return cmd
 }

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -61,8 +63,8 @@ func Commands(open Opener, openBroker BrokerOpener, now func() time.Time) []*cob
 type brokerFlags struct{ broker, deadLetter string }
 
 func (b *brokerFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&b.broker, "broker", "", "broker URL of the dead letters: nats://..., redis://... (or IDEM_BROKER)")
-	cmd.Flags().StringVar(&b.deadLetter, "dead-letter", "", "dead-letter destination: a subject (NATS) or a stream (Redis Streams)")
+	cmd.Flags().StringVar(&b.broker, "broker", "", "broker URL of the dead letters: nats://..., redis://..., kafka://... (or IDEM_BROKER)")
+	cmd.Flags().StringVar(&b.deadLetter, "dead-letter", "", "dead-letter destination: a subject (NATS), a stream (Redis Streams) or a topic (Kafka)")
 }
 
 // open connects to the flags' broker.
@@ -138,6 +140,9 @@ next page's cursor is printed last (JSON: "next").`,
 				return printDeadLetters(cmd.OutOrStdout(), v)
 			}
 			if outbox == (consumer != "") {
+				if bf.broker != "" && !outbox {
+					return UsageError{errors.New("--broker lists dead letters: give --dead-letter DEST too (or --consumer NAME for failed records, --outbox for outbox rows)")}
+				}
 				return UsageError{errors.New("give --consumer NAME (records) or --outbox (outbox rows); run idem stats to see the consumers")}
 			}
 			st, err := sf.open(cmd.Context(), open)
@@ -201,6 +206,9 @@ func badInput(err error, where string) error {
 		errors.Is(err, idemdriver.ErrInvalidMessageID), errors.Is(err, idemdriver.ErrMissingMessageID), errors.Is(err, console.ErrBadAction):
 		return UsageError{err}
 	case errors.Is(err, console.ErrNoOutbox), errors.Is(err, console.ErrNoDeadLetters):
+		if strings.Contains(err.Error(), where) { // named already (an unbrowsable broker)
+			return err
+		}
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return err
@@ -405,7 +413,8 @@ shows rather than success.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a := console.Action{Kind: console.ActionReplay, Consumer: consumer, DeadLetter: bf.deadLetter, Position: position, Force: force}
 			if err := a.Check(); err != nil {
-				return UsageError{fmt.Errorf("--consumer, --dead-letter and --position are required: %w", err)}
+				return UsageError{fmt.Errorf("missing %s: %w (idem failed --broker URL --dead-letter D lists the dead letters' positions; --consumer is the idem consumer whose record the message had)",
+					strings.Join(missingFlags(map[string]string{"--consumer": consumer, "--dead-letter": bf.deadLetter, "--position": position}), ", "), err)}
 			}
 			dls, closeBroker, err := bf.open(cmd.Context(), openBroker)
 			if err != nil {
@@ -455,4 +464,17 @@ func act(cmd *cobra.Command, st Opened, dls console.DeadLetters, a console.Actio
 	}
 	_, err = fmt.Fprintln(cmd.OutOrStdout(), v.Message)
 	return err
+}
+
+// missingFlags returns the names of the flags whose value is empty, in
+// name order, so that a usage error names only what is missing.
+func missingFlags(values map[string]string) []string {
+	var missing []string
+	for name, v := range values {
+		if v == "" {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	return missing
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/cmd/idem/internal/deadletter"
 	"github.com/idem-go/idem/cmd/idem/internal/operate"
 )
 
@@ -114,5 +116,44 @@ func TestCheckListen(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("CheckListen(%q, token %q) = %v, want ok %v", tc.addr, tc.token, err, tc.ok)
 		}
+	}
+}
+
+// TestUsageErrorsNameWhatIsMissing: replay without --consumer names that
+// flag alone, and failed with --broker but no --dead-letter asks for
+// --dead-letter, not for --consumer; both are usage errors (exit 2) and
+// open neither the store nor the broker.
+func TestUsageErrorsNameWhatIsMissing(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	var ue operate.UsageError
+	_, err := run(t, store, "replay", "--store", "mem:", "--broker", "nats://127.0.0.1:1", "--dead-letter", "payments.dead", "--position", "5")
+	if !errors.As(err, &ue) || !errors.Is(err, console.ErrBadAction) || !strings.HasPrefix(err.Error(), "missing --consumer:") {
+		t.Errorf("replay without --consumer: %v, want a usage error starting with \"missing --consumer:\"", err)
+	}
+	_, err = run(t, store, "replay", "--store", "mem:", "--consumer", "payments")
+	if !errors.As(err, &ue) || !strings.HasPrefix(err.Error(), "missing --dead-letter, --position:") {
+		t.Errorf("replay with --consumer only: %v, want a usage error naming --dead-letter and --position", err)
+	}
+	_, err = run(t, store, "failed", "--store", "mem:", "--broker", "nats://127.0.0.1:1")
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--dead-letter") {
+		t.Errorf("failed --broker without --dead-letter: %v, want a usage error asking for --dead-letter", err)
+	}
+}
+
+// TestUnbrowsableBrokerNamedOnce: dead letters asked of a broker whose
+// queues cannot be browsed (RabbitMQ) fail with an error that names the
+// broker once, and says why.
+func TestUnbrowsableBrokerNamedOnce(t *testing.T) {
+	const where = "RabbitMQ at amqp://guest:xxxxx@127.0.0.1:5672/"
+	openBroker := func(context.Context, string) (console.DeadLetters, func(), error) {
+		return deadletter.Unbrowsable{Broker: where}, func() {}, nil
+	}
+	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
+	root.AddCommand(operate.Commands(nil, openBroker, time.Now)...)
+	root.SetOut(io.Discard)
+	root.SetArgs([]string{"failed", "--broker", "amqp://guest:guest@127.0.0.1:5672/", "--dead-letter", "payments.dead"})
+	err := root.ExecuteContext(t.Context())
+	if !errors.Is(err, console.ErrNoDeadLetters) || strings.Count(err.Error(), where) != 1 || !strings.Contains(err.Error(), "cannot be read") {
+		t.Errorf("failed --dead-letter on RabbitMQ: %v, want ErrNoDeadLetters naming the broker once and why", err)
 	}
 }
