@@ -448,9 +448,9 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 // (pg_try_advisory_xact_lock, key sqlstore.LockKey("migrate", table),
 // tried again until it holds it: see migrateLock), so
 // processes migrating one table at once run one after the other and the
-// later ones find nothing to do; a second transaction runs the
-// migrations, each recorded in it, then commits: DDL is transactional, a
-// failed migration leaves nothing behind.
+// later ones find nothing to do, and runs the migrations, each recorded
+// in it, then commits: DDL is transactional, a failed migration leaves
+// nothing behind.
 //
 // A NoTransaction migration (CREATE INDEX CONCURRENTLY, which builds an
 // index without blocking the table's writers, cannot run in a transaction
@@ -459,14 +459,14 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 // holds its lock for milliseconds, while a concurrent one waits for every
 // older transaction of the database). Otherwise it ends that transaction
 // with the migrations before it. Then, the
-// lock taken again, db runs the migration's statements, each in a
+// lock taken again by a transaction that reads nothing but the migrations
+// table, writes nothing and holds no snapshot while it idles (so the
+// index builds, which wait for the transactions holding older snapshots,
+// do not wait for it), db runs the migration's statements, each in a
 // transaction of its own on any connection (so PgBouncer's transaction
 // pooling works too: db needs a connection besides the lock
-// transaction's), and records its version; the migrations after it go on
-// in the next step. The lock is held by a transaction that runs nothing
-// but the lock's statement, writes nothing and holds no snapshot while it
-// idles, so the index builds, which wait for the transactions holding
-// older snapshots, do not wait for it; its
+// transaction's, and only for this), and records its version; the
+// migrations after it go on in the next step. The lock transaction's
 // idle_in_transaction_session_timeout is an hour, local to it, so that a
 // shorter one meant for handlers does not end it during a long build.
 // Each step commits on its own: a failure leaves the migrations before
@@ -479,6 +479,10 @@ func (q *Queries) Migrate(ctx context.Context, begin func(context.Context) (sqls
 		}
 	}
 }
+
+// migrateIdle sets the migration lock's transaction's
+// idle_in_transaction_session_timeout, a statement that takes no snapshot.
+const migrateIdle = `SET LOCAL idle_in_transaction_session_timeout = '` + PurgeLockIdle + `'`
 
 // migrateLock begins a transaction holding the migration lock, whose
 // idle_in_transaction_session_timeout is an hour. It tries
@@ -504,7 +508,7 @@ func (q *Queries) migrateLock(ctx context.Context, begin func(context.Context) (
 			// lock's SELECT, whose portal the extended protocol keeps
 			// until the next statement, and with it the SELECT's
 			// snapshot, which index builds would wait for.
-			if _, err = tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = '`+PurgeLockIdle+`'`); err == nil {
+			if _, err = tx.Exec(ctx, migrateIdle); err == nil {
 				return tx, nil
 			}
 		}
@@ -536,28 +540,21 @@ func smallTable(ctx context.Context, db sqlstore.Querier, table string) (bool, e
 	return n < sqlschema.SmallRows, err
 }
 
-// migrateStep is one step of Migrate, holding the migration lock in a
-// transaction that runs nothing else: the pending migrations up to the
-// first NoTransaction one, in a second transaction, or that one alone, its
-// statements on db and then its record. It reports whether migrations were
-// left for another step.
+// migrateStep is one step of Migrate: in a transaction holding the
+// migration lock, the pending migrations up to the first NoTransaction
+// one whose table is not small; or, when that one is first, that one
+// alone (migrateConcurrently). It reports whether migrations were left
+// for another step.
 func (q *Queries) migrateStep(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, migs []sqlschema.Migration) (more bool, err error) {
-	lock, err := q.migrateLock(ctx, begin)
+	tx, err := q.migrateLock(ctx, begin)
 	if err != nil {
 		return false, err
 	}
-	var tx sqlstore.Tx
 	defer func() {
 		rctx, cancel := sqlstore.Detached(ctx)
 		defer cancel()
-		if tx != nil {
-			_ = tx.Rollback(rctx) // after Commit, a no-op
-		}
-		_ = lock.Rollback(rctx) // the lock transaction wrote nothing
+		_ = tx.Rollback(rctx) // after Commit, a no-op
 	}()
-	if tx, err = begin(ctx); err != nil {
-		return false, fmt.Errorf("migrate: %w", err)
-	}
 	todo, err := sqlstore.Pending(ctx, tx, migs, q.Migrations)
 	if err != nil {
 		return false, err
@@ -582,13 +579,38 @@ func (q *Queries) migrateStep(ctx context.Context, begin func(context.Context) (
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("migrate commit: %w", err)
 	}
-	if n == 0 && len(todo) > 0 {
-		if err := sqlstore.Run(ctx, db, db, todo[0], q.Migrations); err != nil {
-			return false, err
-		}
-		n = 1
+	if n > 0 || len(todo) == 0 {
+		return n < len(todo), nil
 	}
-	return n < len(todo), nil
+	return len(todo) > 1, q.migrateConcurrently(ctx, begin, db, todo[0])
+}
+
+// migrateConcurrently runs m, a NoTransaction migration, on db unless
+// another process did meanwhile, holding the migration lock in a
+// transaction of its own (a second connection) that reads nothing but the
+// migrations table: a transaction that had read the table being indexed
+// would hold a lock that DROP INDEX CONCURRENTLY waits for.
+func (q *Queries) migrateConcurrently(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, m sqlschema.Migration) error {
+	lock, err := q.migrateLock(ctx, begin)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		_ = lock.Rollback(rctx) // it wrote nothing
+	}()
+	var done bool
+	if err := lock.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q.Migrations.Name+` WHERE version = $1::int)`, m.Version).Scan(&done); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	if done {
+		return nil
+	}
+	if _, err := lock.Exec(ctx, migrateIdle); err != nil { // ends the SELECT's snapshot: see migrateLock
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	return sqlstore.Run(ctx, db, db, m, q.Migrations)
 }
 
 // Err is the error of the statement's row: sqlstore.ErrNoRows when it

@@ -33,11 +33,11 @@ import (
 // (pg_try_advisory_xact_lock, tried again until held; the key derives
 // from the table name, the same key as store/idemsql's) serialises
 // processes migrating the same table; the later ones find nothing left to
-// do. The migrations run in a second transaction, except one that builds
-// an index concurrently (011 on a large outbox): its statements run each
-// on its own while the lock's transaction idles, so the pool needs two
-// connections or more (a pool of one gets an error matching
-// idemdriver.ErrInvalidConfig). DDL is transactional: a failed migration
+// do, and runs the migrations, except one that builds an index
+// concurrently (011 on an outbox of 10,000 rows or more): its statements
+// run each on its own while another transaction holding the lock idles,
+// so that one needs a pool of two connections or more (a pool of one
+// gets an error matching idemdriver.ErrInvalidConfig). DDL is transactional: a failed migration
 // leaves nothing behind, and those before it stay applied. Migrate is
 // idempotent. It needs the privilege to create tables and indexes in the
 // table's schema. See internal/pgsql's Queries.Migrate.

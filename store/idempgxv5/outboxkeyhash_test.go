@@ -2,13 +2,17 @@ package idempgxv5_test
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -137,5 +141,39 @@ func testOutboxKeyHashUpgrade(t *testing.T, v upgradeVariant) {
 	}
 	if pending != 0 || failed+kept+len(sent) != rows || failed == 0 || kept == 0 {
 		t.Errorf("after the relay: %d pending, %d failed, %d kept, %d sent; want none pending and the failed and kept rows left of %d", pending, failed, kept, len(sent), rows)
+	}
+}
+
+// TestMigrateOneConnection: Migrate on a pool of one connection creates
+// the tables (migration 011 on an empty outbox runs in the migration's
+// transaction), and on an outbox of SmallRows rows or more, whose index
+// 011 would build concurrently beside the lock's transaction, it fails
+// with idemdriver.ErrInvalidConfig instead of waiting for itself.
+func TestMigrateOneConnection(t *testing.T) {
+	testURL(t)
+	t.Parallel()
+	ctx := t.Context()
+	pool := newPool(t, poolOpts{maxConns: 1})
+	fresh := randName("idem_one_")
+	t.Cleanup(func() { _ = dropTables(context.Background(), newPool(t, poolOpts{}), fresh) })
+	s, err := idempgxv5.New(pool, &idempgxv5.Config{Table: fresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate of a new table on one connection: %v", err)
+	}
+
+	u := upgradeTable(t, upgradeVariant{name: "default"}, 11)
+	u.exec(`INSERT INTO ` + u.table + `_outbox (id, destination, payload) SELECT 'id-' || g, 'd', '\x00' FROM generate_series(1, ` + strconv.Itoa(sqlschema.SmallRows) + `) g`)
+	one, err := idempgxv5.New(pool, &idempgxv5.Config{Table: u.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := one.Migrate(ctx); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+		t.Errorf("Migrate of a large outbox on one connection: %v, want ErrInvalidConfig", err)
+	}
+	if err := u.store.Migrate(ctx); err != nil {
+		t.Errorf("Migrate on a pool of more: %v", err)
 	}
 }

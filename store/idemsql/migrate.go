@@ -21,9 +21,9 @@ import (
 //   - PostgreSQL: store/idempgxv5's: a transaction holding
 //     pg_try_advisory_xact_lock (the key derives from the table name, the
 //     same in both stores, so they exclude each other), the migrations in
-//     a second one; an index built concurrently (011 on an outbox of
-//     10,000 rows or more) runs outside any transaction, so db needs two
-//     open connections or more. DDL is transactional: a failed migration
+//     it; an index built concurrently (011 on an outbox of 10,000 rows or
+//     more) is built outside any transaction while another one holds the
+//     lock, so that one needs two open connections or more. DDL is transactional: a failed migration
 //     leaves nothing behind.
 //   - MySQL: GET_LOCK on one connection (the lock name derives from the
 //     database and table names), released with RELEASE_LOCK. MySQL commits
