@@ -53,8 +53,12 @@ func outboxDialect(table string) sqlstore.OutboxDialect {
 		TextOut:         `::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
-		// The predicate of the key index (migration 007).
-		KeyPending: `COALESCE(p.sent_at, p.failed_at) IS NULL`,
+		// The key index of migration 011: the hash of the key, then seq,
+		// for the rows pending with a key (predicate and expression as
+		// the index spells them). On a table migrated only to 010 the
+		// same condition runs on migration 007's index on (destination,
+		// order_key, seq), whose predicate it implies too.
+		KeyPending: `hashtextextended(p.order_key, 0) = hashtextextended(o.order_key, 0) AND p.order_key <> '' AND COALESCE(p.sent_at, p.failed_at) IS NULL`,
 	}
 }
 

@@ -487,17 +487,174 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 	return sqlstore.NewSession(db, &q.Runs, consumer, batch, release), nil
 }
 
-// Migrate applies migs on tx, a transaction the caller commits: it waits
-// for the migration lock (pg_advisory_xact_lock, key
-// sqlstore.LockKey("migrate", table)), so processes migrating one table at
-// once run one after the other and the later ones find nothing to do, then
-// runs the migrations the table has not had. DDL is transactional: a
-// failed migration leaves nothing behind.
-func (q *Queries) Migrate(ctx context.Context, tx sqlstore.Querier, migs []sqlschema.Migration) error {
-	if _, err := tx.Exec(ctx, MigrateLock, sqlstore.LockKey("migrate", q.Table)); err != nil {
-		return fmt.Errorf("migrate lock: %w", err)
+// Migrate applies the migrations of migs the table has not had, in
+// order. A transaction (begun by begin) takes the migration lock
+// (pg_try_advisory_xact_lock, key sqlstore.LockKey("migrate", table),
+// tried again until it holds it: see migrateLock), so
+// processes migrating one table at once run one after the other and the
+// later ones find nothing to do, and runs the migrations, each recorded
+// in it, then commits: DDL is transactional, a failed migration leaves
+// nothing behind.
+//
+// A NoTransaction migration (CREATE INDEX CONCURRENTLY, which builds an
+// index without blocking the table's writers, cannot run in a transaction
+// block) runs in that transaction without the word CONCURRENTLY when its
+// SmallTable has fewer than sqlschema.SmallRows rows (a plain build then
+// holds its lock for milliseconds, while a concurrent one waits for every
+// older transaction of the database). Otherwise it ends that transaction
+// with the migrations before it. Then, the
+// lock taken again by a transaction that reads nothing but the migrations
+// table, writes nothing and holds no snapshot while it idles (so the
+// index builds, which wait for the transactions holding older snapshots,
+// do not wait for it), db runs the migration's statements, each in a
+// transaction of its own on any connection (so PgBouncer's transaction
+// pooling works too: db needs a connection besides the lock
+// transaction's, and only for this), and records its version; the
+// migrations after it go on in the next step. The lock transaction's
+// idle_in_transaction_session_timeout is an hour, local to it, so that a
+// shorter one meant for handlers does not end it during a long build.
+// Each step commits on its own: a failure leaves the migrations before
+// it applied and recorded.
+func (q *Queries) Migrate(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, migs []sqlschema.Migration) error {
+	for {
+		more, err := q.migrateStep(ctx, begin, db, migs)
+		if err != nil || !more {
+			return err
+		}
 	}
-	return sqlstore.Apply(ctx, tx, migs, q.Migrations)
+}
+
+// migrateIdle sets the migration lock's transaction's
+// idle_in_transaction_session_timeout, a statement that takes no snapshot.
+const migrateIdle = `SET LOCAL idle_in_transaction_session_timeout = '` + PurgeLockIdle + `'`
+
+// migrateLock begins a transaction holding the migration lock, whose
+// idle_in_transaction_session_timeout is an hour. It tries
+// for the lock and, while another process holds it, ends its transaction
+// and tries again in a new one after a pause (10 ms, doubling up to half a
+// second): a transaction waiting in pg_advisory_xact_lock would hold a
+// snapshot, and CREATE INDEX CONCURRENTLY, run while the holder's
+// transaction idles, waits for every transaction that held a snapshot
+// older than its own when it looked, so a waiter would wait for the
+// holder, the holder for its index build, and the build for the waiter.
+func (q *Queries) migrateLock(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error)) (sqlstore.Tx, error) {
+	key := sqlstore.LockKey("migrate", q.Table)
+	pause := 10 * time.Millisecond
+	for {
+		tx, err := begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+		var held bool
+		err = tx.QueryRow(ctx, TryXactLock, key).Scan(&held)
+		if err == nil && held {
+			// Last, a statement that takes no snapshot: it also ends the
+			// lock's SELECT, whose portal the extended protocol keeps
+			// until the next statement, and with it the SELECT's
+			// snapshot, which index builds would wait for.
+			if _, err = tx.Exec(ctx, migrateIdle); err == nil {
+				return tx, nil
+			}
+		}
+		rctx, cancel := sqlstore.Detached(ctx)
+		rerr := tx.Rollback(rctx)
+		cancel()
+		if err != nil || rerr != nil {
+			return nil, fmt.Errorf("migrate lock: %w", errors.Join(err, rerr))
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("migrate lock: %w", ctx.Err())
+		case <-t.C:
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
+}
+
+// smallTable reports whether table (empty: none) has fewer than
+// sqlschema.SmallRows rows; reading at most that many.
+func smallTable(ctx context.Context, db sqlstore.Querier, table string) (bool, error) {
+	if table == "" {
+		return false, nil
+	}
+	var n int64
+	err := db.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+table+` LIMIT `+strconv.Itoa(sqlschema.SmallRows)+`) AS s`).Scan(&n)
+	return n < sqlschema.SmallRows, err
+}
+
+// migrateStep is one step of Migrate: in a transaction holding the
+// migration lock, the pending migrations up to the first NoTransaction
+// one whose table is not small; or, when that one is first, that one
+// alone (migrateConcurrently). It reports whether migrations were left
+// for another step.
+func (q *Queries) migrateStep(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, migs []sqlschema.Migration) (more bool, err error) {
+	tx, err := q.migrateLock(ctx, begin)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		_ = tx.Rollback(rctx) // after Commit, a no-op
+	}()
+	todo, err := sqlstore.Pending(ctx, tx, migs, q.Migrations)
+	if err != nil {
+		return false, err
+	}
+	n := 0
+	for ; n < len(todo); n++ {
+		m := todo[n]
+		if m.NoTransaction {
+			small, err := smallTable(ctx, tx, m.SmallTable)
+			if err != nil {
+				return false, fmt.Errorf("migration %s: %w", m.Name, err)
+			}
+			if !small {
+				break
+			}
+			m = m.InTransaction()
+		}
+		if err := sqlstore.Run(ctx, tx, tx, m, q.Migrations); err != nil {
+			return false, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("migrate commit: %w", err)
+	}
+	if n > 0 || len(todo) == 0 {
+		return n < len(todo), nil
+	}
+	return len(todo) > 1, q.migrateConcurrently(ctx, begin, db, todo[0])
+}
+
+// migrateConcurrently runs m, a NoTransaction migration, on db unless
+// another process did meanwhile, holding the migration lock in a
+// transaction of its own (a second connection) that reads nothing but the
+// migrations table: a transaction that had read the table being indexed
+// would hold a lock that DROP INDEX CONCURRENTLY waits for.
+func (q *Queries) migrateConcurrently(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, m sqlschema.Migration) error {
+	lock, err := q.migrateLock(ctx, begin)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		_ = lock.Rollback(rctx) // it wrote nothing
+	}()
+	var done bool
+	if err := lock.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q.Migrations.Name+` WHERE version = $1::int)`, m.Version).Scan(&done); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	if done {
+		return nil
+	}
+	if _, err := lock.Exec(ctx, migrateIdle); err != nil { // ends the SELECT's snapshot: see migrateLock
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	return sqlstore.Run(ctx, db, db, m, q.Migrations)
 }
 
 // Err is the error of the statement's row: sqlstore.ErrNoRows when it

@@ -429,8 +429,6 @@ const (
 	// PurgeLockIdle is how long the purge lock's transaction may idle
 	// between two of its statements (one before each batch).
 	PurgeLockIdle = "1h"
-	// MigrateLock: key; waits, and holds until the transaction ends.
-	MigrateLock = `SELECT pg_advisory_xact_lock($1::bigint)`
 )
 
 // TextArray renders ss as a PostgreSQL array literal ('{"a","b"}'), sent

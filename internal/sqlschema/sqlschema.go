@@ -88,7 +88,37 @@ type Migration struct {
 	// SQL is the statement text with the table name filled in; statements
 	// are separated by ";" at the end of a line.
 	SQL string
+	// NoTransaction is set for a migration whose file has the line
+	// "-- idem:no-transaction": its statements cannot run inside a
+	// transaction block (PostgreSQL's CREATE INDEX CONCURRENTLY, which
+	// builds an index without blocking writes), so the runner runs each
+	// one on its own, after every earlier migration committed. Such
+	// statements must be safe to run again after a failure part way.
+	NoTransaction bool
+	// SmallTable, for a NoTransaction migration, is a table (as written
+	// in SQL) below whose size (SmallRows rows) the migration runs in a
+	// transaction after all, as InTransaction spells it: the line
+	// "-- idem:no-transaction unless-small TABLE". On a small table a
+	// plain CREATE INDEX holds its lock for milliseconds, while CREATE
+	// INDEX CONCURRENTLY waits for every transaction of the database that
+	// is older than it, whatever tables they use.
+	SmallTable string
 }
+
+// SmallRows is the size below which a migration's SmallTable counts as
+// small.
+const SmallRows = 10_000
+
+// InTransaction is m's statements as they run in a transaction: without
+// the word CONCURRENTLY.
+func (m Migration) InTransaction() Migration {
+	m.SQL = strings.ReplaceAll(m.SQL, " CONCURRENTLY ", " ")
+	m.NoTransaction, m.SmallTable = false, ""
+	return m
+}
+
+// noTransaction is the line that marks a migration as NoTransaction.
+const noTransaction = "-- idem:no-transaction"
 
 // Statements splits the migration into single statements, for drivers that
 // run one statement per call (MySQL without multiStatements).
@@ -161,7 +191,16 @@ func migrations(d Dialect, table Table) ([]Migration, error) {
 		if err := t.Execute(&b, templateData{Table: table.Qualified, Qualified: table.Qualified, Name: table.Name}); err != nil {
 			return nil, err
 		}
-		out = append(out, Migration{Version: v, Name: e.Name(), SQL: b.String()})
+		m := Migration{Version: v, Name: e.Name(), SQL: b.String()}
+		for _, l := range strings.Split(m.SQL, "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0]+" "+f[1] == noTransaction {
+				m.NoTransaction = true
+				if len(f) == 4 && f[2] == "unless-small" {
+					m.SmallTable = f[3]
+				}
+			}
+		}
+		out = append(out, m)
 	}
 	return out, nil
 }

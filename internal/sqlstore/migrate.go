@@ -24,12 +24,28 @@ type MigrationTable struct {
 // migs whose version it does not record, statement by statement, recording
 // each. Errors name the step that failed.
 func Apply(ctx context.Context, db Querier, migs []sqlschema.Migration, mt MigrationTable) error {
+	todo, err := Pending(ctx, db, migs, mt)
+	if err != nil {
+		return err
+	}
+	for _, m := range todo {
+		if err := Run(ctx, db, db, m, mt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Pending creates the migrations table if it does not exist and returns
+// the migrations of migs whose version it does not record, in the order
+// of migs.
+func Pending(ctx context.Context, db Querier, migs []sqlschema.Migration, mt MigrationTable) ([]sqlschema.Migration, error) {
 	if _, err := db.Exec(ctx, mt.Create); err != nil {
-		return fmt.Errorf("create %s: %w", mt.Name, err)
+		return nil, fmt.Errorf("create %s: %w", mt.Name, err)
 	}
 	rows, err := db.Query(ctx, `SELECT version FROM `+mt.Name)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", mt.Name, err)
+		return nil, fmt.Errorf("read %s: %w", mt.Name, err)
 	}
 	done := map[int64]bool{}
 	err = ForEach(rows, func(r Row) error {
@@ -39,20 +55,29 @@ func Apply(ctx context.Context, db Querier, migs []sqlschema.Migration, mt Migra
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("read %s: %w", mt.Name, err)
+		return nil, fmt.Errorf("read %s: %w", mt.Name, err)
 	}
+	var todo []sqlschema.Migration
 	for _, m := range migs {
-		if done[int64(m.Version)] {
-			continue
+		if !done[int64(m.Version)] {
+			todo = append(todo, m)
 		}
-		for _, st := range m.Statements() {
-			if _, err := db.Exec(ctx, st); err != nil {
-				return fmt.Errorf("migration %s: %w", m.Name, err)
-			}
+	}
+	return todo, nil
+}
+
+// Run runs m's statements on db, one by one, then records its version on
+// rec (db itself, or, for a NoTransaction migration run outside any
+// transaction, the transaction holding the migration lock). Errors name
+// the step that failed.
+func Run(ctx context.Context, db, rec Querier, m sqlschema.Migration, mt MigrationTable) error {
+	for _, st := range m.Statements() {
+		if _, err := db.Exec(ctx, st); err != nil {
+			return fmt.Errorf("migration %s: %w", m.Name, err)
 		}
-		if _, err := db.Exec(ctx, mt.Record, m.Version); err != nil {
-			return fmt.Errorf("record migration %s: %w", m.Name, err)
-		}
+	}
+	if _, err := rec.Exec(ctx, mt.Record, m.Version); err != nil {
+		return fmt.Errorf("record migration %s: %w", m.Name, err)
 	}
 	return nil
 }

@@ -63,10 +63,13 @@ type OutboxDialect struct {
 	SkipLocked string
 	// KeyPending is the condition "row p is pending" in the claim's order
 	// check (is there an earlier pending row of the same destination and
-	// key?), written to match the predicate of the dialect's index on
-	// (destination, order_key, seq) and only that index. Empty means
-	// "p.sent_at IS NULL AND p.failed_at IS NULL". PostgreSQL's is
-	// "COALESCE(p.sent_at, p.failed_at) IS NULL": its planner may use a
+	// key as row o?), with whatever else lets the dialect's key index
+	// serve the check (PostgreSQL's, since migration 011, holds a hash of
+	// the key), written to match that index's predicate and only that
+	// index's. Empty means
+	// "p.sent_at IS NULL AND p.failed_at IS NULL". PostgreSQL's pending
+	// condition is spelled "COALESCE(p.sent_at, p.failed_at) IS NULL":
+	// its planner may use a
 	// partial index only when the query implies the index's predicate,
 	// and this spelling does not imply that of the pending-rows index on
 	// seq, which would otherwise serve the check as a walk through every
@@ -578,6 +581,9 @@ func EncodeHeaders(h map[string]string) (string, error) {
 // written it: a JSON object whose string values are taken as they are and
 // other values as their JSON text. Anything else is no headers.
 func DecodeHeaders(s string) map[string]string {
+	if s == "{}" {
+		return nil // what most rows hold, without a JSON decoder's allocations
+	}
 	var raw map[string]json.RawMessage
 	if json.Unmarshal([]byte(s), &raw) != nil || len(raw) == 0 {
 		return nil

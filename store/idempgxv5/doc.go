@@ -293,8 +293,9 @@
 //     simple_protocol modes.
 //   - Session state. Nothing the Store relies on outlives a transaction:
 //     the claim's lock timeout is set with set_config(..., true) (local to
-//     the transaction), the migration lock is pg_advisory_xact_lock in the
-//     migration's transaction, and the purge lock is
+//     the transaction), the migration lock is pg_try_advisory_xact_lock
+//     held by a transaction of its own (see Store.Migrate), and the purge
+//     lock is
 //     pg_try_advisory_xact_lock held by a transaction that spans the purge
 //     (a session lock would stay on whichever server connection took it,
 //     and its unlock would run on another). That transaction writes

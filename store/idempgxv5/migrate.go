@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Migrate implements [idemdriver.Migrator]: it applies the PostgreSQL
@@ -20,16 +23,24 @@ import (
 // the server time of a claim; 010 the outbox's byte-length checks moved
 // to the domains Table + "_outbox_id" and Table + "_outbox_str", whose
 // checks are compiled once per connection, for the programs in other
-// languages that write its rows) that the table has not had yet, in one transaction, and
-// records each version with the server's time in Table + "_migrations"
-// (version int primary key, applied_at timestamptz).
+// languages that write its rows; 011 the order check's index on a hash of
+// the ordering key, built concurrently on an outbox of 10,000 rows or
+// more) that the table has not had yet, and records each version with the
+// server's time in Table + "_migrations" (version int primary key,
+// applied_at timestamptz).
 //
-// The transaction first takes a transaction-level advisory lock
-// (pg_advisory_xact_lock) whose key derives from the table name (the same
-// key as store/idemsql's), so processes migrating the same table at once
-// run one after the other; the later ones find nothing left to do. Migrate
-// is idempotent. It needs the privilege to create tables and indexes in
-// the table's schema.
+// A transaction holding a transaction-level advisory lock
+// (pg_try_advisory_xact_lock, tried again until held; the key derives
+// from the table name, the same key as store/idemsql's) serialises
+// processes migrating the same table; the later ones find nothing left to
+// do, and runs the migrations, except one that builds an index
+// concurrently (011 on an outbox of 10,000 rows or more): its statements
+// run each on its own while another transaction holding the lock idles,
+// so that one needs a pool of two connections or more (a pool of one
+// gets an error matching idemdriver.ErrInvalidConfig). DDL is transactional: a failed migration
+// leaves nothing behind, and those before it stay applied. Migrate is
+// idempotent. It needs the privilege to create tables and indexes in the
+// table's schema. See internal/pgsql's Queries.Migrate.
 //
 // With Config.Partitions the table is created partitioned (migrations 001
 // and 002 of the partitioned layout: the partitioned table, Table +
@@ -49,11 +60,40 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempgxv5: migrations: %w", err)
 	}
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		return s.q.Migrate(ctx, querier{tx}, migs)
-	})
-	if err != nil {
+	begin := func(ctx context.Context) (sqlstore.Tx, error) {
+		tx, err := s.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return pgxTx{querier{tx}, tx}, nil
+	}
+	if err := s.q.Migrate(ctx, begin, twoConns{querier{s.pool}, s.pool}, migs); err != nil {
 		return fmt.Errorf("idempgxv5: %w", err)
 	}
 	return s.EnsurePartitions(ctx)
+}
+
+// pgxTx is a pgx.Tx as an sqlstore.Tx.
+type pgxTx struct {
+	querier
+	tx pgx.Tx
+}
+
+func (t pgxTx) Commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) Rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+// twoConns runs the statements of a migration outside any transaction
+// (internal/pgsql's Migrate) while another connection of pool holds the
+// migration lock: with a pool of one connection it would wait for
+// itself, so it refuses.
+type twoConns struct {
+	querier
+	pool *pgxpool.Pool
+}
+
+func (c twoConns) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if c.pool.Config().MaxConns < 2 {
+		return 0, fmt.Errorf("%w: a migration that builds an index concurrently needs a pool of two connections or more", idemdriver.ErrInvalidConfig)
+	}
+	return c.querier.Exec(ctx, query, args...)
 }

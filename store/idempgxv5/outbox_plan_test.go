@@ -36,7 +36,7 @@ func TestOutboxClaimOrderCheckPlan(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `ANALYZE `+outbox); err != nil {
 		t.Fatal(err)
 	}
-	keyIndex, pendIndex := b.table+"_outbox_key_pending", b.table+"_outbox_pend"
+	keyIndex, pendIndex := b.table+"_outbox_khash", b.table+"_outbox_pend"
 	sub, pendScans, raw := claimPlan(t, b.pool, b)
 	if sub.IndexName != keyIndex {
 		t.Errorf("the order check runs as a %s on %q, want a scan of %s: %s", sub.NodeType, sub.IndexName, keyIndex, raw)

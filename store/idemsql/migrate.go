@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
@@ -17,10 +18,13 @@ import (
 // from several processes at once; each takes a lock first and the later
 // ones find nothing left to do:
 //
-//   - PostgreSQL: store/idempgxv5's: one transaction holding
-//     pg_advisory_xact_lock (the key derives from the table name, the same
-//     in both stores, so they exclude each other). DDL is transactional: a
-//     failed migration leaves nothing behind.
+//   - PostgreSQL: store/idempgxv5's: a transaction holding
+//     pg_try_advisory_xact_lock (the key derives from the table name, the
+//     same in both stores, so they exclude each other), the migrations in
+//     it; an index built concurrently (011 on an outbox of 10,000 rows or
+//     more) is built outside any transaction while another one holds the
+//     lock, so that one needs two open connections or more. DDL is transactional: a failed migration
+//     leaves nothing behind.
 //   - MySQL: GET_LOCK on one connection (the lock name derives from the
 //     database and table names), released with RELEASE_LOCK. MySQL commits
 //     DDL implicitly, so each statement stands alone; the migrations are
@@ -48,18 +52,33 @@ func (s *Store) Migrate(ctx context.Context) error {
 }
 
 func (s *Store) migratePostgres(ctx context.Context, migs []sqlschema.Migration) error {
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("idemsql: migrate: %w", err)
+	begin := func(ctx context.Context) (sqlstore.Tx, error) {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		return sqlTx{querier{tx}, tx}, nil
 	}
-	defer tx.Rollback()
-	if err := s.pg.Migrate(ctx, querier{tx}, migs); err != nil {
+	if err := s.pg.Migrate(ctx, begin, twoConns{querier{s.db}, s.db}, migs); err != nil {
 		return fmt.Errorf("idemsql: %w", err)
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("idemsql: migrate commit: %w", err)
-	}
 	return nil
+}
+
+// twoConns runs the statements of a migration outside any transaction
+// (internal/pgsql's Migrate) while another connection of db holds the
+// migration lock: with at most one open connection it would wait for
+// itself, so it refuses.
+type twoConns struct {
+	querier
+	db *sql.DB
+}
+
+func (c twoConns) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	if c.db.Stats().MaxOpenConnections == 1 {
+		return 0, fmt.Errorf("%w: a migration that builds an index concurrently needs two connections (SetMaxOpenConns(1))", idemdriver.ErrInvalidConfig)
+	}
+	return c.querier.Exec(ctx, query, args...)
 }
 
 // mysqlLockName is a GET_LOCK name, unique per server: lock names are
