@@ -62,16 +62,25 @@ func awaitSettled(t *testing.T, svc *pyService, n int) {
 // the second works: the stopped one, fenced, must not call the service
 // for a message the second took over, and nothing is lost.
 func TestSidecarStoppedNotDoubled(t *testing.T) {
-	for _, st := range []string{"sqlite", "redis"} {
-		t.Run(st, func(t *testing.T) { testSidecarStopped(t, st) })
+	// Not on SQLite: a sidecar stopped inside a write transaction keeps
+	// the file's write lock, and the other waits for its return.
+	for _, tc := range []struct{ broker, store string }{{"nats", "redis"}, {"redis", "redis"}} {
+		t.Run(tc.broker+"-"+tc.store, func(t *testing.T) { testSidecarStopped(t, tc.broker, tc.store) })
 	}
 }
 
-func testSidecarStopped(t *testing.T, st string) {
+func testSidecarStopped(t *testing.T, broker, st string) {
 	const n = 400
 	dir := t.TempDir()
 	brokerURL := testenv.URL(t, testenv.NATSEnv, "nats://127.0.0.1:4222")
-	from := "sidecar." + uniq() + ".in"
+	from, dead := "sidecar."+uniq()+".in", ""
+	if broker == "redis" {
+		brokerURL = testenv.URL(t, testenv.RedisEnv, "redis://127.0.0.1:6379/0")
+		from = "idem-sidecar:" + uniq()
+		dead = from + "-dead"
+	} else {
+		dead = from + ".dead"
+	}
 	store := filepath.Join(dir, "main.db")
 	svc := startPyService(t, dir, store, "main", 1000)
 	runIdem(t, "publish", "--broker", brokerURL, "--to", from, "--count", fmt.Sprint(n), "--concurrency", "16")
@@ -82,7 +91,7 @@ func testSidecarStopped(t *testing.T, st string) {
 	}
 	args := []string{"--broker", brokerURL, "--from", from, "--to", svc.url + "/in", "--store", storeURL,
 		"--consumer", "main-" + uniq(), "--group", "main", "--concurrency", "8", "--retry-base", "100ms"}
-	reader := startSidecar(t, filepath.Join(dir, "dead.log"), "--broker", brokerURL, "--from", from+".dead",
+	reader := startSidecar(t, filepath.Join(dir, "dead.log"), "--broker", brokerURL, "--from", dead,
 		"--to", svc.url+"/dead", "--store", "sqlite:"+filepath.Join(dir, "dead.db"), "--consumer", "dead-reader", "--group", "dead-reader")
 	logA, logB := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")
 	t.Cleanup(func() {
