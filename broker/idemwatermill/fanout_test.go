@@ -144,3 +144,30 @@ func TestCancelledBeforeClaim(t *testing.T) {
 		t.Fatalf("redelivery: %v, charged %d; want nil and 1", err, charged)
 	}
 }
+
+// A lease-mode handler that panics is Failed (idem.ErrHandlerPanic) and
+// nacked, not dead-lettered; its lease is released, so the redelivery
+// runs the handler again at once and is acknowledged.
+func TestLeaseHandlerPanic(t *testing.T) {
+	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "charges", Lease: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lc.Close() })
+	var calls int
+	mw, err := idemwatermill.Lease(lc, idemwatermill.Config{RetryDelay: time.Nanosecond})
+	h := wrap(t, mw, err, func(msg *message.Message) ([]*message.Message, error) {
+		calls++
+		if calls == 1 {
+			panic("boom")
+		}
+		return nil, nil
+	})
+	_, err = h(message.NewMessage("pay-1", nil))
+	if !errors.Is(err, idem.ErrHandlerPanic) || idemwatermill.ShouldDeadLetter(err) {
+		t.Fatalf("got %v; want a redeliver error matching ErrHandlerPanic", err)
+	}
+	if _, err := h(message.NewMessage("pay-1", nil)); err != nil || calls != 2 {
+		t.Fatalf("redelivery: %v after %d calls; want nil after 2 (the panicking attempt's lease released)", err, calls)
+	}
+}
