@@ -140,6 +140,10 @@ func Cause(err, id string) string {
 // groups of the dead-letters page count.
 const DefaultDeadLetterScan = 1000
 
+// MaxDeadLetterScan is the largest scan ReadDeadLetters accepts: each
+// dead letter scanned is read whole, payload included.
+const MaxDeadLetterScan = 10_000
+
 // DeadLetterGroup is the dead letters of one cause: a reason and an
 // error text with the message ID left out (Cause).
 type DeadLetterGroup struct {
@@ -191,7 +195,8 @@ func NewDeadLetterView(dl DeadLetter, showPayloads bool) DeadLetterView {
 
 // ReadDeadLetters reads the groups of the newest scan dead letters of
 // dest and a page of at most limit from cursor. Errors match ErrNoBroker
-// (dls is nil), ErrNoDeadLetters, or the broker's.
+// (dls is nil), ErrBadAction (no dest, a scan above MaxDeadLetterScan),
+// ErrNoDeadLetters, or the broker's.
 func ReadDeadLetters(ctx context.Context, dls DeadLetters, dest, consumer, cursor string, limit, scan int, showPayloads bool) (DeadLettersView, error) {
 	if dls == nil {
 		return DeadLettersView{}, ErrNoBroker
@@ -202,8 +207,11 @@ func ReadDeadLetters(ctx context.Context, dls DeadLetters, dest, consumer, curso
 	if limit <= 0 || limit > 500 {
 		limit = 50
 	}
-	if scan <= 0 {
+	switch {
+	case scan <= 0:
 		scan = DefaultDeadLetterScan
+	case scan > MaxDeadLetterScan:
+		return DeadLettersView{}, fmt.Errorf("%w: scan %d, want at most %d", ErrBadAction, scan, MaxDeadLetterScan)
 	}
 	v := DeadLettersView{Destination: dest, Consumer: consumer, Broker: dls.Where(), Groups: []DeadLetterGroup{}, Letters: []DeadLetterView{}}
 	newest, _, err := dls.Newest(ctx, dest, "", scan)

@@ -163,7 +163,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this console answers requests addressed to localhost or a loopback address only (set --token to serve other names)", http.StatusMisdirectedRequest)
 		return
 	}
-	if s.cfg.Token != "" && !s.authorized(r) && r.URL.Path != "/login" && r.URL.Path != "/static/console.css" {
+	if ok, answered := s.authorized(w, r); !ok {
+		if answered {
+			return
+		}
 		if wantsJSON(r) {
 			s.jsonError(w, http.StatusUnauthorized, "a token is required: Authorization: Bearer TOKEN")
 			return
@@ -190,12 +193,33 @@ func loopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func (s *Server) authorized(r *http.Request) bool {
+// authorized reports whether r carries the token in an Authorization:
+// Bearer header, or a live session cookie. A bearer token is a sign-in:
+// a wrong one counts against the client's sign-in limit, and a client
+// over the limit is answered 429 with a Retry-After here, without the
+// token being compared (answered).
+func (s *Server) authorized(w http.ResponseWriter, r *http.Request) (ok, answered bool) {
+	if s.cfg.Token == "" || r.URL.Path == "/login" || r.URL.Path == "/static/console.css" {
+		return true, false
+	}
 	if a := r.Header.Get("Authorization"); len(a) > 7 && a[:7] == "Bearer " {
-		return subtle.ConstantTimeCompare([]byte(a[7:]), []byte(s.cfg.Token)) == 1
+		client, now := clientOf(r), s.cfg.Now()
+		if d := s.signIns.wait(client, now); d > 0 {
+			secs := int(d.Seconds()) + 1
+			s.cfg.Logger.Warn("console bearer token refused: too many failures", "remote", r.RemoteAddr, "retry_after_s", secs, "at", now.UTC())
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			s.jsonError(w, http.StatusTooManyRequests, fmt.Sprintf("too many failed sign-ins from this address: try again in %s", time.Duration(secs)*time.Second))
+			return false, true
+		}
+		if subtle.ConstantTimeCompare([]byte(a[7:]), []byte(s.cfg.Token)) == 1 {
+			return true, false
+		}
+		s.signIns.fail(client, now)
+		s.cfg.Logger.Warn("console bearer token wrong", "remote", r.RemoteAddr, "at", now.UTC())
+		return false, false
 	}
 	c, err := r.Cookie("idem_session")
-	return err == nil && s.sessionOK(c.Value)
+	return err == nil && s.sessionOK(c.Value), false
 }
 
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {

@@ -190,7 +190,7 @@ next page's cursor is printed last (JSON: "next").`,
 	f.BoolVar(&outbox, "outbox", false, "list the outbox rows failed for good, grouped by error")
 	f.StringVar(&errText, "error", "", "with --outbox: only the rows with this error text")
 	f.IntVar(&limit, "limit", idemdriver.DefaultPageSize, "most items on the page (1 to 500)")
-	f.IntVar(&scan, "scan", 0, "most records a page examines (default 10000); with --dead-letter, how many of the newest the groups count (default 1000)")
+	f.IntVar(&scan, "scan", 0, "most records a page examines (default 10000); with --dead-letter, how many of the newest the groups count (default 1000, at most 10000)")
 	f.StringVar(&cursor, "cursor", "", "the cursor a previous page printed")
 	f.BoolVar(&asJSON, "json", false, "print JSON")
 	f.BoolVar(&showPayload, "show-payloads", false, "with --outbox or --dead-letter: print the payloads and headers")
