@@ -161,7 +161,10 @@ time is all that delays XAUTOCLAIM), so a longer backoff (--retry-max) or
 Retry-After is cut to it there: raise --ack-wait for a service that asks for
 longer pauses; elsewhere a longer --ack-wait only delays the return of a dead
 sidecar's messages. Fencing still holds: a sidecar that was only stalled,
-not dead, cannot record a result once its lease was taken over.
+not dead, cannot record a result once its lease was taken over. On a SQLite
+store, one file shared by sidecars on one machine, a sidecar that is frozen
+(SIGSTOP, a paused container) while it writes holds the file's write lock:
+the others can write nothing until it resumes or dies.
 
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
