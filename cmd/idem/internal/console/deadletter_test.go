@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
@@ -302,16 +301,8 @@ func TestJetStreamDeadLettersReplayedOnce(t *testing.T) {
 // Redis Streams' dead letters with a PostgreSQL store.
 func TestRedisStreamsDeadLettersReplayedOnce(t *testing.T) {
 	store, _, _ := pgStore(t)
-	opts, err := redis.ParseURL(testenv.URL(t, "IDEM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb, src, dest := redisStreams(t)
 	ctx := t.Context()
-	sfx := suffix()
-	src, dest := "console:"+sfx+":pay", "console:"+sfx+":dead"
-	t.Cleanup(func() { rdb.Del(context.Background(), src, dest) })
 	prod := idemredisstream.NewProducer(rdb, idemredisstream.ProducerConfig{})
 	replayOnce(t, store, store, brokerCase{
 		dls: deadletter.NewRedisStreams(rdb, "Redis"), dest: dest,

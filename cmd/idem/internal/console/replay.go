@@ -18,9 +18,13 @@ import (
 //     invalid-message-id): its copy would be dead-lettered again.
 //  2. It reads the record of the message ID under a.Consumer. A completed
 //     record is refused (processed already: by an earlier replay or a
-//     redelivery). A record in progress is refused: an earlier replay or
-//     retry made it retryable and its delivery is awaited, or an attempt
-//     holds it; with a.Force, one without a live lease is replayed
+//     redelivery), and so is one whose dead letter has reason permanent or
+//     outcome-unknown, with ErrRecordedOutcome: its consumer completed
+//     the record with that outcome (idem consume does), and a copy would
+//     be dead-lettered again without running. A record in progress is
+//     refused: an earlier replay or retry made it retryable and its
+//     delivery is awaited, or an attempt holds it; with a.Force, one
+//     without a live lease is replayed
 //     anyway (a retry made without a publish, or a replay the broker
 //     dropped). No record at all (a message dead-lettered before it had
 //     one) is replayed as a new message.
@@ -72,6 +76,12 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	case errors.Is(err, idemdriver.ErrNotFound):
 	case err != nil:
 		return ActionView{}, err
+	case rec.State == idemdriver.StateCompleted && (dl.Reason == idem.ReasonPermanent || dl.Reason == idem.ReasonOutcomeUnknown):
+		v, err := refuse("message %q of consumer %q is completed, and its dead letter's reason is %q: its consumer recorded that outcome as the record's result "+
+			"(idem consume does so for a service's final 4xx or 3xx answer and for an unknown outcome), so a copy would be dead-lettered again without a call; "+
+			"replay does not reopen a completed record: to run it again, publish it under a new message ID, or replay it after retention has purged its record",
+			dl.MessageID, a.Consumer, dl.Reason)
+		return v, fmt.Errorf("%w (%w)", err, ErrRecordedOutcome)
 	case rec.State == idemdriver.StateCompleted:
 		return refuse("message %q of consumer %q is completed: it was processed (replayed before, or redelivered), or its outcome was recorded as it was dead-lettered "+
 			"(idem consume records a service's final 4xx answer and an unknown outcome); a copy would be settled as that record says, without running again", dl.MessageID, a.Consumer)
