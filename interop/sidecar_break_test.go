@@ -70,7 +70,7 @@ func TestSidecarStoppedNotDoubled(t *testing.T) {
 }
 
 func testSidecarStopped(t *testing.T, broker, st string) {
-	const n = 400
+	const n = 240
 	dir := t.TempDir()
 	brokerURL := testenv.URL(t, testenv.NATSEnv, "nats://127.0.0.1:4222")
 	from, dead := "sidecar."+uniq()+".in", ""
@@ -145,18 +145,22 @@ func TestSidecarStoreStall(t *testing.T) {
 		stall   time.Duration
 		delayMS int
 		hold    string
+		n       int // messages; 200 when 0
 		// blackHole stalls the connections open at the stall for good
 		// (faultproxy.Stall) instead of slowing every answer.
 		blackHole bool
 	}{
-		{"stall-1.5s", 1500 * time.Millisecond, 200, "16", false},
-		{"stall-5s", 5 * time.Second, 200, "16", false},
-		{"slow-service-stall-1.5s", 1500 * time.Millisecond, 4000, "16", false},
-		{"hold-256-stall-5s", 5 * time.Second, 200, "256", false},
-		{"black-hole", 0, 200, "16", true},
+		{"stall-1.5s", 1500 * time.Millisecond, 200, "16", 0, false},
+		{"stall-5s", 5 * time.Second, 200, "16", 0, false},
+		{"slow-service-stall-1.5s", 1500 * time.Millisecond, 4000, "16", 64, false},
+		{"hold-256-stall-5s", 5 * time.Second, 200, "256", 0, false},
+		{"black-hole", 0, 200, "16", 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			const n = 200
+			n := tc.n
+			if n == 0 {
+				n = 200
+			}
 			dir := t.TempDir()
 			brokerURL := testenv.URL(t, testenv.NATSEnv, "nats://127.0.0.1:4222")
 			proxy, storeURL := faultproxy.URL(t, testenv.URL(t, testenv.RedisEnv, "redis://127.0.0.1:6379/0"))
