@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idemredis"
 )
 
@@ -88,6 +90,24 @@ func TestOperateRedis(t *testing.T) {
 	}
 	if code, _, stderr = cmd("inspect", "--id", "pay-2"); code != 1 || !strings.Contains(stderr, `no record of message "pay-2"`) {
 		t.Errorf("inspect of a missing record: exit %d, %q", code, stderr)
+	}
+
+	// A stuck lease: release without --token names the holder's token
+	// (read with Inspect); with it, the lease ends once.
+	held, err := st.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "payments", MessageID: "pay-9", Fingerprint: []byte("f"), Lease: time.Hour})
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire(pay-9): %+v, %v", held, err)
+	}
+	tok := strconv.FormatInt(held.Token, 10)
+	if code, stdout, stderr = cmd("release", "--id", "pay-9"); code != 2 || !strings.Contains(stderr, "--token "+tok) {
+		t.Errorf("release without --token: exit %d, %q %q, want the token %s named", code, stdout, stderr, tok)
+	}
+	for i, want := range []bool{true, false} {
+		var v console.ActionView
+		code, stdout, stderr = cmd("release", "--id", "pay-9", "--token", tok, "--json")
+		if code != 0 || json.Unmarshal([]byte(stdout), &v) != nil || v.Changed != want {
+			t.Errorf("release %d: exit %d, %q %q, want changed %v", i+1, code, stdout, stderr, want)
+		}
 	}
 
 	// The console over the store the commands open: fail pay-3 for good.
