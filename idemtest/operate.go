@@ -21,7 +21,8 @@ import (
 // record made retryable is processed by the next delivery as attempt 1
 // of a LeaseConsumer whose MaxAttempts it had reached, and that a
 // released holder can no longer write. It also runs the cases of
-// [idemdriver.ConsumerLister] and [idemdriver.StepReader], each skipped
+// [idemdriver.ConsumerLister], [idemdriver.StepReader] and
+// [idemdriver.Inspector]'s Inspect, each skipped
 // on a store that does not implement it.
 func RunOperate(t *testing.T, h LeaseHarness) {
 	t.Helper()
@@ -37,6 +38,7 @@ func RunOperate(t *testing.T, h LeaseHarness) {
 		{"BadInput", testOperateBadInput},
 		{"Consumers", testOperateConsumers},
 		{"Steps", testOperateSteps},
+		{"Inspect", testOperateInspect},
 		{"ConcurrentActions", testOperateConcurrent},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -167,6 +167,15 @@
 // record that is never redelivered stays until it is deleted by hand, as
 // on every idem store.
 //
+// # Operators
+//
+// For the idem command's operator commands and console (--store
+// redis://...), the store is an [idemdriver.Inspector] ([Store.Inspect]
+// reads one record; [Store.Stats] is [idemdriver.ErrUnsupported]: there
+// is no index of the consumers), an [idemdriver.Operator] (the failed
+// records are listed from the retention index; the records in progress,
+// which no index holds, are not) and an [idemdriver.StepReader].
+//
 // # Running Redis for idem
 //
 // A deleted record is a message processed again, so:

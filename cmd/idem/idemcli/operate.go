@@ -18,7 +18,7 @@ import (
 )
 
 // The operator commands (failed, retry, release, replay, console) live in
-// internal/operate; this registers them over the SQL stores and the
+// internal/operate; this registers them over the SQL and Redis stores and the
 // brokers' dead letters.
 func init() {
 	for i := range operate.Commands(openOperated, openDeadLetters, nil) {
@@ -28,8 +28,20 @@ func init() {
 	}
 }
 
-// openOperated opens a SQL store for the operator commands.
-func openOperated(ctx context.Context, storeURL, table string) (operate.Opened, error) {
+// openOperated opens the store for the operator commands: a SQL store
+// whose table exists, or the Redis store under redisPrefix (a --table
+// there is a usage error: Redis has key prefixes, not tables).
+func openOperated(ctx context.Context, storeURL, table, redisPrefix string) (operate.Opened, error) {
+	if isRedisURL(storeURL) {
+		if table != "" {
+			return operate.Opened{}, usageError{fmt.Errorf("%w: --table names a SQL table; a Redis store's keys are under --redis-prefix", errBadURL)}
+		}
+		rs, err := openRedisStore(ctx, storeURL, redisPrefix)
+		if err != nil {
+			return operate.Opened{}, err
+		}
+		return operate.Opened{Store: rs.store, Where: rs.where, Close: rs.client.Close}, nil
+	}
 	st, err := (&storeFlags{store: storeURL, table: table}).openExisting(ctx)
 	if err != nil {
 		return operate.Opened{}, err

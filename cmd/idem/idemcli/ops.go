@@ -165,10 +165,11 @@ consumer need not be running. A second purge deletes nothing and says so.`,
 
 func newInspectCmd() *cobra.Command {
 	var (
-		sf       storeFlags
-		consumer string
-		id       string
-		asJSON   bool
+		sf          storeFlags
+		consumer    string
+		id          string
+		redisPrefix string
+		asJSON      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "inspect",
@@ -184,14 +185,14 @@ func newInspectCmd() *cobra.Command {
 			if consumer == "" || id == "" {
 				return usageError{errors.New("--consumer and --id are required")}
 			}
-			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
+			st, err := openOperated(cmd.Context(), sf.store, sf.table, redisPrefix)
 			if err != nil {
 				return err
 			}
-			defer st.db.Close()
-			rec, err := st.store.Inspect(cmd.Context(), consumer, id)
+			defer st.Close()
+			rec, err := st.Store.Inspect(cmd.Context(), consumer, id)
 			if errors.Is(err, idemdriver.ErrNotFound) {
-				if kerr := console.KnownConsumer(cmd.Context(), st.store, consumer); kerr != nil {
+				if kerr := console.KnownConsumer(cmd.Context(), st.Store, consumer); kerr != nil {
 					return kerr
 				}
 				return fmt.Errorf("no record of message %q for consumer %q", id, consumer)
@@ -222,6 +223,7 @@ func newInspectCmd() *cobra.Command {
 	sf.add(cmd)
 	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
 	cmd.Flags().StringVar(&id, "id", "", "message ID (required)")
+	cmd.Flags().StringVar(&redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store (--store redis://...)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the record as JSON")
 	return cmd
 }

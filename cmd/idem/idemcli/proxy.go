@@ -12,14 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
-	"github.com/idem-go/idem/store/idemredis"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -204,26 +202,13 @@ type proxyStore struct {
 // lease batches go in one round trip (database/sql cannot pipeline).
 func openProxyStore(ctx context.Context, rawURL, table, redisPrefix string, migrate, pgx bool) (_ *proxyStore, err error) {
 	defer func() { err = secret.Error(err, rawURL) }()
-	scheme, _, _ := strings.Cut(rawURL, ":")
-	if s := strings.ToLower(scheme); s == "redis" || s == "rediss" {
-		opts, err := redis.ParseURL(rawURL)
+	if isRedisURL(rawURL) {
+		rs, err := openRedisStore(ctx, rawURL, redisPrefix)
 		if err != nil {
-			return nil, fmt.Errorf("%w: store %q: %v", errBadURL, redact(rawURL), err)
-		}
-		client := redis.NewClient(opts)
-		where := "redis at " + opts.Addr
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if err := client.Ping(pctx).Err(); err != nil {
-			client.Close()
-			return nil, fmt.Errorf("cannot reach %s: %w", where, err)
-		}
-		st, err := idemredis.New(client, &idemredis.Config{Prefix: redisPrefix})
-		if err != nil {
-			client.Close()
 			return nil, err
 		}
-		return &proxyStore{store: st, where: where, close: client.Close,
+		client := rs.client
+		return &proxyStore{store: rs.store, where: rs.where, close: client.Close,
 			ping: func(ctx context.Context) error { return secret.Error(client.Ping(ctx).Err(), rawURL) }}, nil
 	}
 	st, err := openSQLStore(ctx, rawURL, table)

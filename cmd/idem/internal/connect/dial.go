@@ -58,13 +58,24 @@ func Kafka(ctx context.Context, seeds []string) (*kgo.Client, error) {
 	return cl, nil
 }
 
-// Redis returns a client of the Redis at url once it answers a ping,
-// within 10 seconds. Its errors carry no password (secret.Error).
-func Redis(ctx context.Context, url string) (_ *redis.Client, _ *redis.Options, err error) {
+// Redis returns a client of the broker Redis at url once it answers a
+// ping, within 10 seconds. Its errors carry no password (secret.Error);
+// a URL go-redis cannot parse is ErrBadURL.
+func Redis(ctx context.Context, url string) (*redis.Client, *redis.Options, error) {
+	return dialRedis(ctx, url, "broker")
+}
+
+// RedisStore is Redis for the URL of a Redis store (redis://, or
+// rediss:// for TLS); its errors name a store.
+func RedisStore(ctx context.Context, url string) (*redis.Client, *redis.Options, error) {
+	return dialRedis(ctx, url, "store")
+}
+
+func dialRedis(ctx context.Context, url, what string) (_ *redis.Client, _ *redis.Options, err error) {
 	defer func() { err = secret.Error(err, url) }()
 	opts, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: broker %q: %v", ErrBadURL, secret.URL(url), err)
+		return nil, nil, fmt.Errorf("%w: %s %q: %v", ErrBadURL, what, secret.URL(url), err)
 	}
 	client := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -95,7 +95,7 @@ func OpenSQL(ctx context.Context, rawURL, table string) (st *SQLStore, err error
 			s.DB = sql.OpenDB(conn)
 		}
 	case "redis":
-		return nil, fmt.Errorf("%w: store %q: this command works on the SQL stores (sqlite:, postgres://, mysql://); the Redis store (lease mode) is for demo and proxy", ErrBadURL, secret.URL(rawURL))
+		return nil, fmt.Errorf("%w: store %q: this command works on the SQL stores (sqlite:, postgres://, mysql://); the Redis store (lease mode) is for demo, proxy, consume, inspect and the operator commands (failed, retry, release, replay, console)", ErrBadURL, secret.URL(rawURL))
 	default:
 		return nil, fmt.Errorf("%w: store %q: unknown scheme %q (want sqlite:, postgres:// or mysql://; demo and proxy also take redis://)", ErrBadURL, secret.URL(rawURL), scheme)
 	}

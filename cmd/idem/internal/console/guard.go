@@ -190,12 +190,17 @@ func PublicError(err error, showPayloads bool) string {
 // and an error matching ErrUnknownConsumer that names the consumers it
 // holds otherwise. It lists the consumers with a skip scan of the index
 // when the store can (idemdriver.ConsumerLister), with Stats otherwise.
+// A store that cannot list its consumers (Stats fails with
+// idemdriver.ErrUnsupported, as idemredis's does) cannot tell: nil.
 func KnownConsumer(ctx context.Context, st Store, consumer string) error {
 	list := st.Stats
 	if cl, ok := st.(idemdriver.ConsumerLister); ok {
 		list = cl.Consumers
 	}
 	stats, err := list(ctx)
+	if errors.Is(err, idemdriver.ErrUnsupported) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

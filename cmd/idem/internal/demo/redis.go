@@ -4,7 +4,6 @@ package demo
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,18 +22,11 @@ const demoRedisPrefix = "idem-demo:"
 // client. fresh deletes what an earlier demo left there.
 func openRedisLease(ctx context.Context, rawURL string, fresh bool, hooks []idem.Hook) (_ *redisLease, _ string, err error) {
 	defer func() { err = secret.Error(err, rawURL) }()
-	opts, err := redis.ParseURL(rawURL)
+	client, opts, err := connect.RedisStore(ctx, rawURL)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: store %q: %v", connect.ErrBadURL, secret.URL(rawURL), err)
+		return nil, "", err
 	}
-	client := redis.NewClient(opts)
 	where := "redis at " + opts.Addr
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		client.Close()
-		return nil, "", fmt.Errorf("cannot reach %s: %w", where, err)
-	}
 	if fresh {
 		iter := client.Scan(ctx, 0, demoRedisPrefix+"*", 1000).Iterator()
 		for iter.Next(ctx) {

@@ -30,9 +30,10 @@ type Opened struct {
 	Close func() error
 }
 
-// Opener opens the store at storeURL with the processed-messages table
-// table ("" for the default). Its errors never hold a password.
-type Opener func(ctx context.Context, storeURL, table string) (Opened, error)
+// Opener opens the store at storeURL: a SQL store with the
+// processed-messages table table ("" for the default), or a Redis store
+// with the key prefix redisPrefix. Its errors never hold a password.
+type Opener func(ctx context.Context, storeURL, table, redisPrefix string) (Opened, error)
 
 // BrokerOpener connects to the broker at brokerURL for its dead letters;
 // the returned function closes the connection. Its errors never hold a
@@ -79,18 +80,19 @@ func (b *brokerFlags) open(ctx context.Context, openBroker BrokerOpener) (consol
 }
 
 // storeFlags are the flags of the store.
-type storeFlags struct{ store, table string }
+type storeFlags struct{ store, table, redisPrefix string }
 
 func (s *storeFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&s.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://... (required)")
-	cmd.Flags().StringVar(&s.table, "table", "", "processed-messages table (default idem_processed)")
+	cmd.Flags().StringVar(&s.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
+	cmd.Flags().StringVar(&s.table, "table", "", "processed-messages table of a SQL store (default idem_processed)")
+	cmd.Flags().StringVar(&s.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
 }
 
 func (s *storeFlags) open(ctx context.Context, open Opener) (Opened, error) {
 	if s.store == "" {
 		return Opened{}, UsageError{errors.New("--store is required (or IDEM_STORE)")}
 	}
-	return open(ctx, s.store, s.table)
+	return open(ctx, s.store, s.table, s.redisPrefix)
 }
 
 func newFailedCmd(open Opener, openBroker BrokerOpener, now func() time.Time) *cobra.Command {

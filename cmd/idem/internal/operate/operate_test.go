@@ -21,7 +21,7 @@ import (
 // run runs one operator command over store and returns its output.
 func run(t *testing.T, store *idem.MemoryStore, args ...string) (string, error) {
 	t.Helper()
-	open := func(context.Context, string, string) (operate.Opened, error) {
+	open := func(context.Context, string, string, string) (operate.Opened, error) {
 		return operate.Opened{Store: store, Where: "memory", Close: func() error { return nil }}, nil
 	}
 	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
