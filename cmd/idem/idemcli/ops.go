@@ -223,6 +223,7 @@ func newInspectCmd() *cobra.Command {
 	sf.add(cmd)
 	cmd.Flags().StringVar(&consumer, "consumer", "", "consumer name (required)")
 	cmd.Flags().StringVar(&id, "id", "", "message ID (required)")
+	cmd.Flags().Lookup("store").Usage = "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)"
 	cmd.Flags().StringVar(&redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store (--store redis://...)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the record as JSON")
 	return cmd
