@@ -491,7 +491,7 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 // Migrate applies the migrations of migs the table has not had, in
 // order. A transaction (begun by begin) takes the migration lock
 // (pg_try_advisory_xact_lock, key sqlstore.LockKey("migrate", table),
-// tried again until it holds it: see holdLock), so
+// tried again until it holds it: see migrateLock), so
 // processes migrating one table at once run one after the other and the
 // later ones find nothing to do, and runs the migrations, each recorded
 // in it, then commits: DDL is transactional, a failed migration leaves
