@@ -414,8 +414,10 @@ var ErrPurgeLockLost = errors.New("purge lock lost: the transaction holding it h
 // held, idle, for as long as the purge runs; the session's Close ends it
 // with a rollback, which releases the lock (as does the server when the
 // connection is lost, the purger having crashed). Nothing in that
-// transaction writes or keeps a snapshot, so it holds back neither vacuum
-// nor anyone's writes. A session lock would not do behind a pooler in
+// transaction writes, and it keeps no snapshot between its statements
+// (see holdLock: backend_xmin and backend_xid stay NULL while it idles),
+// so it holds back neither vacuum nor CREATE INDEX CONCURRENTLY nor
+// anyone's writes. A session lock would not do behind a pooler in
 // transaction mode (PgBouncer): the server connection that took it goes
 // back to the pooler's pool with the lock still held, and the unlock runs
 // on another one.
@@ -425,7 +427,7 @@ var ErrPurgeLockLost = errors.New("purge lock lost: the transaction holding it h
 // once. Before each batch the lock transaction is asked again for the
 // lock (re-entrant: true while it lives), so a batch never runs after the
 // lock was lost (ErrPurgeLockLost). The transaction's own
-// idle_in_transaction_session_timeout is PurgeLockIdle (see PurgeLock).
+// idle_in_transaction_session_timeout is LockIdle.
 // It returns
 // idemdriver.ErrPurgeInProgress when another transaction or session holds
 // the lock.
@@ -464,16 +466,15 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 		defer cancel()
 		return tx.Rollback(rctx)
 	}
-	var locked bool
-	if err := tx.QueryRow(ctx, PurgeLock, key).Scan(&locked); err != nil {
+	locked, err := holdLock(ctx, tx, key)
+	if err != nil {
 		return nil, errors.Join(fmt.Errorf("purge lock: %w", err), rollback(ctx))
 	}
 	if !locked {
 		return nil, errors.Join(idemdriver.ErrPurgeInProgress, rollback(ctx))
 	}
 	batch := func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
-		var held bool
-		if err := tx.QueryRow(ctx, TryXactLock, key).Scan(&held); err != nil || !held {
+		if held, err := holdLock(ctx, tx, key); err != nil || !held {
 			return 0, errors.Join(ErrPurgeLockLost, err)
 		}
 		return del(ctx, consumer, horizonUS, limit)
@@ -524,9 +525,28 @@ func (q *Queries) Migrate(ctx context.Context, begin func(context.Context) (sqls
 	}
 }
 
-// migrateIdle sets the migration lock's transaction's
-// idle_in_transaction_session_timeout, a statement that takes no snapshot.
-const migrateIdle = `SET LOCAL idle_in_transaction_session_timeout = '` + PurgeLockIdle + `'`
+// lockIdle sets a lock transaction's idle_in_transaction_session_timeout
+// to LockIdle, a statement that takes no snapshot.
+const lockIdle = `SET LOCAL idle_in_transaction_session_timeout = '` + LockIdle + `'`
+
+// holdLock asks tx for the transaction-scoped advisory lock of key
+// (TryXactLock) and reports whether tx holds it. When it does, it then
+// runs lockIdle: the lock's SELECT leaves its portal open, and with it
+// the SELECT's snapshot, until the transaction's next statement (the
+// extended protocol's unnamed portal), and lockIdle, a SET, replaces it
+// and keeps no snapshot once done. A transaction that idles holding a
+// lock thus keeps no snapshot (backend_xmin NULL), which vacuum and
+// CREATE INDEX CONCURRENTLY would otherwise wait for.
+func holdLock(ctx context.Context, tx sqlstore.Querier, key int64) (bool, error) {
+	var held bool
+	if err := tx.QueryRow(ctx, TryXactLock, key).Scan(&held); err != nil || !held {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, lockIdle); err != nil {
+		return false, err
+	}
+	return true, nil
+}
 
 // migrateLock begins a transaction holding the migration lock, whose
 // idle_in_transaction_session_timeout is an hour. It tries
@@ -545,16 +565,9 @@ func (q *Queries) migrateLock(ctx context.Context, begin func(context.Context) (
 		if err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
-		var held bool
-		err = tx.QueryRow(ctx, TryXactLock, key).Scan(&held)
+		held, err := holdLock(ctx, tx, key)
 		if err == nil && held {
-			// Last, a statement that takes no snapshot: it also ends the
-			// lock's SELECT, whose portal the extended protocol keeps
-			// until the next statement, and with it the SELECT's
-			// snapshot, which index builds would wait for.
-			if _, err = tx.Exec(ctx, migrateIdle); err == nil {
-				return tx, nil
-			}
+			return tx, nil
 		}
 		rctx, cancel := sqlstore.Detached(ctx)
 		rerr := tx.Rollback(rctx)
@@ -651,7 +664,7 @@ func (q *Queries) migrateConcurrently(ctx context.Context, begin func(context.Co
 	if done {
 		return nil
 	}
-	if _, err := lock.Exec(ctx, migrateIdle); err != nil { // ends the SELECT's snapshot: see migrateLock
+	if _, err := lock.Exec(ctx, lockIdle); err != nil { // ends the SELECT's snapshot: see holdLock
 		return fmt.Errorf("migration %s: %w", m.Name, err)
 	}
 	return sqlstore.Run(ctx, db, db, m, q.Migrations)

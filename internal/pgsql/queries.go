@@ -419,16 +419,13 @@ const (
 	// TryXactLock: key -> whether the transaction holds the lock, without
 	// waiting; true again when the transaction already holds it.
 	TryXactLock = `SELECT pg_try_advisory_xact_lock($1::bigint)`
-	// PurgeLock is TryXactLock for the transaction that holds a purge
-	// lock, which idles while the purge's statements run elsewhere: it
-	// also sets, for that transaction only, an
-	// idle_in_transaction_session_timeout of PurgeLockIdle, so that a
-	// shorter one (idem's command sets 30s) does not end it during a long
-	// count or batch, while a purger that hangs still loses its lock.
-	PurgeLock = `SELECT pg_try_advisory_xact_lock($1::bigint) FROM (SELECT set_config('idle_in_transaction_session_timeout', '` + PurgeLockIdle + `', true)) AS s`
-	// PurgeLockIdle is how long the purge lock's transaction may idle
-	// between two of its statements (one before each batch).
-	PurgeLockIdle = "1h"
+	// LockIdle is the idle_in_transaction_session_timeout of a
+	// transaction that holds a lock (the purge's, which idles while the
+	// purge's statements run elsewhere, and the migration's), set for
+	// that transaction only: a shorter one (idem's command sets 30s)
+	// does not end it during a long count, batch or index build, while a
+	// holder that hangs still loses its lock.
+	LockIdle = "1h"
 )
 
 // TextArray renders ss as a PostgreSQL array literal ('{"a","b"}'), sent
