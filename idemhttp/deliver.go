@@ -89,6 +89,8 @@ type ServiceAnswerError struct {
 	RetryAfter time.Duration
 }
 
+// Error returns "idemhttp: the service answered", the status code and its
+// text, then ": " and the start of the body when there is one.
 func (e *ServiceAnswerError) Error() string {
 	s := fmt.Sprintf("idemhttp: the service answered %d %s", e.Status, http.StatusText(e.Status))
 	if e.Body != "" {
