@@ -252,11 +252,20 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/consumers", http.StatusSeeOther)
 }
 
-// page serves /name as HTML and /api/name as JSON from one reader.
+// page serves /name as HTML and /api/name as JSON from one reader. The
+// HTML consumers page of a store that cannot list its consumers
+// (idemdriver.ErrUnsupported) is a form asking for a consumer's name,
+// status 200; its JSON stays 501.
 func (s *Server) page(name string, read func(r *http.Request) (any, error)) {
 	serve := func(asJSON bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			v, err := read(r)
+			if err != nil && !asJSON && name == "consumers" && errors.Is(err, idemdriver.ErrUnsupported) {
+				// A store that keeps no list of its consumers (idemredis):
+				// the page asks for the consumer's name instead.
+				s.render(w, r, "askconsumer", map[string]any{"Title": "consumers", "Reason": err.Error()})
+				return
+			}
 			if err != nil {
 				s.fail(w, r, asJSON, err)
 				return
