@@ -62,7 +62,8 @@ type Config struct {
 	// result); nil discards it.
 	Logger *slog.Logger
 	// Registerer, if set, gets the counter idem_console_actions_total
-	// {action, result}.
+	// {action, result}, each pair of an action kind and a result at zero
+	// from the start.
 	Registerer prometheus.Registerer
 	// Metrics, if set, is served at /metrics (behind the token).
 	Metrics http.Handler
@@ -121,6 +122,14 @@ func New(cfg Config) (*Server, error) {
 		Name: "idem_console_actions_total",
 		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error; repeated: a form submitted again, answered with its first result without running).",
 	}, []string{"action", "result"})
+	// Every series starts at zero, so that a dashboard sees 0 rather than
+	// no data before the first action.
+	s.actions.WithLabelValues("unknown", "refused")
+	for _, kind := range []string{ActionRetry, ActionRetryOutbox, ActionRelease, ActionReplay, ActionPurge} {
+		for _, result := range []string{"changed", "unchanged", "refused", "error", "repeated"} {
+			s.actions.WithLabelValues(kind, result)
+		}
+	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(s.actions); err != nil {
 			return nil, err
