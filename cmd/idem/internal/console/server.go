@@ -62,7 +62,8 @@ type Config struct {
 	// result); nil discards it.
 	Logger *slog.Logger
 	// Registerer, if set, gets the counter idem_console_actions_total
-	// {action, result}.
+	// {action, result}, each pair of an action kind and a result at zero
+	// from the start.
 	Registerer prometheus.Registerer
 	// Metrics, if set, is served at /metrics (behind the token).
 	Metrics http.Handler
@@ -121,6 +122,14 @@ func New(cfg Config) (*Server, error) {
 		Name: "idem_console_actions_total",
 		Help: "Actions run from the idem console, by action and result (changed, unchanged, refused, error; repeated: a form submitted again, answered with its first result without running).",
 	}, []string{"action", "result"})
+	// Every series starts at zero, so that a dashboard sees 0 rather than
+	// no data before the first action.
+	s.actions.WithLabelValues("unknown", "refused")
+	for _, kind := range []string{ActionRetry, ActionRetryOutbox, ActionRelease, ActionReplay, ActionPurge} {
+		for _, result := range []string{"changed", "unchanged", "refused", "error", "repeated"} {
+			s.actions.WithLabelValues(kind, result)
+		}
+	}
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(s.actions); err != nil {
 			return nil, err
@@ -252,11 +261,20 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/consumers", http.StatusSeeOther)
 }
 
-// page serves /name as HTML and /api/name as JSON from one reader.
+// page serves /name as HTML and /api/name as JSON from one reader. The
+// HTML consumers page of a store that cannot list its consumers
+// (idemdriver.ErrUnsupported) is a form asking for a consumer's name,
+// status 200; its JSON stays 501.
 func (s *Server) page(name string, read func(r *http.Request) (any, error)) {
 	serve := func(asJSON bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			v, err := read(r)
+			if err != nil && !asJSON && name == "consumers" && errors.Is(err, idemdriver.ErrUnsupported) {
+				// A store that keeps no list of its consumers (idemredis):
+				// the page asks for the consumer's name instead.
+				s.render(w, r, "askconsumer", map[string]any{"Title": "consumers", "Reason": err.Error()})
+				return
+			}
 			if err != nil {
 				s.fail(w, r, asJSON, err)
 				return

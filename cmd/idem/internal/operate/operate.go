@@ -11,10 +11,11 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -289,14 +290,25 @@ func deref(s *string) string {
 	return *s
 }
 
-// oneLine is s on one line, cut at 200 bytes.
+// oneLine is s readable in one table cell: each control character (a
+// newline, a tab, an escape) and each line or paragraph separator becomes
+// a space, bytes that are not UTF-8 become U+FFFD, and the text is cut at
+// 200 bytes on a character boundary, marked "...".
 func oneLine(s string) string {
-	q := strconv.Quote(s)
-	q = q[1 : len(q)-1]
-	if len(q) > 200 {
-		q = q[:200] + "..."
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	if len(s) > 200 {
+		cut := 200
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "..."
 	}
-	return q
+	return s
 }
 
 func newRetryCmd(open Opener, now func() time.Time) *cobra.Command {

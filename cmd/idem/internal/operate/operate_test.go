@@ -34,13 +34,20 @@ func run(t *testing.T, store *idem.MemoryStore, args ...string) (string, error) 
 	return out.String(), err
 }
 
-func TestFailedRetryRelease(t *testing.T) {
-	store := idem.NewMemoryStore(nil)
+// payments is the consumer "payments" of store, one attempt per message.
+func payments(t *testing.T, store *idem.MemoryStore) *idem.LeaseConsumer {
+	t.Helper()
 	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "payments", MaxAttempts: 1, PurgeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestFailedRetryRelease(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	c := payments(t, store)
 	_, _ = c.Process(t.Context(), idem.Message{ID: "pay-1", Payload: []byte("x")}, func(context.Context, *idem.Attempt) (idem.Result, error) {
 		return idem.Result{}, errors.New("card declined")
 	})
