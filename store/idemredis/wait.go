@@ -15,32 +15,28 @@ import (
 var ErrNotReplicated = errors.New("idemredis: write not acknowledged by enough replicas")
 
 // run runs script, as script.Run does; with Config.WaitReplicas it sends
-// WAIT after it on the same connection, in the same round trip, and turns
-// a short count into an error matching ErrNotReplicated.
+// EVALSHA through evalCmd, which puts WAIT after it on the same
+// connection, in the same round trip, and turns a short count into an
+// error matching ErrNotReplicated (loading the script on NOSCRIPT).
 func (s *Store) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.wait == 0 {
 		return script.Run(ctx, s.client, keys, args...)
 	}
-	var cmd *redis.Cmd
-	for loaded := false; ; loaded = true {
-		pl := s.client.Pipeline()
-		cmd = script.EvalSha(ctx, pl, keys, args...)
-		w := pl.Do(ctx, "WAIT", s.wait, s.waitMS)
-		_, _ = pl.Exec(ctx)
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") && !loaded {
-			if err := script.Load(ctx, s.client).Err(); err != nil {
-				cmd.SetErr(err)
-				return cmd
-			}
-			continue
-		}
-		if cmd.Err() == nil {
-			if err := s.waited(w); err != nil {
-				cmd.SetErr(err)
-			}
-		}
-		return cmd
+	words := make([]any, 0, 3+len(keys)+len(args))
+	words = append(words, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		words = append(words, k)
 	}
+	words = append(words, args...)
+	cmd := s.evalCmd(ctx, len(keys), words)
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := script.Load(ctx, s.client).Err(); err != nil {
+			cmd.SetErr(err)
+			return cmd
+		}
+		cmd = s.evalCmd(ctx, len(keys), words)
+	}
+	return cmd
 }
 
 // waited reads WAIT's reply: nil when enough replicas acknowledged.
