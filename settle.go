@@ -202,7 +202,9 @@ func (s Settlement) DeadLetterHeaders() map[string]string {
 
 // Level is the log level of the Settlement, the same in every adapter:
 // debug for Ack (duplicates included: they are the pattern working, not a
-// problem) and for InProgress; warn for a dead letter and for a handler
+// problem), for InProgress, and for a redelivery whose error matches
+// context.Canceled (the delivery's own context ended: the consumer is
+// stopping); warn for a dead letter and for a handler
 // failure that will be redelivered; error for a failure of the store
 // ([ErrStore]) or a panic ([ErrHandlerPanic]), which no redelivery fixes
 // until someone looks.
@@ -212,6 +214,10 @@ func (s Settlement) Level() slog.Level {
 		return slog.LevelDebug
 	case s.Action == DeadLetter:
 		return slog.LevelWarn
+	case s.Action == Redeliver && errors.Is(s.Err, context.Canceled):
+		// The delivery's own context was cancelled (the consumer
+		// stopping): not a failure of the store it wraps.
+		return slog.LevelDebug
 	case errors.Is(s.Err, ErrStore) || errors.Is(s.Err, ErrHandlerPanic):
 		return slog.LevelError
 	}

@@ -56,9 +56,8 @@ type Config struct {
 	// subscribed to (message.SubscribeTopicFromCtx).
 	System string
 	// Logger receives every settlement at the level idem.Settlement.Level
-	// gives it, but for a delivery whose own context ended before it was
-	// processed (the Router closing), logged at debug and nacked.
-	// Defaults to slog.Default().
+	// gives it (a delivery cancelled by the Router closing: debug, and
+	// nacked). Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -320,19 +319,11 @@ func guard(cfg *Config, p idem.Processor, msg *message.Message) idem.Outcome {
 }
 
 // settle turns out into what the Router does: nil error (ack, after the
-// Router publishes produced), or an *Error (nack). A delivery left for
-// redelivery because its own context ended (the Router closing: the
-// claim's "store error: begin: context canceled") is logged at debug, not
-// as the store failure its error wraps; it is nacked all the same.
+// Router publishes produced), or an *Error (nack).
 func settle(cfg *Config, msg *message.Message, out idem.Outcome, produced []*message.Message) ([]*message.Message, error) {
 	st := out.Settle(cfg.RetryDelay)
 	ctx := msg.Context()
-	if st.Action == idem.Redeliver && ctx.Err() != nil && errors.Is(st.Err, ctx.Err()) {
-		cfg.Logger.DebugContext(ctx, "idemwatermill: message left for redelivery: its context ended",
-			"message_id", st.MessageID, "status", st.Status.String(), "reason", st.Reason, "err", st.Err, "message_uuid", msg.UUID)
-	} else {
-		st.Log(ctx, cfg.Logger, "idemwatermill", "message_uuid", msg.UUID)
-	}
+	st.Log(ctx, cfg.Logger, "idemwatermill", "message_uuid", msg.UUID)
 	switch st.Action {
 	case idem.Ack:
 		return produced, nil
