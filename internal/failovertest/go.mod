@@ -1,4 +1,5 @@
 // idem:unpublished — tests only; scripts/release never tags this module.
+// idem:test-alongside — waits on failovers of servers of its own: scripts/test runs it beside the other modules.
 module github.com/idem-go/idem/internal/failovertest
 
 go 1.26.0
