@@ -73,7 +73,7 @@ func printReport(w io.Writer, rep report, asJSON bool) error {
 	fmt.Fprintf(w, "%s: payments on %s, store %s\n", title, rep.Broker, store)
 	fmt.Fprintf(w, "settings: %d messages, duplicates %.3g, crash rate %.3g, %d consumers, ack wait %gs, seed %d\n",
 		rep.Settings.Messages, rep.Settings.Duplicates, rep.Settings.CrashRate, rep.Settings.Consumers, rep.Settings.AckWaitS, rep.Settings.Seed)
-	absorbed := "deliveries found already processed and acked without charging; more than the duplicates published, because redeliveries count too (a crash between commit and ack, a slow ack)"
+	absorbed := "deliveries found already processed and acked without charging: the duplicates that reached the consumers (those published less those the broker dropped), and redeliveries count too (a crash between commit and ack, a slow ack)"
 	lost := "payments never written to the ledger"
 	if rep.Settings.WithoutIdem {
 		absorbed = "none: without idem every delivery charges"
