@@ -174,10 +174,11 @@ func sorted(s []string) []string {
 
 func TestReleaseRefusals(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		edit   func(files map[string]string)
-		dirty  bool
-		wantIn []string
+		name      string
+		edit      func(files map[string]string)
+		dirty     bool
+		wantIn    []string
+		wantNotIn []string
 	}{
 		{
 			name: "stale require",
@@ -187,6 +188,7 @@ func TestReleaseRefusals(t *testing.T) {
 			wantIn: []string{
 				"adapter/a: requires example.com/ws/store/s v0.1.0, not the v0.2.0 being tagged",
 				"adapter/a: requires example.com/ws v0.1.0, not the v0.2.0 being tagged",
+				"scripts/release prepare -apply v0.2.0 rewrites these",
 			},
 		},
 		{
@@ -194,14 +196,15 @@ func TestReleaseRefusals(t *testing.T) {
 			edit: func(f map[string]string) {
 				f["store/s/go.mod"] += "\nreplace example.com/ws => ../..\n"
 			},
-			wantIn: []string{"store/s: replace example.com/ws => ../.. must go before a release"},
+			wantIn: []string{"store/s: replace example.com/ws => ../.. must go before a release", "scripts/release prepare -apply v0.2.0 rewrites these"},
 		},
 		{
 			name: "published requires unpublished",
 			edit: func(f map[string]string) {
 				f["store/s/go.mod"] += "\nrequire example.com/ws/cmd/c/internal/ctest v0.2.0\n"
 			},
-			wantIn: []string{"store/s: requires example.com/ws/cmd/c/internal/ctest, which is never published"},
+			wantIn:    []string{"store/s: requires example.com/ws/cmd/c/internal/ctest, which is never published"},
+			wantNotIn: []string{"prepare"}, // prepare does not drop a require
 		},
 		{
 			name:   "dirty tree",
@@ -234,6 +237,11 @@ func TestReleaseRefusals(t *testing.T) {
 				for _, w := range tt.wantIn {
 					if !strings.Contains(err.Error(), w) {
 						t.Errorf("error lacks %q:\n%v", w, err)
+					}
+				}
+				for _, w := range tt.wantNotIn {
+					if strings.Contains(err.Error(), w) {
+						t.Errorf("error holds %q:\n%v", w, err)
 					}
 				}
 				if tg := tags(t, root); len(tg) != 0 {

@@ -184,9 +184,11 @@ func checkVersion(version string, mods []*module) error {
 // workspace module than the one being tagged, requiring a module that is
 // never published, or keeping a directory replace (`go install pkg@version`
 // refuses a module with replace directives, and a user's build never sees
-// the directory).
+// the directory). When prepare would rewrite some of them, a last error
+// says to run it.
 func (ws *workspace) checkModules(version string, order []*module) error {
 	var errs []error
+	rewrite := false // a require or replace that prepare rewrites
 	for _, m := range order {
 		for _, r := range m.File.Require {
 			d := ws.byPath[r.Mod.Path]
@@ -196,13 +198,18 @@ func (ws *workspace) checkModules(version string, order []*module) error {
 				errs = append(errs, fmt.Errorf("%s: requires %s, which is never published (%s in its go.mod)", m.Dir, d.Path, UnpublishedMarker))
 			case r.Mod.Version != version:
 				errs = append(errs, fmt.Errorf("%s: requires %s %s, not the %s being tagged", m.Dir, d.Path, r.Mod.Version, version))
+				rewrite = true
 			}
 		}
 		for _, r := range m.File.Replace {
 			if modfile.IsDirectoryPath(r.New.Path) {
 				errs = append(errs, fmt.Errorf("%s: replace %s => %s must go before a release", m.Dir, r.Old.Path, r.New.Path))
+				rewrite = true
 			}
 		}
+	}
+	if rewrite {
+		errs = append(errs, fmt.Errorf("scripts/release prepare -apply %s rewrites these requires and replaces; commit them, then run this again", version))
 	}
 	return errors.Join(errs...)
 }
