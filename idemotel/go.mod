@@ -26,10 +26,3 @@ require (
 replace github.com/idem-go/idem => ..
 
 replace github.com/idem-go/idem/idemhttp => ../idemhttp
-
-// Test dependencies of idemhttp, for go mod tidy (replace is not transitive).
-replace github.com/idem-go/idem/store/idemsql => ../store/idemsql
-
-replace github.com/idem-go/idem/store/idempgxv5 => ../store/idempgxv5
-
-replace github.com/idem-go/idem/store/idemredis => ../store/idemredis
