@@ -188,7 +188,12 @@ func txMiddleware[TTx any](cfg *Config, process func(context.Context, idem.Messa
 // SAVEPOINT: a failed handler (or claim) is rolled back to it, claim and
 // effects together, before the nack, so the message sent again is claimed
 // afresh; a processed one releases it. SAVEPOINT is standard SQL
-// (PostgreSQL, MySQL, SQLite). With an idemsql store on the same *sql.DB:
+// (PostgreSQL, MySQL, SQLite). Since the batch is one transaction, its
+// effects are visible once it commits, after its last handler has
+// returned, not as each handler returns; a Router closed before that
+// commit leaves the whole batch uncommitted (offsets, claims and
+// effects), to be delivered again. With an idemsql store on the same
+// *sql.DB:
 //
 //	from := func(ctx context.Context) (*sql.Tx, bool) {
 //		tx, ok := wsql.TxFromContext(ctx)
