@@ -100,12 +100,12 @@ func apiCheck(w io.Writer, root, against string) error {
 	if len(breaks) == 0 {
 		return nil
 	}
-	declared, err := breakDeclared(root)
+	declared, err := breakDeclared(root, against)
 	if err != nil {
 		return err
 	}
 	if declared {
-		fmt.Fprintf(w, "apicheck: CHANGELOG.md declares the break (%s under [Unreleased]); the next release must be %s\n", BreakingHeading, nextBreaking(against))
+		fmt.Fprintf(w, "apicheck: CHANGELOG.md declares the break (%s under [Unreleased] or a version above %s); the next release must be %s\n", BreakingHeading, against, nextBreaking(against))
 		return nil
 	}
 	return fmt.Errorf("%d incompatible API change(s) since %s: keep the old API, or declare the break in CHANGELOG.md (%s under [Unreleased]) and release %s next", len(breaks), against, BreakingHeading, nextBreaking(against))
@@ -137,9 +137,11 @@ func nextBreaking(last string) string {
 	return "a new major version (with /vN module paths)"
 }
 
-// breakDeclared reports whether CHANGELOG.md's [Unreleased] section holds
-// the BreakingHeading line.
-func breakDeclared(root string) (bool, error) {
+// breakDeclared reports whether CHANGELOG.md holds the BreakingHeading
+// line in its [Unreleased] section or in the section of a version above
+// against (a release commit, where [Unreleased] has been renamed to the
+// version about to be tagged, "## [0.3.0] - 2026-12-06").
+func breakDeclared(root, against string) (bool, error) {
 	data, err := os.ReadFile(filepath.Join(root, "CHANGELOG.md"))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -153,12 +155,24 @@ func breakDeclared(root string) (bool, error) {
 		line := strings.TrimSpace(sc.Text())
 		switch {
 		case strings.HasPrefix(line, "## "):
-			in = strings.HasPrefix(line, "## [Unreleased]")
+			in = strings.HasPrefix(line, "## [Unreleased]") || sectionAbove(line, against)
 		case in && strings.HasPrefix(line, BreakingHeading):
 			return true, nil
 		}
 	}
 	return false, sc.Err()
+}
+
+// sectionAbove reports whether heading ("## [0.3.0] - date") names a
+// version above against.
+func sectionAbove(heading, against string) bool {
+	_, rest, ok := strings.Cut(heading, "[")
+	v, _, closed := strings.Cut(rest, "]")
+	if !ok || !closed {
+		return false
+	}
+	v = "v" + strings.TrimPrefix(v, "v")
+	return semver.IsValid(v) && semver.Compare(v, against) > 0
 }
 
 // extract writes the tree of ref into dir (git archive, read here: no tar

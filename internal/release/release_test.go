@@ -338,6 +338,13 @@ func TestAPICheck(t *testing.T) {
 	if err != nil || !strings.Contains(out, "CHANGELOG.md declares the break") || !strings.Contains(out, "a new minor version") {
 		t.Fatalf("apicheck with a declared break: err %v\n%s", err, out)
 	}
+	// In the release commit, under the heading of the version about to be
+	// tagged, it still counts.
+	writeTestFile(t, root, "CHANGELOG.md", "# Changelog\n\n## [Unreleased]\n\n## [0.3.0] - 2026-12-06\n\n### Breaking\n\n- F takes n.\n\n## [0.2.0]\n")
+	out, err = runTool(t, root, "apicheck")
+	if err != nil || !strings.Contains(out, "CHANGELOG.md declares the break") {
+		t.Fatalf("apicheck with the break under [0.3.0]: err %v\n%s", err, out)
+	}
 	// Under an older release's heading it does not count.
 	writeTestFile(t, root, "CHANGELOG.md", "# Changelog\n\n## [Unreleased]\n\n## [0.2.0]\n\n### Breaking\n")
 	if _, err := runTool(t, root, "apicheck"); err == nil {
