@@ -93,7 +93,8 @@ or the start of a Go CDK URL, gcppubsub://, awssqs:// or mem://, whose end is
 --from (projects/P/subscriptions/S; sqs.REGION.amazonaws.com/ACCOUNT/QUEUE?region=REGION)
 and --dead-letter (default: a topic projects/P/topics/S-dead on Pub/Sub, the
 queue QUEUE-dead on SQS); credentials come from the environment, as the Go
-CDK's drivers read them.
+CDK's drivers read them. mem:// topics live inside one process (tests and
+examples): idem publish in another process reaches nothing.
 --store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
 A message costs two store writes: the claim, which also records the recovery
 point, and the result. The claims (and the results) of the messages that reach
@@ -176,7 +177,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (required)")
+	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (in this process only) (required)")
 	fl.StringVar(&f.from, "from", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream to consume (required)")
 	fl.StringVar(&f.to, "to", "", "URL each message is POSTed to, as in http://127.0.0.1:9000/orders (required)")
 	f.leaseStoreFlags.register(fl)

@@ -40,14 +40,15 @@ F*N more copies of IDs chosen at random (--seed), each some time after its
 first copy. The same flags publish the same messages, so a rerun is a
 redelivery. --broker takes the URLs of idem consume; a NATS subject no stream
 captures gets a stream (--nats-duplicates is its duplicate window), a
-RabbitMQ queue is declared durable.`,
+RabbitMQ queue is declared durable. A mem:// topic lives in this process only:
+nothing outside it receives what is published there.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runPublish(cmd.Context(), cmd.OutOrStdout(), &f)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (required)")
+	fl.StringVar(&f.broker, "broker", "", "broker URL: nats://..., kafka://..., amqp://..., redis://..., or a Go CDK URL: gcppubsub://..., awssqs://..., mem://... (in this process only) (required)")
 	fl.StringVar(&f.to, "to", "", "NATS subject, Kafka topic, RabbitMQ queue or Redis stream (required)")
 	fl.StringVar(&f.id, "id", "", "publish one message with this ID")
 	fl.StringVar(&f.payload, "payload", "", `payload of the --id message (default {"id":"ID"})`)
