@@ -55,7 +55,7 @@ func TestRedisClusterFailover(t *testing.T) {
 }
 
 // clusterVictim picks, for each round, the master to kill (the one serving
-// slot 0) and message IDs whose records it holds.
+// slot 0) and, for the lease rows, message IDs whose records it holds.
 type clusterVictim struct {
 	t      *testing.T
 	c      *ownservice.Service
@@ -64,15 +64,14 @@ type clusterVictim struct {
 	addr   string // the master to kill, host:port
 }
 
-// ids returns n message IDs of round r whose record keys (consumer
-// "failover", v.prefix) are in slots of the master serving slot 0.
-func (v *clusterVictim) ids(r, n int) []string {
-	ctx := v.t.Context()
+// pick chooses the master to kill: the one serving slot 0. It returns
+// the cluster's slots.
+func (v *clusterVictim) pick() []redis.ClusterSlot {
 	var slots []redis.ClusterSlot
 	v.addr = ""
 	for deadline := time.Now().Add(time.Minute); v.addr == ""; time.Sleep(100 * time.Millisecond) {
 		var err error
-		if slots, err = v.cc.ClusterSlots(ctx).Result(); err == nil {
+		if slots, err = v.cc.ClusterSlots(v.t.Context()).Result(); err == nil {
 			for _, s := range slots {
 				if s.Start == 0 && len(s.Nodes) > 0 {
 					v.addr = s.Nodes[0].Addr
@@ -83,6 +82,14 @@ func (v *clusterVictim) ids(r, n int) []string {
 			v.t.Fatalf("no master serves slot 0: %v", err)
 		}
 	}
+	return slots
+}
+
+// ids picks the master to kill and returns n message IDs of round r whose
+// record keys (consumer "failover", v.prefix) are in its slots.
+func (v *clusterVictim) ids(r, n int) []string {
+	ctx := v.t.Context()
+	slots := v.pick()
 	out := make([]string, 0, n)
 	for i := 0; len(out) < n; i++ {
 		id := fmt.Sprintf("r%d-%05d", r, i)
