@@ -32,18 +32,9 @@ import (
 // above an earlier run's): asserted never to happen with WaitReplicas.
 func TestRedisSentinelFailover(t *testing.T) {
 	t.Parallel()
-	c := ownservice.Start(t, "redis-ha")
-	opt, err := redis.ParseFailoverURL(c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = time.Second, time.Second, time.Second
-	client := redis.NewFailoverClient(opt)
-	defer client.Close()
-	sentinel := redis.NewSentinelClient(&redis.Options{Addr: opt.SentinelAddrs[0]})
-	defer sentinel.Close()
+	_, client, failover := startSentinel(t)
 	forWaitConfigs(t, client, "1 replica(s) replicate asynchronously", func(t *testing.T, store *idemredis.Store, _, risk string, waits bool) {
-		testRedisFailover(t, store, risk, waits, sentinelFailover(t, c, sentinel, opt.MasterName), rounds(t), nil)
+		testRedisFailover(t, store, risk, waits, failover, rounds(t), nil)
 	})
 }
 
@@ -70,6 +61,23 @@ func forWaitConfigs(t *testing.T, client redis.UniversalClient, noWaitRisk strin
 			run(t, store, prefix, cfg.risk, cfg.wait > 0)
 		})
 	}
+}
+
+// startSentinel starts redis-ha and returns it, a client on it through
+// its Sentinel (1 s timeouts) and the failover of a round
+// (sentinelFailover); the clients are closed at cleanup.
+func startSentinel(t *testing.T) (*ownservice.Service, *redis.Client, func(killed func()) (func() error, error)) {
+	c := ownservice.Start(t, "redis-ha")
+	opt, err := redis.ParseFailoverURL(c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = time.Second, time.Second, time.Second
+	client := redis.NewFailoverClient(opt)
+	t.Cleanup(func() { _ = client.Close() })
+	sentinel := redis.NewSentinelClient(&redis.Options{Addr: opt.SentinelAddrs[0]})
+	t.Cleanup(func() { _ = sentinel.Close() })
+	return c, client, sentinelFailover(t, c, sentinel, opt.MasterName)
 }
 
 // sentinelFailover returns the failover of a round on redis-ha: the

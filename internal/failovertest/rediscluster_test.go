@@ -40,6 +40,16 @@ func slowRounds(t *testing.T) int {
 // issued twice.
 func TestRedisClusterFailover(t *testing.T) {
 	t.Parallel()
+	c, cc := startRedisCluster(t)
+	forWaitConfigs(t, cc, "3 replica(s) replicate asynchronously", func(t *testing.T, store *idemredis.Store, prefix, risk string, waits bool) {
+		v := &clusterVictim{t: t, c: c, cc: cc, prefix: prefix}
+		testRedisFailover(t, store, risk, waits, v.failover, slowRounds(t), v.ids)
+	})
+}
+
+// startRedisCluster starts redis-cluster and returns it and a
+// ClusterClient on it (1 s timeouts), closed at cleanup.
+func startRedisCluster(t *testing.T) (*ownservice.Service, *redis.ClusterClient) {
 	c := ownservice.Start(t, "redis-cluster")
 	opt, err := redis.ParseClusterURL(c.URL)
 	if err != nil {
@@ -47,11 +57,8 @@ func TestRedisClusterFailover(t *testing.T) {
 	}
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = time.Second, time.Second, time.Second
 	cc := redis.NewClusterClient(opt)
-	defer cc.Close()
-	forWaitConfigs(t, cc, "3 replica(s) replicate asynchronously", func(t *testing.T, store *idemredis.Store, prefix, risk string, waits bool) {
-		v := &clusterVictim{t: t, c: c, cc: cc, prefix: prefix}
-		testRedisFailover(t, store, risk, waits, v.failover, slowRounds(t), v.ids)
-	})
+	t.Cleanup(func() { _ = cc.Close() })
+	return c, cc
 }
 
 // clusterVictim picks, for each round, the master to kill (the one serving
