@@ -17,6 +17,14 @@
 // IDEM_FAILOVER_ROUNDS (5) and IDEM_FAILOVER_MESSAGES (300) set the
 // failovers per configuration and the messages per failover.
 //
+// The Redis Cluster rows (redis-cluster: three masters with a replica
+// each, a master SIGKILLed and its replica taking over) and the HTTP
+// proxy's (idemhttp's Proxy on redis-ha and on redis-cluster, clients
+// retrying POSTs with Idempotency-Key to an upstream that counts them) run
+// 2 failovers per configuration, and the proxy with its default lease
+// only, unless IDEM_FAILOVER_FULL=1, which runs IDEM_FAILOVER_ROUNDS of
+// them and the proxy with a 2 s lease too.
+//
 // It is a module of its own so that its dependencies stay out of the
 // stores' modules. It holds tests only; nothing here is idem's API.
 package failovertest

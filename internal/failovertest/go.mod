@@ -12,9 +12,12 @@ replace github.com/idem-go/idem/store/idemredis => ../../store/idemredis
 
 replace github.com/idem-go/idem/broker/idemnats => ../../broker/idemnats
 
+replace github.com/idem-go/idem/idemhttp => ../../idemhttp
+
 require (
 	github.com/idem-go/idem v0.0.0
 	github.com/idem-go/idem/broker/idemnats v0.0.0
+	github.com/idem-go/idem/idemhttp v0.0.0
 	github.com/idem-go/idem/store/idempgxv5 v0.0.0
 	github.com/idem-go/idem/store/idemredis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
@@ -23,6 +26,7 @@ require (
 )
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect

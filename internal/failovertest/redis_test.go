@@ -32,6 +32,41 @@ import (
 // above an earlier run's): asserted never to happen with WaitReplicas.
 func TestRedisSentinelFailover(t *testing.T) {
 	t.Parallel()
+	_, client, failover := startSentinel(t)
+	forWaitConfigs(t, client, "1 replica(s) replicate asynchronously", func(t *testing.T, store *idemredis.Store, _, risk string, waits bool) {
+		testRedisFailover(t, store, risk, waits, failover, rounds(t), nil)
+	})
+}
+
+// forWaitConfigs runs run as a subtest for each WaitReplicas measured (0,
+// then 1), with a store on client under a prefix of its own; risk is the
+// failover risk the store should report (noWaitRisk without WAIT, none
+// with it).
+func forWaitConfigs(t *testing.T, client redis.UniversalClient, noWaitRisk string,
+	run func(t *testing.T, store *idemredis.Store, prefix, risk string, waits bool)) {
+	for _, cfg := range []struct {
+		name string
+		wait int
+		risk string
+	}{
+		{"no_wait", 0, noWaitRisk},
+		{"wait_1", 1, ""},
+	} {
+		t.Run(cfg.name, func(t *testing.T) {
+			prefix := "failover-" + cfg.name + ":"
+			store, err := idemredis.New(client, &idemredis.Config{Prefix: prefix, WaitReplicas: cfg.wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, store, prefix, cfg.risk, cfg.wait > 0)
+		})
+	}
+}
+
+// startSentinel starts redis-ha and returns it, a client on it through
+// its Sentinel (1 s timeouts) and the failover of a round
+// (sentinelFailover); the clients are closed at cleanup.
+func startSentinel(t *testing.T) (*ownservice.Service, *redis.Client, func(killed func()) (func() error, error)) {
 	c := ownservice.Start(t, "redis-ha")
 	opt, err := redis.ParseFailoverURL(c.URL)
 	if err != nil {
@@ -39,29 +74,48 @@ func TestRedisSentinelFailover(t *testing.T) {
 	}
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = time.Second, time.Second, time.Second
 	client := redis.NewFailoverClient(opt)
-	defer client.Close()
+	t.Cleanup(func() { _ = client.Close() })
 	sentinel := redis.NewSentinelClient(&redis.Options{Addr: opt.SentinelAddrs[0]})
-	defer sentinel.Close()
-	for _, cfg := range []struct {
-		name string
-		wait int
-		risk string
-	}{
-		{"no_wait", 0, "1 replica(s) replicate asynchronously"},
-		{"wait_1", 1, ""},
-	} {
-		t.Run(cfg.name, func(t *testing.T) {
-			store, err := idemredis.New(client, &idemredis.Config{Prefix: "failover-" + cfg.name + ":", WaitReplicas: cfg.wait})
-			if err != nil {
-				t.Fatal(err)
-			}
-			testRedisFailover(t, c, sentinel, opt.MasterName, store, cfg.risk, cfg.wait > 0)
-		})
+	t.Cleanup(func() { _ = sentinel.Close() })
+	return c, client, sentinelFailover(t, c, sentinel, opt.MasterName)
+}
+
+// sentinelFailover returns the failover of a round on redis-ha: the
+// master the Sentinel names SIGKILLed, then the Sentinel's failover and
+// the killed node back as a replica.
+func sentinelFailover(t *testing.T, c *ownservice.Service, sentinel *redis.SentinelClient, masterName string) func(killed func()) (func() error, error) {
+	ctx := t.Context()
+	return func(killed func()) (func() error, error) {
+		addr, err := sentinel.GetMasterAddrByName(ctx, masterName).Result()
+		if err != nil {
+			return nil, err
+		}
+		port, err := strconv.Atoi(addr[1])
+		if err != nil {
+			return nil, err
+		}
+		pidFile, err := primaryPIDFile(c, port)
+		if err != nil {
+			return nil, err
+		}
+		if err := ownservice.KillPIDFile(pidFile); err != nil {
+			return nil, err
+		}
+		killed()
+		// start waits for the Sentinel's failover, then starts the killed
+		// node as a replica of the new master.
+		return c.Restart, nil
 	}
 }
 
-func testRedisFailover(t *testing.T, c *ownservice.Service, sentinel *redis.SentinelClient, masterName string, store *idemredis.Store, risk string, waits bool) {
+// testRedisFailover runs nRounds rounds of one configuration on store,
+// each with failover; roundIDs (nil: ids) gives a round's message IDs.
+func testRedisFailover(t *testing.T, store *idemredis.Store, risk string, waits bool,
+	failover func(killed func()) (func() error, error), nRounds int, roundIDs func(r, n int) []string) {
 	ctx := t.Context()
+	if roundIDs == nil {
+		roundIDs = func(r, n int) []string { return ids(r, n) }
+	}
 	logs := &riskLog{}
 	consumer, err := idem.NewLeaseConsumer(store, idem.Config{
 		Name: "failover", PurgeInterval: -1, Logger: slog.New(logs), Lease: 2 * time.Second, StoreTimeout: 2 * time.Second,
@@ -89,31 +143,10 @@ func testRedisFailover(t *testing.T, c *ownservice.Service, sentinel *redis.Sent
 			})
 		return err
 	}
-	failover := func(killed func()) (func() error, error) {
-		addr, err := sentinel.GetMasterAddrByName(ctx, masterName).Result()
-		if err != nil {
-			return nil, err
-		}
-		port, err := strconv.Atoi(addr[1])
-		if err != nil {
-			return nil, err
-		}
-		pidFile, err := primaryPIDFile(c, port)
-		if err != nil {
-			return nil, err
-		}
-		if err := ownservice.KillPIDFile(pidFile); err != nil {
-			return nil, err
-		}
-		killed()
-		// start waits for the Sentinel's failover, then starts the killed
-		// node as a replica of the new master.
-		return c.Restart, nil
-	}
 	var m matrix
 	n := messages(t)
-	for r := range rounds(t) {
-		all := ids(r, n)
+	for r := range nRounds {
+		all := roundIDs(r, n)
 		res := round{deliveries: twice(all, n/4), process: process, killAt: n / 3, failover: failover}.run(ctx, t)
 		mu.Lock()
 		doubles, lost := m.add(res, all, effects)
@@ -131,7 +164,7 @@ func testRedisFailover(t *testing.T, c *ownservice.Service, sentinel *redis.Sent
 			t.Errorf("round %d: %d fencing tokens issued twice with WaitReplicas: a write the store reported done was lost", r, tokens)
 		}
 	}
-	t.Logf("Redis Sentinel, %s: %v", t.Name(), &m)
+	t.Logf("%s: %v", t.Name(), &m)
 }
 
 // twice returns every ID of all twice: each copy lag deliveries after the

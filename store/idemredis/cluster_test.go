@@ -24,16 +24,21 @@ const clusterNodes = 3
 
 // startCluster starts a Redis Cluster of three primaries on loopback, from
 // the redis-server binary that scripts/services installs, each with its
-// files in a temporary directory, and returns a ClusterClient on it. The
-// servers are killed at cleanup. The test skips when redis-server is not
-// installed, or fails under IDEM_TEST_REQUIRE_ALL=1.
-func startCluster(t *testing.T) *redis.ClusterClient {
+// files in a temporary directory and, with replicas, one replica of its
+// own in sync, and returns a ClusterClient on it. The servers are killed
+// at cleanup. The test skips when redis-server is not installed, or fails
+// under IDEM_TEST_REQUIRE_ALL=1.
+func startCluster(t *testing.T, replicas bool) *redis.ClusterClient {
 	t.Helper()
 	dir := t.TempDir()
 	ctx := t.Context()
-	addrs := make([]string, clusterNodes)
-	nodes := make([]*redis.Client, clusterNodes)
-	for i, port := range freeClusterPorts(t, clusterNodes) {
+	total := clusterNodes
+	if replicas {
+		total *= 2
+	}
+	addrs := make([]string, total)
+	nodes := make([]*redis.Client, total)
+	for i, port := range freeClusterPorts(t, total) {
 		p := strconv.Itoa(port)
 		addrs[i] = "127.0.0.1:" + p
 		nodes[i] = startServer(t, dir, port, "--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+p+".conf"))
@@ -53,6 +58,9 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 				t.Fatalf("CLUSTER MEET: %v", err)
 			}
 		}
+		if i >= clusterNodes {
+			continue // a replica, below
+		}
 		lo, hi := i*16384/clusterNodes, (i+1)*16384/clusterNodes-1
 		if err := n.ClusterAddSlotsRange(ctx, lo, hi).Err(); err != nil {
 			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
@@ -62,12 +70,26 @@ func startCluster(t *testing.T) *redis.ClusterClient {
 		for _, n := range nodes {
 			info, err := n.ClusterInfo(ctx).Result()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") ||
-				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(clusterNodes)) {
+				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(total)) {
 				return false
 			}
 		}
 		return true
 	}, nil)
+	for i := clusterNodes; i < total; i++ {
+		master, err := nodes[i-clusterNodes].ClusterMyID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, time.Minute, "CLUSTER REPLICATE accepted", func() bool {
+			err = nodes[i].ClusterReplicate(ctx, master).Err()
+			return err == nil
+		}, func() string { return fmt.Sprint(err) })
+		testenv.Eventually(t, time.Minute, "the replica in sync", func() bool {
+			info, err := nodes[i].Info(ctx, "replication").Result()
+			return err == nil && strings.Contains(info, "master_link_status:up")
+		}, nil)
+	}
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = cc.Close() })
 	testenv.Eventually(t, time.Minute, "the cluster client seeing every primary", func() bool {
@@ -156,7 +178,7 @@ func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster; skipped with -short")
 	}
-	cc := startCluster(t)
+	cc := startCluster(t, false)
 	// The cluster refuses a script over keys of two slots, so a store that
 	// wrote one would fail the cases below.
 	err := cc.Eval(t.Context(), "return 1", []string{"{a}x", "{b}x"}).Err()

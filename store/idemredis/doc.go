@@ -130,6 +130,17 @@
 // Two commands cost Complete and a terminal Release a second network round
 // trip; Acquire, Renew, SaveStep and a retryable Release take one.
 //
+// With [Config.WaitReplicas], every lease write and its WAIT go, in one
+// round trip on one connection, to the master that serves the write's
+// slot in the Cluster client's slot map (ClusterClient.MasterForKey), so
+// that WAIT counts that master's replicas; a batch is then one script and
+// WAIT per element. Such a write does not follow a MOVED or ASK reply (a
+// slot being moved, or a failover the client has not seen yet): it fails
+// like any store error, nothing is acknowledged, the client reads the
+// slot map again and the redelivery goes to the new master. The key
+// layout is the same with or without a cluster, so data written through
+// a *redis.Client reads the same through a Cluster client.
+//
 // The alternative, tagging every key with the consumer name alone so one
 // script could update a record and the index together, would put all of a
 // consumer's records on a single node: a busy consumer's whole history
@@ -193,8 +204,10 @@
 //     reports a write fewer replicas acknowledged as [ErrNotReplicated]
 //     (never an ack): with one replica and WaitReplicas 1, a failover to
 //     it keeps every write the Store reported done (docs/failover.md has
-//     the measured matrix). Without a replica to answer, every write
-//     fails after WaitTimeout until one is back.
+//     the measured matrix, a Redis Cluster with a replica per master
+//     included). Without a replica to answer, every write fails after
+//     WaitTimeout until one is back (on a cluster: every write on the
+//     slots of the master that lacks it).
 //   - [Store.FailoverRisk] counts the replicas from INFO replication;
 //     idem's consumers log one warning at start when some replica is not
 //     waited for.
@@ -225,5 +238,7 @@
 // they delete at the end, and skip without it unless
 // IDEM_TEST_REQUIRE_ALL=1. The example needs the variable too. TestCluster
 // also starts a three-node Redis Cluster on loopback from the redis-server
-// binary and runs the conformance suite on it.
+// binary and runs the conformance suite on it; TestClusterWaitReplicas
+// starts one with a replica per master and runs the suite with
+// WaitReplicas 1.
 package idemredis

@@ -50,14 +50,23 @@ func (s *Store) evalCmd(ctx context.Context, nkeys int, args []any) *redis.Cmd {
 		return cmd
 	}
 	// Config.WaitReplicas: WAIT in the same round trip, as Store.run sends it.
-	pl := s.client.Pipeline()
+	var key string
+	if nkeys > 0 {
+		key, _ = args[3].(string)
+	}
+	c, err := s.waitClient(ctx, key)
+	if err != nil {
+		cmd.SetErr(err)
+		return cmd
+	}
+	pl := c.Pipeline()
 	_ = pl.Process(ctx, cmd)
 	w := pl.Do(ctx, "WAIT", s.wait, s.waitMS)
 	_, _ = pl.Exec(ctx)
-	if cmd.Err() == nil {
-		if err := s.waited(w); err != nil {
-			cmd.SetErr(err)
-		}
+	if err := cmd.Err(); err != nil {
+		s.reroute(ctx, err)
+	} else if err := s.waited(w); err != nil {
+		cmd.SetErr(err)
 	}
 	return cmd
 }

@@ -16,7 +16,8 @@ var _ idemdriver.FailoverRiskReporter = (*Store)(nil)
 
 // FailoverRisk counts the replicas of the server behind the client (of
 // every master, through a Cluster client) from INFO replication's
-// connected_slaves. Redis replicates asynchronously: without
+// connected_slaves, and compares Config.WaitReplicas with the most any
+// one master has (a write waits for the replicas of its own master). Redis replicates asynchronously: without
 // Config.WaitReplicas, or with fewer than the replicas, a failover can
 // promote a replica that lacks the last acknowledged lease writes: a lost
 // completion runs its message again, a lost takeover can issue one
@@ -24,7 +25,7 @@ var _ idemdriver.FailoverRiskReporter = (*Store)(nil)
 // waits for all of them, else one line with the counts. See
 // docs/failover.md.
 func (s *Store) FailoverRisk(ctx context.Context) (string, error) {
-	var replicas atomic.Int64
+	var replicas, most atomic.Int64
 	count := func(ctx context.Context, c redis.UniversalClient) error {
 		info, err := c.Info(ctx, "replication").Result()
 		if err != nil {
@@ -32,6 +33,8 @@ func (s *Store) FailoverRisk(ctx context.Context) (string, error) {
 		}
 		n, err := connectedReplicas(info)
 		replicas.Add(int64(n))
+		for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
+		}
 		return err
 	}
 	var err error
@@ -43,11 +46,11 @@ func (s *Store) FailoverRisk(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("idemredis: reading INFO replication: %w", err)
 	}
-	switch n := replicas.Load(); {
+	switch n, m := replicas.Load(), most.Load(); {
 	case n > 0 && s.wait == 0:
 		return fmt.Sprintf("%d replica(s) replicate asynchronously and idemredis sends no WAIT (Config.WaitReplicas): a failover can lose acknowledged lease writes", n), nil
-	case n > int64(s.wait) && s.wait > 0:
-		return fmt.Sprintf("%d replica(s), and each write waits for %d (Config.WaitReplicas): a failover to one it did not wait for can lose acknowledged lease writes", n, s.wait), nil
+	case m > int64(s.wait) && s.wait > 0:
+		return fmt.Sprintf("%d replica(s) of one master, and each write waits for %d (Config.WaitReplicas): a failover to one it did not wait for can lose acknowledged lease writes", m, s.wait), nil
 	}
 	return "", nil
 }

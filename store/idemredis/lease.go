@@ -171,7 +171,7 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 
 // index scores id in consumer's retention index with the server's now.
 func (s *Store) index(ctx context.Context, op, consumer, id string) error {
-	if err := indexScript.Run(ctx, s.client, []string{s.consumerKey(consumer, doneSuffix)}, id).Err(); err != nil {
+	if err := s.run(ctx, indexScript, []string{s.consumerKey(consumer, doneSuffix)}, id).Err(); err != nil {
 		return fmt.Errorf("idemredis: %s: retention index: %w", op, err)
 	}
 	return nil

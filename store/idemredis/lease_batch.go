@@ -13,8 +13,10 @@ var _ idemdriver.LeaseBatcher = (*Store)(nil)
 // AcquireBatch implements [idemdriver.LeaseBatcher]: the script of Acquire
 // for each element, sent in one pipeline (one round trip per server; a
 // Cluster client splits it by node), each script atomic on its own and
-// run in the order given. A script the server does not know yet is run
-// again on its own. Every error, the network's included, is an element's
+// run in the order given; through a Cluster client with
+// Config.WaitReplicas, one script and its WAIT per element, in order (a
+// WAIT must follow the writes of its own master's connection). A script
+// the server does not know yet is run again on its own. Every error, the network's included, is an element's
 // (errs); err is only that of an ended ctx or a batch over
 // idemdriver.MaxLeaseBatch.
 func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams) ([]idemdriver.AcquireResult, []error, error) {
@@ -78,6 +80,16 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 	args func(i int) ([]string, []any, error), read func(i int, v any, err error) error) []error {
 	errs := make([]error, n)
+	if s.cluster != nil && s.wait > 0 {
+		for i := range n {
+			keys, a, err := args(i)
+			if errs[i] = err; err == nil {
+				v, err := s.run(ctx, script, keys, a...).Result()
+				errs[i] = read(i, v, err)
+			}
+		}
+		return errs
+	}
 	cmds := make([]*redis.Cmd, n)
 	var wait *redis.Cmd
 	_, _ = s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {

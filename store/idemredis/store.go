@@ -30,9 +30,14 @@ type Config struct {
 	// acknowledged and the redelivery tries again (an acquire that
 	// happened holds its lease until it runs out). With one replica per
 	// master and WaitReplicas 1, a failover to it keeps every write the
-	// Store reported done (docs/failover.md). It needs a *redis.Client
-	// (one master, a Sentinel failover client included): WAIT counts the
-	// replicas of the connection's own server. Defaults to 0: no WAIT.
+	// Store reported done (docs/failover.md). WAIT counts the replicas of
+	// the connection's own server: on a *redis.Client (one master, a
+	// Sentinel failover client included) that is the master; through a
+	// *redis.ClusterClient the write and its WAIT go to the master of the
+	// record's hash slot, on one connection of its own (see Redis Cluster
+	// in the package doc), so WaitReplicas counts that master's replicas.
+	// Other redis.UniversalClient implementations are refused. Defaults
+	// to 0: no WAIT.
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT, in milliseconds on the server (a
 	// duration rounded up to one). Defaults to DefaultWaitTimeout when
@@ -54,8 +59,12 @@ type Store struct {
 	client redis.UniversalClient
 	prefix string
 	single bool // client is one server: a script may touch any key
-	wait   int  // Config.WaitReplicas
-	waitMS int64
+	// cluster is client as a Cluster client, when it is one: with
+	// WaitReplicas, a write and its WAIT go to the master of the write's
+	// slot (Store.waitClient).
+	cluster *redis.ClusterClient
+	wait    int // Config.WaitReplicas
+	waitMS  int64
 
 	// The arguments every lease-mode call of a consumer repeats, kept
 	// from the last call so that a call does not build them again: the
@@ -106,16 +115,17 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: idemredis: Prefix %q contains '{' or '}', which would break the keys' Redis Cluster hash tags", idemdriver.ErrInvalidConfig, c.Prefix)
 	}
 	_, single := client.(*redis.Client)
+	cluster, _ := client.(*redis.ClusterClient)
 	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
 		return nil, fmt.Errorf("%w: idemredis: negative WaitReplicas %d or WaitTimeout %v", idemdriver.ErrInvalidConfig, c.WaitReplicas, c.WaitTimeout)
 	}
-	if c.WaitReplicas > 0 && !single {
-		return nil, fmt.Errorf("%w: idemredis: WaitReplicas needs a *redis.Client (one master), not a %T", idemdriver.ErrInvalidConfig, client)
+	if c.WaitReplicas > 0 && !single && cluster == nil {
+		return nil, fmt.Errorf("%w: idemredis: WaitReplicas needs a *redis.Client or a *redis.ClusterClient, not a %T", idemdriver.ErrInvalidConfig, client)
 	}
 	if c.WaitTimeout == 0 {
 		c.WaitTimeout = DefaultWaitTimeout
 	}
-	return &Store{client: client, prefix: c.Prefix, single: single, wait: c.WaitReplicas, waitMS: ceilMillis(c.WaitTimeout)}, nil
+	return &Store{client: client, prefix: c.Prefix, single: single, cluster: cluster, wait: c.WaitReplicas, waitMS: ceilMillis(c.WaitTimeout)}, nil
 }
 
 // Key layout; see the package doc.

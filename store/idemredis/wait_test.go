@@ -15,19 +15,21 @@ import (
 	"github.com/idem-go/idem/store/idemredis"
 )
 
-// TestWaitReplicasConfig: WaitReplicas needs one master (a *redis.Client);
-// negative values are refused.
+// TestWaitReplicasConfig: WaitReplicas needs a *redis.Client or a
+// *redis.ClusterClient (a Ring is refused); negative values are refused.
 func TestWaitReplicasConfig(t *testing.T) {
 	t.Parallel()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer cc.Close()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
+	defer ring.Close()
 	for _, tt := range []struct {
 		client redis.UniversalClient
 		cfg    idemredis.Config
 	}{
-		{cc, idemredis.Config{WaitReplicas: 1}},
+		{ring, idemredis.Config{WaitReplicas: 1}},
 		{c, idemredis.Config{WaitReplicas: -1}},
 		{c, idemredis.Config{WaitReplicas: 1, WaitTimeout: -time.Second}},
 	} {
@@ -35,8 +37,10 @@ func TestWaitReplicasConfig(t *testing.T) {
 			t.Errorf("%T, %+v: %v, want ErrInvalidConfig", tt.client, tt.cfg, err)
 		}
 	}
-	if _, err := idemredis.New(cc, &idemredis.Config{}); err != nil {
-		t.Errorf("a Cluster client without WaitReplicas: %v", err)
+	for _, cfg := range []idemredis.Config{{}, {WaitReplicas: 1}} {
+		if _, err := idemredis.New(cc, &cfg); err != nil {
+			t.Errorf("a Cluster client, %+v: %v", cfg, err)
+		}
 	}
 }
 
@@ -56,20 +60,7 @@ func TestWaitReplicas(t *testing.T) {
 		info, err := replica.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	}, nil)
-	cfg := idemredis.Config{WaitReplicas: 1, WaitTimeout: 5 * time.Second}
-	t.Run("conformance", func(t *testing.T) {
-		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
-			return setupWith(t, master, cfg).leaseSetup()
-		}})
-	})
-	waiting := setupWith(t, master, cfg)
-	if risk, err := waiting.store.FailoverRisk(ctx); err != nil || risk != "" {
-		t.Errorf("WaitReplicas 1, one replica: risk %q, %v; want none", risk, err)
-	}
-	plain := setup(t, master)
-	if risk, err := plain.store.FailoverRisk(ctx); err != nil || !strings.Contains(risk, "1 replica(s) replicate asynchronously") {
-		t.Errorf("no WaitReplicas, one replica: risk %q, %v", risk, err)
-	}
+	waiting, plain := conformWaiting(t, master, "1 replica(s) replicate asynchronously")
 	if err := replica.Shutdown(ctx).Err(); err != nil && !strings.Contains(err.Error(), "closed") {
 		t.Logf("SHUTDOWN of the replica: %v", err)
 	}
@@ -101,4 +92,27 @@ func TestWaitReplicas(t *testing.T) {
 	if err != nil || res.Acquired || res.State != idemdriver.StateInProgress {
 		t.Errorf("the record after ErrNotReplicated: %+v, %v; want in progress, not acquired", res, err)
 	}
+}
+
+// conformWaiting runs the lease conformance suite on client with
+// WaitReplicas 1 (WaitTimeout 5 s), then checks the failover risk each
+// store reports: none with WaitReplicas 1, noWait without it. It returns
+// a store of each kind.
+func conformWaiting(t *testing.T, client redis.UniversalClient, noWait string) (waiting, plain *testBundle) {
+	t.Helper()
+	cfg := idemredis.Config{WaitReplicas: 1, WaitTimeout: 5 * time.Second}
+	t.Run("Conformance", func(t *testing.T) {
+		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
+			return setupWith(t, client, cfg).leaseSetup()
+		}})
+	})
+	waiting = setupWith(t, client, cfg)
+	if risk, err := waiting.store.FailoverRisk(t.Context()); err != nil || risk != "" {
+		t.Errorf("WaitReplicas 1, one replica per master: risk %q, %v; want none", risk, err)
+	}
+	plain = setup(t, client)
+	if risk, err := plain.store.FailoverRisk(t.Context()); err != nil || !strings.Contains(risk, noWait) {
+		t.Errorf("no WaitReplicas: risk %q, %v; want it to say %q", risk, err, noWait)
+	}
+	return waiting, plain
 }
