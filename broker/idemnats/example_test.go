@@ -3,67 +3,72 @@ package idemnats_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"time"
+	"log"
+	"os/signal"
+	"syscall"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemnats"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A consumer of a JetStream stream whose handler runs once per message
-// ID, however often the message is published or delivered. The store here
-// is idem's MemoryStore; in production it is a SQL store (store/idemsql,
-// store/idempgxv5) and the effect is written in the claim's transaction.
+// ID, however often the message is published or delivered: a producer
+// that retries order-1001 three times bills it once. The server is the one
+// at nats.DefaultURL (nats://127.0.0.1:4222, started with JetStream on:
+// nats-server -js). The store is idem's MemoryStore here; in production it
+// is a SQL store (store/idemsql, store/idempgxv5) and the effect is written
+// in the claim's transaction.
+//
+// The example needs a running server, so it is compiled but not run; the
+// module's tests run the same flow on an in-process nats-server.
 func Example() {
-	ctx := context.Background()
-	nc, stop := startNATS() // an in-process JetStream server, for the example
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	js, _ := jetstream.New(nc)
-	stream, _ := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.created", "orders.dead"}})
-	cons, _ := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "billing", FilterSubject: "orders.created"})
+	nc, err := nats.Connect(nats.DefaultURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.created", "orders.dead"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "billing", FilterSubject: "orders.created"})
+	if err != nil {
+		log.Fatal(err)
+	}
 
-	consumer, _ := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "billing"})
+	consumer, err := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer consumer.Close()
-	done := make(chan struct{})
-	c, _ := idemnats.NewConsumer(js, cons, idemnats.Config{
+	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
 		Processor: idem.Bind(consumer, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
 			fmt.Printf("invoice for %s: %s\n", msg.ID, msg.Payload)
-			close(done)
 			return nil
 		}),
 		DeadLetter: "orders.dead",
 	})
-	go c.Run(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	p := idemnats.NewProducer(js)
 	for range 3 { // a producer retrying: JetStream and idem drop the repeats
-		p.Publish(ctx, "orders.created", []byte(`{"total":42}`), idemnats.WithMessageID("order-1001"))
+		if _, err := p.Publish(ctx, "orders.created", []byte(`{"total":42}`), idemnats.WithMessageID("order-1001")); err != nil {
+			log.Fatal(err)
+		}
 	}
-	<-done
-	c.Stop(ctx)
-	// Output: invoice for order-1001: {"total":42}
-}
-
-// startNATS starts an in-process JetStream server and connects to it.
-func startNATS() (*nats.Conn, func()) {
-	dir, err := os.MkdirTemp("", "idemnats-example-")
-	if err != nil {
-		panic(err)
+	// Until SIGINT or SIGTERM.
+	if err := c.Run(ctx); err != nil && ctx.Err() == nil {
+		log.Fatal(err)
 	}
-	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: dir, DontListen: true, NoSigs: true, NoLog: true})
-	if err != nil {
-		panic(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(30 * time.Second) {
-		panic("nats-server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		panic(err)
-	}
-	return nc, func() { nc.Close(); srv.Shutdown(); srv.WaitForShutdown(); os.RemoveAll(dir) }
 }
