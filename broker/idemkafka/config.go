@@ -103,7 +103,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// testOnRevoke, if set, is called when a revocation of these partitions
-	// begins, before waiting for their records in flight (tests only).
+	// begins, before waiting for their records in flight (for the tests,
+	// through testhook.SetOnRevoke).
 	testOnRevoke func(partitions map[string][]int32)
 }
 

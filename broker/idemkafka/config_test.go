@@ -1,16 +1,13 @@
 package idemkafka
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
-	"strings"
-	"sync"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
@@ -31,12 +28,23 @@ func (noopBatch) ProcessBatch(ctx context.Context, msgs []idem.Message) ([]idem.
 // idem.ErrInvalidConfig.
 func TestNewConsumerConfigErrors(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName("cfg")
-	seeds := newCluster(t, topic).ListenAddrs()
+	// NewConsumer checks the client's options and never dials: the seed is
+	// an address nothing listens on (the cluster tests are in kafkatest).
+	const topic = "cfg"
 	good := Config{Processor: noopProcessor, DeadLetter: "dead"}
-
+	var groups atomic.Int64
+	newClient := func(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+		t.Helper()
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}, opts...)...)
+		if err != nil {
+			t.Fatalf("kgo.NewClient: %v", err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
 	groupClient := func(t *testing.T, opts ...kgo.Opt) *kgo.Client {
-		return newClient(t, seeds, append([]kgo.Opt{kgo.ConsumerGroup(uniqueName("g")), kgo.ConsumeTopics(topic)}, opts...)...)
+		group := fmt.Sprintf("g-%d", groups.Add(1))
+		return newClient(t, append([]kgo.Opt{kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic)}, opts...)...)
 	}
 	tests := []struct {
 		name   string
@@ -44,7 +52,7 @@ func TestNewConsumerConfigErrors(t *testing.T) {
 		cfg    func(Config) Config
 	}{
 		{"nil client", func(*testing.T) *kgo.Client { return nil }, nil},
-		{"no consumer group", func(t *testing.T) *kgo.Client { return newClient(t, seeds) }, nil},
+		{"no consumer group", func(t *testing.T) *kgo.Client { return newClient(t) }, nil},
 		{"without ClientOpts", func(t *testing.T) *kgo.Client { return groupClient(t) }, nil},
 		{"ClientOpts but autocommitting", func(t *testing.T) *kgo.Client {
 			// Only the marker and the callbacks: the autocommit is still on.
@@ -129,74 +137,6 @@ func TestNewConsumerConfigErrors(t *testing.T) {
 	})
 }
 
-// TestProducer checks the message ID rules of Publish: a UUIDv7 by default,
-// the caller's business key with WithMessageID, and a typed error before
-// anything is sent for an ID that breaks idem's rules.
-func TestProducer(t *testing.T) {
-	t.Parallel()
-	topic := uniqueName("prod")
-	seeds := newCluster(t, topic).ListenAddrs()
-	cl := newClient(t, seeds, kgo.ConsumeTopics(topic), kgo.FetchMaxWait(250*time.Millisecond))
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-
-	if _, err := NewProducer(nil, ProducerConfig{}).Publish(ctx, topic, nil); !errors.Is(err, idem.ErrInvalidConfig) {
-		t.Fatalf("Publish with a nil client = %v, want idem.ErrInvalidConfig", err)
-	}
-	if _, err := NewProducer(cl, ProducerConfig{MaxIDLength: -1}).Publish(ctx, topic, nil); !errors.Is(err, idem.ErrInvalidConfig) {
-		t.Fatalf("negative MaxIDLength: %v, want idem.ErrInvalidConfig", err)
-	}
-	p := NewProducer(cl, ProducerConfig{IDHeader: "x-id", MaxIDLength: 40})
-	for _, tt := range []struct {
-		id   string
-		want error
-	}{
-		{"", idem.ErrMissingMessageID},
-		{"bad\x00id", idem.ErrInvalidMessageID},
-		{"forty-one-bytes-forty-one-bytes-forty-one", idem.ErrInvalidMessageID},
-	} {
-		if _, err := p.Publish(ctx, topic, []byte("x"), WithMessageID(tt.id)); !errors.Is(err, tt.want) {
-			t.Fatalf("Publish(WithMessageID(%q)) = %v, want %v", tt.id, err, tt.want)
-		}
-	}
-
-	generated, err := p.Publish(ctx, topic, []byte("first"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u, err := uuid.Parse(generated); err != nil || u.Version() != 7 {
-		t.Fatalf("default ID %q is not a UUIDv7 (%v)", generated, err)
-	}
-	business, err := p.Publish(ctx, topic, []byte("second"), WithMessageID("invoice-42"), WithKey([]byte("k")),
-		WithHeaders(kgo.RecordHeader{Key: "trace", Value: []byte("t1")}))
-	if err != nil || business != "invoice-42" {
-		t.Fatalf("Publish with a business key = %q, %v", business, err)
-	}
-
-	// Only the two valid records reached the topic, with their headers.
-	var recs []*kgo.Record
-	for len(recs) < 2 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read back: %v (got %d records)", ctx.Err(), len(recs))
-		}
-		recs = append(recs, fs.Records()...)
-	}
-	byValue := map[string]*kgo.Record{}
-	for _, r := range recs {
-		byValue[string(r.Value)] = r
-	}
-	if r := byValue["first"]; r == nil || header(r, "x-id") != generated || r.Key != nil {
-		t.Fatalf("first record %+v, want x-id %q and no key", r, generated)
-	}
-	if r := byValue["second"]; r == nil || header(r, "x-id") != "invoice-42" || string(r.Key) != "k" || header(r, "trace") != "t1" {
-		t.Fatalf("second record %+v, want x-id invoice-42, key k, trace t1", r)
-	}
-	if len(recs) != 2 {
-		t.Fatalf("%d records on the topic, want 2: refused IDs must not be sent", len(recs))
-	}
-}
-
 // TestHeaderID checks how the message ID is read from the headers.
 func TestHeaderID(t *testing.T) {
 	t.Parallel()
@@ -226,52 +166,4 @@ func TestHeaderID(t *testing.T) {
 			t.Errorf("%s: headerID = %q, %v; want %q, %v", tt.name, got, err, tt.want, tt.wantErr)
 		}
 	}
-}
-
-// TestRetentionWarning checks the start-up warning: a topic that keeps records longer than the processed IDs'
-// retention window is named in a warning; a shorter one is not.
-func TestRetentionWarning(t *testing.T) {
-	t.Parallel()
-	topic := uniqueName("retained")
-	seeds := newCluster(t, topic).ListenAddrs() // kfake: retention.ms 7 days
-	for _, tt := range []struct {
-		window   time.Duration
-		wantWarn bool
-	}{
-		{24 * time.Hour, true},
-		{30 * 24 * time.Hour, false},
-	} {
-		t.Run(tt.window.String(), func(t *testing.T) {
-			t.Parallel()
-			var logs syncBuffer
-			logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			m := startMember(t, seeds, uniqueName("g"), topic, Config{Processor: noopProcessor, DeadLetter: "dead", RetentionWindow: tt.window, Logger: logger})
-			if err := m.stop(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			out := logs.String()
-			warned := strings.Contains(out, "keeps records longer") && strings.Contains(out, "topic="+topic)
-			if warned != tt.wantWarn {
-				t.Fatalf("window %v: warned=%v, want %v; log:\n%s", tt.window, warned, tt.wantWarn, out)
-			}
-		})
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -222,9 +222,10 @@ func (c *Consumer) Stop(ctx context.Context) error {
 // Run): NewConsumer may then attach another Consumer to the client.
 func (c *Consumer) finish() { c.doneOnce.Do(func() { close(c.done) }) }
 
-// crash makes the Consumer behave as a killed process (tests): from now on
-// nothing is committed or dead-lettered, handlers in flight are canceled,
-// and Run returns without waiting for them to be settled.
+// crash makes the Consumer behave as a killed process (for the tests,
+// through testhook.Crash): from now on nothing is committed or
+// dead-lettered, handlers in flight are canceled, and Run returns without
+// waiting for them to be settled.
 func (c *Consumer) crash() {
 	c.crashed.Store(true)
 	c.mu.Lock()

@@ -4,26 +4,33 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os/signal"
+	"syscall"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/idemkafka"
 )
 
-// A payments consumer on an in-process Kafka cluster (kfake, three
-// brokers). The producer sends payment pay-1 twice (a retry after a lost
-// acknowledgement): the handler charges once, and the copy is a Duplicate
-// whose offset is committed like any other.
+// A payments consumer on the Kafka cluster at localhost:9092, with the
+// topics payments and payments-dead. A producer that sends payment pay-1
+// twice (a retry after a lost acknowledgement) charges once: the copy is
+// a Duplicate whose offset is committed like any other. The handler's
+// store is idem's MemoryStore here; in production it is store/idemsql or
+// store/idempgxv5, and the effect is written in the claim's transaction.
+//
+// The example needs a running broker, so it is compiled but not run; the
+// module's tests run the same flow on franz-go's in-process kfake cluster.
 func Example() {
-	ctx := context.Background()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(1, "payments", "payments-dead"))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	seeds := kgo.SeedBrokers("localhost:9092")
+
+	prod, err := kgo.NewClient(seeds)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer cluster.Close()
-	prod, _ := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
 	defer prod.Close()
 	producer := idemkafka.NewProducer(prod, idemkafka.ProducerConfig{})
 	for _, id := range []string{"pay-1", "pay-2", "pay-1"} {
@@ -33,38 +40,28 @@ func Example() {
 	}
 
 	// The consumer: a group client with idemkafka.ClientOpts, an
-	// Idempotent Consumer (here in memory; idemsql or idempgxv5 in
-	// production), and the handler bound to it.
-	seen := make(chan idem.Status, 3)
-	payments, _ := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "payments"})
+	// Idempotent Consumer, and the handler bound to it.
+	payments, err := idem.NewConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "payments"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer payments.Close()
 	charge := idem.Bind(payments, func(ctx context.Context, tx *idem.MemoryTx, msg idem.Message) error {
 		tx.OnCommit(func() { fmt.Println("charged", msg.ID) })
 		return nil
 	})
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cluster.ListenAddrs()...),
-		kgo.ConsumerGroup("payments"), kgo.ConsumeTopics("payments")}, idemkafka.ClientOpts()...)...)
+	cl, err := kgo.NewClient(append([]kgo.Opt{seeds, kgo.ConsumerGroup("payments"), kgo.ConsumeTopics("payments")},
+		idemkafka.ClientOpts()...)...)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer cl.Close()
-	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{DeadLetter: "payments-dead",
-		Processor: idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
-			out, err := charge.Process(ctx, msg)
-			seen <- out.Status
-			return out, err
-		})})
+	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: charge, DeadLetter: "payments-dead"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	go c.Run(ctx)
-	fmt.Println(<-seen, <-seen, <-seen)
-	if err := c.Stop(ctx); err != nil { // commits the three offsets
+	// Until SIGINT or SIGTERM; the offsets of what finished are committed.
+	if err := c.Run(ctx); err != nil && ctx.Err() == nil {
 		log.Fatal(err)
 	}
-
-	// Output:
-	// charged pay-1
-	// charged pay-2
-	// Processed Processed Duplicate
 }

@@ -1,4 +1,4 @@
-package idemotel_test
+package oteltest
 
 import (
 	"context"
@@ -75,6 +75,18 @@ func (b *testBundle) config(cfg idem.Config) idem.Config {
 	cfg.PurgeInterval = -1
 	cfg.Hooks = []idem.Hook{b.obs}
 	return cfg
+}
+
+// consumer returns a transactional consumer on the bundle's store with
+// cfg and the Observer (see config), closed when t ends.
+func (b *testBundle) consumer(t *testing.T, cfg idem.Config) *idem.Consumer[*idem.MemoryTx] {
+	t.Helper()
+	c, err := idem.NewConsumer[*idem.MemoryTx](b.store, b.config(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // collect returns the metrics recorded so far, by name.
@@ -173,11 +185,7 @@ func spanAttr(s tracetest.SpanStub, key string) string {
 func TestTransactionalMetricsAndSpans(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := idem.NewConsumer[*idem.MemoryTx](b.store, b.config(idem.Config{Name: "payments"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := b.consumer(t, idem.Config{Name: "payments"})
 	ctx := t.Context()
 	var handlerSpan trace.SpanContext
 	ok := func(ctx context.Context, _ *idem.MemoryTx, m idem.Message) error {
@@ -451,11 +459,7 @@ func TestNewObserverOptions(t *testing.T) {
 func TestBatchSpanStatus(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c, err := idem.NewConsumer[*idem.MemoryTx](b.store, b.config(idem.Config{Name: "payments"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := b.consumer(t, idem.Config{Name: "payments"})
 	ctx := t.Context()
 	p := []byte("p")
 	ok := func(context.Context, *idem.MemoryTx, []idem.Message) error { return nil }

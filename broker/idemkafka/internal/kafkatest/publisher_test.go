@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
 // OutboxPublisher implements brokertest.OutboxBroker: the relay produces
@@ -17,7 +18,7 @@ import (
 // relay's publish deadline, so the batch would end with ctx instead).
 func (b *testBroker) OutboxPublisher() (idem.Publisher, string) {
 	cl := newClient(b.t, b.seeds, kgo.MetadataMinAge(50*time.Millisecond), kgo.UnknownTopicRetries(2))
-	return NewPublisher(cl, ProducerConfig{}), b.topic
+	return idemkafka.NewPublisher(cl, idemkafka.ProducerConfig{}), b.topic
 }
 
 // UndeliverableDestination implements brokertest.OutboxUndeliverable: a
@@ -37,9 +38,9 @@ func TestPublisherBatch(t *testing.T) {
 	b := newTestBroker(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	pub := NewPublisher(b.raw, ProducerConfig{})
+	pub := idemkafka.NewPublisher(b.raw, idemkafka.ProducerConfig{})
 	errs := pub.Publish(ctx, []idem.Outgoing{
-		{ID: "out-1", Destination: b.topic, Key: "k1", Payload: []byte("one"), Headers: map[string]string{"trace": "t1", DefaultIDHeader: "forged"}},
+		{ID: "out-1", Destination: b.topic, Key: "k1", Payload: []byte("one"), Headers: map[string]string{"trace": "t1", idemkafka.DefaultIDHeader: "forged"}},
 		{ID: "out-2", Destination: b.topic, Key: "k2", Payload: make([]byte, 2<<20)},
 		{ID: "out-3", Destination: b.topic, Payload: []byte("three")},
 	})
@@ -53,7 +54,7 @@ func TestPublisherBatch(t *testing.T) {
 		if err := ctx.Err(); err != nil {
 			t.Fatalf("read %d of 2 records: %v", len(got), err)
 		}
-		fs.EachRecord(func(r *kgo.Record) { got[header(r, DefaultIDHeader)] = r })
+		fs.EachRecord(func(r *kgo.Record) { got[header(r, idemkafka.DefaultIDHeader)] = r })
 	}
 	r1 := got["out-1"]
 	if r1 == nil || string(r1.Key) != "k1" || header(r1, "trace") != "t1" || len(r1.Headers) != 2 || string(r1.Value) != "one" {
@@ -71,7 +72,7 @@ func TestPublisherContextEnds(t *testing.T) {
 	b := newTestBroker(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	errs := NewPublisher(b.raw, ProducerConfig{}).Publish(ctx, []idem.Outgoing{
+	errs := idemkafka.NewPublisher(b.raw, idemkafka.ProducerConfig{}).Publish(ctx, []idem.Outgoing{
 		{ID: "out-1", Destination: b.topic, Payload: []byte("one")},
 		{ID: "out-2", Destination: b.topic, Payload: []byte("two")},
 	})

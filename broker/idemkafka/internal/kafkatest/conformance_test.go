@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/broker/brokertest"
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
 // TestConformance runs the shared broker suite and the outbox case on a kfake cluster of three
@@ -42,7 +43,7 @@ type testBroker struct {
 	seeds            []string
 	topic, dead, grp string
 	raw              *kgo.Client
-	prod             *Producer
+	prod             *idemkafka.Producer
 }
 
 var (
@@ -63,7 +64,7 @@ func newTestBrokerAt(t *testing.T, v *kversion.Versions) *testBroker {
 	b := &testBroker{t: t, topic: uniqueName("events"), dead: uniqueName("events-dead"), grp: uniqueName("group")}
 	b.seeds = newClusterAt(t, v, b.topic, b.dead).ListenAddrs()
 	b.raw = newClient(t, b.seeds)
-	b.prod = NewProducer(b.raw, ProducerConfig{})
+	b.prod = idemkafka.NewProducer(b.raw, idemkafka.ProducerConfig{})
 	return b
 }
 
@@ -74,23 +75,23 @@ func (b *testBroker) Publish(ctx context.Context, id string, payload []byte) err
 	if id == "" {
 		return b.raw.ProduceSync(ctx, &kgo.Record{Topic: b.topic, Value: payload}).FirstErr()
 	}
-	_, err := b.prod.Publish(ctx, b.topic, payload, WithMessageID(id), WithKey([]byte(id)))
+	_, err := b.prod.Publish(ctx, b.topic, payload, idemkafka.WithMessageID(id), idemkafka.WithKey([]byte(id)))
 	if errors.Is(err, idem.ErrInvalidMessageID) {
 		return b.raw.ProduceSync(ctx, &kgo.Record{Topic: b.topic, Key: []byte(id), Value: payload,
-			Headers: []kgo.RecordHeader{{Key: DefaultIDHeader, Value: []byte(id)}}}).FirstErr()
+			Headers: []kgo.RecordHeader{{Key: idemkafka.DefaultIDHeader, Value: []byte(id)}}}).FirstErr()
 	}
 	return err
 }
 
 func (b *testBroker) Start(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (brokertest.Member, error) {
-	return b.start(Config{Processor: p}, opts)
+	return b.start(idemkafka.Config{Processor: p}, opts)
 }
 
 func (b *testBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts brokertest.StartOptions) (brokertest.Member, error) {
-	return b.start(Config{BatchProcessor: p, BatchSize: opts.BatchSize}, opts)
+	return b.start(idemkafka.Config{BatchProcessor: p, BatchSize: opts.BatchSize}, opts)
 }
 
-func (b *testBroker) config(cfg Config, opts brokertest.StartOptions) Config {
+func (b *testBroker) config(cfg idemkafka.Config, opts brokertest.StartOptions) idemkafka.Config {
 	cfg.DeadLetter = b.dead
 	cfg.Concurrency = opts.Concurrency
 	cfg.MaxPollRecords = opts.Prefetch
@@ -98,7 +99,7 @@ func (b *testBroker) config(cfg Config, opts brokertest.StartOptions) Config {
 	return cfg
 }
 
-func (b *testBroker) start(cfg Config, opts brokertest.StartOptions) (brokertest.Member, error) {
+func (b *testBroker) start(cfg idemkafka.Config, opts brokertest.StartOptions) (brokertest.Member, error) {
 	return startMember(b.t, b.seeds, b.grp, b.topic, b.config(cfg, opts)), nil
 }
 
@@ -111,7 +112,7 @@ func (b *testBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions)
 		return nil, err
 	}
 	b.t.Cleanup(cl.Close)
-	c, err := NewConsumer(cl, b.config(Config{Processor: p}, opts))
+	c, err := idemkafka.NewConsumer(cl, b.config(idemkafka.Config{Processor: p}, opts))
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +122,7 @@ func (b *testBroker) NewConsumer(p idem.Processor, opts brokertest.StartOptions)
 // closingRunner closes the client once Run has returned (unless it was a
 // second Run, refused).
 type closingRunner struct {
-	*Consumer
+	*idemkafka.Consumer
 	cl *kgo.Client
 }
 
@@ -140,7 +141,7 @@ func (b *testBroker) DeadLetters(ctx context.Context) ([]brokertest.DeadLetter, 
 	}
 	out := make([]brokertest.DeadLetter, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, brokertest.DeadLetter{ID: header(r, DefaultIDHeader), Payload: r.Value,
+		out = append(out, brokertest.DeadLetter{ID: header(r, idemkafka.DefaultIDHeader), Payload: r.Value,
 			Reason: header(r, idem.HeaderDeadLetterReason), Error: header(r, idem.HeaderDeadLetterError)})
 	}
 	return out, nil

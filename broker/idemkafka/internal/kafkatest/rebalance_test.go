@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
+	"github.com/idem-go/idem/broker/idemkafka/internal/testhook"
 	"github.com/idem-go/idem/idemdriver"
 )
 
@@ -59,11 +61,11 @@ func newEffectsFixture(t *testing.T) *effectsFixture {
 // spread over the partitions), and returns the IDs.
 func (f *effectsFixture) publish(prefix string, n int) []string {
 	f.t.Helper()
-	p := NewProducer(newClient(f.t, f.seeds), ProducerConfig{})
+	p := idemkafka.NewProducer(newClient(f.t, f.seeds), idemkafka.ProducerConfig{})
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("%s-%03d", prefix, i)
-		if _, err := p.Publish(context.Background(), f.topic, []byte("payload of "+ids[i]), WithMessageID(ids[i]), WithKey([]byte(ids[i]))); err != nil {
+		if _, err := p.Publish(context.Background(), f.topic, []byte("payload of "+ids[i]), idemkafka.WithMessageID(ids[i]), idemkafka.WithKey([]byte(ids[i]))); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -185,19 +187,19 @@ func TestRebalanceJoinWhileBatchInFlight(t *testing.T) {
 			}
 			revoking := make(chan struct{})
 			var revokeOnce sync.Once
-			cfgA := Config{
+			cfgA := idemkafka.Config{
 				BatchProcessor: f.batchProcessor("A", inHandler, nil),
 				BatchSize:      10,
 				Concurrency:    2,
 				DeadLetter:     f.dead,
 				RetryDelay:     100 * time.Millisecond,
 				RevokeTimeout:  waitFor, // the assertion is that revocation waits
-				testOnRevoke: func(m map[string][]int32) {
-					if len(m) > 0 {
-						revokeOnce.Do(func() { close(revoking) })
-					}
-				},
 			}
+			testhook.SetOnRevoke(&cfgA, func(m map[string][]int32) {
+				if len(m) > 0 {
+					revokeOnce.Do(func() { close(revoking) })
+				}
+			})
 			a := startMember(t, f.seeds, f.group, f.topic, cfgA, tt.balancers...)
 
 			var batch []idem.Message
@@ -210,7 +212,7 @@ func TestRebalanceJoinWhileBatchInFlight(t *testing.T) {
 			// B joins while A's batch is in flight.
 			bJoined := make(chan *member, 1)
 			go func() {
-				bJoined <- startMember(t, f.seeds, f.group, f.topic, Config{
+				bJoined <- startMember(t, f.seeds, f.group, f.topic, idemkafka.Config{
 					BatchProcessor: f.batchProcessor("B", nil, nil), BatchSize: 10, Concurrency: 2,
 					DeadLetter: f.dead, RetryDelay: 100 * time.Millisecond,
 				}, tt.balancers...)
@@ -286,8 +288,8 @@ func TestRebalanceLeaveWithoutCommitWhileBatchInFlight(t *testing.T) {
 			})
 		}
 	}
-	cfg := func(name string) Config {
-		return Config{BatchProcessor: f.batchProcessor(name, nil, around(name)), BatchSize: 10, Concurrency: 2,
+	cfg := func(name string) idemkafka.Config {
+		return idemkafka.Config{BatchProcessor: f.batchProcessor(name, nil, around(name)), BatchSize: 10, Concurrency: 2,
 			DeadLetter: f.dead, RetryDelay: 100 * time.Millisecond}
 	}
 	members := map[string]*member{

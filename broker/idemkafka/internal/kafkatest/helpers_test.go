@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kversion"
 	_ "modernc.org/sqlite"
 
+	"github.com/idem-go/idem/broker/idemkafka"
+	"github.com/idem-go/idem/broker/idemkafka/internal/testhook"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -70,7 +72,7 @@ func groupOpts(seeds []string, group, topic string, extra ...kgo.Opt) []kgo.Opt 
 		kgo.HeartbeatInterval(250 * time.Millisecond),
 	}
 	opts = append(opts, extra...)
-	return append(opts, ClientOpts()...)
+	return append(opts, idemkafka.ClientOpts()...)
 }
 
 // newClient returns a plain client (producing, admin), closed when t ends.
@@ -116,7 +118,7 @@ func countRows(t *testing.T, db *sql.DB, query string, args ...any) int {
 type member struct {
 	t       *testing.T
 	cl      *kgo.Client
-	c       *Consumer
+	c       *idemkafka.Consumer
 	runErr  chan error
 	joined  chan struct{}
 	closeMu sync.Once
@@ -124,7 +126,7 @@ type member struct {
 
 // startMember builds a group client, a Consumer with cfg, runs it, and
 // waits until the client has joined the group (its first assignment).
-func startMember(t *testing.T, seeds []string, group, topic string, cfg Config, extra ...kgo.Opt) *member {
+func startMember(t *testing.T, seeds []string, group, topic string, cfg idemkafka.Config, extra ...kgo.Opt) *member {
 	t.Helper()
 	m := &member{t: t, runErr: make(chan error, 1), joined: make(chan struct{})}
 	var once sync.Once
@@ -136,7 +138,7 @@ func startMember(t *testing.T, seeds []string, group, topic string, cfg Config, 
 		t.Fatalf("kgo.NewClient: %v", err)
 	}
 	m.cl = cl
-	c, err := NewConsumer(cl, cfg)
+	c, err := idemkafka.NewConsumer(cl, cfg)
 	if err != nil {
 		cl.Close()
 		t.Fatalf("NewConsumer: %v", err)
@@ -168,7 +170,7 @@ func (m *member) stop(ctx context.Context) error {
 // crash kills the member: nothing more is committed or dead-lettered, and
 // the client leaves the group without committing.
 func (m *member) crash() {
-	m.c.crash()
+	testhook.Crash(m.c)
 	m.close()
 }
 

@@ -1,4 +1,4 @@
-package idemotel_test
+package oteltest
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -22,11 +23,11 @@ import (
 // conventions" section.
 type conventionRow struct{ kind, convention string }
 
-// conventionTable parses that table from doc.go, by kind and name
-// ("metric idem.messages", "attribute idem.mode").
+// conventionTable parses that table from idemotel's doc.go, by kind and
+// name ("metric idem.messages", "attribute idem.mode").
 func conventionTable(t *testing.T) map[string]conventionRow {
 	t.Helper()
-	src, err := os.ReadFile("doc.go")
+	src, err := os.ReadFile(filepath.Join("..", "..", "doc.go"))
 	if err != nil {
 		t.Fatal(err)
 	}

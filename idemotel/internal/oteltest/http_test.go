@@ -1,4 +1,4 @@
-package idemotel_test
+package oteltest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
 // TestRetryInPlaceKeepsOrder: within a partition, a record whose outcome is
@@ -28,7 +29,7 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 	topic, dead, group := uniqueName("ordered"), uniqueName("ordered-dead"), uniqueName("ordered-group")
 	seeds := newCluster(t, topic, dead).ListenAddrs()
 	raw := newClient(t, seeds)
-	p := NewProducer(raw, ProducerConfig{})
+	p := idemkafka.NewProducer(raw, idemkafka.ProducerConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 
@@ -44,7 +45,7 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 		}
 		id := fmt.Sprintf("m%d", i)
 		ids = append(ids, id)
-		if _, err := p.Publish(ctx, topic, []byte("payload "+id), WithMessageID(id), WithKey([]byte("k"))); err != nil {
+		if _, err := p.Publish(ctx, topic, []byte("payload "+id), idemkafka.WithMessageID(id), idemkafka.WithKey([]byte("k"))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -73,7 +74,7 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 		done = append(done, msg.ID)
 		return idem.Outcome{Status: idem.Processed, MessageID: msg.ID}, nil
 	})
-	m := startMember(t, seeds, group, topic, Config{Processor: proc, DeadLetter: dead, Concurrency: 4, RetryDelay: retryDelay})
+	m := startMember(t, seeds, group, topic, idemkafka.Config{Processor: proc, DeadLetter: dead, Concurrency: 4, RetryDelay: retryDelay})
 	testenv.Eventually(t, waitFor, "all records processed", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -114,19 +115,19 @@ func TestRetryInPlaceKeepsOrder(t *testing.T) {
 	}
 	dl := dls[0]
 	wantHeaders := map[string]string{
-		idem.HeaderDeadLetterReason: idem.ReasonMissingMessageID,
-		idem.HeaderDeadLetterError:  idem.ErrMissingMessageID.Error(),
-		idem.HeaderDeadLetterStatus: "Rejected",
-		HeaderOriginalTopic:         topic,
-		HeaderOriginalOffset:        "3",
+		idem.HeaderDeadLetterReason:    idem.ReasonMissingMessageID,
+		idem.HeaderDeadLetterError:     idem.ErrMissingMessageID.Error(),
+		idem.HeaderDeadLetterStatus:    "Rejected",
+		idemkafka.HeaderOriginalTopic:  topic,
+		idemkafka.HeaderOriginalOffset: "3",
 	}
 	for k, v := range wantHeaders {
 		if got := header(dl, k); got != v {
 			t.Errorf("dead letter header %s = %q, want %q", k, got, v)
 		}
 	}
-	if _, err := strconv.Atoi(header(dl, HeaderOriginalPartition)); err != nil || string(dl.Value) != "no id" || string(dl.Key) != "k" {
-		t.Errorf("dead letter %q key %q partition %q: want the original record", dl.Value, dl.Key, header(dl, HeaderOriginalPartition))
+	if _, err := strconv.Atoi(header(dl, idemkafka.HeaderOriginalPartition)); err != nil || string(dl.Value) != "no id" || string(dl.Key) != "k" {
+		t.Errorf("dead letter %q key %q partition %q: want the original record", dl.Value, dl.Key, header(dl, idemkafka.HeaderOriginalPartition))
 	}
 	if lag := groupLag(t, seeds, group, topic); lag != 0 {
 		t.Errorf("group lag %d after Stop, want 0: every record, the dead-lettered one included, is committed", lag)
@@ -154,7 +155,7 @@ func TestDeadLetterFailureIsNotAck(t *testing.T) {
 		mu.Unlock()
 		return idem.Outcome{Status: idem.Rejected, Err: idem.ErrMissingMessageID}, idem.ErrMissingMessageID
 	})
-	m := startMember(t, seeds, group, topic, Config{Processor: proc, DeadLetter: uniqueName("missing"),
+	m := startMember(t, seeds, group, topic, idemkafka.Config{Processor: proc, DeadLetter: uniqueName("missing"),
 		RetryDelay: 50 * time.Millisecond, CommitTimeout: 300 * time.Millisecond})
 	testenv.Eventually(t, waitFor, "the record retried", func() bool {
 		mu.Lock()

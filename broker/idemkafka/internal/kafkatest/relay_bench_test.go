@@ -1,10 +1,11 @@
-package idemkafka
+package kafkatest
 
 import (
 	"strconv"
 	"testing"
 
 	"github.com/idem-go/idem/broker/brokertest"
+	"github.com/idem-go/idem/broker/idemkafka"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -29,7 +30,7 @@ func BenchmarkRelay(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(cl.Close)
-			brokertest.RelayBench(b, NewPublisher(cl, ProducerConfig{}), topic, 100, workers)
+			brokertest.RelayBench(b, idemkafka.NewPublisher(cl, idemkafka.ProducerConfig{}), topic, 100, workers)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
 // invoiceCreated is the event of the seed's decision record.
@@ -63,13 +64,13 @@ func TestInvoicesReplayedAfterRebalance(t *testing.T) {
 
 	// The order service publishes one InvoiceCreated per invoice, with the
 	// business key as message ID, keyed by invoice.
-	producer := NewProducer(newClient(t, seeds), ProducerConfig{})
+	producer := idemkafka.NewProducer(newClient(t, seeds), idemkafka.ProducerConfig{})
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	for i := range n {
 		ev := invoiceCreated{InvoiceID: fmt.Sprintf("INV-%04d", i), Customer: fmt.Sprintf("customer-%d", i%7), AmountCents: 1000 + i}
 		payload, _ := json.Marshal(ev)
-		if _, err := producer.Publish(ctx, topic, payload, WithMessageID(ev.InvoiceID+"/created"), WithKey([]byte(ev.InvoiceID))); err != nil {
+		if _, err := producer.Publish(ctx, topic, payload, idemkafka.WithMessageID(ev.InvoiceID+"/created"), idemkafka.WithKey([]byte(ev.InvoiceID))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -109,7 +110,7 @@ func TestInvoicesReplayedAfterRebalance(t *testing.T) {
 	var created atomic.Int32
 	var a *member
 	aReady := make(chan struct{})
-	a = startMember(t, seeds, group, topic, Config{
+	a = startMember(t, seeds, group, topic, idemkafka.Config{
 		Processor: record("A", bound, func(out idem.Outcome) {
 			if out.Status == idem.Processed && created.Add(1) == 10 {
 				<-aReady
@@ -128,7 +129,7 @@ func TestInvoicesReplayedAfterRebalance(t *testing.T) {
 	<-a.runErr // A's handlers in flight have returned
 
 	// B joins the group after the rebalance and is replayed the events.
-	b := startMember(t, seeds, group, topic, Config{Processor: record("B", bound, nil), DeadLetter: dead, Concurrency: 4, RetryDelay: 100 * time.Millisecond})
+	b := startMember(t, seeds, group, topic, idemkafka.Config{Processor: record("B", bound, nil), DeadLetter: dead, Concurrency: 4, RetryDelay: 100 * time.Millisecond})
 	testenv.Eventually(t, waitFor, fmt.Sprintf("%d invoices", n),
 		func() bool { return countRows(t, db, `SELECT COUNT(DISTINCT invoice_id) FROM invoices`) == n },
 		func() string {
