@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -80,13 +81,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- sub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-runDone
-	}()
+	defer background(ctx, sub.Run)()
 
 	var m matrix
 	n := messages(t)
@@ -131,27 +126,11 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 		}
 		// Every acknowledged publish should reach the effect; wait until
 		// it does, or until nothing more arrives for 15 seconds.
-		last, lastCount := time.Now(), -1
-		for {
+		awaitEffects(all, func() map[string]int {
 			mu.Lock()
-			done := 0
-			for _, id := range all {
-				if effects[id] > 0 {
-					done++
-				}
-			}
-			mu.Unlock()
-			if done == n {
-				break
-			}
-			if done != lastCount {
-				last, lastCount = time.Now(), done
-			}
-			if time.Since(last) > 15*time.Second {
-				break
-			}
-			time.Sleep(testenv.Poll)
-		}
+			defer mu.Unlock()
+			return maps.Clone(effects)
+		}, 15*time.Second)
 		if err := <-rejoined; err != nil {
 			t.Fatal(err)
 		}
