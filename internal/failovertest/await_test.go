@@ -2,6 +2,8 @@ package failovertest
 
 import (
 	"context"
+	"os"
+	"testing"
 	"time"
 
 	"github.com/idem-go/idem/internal/testenv"
@@ -45,4 +47,15 @@ func background(ctx context.Context, run func(context.Context) error) (stop func
 		cancel()
 		<-done
 	}
+}
+
+// reducedRounds is the number of failovers of the rows added after the
+// first matrix (Kafka, the current nats-server, RabbitMQ): 2, to keep
+// scripts/test short, unless IDEM_FAILOVER_ROUNDS asks for more (the
+// figures of docs/failover.md use 5 or more).
+func reducedRounds(t *testing.T) int {
+	if os.Getenv("IDEM_FAILOVER_ROUNDS") != "" {
+		return rounds(t)
+	}
+	return 2
 }

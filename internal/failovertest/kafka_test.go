@@ -180,7 +180,7 @@ func testKafkaPartitionLeaderMove(t *testing.T, cfg kafkaConfig) {
 	var m matrix
 	var timedOut int // produces answered REQUEST_TIMED_OUT after the write
 	n := messages(t)
-	for r := range rounds(t) {
+	for r := range reducedRounds(t) {
 		all := ids(r, n)
 		published := map[string]bool{}
 		resets.n.Store(0)
@@ -250,7 +250,7 @@ func testKafkaPartitionLeaderMove(t *testing.T, cfg kafkaConfig) {
 			t.Errorf("round %d: %d doubles, %d lost; want none", r, doubles, lost)
 		}
 	}
-	copies := kafkaLogCopies(t, seeds, topic, rounds(t)*n)
+	copies := kafkaLogCopies(t, seeds, topic, reducedRounds(t)*n)
 	switch {
 	case timedOut == 0:
 		t.Error("no produce was answered REQUEST_TIMED_OUT: the fault never fired")

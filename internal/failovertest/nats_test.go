@@ -35,8 +35,15 @@ import (
 // redelivers.
 func TestNATSStreamLeaderFailover(t *testing.T) {
 	t.Parallel()
+	testNATSStreamLeaderFailover(t, rounds(t))
+}
+
+// testNATSStreamLeaderFailover is TestNATSStreamLeaderFailover with
+// rounds failovers, on nats-ha started with env (e.g. the binary,
+// IDEM_NATS_HA_BIN).
+func testNATSStreamLeaderFailover(t *testing.T, rounds int, env ...string) {
 	ctx := t.Context()
-	c := ownservice.Start(t, "nats-ha")
+	c := ownservice.StartEnv(t, "nats-ha", env...)
 	nc, err := nats.Connect(c.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +92,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 
 	var m matrix
 	n := messages(t)
-	for r := range rounds(t) {
+	for r := range rounds {
 		all := ids(r, n)
 		published := map[string]bool{}
 		var killedAt time.Time
@@ -155,7 +162,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 			return true
 		}, nil)
 	}
-	t.Logf("NATS JetStream R3, stream leader killed: %v", &m)
+	t.Logf("NATS JetStream R3 (nats-server %s), stream leader killed: %v", nc.ConnectedServerVersion(), &m)
 }
 
 // streamLeader returns the name of the stream's leader (node1..node3).
