@@ -13,6 +13,7 @@ replace github.com/idem-go/idem/broker/idemnats => ../../broker/idemnats
 
 require (
 	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/broker/idemamqp v0.0.0
 	github.com/idem-go/idem/broker/idemkafka v0.0.0
 	github.com/idem-go/idem/broker/idemnats v0.0.0
 	github.com/idem-go/idem/store/idempgxv5 v0.0.0
@@ -20,6 +21,7 @@ require (
 	github.com/idem-go/idem/store/idemsql v0.0.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.20.0
@@ -29,6 +31,7 @@ require (
 )
 
 require (
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -57,3 +60,5 @@ replace github.com/idem-go/idem/broker/idemkafka => ../../broker/idemkafka
 replace github.com/idem-go/idem/store/idemsql => ../../store/idemsql
 
 replace github.com/idem-go/idem/broker/brokertest => ../../broker/brokertest
+
+replace github.com/idem-go/idem/broker/idemamqp => ../../broker/idemamqp
