@@ -255,6 +255,10 @@ func testKafkaPartitionLeaderMove(t *testing.T, cfg kafkaConfig) {
 			t.Errorf("round %d: %d doubles, %d lost; want none", r, doubles, lost)
 		}
 	}
+	// idemkafka warns at start-up of a reset to the end, and only then.
+	if risks := resets.risks.logged(); cfg.resetAtEnd != (len(risks) == 1) || len(risks) > 1 {
+		t.Errorf("start-up warnings %q; want one about kgo.ConsumeResetOffset only with the reset at the end", risks)
+	}
 	copies := kafkaLogCopies(t, seeds, topic, reducedRounds(t)*n)
 	switch {
 	case timedOut == 0:
@@ -305,11 +309,18 @@ func newKafkaClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
 // dataLossLog is a slog.Handler that counts idemkafka's fetch errors that
 // are a kgo.ErrDataLoss: the client could not find where the log it had
 // consumed continues and reset the partition to kgo.ConsumeResetOffset.
-type dataLossLog struct{ n atomic.Int64 }
+// It passes every record to risks too, which keeps the start-up warnings.
+type dataLossLog struct {
+	n     atomic.Int64
+	risks riskLog
+}
 
 func (l *dataLossLog) Enabled(_ context.Context, lvl slog.Level) bool { return lvl >= slog.LevelWarn }
 
-func (l *dataLossLog) Handle(_ context.Context, r slog.Record) error {
+func (l *dataLossLog) Handle(ctx context.Context, r slog.Record) error {
+	if err := l.risks.Handle(ctx, r); err != nil {
+		return err
+	}
 	r.Attrs(func(a slog.Attr) bool {
 		if e, ok := a.Value.Any().(error); ok && a.Key == "err" {
 			var loss *kgo.ErrDataLoss
