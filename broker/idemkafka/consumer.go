@@ -144,6 +144,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancelWork()
 
 	c.checkRetention(workCtx) // not cut short by Stop
+	c.checkResetOffset()
 
 	quit := make(chan struct{})
 	var committer sync.WaitGroup

@@ -142,6 +142,18 @@
 // records longer: such a topic can replay a record whose ID idem has
 // already forgotten.
 //
+// # Offset resets
+//
+// When franz-go cannot tell where a partition's log goes on (a leader's
+// log diverged, an offset fell out of the log) it reports a
+// kgo.ErrDataLoss, which the Consumer logs as a fetch error, and resumes at
+// kgo.ConsumeResetOffset. franz-go's default (a minute before the last
+// record consumed) and NewOffset().AtStart() re-read, which idem makes
+// harmless; NewOffset().AtEnd() skips the records not fetched yet and the
+// Consumer commits over them, acknowledged to their producers but never
+// processed. Run warns once at start about a client reset to the end.
+// docs/failover.md measures it.
+//
 // # Stopping
 //
 // [Consumer.Stop] stops polling, lets the records in flight finish with

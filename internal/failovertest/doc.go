@@ -2,10 +2,13 @@
 // to idem's guarantee: a PostgreSQL primary with a streaming standby
 // (asynchronous, and synchronous with synchronous_commit on and
 // remote_apply) and Redis with a replica and Sentinel (with and without
-// idemredis's WaitReplicas), and what a JetStream stream leader's death
-// does on a three-node cluster with R3 streams. Each test starts its own
-// copy of the servers with scripts/services (postgres-ha, redis-ha,
-// nats-ha), in a state directory and on ports of its own, drives a steady
+// idemredis's WaitReplicas), and what a broker failing over does: a
+// JetStream stream leader's death on a three-node cluster with R3 streams
+// (Debian's nats-server and the current release), a quorum queue leader's
+// on a three-node RabbitMQ cluster, and partition leaders moved on kfake,
+// franz-go's in-process Kafka. Each test starts its own copy of the
+// servers with scripts/services (postgres-ha, redis-ha, nats-ha,
+// rabbitmq-ha), in a state directory and on ports of its own, drives a steady
 // load of messages with stable IDs through idem with a counting effect,
 // SIGKILLs the primary (master) mid-load and lets the standby take over,
 // several times, and counts per configuration the effects that ran twice,
@@ -15,7 +18,9 @@
 // The tests need root (scripts/services starts the daemons as their
 // users): without it they skip, or fail under IDEM_TEST_REQUIRE_ALL=1.
 // IDEM_FAILOVER_ROUNDS (5) and IDEM_FAILOVER_MESSAGES (300) set the
-// failovers per configuration and the messages per failover.
+// failovers per configuration and the messages per failover; the Kafka,
+// current nats-server and RabbitMQ rows make 2 unless IDEM_FAILOVER_ROUNDS
+// is set.
 //
 // The Redis Cluster rows (redis-cluster: three masters with a replica
 // each, a master SIGKILLed and its replica taking over) and the HTTP

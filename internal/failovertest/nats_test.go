@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,8 +33,15 @@ import (
 // redelivers.
 func TestNATSStreamLeaderFailover(t *testing.T) {
 	t.Parallel()
+	testNATSStreamLeaderFailover(t, rounds(t))
+}
+
+// testNATSStreamLeaderFailover is TestNATSStreamLeaderFailover with
+// rounds failovers, on nats-ha started with env (e.g. the binary,
+// IDEM_NATS_HA_BIN).
+func testNATSStreamLeaderFailover(t *testing.T, rounds int, env ...string) {
 	ctx := t.Context()
-	c := ownservice.Start(t, "nats-ha")
+	c := ownservice.StartEnv(t, "nats-ha", env...)
 	nc, err := nats.Connect(c.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -58,8 +64,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	effects := map[string]int{}
+	var effects effectCounter
 	store := idem.NewMemoryStore(nil)
 	consumer, err := idem.NewConsumer(store, idem.Config{Name: "failover", PurgeInterval: -1})
 	if err != nil {
@@ -68,11 +73,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 	defer consumer.Close()
 	sub, err := idemnats.NewConsumer(js, cons, idemnats.Config{
 		Processor: idem.Bind(consumer, func(ctx context.Context, tx *idem.MemoryTx, m idem.Message) error {
-			tx.OnCommit(func() {
-				mu.Lock()
-				effects[m.ID]++
-				mu.Unlock()
-			})
+			tx.OnCommit(func() { effects.add(m.ID) })
 			return nil
 		}),
 		DeadLetter: "failover.dead", Concurrency: workers, RetryDelay: 100 * time.Millisecond,
@@ -80,85 +81,35 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- sub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-runDone
-	}()
+	defer background(ctx, sub.Run)()
 
 	var m matrix
 	n := messages(t)
-	for r := range rounds(t) {
+	for r := range rounds {
 		all := ids(r, n)
-		published := map[string]bool{}
-		var killedAt time.Time
-		var recovered time.Duration // the kill to the first publish acknowledged after it
 		rejoined := make(chan error, 1)
-		for i, id := range all {
-			if i == n/3 {
-				leader, err := streamLeader(ctx, stream)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ownservice.KillPIDFile(filepath.Join(c.Dir, "nats-ha", leader, "nats.pid")); err != nil {
-					t.Fatal(err)
-				}
-				killedAt = time.Now()
-				go func() { rejoined <- c.Restart() }()
+		kill := func() {
+			leader, err := streamLeader(ctx, stream)
+			if err != nil {
+				t.Fatal(err)
 			}
-			// A publish JetStream did not acknowledge is sent again, with
-			// the same ID, as a producer does.
-			for {
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_, err := js.Publish(pctx, "failover.in", []byte(id), jetstream.WithMsgID(id))
-				cancel()
-				if err == nil {
-					if !killedAt.IsZero() && recovered == 0 {
-						recovered = time.Since(killedAt)
-					}
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatal(ctx.Err())
-				}
-				if time.Since(killedAt) > 2*time.Minute {
-					t.Fatalf("publish of %s: %v, two minutes after the kill", id, err)
-				}
+			if err := ownservice.KillPIDFile(filepath.Join(c.Dir, "nats-ha", leader, "nats.pid")); err != nil {
+				t.Fatal(err)
 			}
-			published[id] = true
+			go func() { rejoined <- c.Restart() }()
 		}
+		// A publish JetStream did not acknowledge within 2 s is sent again.
+		published, recovered := publishThrough(t, all, n/3, kill, 2*time.Second, 2*time.Minute, func(ctx context.Context, id string) error {
+			_, err := js.Publish(ctx, "failover.in", []byte(id), jetstream.WithMsgID(id))
+			return err
+		})
 		// Every acknowledged publish should reach the effect; wait until
 		// it does, or until nothing more arrives for 15 seconds.
-		last, lastCount := time.Now(), -1
-		for {
-			mu.Lock()
-			done := 0
-			for _, id := range all {
-				if effects[id] > 0 {
-					done++
-				}
-			}
-			mu.Unlock()
-			if done == n {
-				break
-			}
-			if done != lastCount {
-				last, lastCount = time.Now(), done
-			}
-			if time.Since(last) > 15*time.Second {
-				break
-			}
-			time.Sleep(testenv.Poll)
-		}
+		awaitEffects(all, effects.snapshot, 15*time.Second)
 		if err := <-rejoined; err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
-		res := roundResult{acked: published, recover: recovered}
-		doubles, lost := m.add(res, all, effects)
-		mu.Unlock()
+		doubles, lost := m.add(roundResult{acked: published, recover: recovered}, all, effects.snapshot())
 		t.Logf("round %d: %d doubles, %d lost (published, no effect), recovered in %v", r, doubles, lost, recovered)
 		if doubles != 0 || lost != 0 {
 			t.Errorf("round %d: %d doubles, %d lost; want none with R3 and one node killed", r, doubles, lost)
@@ -176,7 +127,7 @@ func TestNATSStreamLeaderFailover(t *testing.T) {
 			return true
 		}, nil)
 	}
-	t.Logf("NATS JetStream R3, stream leader killed: %v", &m)
+	t.Logf("NATS JetStream R3 (nats-server %s), stream leader killed: %v", nc.ConnectedServerVersion(), &m)
 }
 
 // streamLeader returns the name of the stream's leader (node1..node3).
