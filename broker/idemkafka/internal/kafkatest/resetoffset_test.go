@@ -1,4 +1,4 @@
-package idemkafka
+package kafkatest
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idem-go/idem/broker/idemkafka"
 )
 
 // TestResetOffsetWarning checks the start-up warning: a client whose
@@ -30,7 +32,7 @@ func TestResetOffsetWarning(t *testing.T) {
 			t.Parallel()
 			var logs syncBuffer
 			logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			m := startMember(t, seeds, uniqueName("g"), topic, Config{Processor: noopProcessor, DeadLetter: "dead", Logger: logger}, tt.opts...)
+			m := startMember(t, seeds, uniqueName("g"), topic, idemkafka.Config{Processor: noopProcessor, DeadLetter: "dead", Logger: logger}, tt.opts...)
 			if err := m.stop(context.Background()); err != nil {
 				t.Fatal(err)
 			}
