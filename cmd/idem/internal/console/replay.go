@@ -109,6 +109,9 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 		return ActionView{}, err
 	}
 	what := "it had no record: processed as a new message"
+	if found {
+		what = "its record is retryable: the copy is processed as attempt 1 of a fresh round"
+	}
 	switch {
 	case reopener != nil:
 		res, err := reopener.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: a.Consumer, MessageID: dl.MessageID, Token: rec.Token})
@@ -130,9 +133,6 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 		if !res.Changed && !a.Force {
 			return refuse("message %q of consumer %q was made retryable by another replay or retry just now", dl.MessageID, a.Consumer)
 		}
-		what = "its record is retryable: the copy is processed as attempt 1 of a fresh round"
-	case found:
-		what = "its record is retryable: the copy is processed as attempt 1 of a fresh round"
 	}
 	at, err := dls.Republish(ctx, dl)
 	if err != nil {
