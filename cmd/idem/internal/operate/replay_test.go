@@ -2,6 +2,7 @@ package operate_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -52,9 +53,10 @@ type roundTrip func(*http.Request) (*http.Response, error)
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestReplayReopensARefusal: idem replay of a message the Deliverer
-// dead-lettered for a 422 reopens its record and republishes it; the
+// dead-lettered for a 422 reopens its record and republishes it; another
+// replay while that copy is on its way is refused unless forced; the
 // copy, delivered, calls the fixed service once more and completes the
-// record with the 200; a second idem replay is refused as processed and
+// record with the 200; a replay after it is refused as processed and
 // republishes nothing.
 func TestReplayReopensARefusal(t *testing.T) {
 	store := idem.NewMemoryStore(nil)
@@ -98,6 +100,9 @@ func TestReplayReopensARefusal(t *testing.T) {
 	out, err := replay()
 	if err != nil || !strings.Contains(out, "reopened") || len(broker.copies) != 1 {
 		t.Fatalf("idem replay: %q, %v, %d copies; want the record reopened and one copy", out, err, len(broker.copies))
+	}
+	if _, err := replay(); !errors.Is(err, console.ErrForceable) || !strings.Contains(err.Error(), "retryable already") || len(broker.copies) != 1 {
+		t.Errorf("idem replay while the copy is on its way: %v, %d copies; want refused unless forced, no other copy", err, len(broker.copies))
 	}
 	copyMsg := idem.Message{ID: broker.copies[0].MessageID, Payload: broker.copies[0].Payload}
 	if s := idem.Guard(t.Context(), d, copyMsg).Settle(0); s.Action != idem.Ack || s.Reason != idem.ReasonProcessed {
