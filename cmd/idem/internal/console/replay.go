@@ -122,7 +122,7 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 			return ActionView{}, err
 		}
 		if !res.Changed && !a.Force {
-			return forceable("message %q of consumer %q was reopened by another replay just now", dl.MessageID, a.Consumer)
+			return refuse("message %q of consumer %q was reopened by another replay just now", dl.MessageID, a.Consumer)
 		}
 		what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
 	case found && rec.State == idemdriver.StateFailed:

@@ -52,13 +52,12 @@ type roundTrip func(*http.Request) (*http.Response, error)
 
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// TestReplayReopensARefusal: idem replay of a message the Deliverer
-// dead-lettered for a 422 reopens its record and republishes it; another
-// replay while that copy is on its way is refused unless forced; the
-// copy, delivered, calls the fixed service once more and completes the
-// record with the 200; a replay after it is refused as processed and
-// republishes nothing.
-func TestReplayReopensARefusal(t *testing.T) {
+// refusedOrder is message order-1 of consumer "orders" of a memory
+// store, which the Deliverer dead-lettered because the service answered
+// 422 (status, which the caller may change; calls counts the calls), and
+// a broker holding its dead letter.
+func refusedOrder(t *testing.T) (*idem.MemoryStore, *idemhttp.Deliverer, *oneDeadLetter, *atomic.Int64, *atomic.Int64) {
+	t.Helper()
 	store := idem.NewMemoryStore(nil)
 	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: "orders", PurgeInterval: -1})
 	if err != nil {
@@ -82,6 +81,18 @@ func TestReplayReopensARefusal(t *testing.T) {
 	}
 	broker := &oneDeadLetter{dl: console.DeadLetter{Position: "1", Destination: "orders.dead", Source: "orders", MessageID: msg.ID,
 		Reason: idem.ReasonPermanent, Payload: msg.Payload}}
+	return store, d, broker, &status, &calls
+}
+
+// TestReplayReopensARefusal: idem replay of a message the Deliverer
+// dead-lettered for a 422 reopens its record and republishes it; another
+// replay while that copy is on its way is refused unless forced; the
+// copy, delivered, calls the fixed service once more and completes the
+// record with the 200; a replay after it is refused as processed and
+// republishes nothing.
+func TestReplayReopensARefusal(t *testing.T) {
+	store, d, broker, status, calls := refusedOrder(t)
+	msg := idem.Message{ID: broker.dl.MessageID, Payload: broker.dl.Payload}
 	replay := func() (string, error) {
 		open := func(context.Context, string, string, string) (operate.Opened, error) {
 			return operate.Opened{Store: store, Where: "memory", Close: func() error { return nil }}, nil
@@ -120,5 +131,49 @@ func TestReplayReopensARefusal(t *testing.T) {
 	}
 	if n := calls.Load(); n != 2 {
 		t.Errorf("service called %d times after the refused replay, want 2", n)
+	}
+}
+
+// racedReopen is a store on which another replay reopens the record
+// (and, with complete, the reopened record is delivered again) between
+// Replay's read and its own reopen.
+type racedReopen struct {
+	*idem.MemoryStore
+	other func()
+}
+
+func (s racedReopen) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordParams) (idemdriver.ActionResult, error) {
+	s.other()
+	return s.MemoryStore.ReopenRecord(ctx, p)
+}
+
+// A replay that loses the race to reopen the record to another replay
+// is refused and publishes nothing; so is one that finds the record
+// reopened and completed again since it read it (the token moved).
+func TestReplayLosesTheReopenRace(t *testing.T) {
+	for _, deliveredAgain := range []bool{false, true} {
+		store, d, broker, status, _ := refusedOrder(t)
+		status.Store(http.StatusOK)
+		st := racedReopen{store, func() {
+			rec, err := store.Inspect(t.Context(), "orders", "order-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.ReopenRecord(t.Context(), &idemdriver.ReopenRecordParams{Consumer: "orders", MessageID: "order-1", Token: rec.Token}); err != nil {
+				t.Fatalf("the other replay's reopen: %v", err)
+			}
+			if deliveredAgain {
+				_ = idem.Guard(t.Context(), d, idem.Message{ID: "order-1", Payload: broker.dl.Payload}).Settle(0)
+			}
+		}}
+		a := console.Action{Kind: console.ActionReplay, Consumer: "orders", DeadLetter: "orders.dead", Position: "1"}
+		_, err := console.Replay(t.Context(), st, broker, a, time.Now)
+		want := "reopened by another replay"
+		if deliveredAgain {
+			want = "changed since it was read"
+		}
+		if !errors.Is(err, console.ErrNotReplayable) || !errors.Is(err, idemdriver.ErrWrongState) || !strings.Contains(err.Error(), want) || len(broker.copies) != 0 {
+			t.Errorf("replay that lost the race (delivered again %v): %v, %d copies; want refused (%q), none", deliveredAgain, err, len(broker.copies), want)
+		}
 	}
 }
