@@ -43,7 +43,11 @@ func (s *MemoryStore) Inspect(ctx context.Context, consumer, messageID string) (
 	if !ok {
 		return idemdriver.Record{}, fmt.Errorf("%w: consumer %q, message ID %q", ErrNotFound, consumer, messageID)
 	}
-	return r.public(consumer, messageID), nil
+	rec := r.public(consumer, messageID)
+	if rec.State == idemdriver.StateCompleted && r.state != 0 {
+		rec.Result, rec.ContentType = slices.Clone(r.result), r.contentType
+	}
+	return rec, nil
 }
 
 // Stats implements [idemdriver.Inspector]: one entry per consumer, by name.

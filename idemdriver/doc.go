@@ -29,9 +29,10 @@
 // one pipeline) lets idem consume group the messages it holds.
 // [Migrator] and [Inspector] are for operators' tools, such as the
 // idem command's migrate, inspect and stats; [Operator], [OutboxOperator],
-// [ConsumerLister] and [StepReader] for its failed, retry, release and
-// console (idemtest.RunOperate checks Operator, ConsumerLister and
-// StepReader; idemtest.RunOutboxOperate, OutboxOperator). The
+// [ConsumerLister], [StepReader] and [Reopener] for its failed, retry,
+// release, replay and console (idemtest.RunOperate checks Operator,
+// ConsumerLister, StepReader and Reopener; idemtest.RunOutboxOperate,
+// OutboxOperator). The
 // transactional outbox is [OutboxTx] (write outgoing rows in the
 // handler's transaction) and [OutboxStore] (what the relay claims, marks
 // and purges), with the optional [OutboxCommitter] (the rows' INSERT sent

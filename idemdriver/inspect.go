@@ -40,6 +40,13 @@ type Record struct {
 	LeaseExpiresAt time.Time
 	// Error is a failed or released attempt's error text.
 	Error string
+	// Result and ContentType are a completed lease-mode record's stored
+	// result (LeaseStore.Complete), byte for byte: what a redelivery is
+	// settled with. Inspect fills them in; nil and "" for a record in
+	// progress or failed, and for a transactional record. Lists
+	// (Operator.ListRecords) may leave them out.
+	Result      []byte
+	ContentType string
 }
 
 // ConsumerStats summarises one consumer's records.

@@ -270,11 +270,17 @@ func pageLimit(limit *int) error {
 // Errors match ErrInvalidConsumerName, ErrInvalidMessageID,
 // ErrMissingMessageID or ErrInvalidConfig.
 func ValidateReleaseLeaseParams(p *ReleaseLeaseParams) error {
-	if err := ValidateKey(p.Consumer, p.MessageID); err != nil {
+	return validateKeyToken(p.Consumer, p.MessageID, p.Token, "release of token %d, want the holder's (>= 1)")
+}
+
+// validateKeyToken checks a valid key and a positive token; format
+// describes a bad token.
+func validateKeyToken(consumer, messageID string, token int64, format string) error {
+	if err := ValidateKey(consumer, messageID); err != nil {
 		return err
 	}
-	if p.Token < 1 {
-		return fmt.Errorf("%w: release of token %d, want the holder's (>= 1)", ErrInvalidConfig, p.Token)
+	if token < 1 {
+		return fmt.Errorf("%w: "+format, ErrInvalidConfig, token)
 	}
 	return nil
 }

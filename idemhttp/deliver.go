@@ -354,12 +354,12 @@ func (d *Deliverer) settle(out idem.Outcome) idem.Outcome {
 		if out.Status == idem.Duplicate {
 			d.stats.replayed.Add(1)
 		}
-		switch {
-		case ans.Unknown != "":
+		switch ans.deadLetterReason() {
+		case idem.ReasonOutcomeUnknown:
 			d.stats.unknown.Add(1)
 			err := fmt.Errorf("%w: message %q: %s", idem.ErrOutcomeUnknown, out.MessageID, ans.Unknown)
 			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
-		case ans.Status < 200 || ans.Status > 299:
+		case idem.ReasonPermanent:
 			d.stats.refused.Add(1)
 			err := &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body)}
 			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
@@ -544,6 +544,44 @@ type answer struct {
 	Unknown string `json:"unknown,omitempty"`
 
 	retryAfter string
+}
+
+// deadLetterReason is the reason a recorded answer dead-letters its
+// message with, every time it is delivered: idem.ReasonOutcomeUnknown
+// for an unknown outcome, idem.ReasonPermanent for a status that is not
+// 2xx; "" for a 2xx answer, which acknowledges it.
+func (a *answer) deadLetterReason() string {
+	switch {
+	case a.Unknown != "":
+		return idem.ReasonOutcomeUnknown
+	case a.Status < 200 || a.Status > 299:
+		return idem.ReasonPermanent
+	}
+	return ""
+}
+
+// DeadLetterAnswer reports whether a record's stored result, its content
+// type and bytes as idemdriver.Inspector's Inspect reads them
+// (idemdriver.Record's ContentType and Result), is an answer a Deliverer
+// recorded that dead-letters the message, and with which reason:
+// idem.ReasonPermanent for a service's status that is not 2xx (a 4xx or
+// 3xx refusal), idem.ReasonOutcomeUnknown for a call whose outcome is
+// unknown. It is the rule by which the Deliverer settles every
+// redelivery of the message. ok is false for a 2xx answer (the message
+// was delivered) and for a result that is not a Deliverer's answer
+// (another consumer's record, or none). The content type alone does not
+// tell: a success is recorded with the same one.
+//
+// The idem command's replay reopens a record whose result is such an
+// answer (idemdriver.Reopener), so that the replayed message calls the
+// service again; it refuses a record holding a success.
+func DeadLetterAnswer(contentType string, result []byte) (reason string, ok bool) {
+	ans, err := decodeAnswer(contentType, result)
+	if err != nil {
+		return "", false
+	}
+	reason = ans.deadLetterReason()
+	return reason, reason != ""
 }
 
 func encodeAnswer(a *answer) idem.Result {

@@ -59,9 +59,10 @@ func response(status int, h http.Header, body string) *http.Response {
 }
 
 type deliverBundle struct {
-	lc  *idem.LeaseConsumer
-	svc *fakeService
-	d   *Deliverer
+	lc    *idem.LeaseConsumer
+	store *idem.MemoryStore
+	svc   *fakeService
+	d     *Deliverer
 }
 
 // setupDeliver builds a Deliverer over a memory store, with a 1s lease,
@@ -73,7 +74,8 @@ func setupDeliver(t *testing.T, cfg idem.Config, o DelivererOptions, answer func
 		cfg.Lease = time.Second
 	}
 	cfg.PurgeInterval = -1
-	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), cfg)
+	store := idem.NewMemoryStore(nil)
+	lc, err := idem.NewLeaseConsumer(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +92,7 @@ func setupDeliver(t *testing.T, cfg idem.Config, o DelivererOptions, answer func
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &deliverBundle{lc: lc, svc: svc, d: d}
+	return &deliverBundle{lc: lc, store: store, svc: svc, d: d}
 }
 
 // settle runs msg through the Deliverer as an adapter does.

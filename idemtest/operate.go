@@ -21,8 +21,8 @@ import (
 // record made retryable is processed by the next delivery as attempt 1
 // of a LeaseConsumer whose MaxAttempts it had reached, and that a
 // released holder can no longer write. It also runs the cases of
-// [idemdriver.ConsumerLister], [idemdriver.StepReader] and
-// [idemdriver.Inspector]'s Inspect, each skipped
+// [idemdriver.ConsumerLister], [idemdriver.StepReader],
+// [idemdriver.Inspector]'s Inspect and [idemdriver.Reopener], each skipped
 // on a store that does not implement it.
 func RunOperate(t *testing.T, h LeaseHarness) {
 	t.Helper()
@@ -40,6 +40,7 @@ func RunOperate(t *testing.T, h LeaseHarness) {
 		{"Steps", testOperateSteps},
 		{"Inspect", testOperateInspect},
 		{"ConcurrentActions", testOperateConcurrent},
+		{"Reopen", testOperateReopen},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -315,7 +316,9 @@ func testOperateConsumers(t *testing.T, b *leaseBundle) {
 
 // Actions run at once on one record (two operators, a retried request)
 // change it once: of 8 retries of a failed record exactly one reports
-// Changed, and likewise of 8 releases of one lease.
+// Changed, and likewise of 8 releases of one lease and (on a
+// [idemdriver.Reopener]) of 8 reopens of one completed record by its
+// token, whose recovery points are gone after them.
 func testOperateConcurrent(t *testing.T, b *leaseBundle) {
 	c := b.name("c")
 	b.poison(c, "failed", "x")
@@ -349,6 +352,15 @@ func testOperateConcurrent(t *testing.T, b *leaseBundle) {
 	count("releases", func() (idemdriver.ActionResult, error) {
 		return b.ops().ReleaseLease(b.ctx, &idemdriver.ReleaseLeaseParams{Consumer: c, MessageID: "held", Token: held.Token})
 	})
+	if ro, ok := b.s.Store.(idemdriver.Reopener); ok {
+		token := b.completedWithStep(c, "done")
+		count("reopens", func() (idemdriver.ActionResult, error) {
+			return ro.ReopenRecord(b.ctx, &idemdriver.ReopenRecordParams{Consumer: c, MessageID: "done", Token: token})
+		})
+		if next := b.mustAcquire("delivery after the reopens", c, idem.Message{ID: "done", Payload: []byte("p")}, longLease, 1); len(next.Steps) != 0 {
+			t.Errorf("the delivery after the reopens found steps %v, want none", next.Steps)
+		}
+	}
 }
 
 // A store that reads recovery points returns each saved step once, by

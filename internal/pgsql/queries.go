@@ -297,7 +297,7 @@ SELECT count(*) FROM owner`,
 	DELETE FROM ` + steps + ` WHERE ` + consumerIs(`$1`) + ` AND message_id IN (SELECT message_id FROM del)
 )
 SELECT count(*) FROM del`,
-		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error
+		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error, result, content_type
 FROM ` + t + ` WHERE ` + pk,
 		Stats: `SELECT consumer, count(*), ` + Micros(`min(processed_at)`) + `, ` + Micros(`max(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,

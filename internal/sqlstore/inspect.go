@@ -11,7 +11,8 @@ import (
 
 // Inspect reads one record with query (consumer, message ID ->
 // fingerprint, processed_at µs, state, token, attempt, lease_expires_at µs
-// or NULL, last_error or NULL), after checking the names. No record is an
+// or NULL, last_error or NULL, result or NULL, content_type or NULL),
+// after checking the names. The result is kept for a completed record. No record is an
 // error matching idemdriver.ErrNotFound, naming table.
 func Inspect(ctx context.Context, db Querier, query, table, consumer, messageID string) (idemdriver.Record, error) {
 	if err := idemdriver.ValidateKey(consumer, messageID); err != nil {
@@ -23,9 +24,11 @@ func Inspect(ctx context.Context, db Querier, query, table, consumer, messageID 
 		attempt   int64
 		leaseEnd  sql.NullInt64
 		lastError sql.NullString
+		result    []byte
+		ctype     sql.NullString
 	)
 	err := db.QueryRow(ctx, query, consumer, messageID).
-		Scan(&r.Fingerprint, &at, &state, &r.Token, &attempt, &leaseEnd, &lastError)
+		Scan(&r.Fingerprint, &at, &state, &r.Token, &attempt, &leaseEnd, &lastError, &result, &ctype)
 	if errors.Is(err, ErrNoRows) {
 		return idemdriver.Record{}, fmt.Errorf("%w: consumer %q, message ID %q in %s", idemdriver.ErrNotFound, consumer, messageID, table)
 	}
@@ -39,6 +42,9 @@ func Inspect(ctx context.Context, db Querier, query, table, consumer, messageID 
 		r.LeaseExpiresAt = Time(leaseEnd.Int64)
 	}
 	r.Error = lastError.String
+	if r.State == idemdriver.StateCompleted {
+		r.Result, r.ContentType = result, ctype.String
+	}
 	return r, nil
 }
 

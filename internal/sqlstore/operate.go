@@ -203,12 +203,21 @@ func (ops *Ops) ReleaseLease(ctx context.Context, db Querier, p *idemdriver.Rele
 	if err != nil {
 		return idemdriver.ActionResult{}, err
 	}
-	rec, err := Inspect(ctx, db, ops.inspect, ops.table, p.Consumer, p.MessageID)
+	return actionResult(ctx, db, ops.inspect, ops.table, p.Consumer, p.MessageID, n, func(rec idemdriver.Record) error {
+		return idemdriver.CheckRelease(rec, p.Token)
+	})
+}
+
+// actionResult reads the record after an action that changed n rows with
+// the Inspect statement query; when it changed none, check says whether
+// that is an error (the action does not apply) or an earlier call's doing.
+func actionResult(ctx context.Context, db Querier, query, table, consumer, id string, n int64, check func(idemdriver.Record) error) (idemdriver.ActionResult, error) {
+	rec, err := Inspect(ctx, db, query, table, consumer, id)
 	if err != nil {
 		return idemdriver.ActionResult{}, err
 	}
 	if n == 0 {
-		if err := idemdriver.CheckRelease(rec, p.Token); err != nil {
+		if err := check(rec); err != nil {
 			return idemdriver.ActionResult{}, err
 		}
 	}

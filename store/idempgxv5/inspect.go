@@ -9,7 +9,7 @@ import (
 
 // Inspect implements [idemdriver.Inspector]: the committed record of
 // (consumer, messageID), in either mode, compared byte for byte, with its
-// times by the server's clock in UTC. It returns an error matching
+// times by the server's clock in UTC and, when completed, its stored result. It returns an error matching
 // idemdriver.ErrNotFound when there is none, and one matching
 // idemdriver.ErrInvalidConsumerName, ErrInvalidMessageID or
 // ErrMissingMessageID for names that no record can have

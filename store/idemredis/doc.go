@@ -185,7 +185,8 @@
 // reads one record; [Store.Stats] is [idemdriver.ErrUnsupported]: there
 // is no index of the consumers), an [idemdriver.Operator] (the failed
 // records are listed from the retention index; the records in progress,
-// which no index holds, are not) and an [idemdriver.StepReader].
+// which no index holds, are not), an [idemdriver.StepReader] and an
+// [idemdriver.Reopener] (one script on the record and its steps).
 //
 // # Running Redis for idem
 //

@@ -11,7 +11,8 @@ var _ idemdriver.Inspector = (*Store)(nil)
 
 // Inspect implements [idemdriver.Inspector]: one HGETALL of the record's
 // hash, read as ListRecords reads it (state, fencing token, attempt,
-// fingerprint, last error; the lease's end for a record in progress). Its
+// fingerprint, last error; the lease's end for a record in progress, the
+// stored result for a completed one). Its
 // times are by the Redis server's clock (millisecond precision, UTC):
 // ProcessedAt is when a completed or failed record finished, and when a
 // record in progress was last acquired or released. It returns an error

@@ -120,6 +120,9 @@ func recordOf(consumer, id string, h map[string]string) idemdriver.Record {
 	if r.State == idemdriver.StateInProgress {
 		r.LeaseExpiresAt = time.UnixMilli(n("lease_until_ms")).UTC()
 	}
+	if r.State == idemdriver.StateCompleted {
+		r.Result, r.ContentType = []byte(h["result"]), h["content_type"]
+	}
 	return r
 }
 

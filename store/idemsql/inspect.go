@@ -9,7 +9,7 @@ import (
 
 // Inspect implements [idemdriver.Inspector]: the committed record of
 // (consumer, messageID), compared byte for byte, in either mode, with its
-// times by the server's clock in UTC: processed_at is the claiming
+// stored result when completed and its times by the server's clock in UTC: processed_at is the claiming
 // transaction's start on PostgreSQL (now()), the claim statement's time on
 // MySQL (UTC_TIMESTAMP(6)) and on SQLite (millisecond precision); lease
 // mode stamps it again when an attempt takes the record over, completes

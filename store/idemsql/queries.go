@@ -32,7 +32,8 @@ type queries struct {
 	// leaseQueries).
 	runs sqlstore.RunQueries
 	// inspect: consumer, message ID -> fingerprint, processed at (µs),
-	// state, token, attempt, lease expiry (µs, NULL when none), last error.
+	// state, token, attempt, lease expiry (µs, NULL when none), last
+	// error, result, content type.
 	inspect string
 	// stats -> consumer, count, oldest (µs), newest (µs).
 	stats string
@@ -131,7 +132,7 @@ ON DUPLICATE KEY UPDATE ended_at = GREATEST(ended_at, UTC_TIMESTAMP(6))`,
 			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
 			Prune: `DELETE FROM ` + runs + ` WHERE consumer = ? AND ended_at < ` + mysqlTimeParam,
 		},
-		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, state, token, attempt, ` + mysqlMicros(`lease_expires_at`) + `, last_error
+		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, state, token, attempt, ` + mysqlMicros(`lease_expires_at`) + `, last_error, result, content_type
 FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 		stats: `SELECT consumer, COUNT(*), ` + mysqlMicros(`MIN(processed_at)`) + `, ` + mysqlMicros(`MAX(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
@@ -177,7 +178,7 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = MAX(ended_at, exclud
 			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1`,
 			Prune: `DELETE FROM ` + runs + ` WHERE consumer = ?1 AND ended_at < ?2`,
 		},
-		inspect: `SELECT fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error
+		inspect: `SELECT fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error, result, content_type
 FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
 		stats: `SELECT consumer, COUNT(*), MIN(processed_at), MAX(processed_at) FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
 		migrations: sqlstore.MigrationTable{

@@ -18,8 +18,10 @@ const (
 	ActionRetryOutbox = "retry-outbox"
 	// ActionRelease ends the lease of the attempt holding a token.
 	ActionRelease = "release"
-	// ActionReplay makes a dead letter's record retryable and republishes
-	// the dead letter to its source with the same message ID.
+	// ActionReplay makes a dead letter's record retryable (a failed
+	// record retried, one completed with the dead letter's outcome
+	// reopened) and republishes the dead letter to its source with the
+	// same message ID.
 	ActionReplay = "replay"
 	// ActionPurge deletes a consumer's records outside a retention window
 	// now (idem.Purge).

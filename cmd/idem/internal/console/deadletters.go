@@ -93,12 +93,13 @@ var (
 	// retryable, which a forced replay publishes anyway.
 	ErrForceable = errors.New("a forced replay publishes it")
 	// ErrRecordedOutcome marks a replay refused because the dead letter's
-	// outcome is its record's result: the message was dead-lettered with
-	// reason permanent or outcome-unknown by a lease consumer that
-	// completes the record with that outcome (idem consume records a
-	// service's final 4xx or 3xx answer, and an unknown outcome), so a
-	// copy would be dead-lettered again without running. It also matches
-	// ErrNotReplayable; force does not apply.
+	// outcome is its record's result (idem consume records a service's
+	// final 4xx or 3xx answer, and an unknown outcome:
+	// idemhttp.DeadLetterAnswer) and the store cannot reopen a completed
+	// record (it is no idemdriver.Reopener), so a copy would be
+	// dead-lettered again without running. Every store of idem reopens
+	// records; this is for others. It also matches ErrNotReplayable;
+	// force does not apply.
 	ErrRecordedOutcome = errors.New("the dead letter's outcome is its record's result")
 )
 

@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idem-go/idem"
@@ -20,6 +22,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 // redisStreams connects to the suite's Redis and names a source and a
@@ -38,25 +41,39 @@ func redisStreams(t *testing.T) (rdb *redis.Client, src, dest string) {
 	return rdb, src, dest
 }
 
-// A message idem consume's Deliverer dead-letters because the service
-// answered 422 has a completed record holding that answer. Its replay is
-// refused with ErrRecordedOutcome (not forceable, forced or not, in the
-// API and on the console), nothing is published and the service is not
-// called again.
-func TestReplayOfARecordedOutcomeRefused(t *testing.T) {
-	store, _, _ := pgStore(t)
-	rdb, src, dest := redisStreams(t)
-	ctx := t.Context()
+// sidecar is idem consume's delivery path, as the command assembles it:
+// a Deliverer on a PostgreSQL store, driven by the Redis Streams adapter,
+// calling a service that answers with broken until it is fixed, then 200.
+type sidecar struct {
+	t             *testing.T
+	store         *idemsql.Store
+	rdb           *redis.Client
+	src, dest     string
+	consumer      string
+	dls           console.DeadLetters
+	calls, fixedN atomic.Int64
+	fixed         atomic.Bool
+}
 
-	var calls atomic.Int64
-	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		calls.Add(1)
-		http.Error(w, "order rejected", http.StatusUnprocessableEntity)
+func newSidecar(t *testing.T, broken http.HandlerFunc) *sidecar {
+	t.Helper()
+	s := &sidecar{t: t, consumer: "orders-" + suffix()}
+	s.store, _, _ = pgStore(t)
+	s.rdb, s.src, s.dest = redisStreams(t)
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.calls.Add(1)
+		if !s.fixed.Load() {
+			broken(w, r)
+			return
+		}
+		s.fixedN.Add(1)
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"accepted":true}`)
 	}))
 	t.Cleanup(svc.Close)
 	target, _ := url.Parse(svc.URL)
-	consumer := "orders-" + suffix()
-	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: consumer, PurgeInterval: -1})
+	lc, err := idem.NewLeaseConsumer(s.store, idem.Config{Name: s.consumer, PurgeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,58 +82,164 @@ func TestReplayOfARecordedOutcomeRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{Processor: d, Stream: src, Group: "idem", Consumer: "c1",
-		DeadLetter: dest, Block: 50 * time.Millisecond})
+	c, err := idemredisstream.NewConsumer(s.rdb, idemredisstream.Config{Processor: d, Stream: s.src, Group: "idem", Consumer: "c1",
+		DeadLetter: s.dest, Block: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntilCleanup(t, c.Run)
-	prod := idemredisstream.NewProducer(rdb, idemredisstream.ProducerConfig{})
-	if _, err := prod.Publish(ctx, src, []byte(`{"order":1}`), idemredisstream.WithMessageID("order-1")); err != nil {
-		t.Fatal(err)
+	s.dls = deadletter.NewRedisStreams(s.rdb, "Redis")
+	return s
+}
+
+// deadLettered publishes message id and waits for its dead letter, with
+// reason; it returns the dead letter's position.
+func (s *sidecar) deadLettered(id, reason string) string {
+	s.t.Helper()
+	prod := idemredisstream.NewProducer(s.rdb, idemredisstream.ProducerConfig{})
+	if _, err := prod.Publish(s.t.Context(), s.src, []byte(`{"order":1}`), idemredisstream.WithMessageID(id)); err != nil {
+		s.t.Fatal(err)
 	}
-	dls := deadletter.NewRedisStreams(rdb, "Redis")
 	var pos string
-	testenv.Eventually(t, 20*time.Second, "the 422 dead-lettered", func() bool {
-		page, _, err := dls.Newest(ctx, dest, "", 10)
+	testenv.Eventually(s.t, 20*time.Second, "the message dead-lettered as "+reason, func() bool {
+		page, _, err := s.dls.Newest(s.t.Context(), s.dest, "", 10)
 		if err != nil || len(page) != 1 {
 			return false
 		}
 		pos = page[0].Position
-		return page[0].Reason == idem.ReasonPermanent && page[0].MessageID == "order-1"
+		return page[0].Reason == reason && page[0].MessageID == id
 	}, nil)
-	if rec, err := store.Inspect(ctx, consumer, "order-1"); err != nil || rec.State != idemdriver.StateCompleted {
-		t.Fatalf("record: %+v, %v; want completed", rec, err)
-	}
-	inSource := func() int64 {
-		n, err := rdb.XLen(ctx, src).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	before := inSource()
+	return pos
+}
 
+// streamLen is the number of entries of stream.
+func (s *sidecar) streamLen(stream string) int64 {
+	s.t.Helper()
+	n, err := s.rdb.XLen(s.t.Context(), stream).Result()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// record inspects id's record and reads its stored answer.
+func (s *sidecar) record(id string) (rec idemdriver.Record, reason string, dead bool) {
+	s.t.Helper()
+	rec, err := s.store.Inspect(s.t.Context(), s.consumer, id)
+	if err != nil {
+		s.t.Fatalf("Inspect(%q): %v", id, err)
+	}
+	reason, dead = idemhttp.DeadLetterAnswer(rec.ContentType, rec.Result)
+	return rec, reason, dead
+}
+
+// noReopen is a store that cannot reopen records (it hides the PostgreSQL
+// store's ReopenRecord), as a store outside idem may be.
+type noReopen struct{ console.Store }
+
+func refuse422(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, "order rejected", http.StatusUnprocessableEntity)
+}
+
+// hangUp reads the request and closes the connection without an answer:
+// the call's outcome is unknown.
+func hangUp(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.ReadAll(r.Body)
+	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+		conn.Close()
+	}
+}
+
+// A message the Deliverer dead-lettered because the service answered 422
+// has a completed record holding that answer. Once the service is fixed,
+// its replay from the console reopens the record and republishes it: the
+// service is called once more, the record completes with its 200, and no
+// other dead letter is written. A second replay, forced or not, is
+// refused as a success and publishes nothing; a store that cannot reopen
+// refuses the first one with ErrRecordedOutcome.
+func TestReplayReopensARefusal(t *testing.T) {
+	testReplayReopens(t, refuse422, idem.ReasonPermanent)
+}
+
+// The same for a call whose outcome was unknown (the service hung up
+// after reading the request): the replay calls it again.
+func TestReplayReopensAnUnknownOutcome(t *testing.T) {
+	testReplayReopens(t, hangUp, idem.ReasonOutcomeUnknown)
+}
+
+func testReplayReopens(t *testing.T, broken http.HandlerFunc, reason string) {
+	s := newSidecar(t, broken)
+	ctx := t.Context()
+	pos := s.deadLettered("order-1", reason)
+	rec, got, dead := s.record("order-1")
+	if rec.State != idemdriver.StateCompleted || !dead || got != reason {
+		t.Fatalf("record: %+v, dead-letter answer %q %v; want completed with a %s answer", rec, got, dead, reason)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("service called %d times before the replay, want 1", n)
+	}
+	before := s.streamLen(s.src)
+	a := console.Action{Kind: console.ActionReplay, Consumer: s.consumer, DeadLetter: s.dest, Position: pos}
+
+	_, err := console.Replay(ctx, noReopen{s.store}, s.dls, a, time.Now)
+	if !errors.Is(err, console.ErrRecordedOutcome) || !errors.Is(err, console.ErrNotReplayable) || errors.Is(err, console.ErrForceable) ||
+		!strings.Contains(err.Error(), "new message ID") {
+		t.Errorf("replay on a store that cannot reopen: %v; want ErrRecordedOutcome, not forceable, saying what to do", err)
+	}
+	if n := s.streamLen(s.src); n != before {
+		t.Fatalf("%d copies published by a refused replay, want none", n-before)
+	}
+
+	s.fixed.Store(true)
+	f := newFixture(t, s.store, console.Config{DeadLetters: s.dls, DeadLetterDests: []string{s.dest + "=" + s.consumer}})
+	form := f.confirmForm("action=replay&consumer=" + s.consumer + "&dead_letter=" + s.dest + "&position=" + pos)
+	if code, body := f.post("/action", form); code != http.StatusOK || !strings.Contains(body, "replayed") || !strings.Contains(body, "reopened") {
+		t.Fatalf("console replay: %d %s; want 200 saying the record was reopened", code, body)
+	}
+	testenv.Eventually(t, 20*time.Second, "the replay processed", func() bool {
+		rec, err := s.store.Inspect(ctx, s.consumer, "order-1")
+		return err == nil && rec.State == idemdriver.StateCompleted
+	}, nil)
+	done, got, dead := s.record("order-1")
+	if dead || got != "" || !strings.Contains(string(done.Result), `"status":200`) || done.Token <= rec.Token {
+		t.Errorf("record after the replay: %+v (dead-letter answer %q %v); want completed with the 200 under a later token than %d", done, got, dead, rec.Token)
+	}
+	if n, fixed := s.calls.Load(), s.fixedN.Load(); n != 2 || fixed != 1 {
+		t.Errorf("service called %d times (%d after the fix), want 2 (1)", n, fixed)
+	}
+	if n := s.streamLen(s.src) - before; n != 1 {
+		t.Errorf("%d copies published by the replay, want 1", n)
+	}
+	if n := s.streamLen(s.dest); n != 1 {
+		t.Errorf("%d dead letters, want 1: the replay was not dead-lettered", n)
+	}
+
+	published := s.streamLen(s.src)
 	for _, force := range []bool{false, true} {
-		a := console.Action{Kind: console.ActionReplay, Consumer: consumer, DeadLetter: dest, Position: pos, Force: force}
-		_, err := console.Replay(ctx, store, dls, a, time.Now)
-		if !errors.Is(err, console.ErrRecordedOutcome) || !errors.Is(err, console.ErrNotReplayable) || errors.Is(err, console.ErrForceable) ||
-			!strings.Contains(err.Error(), `reason is "permanent"`) || !strings.Contains(err.Error(), "new message ID") {
-			t.Errorf("replay (force %v): %v; want ErrRecordedOutcome, not forceable, saying what to do", force, err)
+		a.Force = force
+		_, err := console.Replay(ctx, s.store, s.dls, a, time.Now)
+		if !errors.Is(err, console.ErrNotReplayable) || !errors.Is(err, idemdriver.ErrWrongState) || errors.Is(err, console.ErrForceable) ||
+			errors.Is(err, console.ErrRecordedOutcome) || !strings.Contains(err.Error(), "processed") {
+			t.Errorf("second replay (force %v): %v; want refused as processed, not forceable", force, err)
 		}
 	}
-	f := newFixture(t, store, console.Config{DeadLetters: dls, DeadLetterDests: []string{dest + "=" + consumer}})
-	form := f.confirmForm("action=replay&consumer=" + consumer + "&dead_letter=" + dest + "&position=" + pos)
-	if code, body := f.post("/action", form); code != http.StatusConflict || !strings.Contains(body, "new message ID") || strings.Contains(body, "Replay anyway") {
-		t.Errorf("console replay: %d %s; want 409 saying what to do, no force offered", code, body)
+	again := f.confirmForm("action=replay&consumer=" + s.consumer + "&dead_letter=" + s.dest + "&position=" + pos)
+	if code, body := f.post("/action", again); code != http.StatusConflict || !strings.Contains(body, "processed") || strings.Contains(body, "Replay anyway") {
+		t.Errorf("second console replay: %d %s; want 409, no force offered", code, body)
 	}
-	if n := inSource(); n != before {
-		t.Errorf("%d copies published by refused replays, want none", n-before)
+	if n := s.streamLen(s.src); n != published {
+		t.Errorf("%d copies published by refused replays, want none", n-published)
 	}
-	if rec, err := store.Inspect(ctx, consumer, "order-1"); err != nil || rec.State != idemdriver.StateCompleted {
-		t.Errorf("record after the refusals: %+v, %v; want completed, unchanged", rec, err)
+	if n := s.calls.Load(); n != 2 {
+		t.Errorf("service called %d times after the refusals, want 2", n)
 	}
-	if n := calls.Load(); n != 1 {
-		t.Errorf("service called %d times, want 1", n)
+	if after, _, _ := s.record("order-1"); after.Token != done.Token || after.State != idemdriver.StateCompleted {
+		t.Errorf("record after the refusals: %+v; want it unchanged", after)
+	}
+	if got := testutil.ToFloat64(mustCounter(t, f.reg, "replay", "changed")); got != 1 {
+		t.Errorf("replays counted %v, want 1", got)
+	}
+	if log := f.log.String(); !strings.Contains(log, `"action":"replay"`) || !strings.Contains(log, `"result":"changed"`) || !strings.Contains(log, `"result":"refused"`) {
+		t.Errorf("audit log: %s; want the replay changed, then refused", log)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemhttp"
 )
 
 // Replay replays the dead letter a names to its source, so that its
@@ -17,24 +18,29 @@ import (
 //     refuses one without a usable message ID (missing-message-id,
 //     invalid-message-id): its copy would be dead-lettered again.
 //  2. It reads the record of the message ID under a.Consumer. A completed
-//     record is refused (processed already: by an earlier replay or a
-//     redelivery), and so is one whose dead letter has reason permanent or
-//     outcome-unknown, with ErrRecordedOutcome: its consumer completed
-//     the record with that outcome (idem consume does), and a copy would
-//     be dead-lettered again without running. A record in progress is
-//     refused: an earlier replay or retry made it retryable and its
-//     delivery is awaited, or an attempt holds it; with a.Force, one
-//     without a live lease is replayed
-//     anyway (a retry made without a publish, or a replay the broker
-//     dropped). No record at all (a message dead-lettered before it had
-//     one) is replayed as a new message.
+//     record whose stored result is a dead-letter answer of idem consume
+//     (idemhttp.DeadLetterAnswer: the service's final 4xx or 3xx answer,
+//     or an unknown outcome, which the Deliverer settles every copy with)
+//     is to be reopened (step 4); on a store that cannot reopen records
+//     (no idemdriver.Reopener) it is refused with ErrRecordedOutcome. Any
+//     other completed record is refused: it holds a success (processed
+//     already, by an earlier replay or a redelivery), which a copy would
+//     be settled with without running. A record in progress is refused:
+//     an earlier replay or retry made it retryable and its delivery is
+//     awaited, or an attempt holds it; with a.Force, one without a live
+//     lease is replayed anyway (a retry made without a publish, or a
+//     replay the broker dropped). No record at all (a message
+//     dead-lettered before it had one) is replayed as a new message.
 //  3. It asks the broker whether a copy would reach the consumer
 //     (DeadLetters.Replayable): a JetStream stream drops a copy whose
 //     message ID it saw within its duplicate window, so that is refused
 //     before anything changes, with the time after which it is not.
-//  4. It makes a failed record retryable (idemdriver.Operator.RetryRecord);
-//     a retry that changed nothing means another replay or retry won the
-//     race, and is refused unless forced.
+//  4. It makes a failed record retryable (idemdriver.Operator.RetryRecord),
+//     or reopens a completed one by the token that completed it
+//     (idemdriver.Reopener.ReopenRecord: its result and recovery points
+//     go, so the copy calls the service again); an action that changed
+//     nothing means another replay or retry won the race, and is refused
+//     unless forced, and a record changed since step 2 is refused.
 //  5. It republishes the dead letter with the same message ID. If the
 //     broker still drops it (ErrReplayDropped), the record stays
 //     retryable and the error says to replay with force later.
@@ -72,19 +78,28 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	}
 	rec, err := st.Inspect(ctx, a.Consumer, dl.MessageID)
 	found := err == nil
+	var (
+		reopener    idemdriver.Reopener // set: reopen rec, completed with a dead-letter answer
+		deadOutcome string              // that answer's reason
+	)
 	switch {
 	case errors.Is(err, idemdriver.ErrNotFound):
 	case err != nil:
 		return ActionView{}, err
-	case rec.State == idemdriver.StateCompleted && (dl.Reason == idem.ReasonPermanent || dl.Reason == idem.ReasonOutcomeUnknown):
-		v, err := refuse("message %q of consumer %q is completed, and its dead letter's reason is %q: its consumer recorded that outcome as the record's result "+
-			"(idem consume does so for a service's final 4xx or 3xx answer and for an unknown outcome), so a copy would be dead-lettered again without a call; "+
-			"replay does not reopen a completed record: to run it again, publish it under a new message ID, or replay it after retention has purged its record",
-			dl.MessageID, a.Consumer, dl.Reason)
-		return v, fmt.Errorf("%w (%w)", err, ErrRecordedOutcome)
 	case rec.State == idemdriver.StateCompleted:
-		return refuse("message %q of consumer %q is completed: it was processed (replayed before, or redelivered), or its outcome was recorded as it was dead-lettered "+
-			"(idem consume records a service's final 4xx answer and an unknown outcome); a copy would be settled as that record says, without running again", dl.MessageID, a.Consumer)
+		reason, dead := idemhttp.DeadLetterAnswer(rec.ContentType, rec.Result)
+		ro, canReopen := st.(idemdriver.Reopener)
+		switch {
+		case !dead:
+			return refuse("message %q of consumer %q is completed, and its record holds no dead-letter answer of idem consume: it was processed (replayed before, or redelivered); "+
+				"a copy would be settled as that record says, without running again", dl.MessageID, a.Consumer)
+		case !canReopen:
+			v, err := refuse("message %q of consumer %q is completed with the dead letter's outcome (%s) as its result, which this store cannot reopen, "+
+				"so a copy would be dead-lettered again without a call: to run it again, publish it under a new message ID, or replay it after retention has purged its record",
+				dl.MessageID, a.Consumer, reason)
+			return v, fmt.Errorf("%w (%w)", err, ErrRecordedOutcome)
+		}
+		reopener, deadOutcome = ro, reason
 	case rec.State == idemdriver.StateInProgress && rec.LeaseExpiresAt.After(now()):
 		return refuse("message %q of consumer %q is being processed (attempt %d holds its lease until %s)", dl.MessageID, a.Consumer, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case rec.State == idemdriver.StateInProgress && !a.Force:
@@ -93,7 +108,24 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 	if err := dls.Replayable(ctx, dl); err != nil {
 		return ActionView{}, err
 	}
-	if found && rec.State == idemdriver.StateFailed {
+	what := "it had no record: processed as a new message"
+	if found {
+		what = "its record is retryable: the copy is processed as attempt 1 of a fresh round"
+	}
+	switch {
+	case reopener != nil:
+		res, err := reopener.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: a.Consumer, MessageID: dl.MessageID, Token: rec.Token})
+		if errors.Is(err, idemdriver.ErrWrongState) || errors.Is(err, idemdriver.ErrNotFound) {
+			return refuse("message %q of consumer %q changed since it was read (%v); look again", dl.MessageID, a.Consumer, err)
+		}
+		if err != nil {
+			return ActionView{}, err
+		}
+		if !res.Changed && !a.Force {
+			return refuse("message %q of consumer %q was reopened by another replay just now", dl.MessageID, a.Consumer)
+		}
+		what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
+	case found && rec.State == idemdriver.StateFailed:
 		res, err := st.RetryRecord(ctx, a.Consumer, dl.MessageID)
 		if err != nil {
 			return ActionView{}, err
@@ -110,11 +142,9 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 		return ActionView{}, err
 	}
 	v.Changed, v.Replayed = true, at
-	what := "it had no record: processed as a new message"
 	if rec, err := st.Inspect(ctx, a.Consumer, dl.MessageID); err == nil {
 		rv := NewRecordView(rec, now())
 		v.Record = &rv
-		what = "its record is retryable: the copy is processed as attempt 1 of a fresh round"
 	}
 	v.Message = fmt.Sprintf("replayed dead letter %s of %s to %s as message %q (%s); %s", a.Position, a.DeadLetter, dl.Source, dl.MessageID, at, what)
 	return v, nil

@@ -414,15 +414,21 @@ func newReplayCmd(open Opener, openBroker BrokerOpener, now func() time.Time) *c
 failed --dead-letter lists them) to the source it was read from, with the
 same message ID, after making the message's record of --consumer retryable:
 its next delivery, the replay, is processed as attempt 1 of a fresh round.
+A failed (poisoned) record is retried; a record that idem consume completed
+with the dead letter's outcome (the service's final 4xx or 3xx answer, or
+an unknown outcome) is reopened, its recorded answer and recovery points
+deleted, so that the replay calls the service again (fix the service
+first).
 
-It refuses, and publishes nothing, when the record is completed (processed
-already), or retryable already (replayed or retried before, its delivery
-awaited: --force replays anyway, and the consumer drops a copy after the
-first as a duplicate), or held by a live attempt; and a dead letter without
-a usable message ID. On NATS JetStream it refuses a replay the source
-stream's duplicate window would drop (the original's Nats-Msg-Id is the
-replay's), saying when it can run, and reports a drop the publish ack
-shows rather than success.`,
+It refuses, and publishes nothing, when the record is completed with a
+success (processed already: by an earlier replay, or a redelivery), or
+retryable already (replayed or retried before, its delivery awaited:
+--force replays anyway, and the consumer drops a copy after the first as a
+duplicate), or held by a live attempt; and a dead letter without a usable
+message ID. On NATS JetStream it refuses a replay the source stream's
+duplicate window would drop (the original's Nats-Msg-Id is the replay's),
+saying when it can run, and reports a drop the publish ack shows rather
+than success.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a := console.Action{Kind: console.ActionReplay, Consumer: consumer, DeadLetter: bf.deadLetter, Position: position, Force: force}
@@ -445,7 +451,7 @@ shows rather than success.`,
 	}
 	sf.add(cmd)
 	bf.add(cmd)
-	cmd.Flags().StringVar(&consumer, "consumer", "", "the consumer whose record of the message is made retryable (required)")
+	cmd.Flags().StringVar(&consumer, "consumer", "", "the consumer whose record of the message is made retryable, or reopened (required)")
 	cmd.Flags().StringVar(&position, "position", "", "the dead letter's position: a stream sequence (NATS), an entry ID (Redis) (required)")
 	cmd.Flags().BoolVar(&force, "force", false, "replay even if the record is retryable already (no copy on its way)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")

@@ -1,0 +1,31 @@
+package idemsql
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+
+	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/sqlstore"
+)
+
+var _ idemdriver.Reopener = (*Store)(nil)
+
+// reopenCache caches the reopen statements per dialect and table.
+var reopenCache sync.Map // dialect + " " + table -> *sqlstore.Reopen
+
+// ReopenRecord implements [idemdriver.Reopener]: on PostgreSQL one
+// statement, an UPDATE by primary key guarded by the state and the token
+// that also deletes the record's recovery points; on MySQL and SQLite the
+// UPDATE and the DELETE in one transaction. When it changed nothing, a
+// read of the record says why.
+func (s *Store) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordParams) (idemdriver.ActionResult, error) {
+	k := s.dialect.String() + " " + s.table.Qualified
+	r, ok := reopenCache.Load(k)
+	if !ok {
+		r, _ = reopenCache.LoadOrStore(k, sqlstore.NewReopen(s.ops(), s.dialect == Postgres))
+	}
+	return r.(*sqlstore.Reopen).Run(ctx, querier{s.db}, func(ctx context.Context, fn func(sqlstore.Querier) error) error {
+		return s.inTx(ctx, func(tx *sql.Tx) error { return fn(querier{tx}) })
+	}, p)
+}
