@@ -35,6 +35,7 @@ type consumeFlags struct {
 	shutdownTimeout                      time.Duration
 	kafkaInstanceID                      string
 	log                                  logFlags
+	profile                              profileFlags
 }
 
 // The recovery defaults of `idem consume` (see its --help): a SIGKILLed
@@ -201,6 +202,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	f.log.register(fl, "message")
+	f.profile.register(fl)
 	return cmd
 }
 
@@ -259,6 +261,15 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if f.deadLetter == "" {
 		f.deadLetter = defaultDeadLetter(f.broker, f.from)
 	}
+	stopProfile, err := f.profile.start()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if perr := stopProfile(); perr != nil {
+			fmt.Fprintf(stderr, "idem consume: %v\n", perr)
+		}
+	}()
 	logger, err := f.log.newLogger(stderr)
 	if err != nil {
 		return err
