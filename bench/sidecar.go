@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,6 +40,9 @@ const (
 	// envOnly, when set, is a regular expression: only the contenders
 	// whose name matches it run beside the bare relay.
 	envOnly = "IDEM_BENCH_SIDECAR_ONLY"
+	// envBin, when set, names the idem binary to measure instead of one
+	// built from ./cmd/idem (which must have the hidden --memstats flag).
+	envBin = "IDEM_BENCH_IDEM"
 )
 
 // sidecarService is the do-nothing HTTP service of --sidecar: it answers
@@ -103,6 +107,7 @@ type sidecarContender struct {
 type usage struct {
 	cpu            time.Duration
 	mallocs, bytes uint64
+	maxRSS         int64 // kilobytes (getrusage's ru_maxrss on Linux)
 }
 
 // sidecarResult is one run's figures.
@@ -132,9 +137,12 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "idem")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/idem").CombinedOutput(); err != nil {
-		return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
+	bin := os.Getenv(envBin)
+	if bin == "" {
+		bin = filepath.Join(dir, "idem")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/idem").CombinedOutput(); err != nil {
+			return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
+		}
 	}
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -207,7 +215,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | allocations / message (median) | allocated bytes / message (median) |\n|---|---:|---:|---:|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
@@ -216,15 +224,17 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		cpus := make([]float64, len(rs))
 		mallocs := make([]float64, len(rs))
 		bytes := make([]float64, len(rs))
+		rss := make([]float64, len(rs))
 		calls := 0
 		for i, r := range rs {
 			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
 			cpus[i] = float64(r.used.cpu.Microseconds()) / float64(n)
 			mallocs[i], bytes[i] = float64(r.used.mallocs)/float64(n), float64(r.used.bytes)/float64(n)
+			rss[i] = float64(r.used.maxRSS) / 1024
 			calls += r.calls
 		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
-			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), orDash(median(mallocs)), orDash(median(bytes)))
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
 	_, err = io.WriteString(w, b.String())
 	return err
@@ -405,6 +415,9 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string,
 				<-done
 			}
 			u := usage{cpu: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()}
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				u.maxRSS = ru.Maxrss
+			}
 			if stats != "" {
 				if b, err := os.ReadFile(stats); err == nil {
 					_, _ = fmt.Sscanf(string(b), "mallocs %d\nbytes %d\n", &u.mallocs, &u.bytes)

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -50,6 +52,12 @@ const (
 	// minKafkaSessionTimeout is the session timeout used on Kafka when
 	// --ack-wait is shorter: Kafka's group.min.session.timeout.ms default.
 	minKafkaSessionTimeout = 6 * time.Second
+	// consumeGCPercent is the garbage collector's target of `idem consume`
+	// when GOGC is not set: its live heap is small (the messages held)
+	// and it allocates a few kilobytes per message, so at Go's 100 it
+	// collected every few hundred messages; 400 collects a fifth as often
+	// for a heap goal of five times the live heap, not two.
+	consumeGCPercent = 400
 )
 
 func newConsumeCmd() *cobra.Command {
@@ -170,7 +178,11 @@ the others can write nothing until it resumes or dies.
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
 --metrics-addr serves Prometheus metrics on http://ADDR/metrics. On SIGINT or
-SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
+SIGTERM the deliveries in flight finish (up to --shutdown-timeout).
+
+Unless GOGC is set in the environment, the Go garbage collector runs with
+GOGC=400 (Go's default is 100): fewer collections, for a heap of up to five
+times the live data instead of twice.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConsume(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &f)
@@ -260,6 +272,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	}
 	if f.deadLetter == "" {
 		f.deadLetter = defaultDeadLetter(f.broker, f.from)
+	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(consumeGCPercent)
 	}
 	stopProfile, err := f.profile.start()
 	if err != nil {
