@@ -169,6 +169,10 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		stores = append(stores, struct{ name, url string }{"redis", u})
 	}
 	base := os.Getenv(envBaseBin)
+	baseDir := ""
+	if base != "" && exec.CommandContext(ctx, base, "consume", "--memstats", os.DevNull, "--help").Run() == nil {
+		baseDir = dir // an earlier build with --memstats
+	}
 	for _, st := range stores {
 		// Store batches of the messages claimed ahead (--hold 64: more
 		// outcome-unknown dead letters after a crash, at most once); the
@@ -186,7 +190,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			if base != "" && v.batch > 1 {
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
-					idemConsume(base, natsURL, st.url, v.batch, concurrency, "", v.extra...),
+					idemConsume(base, natsURL, st.url, v.batch, concurrency, baseDir, v.extra...),
 				})
 			}
 		}
