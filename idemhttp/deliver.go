@@ -484,7 +484,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 		return nil, wrote.Load(), err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, d.o.MaxAnswerBytes))
+	body, err := readAnswer(resp, d.o.MaxAnswerBytes)
 	if err == nil {
 		_, err = io.Copy(io.Discard, resp.Body) // the end of the answer, not recorded
 	}
@@ -493,6 +493,23 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	}
 	return &answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
 		retryAfter: resp.Header.Get("Retry-After")}, true, nil
+}
+
+// readAnswer reads the start of resp's body, at most limit bytes: none for
+// an empty answer (net/http's NoBody), into a buffer of its Content-Length
+// when the answer declares one within limit, else as io.ReadAll does.
+func readAnswer(resp *http.Response, limit int64) ([]byte, error) {
+	switch n := resp.ContentLength; {
+	case resp.Body == http.NoBody:
+		return nil, nil
+	case n > 0 && n <= limit:
+		b := make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
 }
 
 // headers sets the request headers of the delivery, in a map sized for
