@@ -175,13 +175,15 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	}
 	for _, st := range stores {
 		// Store batches of the messages claimed ahead (--hold 64: more
-		// outcome-unknown dead letters after a crash, at most once); the
-		// defaults at most once: store batches of the messages in flight
-		// only (--hold is --concurrency); and no batches at all.
+		// outcome-unknown dead letters after a crash, at most once), and
+		// the same with --point-at-call (no more of them, a write of its
+		// own per message that waits for a call); the defaults at most
+		// once: store batches of the messages in flight only (--hold is
+		// --concurrency); and no batches at all.
 		for _, v := range []struct {
 			batch int
 			extra []string
-		}{{64, []string{"--hold", "64"}}, {64, nil}, {1, nil}} {
+		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}} {
 			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
