@@ -174,6 +174,16 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		baseDir = dir // an earlier build with --memstats
 	}
 	for _, st := range stores {
+		if st.name != "redis" { // the bench module has no Redis store
+			direct := st.url
+			if st.name == "sqlite" {
+				direct = "sqlite"
+			}
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("direct Go consumer, %s", st.name),
+				directConsumer(js, dir, direct, concurrency),
+			})
+		}
 		// Store batches of the messages claimed ahead (--hold 64: more
 		// outcome-unknown dead letters after a crash, at most once), and
 		// the same with --point-at-call (no more of them, a write of its
@@ -202,7 +212,9 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		if err != nil {
 			return fmt.Errorf("%s: %w", envOnly, err)
 		}
-		contenders = slices.DeleteFunc(contenders, func(c sidecarContender) bool { return c.name != "bare relay" && !re.MatchString(c.name) })
+		contenders = slices.DeleteFunc(contenders, func(c sidecarContender) bool {
+			return c.name != "bare relay" && !strings.HasPrefix(c.name, "direct Go consumer") && !re.MatchString(c.name)
+		})
 	}
 	results := map[string][]sidecarResult{}
 	for round := range rounds + 1 { // round 0 warms up and is discarded
@@ -221,7 +233,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
@@ -231,16 +243,30 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		mallocs := make([]float64, len(rs))
 		bytes := make([]float64, len(rs))
 		rss := make([]float64, len(rs))
+		// The direct Go consumer of the same store (the second
+		// comma-separated part of the name), when there is one.
+		var direct []sidecarResult
+		if parts := strings.Split(c.name, ", "); len(parts) > 1 && !strings.HasPrefix(c.name, "direct") {
+			direct = results["direct Go consumer, "+parts[1]]
+		}
+		var toDirect []float64
 		calls := 0
 		for i, r := range rs {
 			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
 			cpus[i] = float64(r.used.cpu.Microseconds()) / float64(n)
 			mallocs[i], bytes[i] = float64(r.used.mallocs)/float64(n), float64(r.used.bytes)/float64(n)
 			rss[i] = float64(r.used.maxRSS) / 1024
+			if i < len(direct) {
+				toDirect = append(toDirect, r.rate/direct[i].rate)
+			}
 			calls += r.calls
 		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
-			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
+		vsDirect := "–"
+		if len(toDirect) > 0 {
+			vsDirect = fmt.Sprintf("%.2f", median(toDirect))
+		}
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), vsDirect, orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
 	_, err = io.WriteString(w, b.String())
 	return err
