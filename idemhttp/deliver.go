@@ -204,6 +204,7 @@ type DelivererOptions struct {
 type Deliverer struct {
 	lc     *idem.LeaseConsumer
 	o      DelivererOptions
+	target string // o.Target, rendered once
 	client *http.Client
 	fin    keyed.Finisher // the recovery points
 	calls  chan struct{}  // one place per call running; nil: no MaxCalls
@@ -265,7 +266,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, client: &http.Client{
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), client: &http.Client{
 		Transport: noInternalRetry{tr},
 		// A redirect is an answer, not an instruction to send the
 		// message somewhere else.
@@ -473,7 +474,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	defer cancel()
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.o.Target.String(), bytes.NewReader(a.Message.Payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.target, bytes.NewReader(a.Message.Payload))
 	if err != nil {
 		return nil, false, err
 	}
