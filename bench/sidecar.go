@@ -125,8 +125,11 @@ type sidecarResult struct {
 // distinct messages the service received per second, from its first call
 // to the call that completed the set. Stores: SQLite, and PostgreSQL and
 // Redis when their URLs are set, each with the store batches of idem
-// consume (--store-batch 64) and without (--store-batch 1). The idem
-// binary is built from ./cmd/idem.
+// consume (--store-batch 64: with --hold 64, with --hold 64
+// --point-at-call, and by default) and without (--store-batch 1), and,
+// on SQLite and PostgreSQL, a direct Go consumer on the same store
+// (directConsumer) that each idem consume run is also compared with. The
+// idem binary is built from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
 	natsURL := os.Getenv(envNATS)
 	if natsURL == "" {
