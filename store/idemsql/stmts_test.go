@@ -2,9 +2,7 @@ package idemsql_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,18 +18,7 @@ import (
 func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(filepath.Join(t.TempDir(), "idem.db")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	s, err := idemsql.New(db, idemsql.SQLite, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s := newEnv(t, idemsql.SQLite, envOptions{}).store
 	claim := func(ids ...string) []*idemdriver.AcquireParams {
 		ps := make([]*idemdriver.AcquireParams, len(ids))
 		for i, id := range ids {
