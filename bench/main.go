@@ -102,8 +102,11 @@
 // do-nothing HTTP service, N messages per run, --rounds interleaved rounds
 // (5 by default, after a discarded warm-up), on SQLite, PostgreSQL and
 // Redis (those whose URL is set), with idem consume's store batches and
-// without (--store-batch 64 and 1). It needs a NATS server with
-// JetStream (IDEM_TEST_NATS_URL):
+// without (--store-batch 64 and 1), and beside a direct Go consumer on the
+// same store (SQLite and PostgreSQL); it reports idem consume's CPU,
+// allocations and peak RSS per message (the IDEM_BENCH_* variables of
+// sidecar.go choose contenders, a prebuilt binary, a baseline binary and
+// profiles). It needs a NATS server with JetStream (IDEM_TEST_NATS_URL):
 //
 //	go run ./bench --sidecar 3000
 package main

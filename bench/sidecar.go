@@ -12,10 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -24,11 +26,23 @@ import (
 
 // envNATS names the NATS server (JetStream, with a network listener) the
 // --sidecar mode runs on; scripts/services sets it. envBaseBin, when set,
-// names another idem binary (an earlier build, without --store-batch)
-// that --sidecar runs too, on every store, as a baseline.
+// names another idem binary (an earlier build, with --store-batch and
+// --hold) that --sidecar runs too, on every store with the same batched
+// flags, each beside the binary built here, as a baseline.
 const (
 	envNATS    = "IDEM_TEST_NATS_URL"
 	envBaseBin = "IDEM_BENCH_BASE_IDEM"
+	// envProfileDir, when set, names a directory where each run of idem
+	// consume (the binary built here) writes a CPU profile and an
+	// allocation profile, TAG-N.cpu and TAG-N.allocs (N the contender's
+	// index, TAG the round's), for go tool pprof.
+	envProfileDir = "IDEM_BENCH_SIDECAR_PROFILE"
+	// envOnly, when set, is a regular expression: only the contenders
+	// whose name matches it run beside the bare relay.
+	envOnly = "IDEM_BENCH_SIDECAR_ONLY"
+	// envBin, when set, names the idem binary to measure instead of one
+	// built from ./cmd/idem (which must have the hidden --memstats flag).
+	envBin = "IDEM_BENCH_IDEM"
 )
 
 // sidecarService is the do-nothing HTTP service of --sidecar: it answers
@@ -83,17 +97,25 @@ func (s *sidecarService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 type sidecarContender struct {
 	name string
 	// start begins consuming subject (stream stream) into url; stop ends it
-	// and returns the CPU time its process used (0 when it runs in this
+	// and returns what its process used (zero when it runs in this
 	// process).
-	start func(ctx context.Context, stream, subject, url, tag string) (stop func() time.Duration, err error)
+	start func(ctx context.Context, stream, subject, url, tag string) (stop func() usage, err error)
+}
+
+// usage is what a contender's process used in a run: CPU time, user and
+// system, and the allocations its runtime counted (zero when unknown).
+type usage struct {
+	cpu            time.Duration
+	mallocs, bytes uint64
+	maxRSS         int64 // kilobytes (getrusage's ru_maxrss on Linux)
 }
 
 // sidecarResult is one run's figures.
 type sidecarResult struct {
 	contender string
-	rate      float64       // distinct messages per second, first call to the last new one
-	calls     int           // calls the service received
-	cpu       time.Duration // CPU time of the contender's process, user and system
+	rate      float64 // distinct messages per second, first call to the last new one
+	calls     int     // calls the service received
+	used      usage   // the contender's process
 }
 
 // runSidecar measures `idem consume` against a bare Go relay that only
@@ -103,8 +125,11 @@ type sidecarResult struct {
 // distinct messages the service received per second, from its first call
 // to the call that completed the set. Stores: SQLite, and PostgreSQL and
 // Redis when their URLs are set, each with the store batches of idem
-// consume (--store-batch 64) and without (--store-batch 1). The idem
-// binary is built from ./cmd/idem.
+// consume (--store-batch 64: with --hold 64, with --hold 64
+// --point-at-call, and by default) and without (--store-batch 1), and,
+// on SQLite and PostgreSQL, a direct Go consumer on the same store
+// (directConsumer) that each idem consume run is also compared with. The
+// idem binary is built from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
 	natsURL := os.Getenv(envNATS)
 	if natsURL == "" {
@@ -115,9 +140,12 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "idem")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/idem").CombinedOutput(); err != nil {
-		return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
+	bin := os.Getenv(envBin)
+	if bin == "" {
+		bin = filepath.Join(dir, "idem")
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/idem").CombinedOutput(); err != nil {
+			return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
+		}
 	}
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -144,27 +172,52 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		stores = append(stores, struct{ name, url string }{"redis", u})
 	}
 	base := os.Getenv(envBaseBin)
+	baseDir := ""
+	if base != "" && exec.CommandContext(ctx, base, "consume", "--memstats", os.DevNull, "--help").Run() == nil {
+		baseDir = dir // an earlier build with --memstats
+	}
 	for _, st := range stores {
+		if st.name != "redis" { // the bench module has no Redis store
+			direct := st.url
+			if st.name == "sqlite" {
+				direct = "sqlite"
+			}
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("direct Go consumer, %s", st.name),
+				directConsumer(js, dir, direct, concurrency),
+			})
+		}
 		// Store batches of the messages claimed ahead (--hold 64: more
-		// outcome-unknown dead letters after a crash, at most once).
-		contenders = append(contenders, sidecarContender{
-			fmt.Sprintf("idem consume, %s, --store-batch 64 --hold 64", st.name),
-			idemConsume(bin, natsURL, st.url, 64, concurrency, "--hold", "64"),
+		// outcome-unknown dead letters after a crash, at most once), and
+		// the same with --point-at-call (no more of them, a write of its
+		// own per message that waits for a call); the defaults at most
+		// once: store batches of the messages in flight only (--hold is
+		// --concurrency); and no batches at all.
+		for _, v := range []struct {
+			batch int
+			extra []string
+		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}} {
+			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")
+			contenders = append(contenders, sidecarContender{
+				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
+				idemConsume(bin, natsURL, st.url, v.batch, concurrency, dir, v.extra...),
+			})
+			if base != "" && v.batch > 1 {
+				contenders = append(contenders, sidecarContender{
+					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
+					idemConsume(base, natsURL, st.url, v.batch, concurrency, baseDir, v.extra...),
+				})
+			}
+		}
+	}
+	if only := os.Getenv(envOnly); only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			return fmt.Errorf("%s: %w", envOnly, err)
+		}
+		contenders = slices.DeleteFunc(contenders, func(c sidecarContender) bool {
+			return c.name != "bare relay" && !strings.HasPrefix(c.name, "direct Go consumer") && !re.MatchString(c.name)
 		})
-		// The defaults at most once: store batches of the messages in
-		// flight only (--hold is --concurrency), and no batches at all.
-		for _, batch := range []int{64, 1} {
-			contenders = append(contenders, sidecarContender{
-				fmt.Sprintf("idem consume, %s, --store-batch %d", st.name, batch),
-				idemConsume(bin, natsURL, st.url, batch, concurrency),
-			})
-		}
-		if base != "" {
-			contenders = append(contenders, sidecarContender{
-				fmt.Sprintf("idem consume (%s), %s", filepath.Base(base), st.name),
-				idemConsume(base, natsURL, st.url, 0, concurrency),
-			})
-		}
 	}
 	results := map[string][]sidecarResult{}
 	for round := range rounds + 1 { // round 0 warms up and is discarded
@@ -183,28 +236,51 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) |\n|---|---:|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
 		rates := make([]float64, len(rs))
 		ratios := make([]float64, len(rs))
 		cpus := make([]float64, len(rs))
+		mallocs := make([]float64, len(rs))
+		bytes := make([]float64, len(rs))
+		rss := make([]float64, len(rs))
+		// The direct Go consumer of the same store (the second
+		// comma-separated part of the name), when there is one.
+		var direct []sidecarResult
+		if parts := strings.Split(c.name, ", "); len(parts) > 1 && !strings.HasPrefix(c.name, "direct") {
+			direct = results["direct Go consumer, "+parts[1]]
+		}
+		var toDirect []float64
 		calls := 0
 		for i, r := range rs {
 			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
-			cpus[i] = float64(r.cpu.Microseconds()) / float64(n)
+			cpus[i] = float64(r.used.cpu.Microseconds()) / float64(n)
+			mallocs[i], bytes[i] = float64(r.used.mallocs)/float64(n), float64(r.used.bytes)/float64(n)
+			rss[i] = float64(r.used.maxRSS) / 1024
+			if i < len(direct) {
+				toDirect = append(toDirect, r.rate/direct[i].rate)
+			}
 			calls += r.calls
 		}
-		cpu := "–"
-		if m := median(cpus); m > 0 {
-			cpu = fmt.Sprintf("%.0f", m)
+		vsDirect := "–"
+		if len(toDirect) > 0 {
+			vsDirect = fmt.Sprintf("%.2f", median(toDirect))
 		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
-			median(ratios), float64(calls)/float64(n*len(rs)), cpu)
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), vsDirect, orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
 	_, err = io.WriteString(w, b.String())
 	return err
+}
+
+// orDash formats a per-message figure, or "–" when it was not measured.
+func orDash(x float64) string {
+	if x <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", x)
 }
 
 // median of xs (not empty), sorting a copy.
@@ -263,18 +339,18 @@ func sidecarRun(ctx context.Context, js jetstream.JetStream, svc *sidecarService
 		stop()
 		return sidecarResult{}, ctx.Err()
 	}
-	cpu := stop()
+	used := stop()
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
-	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls, cpu: cpu}, nil
+	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls, used: used}, nil
 }
 
 // bareRelay is the contender that only moves messages: a durable pull
 // consumer fetched 64 at a time (nats.go's Fetch), concurrency workers
 // that POST each message with its ID as Idempotency-Key and ack it after
 // a 2xx.
-func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() time.Duration, error) {
-	return func(ctx context.Context, stream, _, url, _ string) (func() time.Duration, error) {
+func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
+	return func(ctx context.Context, stream, _, url, _ string) (func() usage, error) {
 		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
 		if err != nil {
 			return nil, err
@@ -324,7 +400,7 @@ func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context
 				}
 			}
 		})
-		return func() time.Duration { cancel(); wg.Wait(); client.CloseIdleConnections(); return 0 }, nil
+		return func() usage { cancel(); wg.Wait(); client.CloseIdleConnections(); return usage{} }, nil
 	}
 }
 
@@ -332,8 +408,11 @@ func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context
 // a sqlite path is replaced by the run's tag), a process of its own with
 // --concurrency and --store-batch (none when batch is 0, for a binary
 // without the flag) and the flags of extra, stopped by an interrupt.
-func idemConsume(bin, natsURL, store string, batch, concurrency int, extra ...string) func(ctx context.Context, stream, subject, url, tag string) (func() time.Duration, error) {
-	return func(ctx context.Context, _, subject, url, tag string) (func() time.Duration, error) {
+// When dir is set (a binary with the hidden --memstats flag) it writes
+// its allocation counters there, and its profiles to envProfileDir when
+// that is set.
+func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string, extra ...string) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
+	return func(ctx context.Context, _, subject, url, tag string) (func() usage, error) {
 		args := []string{"consume", "--broker", natsURL, "--from", subject, "--to", url,
 			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", "idem",
 			"--concurrency", fmt.Sprint(concurrency), "--log-level", "warn"}
@@ -341,6 +420,14 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, extra ...st
 			args = append(args, "--store-batch", fmt.Sprint(batch))
 		}
 		args = append(args, extra...)
+		var stats string
+		if dir != "" {
+			stats = filepath.Join(dir, tag+".memstats")
+			args = append(args, "--memstats", stats)
+			if p := os.Getenv(envProfileDir); p != "" {
+				args = append(args, "--cpuprofile", filepath.Join(p, tag+".cpu"), "--memprofile", filepath.Join(p, tag+".allocs"))
+			}
+		}
 		switch {
 		case strings.HasPrefix(store, "postgres"):
 			args = append(args, "--table", tag)
@@ -352,7 +439,7 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, extra ...st
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		return func() time.Duration {
+		return func() usage {
 			_ = cmd.Process.Signal(os.Interrupt)
 			done := make(chan struct{})
 			go func() { _ = cmd.Wait(); close(done) }()
@@ -362,7 +449,16 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, extra ...st
 				_ = cmd.Process.Kill()
 				<-done
 			}
-			return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+			u := usage{cpu: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()}
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				u.maxRSS = ru.Maxrss
+			}
+			if stats != "" {
+				if b, err := os.ReadFile(stats); err == nil {
+					_, _ = fmt.Sscanf(string(b), "mallocs %d\nbytes %d\n", &u.mallocs, &u.bytes)
+				}
+			}
+			return u
 		}, nil
 	}
 }

@@ -204,6 +204,7 @@ type DelivererOptions struct {
 type Deliverer struct {
 	lc     *idem.LeaseConsumer
 	o      DelivererOptions
+	target string // o.Target, rendered once
 	client *http.Client
 	fin    keyed.Finisher // the recovery points
 	calls  chan struct{}  // one place per call running; nil: no MaxCalls
@@ -265,7 +266,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, client: &http.Client{
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), client: &http.Client{
 		Transport: noInternalRetry{tr},
 		// A redirect is an answer, not an instruction to send the
 		// message somewhere else.
@@ -313,13 +314,22 @@ func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome
 			slot.late = true
 		}
 	}
+	var mine *answer // the answer this attempt recorded, as deliver made it
 	out, _ := d.lc.ProcessWith(ctx, msg, opt, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
-		return d.deliver(ctx, a, slot)
+		ans, err := d.deliver(ctx, a, slot)
+		if err != nil {
+			return idem.Result{}, err
+		}
+		mine = ans
+		return encodeAnswer(ans), nil
 	})
 	if slot.held {
 		<-d.calls // the handler did not run (a duplicate, a store failure): the call taken for it is free again
 	}
-	out = d.settle(out)
+	if out.Status != idem.Processed {
+		mine = nil // a recorded answer: decoded from the record
+	}
+	out = d.settle(out, mine)
 	return out, out.Err
 }
 
@@ -343,13 +353,18 @@ func (s *callSlot) take(calls chan struct{}) bool {
 }
 
 // settle turns the lease engine's outcome into the delivery's: a recorded
-// answer decides ack or dead letter, and a retry gets its backoff.
-func (d *Deliverer) settle(out idem.Outcome) idem.Outcome {
+// answer decides ack or dead letter, and a retry gets its backoff. mine,
+// when set, is the answer of a Processed outcome (its Result encoded),
+// not decoded again.
+func (d *Deliverer) settle(out idem.Outcome, mine *answer) idem.Outcome {
 	switch {
 	case out.Ack() && out.Err == nil:
-		ans, err := decodeAnswer(out.ContentType, out.Result)
-		if err != nil {
-			return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
+		ans := mine
+		if ans == nil {
+			var err error
+			if ans, err = decodeAnswer(out.ContentType, out.Result); err != nil {
+				return idem.Outcome{Status: idem.Failed, MessageID: out.MessageID, Attempt: out.Attempt, Poison: true, Err: idem.Permanent(err)}
+			}
 		}
 		if out.Status == idem.Duplicate {
 			d.stats.replayed.Add(1)
@@ -392,32 +407,32 @@ func (d *Deliverer) backoff(n int) time.Duration {
 	return c/2 + rand.N(c/2+1)
 }
 
-// deliver is the LeaseHandler: one call to the service under the attempt's
-// lease.
-func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt, slot *callSlot) (idem.Result, error) {
+// deliver is the LeaseHandler's body: one call to the service under the
+// attempt's lease, and the answer to record (nil with an error).
+func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt, slot *callSlot) (*answer, error) {
 	if !d.o.AtLeastOnce {
 		if prev, ok := d.fin.Unsettled(a); ok {
 			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
 				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
-			return encodeAnswer(&answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}), nil
+			return &answer{Unknown: fmt.Sprintf("attempt with token %s sent it and ended without recording the service's answer", prev)}, nil
 		}
 	}
 	ans, sent, err := d.call(ctx, a, slot)
 	switch {
 	case err != nil && !sent:
-		return idem.Result{}, d.settled(a, fmt.Errorf("idemhttp: the message was not sent: %w", err))
+		return nil, d.settled(a, fmt.Errorf("idemhttp: the message was not sent: %w", err))
 	case err != nil:
 		if d.o.AtLeastOnce {
-			return idem.Result{}, fmt.Errorf("idemhttp: the message was sent and its answer is unknown; sending it again (at least once): %w", err)
+			return nil, fmt.Errorf("idemhttp: the message was sent and its answer is unknown; sending it again (at least once): %w", err)
 		}
 		d.o.Logger.Warn("idemhttp: the message was sent and its answer is unknown; not sending it again",
 			"consumer", a.Consumer, "message_id", a.Message.ID, "attempt", a.Number, "error", err)
-		return encodeAnswer(&answer{Unknown: "sent, and no complete answer came back: " + err.Error()}), nil
+		return &answer{Unknown: "sent, and no complete answer came back: " + err.Error()}, nil
 	case retryableDeliveryStatus(ans.Status):
 		ra, _ := retryAfter(ans.retryAfter, time.Now())
-		return idem.Result{}, d.settled(a, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
+		return nil, d.settled(a, &ServiceAnswerError{Status: ans.Status, Body: excerpt(ans.Body), RetryAfter: ra})
 	}
-	return encodeAnswer(ans), nil
+	return ans, nil
 }
 
 // settled records, in at-most-once mode, that the attempt's call ended
@@ -459,7 +474,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	defer cancel()
 	var wrote atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.o.Target.String(), bytes.NewReader(a.Message.Payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.target, bytes.NewReader(a.Message.Payload))
 	if err != nil {
 		return nil, false, err
 	}
@@ -470,7 +485,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 		return nil, wrote.Load(), err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, d.o.MaxAnswerBytes))
+	body, err := readAnswer(resp, d.o.MaxAnswerBytes)
 	if err == nil {
 		_, err = io.Copy(io.Discard, resp.Body) // the end of the answer, not recorded
 	}
@@ -481,9 +496,32 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 		retryAfter: resp.Header.Get("Retry-After")}, true, nil
 }
 
-// headers sets the request headers of the delivery.
+// readAnswer reads the start of resp's body, at most limit bytes: none for
+// an empty answer (net/http's NoBody), into a buffer of its Content-Length
+// when the answer declares one within limit, else as io.ReadAll does.
+func readAnswer(resp *http.Response, limit int64) ([]byte, error) {
+	switch n := resp.ContentLength; {
+	case resp.Body == http.NoBody:
+		return nil, nil
+	case n > 0 && n <= limit:
+		b := make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
+}
+
+// headers sets the request headers of the delivery, in a map sized for
+// them whose own values share one slice (one allocation, not one each).
 func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
-	h := req.Header
+	n := 0
+	for _, vs := range a.Message.Headers {
+		n += len(vs)
+	}
+	h := make(http.Header, n+5)
+	req.Header = h
 	ct := d.o.ContentType
 	for name, vs := range a.Message.Headers {
 		if !validHeaderName(name) {
@@ -499,11 +537,12 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 			h.Add(HeaderBrokerPrefix+name, v)
 		}
 	}
-	h.Set("Content-Type", ct)
-	h.Set(HeaderIdempotencyKey, a.Message.ID)
-	h.Set(HeaderMessageID, a.Message.ID)
-	h.Set(HeaderAttempt, strconv.Itoa(a.Number))
-	h.Set(HeaderDeadline, time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+	// The names are in canonical form already (what Header.Set makes).
+	vs := []string{ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
+		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00")}
+	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
+		h[name] = vs[i : i+1 : i+1]
+	}
 }
 
 // validHeaderValue reports whether s can be sent as a field value: no

@@ -386,7 +386,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fetching := make(chan struct{})
 	go func() {
 		defer close(fetching)
-		c.fetchLoop(work, consuming, held, take, fail)
+		c.fetchLoop(work, consuming, held, func() bool { return len(queue) > 0 }, take, fail)
 	}()
 	var runErr error
 	select {
@@ -437,18 +437,24 @@ const quitGrace = 100 * time.Millisecond
 // one goes out as soon as it ends: while a place is free a request waits
 // at the server (except in the pause after a failed one, or while the
 // connection is down), and messages stream to the handlers as they come.
+// While messages wait for a handler (waiting reports whether any do), the
+// next request waits until a quarter of the places are free, or none
+// waits any more: a message settled then costs no pull request of its own.
 // (Not jetstream.Consumer.Consume or Messages: they renew their pull from
 // a count of pending messages, and a message that arrives while the
 // previous request is still being sent leaves that count at zero with no
 // request out, so consuming stalled until a missing heartbeat, 30s later;
 // Messages' channel, sized to the pull, also dropped deliveries after a
 // reconnect.)
-func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{}, take func(jetstream.Msg), fail func(error)) {
+func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{}, waiting func() bool, take func(jetstream.Msg), fail func(error)) {
 	quit := consuming.Done()
 	nc := c.js.Conn()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
 	defer nc.RemoveStatusListener(status)
 	maxBatch, expiry := c.requestLimits(cap(held), c.cons.CachedInfo())
+	// lowWater is how many free places a pull request waits for while
+	// messages wait for a handler (none wait: it goes at once).
+	lowWater := max(cap(held)/4, 1)
 	// ask refreshes the consumer's limits from the server, and reports
 	// false after failing consuming when the consumer no longer exists.
 	ask := func() bool {
@@ -483,7 +489,20 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 			select {
 			case held <- struct{}{}:
 				n++
+				continue
 			default:
+			}
+			if n >= lowWater || !waiting() {
+				break
+			}
+			// Messages wait for a handler, so every handler is busy:
+			// wait for more places to free before asking, rather than
+			// send a pull request (a round trip, and work for the
+			// server) per settled message.
+			select {
+			case held <- struct{}{}:
+				n++
+			case <-quit:
 				break more
 			}
 		}

@@ -234,17 +234,18 @@ func (s *Store) takeoverMySQL(ctx context.Context, p *idemdriver.AcquireParams, 
 // _txlock, which New checks): SQLite runs one writer at a time, so nothing
 // changes between its statements.
 func (s *Store) acquireSQLite(ctx context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
+	s.prepareSQLiteLease(ctx)
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		res, last, err = s.acquireSQLiteTx(ctx, tx, p)
+		res, last, err = s.acquireSQLiteTx(ctx, s.prepared(tx), p)
 		return err
 	})
 	return res, last, err
 }
 
-// acquireSQLiteTx is the body of acquireSQLite, on tx: res is zero (and
-// last set) when the record could be taken over by the time it was read,
-// a case for another try.
-func (s *Store) acquireSQLiteTx(ctx context.Context, tx *sql.Tx, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
+// acquireSQLiteTx is the body of acquireSQLite, on tx (a transaction): res
+// is zero (and last set) when the record could be taken over by the time it
+// was read, a case for another try.
+func (s *Store) acquireSQLiteTx(ctx context.Context, tx sqlQuerier, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, last *sqlstore.LeaseRecord, err error) {
 	var token, attempt int64
 	err = tx.QueryRowContext(ctx, s.lq.acquire, p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)).Scan(&token, &attempt)
 	switch {

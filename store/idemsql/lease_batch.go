@@ -27,6 +27,9 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if s.dialect == MySQL {
 		return sqlstore.AcquireBatch(ctx, ps, acquire)
 	}
+	if s.dialect == SQLite {
+		s.prepareSQLiteLease(ctx)
+	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if s.dialect == Postgres {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
@@ -36,7 +39,7 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 				var last *sqlstore.LeaseRecord
 				for range maxClaimAttempts {
-					res, rec, err := s.acquireSQLiteTx(ctx, tx, p)
+					res, rec, err := s.acquireSQLiteTx(ctx, s.prepared(tx), p)
 					if err != nil || res.Acquired || res.State != 0 {
 						return res, err
 					}
@@ -65,13 +68,16 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if err := ctx.Err(); err != nil || len(ps) == 0 {
 		return nil, err
 	}
+	if s.dialect == SQLite {
+		s.prepareSQLiteLease(ctx)
+	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		errs, err = sqlstore.CompleteBatch(ctx, ps, func(p *idemdriver.CompleteParams) error {
 			if s.dialect == Postgres {
 				return s.pg.Complete(ctx, querier{tx}, p)
 			}
-			return sqlstore.Fenced(ctx, querier{tx}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
+			return sqlstore.Fenced(ctx, querier{s.prepared(tx)}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
 				sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
 		})
 		return err

@@ -79,6 +79,8 @@ type Store struct {
 	// lockScope names the database file for SQLite's in-process purge
 	// lock, so two Stores over one file share it.
 	lockScope string
+	// stmts are SQLite's lease statements, prepared once.
+	stmts stmtCache
 }
 
 // Interface checks.

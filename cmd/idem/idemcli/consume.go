@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -35,6 +37,7 @@ type consumeFlags struct {
 	shutdownTimeout                      time.Duration
 	kafkaInstanceID                      string
 	log                                  logFlags
+	profile                              profileFlags
 }
 
 // The recovery defaults of `idem consume` (see its --help): a SIGKILLed
@@ -49,6 +52,12 @@ const (
 	// minKafkaSessionTimeout is the session timeout used on Kafka when
 	// --ack-wait is shorter: Kafka's group.min.session.timeout.ms default.
 	minKafkaSessionTimeout = 6 * time.Second
+	// consumeGCPercent is the garbage collector's target of `idem consume`
+	// when GOGC is not set: its live heap is small (the messages held)
+	// and it allocates a few kilobytes per message, so at Go's 100 it
+	// collected every few hundred messages; 400 collects a fifth as often
+	// for a heap goal of five times the live heap, not two.
+	consumeGCPercent = 400
 )
 
 func newConsumeCmd() *cobra.Command {
@@ -170,7 +179,11 @@ the others can write nothing until it resumes or dies.
 GET /healthz on --health-addr answers 200 {"status":"ok"} or 503
 {"status":"unavailable"} from the store and broker connections.
 --metrics-addr serves Prometheus metrics on http://ADDR/metrics. On SIGINT or
-SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
+SIGTERM the deliveries in flight finish (up to --shutdown-timeout).
+
+Unless GOGC is set in the environment, the Go garbage collector runs with
+GOGC=400 (Go's default is 100): fewer collections, for a heap of up to five
+times the live data instead of twice.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runConsume(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), &f)
@@ -202,6 +215,7 @@ SIGTERM the deliveries in flight finish (up to --shutdown-timeout).`,
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	f.log.register(fl, "message")
+	f.profile.register(fl)
 	return cmd
 }
 
@@ -260,6 +274,18 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if f.deadLetter == "" {
 		f.deadLetter = defaultDeadLetter(f.broker, f.from)
 	}
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(consumeGCPercent)
+	}
+	stopProfile, err := f.profile.start()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if perr := stopProfile(); perr != nil {
+			fmt.Fprintf(stderr, "idem consume: %v\n", perr)
+		}
+	}()
 	logger, err := f.log.newLogger(stderr)
 	if err != nil {
 		return err

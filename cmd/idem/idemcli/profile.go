@@ -1,0 +1,81 @@
+package idemcli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+
+	"github.com/spf13/pflag"
+)
+
+// profileFlags are the hidden profiling flags of a long-running command
+// (`idem consume`): a CPU profile, an allocation profile and the
+// process's allocation counters, each written to a file for the
+// benchmark harness (go run ./bench --sidecar) and for `go tool pprof`.
+type profileFlags struct {
+	cpu, mem, memStats string
+}
+
+func (f *profileFlags) register(fl *pflag.FlagSet) {
+	fl.StringVar(&f.cpu, "cpuprofile", "", "write a CPU profile of the whole run to FILE (runtime/pprof)")
+	fl.StringVar(&f.mem, "memprofile", "", "write an allocation profile (the allocs profile) to FILE at exit")
+	fl.StringVar(&f.memStats, "memstats", "", "write the process's allocation counters at exit to FILE: lines \"mallocs N\" and \"bytes N\" (runtime.MemStats Mallocs and TotalAlloc)")
+	for _, name := range []string{"cpuprofile", "memprofile", "memstats"} {
+		_ = fl.MarkHidden(name)
+	}
+}
+
+// start starts the CPU profile when asked and returns the function that
+// stops it and writes the other files; its error names the file.
+func (f *profileFlags) start() (stop func() error, err error) {
+	var cpu *os.File
+	if f.cpu != "" {
+		if cpu, err = os.Create(f.cpu); err != nil {
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(cpu); err != nil {
+			cpu.Close()
+			return nil, fmt.Errorf("--cpuprofile: %w", err)
+		}
+	}
+	return func() error {
+		var errs []error
+		if cpu != nil {
+			pprof.StopCPUProfile()
+			if err := cpu.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("--cpuprofile: %w", err))
+			}
+		}
+		if f.mem != "" {
+			if err := writeFile(f.mem, func(fh *os.File) error { return pprof.Lookup("allocs").WriteTo(fh, 0) }); err != nil {
+				errs = append(errs, fmt.Errorf("--memprofile: %w", err))
+			}
+		}
+		if f.memStats != "" {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			if err := writeFile(f.memStats, func(fh *os.File) error {
+				_, err := fmt.Fprintf(fh, "mallocs %d\nbytes %d\n", ms.Mallocs, ms.TotalAlloc)
+				return err
+			}); err != nil {
+				errs = append(errs, fmt.Errorf("--memstats: %w", err))
+			}
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+// writeFile creates name, writes it with write and closes it.
+func writeFile(name string, write func(*os.File) error) error {
+	fh, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := write(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
