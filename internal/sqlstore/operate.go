@@ -83,7 +83,11 @@ LIMIT ` + p(5, "bigint")
 	failed := ` FROM ` + t + ` WHERE failed_at IS NOT NULL AND sent_at IS NULL`
 	ops.failures = `SELECT COALESCE(last_error, ''), COUNT(*), ` + d.Micros(`MAX(failed_at)`) + `, ` + d.Micros(`MIN(failed_at)`) +
 		failed + ` GROUP BY COALESCE(last_error, '') ORDER BY MAX(failed_at) DESC LIMIT ` + p(1, "bigint")
-	page := failed + ` AND failed_at <= ` + timeParam(p(1, "bigint")) + ` AND (failed_at < ` + timeParam(p(2, "bigint")) + ` OR id < ` + p(3, "text") + `)`
+	// The position as a row comparison, which PostgreSQL reads as one
+	// condition on the (failed_at, id) index and walks it backwards under
+	// the limit; written as "failed_at < $2 OR id < $3", it made two
+	// bitmap scans of the index and sorted every failed row.
+	page := failed + ` AND failed_at <= ` + timeParam(p(1, "bigint")) + ` AND (failed_at, id) < (` + timeParam(p(2, "bigint")) + `, ` + p(3, "text") + `)`
 	cols := `SELECT ` + o.cols + `, ` + d.Micros(`failed_at`) + `, COALESCE(last_error, '')`
 	order := ` ORDER BY failed_at DESC, id DESC LIMIT `
 	ops.failed = cols + page + order + p(4, "bigint")

@@ -161,18 +161,18 @@ func TestPagesAtSize(t *testing.T) {
 		}
 		return []any{sqlstore.Micros(p.At), sqlstore.Micros(p.At), p.Key}
 	}
-	list := func(c string, state idemdriver.RecordState) []any {
-		return append(append([]any{"payments"}, pos(c)...), int64(idemdriver.DefaultScanLimit), int64(state), int64(idemdriver.DefaultPageSize+2))
+	held := func(c string) []any {
+		return append(append([]any{"payments"}, pos(c)...), int64(idemdriver.DefaultScanLimit), int64(idemdriver.StateInProgress), int64(idemdriver.DefaultPageSize+2))
 	}
 	for _, e := range []struct {
 		name, read string
 		args       []any
 	}{
 		{"consumers", "consumers", nil},
-		{"failed, first page", "list", list("", idemdriver.StateFailed)},
-		{"failed, page 41", "list", list(failedDeep, idemdriver.StateFailed)},
-		{"in progress, first page", "list", list("", idemdriver.StateInProgress)},
-		{"in progress, page 41", "list", list(heldDeep, idemdriver.StateInProgress)},
+		{"failed, first page", "listFailed", append(append([]any{"payments"}, pos("")...), int64(idemdriver.DefaultPageSize+1))},
+		{"failed, page 41", "listFailed", append(append([]any{"payments"}, pos(failedDeep)...), int64(idemdriver.DefaultPageSize+1))},
+		{"in progress, first page", "list", held("")},
+		{"in progress, page 41", "list", held(heldDeep)},
 		{"outbox groups", "failures", []any{int64(50)}},
 		{"outbox, first page", "failed", append(pos(""), int64(idemdriver.DefaultPageSize+1))},
 		{"outbox, page 41", "failed", append(pos(outboxDeep), int64(idemdriver.DefaultPageSize+1))},
