@@ -23,12 +23,14 @@ import (
 	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/pgsql/pgsqltest"
 	"github.com/idem-go/idem/internal/sqlstore"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 // TestPagesAtSize times every page of the console and its JSON through
 // the console's own handler, on a PostgreSQL table filled by
 // scripts/console-at-size/fill-postgres.sql (not part of the suite: build
-// tag atsize). For each page, the first page and a deep one (reached by
+// tag atsize), or a SQLite one filled by fill-sqlite.sql
+// (sqlite:PATH; times only). For each page, the first page and a deep one (reached by
 // following the pages' cursors): median (min–max) of
 // IDEM_CONSOLE_ATSIZE_RUNS requests (7), after one to warm up; the
 // statements the server ran for it (pg_stat_statements, when the role
@@ -151,6 +153,9 @@ func TestPagesAtSize(t *testing.T) {
 	}
 	t.Logf("load after: %s", load())
 
+	if st.Dialect != idemsql.Postgres {
+		return // the plans below are PostgreSQL's
+	}
 	// The plans, with the arguments of the pages above.
 	ops := pgsql.Ops(table)
 	reads := ops.Reads()
