@@ -32,7 +32,10 @@ const (
 	// range-partitioned by processed_at: its own migrations 001 (the
 	// partitioned table) and 002 (the horizons table), then Postgres's
 	// from 003 on (runs, outbox, and 006, which makes the lease-mode
-	// columns nullable: the partitioned table has the same ones).
+	// columns nullable: the partitioned table has the same ones), except
+	// those of a version its own folder has too (012: no index of the
+	// failed records, which CREATE INDEX CONCURRENTLY cannot build on a
+	// partitioned table).
 	PostgresPartitioned Dialect = "postgres_partitioned"
 )
 
@@ -156,8 +159,12 @@ func Migrations(d Dialect, table Table) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
+		own := map[int]bool{}
+		for _, m := range out {
+			own[m.Version] = true
+		}
 		for _, m := range base {
-			if m.Version >= o.from {
+			if m.Version >= o.from && !own[m.Version] {
 				out = append(out, m)
 			}
 		}

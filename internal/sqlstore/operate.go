@@ -19,6 +19,11 @@ type Ops struct {
 	// list: consumer, position (µs) twice, position's message ID, scan,
 	// state, limit -> the window's matching rows and its last one.
 	list string
+	// listFailed, when failedIndex is set: consumer, position (µs) twice,
+	// position's message ID, limit -> failed records only, through the
+	// partial index of the failed records.
+	listFailed  string
+	failedIndex bool
 	// retry and release: consumer, message ID (release: token).
 	retry, release string
 	// failures: limit. failed and failedOf: position (µs) twice, its ID,
@@ -58,6 +63,17 @@ func NewOps(table, inspect string, o *Outbox, timeParam func(p string) string) *
 WHERE st = ` + p(6, "bigint") + ` OR n = total
 ORDER BY processed_at DESC, message_id DESC
 LIMIT ` + p(7, "bigint")
+	// The failed records (state 3) through their partial index on
+	// (consumer, processed_at, message_id), walked backwards from the
+	// position: the page's records and one more, whatever the table holds
+	// besides them. The literal "state = 3" is the index's predicate.
+	ops.listFailed = `SELECT message_id` + x + `, fingerprint, ` + d.Micros(`processed_at`) + `, 3, COALESCE(token, 0), COALESCE(attempt, 1), ` +
+		d.Micros(`lease_expires_at`) + `, last_error, 0
+FROM ` + table + `
+WHERE consumer = ` + p(1, "text") + ` AND state = 3 AND processed_at <= ` + timeParam(p(2, "bigint")) + `
+	AND (processed_at < ` + timeParam(p(3, "bigint")) + ` OR message_id < ` + p(4, "text") + `)
+ORDER BY processed_at DESC, message_id DESC
+LIMIT ` + p(5, "bigint")
 	key := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
 	stamp := `lease_expires_at = ` + d.Now + `, processed_at = ` + d.Now + `, updated_at = ` + d.Now
 	ops.retry = `UPDATE ` + table + ` SET state = 1, token = COALESCE(token, 0) + 1, attempt = 0, ` + stamp + key + ` AND state = 3`
@@ -67,7 +83,11 @@ LIMIT ` + p(7, "bigint")
 	failed := ` FROM ` + t + ` WHERE failed_at IS NOT NULL AND sent_at IS NULL`
 	ops.failures = `SELECT COALESCE(last_error, ''), COUNT(*), ` + d.Micros(`MAX(failed_at)`) + `, ` + d.Micros(`MIN(failed_at)`) +
 		failed + ` GROUP BY COALESCE(last_error, '') ORDER BY MAX(failed_at) DESC LIMIT ` + p(1, "bigint")
-	page := failed + ` AND failed_at <= ` + timeParam(p(1, "bigint")) + ` AND (failed_at < ` + timeParam(p(2, "bigint")) + ` OR id < ` + p(3, "text") + `)`
+	// The position as a row comparison, which PostgreSQL reads as one
+	// condition on the (failed_at, id) index and walks it backwards under
+	// the limit; written as "failed_at < $2 OR id < $3", it made two
+	// bitmap scans of the index and sorted every failed row.
+	page := failed + ` AND failed_at <= ` + timeParam(p(1, "bigint")) + ` AND (failed_at, id) < (` + timeParam(p(2, "bigint")) + `, ` + p(3, "text") + `)`
 	cols := `SELECT ` + o.cols + `, ` + d.Micros(`failed_at`) + `, COALESCE(last_error, '')`
 	order := ` ORDER BY failed_at DESC, id DESC LIMIT `
 	ops.failed = cols + page + order + p(4, "bigint")
@@ -87,6 +107,18 @@ SELECT c.consumer` + x + `, 0, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+
 FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
 	ops.steps = `SELECT step` + x + `, result FROM ` + table + `_steps` + key + ` ORDER BY step`
 	ops.outState = `SELECT consumer` + x + `, CASE WHEN sent_at IS NOT NULL THEN 2 WHEN failed_at IS NOT NULL THEN 3 ELSE 1 END FROM ` + t + ` WHERE id = ` + p(1, "text")
+	return ops
+}
+
+// WithFailedIndex makes ListRecords read failed records through the
+// partial index of the failed records on (consumer, processed_at,
+// message_id) WHERE state = 3, which the dialect's migrations create: a
+// page of failed records is then its limit of them (and one more, to
+// know that there are), however rare they are among the table's records,
+// rather than those among p.Scan records. Leases in progress are still
+// listed from a window of p.Scan records. It returns ops.
+func (ops *Ops) WithFailedIndex() *Ops {
+	ops.failedIndex = true
 	return ops
 }
 
@@ -141,7 +173,11 @@ func (ops *Ops) ListRecords(ctx context.Context, db Querier, p *idemdriver.ListR
 		return idemdriver.RecordPage{}, err
 	}
 	at := Micros(pos.At)
-	rows, err := db.Query(ctx, ops.list, p.Consumer, at, at, pos.Key, int64(p.Scan), int64(p.State), int64(p.Limit)+2)
+	q, args := ops.list, []any{p.Consumer, at, at, pos.Key, int64(p.Scan), int64(p.State), int64(p.Limit) + 2}
+	if ops.failedIndex && p.State == idemdriver.StateFailed {
+		q, args = ops.listFailed, []any{p.Consumer, at, at, pos.Key, int64(p.Limit) + 1}
+	}
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return idemdriver.RecordPage{}, err
 	}
@@ -170,6 +206,8 @@ func (ops *Ops) ListRecords(ctx context.Context, db Querier, p *idemdriver.ListR
 	if err != nil {
 		return idemdriver.RecordPage{}, err
 	}
+	// listFailed's total is 0: its rows are every failed record after the
+	// position, up to the limit and one more.
 	return idemdriver.PageRecords(window, p, total == int64(p.Scan)), nil
 }
 

@@ -98,6 +98,9 @@ type planNode struct {
 	// partition).
 	RelationName string `json:"Relation Name"`
 	SubplanName  string `json:"Subplan Name"`
+	// ParentRelationship is how the node feeds its parent: "Outer",
+	// "Inner", "SubPlan", "InitPlan", ...
+	ParentRelationship string `json:"Parent Relationship"`
 	// ActualLoops is how many times the node ran (EXPLAIN ANALYZE only).
 	ActualLoops float64    `json:"Actual Loops"`
 	Plans       []planNode `json:"Plans"`

@@ -88,9 +88,10 @@ func testOutboxDomainsUpgrade(t *testing.T, v upgradeVariant) {
 	} else {
 		// PostgreSQL rebuilds a partial index on a column whose type
 		// changes, whatever the type: the key index, which holds only
-		// pending rows (migration 007 built it the same way).
+		// pending rows (migration 007 built it the same way). Migration
+		// 013 replaces the failed rows' index (_outbox_fail) by another.
 		for name, node := range filesBefore {
-			if rebuilt := after[name] != node; rebuilt != strings.HasSuffix(name, "_outbox_key_pending") {
+			if rebuilt := after[name] != node; rebuilt != (strings.HasSuffix(name, "_outbox_key_pending") || strings.HasSuffix(name, "_outbox_fail")) {
 				t.Errorf("%s: file %d before 010, %d after (rebuilt: %v)", name, node, after[name], rebuilt)
 			}
 		}

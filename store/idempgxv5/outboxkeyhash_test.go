@@ -77,8 +77,8 @@ func testOutboxKeyHashUpgrade(t *testing.T, v upgradeVariant) {
 			t.Fatalf("Migrate #%d: %v", i+1, err)
 		}
 	}
-	if ix := indexes(); len(ix) != 5 || !ix["outbox_khash"] || !ix["outbox_pkey"] || !ix["outbox_pend"] || !ix["outbox_sent"] || !ix["outbox_fail"] {
-		t.Errorf("indexes after 011: %v (name suffix: valid), want pkey, pend, khash, sent and fail, all valid", ix)
+	if ix := indexes(); len(ix) != 5 || !ix["outbox_khash"] || !ix["outbox_pkey"] || !ix["outbox_pend"] || !ix["outbox_sent"] || !ix["outbox_failed"] {
+		t.Errorf("indexes after 011: %v (name suffix: valid), want pkey, pend, khash, sent and failed, all valid", ix)
 	}
 	var recorded bool
 	if err := direct.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+table+`_migrations WHERE version = 11)`).Scan(&recorded); err != nil || !recorded {

@@ -32,7 +32,9 @@ func (s *Store) ops() *sqlstore.Ops {
 	case MySQL:
 		o = sqlstore.NewOps(s.table.Qualified, s.q.inspect, s.outbox(), func(string) string { return mysqlTimeParam })
 	default:
-		o = sqlstore.NewOps(s.table.Qualified, s.q.inspect, s.outbox(), func(p string) string { return p })
+		// SQLite lists failed records through its partial index of them
+		// (migration 005); MySQL has no partial indexes.
+		o = sqlstore.NewOps(s.table.Qualified, s.q.inspect, s.outbox(), func(p string) string { return p }).WithFailedIndex()
 	}
 	got, _ := opsCache.LoadOrStore(key, o)
 	return got.(*sqlstore.Ops)

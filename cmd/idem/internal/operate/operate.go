@@ -118,10 +118,13 @@ func newFailedCmd(open Opener, openBroker BrokerOpener, now func() time.Time) *c
                                          the dead letters of D (a subject, a stream), grouped by
                                          reason and error (the newest --scan), newest first
 
-A page walks the (consumer, processed_at) index from --cursor and examines
-at most --scan records, so it costs the same on a table of any size; a
-page may hold fewer than --limit records and still have a next one. The
-next page's cursor is printed last (JSON: "next").`,
+A page of records in progress walks the (consumer, processed_at) index
+from --cursor and examines at most --scan records, so it costs the same on
+a table of any size; it may hold fewer than --limit records and still have
+a next one. On PostgreSQL and SQLite a page of failed records is read
+through their own index and holds --limit of them (on MySQL and MariaDB,
+as for records in progress, those among --scan records). The next page's
+cursor is printed last (JSON: "next").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if bf.deadLetter != "" {

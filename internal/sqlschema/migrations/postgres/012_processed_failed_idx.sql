@@ -1,0 +1,21 @@
+-- idem:no-transaction unless-small {{.Table}}
+-- The failed records (state 3: failed for good) of each consumer, newest
+-- first, for the operator's list of them (idem failed, the console's
+-- failed page): a partial index, so a page reads its limit of failed
+-- records by one index scan however rare they are among the records,
+-- where a walk of the (consumer, processed_at) index read up to --scan
+-- records (10,000) to find a few. Its predicate is the only use of state
+-- in an index: a record enters it only when it fails for good, and the
+-- updates that change a record's state also change processed_at, which
+-- the (consumer, processed_at) index holds, so none of them was a HOT
+-- update before this index and none loses one; a record that completes
+-- never has an entry, so it adds nothing to the write of a message that
+-- succeeds (docs/console.md, "At size").
+--
+-- Built without blocking the table's writers (CREATE INDEX CONCURRENTLY,
+-- as 011_outbox_key_hash.sql explains); on a table of fewer than 10,000
+-- records, in the migration's transaction. A build that failed part way
+-- leaves an invalid index behind: the first statement drops it, so the
+-- migration can run again.
+DROP INDEX CONCURRENTLY IF EXISTS {{.Table}}_failed_idx;
+CREATE INDEX CONCURRENTLY {{.Name}}_failed_idx ON {{.Table}} (consumer, processed_at, message_id) WHERE state = 3;
