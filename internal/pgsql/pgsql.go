@@ -105,37 +105,44 @@ func Inserted(err error) (bool, error) {
 // ClaimTx claims p inside tx: q.Claim, and Settle when it conflicted. p
 // must have been validated.
 func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := ClaimArgs(p)
 	var claimed bool
-	inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...).Scan(&claimed))
+	inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, args...).Scan(&claimed))
 	switch {
 	case err != nil:
 		return idemdriver.ClaimResult{}, WrapLockTimeout(err)
 	case inserted:
 		return sqlstore.Claimed, nil
 	}
-	res, err := q.Settle(ctx, tx, p)
+	res, err := q.Settle(ctx, tx, p, args)
 	return res, WrapLockTimeout(err)
 }
 
-// Settle finishes a claim of p whose statement (q.Claim) conflicted: it
-// puts back the lock timeout the claim saved and reads the record, with
-// a snapshot of its own (so a record that a transaction the claim waited
-// for committed is seen), and claims again if the record is gone (a purge
-// deleted it).
-func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+// Settle finishes a claim of p whose statement (q.Claim, with args, the
+// arguments ClaimArgs gives) conflicted: it puts back the lock timeout
+// the claim saved and reads the record, with a snapshot of its own (so a
+// record that a transaction the claim waited for committed is seen), and
+// claims again if the record is gone (a purge deleted it). The read
+// takes the first two of args (consumer and message ID), so that a
+// duplicate boxes no argument twice.
+func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams, args []any) (idemdriver.ClaimResult, error) {
+	var (
+		rec struct {
+			fp      []byte
+			state   sql.NullInt64
+			claimed bool
+		}
+		dest = [2]any{&rec.fp, &rec.state}
+	)
 	for range sqlstore.MaxClaimAttempts {
-		var (
-			fp    []byte
-			state sql.NullInt64
-		)
-		if err := tx.QueryRow(ctx, q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state); err != nil {
+		rec.fp = nil
+		if err := tx.QueryRow(ctx, q.fingerprint, args[:2]...).Scan(dest[:]...); err != nil {
 			return idemdriver.ClaimResult{}, err
 		}
-		if fp != nil {
-			return sqlstore.Existing(fp, state), nil
+		if rec.fp != nil {
+			return sqlstore.Existing(rec.fp, rec.state), nil
 		}
-		var claimed bool
-		switch inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...).Scan(&claimed)); {
+		switch inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, args...).Scan(&rec.claimed)); {
 		case err != nil:
 			return idemdriver.ClaimResult{}, err
 		case inserted:

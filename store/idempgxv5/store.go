@@ -181,7 +181,7 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		err = cerr
 	}
 	if err == nil && !inserted {
-		res, err = s.q.Settle(ctx, querier{tx}, p)
+		res, err = s.q.Settle(ctx, querier{tx}, p, cb.args[:])
 	}
 	if err != nil {
 		abort(ctx, tx)
