@@ -69,77 +69,84 @@ func WrapLockTimeout(err error) error {
 	return err
 }
 
-// ScanClaim reads the row of q.Claim. settled is false when the claim
-// returned no row: it conflicted with a record its snapshot cannot show
-// (committed by a transaction it waited for), and Settle then finishes
-// it.
+// ScanClaim reads the row of a claim that returns claimed (bool), the
+// stored fingerprint and the state (Partitioned.Claim). settled is false
+// when the claim returned no row.
 func ScanClaim(row sqlstore.Row) (res idemdriver.ClaimResult, settled bool, err error) {
-	var d ClaimDest
-	return d.Result(row.Scan(d.Dest()...))
-}
-
-// ClaimDest holds the columns of q.Claim's row for a driver that scans
-// them itself: Dest gives the scan destinations (pointers into d, boxed
-// once), Result what the scan's error and values mean (see ScanClaim). A
-// claim scanned this way costs one allocation for all three columns.
-type ClaimDest struct {
-	claimed bool
-	fp      []byte
-	state   sql.NullInt64
-	dest    [3]any
-}
-
-// Dest returns the scan destinations of the claim's columns.
-func (d *ClaimDest) Dest() []any {
-	d.dest = [3]any{&d.claimed, &d.fp, &d.state}
-	return d.dest[:]
-}
-
-// Result returns what the scan of Dest's columns with error err read:
-// as ScanClaim. err matching sqlstore.ErrNoRows means no row (settled
-// false).
-func (d *ClaimDest) Result(err error) (res idemdriver.ClaimResult, settled bool, _ error) {
-	switch {
+	var (
+		claimed bool
+		fp      []byte
+		state   sql.NullInt64
+	)
+	switch err := row.Scan(&claimed, &fp, &state); {
 	case errors.Is(err, sqlstore.ErrNoRows):
 		return res, false, nil
 	case err != nil:
 		return res, false, err
-	case d.claimed:
+	case claimed:
 		return sqlstore.Claimed, true, nil
 	}
-	return sqlstore.Existing(d.fp, d.state), true, nil
+	return sqlstore.Existing(fp, state), true, nil
 }
 
-// ClaimTx claims p inside tx: q.Claim, and Settle when needed. p must
-// have been validated.
-func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	res, settled, err := ScanClaim(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...))
-	if err != nil || settled {
-		return res, WrapLockTimeout(err)
+// Inserted returns what the scan of q.Claim's row, which ended with err,
+// means: true when the claim inserted the record (its row), false when
+// it conflicted (no row: Settle then reads the record), or err.
+func Inserted(err error) (bool, error) {
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, sqlstore.ErrNoRows):
+		return false, nil
 	}
-	res, err = q.Settle(ctx, tx, p)
+	return false, err
+}
+
+// ClaimTx claims p inside tx: q.Claim, and Settle when it conflicted. p
+// must have been validated.
+func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := ClaimArgs(p)
+	var claimed bool
+	inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, args...).Scan(&claimed))
+	switch {
+	case err != nil:
+		return idemdriver.ClaimResult{}, WrapLockTimeout(err)
+	case inserted:
+		return sqlstore.Claimed, nil
+	}
+	res, err := q.Settle(ctx, tx, p, args)
 	return res, WrapLockTimeout(err)
 }
 
-// Settle finishes a claim whose statement found a conflict but could not
-// see the committed record: it reads the record with a new snapshot, and
-// claims again if the record is gone (a purge deleted it).
-func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+// Settle finishes a claim of p whose statement (q.Claim, with args, the
+// arguments ClaimArgs gives) conflicted: it puts back the lock timeout
+// the claim saved and reads the record, with a snapshot of its own (so a
+// record that a transaction the claim waited for committed is seen), and
+// claims again if the record is gone (a purge deleted it). The read
+// takes the first two of args (consumer and message ID), so that a
+// duplicate boxes no argument twice.
+func (q *Queries) Settle(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams, args []any) (idemdriver.ClaimResult, error) {
+	var (
+		rec struct {
+			fp      []byte
+			state   sql.NullInt64
+			claimed bool
+		}
+		dest = [2]any{&rec.fp, &rec.state}
+	)
 	for range sqlstore.MaxClaimAttempts {
-		var (
-			fp    []byte
-			state sql.NullInt64
-		)
-		err := tx.QueryRow(ctx, q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
-		switch {
-		case err == nil:
-			return sqlstore.Existing(fp, state), nil
-		case !errors.Is(err, sqlstore.ErrNoRows):
+		rec.fp = nil
+		if err := tx.QueryRow(ctx, q.fingerprint, args[:2]...).Scan(dest[:]...); err != nil {
 			return idemdriver.ClaimResult{}, err
 		}
-		res, settled, err := ScanClaim(tx.QueryRow(ctx, q.Claim, ClaimArgs(p)...))
-		if err != nil || settled {
-			return res, err
+		if rec.fp != nil {
+			return sqlstore.Existing(rec.fp, rec.state), nil
+		}
+		switch inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, args...).Scan(&rec.claimed)); {
+		case err != nil:
+			return idemdriver.ClaimResult{}, err
+		case inserted:
+			return sqlstore.Claimed, nil
 		}
 	}
 	return idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)

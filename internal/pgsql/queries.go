@@ -39,21 +39,32 @@
 //
 // # Claims
 //
-// A claim is INSERT ... ON CONFLICT DO NOTHING in a data-modifying CTE,
-// and a UNION ALL of two branches: one row (true) per row inserted, and
-// the committed record's fingerprint and state (false), read by a branch
-// behind a one-time filter on the insert (NOT EXISTS, an InitPlan) that
-// PostgreSQL runs only when the insert did nothing. So a new message costs
-// the INSERT alone whatever plan the lookup gets, and a duplicate one
-// index probe more, for the one row the client decodes. (A LEFT JOIN
-// would run the lookup for every new message too, and with pgx's cached
-// generic plan on a young table that can be a sequential scan.) The batch
-// claim is built the same way: one row when every message was new, and
-// the lookup skipped.
+// A claim is a plain INSERT ... ON CONFLICT DO NOTHING RETURNING, one row
+// when it inserted the record: a new message costs that statement alone,
+// whose plan holds the insert and nothing else (a statement that also
+// read the committed record on a conflict, in a UNION ALL branch behind a
+// one-time filter, cost a new message about 30% more server instructions,
+// counted with callgrind, to set up and tear down a lookup it never ran). A claim that returned
+// no row conflicted, and reads the record with a second statement,
+// fingerprint: the hand-written consumer's order, one round trip more for
+// a duplicate only. That statement's snapshot is its own, taken after the
+// claim's wait, so it also sees a record committed by a concurrent
+// transaction that the claim waited for; when it finds none (a purge
+// deleted the record in between), the claim is made again.
 // Concurrency is the primary key's: a claim of a key that a concurrent
 // transaction inserted waits for it, then claims (rolled back) or reports
-// the record, which its snapshot (READ COMMITTED, taken before the wait)
-// cannot see: then a second statement, with a new snapshot, reads it.
+// the record.
+//
+// The claim's lock timeout is set by the claim for itself, with no
+// statement of its own (claimLockTimeout): the INSERT's source row sets
+// it, saving the transaction's value in idem.lock_timeout, before the
+// insert can wait, and the RETURNING of a new record, or the fingerprint
+// read of a duplicate, puts the saved value back, so the handler's
+// statements keep the session's setting.
+//
+// The batch claim is one statement with such a lookup branch, skipped
+// when every message was new (one row then), and the lock timeout in a
+// CTE (lockTimeoutCTE): its setup is paid once for the whole batch.
 //
 // # Transactional records
 //
@@ -94,7 +105,7 @@ func durationParam(param string) string {
 	return `(` + param + `::bigint * interval '1 microsecond')`
 }
 
-// lockTimeoutCTE is the CTE "lt" with which a claim sets its lock timeout
+// lockTimeoutCTE is the CTE "lt" with which a batch claim sets its lock timeout
 // for itself alone: it saves the transaction's lock_timeout and sets it
 // to param (milliseconds, as text; NULL keeps it), in the claim's own
 // round trip. The insert reads its rows FROM lt, so the setting is made
@@ -118,18 +129,41 @@ func restoreLockTimeout(first string) string {
 	return `SELECT ` + first + `, NULL::bytea, NULL::smallint FROM lt WHERE set_config('lock_timeout', lt.saved, true) IS NULL`
 }
 
+// savedLockTimeout is the placeholder setting in which a claim keeps the
+// transaction's lock_timeout while it runs with its own (set_config with
+// is_local, so it ends with the transaction, as behind PgBouncer in
+// transaction mode).
+const savedLockTimeout = `'idem.lock_timeout'`
+
+// claimLockTimeout is a condition, true, that saves the transaction's
+// lock_timeout in savedLockTimeout and sets lock_timeout to param
+// (milliseconds, as text; NULL keeps it). A claim's INSERT reads its row
+// from a SELECT with this WHERE, so the setting is made before the insert
+// can wait on a record another transaction holds. The arguments of the
+// outer set_config are evaluated before it runs, so the value saved is
+// the one before the change. A wait past it fails with SQLSTATE 55P03
+// (lock_not_available), which WrapLockTimeout marks.
+func claimLockTimeout(param string) string {
+	return `set_config(` + savedLockTimeout + `, current_setting('lock_timeout') || left(set_config('lock_timeout', COALESCE(` + param + `::text, current_setting('lock_timeout')), true), 0), true) IS NOT NULL`
+}
+
+// restoreClaimLockTimeout is an expression, true, that puts back the
+// lock_timeout claimLockTimeout saved.
+const restoreClaimLockTimeout = `set_config('lock_timeout', current_setting(` + savedLockTimeout + `), true) IS NOT NULL`
+
 // Queries holds the statements of one table, its name filled in once so
 // that a driver's statement cache sees one text per statement.
 type Queries struct {
 	// Table is the processed-messages table as written in SQL.
 	Table string
 	// Claim: consumer, message ID, fingerprint, lock timeout (ms as text,
-	// or NULL) -> claimed (bool), stored fingerprint and state: (true,
-	// NULL, NULL) when it inserted the record, (false, fingerprint, state)
-	// when a record committed before the statement began conflicted, and
-	// no row when the conflicting record is one its snapshot cannot show.
+	// or NULL) -> one row (true) when it inserted the record, with the
+	// transaction's lock_timeout put back; no row on a conflict, with the
+	// claim's lock_timeout still set, until fingerprint runs.
 	Claim string
-	// fingerprint: consumer, message ID -> fingerprint, state.
+	// fingerprint: consumer, message ID -> one row: the record's
+	// fingerprint and state, both NULL when there is no record; it first
+	// puts back the lock_timeout a Claim that returned no row saved.
 	fingerprint string
 	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints,
 	// lock timeout (ms as text, or NULL) ->
@@ -188,18 +222,14 @@ func New(t string) *Queries {
 	pk := byKey(`$1`, `$2::text`)
 	return &Queries{
 		Table: t,
-		Claim: `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
-	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	SELECT $1::text, $2::text, $3::bytea FROM lt
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING 1
-)
-SELECT true, NULL::bytea, NULL::smallint FROM ins
-UNION ALL
-SELECT false, fingerprint, state FROM ` + t + ` WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM ins)
-UNION ALL
-` + restoreLockTimeout(`NULL::boolean`),
-		fingerprint:      `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
+		Claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
+SELECT $1::text, $2::text, $3::bytea WHERE ` + claimLockTimeout(`$4`) + `
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING ` + restoreClaimLockTimeout,
+		// The put-back runs first, on the one row of lt, whether or not a
+		// record is found.
+		fingerprint: `SELECT r.fingerprint, r.state FROM (SELECT ` + restoreClaimLockTimeout + `) AS lt
+LEFT JOIN ` + t + ` AS r ON ` + pk,
 		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
 		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
@@ -339,7 +369,7 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 // of their plans: a test needs to know each one's parameters.
 func (q *Queries) Keyed() map[string]string {
 	return map[string]string{
-		"claim": q.Claim, "fingerprint": q.fingerprint, "fingerprints": q.fingerprints,
+		"fingerprint": q.fingerprint, "fingerprints": q.fingerprints,
 		"claimBatch": q.claimBatch, "claimBatchNative": q.claimBatchNative,
 		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
 		"saveStep": q.saveStep, "purgeBatch": q.purgeBatch, "inspect": q.Inspect,

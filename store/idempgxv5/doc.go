@@ -53,8 +53,8 @@
 // QueryExecModeSimpleProtocol) and hands back its own *pgxpool.Tx, which
 // owns the acquired connection until Commit or Rollback. Per new message,
 // Process then takes the round trips of a hand-written BEGIN; INSERT;
-// COMMIT (three), the claim riding with BEGIN; a duplicate takes two (the
-// claim, then ROLLBACK). What the claim still costs is its work on the
+// COMMIT (three), the claim riding with BEGIN; a duplicate takes three
+// (the claim, the read of the stored fingerprint, then ROLLBACK). What the claim still costs is its work on the
 // server: an INSERT ... ON CONFLICT into a table with two indexes. A
 // connection's first use of the claim statement adds one round trip to
 // prepare it (pgx's statement cache); later claims reuse it.
@@ -80,29 +80,25 @@
 // # The claim
 //
 // The claim is one statement, INSERT ... ON CONFLICT (consumer,
-// message_id) DO NOTHING inside a CTE whose outer SELECT also returns the
-// fingerprint of an already committed record, so a redelivery learns it is
-// a duplicate, and whether its payload matches, in the same round trip. A
-// duplicate raises no error inside the database (SQLSTATE 23505 is never
-// raised, let alone caught), so it never aborts the transaction: a claim
-// made with [Store.ClaimTx] in the caller's own transaction
-// ([idem.Consumer.ProcessTx]) leaves it usable. A concurrent copy of the
-// same message waits on the primary key for the first transaction: if that
-// commits, the copy is a duplicate; if it rolls back, the copy claims. The
-// record committed by a transaction the claim waited for is not visible to
-// the claim statement's snapshot (READ COMMITTED), so that rare path reads
-// the fingerprint with a second SELECT. Under REPEATABLE READ or
-// SERIALIZABLE, PostgreSQL reports that case as a serialization failure
-// (SQLSTATE 40001) instead; retry the transaction.
-//
-// The fingerprint lookup is a branch PostgreSQL runs only when the insert
-// did nothing, so a new message costs the INSERT alone. That also keeps the
-// hot path independent of the lookup's plan: pgx prepares statements once
-// per connection and PostgreSQL then reuses a generic plan, and a table
-// that autovacuum analyzed while it held a few hundred rows gets a
-// sequential-scan plan for the lookup, kept until the next analyze (within
-// about a minute, autovacuum_naptime). Until then duplicates on a young,
-// fast-growing table cost a scan; new messages do not.
+// message_id) DO NOTHING RETURNING, which returns a row when it inserted
+// the record: a new message costs that statement alone. A claim that
+// returned no row conflicted, and reads the committed record's
+// fingerprint and state with a second statement, in one more round trip,
+// so a redelivery learns it is a duplicate, and whether its payload
+// matches. That is the hand-written consumer's order: a statement that
+// also read the record on a conflict (a UNION ALL branch behind a
+// one-time filter) saved a duplicate that round trip, but cost every new
+// message a quarter more server work, to set up and tear down a lookup it
+// never ran. A duplicate raises no error inside the database (SQLSTATE
+// 23505 is never raised, let alone caught), so it never aborts the
+// transaction: a claim made with [Store.ClaimTx] in the caller's own
+// transaction ([idem.Consumer.ProcessTx]) leaves it usable. A concurrent
+// copy of the same message waits on the primary key for the first
+// transaction: if that commits, the copy is a duplicate (the second
+// statement's snapshot, taken after the wait, shows the record); if it
+// rolls back, the copy claims. Under REPEATABLE READ or SERIALIZABLE,
+// PostgreSQL reports the first case as a serialization failure (SQLSTATE
+// 40001) instead; retry the transaction.
 //
 // Every statement that finds a record by its key (the lookups, lease
 // mode's statements, the purge's delete) compares the consumer with the
@@ -125,8 +121,8 @@
 //
 // # Cost
 //
-// The claim costs no round trip of its own (BeginClaim is one round trip,
-// which the tests verify), but its INSERT ... ON CONFLICT into a table with
+// The claim of a new message costs no round trip of its own (BeginClaim
+// is one round trip, which the tests verify), but its INSERT ... ON CONFLICT into a table with
 // two indexes is server work that a transaction without deduplication does
 // not do: about 45 to 90 µs of server CPU per message on the 2-vCPU test
 // machine. Over a network, where a round trip takes half a millisecond or

@@ -170,19 +170,18 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 	cb.b.Queue(s.q.Claim, pgsql.AppendClaimArgs(cb.args[:0], p)...)
 	br := s.pool.SendBatch(ctx, &cb.b)
 	tx := br.Tx()
-	var (
-		res     idemdriver.ClaimResult
-		settled bool
-	)
+	res := sqlstore.Claimed
+	inserted := false
 	_, err := br.Exec() // BEGIN
 	if err == nil {
-		res, settled, err = cb.dest.Result(row{br.QueryRow()}.Scan(cb.dest.Dest()...))
+		cb.dest[0] = &cb.claimed
+		inserted, err = pgsql.Inserted(row{br.QueryRow()}.Scan(cb.dest[:]...))
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil && !settled {
-		res, err = s.q.Settle(ctx, querier{tx}, p)
+	if err == nil && !inserted {
+		res, err = s.q.Settle(ctx, querier{tx}, p, cb.args[:])
 	}
 	if err != nil {
 		abort(ctx, tx)
@@ -194,24 +193,23 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 
 // claimBatch is what BeginClaim sends and scans, in one allocation: the
 // batch of BEGIN and the claim, its queue, the claim's arguments and the
-// claim row's destinations.
+// claim row's destination.
 type claimBatch struct {
-	b      pgx.Batch
-	queued [2]*pgx.QueuedQuery
-	args   [4]any
-	dest   pgsql.ClaimDest
+	b       pgx.Batch
+	queued  [2]*pgx.QueuedQuery
+	args    [4]any
+	claimed bool
+	dest    [1]any
 }
 
 // ClaimTx implements [idemdriver.TxStore]: one INSERT ... ON CONFLICT DO
-// NOTHING in tx, which also returns the stored fingerprint and state of a
-// committed record. tx may be any pgx transaction, including one the
+// NOTHING RETURNING in tx, and, when it conflicted, one SELECT of the
+// stored fingerprint and state. tx may be any pgx transaction, including one the
 // caller began itself (Consumer.ProcessTx): p is checked before any
 // statement runs (idemdriver.ValidateClaimParams: an invalid name, ID or
 // fingerprint is an error matching idemdriver.ErrInvalidConsumerName,
 // ErrInvalidMessageID, ErrMissingMessageID or ErrInvalidPayload), and a
-// duplicate raises no error inside the database, so tx stays usable. A
-// claim that waited for a concurrent transaction which then committed
-// reads the fingerprint with a second SELECT.
+// duplicate raises no error inside the database, so tx stays usable.
 //
 // Under REPEATABLE READ or SERIALIZABLE, a conflict with a row committed
 // after tx's snapshot was taken is a serialization failure (SQLSTATE 40001)

@@ -148,12 +148,19 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 	b := setup(t, poolOpts{maxConns: 1, countWrites: &writes, noPing: true})
 	p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "warm-up", Fingerprint: fp("x")}
 
-	// The connection's first claim prepares the statements (pgx's cache).
+	// The connection's first claim and first duplicate prepare the
+	// statements (pgx's cache).
 	tx, res, err := b.store.BeginClaim(ctx, p)
 	if err != nil || !res.Claimed {
 		t.Fatalf("BeginClaim = %v, %v", res, err)
 	}
 	if err := b.store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if tx, res, err = b.store.BeginClaim(ctx, p); err != nil || res.Claimed {
+		t.Fatalf("BeginClaim of a duplicate = %v, %v", res, err)
+	}
+	if err := b.store.Rollback(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -182,8 +189,8 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 		if err != nil || res.Claimed || !bytes.Equal(res.Fingerprint, fp("x")) {
 			t.Fatalf("BeginClaim = %v, %v; want a duplicate with the stored fingerprint", res, err)
 		}
-		if n := writes.Load(); n != 1 {
-			t.Errorf("duplicate BeginClaim took %d round trips, want 1 (fingerprint read in the same statement)", n)
+		if n := writes.Load(); n != 2 {
+			t.Errorf("duplicate BeginClaim took %d round trips, want 2 (the fingerprint read after the claim conflicted)", n)
 		}
 		if err := b.store.Rollback(ctx, tx); err != nil {
 			t.Fatal(err)

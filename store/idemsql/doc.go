@@ -64,10 +64,9 @@
 //
 // A duplicate's stored fingerprint is read in a way that sees a record
 // committed by a concurrent transaction the insert waited for: on
-// PostgreSQL (READ COMMITTED) by a new statement, whose snapshot is taken
-// after the wait (the claim statement itself also returns the fingerprint
-// when the record was committed before it began, so a plain redelivery costs
-// one statement); on MySQL (REPEATABLE READ, whose snapshot may predate the
+// PostgreSQL (READ COMMITTED) by a statement of its own after the claim's
+// INSERT, whose snapshot is taken after the wait (a new message costs the
+// INSERT alone, a duplicate the INSERT and that read); on MySQL (REPEATABLE READ, whose snapshot may predate the
 // record) by a locking read, LOCK IN SHARE MODE, on the primary key of rows
 // the claim has already locked.
 //
