@@ -334,6 +334,27 @@ func TestReplayReopenPublishFails(t *testing.T) {
 	}
 }
 
+// completedWithSteps acquires id by acq, saves steps recovery points
+// (s0000, s0001, ...) and completes it with result; it returns the
+// completing token.
+func completedWithSteps(t *testing.T, st reopenStore, acq *idemdriver.AcquireParams, steps int, result string) int64 {
+	t.Helper()
+	ctx := t.Context()
+	held, err := st.Acquire(ctx, acq)
+	if err != nil || !held.Acquired {
+		t.Fatalf("Acquire(%q): %+v, %v", acq.MessageID, held, err)
+	}
+	for i := range steps {
+		if err := st.SaveStep(ctx, &idemdriver.StepParams{Consumer: acq.Consumer, MessageID: acq.MessageID, Token: held.Token, Step: fmt.Sprintf("s%04d", i), Result: []byte("x")}); err != nil {
+			t.Fatalf("SaveStep %d: %v", i, err)
+		}
+	}
+	if err := st.Complete(ctx, &idemdriver.CompleteParams{Consumer: acq.Consumer, MessageID: acq.MessageID, Token: held.Token, Result: []byte(result), ContentType: "text/plain"}); err != nil {
+		t.Fatalf("Complete(%q): %v", acq.MessageID, err)
+	}
+	return held.Token
+}
+
 // TestReopenManySteps: a record with many recovery points, completed,
 // is reopened with every point deleted in the same write, and the next
 // attempt (a takeover of the reopened record) sees none; a holder of the
@@ -346,19 +367,8 @@ func TestReopenManySteps(t *testing.T) {
 			ctx := t.Context()
 			consumer := "steps-" + randSuffix()
 			acq := &idemdriver.AcquireParams{Consumer: consumer, MessageID: "m", Fingerprint: []byte("0123456789abcdef0123456789abcdef"), Lease: time.Minute}
-			held, err := st.Acquire(ctx, acq)
-			if err != nil || !held.Acquired {
-				t.Fatalf("Acquire: %+v, %v", held, err)
-			}
-			for i := range steps {
-				if err := st.SaveStep(ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: "m", Token: held.Token, Step: fmt.Sprintf("s%04d", i), Result: []byte("x")}); err != nil {
-					t.Fatalf("SaveStep %d: %v", i, err)
-				}
-			}
-			if err := st.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: "m", Token: held.Token, Result: []byte("r")}); err != nil {
-				t.Fatal(err)
-			}
-			res, err := st.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: consumer, MessageID: "m", Token: held.Token})
+			token := completedWithSteps(t, st, acq, steps, "r")
+			res, err := st.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: consumer, MessageID: "m", Token: token})
 			if err != nil || !res.Changed {
 				t.Fatalf("ReopenRecord: %+v, %v", res, err)
 			}
@@ -366,10 +376,10 @@ func TestReopenManySteps(t *testing.T) {
 				t.Errorf("recovery points after the reopen: %d, %v; want none of %d", len(got), err, steps)
 			}
 			stale := []error{
-				st.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: "m", Token: held.Token, Result: []byte("late")}),
-				st.SaveStep(ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: "m", Token: held.Token, Step: "late", Result: []byte("x")}),
-				st.Renew(ctx, &idemdriver.RenewParams{Consumer: consumer, MessageID: "m", Token: held.Token, Lease: time.Minute}),
-				st.Release(ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: "m", Token: held.Token, Error: "late"}),
+				st.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: "m", Token: token, Result: []byte("late")}),
+				st.SaveStep(ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: "m", Token: token, Step: "late", Result: []byte("x")}),
+				st.Renew(ctx, &idemdriver.RenewParams{Consumer: consumer, MessageID: "m", Token: token, Lease: time.Minute}),
+				st.Release(ctx, &idemdriver.ReleaseParams{Consumer: consumer, MessageID: "m", Token: token, Error: "late"}),
 			}
 			for i, err := range stale {
 				if !errors.Is(err, idemdriver.ErrLeaseLost) {
@@ -406,16 +416,7 @@ func TestReopenRacesAcquire(t *testing.T) {
 			for i := range rounds {
 				id := fmt.Sprintf("m-%d", i)
 				acq := &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: []byte("0123456789abcdef0123456789abcdef"), Lease: time.Minute, StepPrefix: "run-"}
-				held, err := st.Acquire(ctx, acq)
-				if err != nil || !held.Acquired {
-					t.Fatalf("Acquire: %+v, %v", held, err)
-				}
-				if err := st.SaveStep(ctx, &idemdriver.StepParams{Consumer: consumer, MessageID: id, Token: held.Token, Step: "call", Result: []byte("sent")}); err != nil {
-					t.Fatal(err)
-				}
-				if err := st.Complete(ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: held.Token, Result: []byte("422"), ContentType: "text/plain"}); err != nil {
-					t.Fatal(err)
-				}
+				token := completedWithSteps(t, st, acq, 1, "422")
 				var (
 					wg     sync.WaitGroup
 					start  = make(chan struct{})
@@ -426,7 +427,7 @@ func TestReopenRacesAcquire(t *testing.T) {
 				)
 				wg.Go(func() {
 					<-start
-					reopen, rerr = st.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: consumer, MessageID: id, Token: held.Token})
+					reopen, rerr = st.ReopenRecord(ctx, &idemdriver.ReopenRecordParams{Consumer: consumer, MessageID: id, Token: token})
 				})
 				wg.Go(func() {
 					<-start
@@ -443,11 +444,11 @@ func TestReopenRacesAcquire(t *testing.T) {
 				switch {
 				case got.Acquired:
 					took++
-					if got.Attempt != 1 || got.Token <= held.Token+1 {
-						t.Errorf("round %d: takeover of the reopened record: attempt %d, token %d; want attempt 1 under a token after %d", i, got.Attempt, got.Token, held.Token+1)
+					if got.Attempt != 1 || got.Token <= token+1 {
+						t.Errorf("round %d: takeover of the reopened record: attempt %d, token %d; want attempt 1 under a token after %d", i, got.Attempt, got.Token, token+1)
 					}
 					for step := range got.Steps {
-						if !strings.HasPrefix(step, "run-") || step == "run-"+fmt.Sprint(held.Token) {
+						if !strings.HasPrefix(step, "run-") || step == "run-"+fmt.Sprint(token) {
 							t.Errorf("round %d: takeover found the old recovery point %q", i, step)
 						}
 					}
