@@ -402,7 +402,7 @@ func TestReopenManySteps(t *testing.T) {
 // Acquire either finds the record completed with its old result (it ran
 // first: a duplicate) or takes over the reopened record as attempt 1
 // under a later token, without the old recovery points, or (PostgreSQL,
-// when it waited for the reopen's row lock) reports it in progress, and
+// when its clock reading preceded the reopen's) reports it in progress, and
 // the next Acquire takes it over; the record is never completed without
 // its result.
 func TestReopenRacesAcquire(t *testing.T) {
@@ -458,10 +458,12 @@ func TestReopenRacesAcquire(t *testing.T) {
 						t.Errorf("round %d: Acquire found the record completed with result %q, want the old one", i, got.Result)
 					}
 				case got.State == idemdriver.StateInProgress:
-					// PostgreSQL: the Acquire waited for the reopen's row
-					// lock and judged the lease the reopen ended at its own
-					// now(), later than the Acquire's: held off, as for an
-					// attempt in flight (the delivery is retried).
+					// PostgreSQL: the Acquire's now() (its transaction's
+					// start) was read before the reopen's, which ended the
+					// lease, and its snapshot after the reopen committed:
+					// the lease looks unended, held off as for an attempt
+					// in flight (the delivery is retried). A Release ends
+					// leases the same way.
 					heldOff++
 					again, err := st.Acquire(ctx, acq)
 					if err != nil || !again.Acquired || again.Attempt != 1 || len(again.Steps) != 0 {
