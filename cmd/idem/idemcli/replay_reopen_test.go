@@ -155,6 +155,9 @@ type reopenCase struct {
 	msg      idem.Message
 	status   atomic.Int64
 	calls    atomic.Int64
+	// hold, when set before a call, is called inside the service (the
+	// call is in flight until it returns).
+	hold func()
 }
 
 func newReopenCase(t *testing.T, st reopenStore) *reopenCase {
@@ -170,6 +173,9 @@ func newReopenCase(t *testing.T, st reopenStore) *reopenCase {
 	c.d, err = idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Transport: reopenTransport(func(r *http.Request) (*http.Response, error) {
 		c.calls.Add(1)
 		_, _ = io.ReadAll(r.Body)
+		if c.hold != nil {
+			c.hold()
+		}
 		return &http.Response{StatusCode: int(c.status.Load()), Header: http.Header{}, Body: io.NopCloser(strings.NewReader("answer"))}, nil
 	})})
 	if err != nil {
@@ -484,6 +490,69 @@ func TestReopenRacesAcquire(t *testing.T) {
 				}
 			}
 			t.Logf("%d rounds: %d duplicates (the Acquire first), %d takeovers, %d held off", rounds, dup, took, heldOff)
+		})
+	}
+}
+
+// racingStore is a store on which, between a replay's read and its
+// reopen, other runs: another replay's reopen and its copy's delivery.
+type racingStore struct {
+	reopenStore
+	other func()
+}
+
+func (s racingStore) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordParams) (idemdriver.ActionResult, error) {
+	s.other()
+	return s.reopenStore.ReopenRecord(ctx, p)
+}
+
+// TestForcedReplayDuringTheCopysCall: a forced replay that read the
+// record completed with the 422, and reopens it after another replay did
+// and that replay's copy is calling the service (a live lease), publishes
+// a second copy, saying that another replay reopened the record (not
+// that it did); delivered while the call is in flight the copy is held
+// off, then dropped as a duplicate: the service is called once after the
+// fix.
+func TestForcedReplayDuringTheCopysCall(t *testing.T) {
+	for name, open := range reopenStores(t) {
+		t.Run(name, func(t *testing.T) {
+			c := newReopenCase(t, open(t))
+			c.status.Store(http.StatusOK)
+			entered, release := make(chan struct{}), make(chan struct{})
+			c.hold = func() {
+				close(entered)
+				<-release
+			}
+			var wg sync.WaitGroup
+			var first idem.Settlement
+			c.st = racingStore{c.st, func() {
+				rec := c.record()
+				if _, err := c.st.(racingStore).reopenStore.ReopenRecord(t.Context(), &idemdriver.ReopenRecordParams{Consumer: c.consumer, MessageID: c.msg.ID, Token: rec.Token}); err != nil {
+					t.Fatalf("the other replay's reopen: %v", err)
+				}
+				wg.Go(func() { first = c.deliver(c.msg) })
+				<-entered
+			}}
+			v, err := c.replay(true)
+			if err != nil || c.broker.published() != 1 {
+				t.Fatalf("forced replay: %+v, %v, %d copies; want one copy", v, err, c.broker.published())
+			}
+			if strings.Contains(v.Message, "was reopened:") || !strings.Contains(v.Message, "another replay") {
+				t.Errorf("forced replay that reopened nothing says: %s; want it to name the other replay's reopen, not its own", v.Message)
+			}
+			c.hold = nil
+			if s := c.deliver(c.msg); s.Action == idem.DeadLetter || s.Action == idem.Ack {
+				t.Errorf("the forced copy while the first calls: %v %s (%v), want held off", s.Action, s.Reason, s.Err)
+			}
+			close(release)
+			wg.Wait()
+			if first.Action != idem.Ack || first.Reason != idem.ReasonProcessed {
+				t.Errorf("the first copy: %v %s (%v), want acked, processed", first.Action, first.Reason, first.Err)
+			}
+			if s := c.deliver(c.msg); s.Action != idem.Ack {
+				t.Errorf("the forced copy again: %v %s (%v), want acked as a duplicate", s.Action, s.Reason, s.Err)
+			}
+			c.wantSuccess("after both copies", 2)
 		})
 	}
 }

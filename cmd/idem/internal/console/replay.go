@@ -121,10 +121,14 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 		if err != nil {
 			return ActionView{}, err
 		}
-		if !res.Changed && !a.Force {
+		switch {
+		case !res.Changed && !a.Force:
 			return refuse("message %q of consumer %q was reopened by another replay just now", dl.MessageID, a.Consumer)
+		case !res.Changed:
+			what = "another replay reopened its record just now (it is in progress under a later token): this copy is processed only if that replay's copy is not; otherwise it is dropped as a duplicate"
+		default:
+			what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
 		}
-		what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
 	case found && rec.State == idemdriver.StateFailed:
 		res, err := st.RetryRecord(ctx, a.Consumer, dl.MessageID)
 		if err != nil {
