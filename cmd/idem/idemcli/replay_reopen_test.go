@@ -198,8 +198,13 @@ func (c *reopenCase) deliver(m idem.Message) idem.Settlement {
 }
 
 func (c *reopenCase) replay(force bool) (console.ActionView, error) {
+	return c.replayAt(force, time.Now)
+}
+
+// replayAt replays with now as the console's clock.
+func (c *reopenCase) replayAt(force bool, now func() time.Time) (console.ActionView, error) {
 	a := console.Action{Kind: console.ActionReplay, Consumer: c.consumer, DeadLetter: "orders.dead", Position: "1", Force: force}
-	return console.Replay(c.t.Context(), c.st, c.broker, a, time.Now)
+	return console.Replay(c.t.Context(), c.st, c.broker, a, now)
 }
 
 func (c *reopenCase) record() idemdriver.Record {
@@ -553,6 +558,33 @@ func TestForcedReplayDuringTheCopysCall(t *testing.T) {
 				t.Errorf("the forced copy again: %v %s (%v), want acked as a duplicate", s.Action, s.Reason, s.Err)
 			}
 			c.wantSuccess("after both copies", 2)
+		})
+	}
+}
+
+// TestForcedReplayConsoleClockBehind: the console's clock runs behind
+// the store's. A record reopened (its publish failed) has no attempt
+// holding it, though its lease "ended" at the store's now, which is
+// after the console's: a forced replay publishes the copy rather than
+// refusing it as held by attempt 0.
+func TestForcedReplayConsoleClockBehind(t *testing.T) {
+	behind := func() time.Time { return time.Now().Add(-time.Minute) }
+	for name, open := range reopenStores(t) {
+		t.Run(name, func(t *testing.T) {
+			c := newReopenCase(t, open(t))
+			c.status.Store(http.StatusOK)
+			c.broker.fail.Store(true)
+			if _, err := c.replayAt(false, behind); !errors.Is(err, console.ErrForceable) {
+				t.Fatalf("replay whose publish fails: %v, want forceable", err)
+			}
+			c.broker.fail.Store(false)
+			if _, err := c.replayAt(true, behind); err != nil || c.broker.published() != 1 {
+				t.Fatalf("forced replay with the console's clock behind: %v, %d copies; want one copy", err, c.broker.published())
+			}
+			if s := c.deliver(c.msg); s.Action != idem.Ack || s.Reason != idem.ReasonProcessed {
+				t.Errorf("the copy: %v %s (%v), want acked, processed", s.Action, s.Reason, s.Err)
+			}
+			c.wantSuccess("after the forced replay", 2)
 		})
 	}
 }
