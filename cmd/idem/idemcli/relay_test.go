@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -23,15 +22,7 @@ import (
 // are marked sent; the command returns nil when its context ends.
 func TestRelayToRedisStreams(t *testing.T) {
 	url := serviceURL(t, "IDEM_TEST_REDIS_URL")
-	storeURL := "sqlite:" + filepath.Join(t.TempDir(), "idem.db")
-	if code, _, stderr := run(t, "migrate", "--store", storeURL); code != 0 {
-		t.Fatalf("migrate: exit %d: %s", code, stderr)
-	}
-	st, err := openSQLStore(t.Context(), storeURL, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.db.Close()
+	storeURL, st := migratedSQLite(t)
 	rl := newRelayRun(t, url, st, "idem_processed")
 	rl.insert(1)
 	rl.insert(2)

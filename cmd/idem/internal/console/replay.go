@@ -29,7 +29,9 @@ import (
 //     an earlier replay or retry made it retryable and its delivery is
 //     awaited, or an attempt holds it; with a.Force, one without a live
 //     lease is replayed anyway (a retry made without a publish, or a
-//     replay the broker dropped). No record at all (a message
+//     replay the broker dropped), and so is one whose attempt count is 0
+//     (retried or reopened, no attempt since: nobody holds it, whatever
+//     the store's clock says of the lease). No record at all (a message
 //     dead-lettered before it had one) is replayed as a new message.
 //  3. It asks the broker whether a copy would reach the consumer
 //     (DeadLetters.Replayable): a JetStream stream drops a copy whose
@@ -100,7 +102,9 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 			return v, fmt.Errorf("%w (%w)", err, ErrRecordedOutcome)
 		}
 		reopener, deadOutcome = ro, reason
-	case rec.State == idemdriver.StateInProgress && rec.LeaseExpiresAt.After(now()):
+	case rec.State == idemdriver.StateInProgress && rec.Attempt > 0 && rec.LeaseExpiresAt.After(now()):
+		// Attempt 0: made retryable or reopened, no attempt since; its
+		// lease ended at the store's clock, which may run ahead of now.
 		return refuse("message %q of consumer %q is being processed (attempt %d holds its lease until %s)", dl.MessageID, a.Consumer, rec.Attempt, rec.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case rec.State == idemdriver.StateInProgress && !a.Force:
 		return forceable("message %q of consumer %q is retryable already: it was replayed (or retried) and waits for that delivery; if no copy is on its way (a retry made without a publish, or a replay the broker dropped), replay with force: the consumer drops any copy after the first as a duplicate", dl.MessageID, a.Consumer)
@@ -121,10 +125,14 @@ func Replay(ctx context.Context, st Store, dls DeadLetters, a Action, now func()
 		if err != nil {
 			return ActionView{}, err
 		}
-		if !res.Changed && !a.Force {
+		switch {
+		case !res.Changed && !a.Force:
 			return refuse("message %q of consumer %q was reopened by another replay just now", dl.MessageID, a.Consumer)
+		case !res.Changed:
+			what = "another replay reopened its record just now (it is in progress under a later token): this copy is processed only if that replay's copy is not; otherwise it is dropped as a duplicate"
+		default:
+			what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
 		}
-		what = fmt.Sprintf("its record, completed with the dead letter's outcome (%s), was reopened: the copy is processed as attempt 1 of a fresh round, and calls the service again", deadOutcome)
 	case found && rec.State == idemdriver.StateFailed:
 		res, err := st.RetryRecord(ctx, a.Consumer, dl.MessageID)
 		if err != nil {
