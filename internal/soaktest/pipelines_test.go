@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -95,19 +96,21 @@ func readCounts[R rows](rs R, err error) (map[string]int, error) {
 
 type pgNATS struct {
 	pg, nats *ownservice.Service
-	proxy    *faultproxy.Proxy
-	proxyURL string
-	pool     *pgxpool.Pool
-	js       jetstream.JetStream
-	stream   jetstream.Stream
-	cons     jetstream.Consumer
-	prod     *idemnats.Producer
+	// The consumer reaches each server through a proxy.
+	pgProxy, natsProxy *faultproxy.Proxy
+	pgURL, natsURL     string
+	pool               *pgxpool.Pool
+	js                 jetstream.JetStream
+	stream             jetstream.Stream
+	cons               jetstream.Consumer
+	prod               *idemnats.Producer
 }
 
 func startPGNATS(t *testing.T) *pgNATS {
 	ctx := t.Context()
 	p := &pgNATS{pg: ownservice.Start(t, "postgres-durable"), nats: ownservice.Start(t, "nats")}
-	p.proxy, p.proxyURL = faultproxy.URL(t, p.pg.URL)
+	p.pgProxy, p.pgURL = faultproxy.URL(t, p.pg.URL)
+	p.natsProxy, p.natsURL = faultproxy.URL(t, p.nats.URL)
 	var err error
 	if p.pool, err = pgxpool.New(context.Background(), p.pg.URL); err != nil {
 		t.Fatal(err)
@@ -149,7 +152,7 @@ func startPGNATS(t *testing.T) *pgNATS {
 func (p *pgNATS) name() string { return "pg-nats" }
 
 func (p *pgNATS) env() []string {
-	return []string{pgEnv + "=" + p.proxyURL, natsEnv + "=" + p.nats.URL}
+	return []string{pgEnv + "=" + p.pgURL, natsEnv + "=" + p.natsURL}
 }
 
 func (p *pgNATS) publish(ctx context.Context, id string, payload []byte) error {
@@ -158,7 +161,8 @@ func (p *pgNATS) publish(ctx context.Context, id string, payload []byte) error {
 }
 
 func (p *pgNATS) faults() []fault {
-	return append(proxyFaults("postgres", p.proxy), serviceKill(p.pg), serviceKill(p.nats))
+	return append(append(proxyFaults("postgres", p.pgProxy), proxyFaults("nats", p.natsProxy)...),
+		serviceKill(p.pg), serviceKill(p.nats))
 }
 
 func (p *pgNATS) drained(ctx context.Context, ids []string) (bool, string) {
@@ -184,6 +188,9 @@ func (p *pgNATS) check(ctx context.Context, ids []string, r *result) {
 		return
 	}
 	r.effectCounts(ids, n)
+	for _, c := range []string{"dead letters", "outbox resends", "outbox out of order", "outbox lost"} {
+		r.count(c, 0)
+	}
 
 	// The outbox: per key, the numbers 1..N of soak_keys, each first
 	// seen in order in the stream (a resend of one already seen counts
@@ -264,19 +271,47 @@ func (p *pgNATS) check(ctx context.Context, ids []string, r *result) {
 type sqliteKafka struct {
 	path, control string
 	db            *sql.DB
-	kafka         *kfake.Cluster
+	kafkaPort     int
+	kafkaDir      string
 	cl            *kgo.Client
 	prod          *idemkafka.Producer
+
+	mu    sync.Mutex
+	kafka *kfake.Cluster
+}
+
+// openKafka starts the kfake broker on its port, keeping its data in its
+// folder, so that a restart finds the topics, records and offsets.
+func (p *sqliteKafka) openKafka() error {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(p.kafkaPort), kfake.DataDir(p.kafkaDir),
+		kfake.SeedTopics(4, kafkaIn, kafkaDead))
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.kafka = c
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *sqliteKafka) closeKafka() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.kafka.Close()
 }
 
 func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
 	ctx := t.Context()
-	p := &sqliteKafka{path: filepath.Join(dir, "soak.db"), control: filepath.Join(dir, "sqlite.control")}
-	var err error
-	if p.kafka, err = kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, kafkaIn, kafkaDead)); err != nil {
+	ports, err := ownservice.FreePorts(1)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.kafka.Close)
+	p := &sqliteKafka{path: filepath.Join(dir, "soak.db"), control: filepath.Join(dir, "sqlite.control"),
+		kafkaPort: ports[0], kafkaDir: filepath.Join(dir, "kafka")}
+	if err := p.openKafka(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.closeKafka)
 	if p.db, err = sql.Open("sqlite", idemsql.SQLiteDSN(p.path)); err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +326,7 @@ func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.cl, err = kgo.NewClient(kgo.SeedBrokers(p.kafka.ListenAddrs()...)); err != nil {
+	if p.cl, err = kgo.NewClient(kgo.SeedBrokers(p.kafkaAddr())); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.cl.Close)
@@ -303,8 +338,10 @@ func (p *sqliteKafka) name() string { return "sqlite-kafka" }
 
 func (p *sqliteKafka) env() []string {
 	return []string{sqliteEnv + "=" + p.path, controlEnv + "=" + p.control,
-		kafkaEnv + "=" + strings.Join(p.kafka.ListenAddrs(), ",")}
+		kafkaEnv + "=" + p.kafkaAddr()}
 }
+
+func (p *sqliteKafka) kafkaAddr() string { return fmt.Sprintf("127.0.0.1:%d", p.kafkaPort) }
 
 func (p *sqliteKafka) publish(ctx context.Context, id string, payload []byte) error {
 	_, err := p.prod.Publish(ctx, kafkaIn, payload, idemkafka.WithMessageID(id), idemkafka.WithKey([]byte(id)))
@@ -312,7 +349,14 @@ func (p *sqliteKafka) publish(ctx context.Context, id string, payload []byte) er
 }
 
 func (p *sqliteKafka) faults() []fault {
-	return []fault{{kind: "sqlite disk full", do: func(rng *rand.Rand) (string, error) {
+	return []fault{{kind: "restart kafka (kfake)", do: func(*rand.Rand) (string, error) {
+		start := time.Now()
+		p.closeKafka()
+		if err := p.openKafka(); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("back in %v", time.Since(start).Round(time.Millisecond)), nil
+	}}, {kind: "sqlite disk full", do: func(rng *rand.Rand) (string, error) {
 		d := time.Duration(300+rng.IntN(2700)) * time.Millisecond
 		if err := os.WriteFile(p.control, []byte("full"), 0o644); err != nil {
 			return "", err
@@ -345,6 +389,7 @@ func (p *sqliteKafka) check(ctx context.Context, ids []string, r *result) {
 		return
 	}
 	r.effectCounts(ids, n)
+	r.count("dead letters", 0)
 	ends, err := kadm.NewClient(p.cl).ListEndOffsets(ctx, kafkaDead)
 	if err != nil {
 		r.problem("dead-letter topic: %v", err)
@@ -487,6 +532,8 @@ func (p *redisLease) check(ctx context.Context, ids []string, r *result) {
 		}
 	}
 	r.effectCounts(ids, n)
+	r.count("fenced completions", 0)
+	r.count("dead letters", 0)
 	calls, completed, maxToken := p.provider.snapshot()
 	repeated := 0
 	for _, c := range calls {

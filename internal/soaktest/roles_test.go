@@ -107,10 +107,11 @@ type setupError struct{ err error }
 func (e setupError) Error() string { return "setup: " + e.err.Error() }
 func (e setupError) Unwrap() error { return e.err }
 
-// connectNATS connects to url, reconnecting for ever.
+// connectNATS connects to url, reconnecting for ever; a connection that
+// answers no ping for 3s (a stalled one) is given up and made again.
 func connectNATS(url string) (jetstream.JetStream, error) {
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.RetryOnFailedConnect(true))
+		nats.RetryOnFailedConnect(true), nats.PingInterval(time.Second), nats.MaxPingsOutstanding(3))
 	if err != nil {
 		return nil, err
 	}
