@@ -47,9 +47,9 @@ const (
 	providerEnv = "IDEM_SOAK_PROVIDER"
 )
 
-// exitSetup is a consumer process's exit code when it could not reach its
-// servers at start (one of them was being killed): the supervisor starts
-// it again without counting it as a crash.
+// exitSetup is a consumer process's exit code when it could not be set up
+// (a server being killed or unreachable): the supervisor starts it again,
+// and counts it as a crash only when it fails many times in a row.
 const exitSetup = 3
 
 // The names the pipelines share between the test and the consumers.
@@ -94,18 +94,29 @@ func runRole(role string) int {
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "soak: %s: %v\n", role, err)
-	var se setupError
-	if errors.As(err, &se) {
-		return exitSetup
+	var re runError
+	if errors.As(err, &re) {
+		return 1
 	}
-	return 1
+	return exitSetup
 }
 
-// setupError is a failure to reach a server at start.
-type setupError struct{ err error }
+// runError is the error that ended a consumer's Run. Any other error of a
+// role comes from setting it up, when a server may be down or unreachable
+// (a fault): the process is started again.
+type runError struct{ err error }
 
-func (e setupError) Error() string { return "setup: " + e.err.Error() }
-func (e setupError) Unwrap() error { return e.err }
+func (e runError) Error() string { return "run: " + e.err.Error() }
+func (e runError) Unwrap() error { return e.err }
+
+// ran classifies the error Run returned: a group that could not be
+// created at start (the server unreachable) is a setup error.
+func ran(err error) error {
+	if err == nil || strings.Contains(err.Error(), "create group") {
+		return err
+	}
+	return runError{err}
+}
 
 // connectNATS connects to url, reconnecting for ever; a connection that
 // answers no ping for 3s (a stalled one) is given up and made again.
@@ -133,7 +144,7 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 	pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "3000"
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return setupError{err}
+		return err
 	}
 	defer pool.Close()
 	store, err := idempgxv5.New(pool, nil)
@@ -142,7 +153,7 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 	}
 	js, err := connectNATS(os.Getenv(natsEnv))
 	if err != nil {
-		return setupError{err}
+		return err
 	}
 	defer js.Conn().Close()
 	relay, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: idemnats.NewPublisher(js),
@@ -161,7 +172,7 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 	cons, err := js.Consumer(sctx, natsStream, natsDurable)
 	cancel()
 	if err != nil {
-		return setupError{err}
+		return err
 	}
 	handler := func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO soak_effects (id) VALUES ($1)
@@ -183,7 +194,7 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	go relay.Run(ctx)
-	return nc.Run(ctx)
+	return ran(nc.Run(ctx))
 }
 
 // sqliteCounting is the effect of the SQLite pipeline.
@@ -232,7 +243,7 @@ func runSQLiteKafka(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	return kc.Run(ctx)
+	return ran(kc.Run(ctx))
 }
 
 // watchDiskFull applies the control file's state to db's connection, and
@@ -338,5 +349,5 @@ func runRedisLease(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	return sc.Run(ctx)
+	return ran(sc.Run(ctx))
 }

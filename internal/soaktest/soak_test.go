@@ -221,15 +221,17 @@ func TestSoak(t *testing.T) {
 	for _, r := range results {
 		fmt.Fprintf(&summary, "\n  %s", r)
 	}
-	t.Log(summary.String())
+	var faultLog strings.Builder
+	for _, e := range log {
+		fmt.Fprintf(&faultLog, "\n  %9s  %s: %s", e.at.Round(time.Millisecond), e.kind, e.detail)
+	}
 	if !failed {
+		t.Logf("%s\nfault log:%s", summary.String(), faultLog.String())
 		return
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "soak FAILED; reproduce the schedule with -soak.seed=%d -soak.duration=%v\n%s\nfault log:", seed, *soakDuration, summary.String())
-	for _, e := range log {
-		fmt.Fprintf(&b, "\n  %9s  %s: %s", e.at.Round(time.Millisecond), e.kind, e.detail)
-	}
+	fmt.Fprintf(&b, "soak FAILED; reproduce the schedule with -soak.seed=%d -soak.duration=%v\n%s\nfault log:%s",
+		seed, *soakDuration, summary.String(), faultLog.String())
 	for _, r := range results {
 		for _, p := range r.problems {
 			fmt.Fprintf(&b, "\n  %s: %s", r.name, p)
@@ -327,8 +329,12 @@ type proc struct {
 	killed  bool
 	stopped bool
 	starts  int
+	setups  int // failed set-ups in a row
 	crashes []string
 }
+
+// maxSetups is how many failed set-ups in a row (0.2s apart) make a crash.
+const maxSetups = 150
 
 func startProc(t *testing.T, role string, env []string, logPath string) *proc {
 	f, err := os.Create(logPath)
@@ -375,8 +381,18 @@ func (p *proc) supervise(started chan struct{}) {
 		p.mu.Lock()
 		stopped, killed := p.stopped, p.killed
 		p.killed = false
-		if !stopped && !killed && cmd.ProcessState.ExitCode() != exitSetup {
+		code := cmd.ProcessState.ExitCode()
+		if code == exitSetup {
+			p.setups++
+		} else {
+			p.setups = 0
+		}
+		switch {
+		case stopped || killed:
+		case code != exitSetup:
 			p.crashes = append(p.crashes, fmt.Sprintf("exited by itself: %v", err))
+		case p.setups == maxSetups:
+			p.crashes = append(p.crashes, fmt.Sprintf("failed to set up %d times in a row", p.setups))
 		}
 		p.mu.Unlock()
 		if stopped {
