@@ -401,9 +401,13 @@ func (p *sqliteKafka) check(ctx context.Context, ids []string, r *result) {
 		r.count("dead letters", dead)
 		r.problem("%d messages dead-lettered", dead)
 	}
-	if b, err := os.ReadFile(filepath.Join(filepath.Dir(p.path), p.name()+".log")); err == nil {
-		r.count("SQLITE_FULL errors logged", strings.Count(string(b), "database or disk is full"))
+	logs, _ := filepath.Glob(filepath.Join(filepath.Dir(p.path), p.name()+"-*.log"))
+	full := 0
+	for _, log := range logs {
+		b, _ := os.ReadFile(log)
+		full += strings.Count(string(b), "database or disk is full")
 	}
+	r.count("SQLITE_FULL errors logged", full)
 }
 
 // --- Redis lease store + Redis Streams ---

@@ -22,6 +22,10 @@ var (
 	soakRate     = flag.Int("soak.rate", 20, "messages published per second per pipeline")
 )
 
+// members is how many consumer processes each pipeline runs in its
+// consumer group.
+const members = 2
+
 // drainTimeout bounds the wait, after the faults stop, for every message
 // to be processed and every outbox message sent.
 const drainTimeout = 5 * time.Minute
@@ -137,15 +141,23 @@ func TestSoak(t *testing.T) {
 	setup := time.Now()
 	pipes := []pipeline{startPGNATS(t), startSQLiteKafka(t, dir), startRedisLease(t)}
 	t.Logf("soak: servers started in %v", time.Since(setup).Round(time.Millisecond))
-	procs := map[string]*proc{}
+	// Each pipeline has members consumers in its group, each a process.
+	procs := map[string][]*proc{}
+	var logs []string
 	for _, p := range pipes {
-		procs[p.name()] = startProc(t, p.name(), p.env(), filepath.Join(dir, p.name()+".log"))
+		for m := range members {
+			log := filepath.Join(dir, fmt.Sprintf("%s-%c.log", p.name(), 'a'+m))
+			logs = append(logs, log)
+			procs[p.name()] = append(procs[p.name()], startProc(t, p.name(), p.env(), log))
+		}
 	}
 	var faults []fault
 	for _, p := range pipes {
-		pr := procs[p.name()]
-		faults = append(faults, fault{kind: "kill consumer " + p.name(), do: func(*rand.Rand) (string, error) {
-			return pr.kill()
+		prs := procs[p.name()]
+		faults = append(faults, fault{kind: "kill consumer " + p.name(), do: func(rng *rand.Rand) (string, error) {
+			m := rng.IntN(len(prs))
+			what, err := prs[m].kill()
+			return fmt.Sprintf("member %c, %s", 'a'+m, what), err
 		}})
 		faults = append(faults, p.faults()...)
 	}
@@ -191,17 +203,20 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: drained in %v", time.Since(drainStart).Round(time.Millisecond))
 	var results []*result
-	for _, p := range procs {
-		p.stop()
+	for _, prs := range procs {
+		for _, p := range prs {
+			p.stop()
+		}
 	}
 	failed := t.Failed()
 	for i, p := range pipes {
 		r := &result{name: p.name(), published: len(ids[i])}
 		p.check(ctx, ids[i], r)
-		pr := procs[p.name()]
-		r.count("consumer starts", pr.starts)
-		for _, c := range pr.crashes {
-			r.problem("consumer process: %s", c)
+		for m, pr := range procs[p.name()] {
+			r.count("consumer starts", pr.starts)
+			for _, c := range pr.crashes {
+				r.problem("consumer process %c: %s", 'a'+m, c)
+			}
 		}
 		results = append(results, r)
 		if len(r.problems) > 0 {
@@ -237,13 +252,10 @@ func TestSoak(t *testing.T) {
 			fmt.Fprintf(&b, "\n  %s: %s", r.name, p)
 		}
 	}
-	for _, p := range pipes {
-		fmt.Fprintf(&b, "\n  consumer log of %s: %s", p.name(), filepath.Join(dir, p.name()+".log"))
-	}
 	t.Error(b.String())
-	for _, p := range pipes {
-		if b, err := os.ReadFile(filepath.Join(dir, p.name()+".log")); err == nil {
-			t.Logf("consumer log of %s (last 4KB):\n%s", p.name(), tail(b, 4096))
+	for _, log := range logs {
+		if b, err := os.ReadFile(log); err == nil {
+			t.Logf("consumer log %s (last 4KB):\n%s", filepath.Base(log), tail(b, 4096))
 		}
 	}
 }
