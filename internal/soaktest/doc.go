@@ -3,8 +3,9 @@
 // scheduler, driven by a seed, injects faults at random, then drains and
 // checks the whole history.
 //
-// The pipelines, each consumed by a process of its own (the test binary
-// run again in a consumer role, so that it can be SIGKILLed):
+// The pipelines, each consumed by two processes in one consumer group
+// (the test binary run again in a consumer role, so that it can be
+// SIGKILLed):
 //
 //   - pg-nats: PostgreSQL (a private postgres-durable) and NATS JetStream
 //     (a private nats-server), transactional mode; the handler counts its
