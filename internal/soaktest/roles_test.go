@@ -142,6 +142,12 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 	// A connection stalled mid-transaction holds its key's row lock: the
 	// server ends such a session after this, as a production setting would.
 	pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "3000"
+	// A stalled idle connection would hold its server session (and a slot
+	// of max_connections) for good: the server ends sessions idle for
+	// 20s, and the pool drops its own idle ones first.
+	pcfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "20000"
+	pcfg.MaxConnIdleTime = 10 * time.Second
+	pcfg.HealthCheckPeriod = 5 * time.Second
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
