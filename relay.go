@@ -68,10 +68,8 @@ type RelayConfig struct {
 	Workers int
 	// Lease is how long claimed rows are reserved for this relay: another
 	// relay sends a row again only after its lease ends unmarked (this
-	// relay crashed, or took longer). The claim and the publish are each
-	// cancelled at half the lease (a claim that timed out fails the round
-	// with an error matching ErrStore and ErrStoreTimeout). Defaults to
-	// DefaultRelayLease (30s); at least 10ms.
+	// relay crashed, or took longer). Publish is cancelled at half the
+	// lease. Defaults to DefaultRelayLease (30s); at least 10ms.
 	Lease time.Duration
 	// MinPoll and MaxPoll bound the wait between polls of an idle outbox
 	// (see DefaultRelayMinPoll). With a store that notifies
@@ -233,8 +231,8 @@ type RelayResult struct {
 // each confirmed row (marks it sent, with KeepSent) and marks each other
 // row for retry, or failed. The error matches ErrStore when the
 // claim or a mark failed (a row whose mark failed is sent again after its
-// lease), also ErrStoreTimeout when the claim took more than half the
-// lease, and is ctx's error when ctx ended.
+// lease), also ErrStoreTimeout when the claim did not answer within 10s
+// (a stalled connection), and is ctx's error when ctx ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 	if r.hooks == nil {
 		res, _, err := r.runOnce(ctx)
@@ -255,12 +253,13 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 }
 
 // runOnce is RunOnce, also returning the oldest CreatedAt it claimed.
-// The claim is bounded by half the lease, as the publish is: on a
+// The claim is bounded by finishTimeout, as the marks are: on a
 // connection that never answers (a black hole, a hung server) it would
-// otherwise hold its worker for good, and rows it claimed are another
-// relay's once their lease ends.
+// otherwise hold its worker for good. The bound is for liveness only, not
+// tied to the lease: a claim answered late leaves less of the lease for
+// the publish, which the marks' fencing already covers.
 func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
-	cctx, cancel := callCtx(ctx, r.cfg.Lease/2)
+	cctx, cancel := callCtx(ctx, finishTimeout)
 	recs, err := r.cfg.Store.ClaimOutgoing(cctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
 	err = timedOut(cctx, err)
 	cancel()
