@@ -231,7 +231,8 @@ type RelayResult struct {
 // each confirmed row (marks it sent, with KeepSent) and marks each other
 // row for retry, or failed. The error matches ErrStore when the
 // claim or a mark failed (a row whose mark failed is sent again after its
-// lease), and is ctx's error when ctx ended.
+// lease), also ErrStoreTimeout when the claim did not answer within 10s
+// (a stalled connection), and is ctx's error when ctx ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 	if r.hooks == nil {
 		res, _, err := r.runOnce(ctx)
@@ -252,8 +253,16 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 }
 
 // runOnce is RunOnce, also returning the oldest CreatedAt it claimed.
+// The claim is bounded by finishTimeout, as the marks are: on a
+// connection that never answers (a black hole, a hung server) it would
+// otherwise hold its worker for good. The bound is for liveness only, not
+// tied to the lease: a claim answered late leaves less of the lease for
+// the publish, which the marks' fencing already covers.
 func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
-	recs, err := r.cfg.Store.ClaimOutgoing(ctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
+	cctx, cancel := callCtx(ctx, finishTimeout)
+	recs, err := r.cfg.Store.ClaimOutgoing(cctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
+	err = timedOut(cctx, err)
+	cancel()
 	if err != nil {
 		return res, oldest, storeError("claim outgoing", err)
 	}

@@ -1,0 +1,62 @@
+// idem:unpublished — tests only; scripts/release never tags this module.
+module github.com/idem-go/idem/internal/soaktest
+
+go 1.26.0
+
+replace github.com/idem-go/idem => ../..
+
+replace github.com/idem-go/idem/store/idempgxv5 => ../../store/idempgxv5
+
+replace github.com/idem-go/idem/store/idemredis => ../../store/idemredis
+
+replace github.com/idem-go/idem/store/idemsql => ../../store/idemsql
+
+replace github.com/idem-go/idem/broker/idemnats => ../../broker/idemnats
+
+replace github.com/idem-go/idem/broker/idemkafka => ../../broker/idemkafka
+
+replace github.com/idem-go/idem/broker/idemredisstream => ../../broker/idemredisstream
+
+replace github.com/idem-go/idem/broker/brokertest => ../../broker/brokertest
+
+require (
+	github.com/idem-go/idem v0.0.0
+	github.com/idem-go/idem/broker/idemkafka v0.0.0
+	github.com/idem-go/idem/broker/idemnats v0.0.0
+	github.com/idem-go/idem/broker/idemredisstream v0.0.0
+	github.com/idem-go/idem/store/idempgxv5 v0.0.0
+	github.com/idem-go/idem/store/idemredis v0.0.0
+	github.com/idem-go/idem/store/idemsql v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/nats-io/nats.go v1.55.0
+	github.com/redis/go-redis/v9 v9.23.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
+	modernc.org/sqlite v1.62.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/mattn/go-isatty v0.0.24 // indirect
+	github.com/nats-io/nkeys v0.4.17 // indirect
+	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	modernc.org/libc v1.80.1 // indirect
+	modernc.org/mathutil v1.7.1 // indirect
+	modernc.org/memory v1.12.1 // indirect
+)
