@@ -1,4 +1,5 @@
 // idem:unpublished — tests only; scripts/release never tags this module.
+// idem:test-alongside — a fault soak of servers and consumers of its own: scripts/test runs it beside the other modules.
 module github.com/idem-go/idem/internal/soaktest
 
 go 1.26.0
