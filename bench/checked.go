@@ -22,7 +22,7 @@ import (
 // key), the payload's SHA-256 fingerprint and the time of processing, with
 // an index on that time for a purge by age. A message is BEGIN, a plain
 // insert that skips a conflict (INSERT ... ON CONFLICT DO NOTHING on
-// PostgreSQL, INSERT IGNORE on MariaDB, INSERT OR IGNORE on SQLite), the
+// PostgreSQL and SQLite, INSERT IGNORE on MariaDB), the
 // side effect and COMMIT; on a conflict it reads the stored fingerprint,
 // compares it and rolls back. best_checked_batchN does the same for a
 // batch: one insert of the batch's records (IDs in byte order, so two
@@ -125,7 +125,7 @@ func (c *sqlChecked) insert(n int, returning bool) string {
 	if c.dialect == "mysql" {
 		b.WriteString(`INSERT IGNORE INTO `)
 	} else {
-		b.WriteString(`INSERT OR IGNORE INTO `)
+		b.WriteString(`INSERT INTO `)
 		row = `(?, ?, unixepoch('subsec') * 1000)`
 	}
 	b.WriteString(c.table + ` (message_id, fingerprint, processed_at) VALUES `)
@@ -134,6 +134,11 @@ func (c *sqlChecked) insert(n int, returning bool) string {
 			b.WriteByte(',')
 		}
 		b.WriteString(row)
+	}
+	if c.dialect == "sqlite" {
+		// Only a taken ID is skipped (INSERT OR IGNORE would also skip
+		// a NOT NULL or CHECK failure).
+		b.WriteString(` ON CONFLICT (message_id) DO NOTHING`)
 	}
 	if returning {
 		b.WriteString(` RETURNING message_id`)

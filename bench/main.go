@@ -25,7 +25,7 @@
 //     guarantee: a processed table of the message ID, the payload's
 //     SHA-256 fingerprint and the time of processing, with an index on
 //     that time for a purge by age; BEGIN, a plain INSERT ... ON CONFLICT
-//     DO NOTHING (INSERT IGNORE on MariaDB, INSERT OR IGNORE on SQLite),
+//     DO NOTHING (INSERT IGNORE on MariaDB),
 //     the row, COMMIT; on a conflict the stored fingerprint is read and
 //     compared, then ROLLBACK. best_checked_batchN does the same for N
 //     messages with one claim statement. The "× best_checked" column is
@@ -157,6 +157,8 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&roundTrips, "round-trips", 0, "only print lease mode's store calls per message (new, duplicate, release; now and before the acquire recorded the run point), over this many messages per case, for memory, sqlite, postgres (pgx and database/sql, when "+envPostgresDurable+" or "+envPostgres+" is set), mariadb ("+envMySQL+") and redis ("+envRedis+"), and exit")
 	var sidecar int
 	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+", and exit")
+	var process time.Duration
+	fs.DurationVar(&process, "process", 0, "only measure the store alone, no broker: best_checked, idem, best_checked_duplicate, duplicate, best_checked_batch100 and idem_batch100 for this long each, --rounds rounds (default 5), --workers at a time, on --stores (postgres, postgres-sql (database/sql), mysql, sqlite; default sqlite and postgres when its URL is set), with CPU, log bytes and allocations per message, and exit")
 	var only string
 	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), best_checked, best_checked_batchN, idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
 	if err := fs.Parse(args); err != nil {
@@ -189,6 +191,23 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "\nload average %s at the start, %s at the end\n", load0, loadAvg())
 		return nil
+	}
+	if process > 0 {
+		var log io.Writer
+		if o.verbose {
+			log = stderr
+		}
+		po := processOptions{caseTime: process, rounds: o.rounds, workers: o.workers, stores: splitList(stores), cases: splitList(only)}
+		if po.rounds == 0 {
+			po.rounds = 5
+		}
+		if len(po.stores) == 0 {
+			po.stores = []string{"sqlite"}
+			if postgresURL() != "" {
+				po.stores = append(po.stores, "postgres")
+			}
+		}
+		return runProcess(ctx, stdout, log, po)
 	}
 	if roundTrips > 0 {
 		var log io.Writer

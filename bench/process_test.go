@@ -1,0 +1,80 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestProcessMode runs `bench --process` briefly on SQLite, and on
+// PostgreSQL (both drivers) and MariaDB when their URLs are set (required
+// under IDEM_TEST_REQUIRE_ALL=1), and checks that every case of every
+// store printed one result line per round with its counters and its
+// ratios, and the summary a row per case.
+func TestProcessMode(t *testing.T) {
+	stores := []string{"sqlite"}
+	requireAll := os.Getenv("IDEM_TEST_REQUIRE_ALL") == "1"
+	if postgresURL() != "" {
+		stores = append(stores, "postgres", "postgres-sql")
+	} else if requireAll {
+		t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", envPostgres)
+	}
+	if os.Getenv(envMySQL) != "" {
+		stores = append(stores, "mysql")
+	} else if requireAll {
+		t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", envMySQL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"--process", "50ms", "--rounds", "2", "--workers", "2", "--stores", strings.Join(stores, ",")}
+	if err := cli(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("bench %v: %v\n%s", args, err, stderr.String())
+	}
+	out := stdout.String()
+	t.Log(out)
+	logUnit := map[string]string{"sqlite": "write-B/msg", "postgres": "wal-B/msg", "postgres-sql": "wal-B/msg", "mysql": "redo-B/msg"}
+	for _, s := range stores {
+		for _, c := range processCases {
+			if s == "postgres-sql" && strings.HasPrefix(c, "best_checked") {
+				continue // no hand-written consumer on database/sql
+			}
+			for _, round := range []string{"#00", "#01"} {
+				re := regexp.MustCompile(`(?m)^BenchmarkProcess/` + regexp.QuoteMeta(s+"/"+c+round) + `\t[1-9]\d*\t.*$`)
+				line := re.FindString(out)
+				if line == "" {
+					t.Errorf("no result line for %s %s round %s", s, c, round)
+					continue
+				}
+				want := []string{" msgs/s", " client-us/msg", " cpu-us/msg", " " + logUnit[s], " allocs/msg"}
+				for _, ref := range processRefs[c] {
+					if s == "postgres-sql" && strings.HasPrefix(ref, "best_checked") {
+						continue
+					}
+					want = append(want, " x-"+ref, " cpu-x-"+ref)
+				}
+				if s == "postgres-sql" {
+					want = append(want, " x-postgres")
+				}
+				if s == "postgres" || s == "postgres-sql" {
+					want = append(want, " server-us/msg") // the server runs here in the tests
+				}
+				for _, w := range want {
+					if !strings.Contains(line, w) {
+						t.Errorf("%s: no%s", line, w)
+					}
+				}
+			}
+			if !strings.Contains(out, "| "+s+" | "+c+" | 2 | ") {
+				t.Errorf("no summary row for %s %s over 2 rounds", s, c)
+			}
+		}
+	}
+	if !strings.Contains(out, "load-before ") || !strings.Contains(out, "load-after ") {
+		t.Error("the load average is not recorded")
+	}
+}
