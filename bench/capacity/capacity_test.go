@@ -94,3 +94,46 @@ func TestEstimate(t *testing.T) {
 		t.Error("a case missing from the benchmark output gave no error")
 	}
 }
+
+// TestStoreCost checks the other stores' figures: medians of the
+// benchmark output's rounds, the server's CPU only where it was measured,
+// and an error for a case the output does not have.
+func TestStoreCost(t *testing.T) {
+	const out = `BenchmarkProcess/mysql/idem#00	100	1 ns/op	400 client-us/msg	300 server-us/msg	700 cpu-us/msg	450 redo-B/msg
+BenchmarkProcess/mysql/idem#01	100	1 ns/op	400 client-us/msg	500 server-us/msg	900 cpu-us/msg	470 redo-B/msg
+BenchmarkProcess/mysql/idem#02	100	1 ns/op	400 client-us/msg	100 server-us/msg	500 cpu-us/msg	460 redo-B/msg
+BenchmarkProcess/mysql/idem_batch100#00	100	1 ns/op	20 cpu-us/msg
+BenchmarkProcess/sqlite/idem#00	100	1 ns/op	500 cpu-us/msg	9000 write-B/msg
+BenchmarkProcess/sqlite/idem_batch100#00	100	1 ns/op	15 cpu-us/msg
+`
+	bf, err := parseBench(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &inputs{bench: bf, Scenarios: []scenario{{Rate: 1000, Retention: duration{time.Hour}}}}
+	my := storeInputs{Name: "MariaDB", CPUCase: "BenchmarkProcess/mysql/idem", CPUBatchCase: "BenchmarkProcess/mysql/idem_batch100", LogUnit: "redo-B/msg", LogName: "redo"}
+	c, err := in.storeCost(my)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != (storeCost{cpu: 700, server: 300, cpuBatch: 20, log: 460, serverMeasured: true}) {
+		t.Errorf("MariaDB cost = %+v", c)
+	}
+	lite := storeInputs{Name: "SQLite", CPUCase: "BenchmarkProcess/sqlite/idem", CPUBatchCase: "BenchmarkProcess/sqlite/idem_batch100", LogUnit: "write-B/msg", LogName: "written"}
+	if c, err = in.storeCost(lite); err != nil || c.serverMeasured || c.cpu != 500 || c.log != 9000 {
+		t.Errorf("SQLite cost = %+v, %v", c, err)
+	}
+	in.Stores = []storeInputs{my, lite}
+	var b bytes.Buffer
+	if err := in.writeStores(&b); err != nil {
+		t.Fatal(err)
+	}
+	// 460 B × 86,400 s × 1,000 msgs/s = 37 GiB a day; 700 µs × 1,000/s = 0.70 cores.
+	if !strings.Contains(b.String(), "| MariaDB | 700 (300) | 20.0 | 460 (redo) | 37.0 GiB/day; 0.70 / 0.020 cores |") {
+		t.Errorf("stores table:\n%s", b.String())
+	}
+	lite.CPUCase = "BenchmarkProcess/sqlite/missing"
+	if _, err := in.storeCost(lite); err == nil {
+		t.Error("a case missing from the benchmark output gave no error")
+	}
+}

@@ -3,7 +3,8 @@
 // kept, table size (heap, indexes and TOAST), WAL per day, purge work per
 // day, and CPU per 1,000 messages per second, for the default and the
 // partitioned layout. It computes from measured figures only: the output
-// of `go test -bench BenchmarkProcess` (CPU and WAL per message) and the
+// of `go run ./bench --process` (CPU and WAL per message, in go test
+// -bench's format; `go test -bench BenchmarkProcess`'s reads the same) and the
 // recorded inputs in inputs.json (bytes per record, measured with
 // `capacity measure`, and the at-scale figures of docs/benchmarks.md).
 // docs/capacity.md's tables are its output (TestDocMatches checks them),
@@ -26,6 +27,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -96,8 +98,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // inputs are the recorded measurements the estimates come from.
 type inputs struct {
-	// Bench is the go test -bench output of BenchmarkProcess (8 workers,
-	// durable PostgreSQL), relative to inputs.json.
+	// Bench is benchmark output in go test -bench's format, relative to
+	// inputs.json: that of `go run ./bench --process` (8 workers; durable
+	// PostgreSQL, MariaDB and SQLite), whose case names are
+	// BenchmarkProcess/<store>/<case>.
 	Bench string `json:"bench"`
 	// BenchCommand is how Bench was produced, for the page.
 	BenchCommand string `json:"bench_command"`
@@ -105,6 +109,10 @@ type inputs struct {
 	Layouts []layoutInputs `json:"layouts"`
 	// Scenarios are the rates and windows docs/capacity.md tabulates.
 	Scenarios []scenario `json:"scenarios"`
+	// Stores are the other stores whose CPU and log bytes per message
+	// Bench also holds (MariaDB, SQLite): their table sizes are not
+	// measured, so they get a table of their own.
+	Stores []storeInputs `json:"stores,omitempty"`
 
 	bench *benchFile
 }
@@ -139,6 +147,46 @@ type layoutInputs struct {
 	PurgeUnit string `json:"purge_unit"`
 	// Source says where the recorded values come from.
 	Source string `json:"source"`
+}
+
+// storeInputs are the cases of Bench that give another store's cost per
+// message.
+type storeInputs struct {
+	Name string `json:"name"`
+	// CPUCase and CPUBatchCase are the cases whose cpu-us/msg (and
+	// server-us/msg where the server was measured) give the CPU per
+	// message, one at a time and in batches of 100.
+	CPUCase      string `json:"cpu_case"`
+	CPUBatchCase string `json:"cpu_batch_case"`
+	// LogUnit is the metric of CPUCase that counts the bytes the store
+	// writes per new message (redo-B/msg, write-B/msg), and LogName what
+	// it counts, for the page.
+	LogUnit string `json:"log_unit"`
+	LogName string `json:"log_name"`
+}
+
+// storeCost is a store's measured cost per new message.
+type storeCost struct {
+	cpu, server, cpuBatch, log float64
+	serverMeasured             bool
+}
+
+func (in *inputs) storeCost(s storeInputs) (storeCost, error) {
+	var c storeCost
+	var err error
+	if c.cpu, err = in.bench.must(s.CPUCase, "cpu-us/msg"); err != nil {
+		return c, err
+	}
+	if c.cpuBatch, err = in.bench.must(s.CPUBatchCase, "cpu-us/msg"); err != nil {
+		return c, err
+	}
+	if c.log, err = in.bench.must(s.CPUCase, s.LogUnit); err != nil {
+		return c, err
+	}
+	if st, ok := in.bench.get(s.CPUCase, "server-us/msg"); ok {
+		c.server, c.serverMeasured = st.Median, true
+	}
+	return c, nil
 }
 
 // scenario is a rate and a retention window.
@@ -267,8 +315,52 @@ func (in *inputs) writeDoc(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	writeEstimates(w, in, in.Scenarios)
+	if len(in.Stores) > 0 {
+		fmt.Fprintln(w)
+		if err := in.writeStores(w); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, docEnd)
+	return nil
+}
+
+// writeStores writes the other stores' cost per new message and, for
+// each distinct rate of the scenarios, their log bytes per day and CPU.
+func (in *inputs) writeStores(w io.Writer) error {
+	var rates []float64
+	for _, s := range in.Scenarios {
+		if !slices.Contains(rates, s.Rate) {
+			rates = append(rates, s.Rate)
+		}
+	}
+	fmt.Fprintln(w, "Other stores (same benchmark output; table size not measured): per new message, and at each rate the bytes written per day and the CPU cores, one message at a time / batches of 100:")
+	fmt.Fprintln(w)
+	var head, rule strings.Builder
+	head.WriteString("| store | CPU µs/msg (server) | CPU µs/msg, batches of 100 | bytes written per message |")
+	rule.WriteString("|---|---:|---:|---:|")
+	for _, r := range rates {
+		fmt.Fprintf(&head, " %s msgs/s |", thousands(r))
+		rule.WriteString("---:|")
+	}
+	fmt.Fprintln(w, head.String())
+	fmt.Fprintln(w, rule.String())
+	for _, st := range in.Stores {
+		c, err := in.storeCost(st)
+		if err != nil {
+			return err
+		}
+		cpu := fmt.Sprintf("%.0f", c.cpu)
+		if c.serverMeasured {
+			cpu += fmt.Sprintf(" (%.0f)", c.server)
+		}
+		fmt.Fprintf(w, "| %s | %s | %.1f | %s (%s) |", st.Name, cpu, c.cpuBatch, thousands(c.log), st.LogName)
+		for _, r := range rates {
+			fmt.Fprintf(w, " %s/day; %.2f / %.3f cores |", size(r*86400*c.log), c.cpu*r/1e6, c.cpuBatch*r/1e6)
+		}
+		fmt.Fprintln(w)
+	}
 	return nil
 }
 
