@@ -96,6 +96,17 @@
 //
 //	go run ./bench --round-trips 200
 //
+// With --process D it measures only the store, no broker: the cases of
+// store/idempgxv5's BenchmarkProcess (best_checked, idem,
+// best_checked_duplicate, duplicate, best_checked_batch100,
+// idem_batch100) for D each, --rounds interleaved rounds (5 by default),
+// --workers at a time, on --stores: postgres (pgx), postgres-sql
+// (database/sql on the same server), mysql, sqlite. Each result line, in
+// go test -bench's format, carries throughput, client and server CPU, log
+// bytes and allocations per message and the per-round ratios (process.go):
+//
+//	go run ./bench --process 2s --stores postgres,postgres-sql,mysql,sqlite
+//
 // With --sidecar N it measures only `idem consume` (built from ./cmd/idem)
 // against a bare Go relay that fetches from JetStream (nats.go's Fetch),
 // POSTs and acks, both at --workers messages at a time, with a
