@@ -164,6 +164,8 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 	}
 	fmt.Fprintf(stdout, "load-before %s\n", loadAvg())
 	fmt.Fprintf(stdout, "workers %d, %v per case, %d rounds, GOMAXPROCS %d\n", o.workers, o.caseTime, o.rounds, runtime.GOMAXPROCS(0))
+	hOne, hBatch := harnessAllocs()
+	fmt.Fprintf(stdout, "harness allocations per message, in every allocs/msg: %.1f one at a time, %.1f in batches\n", hOne, hBatch)
 	var all []sample
 	for round := 1; round <= o.rounds; round++ {
 		for _, s := range stores {
@@ -279,36 +281,74 @@ func (s *processStore) seed(ctx context.Context) error {
 
 func dupID(i int) string { return "dup-" + strconv.Itoa(i) }
 
+// oneOp is the operation of a case that handles one message at a time
+// with h: the i-th message has ID id(i) and that ID's payload.
+func oneOp(h msgHandler, id func(i int64) string) func(ctx context.Context, i int64) error {
+	return func(ctx context.Context, i int64) error {
+		m := id(i)
+		ack, err := h(ctx, idem.Message{ID: m, Payload: payload(m)})
+		if err == nil && !ack {
+			err = fmt.Errorf("message %s not acknowledged", m)
+		}
+		return err
+	}
+}
+
+// batchOp is the operation of a batch case: the i-th batch is the
+// messages prefix + i×processBatch ... handled with h.
+func batchOp(h batchHandler, prefix string) func(ctx context.Context, i int64) error {
+	return func(ctx context.Context, i int64) error {
+		msgs := make([]idem.Message, processBatch)
+		for k := range msgs {
+			id := prefix + strconv.FormatInt(i*processBatch+int64(k), 10)
+			msgs[k] = idem.Message{ID: id, Payload: payload(id)}
+		}
+		for k, ack := range h(ctx, msgs) {
+			if !ack {
+				return fmt.Errorf("message %s of a batch not processed", msgs[k].ID)
+			}
+		}
+		return nil
+	}
+}
+
+// harnessAllocs returns the heap allocations per message the harness
+// itself makes (the ID, the payload, the batch's slice and acks), one
+// message at a time and in batches, measured with handlers that do
+// nothing: they are part of every case's allocs/msg, on both sides of
+// each ratio.
+func harnessAllocs() (one, batch float64) {
+	ctx := context.Background()
+	const n = 20000
+	measureOp := func(op func(ctx context.Context, i int64) error, ops int) float64 {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for i := range ops {
+			_ = op(ctx, int64(i))
+		}
+		runtime.ReadMemStats(&m1)
+		return float64(m1.Mallocs-m0.Mallocs) / n
+	}
+	ack := func(context.Context, idem.Message) (bool, error) { return true, nil }
+	acks := func(_ context.Context, msgs []idem.Message) []bool {
+		out := make([]bool, len(msgs))
+		for i := range out {
+			out[i] = true
+		}
+		return out
+	}
+	one = measureOp(oneOp(ack, func(i int64) string { return "h-" + strconv.FormatInt(i, 10) }), n)
+	batch = measureOp(batchOp(acks, "h-"), n/processBatch)
+	return one, batch
+}
+
 // op returns case c's operation on the store (the i-th of the timed
 // section) and how many messages one operation handles; false when the
 // store does not have the case (no best_checked on postgres-sql).
 func (s *processStore) op(c string) (func(ctx context.Context, i int64) error, int, bool) {
 	prefix := c + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
-	one := func(h msgHandler, id func(i int64) string) func(ctx context.Context, i int64) error {
-		return func(ctx context.Context, i int64) error {
-			m := id(i)
-			ack, err := h(ctx, idem.Message{ID: m, Payload: payload(m)})
-			if err == nil && !ack {
-				err = fmt.Errorf("message %s not acknowledged", m)
-			}
-			return err
-		}
-	}
-	batch := func(h batchHandler) func(ctx context.Context, i int64) error {
-		return func(ctx context.Context, i int64) error {
-			msgs := make([]idem.Message, processBatch)
-			for k := range msgs {
-				id := prefix + strconv.FormatInt(i*processBatch+int64(k), 10)
-				msgs[k] = idem.Message{ID: id, Payload: payload(id)}
-			}
-			for k, ack := range h(ctx, msgs) {
-				if !ack {
-					return fmt.Errorf("message %s of a batch not processed", msgs[k].ID)
-				}
-			}
-			return nil
-		}
-	}
+	one := oneOp
+	batch := func(h batchHandler) func(ctx context.Context, i int64) error { return batchOp(h, prefix) }
 	fresh := func(i int64) string { return prefix + strconv.FormatInt(i, 10) }
 	dup := func(i int64) string { return dupID(int(i % processSeeded)) }
 	if strings.HasPrefix(c, "best_checked") && s.chk == nil {

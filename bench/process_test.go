@@ -77,4 +77,16 @@ func TestProcessMode(t *testing.T) {
 	if !strings.Contains(out, "load-before ") || !strings.Contains(out, "load-after ") {
 		t.Error("the load average is not recorded")
 	}
+	if !regexp.MustCompile(`harness allocations per message, in every allocs/msg: [1-9][0-9.]* one at a time, [1-9][0-9.]* in batches`).MatchString(out) {
+		t.Error("the harness's own allocations per message are not printed")
+	}
+}
+
+// TestHarnessAllocs checks that the harness's own allocations per message
+// are counted, and few: the ID and the payload.
+func TestHarnessAllocs(t *testing.T) {
+	one, batch := harnessAllocs()
+	if one < 1 || one > 8 || batch < 1 || batch > 8 {
+		t.Errorf("harness allocations per message: %.1f one at a time, %.1f in batches; want 1 to 8", one, batch)
+	}
 }
