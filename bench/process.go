@@ -133,6 +133,14 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 	if log == nil {
 		log = io.Discard
 	}
+	for _, c := range o.cases {
+		if !slices.Contains(processCases, c) {
+			return fmt.Errorf("%w: --contenders: unknown case %q for --process (want %s)", errUsage, c, strings.Join(processCases, ", "))
+		}
+	}
+	if o.caseTime <= 0 || o.rounds <= 0 || o.workers <= 0 {
+		return fmt.Errorf("%w: --process %v, --rounds %d, --workers %d must be positive", errUsage, o.caseTime, o.rounds, o.workers)
+	}
 	var stores []*processStore
 	defer func() {
 		for _, s := range stores {

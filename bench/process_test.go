@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"regexp"
 	"strings"
@@ -88,5 +89,20 @@ func TestHarnessAllocs(t *testing.T) {
 	one, batch := harnessAllocs()
 	if one < 1 || one > 8 || batch < 1 || batch > 8 {
 		t.Errorf("harness allocations per message: %.1f one at a time, %.1f in batches; want 1 to 8", one, batch)
+	}
+}
+
+// TestProcessModeUsage checks that --process refuses what it cannot run
+// before it opens any store.
+func TestProcessModeUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--process", "1s", "--contenders", "idem,naive"},
+		{"--process", "1s", "--stores", "oracle"},
+		{"--process", "1s", "--workers", "-1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := cli(context.Background(), args, &stdout, &stderr); !errors.Is(err, errUsage) {
+			t.Errorf("bench %v: %v, want an error matching errUsage", args, err)
+		}
 	}
 }
