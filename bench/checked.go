@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -88,7 +89,7 @@ func fingerprint(p []byte) []byte {
 // sqlChecked is best_checked over database/sql (MariaDB, SQLite).
 type sqlChecked struct {
 	db      *sql.DB
-	dialect string // "mysql" or "sqlite"
+	dialect string // "mysql", "sqlite" or "postgres" (pgx's stdlib driver)
 	table   string // the processed table
 	effects string // the side-effect table, one id column
 	faults  *faults
@@ -105,6 +106,9 @@ func newSQLChecked(ctx context.Context, db *sql.DB, dialect, table, effects stri
 	case "sqlite":
 		ddl = []string{`CREATE TABLE ` + table + ` (message_id TEXT NOT NULL PRIMARY KEY, fingerprint BLOB NOT NULL, processed_at INTEGER NOT NULL)`,
 			`CREATE INDEX ` + table + `_processed_at ON ` + table + ` (processed_at)`}
+	case "postgres": // pgChecked's table
+		ddl = []string{`CREATE TABLE ` + table + ` (message_id text COLLATE "C" PRIMARY KEY, fingerprint bytea NOT NULL, processed_at timestamptz NOT NULL DEFAULT now())`,
+			`CREATE INDEX ON ` + table + ` (processed_at)`}
 	default:
 		return nil, fmt.Errorf("best_checked: unknown dialect %q", dialect)
 	}
@@ -121,23 +125,30 @@ func newSQLChecked(ctx context.Context, db *sql.DB, dialect, table, effects stri
 // (MariaDB 10.5 and SQLite 3.35 have RETURNING).
 func (c *sqlChecked) insert(n int, returning bool) string {
 	var b strings.Builder
-	row := `(?, ?, UTC_TIMESTAMP(6))`
-	if c.dialect == "mysql" {
-		b.WriteString(`INSERT IGNORE INTO `)
-	} else {
-		b.WriteString(`INSERT INTO `)
-		row = `(?, ?, unixepoch('subsec') * 1000)`
+	switch c.dialect {
+	case "mysql":
+		b.WriteString(`INSERT IGNORE INTO ` + c.table + ` (message_id, fingerprint, processed_at) VALUES `)
+	case "sqlite":
+		b.WriteString(`INSERT INTO ` + c.table + ` (message_id, fingerprint, processed_at) VALUES `)
+	default: // postgres: processed_at is its default, now()
+		b.WriteString(`INSERT INTO ` + c.table + ` (message_id, fingerprint) VALUES `)
 	}
-	b.WriteString(c.table + ` (message_id, fingerprint, processed_at) VALUES `)
 	for i := range n {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(row)
+		b.WriteString(`(` + c.ph(2*i+1) + `, ` + c.ph(2*i+2))
+		switch c.dialect {
+		case "mysql":
+			b.WriteString(`, UTC_TIMESTAMP(6)`)
+		case "sqlite":
+			b.WriteString(`, unixepoch('subsec') * 1000`)
+		}
+		b.WriteByte(')')
 	}
-	if c.dialect == "sqlite" {
-		// Only a taken ID is skipped (INSERT OR IGNORE would also skip
-		// a NOT NULL or CHECK failure).
+	if c.dialect != "mysql" {
+		// Only a taken ID is skipped (SQLite's INSERT OR IGNORE would
+		// also skip a NOT NULL or CHECK failure).
 		b.WriteString(` ON CONFLICT (message_id) DO NOTHING`)
 	}
 	if returning {
@@ -146,10 +157,41 @@ func (c *sqlChecked) insert(n int, returning bool) string {
 	return b.String()
 }
 
+// ph is the dialect's i-th placeholder (from 1): ? or $i.
+func (c *sqlChecked) ph(i int) string {
+	if c.dialect == "postgres" {
+		return "$" + strconv.Itoa(i)
+	}
+	return "?"
+}
+
+// list is n placeholders joined by commas, each in parentheses when
+// rows is set (the rows of a multi-row VALUES).
+func (c *sqlChecked) list(n int, rows bool) string {
+	open, end := "", ""
+	if rows {
+		open, end = "(", ")"
+	}
+	if c.dialect != "postgres" {
+		return open + "?" + end + strings.Repeat(", "+open+"?"+end, n-1)
+	}
+	b := make([]byte, 0, n*(len(open)+len(end)+6))
+	for i := 1; i <= n; i++ {
+		if i > 1 {
+			b = append(b, ", "...)
+		}
+		b = append(b, open...)
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, end...)
+	}
+	return string(b)
+}
+
 func (c *sqlChecked) one() msgHandler {
 	claim := c.insert(1, false)
-	read := `SELECT fingerprint FROM ` + c.table + ` WHERE message_id = ?`
-	effect := `INSERT INTO ` + c.effects + ` (id) VALUES (?)`
+	read := `SELECT fingerprint FROM ` + c.table + ` WHERE message_id = ` + c.ph(1)
+	effect := `INSERT INTO ` + c.effects + ` (id) VALUES (` + c.ph(1) + `)`
 	return func(ctx context.Context, msg idem.Message) (bool, error) {
 		fp := fingerprint(msg.Payload)
 		tx, err := c.db.BeginTx(ctx, nil)
@@ -218,7 +260,7 @@ func (c *sqlChecked) processBatch(ctx context.Context, msgs []idem.Message) ([]b
 			for i, id := range dups {
 				args[i] = id
 			}
-			rows, err := tx.QueryContext(ctx, `SELECT message_id, fingerprint FROM `+c.table+` WHERE message_id IN (?`+strings.Repeat(`, ?`, len(dups)-1)+`)`, args...)
+			rows, err := tx.QueryContext(ctx, `SELECT message_id, fingerprint FROM `+c.table+` WHERE message_id IN (`+c.list(len(dups), false)+`)`, args...)
 			if err != nil {
 				return nil, err
 			}
@@ -230,7 +272,7 @@ func (c *sqlChecked) processBatch(ctx context.Context, msgs []idem.Message) ([]b
 			for i, id := range ids {
 				args[i] = id
 			}
-			_, err := tx.ExecContext(ctx, `INSERT INTO `+c.effects+` (id) VALUES (?)`+strings.Repeat(`, (?)`, len(ids)-1), args...)
+			_, err := tx.ExecContext(ctx, `INSERT INTO `+c.effects+` (id) VALUES `+c.list(len(ids), true), args...)
 			return err
 		},
 		commit:   tx.Commit,

@@ -13,9 +13,12 @@ import (
 
 // pgsqlDB runs on the same PostgreSQL as postgresDB (postgresURL), but
 // through database/sql (pgx's stdlib driver) and store/idemsql's
-// PostgreSQL dialect: the store "postgres-sql". It has no best or
-// best_checked consumer of its own: its figures are compared with
-// postgresDB's (pgx and store/idempgxv5) measured in the same round.
+// PostgreSQL dialect: the store "postgres-sql". Its best_checked is the
+// same hand-written consumer on database/sql (sqlChecked; no pipelining:
+// BEGIN, the claim, and a duplicate's read and ROLLBACK are a round trip
+// each), so that its ratio to postgresDB's shows what database/sql
+// itself costs; its figures are compared with postgresDB's (pgx and
+// store/idempgxv5) measured in the same round.
 type pgsqlDB struct {
 	db *sql.DB
 }
@@ -40,12 +43,12 @@ func (d *pgsqlDB) close()        { d.db.Close() }
 
 func (d *pgsqlDB) newRun(ctx context.Context, tag string, f *faults) (runDB, error) {
 	table := "bench_" + tag + "_sql"
-	effects := table + "_effects"
+	effects, checked := table+"_effects", table+"_checked"
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = d.db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s_steps, %s_runs, %s_outbox, %s_migrations`,
-			effects, table, table, table, table, table))
+		_, _ = d.db.ExecContext(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s, %s, %s_steps, %s_runs, %s_outbox, %s_migrations`,
+			effects, checked, table, table, table, table, table))
 		_, _ = d.db.ExecContext(ctx, fmt.Sprintf(`DROP FUNCTION IF EXISTS %s_outbox_notify()`, table))
 	}
 	fail := func(err error) (runDB, error) {
@@ -62,10 +65,14 @@ func (d *pgsqlDB) newRun(ctx context.Context, tag string, f *faults) (runDB, err
 	if _, err := d.db.ExecContext(ctx, `CREATE TABLE `+effects+` (id text NOT NULL)`); err != nil {
 		return fail(err)
 	}
+	chk, err := newSQLChecked(ctx, d.db, "postgres", checked, effects, f)
+	if err != nil {
+		return fail(err)
+	}
 	insOne := `INSERT INTO ` + effects + ` (id) VALUES ($1)`
 	insMany := `INSERT INTO ` + effects + ` (id) SELECT unnest($1::text[])`
 	return &txRun[*sql.Tx]{
-		store: store, faults: f,
+		store: store, faults: f, checked: chk,
 		insertOne: func(ctx context.Context, tx *sql.Tx, id string) error {
 			_, err := tx.ExecContext(ctx, insOne, id)
 			return err

@@ -352,7 +352,7 @@ func harnessAllocs() (one, batch float64) {
 
 // op returns case c's operation on the store (the i-th of the timed
 // section) and how many messages one operation handles; false when the
-// store does not have the case (no best_checked on postgres-sql).
+// store does not have the case (a store without best_checked).
 func (s *processStore) op(c string) (func(ctx context.Context, i int64) error, int, bool) {
 	prefix := c + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	one := oneOp

@@ -41,9 +41,6 @@ func TestProcessMode(t *testing.T) {
 	logUnit := map[string]string{"sqlite": "write-B/msg", "postgres": "wal-B/msg", "postgres-sql": "wal-B/msg", "mysql": "redo-B/msg"}
 	for _, s := range stores {
 		for _, c := range processCases {
-			if s == "postgres-sql" && strings.HasPrefix(c, "best_checked") {
-				continue // no hand-written consumer on database/sql
-			}
 			for _, round := range []string{"#00", "#01"} {
 				re := regexp.MustCompile(`(?m)^BenchmarkProcess/` + regexp.QuoteMeta(s+"/"+c+round) + `\t[1-9]\d*\t.*$`)
 				line := re.FindString(out)
@@ -53,9 +50,6 @@ func TestProcessMode(t *testing.T) {
 				}
 				want := []string{" msgs/s", " client-us/msg", " cpu-us/msg", " " + logUnit[s], " allocs/msg"}
 				for _, ref := range processRefs[c] {
-					if s == "postgres-sql" && strings.HasPrefix(ref, "best_checked") {
-						continue
-					}
 					want = append(want, " x-"+ref, " cpu-x-"+ref)
 				}
 				if s == "postgres-sql" {
