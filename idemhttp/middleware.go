@@ -287,7 +287,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)))
 		return
 	}
-	sp, err := spoolBody(r.Body, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
+	sp, err := spoolBody(r.Body, r.ContentLength, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
 			m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)))
