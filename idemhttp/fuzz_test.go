@@ -151,6 +151,9 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(encodeRecord(&storedResponse{created: time.Unix(1, 2), status: 201, replayable: true,
 		header: http.Header{"Location": {"/x/1"}, "Link": {"a", "b"}}, body: []byte(`{"id":1}`)}))
 	f.Add(encodeRecord(&storedResponse{created: time.Unix(0, 0), status: 200, size: 1 << 40, digest: [32]byte{1}}))
+	// Over smallRecordBytes: names and values decoded one string each.
+	f.Add(encodeRecord(&storedResponse{created: time.Unix(3, 4), status: 200, replayable: true,
+		header: http.Header{"X-Big": {strings.Repeat("v", smallRecordBytes)}}, body: []byte("b")}))
 	f.Add([]byte{1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
