@@ -110,8 +110,10 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{o: o, consumer: consumerPrefix + o.Namespace}
+	// No StoreTimeout of the Finisher's own: the lease engine bounds
+	// each of its store calls by the same o.StoreTimeout.
 	m.fin = keyed.Finisher{
-		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease, StoreTimeout: o.StoreTimeout,
+		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease,
 		AtMostOnce: m.atMostOnce(), Logger: o.Logger, StoreErrors: &m.stats.storeErrors, Released: &m.stats.released,
 	}
 	m.unknown = func() *Problem {

@@ -476,12 +476,24 @@ func (p *Proxy) serveHealth(w http.ResponseWriter, r *http.Request) {
 // attemptKey is the context key of the forwarding state of one request.
 type attemptKey struct{}
 
-// attempt is what the proxy learns while forwarding one request.
+// attempt is what the proxy learns while forwarding one request, with
+// the holding writer and the client trace of the request (one allocation
+// for the three).
 type attempt struct {
 	orig    context.Context // the client's request context (carries Info)
 	mu      sync.Mutex
 	sent    bool  // request headers were written to an upstream connection
 	bodyErr error // the upstream response body failed before its end
+	hw      holdWriter
+	trace   httptrace.ClientTrace
+}
+
+// wroteHeaders is the trace's WroteHeaders: the request may have reached
+// the upstream from now on.
+func (a *attempt) wroteHeaders() {
+	a.mu.Lock()
+	a.sent = true
+	a.mu.Unlock()
 }
 
 func (a *attempt) wasSent() bool {
@@ -499,18 +511,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 		newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, p.maxReqBytes)).Write(w)
 		return
 	}
-	a := &attempt{orig: r.Context()}
+	a := &attempt{orig: r.Context(), hw: holdWriter{dst: w, header: http.Header{}, limit: p.holdLimit}}
+	a.trace.WroteHeaders = a.wroteHeaders
+	hw := &a.hw
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, attemptKey{}, a)
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteHeaders: func() {
-			a.mu.Lock()
-			a.sent = true
-			a.mu.Unlock()
-		},
-	})
-	hw := &holdWriter{dst: w, header: http.Header{}, limit: p.holdLimit}
+	ctx = httptrace.WithClientTrace(ctx, &a.trace)
 	p.rp.ServeHTTP(hw, r.WithContext(ctx))
 	a.mu.Lock()
 	bodyErr := a.bodyErr
