@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // BenchmarkProxy measures, in one run, per store: requests straight to the
@@ -38,7 +39,8 @@ import (
 // (one client, one request at a time: what a request waits, its
 // latency). Each reports req/s, the mean time a request took from the
 // client's side (µs/req), and the CPU time of this process (client, proxy
-// and upstream; not the store's server) per request (cpu-µs/req).
+// and upstream; not the store's server) per request (cpu-µs/req), and
+// the proxy's store calls per request (store-calls/req).
 func BenchmarkProxy(b *testing.B) {
 	for _, st := range testStores {
 		switch st.name {
@@ -76,7 +78,11 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	p, err := idemhttp.NewProxy(u, env.store, &idemhttp.ProxyOptions{Options: idemhttp.Options{
+	// The store's calls are counted: store-calls/req is the store round
+	// trips of a request (new key: Acquire with its recovery point and
+	// Complete; replay: Acquire), as the lease engine makes them.
+	counter := idemtest.CountCalls(env.store, false)
+	p, err := idemhttp.NewProxy(u, counter, &idemhttp.ProxyOptions{Options: idemhttp.Options{
 		Namespace:     testRandName("bench-"),
 		PurgeInterval: -1,
 		Logger:        scQuietLogger(),
@@ -118,7 +124,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 	run := func(b *testing.B, target string, key func() string) {
 		var next, waited atomic.Int64
 		var wg sync.WaitGroup
-		cpu0 := processCPU()
+		cpu0, calls0 := processCPU(), counter.Calls()
 		b.ResetTimer()
 		start := time.Now()
 		for range clients {
@@ -139,6 +145,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
 		b.ReportMetric(float64(waited.Load())/float64(b.N)/1e3, "µs/req")
 		b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/req")
+		b.ReportMetric(float64(counter.Calls().Sub(calls0).Total())/float64(b.N), "store-calls/req")
 	}
 	b.Run("direct", func(b *testing.B) {
 		run(b, up.URL, func() string { return fmt.Sprintf(`"%s-%d"`, prefix, seq.Add(1)) })
