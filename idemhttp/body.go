@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"hash"
 	"io"
 	"net/http"
 	"os"
+	"sync"
 )
 
 // errBodyTooLarge is returned by spoolBody when the body exceeds the limit.
@@ -20,54 +22,100 @@ var errBodyTooLarge = errors.New("request body too large")
 type spool struct {
 	mem  []byte
 	f    *os.File
+	h    hash.Hash // the body's running hash once it is in f
 	size int64
 	sum  []byte
 }
 
+// bufPool holds 32 KiB buffers: the read buffer of a request body that
+// does not announce a length that fits in memory, and the Proxy's copy
+// buffer of response bodies, so that a request does not allocate (and
+// clear) 32 KiB of its own.
+var bufPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
 // spoolBody reads body to its end, or fails with errBodyTooLarge past
-// maxBytes, or with the read error. The caller closes the spool.
-func spoolBody(body io.Reader, maxBytes, memBytes int64, dir string) (_ *spool, err error) {
+// maxBytes, or with the read error. sizeHint is the length the request
+// announces (its ContentLength; -1 when unknown): a body that announces at
+// most memBytes is read straight into a buffer of that size. The caller
+// closes the spool.
+func spoolBody(body io.Reader, sizeHint, maxBytes, memBytes int64, dir string) (_ *spool, err error) {
 	s := &spool{}
 	defer func() {
 		if err != nil {
 			s.close()
 		}
 	}()
-	h := sha256.New()
 	if body == nil || body == http.NoBody {
-		s.sum = h.Sum(nil)
+		sum := sha256.Sum256(nil)
+		s.sum = sum[:]
 		return s, nil
 	}
-	buf := make([]byte, 32<<10)
+	if sizeHint >= 0 && sizeHint <= memBytes && sizeHint <= maxBytes {
+		// One byte more than announced, so that a body longer than its
+		// length (a reader that does not enforce it) is still read on.
+		s.mem = make([]byte, 0, sizeHint+1)
+	}
+	var buf []byte
 	for {
-		n, rerr := body.Read(buf)
-		if n > 0 {
+		var n int
+		var rerr error
+		if s.f == nil && len(s.mem) < cap(s.mem) {
+			// Read in place while the body fits the announced length.
+			n, rerr = body.Read(s.mem[len(s.mem):cap(s.mem)])
 			if s.size+int64(n) > maxBytes {
 				return nil, errBodyTooLarge
 			}
-			h.Write(buf[:n])
-			if err := s.write(buf[:n], memBytes, dir); err != nil {
-				return nil, err
+			s.mem = s.mem[:len(s.mem)+n]
+			s.size += int64(n)
+		} else {
+			if buf == nil {
+				pb := bufPool.Get().(*[32 << 10]byte)
+				defer bufPool.Put(pb)
+				buf = pb[:]
+			}
+			n, rerr = body.Read(buf)
+			if n > 0 {
+				if s.size+int64(n) > maxBytes {
+					return nil, errBodyTooLarge
+				}
+				if err := s.write(buf[:n], memBytes, dir); err != nil {
+					return nil, err
+				}
 			}
 		}
-		if rerr == io.EOF {
+		if done, err := readEnd(rerr); err != nil {
+			return nil, err
+		} else if done {
 			break
 		}
-		if rerr != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(rerr, &mbe) {
-				return nil, errBodyTooLarge
-			}
-			return nil, rerr
-		}
 	}
-	s.sum = h.Sum(nil)
-	if s.f != nil {
-		if _, err := s.f.Seek(0, io.SeekStart); err != nil {
-			return nil, err
-		}
+	if s.f == nil {
+		sum := sha256.Sum256(s.mem)
+		s.sum = sum[:]
+		return s, nil
+	}
+	s.sum = s.h.Sum(nil)
+	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// readEnd reports whether a body read that returned rerr ended the body,
+// or the error that ended it early (errBodyTooLarge for a body that
+// outgrew its http.MaxBytesReader).
+func readEnd(rerr error) (bool, error) {
+	switch {
+	case rerr == nil:
+		return false, nil
+	case rerr == io.EOF:
+		return true, nil
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(rerr, &mbe) {
+		return true, errBodyTooLarge
+	}
+	return true, rerr
 }
 
 func (s *spool) write(p []byte, memBytes int64, dir string) error {
@@ -89,8 +137,12 @@ func (s *spool) write(p []byte, memBytes int64, dir string) error {
 		if _, err := f.Write(s.mem); err != nil {
 			return err
 		}
+		// Hashed from here on as it is written: what memory held first.
+		s.h = sha256.New()
+		s.h.Write(s.mem)
 		s.mem = nil
 	}
+	s.h.Write(p)
 	_, err := s.f.Write(p)
 	return err
 }

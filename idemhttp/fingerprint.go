@@ -3,7 +3,6 @@ package idemhttp
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"hash"
 	"io"
 	"mime"
 	"net/http"
@@ -68,38 +67,40 @@ func bodySum(b []byte, canonicalJSON bool) ([]byte, string) {
 }
 
 // fingerprint hashes the request's parts with a body hash computed by
-// the caller.
+// the caller: the fields are laid out in one buffer (on the stack for
+// common requests) and hashed at once.
 func fingerprint(r *http.Request, bodyHash []byte, mode string) []byte {
-	h := sha256.New()
-	field(h, fingerprintVersion)
-	field(h, r.Method)
-	field(h, r.URL.EscapedPath())
-	field(h, canonicalQuery(r.URL.RawQuery))
-	field(h, canonicalMediaType(r.Header.Get("Content-Type")))
-	field(h, mode)
-	field(h, string(bodyHash))
+	var arr [512]byte
+	b := arr[:0]
+	b = field(b, fingerprintVersion)
+	b = field(b, r.Method)
+	b = field(b, r.URL.EscapedPath())
+	b = field(b, canonicalQuery(r.URL.RawQuery))
+	b = field(b, canonicalMediaType(r.Header.Get("Content-Type")))
+	b = field(b, mode)
+	b = field(b, string(bodyHash))
 	// A method-override header changes the operation a POST performs
 	// (when a later layer honours it): part of the fingerprint when
 	// present. Absent, nothing is added, so earlier fingerprints hold.
 	for _, name := range methodOverrideHeaders {
 		if vs, ok := r.Header[name]; ok {
-			field(h, name)
-			field(h, strings.Join(vs, "\n"))
+			b = field(b, name)
+			b = field(b, strings.Join(vs, "\n"))
 		}
 	}
-	return h.Sum(nil)
+	sum := sha256.Sum256(b)
+	return sum[:]
 }
 
-// field writes s length-prefixed, so that no two sequences of fields
-// produce the same input.
 // methodOverrideHeaders are the (canonical) names of the common
 // method-override headers, included in the fingerprint when present.
 var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
 
-func field(h hash.Hash, s string) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
-	h.Write([]byte(s))
+// field appends s length-prefixed, so that no two sequences of fields
+// produce the same input.
+func field(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // canonicalQuery returns the query with its parameters sorted by name (a

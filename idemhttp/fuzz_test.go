@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -81,14 +82,24 @@ func FuzzFingerprint(f *testing.F) {
 			t.Fatalf("fingerprints %x, %x", fp1, fp2)
 		}
 		if !canonical {
-			sp, err := spoolBody(bytes.NewReader(body), 1<<30, 8, t.TempDir())
-			if err != nil {
-				t.Fatal(err)
+			// Without a length, with the right one, and with a short
+			// one; kept in memory (up to 64 bytes) or spilled to a file.
+			for _, hint := range []int64{-1, int64(len(body)), int64(len(body) / 2)} {
+				for _, mem := range []int64{8, 64} {
+					sp, err := spoolBody(bytes.NewReader(body), hint, 1<<30, mem, t.TempDir())
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := fingerprint(r, sp.sum, bodyRaw); !bytes.Equal(got, fp1) {
+						t.Fatalf("hint %d, memory %d: spooled fingerprint %x, direct %x", hint, mem, got, fp1)
+					}
+					back, err := io.ReadAll(sp.reader())
+					if err != nil || !bytes.Equal(back, body) || sp.size != int64(len(body)) {
+						t.Fatalf("hint %d, memory %d: spooled %d bytes %q (%v), want %q", hint, mem, sp.size, back, err, body)
+					}
+					sp.close()
+				}
 			}
-			if got := fingerprint(r, sp.sum, bodyRaw); !bytes.Equal(got, fp1) {
-				t.Fatalf("spooled fingerprint %x, direct %x", got, fp1)
-			}
-			sp.close()
 		}
 		other, _ := Fingerprint(r, bytes.NewReader(append(append([]byte{}, body...), 'x')), false)
 		raw, _ := Fingerprint(r, bytes.NewReader(body), false)
@@ -140,6 +151,9 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(encodeRecord(&storedResponse{created: time.Unix(1, 2), status: 201, replayable: true,
 		header: http.Header{"Location": {"/x/1"}, "Link": {"a", "b"}}, body: []byte(`{"id":1}`)}))
 	f.Add(encodeRecord(&storedResponse{created: time.Unix(0, 0), status: 200, size: 1 << 40, digest: [32]byte{1}}))
+	// Over smallRecordBytes: names and values decoded one string each.
+	f.Add(encodeRecord(&storedResponse{created: time.Unix(3, 4), status: 200, replayable: true,
+		header: http.Header{"X-Big": {strings.Repeat("v", smallRecordBytes)}}, body: []byte("b")}))
 	f.Add([]byte{1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {

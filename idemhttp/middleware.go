@@ -110,8 +110,10 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{o: o, consumer: consumerPrefix + o.Namespace}
+	// No StoreTimeout of the Finisher's own: the lease engine bounds
+	// each of its store calls by the same o.StoreTimeout.
 	m.fin = keyed.Finisher{
-		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease, StoreTimeout: o.StoreTimeout,
+		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease,
 		AtMostOnce: m.atMostOnce(), Logger: o.Logger, StoreErrors: &m.stats.storeErrors, Released: &m.stats.released,
 	}
 	m.unknown = func() *Problem {
@@ -287,7 +289,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, m.o.MaxRequestBytes)))
 		return
 	}
-	sp, err := spoolBody(r.Body, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
+	sp, err := spoolBody(r.Body, r.ContentLength, m.o.MaxRequestBytes, m.o.MemoryBodyBytes, m.o.TempDir)
 	if err != nil {
 		if errors.Is(err, errBodyTooLarge) {
 			m.reject(w, ev, newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body exceeds %d bytes", m.o.MaxRequestBytes)))

@@ -339,6 +339,7 @@ func NewProxy(upstream *url.URL, store idemdriver.LeaseStore, opts *ProxyOptions
 			}
 		},
 		Transport:      noInternalRetry{p.transport},
+		BufferPool:     copyBuffers{},
 		ErrorHandler:   p.upstreamError,
 		ModifyResponse: p.guardBody,
 		ErrorLog:       slog.NewLogLogger(cmp.Or(mo.Logger, slog.Default()).Handler(), slog.LevelWarn),
@@ -475,12 +476,24 @@ func (p *Proxy) serveHealth(w http.ResponseWriter, r *http.Request) {
 // attemptKey is the context key of the forwarding state of one request.
 type attemptKey struct{}
 
-// attempt is what the proxy learns while forwarding one request.
+// attempt is what the proxy learns while forwarding one request, with
+// the holding writer and the client trace of the request (one allocation
+// for the three).
 type attempt struct {
 	orig    context.Context // the client's request context (carries Info)
 	mu      sync.Mutex
 	sent    bool  // request headers were written to an upstream connection
 	bodyErr error // the upstream response body failed before its end
+	hw      holdWriter
+	trace   httptrace.ClientTrace
+}
+
+// wroteHeaders is the trace's WroteHeaders: the request may have reached
+// the upstream from now on.
+func (a *attempt) wroteHeaders() {
+	a.mu.Lock()
+	a.sent = true
+	a.mu.Unlock()
 }
 
 func (a *attempt) wasSent() bool {
@@ -498,18 +511,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 		newProblem(ProblemBodyTooLarge, fmt.Sprintf("the body has %d bytes; at most %d are accepted", r.ContentLength, p.maxReqBytes)).Write(w)
 		return
 	}
-	a := &attempt{orig: r.Context()}
+	a := &attempt{orig: r.Context(), hw: holdWriter{dst: w, header: http.Header{}, limit: p.holdLimit}}
+	a.trace.WroteHeaders = a.wroteHeaders
+	hw := &a.hw
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
 	ctx = context.WithValue(ctx, attemptKey{}, a)
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		WroteHeaders: func() {
-			a.mu.Lock()
-			a.sent = true
-			a.mu.Unlock()
-		},
-	})
-	hw := &holdWriter{dst: w, header: http.Header{}, limit: p.holdLimit}
+	ctx = httptrace.WithClientTrace(ctx, &a.trace)
 	p.rp.ServeHTTP(hw, r.WithContext(ctx))
 	a.mu.Lock()
 	bodyErr := a.bodyErr
@@ -649,20 +657,27 @@ func (g *guardedBody) Close() error { return g.rc.Close() }
 // behind dst records what it was given.
 type holdWriter struct {
 	dst       http.ResponseWriter
-	header    http.Header
+	header    http.Header // the header; from WriteHeader on, as it was sent
+	trailer   http.Header // fields set after WriteHeader: trailers
 	limit     int64
 	status    int
 	buf       []byte
 	streaming bool
 	dstFailed bool
-	sent      http.Header // the header at WriteHeader; later fields are trailers
 }
 
+// Header returns the header being built before WriteHeader, and after it
+// a map of its own where the ReverseProxy sets the trailers.
 func (h *holdWriter) Header() http.Header {
-	if h.streaming {
+	switch {
+	case h.streaming:
 		return h.dst.Header()
+	case h.status == 0:
+		return h.header
+	case h.trailer == nil:
+		h.trailer = http.Header{}
 	}
-	return h.header
+	return h.trailer
 }
 
 func (h *holdWriter) WriteHeader(code int) {
@@ -672,10 +687,9 @@ func (h *holdWriter) WriteHeader(code int) {
 	if h.status != 0 {
 		return
 	}
+	// Fields set from now on go to h.trailer (Header): trailers, which
+	// the ReverseProxy sets after the body.
 	h.status = code
-	// Fields added to the held header from now on are trailers
-	// (ReverseProxy sets them after the body).
-	h.sent = h.header.Clone()
 	if strings.HasPrefix(strings.ToLower(h.header.Get("Content-Type")), "text/event-stream") {
 		h.startStreaming()
 	}
@@ -715,11 +729,7 @@ func (h *holdWriter) startStreaming() {
 	}
 	h.streaming = true
 	dh := h.dst.Header()
-	src := h.sent
-	if src == nil {
-		src = h.header
-	}
-	for k, v := range src {
+	for k, v := range h.header {
 		dh[k] = v
 	}
 	h.dst.WriteHeader(h.status)
@@ -741,8 +751,8 @@ func (h *holdWriter) finish() {
 		// Trailers the ReverseProxy set in the held header after the
 		// body go to dst as trailers, not as header fields.
 		dh := h.dst.Header()
-		for k, vs := range h.header {
-			if _, ok := h.sent[k]; !ok {
+		for k, vs := range h.trailer {
+			if _, ok := h.header[k]; !ok {
 				dh[k] = vs
 			}
 		}
@@ -751,8 +761,21 @@ func (h *holdWriter) finish() {
 
 // discard drops a held response (the ErrorHandler answers instead).
 func (h *holdWriter) discard() {
-	h.status, h.buf, h.sent = 0, nil, nil
+	h.status, h.buf, h.trailer = 0, nil, nil
 	clear(h.header)
+}
+
+// copyBuffers is the ReverseProxy's BufferPool: the 32 KiB buffers it
+// copies response bodies through come from the pool the request bodies
+// are read with, rather than one allocated per request.
+type copyBuffers struct{}
+
+func (copyBuffers) Get() []byte { return bufPool.Get().(*[32 << 10]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if len(b) == 32<<10 {
+		bufPool.Put((*[32 << 10]byte)(b))
+	}
 }
 
 // noInternalRetry keeps net/http's Transport from re-sending a request on

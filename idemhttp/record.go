@@ -104,6 +104,11 @@ func decodeRecord(contentType string, b []byte) (*storedResponse, error) {
 		return nil, fmt.Errorf("%w: content type %q, want %q", errCorrupt, contentType, recordContentType)
 	}
 	d := decoder{b: b}
+	if len(b) <= smallRecordBytes {
+		// One string for every name and value of a small record, rather
+		// than one each.
+		d.all = string(b)
+	}
 	if v := d.byte(); v != recordVersion {
 		return nil, fmt.Errorf("%w: version %d", errCorrupt, v)
 	}
@@ -139,7 +144,9 @@ func decodeRecord(contentType string, b []byte) (*storedResponse, error) {
 		sr.header[k] = vs
 	}
 	if sr.replayable {
-		sr.body = []byte(d.string())
+		// The body is the record's own bytes, not a copy: nothing
+		// writes to either.
+		sr.body = d.bytes(d.uvarint())
 	} else {
 		sr.size = int64(d.uvarint())
 		copy(sr.digest[:], d.bytes(32))
@@ -166,9 +173,14 @@ func validHeaderName(k string) bool {
 	return k != ""
 }
 
+// smallRecordBytes is the size up to which decodeRecord makes one string
+// of the whole record and takes the names and values from it.
+const smallRecordBytes = 4 << 10
+
 // decoder reads the encoding; the first error sticks.
 type decoder struct {
 	b   []byte
+	all string // the whole encoding as a string, or "" (one string each)
 	err error
 }
 
@@ -236,5 +248,10 @@ func (d *decoder) bytes(n uint64) []byte {
 
 func (d *decoder) string() string {
 	n := d.uvarint()
-	return string(d.bytes(n))
+	bs := d.bytes(n)
+	if d.all == "" || d.err != nil {
+		return string(bs)
+	}
+	end := len(d.all) - len(d.b)
+	return d.all[end-len(bs) : end]
 }

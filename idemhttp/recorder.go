@@ -305,6 +305,7 @@ var hopByHop = map[string]bool{
 // again on replay), Idempotent-Replayed or trailers, not Set-Cookie
 // unless allowed, and not the headers outer middleware had set before the
 // handler ran with the same values (they set them again on the replay).
+// The values are h's own slices, not copies.
 func storableHeader(h, pre http.Header, storeSetCookie bool) http.Header {
 	drop := map[string]bool{}
 	for _, v := range h.Values("Connection") {
@@ -331,10 +332,12 @@ func storableHeader(h, pre http.Header, storeSetCookie bool) http.Header {
 			continue
 		}
 		if _, dup := out[ck]; dup {
-			out[ck] = append(out[ck], vs...)
+			out[ck] = slices.Concat(out[ck], vs)
 			continue
 		}
-		out[ck] = slices.Clone(vs)
+		// Shared with h: the recorder's snapshot, which nothing changes
+		// in place once the response is stored.
+		out[ck] = vs
 	}
 	return out
 }

@@ -53,7 +53,10 @@ type Finisher struct {
 	Name string
 	// Consumer is logged with each message.
 	Consumer string
-	// Lease bounds the retries of one write; StoreTimeout bounds each call.
+	// Lease bounds the retries of one write; StoreTimeout bounds each
+	// call. A StoreTimeout of 0 adds no bound of its own: for a front
+	// end whose lease engine bounds every store call by the same timeout
+	// (idem.Config.StoreTimeout), one timer fewer per write.
 	Lease, StoreTimeout time.Duration
 	// AtMostOnce makes Release record, with the release, that the
 	// attempt's outcome is known (see RunPrefix).
@@ -98,7 +101,7 @@ func (f *Finisher) Unsettled(a *idem.Attempt) (string, bool) {
 	return "", false
 }
 
-// RetryWrite calls write, each call bounded by StoreTimeout, until it
+// RetryWrite calls write, each call bounded by StoreTimeout (when set), until it
 // succeeds or fails for a reason other than the store's (ErrLeaseLost:
 // another attempt owns the key; ErrAttemptEnded), retrying store failures
 // with backoff (from 20ms, growing by half with ±50% jitter, at most 1s
@@ -114,9 +117,7 @@ func (f *Finisher) RetryWrite(a *idem.Attempt, write func(ctx context.Context) e
 	start := time.Now()
 	interval := 20 * time.Millisecond
 	for {
-		ctx, cancel := context.WithTimeout(lctx, f.StoreTimeout)
-		err := write(ctx)
-		cancel()
+		err := f.write(lctx, write)
 		if err == nil || !errors.Is(err, idem.ErrStore) || errors.Is(err, idem.ErrLeaseLost) {
 			return err
 		}
@@ -137,6 +138,17 @@ func (f *Finisher) RetryWrite(a *idem.Attempt, write func(ctx context.Context) e
 		case <-t.C:
 		}
 	}
+}
+
+// write makes one call of write under lctx, bounded by StoreTimeout when
+// it is set.
+func (f *Finisher) write(lctx context.Context, write func(ctx context.Context) error) error {
+	if f.StoreTimeout <= 0 {
+		return write(lctx)
+	}
+	ctx, cancel := context.WithTimeout(lctx, f.StoreTimeout)
+	defer cancel()
+	return write(ctx)
 }
 
 // Complete records res as the key's result (retried while the lease is

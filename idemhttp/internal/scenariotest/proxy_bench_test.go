@@ -9,27 +9,38 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem/idemhttp"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // BenchmarkProxy measures, in one run, per store: requests straight to the
-// upstream ("direct"), through the proxy with a new key each ("new-key":
-// Acquire, forward, Complete), and replays of one stored key ("replay":
-// one Acquire that finds the record; the upstream is not called). Each
-// reports req/s. The upstream answers 201 with a small JSON body after
-// its service time: 0 (an upstream that does nothing: the proxy's worst
-// case, where its own HTTP hop and store calls are all there is), 2ms and
-// 10ms (a service that writes to a database). The memory store is a
-// reference: the proxy's cost without a store round trip.
+// upstream ("direct"), through net/http/httputil's ReverseProxy with no
+// idempotency ("plain-proxy": the extra hop alone), through the proxy
+// with a new key each ("new-key": Acquire with the recovery point,
+// forward, Complete), and replays of one stored key ("replay": one Acquire
+// that finds the record; the upstream is not called). The upstream
+// answers 201 with a small JSON body after its service time: 0 (an
+// upstream that does nothing: the proxy's worst case, where its own HTTP
+// hop and store calls are all there is), 2ms and 10ms (a service that
+// writes to a database). The memory store is a reference: the proxy's
+// cost without a store round trip.
 //
-//	go test -run '^$' -bench BenchmarkProxy -benchtime 2000x
+//	go test -run '^$' -bench BenchmarkProxy -benchtime 2000x -benchmem
 //
-// Clients run 32 at a time (SetParallelism), so a sleeping upstream does
-// not leave the CPUs idle.
+// Each case runs with clients=32 (32 clients at a time, so a sleeping
+// upstream does not leave the CPUs idle: throughput, bounded by the CPUs
+// the client, the proxy, the upstream and the store share) and clients=1
+// (one client, one request at a time: what a request waits, its
+// latency). Each reports req/s, the mean time a request took from the
+// client's side (µs/req), and the CPU time of this process (client, proxy
+// and upstream; not the store's server) per request (cpu-µs/req), and
+// the proxy's store calls per request (store-calls/req).
 func BenchmarkProxy(b *testing.B) {
 	for _, st := range testStores {
 		switch st.name {
@@ -41,14 +52,18 @@ func BenchmarkProxy(b *testing.B) {
 			env := st.open(b)
 			for _, work := range []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond} {
 				b.Run(fmt.Sprintf("upstream=%v", work), func(b *testing.B) {
-					benchProxy(b, env, work)
+					for _, clients := range []int{32, 1} {
+						b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+							benchProxy(b, env, work, clients)
+						})
+					}
 				})
 			}
 		})
 	}
 }
 
-func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
+func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int) {
 	var calls atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -63,7 +78,11 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 	}))
 	defer up.Close()
 	u, _ := url.Parse(up.URL)
-	p, err := idemhttp.NewProxy(u, env.store, &idemhttp.ProxyOptions{Options: idemhttp.Options{
+	// The store's calls are counted: store-calls/req is the store round
+	// trips of a request (new key: Acquire with its recovery point and
+	// Complete; replay: Acquire), as the lease engine makes them.
+	counter := idemtest.CountCalls(env.store, false)
+	p, err := idemhttp.NewProxy(u, counter, &idemhttp.ProxyOptions{Options: idemhttp.Options{
 		Namespace:     testRandName("bench-"),
 		PurgeInterval: -1,
 		Logger:        scQuietLogger(),
@@ -103,18 +122,30 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 	var seq atomic.Int64
 	prefix := testRandName("k")
 	run := func(b *testing.B, target string, key func() string) {
-		b.SetParallelism(16)
-		start := time.Now()
+		var next, waited atomic.Int64
+		var wg sync.WaitGroup
+		cpu0, calls0 := processCPU(), counter.Calls()
 		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := send(target, key()); err != nil {
-					b.Error(err)
-					return
+		start := time.Now()
+		for range clients {
+			wg.Go(func() {
+				for next.Add(1) <= int64(b.N) {
+					t0 := time.Now()
+					if err := send(target, key()); err != nil {
+						b.Error(err)
+						return
+					}
+					waited.Add(int64(time.Since(t0)))
 				}
-			}
-		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+			})
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
+		b.ReportMetric(float64(waited.Load())/float64(b.N)/1e3, "µs/req")
+		b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/req")
+		b.ReportMetric(float64(counter.Calls().Sub(calls0).Total())/float64(b.N), "store-calls/req")
 	}
 	b.Run("direct", func(b *testing.B) {
 		run(b, up.URL, func() string { return fmt.Sprintf(`"%s-%d"`, prefix, seq.Add(1)) })
@@ -122,7 +153,14 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 	// plain-proxy is the same hop through net/http/httputil's
 	// ReverseProxy with no idempotency: the ceiling any proxy has on
 	// this machine, so new-key/plain-proxy is idem's own share.
-	plain := httptest.NewServer(httputil.NewSingleHostReverseProxy(u))
+	// Its Transport keeps idle connections as the proxy's default one
+	// does (http.DefaultTransport keeps 2 a host, so 32 clients would
+	// open and close a connection per request).
+	plainTr := &http.Transport{MaxIdleConns: 1024, MaxIdleConnsPerHost: 256, IdleConnTimeout: idemhttp.DefaultUpstreamIdleTimeout}
+	defer plainTr.CloseIdleConnections()
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = plainTr
+	plain := httptest.NewServer(rp)
 	defer plain.Close()
 	b.Run("plain-proxy", func(b *testing.B) {
 		run(b, plain.URL, func() string { return fmt.Sprintf(`"%s-%d"`, prefix, seq.Add(1)) })
@@ -145,4 +183,13 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration) {
 			b.Fatalf("replays reached the upstream %d times", got)
 		}
 	})
+}
+
+// processCPU is the CPU time (user and system) this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -851,3 +851,63 @@ func TestProxyResetWhileStreaming(t *testing.T) {
 		t.Fatalf("upstream ran %d times, want 1 (unknown outcome stored)", n)
 	}
 }
+
+// TestProxyTrailers: trailers of the upstream response, announced or not,
+// reach the client of the executing request as trailers (not as header
+// fields), and are not part of the stored response.
+func TestProxyTrailers(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t)
+	up.set(func(n int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Sum")
+		w.Header().Set("Content-Type", "text/plain")
+		w.Header().Set("X-Kept", "header")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "body")
+		w.Header().Set("X-Sum", "abc")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "late")
+		w.Header().Set(http.TrailerPrefix+"X-Kept", "trailer")
+	})
+	f := newProxies(t, testStores[0].open(t), up.URL, 1, nil)[0]
+	send := func() (*http.Response, string) {
+		req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/x", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(idemhttp.HeaderIdempotencyKey, `"trailers"`)
+		req.Header.Set("Authorization", "Bearer alice")
+		resp, err := f.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, string(b)
+	}
+	resp, body := send()
+	if resp.StatusCode != 201 || body != "body" || resp.Header.Get("X-Kept") != "header" {
+		t.Fatalf("first: %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	if got := resp.Trailer.Get("X-Sum"); got != "abc" {
+		t.Fatalf("trailer X-Sum %q, want abc (trailers %v, header %v)", got, resp.Trailer, resp.Header)
+	}
+	if got := resp.Trailer.Get("X-Late"); got != "late" {
+		t.Fatalf("trailer X-Late %q, want late (trailers %v)", got, resp.Trailer)
+	}
+	if resp.Header.Get("X-Sum") != "" || resp.Header.Get("X-Late") != "" {
+		t.Fatalf("a trailer became a header field: %v", resp.Header)
+	}
+	replay, body := send()
+	if replay.Header.Get(idemhttp.HeaderReplayed) != "true" || replay.StatusCode != 201 || body != "body" || replay.Header.Get("X-Kept") != "header" {
+		t.Fatalf("replay: %d %q %v", replay.StatusCode, body, replay.Header)
+	}
+	if replay.Header.Get("X-Sum") != "" || replay.Header.Get("X-Late") != "" || len(replay.Trailer) != 0 {
+		t.Fatalf("replay has trailers: header %v, trailers %v", replay.Header, replay.Trailer)
+	}
+	if n := up.n.Load(); n != 1 {
+		t.Fatalf("upstream ran %d times, want 1", n)
+	}
+}
