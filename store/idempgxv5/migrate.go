@@ -60,6 +60,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempgxv5: migrations: %w", err)
 	}
+	if err := s.migrate(ctx, migs); err != nil {
+		return err
+	}
+	return s.EnsurePartitions(ctx)
+}
+
+// migrate applies migs as Migrate applies the embedded migrations.
+func (s *Store) migrate(ctx context.Context, migs []sqlschema.Migration) error {
 	begin := func(ctx context.Context) (sqlstore.Tx, error) {
 		tx, err := s.pool.Begin(ctx)
 		if err != nil {
@@ -70,7 +78,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.q.Migrate(ctx, begin, twoConns{querier{s.pool}, s.pool}, migs); err != nil {
 		return fmt.Errorf("idempgxv5: %w", err)
 	}
-	return s.EnsurePartitions(ctx)
+	return nil
 }
 
 // pgxTx is a pgx.Tx as an sqlstore.Tx.
