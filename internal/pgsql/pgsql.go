@@ -674,6 +674,11 @@ func (q *Queries) migrateConcurrently(ctx context.Context, begin func(context.Co
 	if _, err := lock.Exec(ctx, lockIdle); err != nil { // ends the SELECT's snapshot: see holdLock
 		return fmt.Errorf("migration %s: %w", m.Name, err)
 	}
+	// db refuses when its pool has no connection besides the lock
+	// transaction's, for which begin would wait forever.
+	if _, err := db.Exec(ctx, `SELECT 1`); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
 	for _, st := range m.Statements() {
 		if err := runOnline(ctx, begin, db, st); err != nil {
 			return fmt.Errorf("migration %s: %w", m.Name, err)

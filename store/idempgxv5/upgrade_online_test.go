@@ -2,16 +2,19 @@ package idempgxv5_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/store/idempgxv5"
 )
@@ -246,4 +249,32 @@ func TestOnlineUpgrade(t *testing.T) {
 		t.Errorf("check validated %v, NOT NULL %v, work index left %v, unique index valid %v; want true, true, false, true", validated, notNull, todo, uniqueValid)
 	}
 	t.Logf("%d claims and %d duplicates during and after the upgrade of %d records", len(claimed), duplicates, records)
+}
+
+// An online migration whose first statement is not concurrent (an ALTER
+// TABLE, run in a transaction of its own) on a pool of one connection,
+// which the migration lock's transaction holds: an error matching
+// idemdriver.ErrInvalidConfig, not a wait for a connection that never
+// comes free; on a pool of more it applies.
+func TestOnlineUpgradeOneConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	u := upgradeTable(t, upgradeVariant{name: "default"}, 1<<30)
+	m := sqlschema.Migration{Version: u.migs[len(u.migs)-1].Version + 1, Name: "online.sql", NoTransaction: true,
+		SQL: "-- idem:no-transaction\nALTER TABLE " + u.table + " ADD COLUMN IF NOT EXISTS extra integer;\n"}
+	one, err := idempgxv5.New(newPool(t, poolOpts{maxConns: 1}), &idempgxv5.Config{Table: u.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idempgxv5.MigrateWith(ctx, one, append(u.migs, m)); !errors.Is(err, idemdriver.ErrInvalidConfig) {
+		t.Errorf("online migration on one connection: %v, want ErrInvalidConfig", err)
+	}
+	if err := idempgxv5.MigrateWith(ctx, u.store, append(u.migs, m)); err != nil {
+		t.Fatalf("online migration on a pool of more: %v", err)
+	}
+	var n int
+	if err := u.direct.QueryRow(ctx, `SELECT count(*) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'extra'`, u.table).Scan(&n); err != nil || n != 1 {
+		t.Errorf("column added: %d (%v)", n, err)
+	}
 }
