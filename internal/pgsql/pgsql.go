@@ -517,7 +517,10 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 // do not wait for it), db runs the migration's statements, each in a
 // transaction of its own on any connection (so PgBouncer's transaction
 // pooling works too: db needs a connection besides the lock
-// transaction's, and only for this), and records its version; the
+// transaction's, and only for this; a statement that is not
+// sqlschema.Concurrent runs in a transaction of begin's with a lock
+// timeout, again while it times out, and one marked sqlschema.RepeatMark
+// until it changes no row: see runOnline), and records its version; the
 // migrations after it go on in the next step. The lock transaction's
 // idle_in_transaction_session_timeout is an hour, local to it, so that a
 // shorter one meant for handlers does not end it during a long build.

@@ -35,7 +35,10 @@ import (
 // processes migrating the same table; the later ones find nothing left to
 // do, and runs the migrations, except one that builds an index
 // concurrently (011 on an outbox of 10,000 rows or more): its statements
-// run each on its own while another transaction holding the lock idles,
+// run each on its own while another transaction holding the lock idles
+// (one that needs the table's exclusive lock waits for it at most a
+// second, then gives way and runs again, so consumers running meanwhile
+// never queue behind it for longer),
 // so that one needs a pool of two connections or more (a pool of one
 // gets an error matching idemdriver.ErrInvalidConfig). DDL is transactional: a failed migration
 // leaves nothing behind, and those before it stay applied. Migrate is
