@@ -517,7 +517,10 @@ func (q *Queries) BeginPurgeWith(ctx context.Context, db sqlstore.Querier, consu
 // do not wait for it), db runs the migration's statements, each in a
 // transaction of its own on any connection (so PgBouncer's transaction
 // pooling works too: db needs a connection besides the lock
-// transaction's, and only for this), and records its version; the
+// transaction's, and only for this; a statement that is not
+// sqlschema.Concurrent runs in a transaction of begin's with a lock
+// timeout, again while it times out, and one marked sqlschema.RepeatMark
+// until it changes no row: see runOnline), and records its version; the
 // migrations after it go on in the next step. The lock transaction's
 // idle_in_transaction_session_timeout is an hour, local to it, so that a
 // shorter one meant for handlers does not end it during a long build.
@@ -674,7 +677,85 @@ func (q *Queries) migrateConcurrently(ctx context.Context, begin func(context.Co
 	if _, err := lock.Exec(ctx, lockIdle); err != nil { // ends the SELECT's snapshot: see holdLock
 		return fmt.Errorf("migration %s: %w", m.Name, err)
 	}
-	return sqlstore.Run(ctx, db, db, m, q.Migrations)
+	// db refuses when its pool has no connection besides the lock
+	// transaction's, for which begin would wait forever.
+	if _, err := db.Exec(ctx, `SELECT 1`); err != nil {
+		return fmt.Errorf("migration %s: %w", m.Name, err)
+	}
+	for _, st := range m.Statements() {
+		if err := runOnline(ctx, begin, db, st); err != nil {
+			return fmt.Errorf("migration %s: %w", m.Name, err)
+		}
+	}
+	if _, err := db.Exec(ctx, q.Migrations.Record, m.Version); err != nil {
+		return fmt.Errorf("record migration %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// OnlineLockTimeout is the lock_timeout of a statement of a NoTransaction
+// migration that is not sqlschema.Concurrent (runOnline): the longest it
+// waits for a table's lock, and so the longest the statements queued
+// behind it (a consumer's claim) wait for it, before it gives way and
+// tries again.
+const OnlineLockTimeout = "1s"
+
+// runOnline runs st, a statement of a NoTransaction migration, on a live
+// table. A Concurrent one runs on db outside any transaction, as it
+// must. Another runs in a transaction of its own (begin) whose
+// lock_timeout is OnlineLockTimeout: an ALTER TABLE waiting for the
+// table's exclusive lock queues every later statement on the table
+// behind it, so after a second it gives way (SQLSTATE 55P03) and runs
+// again after a pause (100 ms, doubling up to 5 s, until ctx ends).
+// One marked sqlschema.RepeatMark runs until it changes no row, each run
+// committed on its own, so that no run holds its row locks for long.
+func runOnline(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, st string) error {
+	if sqlschema.Concurrent(st) {
+		_, err := db.Exec(ctx, st)
+		return err
+	}
+	pause := 100 * time.Millisecond
+	for {
+		n, err := runLockBounded(ctx, begin, st)
+		if err != nil && errors.Is(WrapLockTimeout(err), idemdriver.ErrLockTimeout) {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return errors.Join(err, ctx.Err())
+			case <-t.C:
+			}
+			pause = min(2*pause, 5*time.Second)
+			continue
+		}
+		if err != nil || n == 0 || !sqlschema.Repeats(st) {
+			return err
+		}
+		pause = 100 * time.Millisecond
+	}
+}
+
+// runLockBounded runs st in a transaction of its own whose lock_timeout
+// is OnlineLockTimeout, and commits; it returns the rows st changed.
+func runLockBounded(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), st string) (int64, error) {
+	tx, err := begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '`+OnlineLockTimeout+`'`)
+	if err == nil {
+		n, err = tx.Exec(ctx, st)
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		_ = tx.Rollback(rctx) // after a failed Commit, already ended
+		return 0, err
+	}
+	return n, nil
 }
 
 // Err is the error of the statement's row: sqlstore.ErrNoRows when it

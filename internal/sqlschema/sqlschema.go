@@ -97,6 +97,13 @@ type Migration struct {
 	// builds an index without blocking writes), so the runner runs each
 	// one on its own, after every earlier migration committed. Such
 	// statements must be safe to run again after a failure part way.
+	// On PostgreSQL, a statement of such a migration that is not
+	// Concurrent (an ALTER TABLE that adds a nullable column or a NOT
+	// VALID constraint, a VALIDATE, a batch of a backfill) runs in a
+	// transaction of its own whose lock_timeout is one second, again
+	// after a pause while it times out, so that no statement holds or
+	// queues for the table's lock for longer while consumers run: this
+	// is how a migration upgrades a live table in place.
 	NoTransaction bool
 	// SmallTable, for a NoTransaction migration, is a table (as written
 	// in SQL) below whose size (SmallRows rows) the migration runs in a
@@ -111,6 +118,28 @@ type Migration struct {
 // SmallRows is the size below which a migration's SmallTable counts as
 // small.
 const SmallRows = 10_000
+
+// RepeatMark, written at the start of a statement (it is a comment to
+// the server), marks a batch of a backfill: the runner runs the
+// statement again and again, each run in a transaction of its own when
+// the migration is NoTransaction, until a run changes no row. Such a
+// statement changes at most a bounded number of rows per run (LIMIT in a
+// subquery), finds them by an index (a partial index of the rows still to
+// change, built first), and leaves a row it changed out of its next run,
+// so that each run is short, holds its row locks for a moment and the
+// backfill ends. On a table with concurrent writers, what they write must
+// already be in the new form (a trigger, or binaries that write it),
+// or the backfill would chase them.
+const RepeatMark = "/* idem:repeat */"
+
+// Repeats reports whether statement st is marked with RepeatMark.
+func Repeats(st string) bool { return strings.HasPrefix(strings.TrimSpace(st), RepeatMark) }
+
+// Concurrent reports whether statement st is one that PostgreSQL runs
+// without a lock that blocks the table's writers and cannot run in a
+// transaction block (CREATE INDEX CONCURRENTLY, DROP INDEX CONCURRENTLY,
+// REINDEX ... CONCURRENTLY).
+func Concurrent(st string) bool { return strings.Contains(st, " CONCURRENTLY ") }
 
 // InTransaction is m's statements as they run in a transaction: without
 // the word CONCURRENTLY.

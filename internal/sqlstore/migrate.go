@@ -68,12 +68,19 @@ func Pending(ctx context.Context, db Querier, migs []sqlschema.Migration, mt Mig
 
 // Run runs m's statements on db, one by one, then records its version on
 // rec (db itself, or, for a NoTransaction migration run outside any
-// transaction, the transaction holding the migration lock). Errors name
+// transaction, the transaction holding the migration lock). A statement
+// marked sqlschema.RepeatMark runs until it changes no row. Errors name
 // the step that failed.
 func Run(ctx context.Context, db, rec Querier, m sqlschema.Migration, mt MigrationTable) error {
 	for _, st := range m.Statements() {
-		if _, err := db.Exec(ctx, st); err != nil {
-			return fmt.Errorf("migration %s: %w", m.Name, err)
+		for {
+			n, err := db.Exec(ctx, st)
+			if err != nil {
+				return fmt.Errorf("migration %s: %w", m.Name, err)
+			}
+			if n == 0 || !sqlschema.Repeats(st) {
+				break
+			}
 		}
 	}
 	if _, err := rec.Exec(ctx, mt.Record, m.Version); err != nil {

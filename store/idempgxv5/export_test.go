@@ -5,7 +5,14 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/sqlschema"
 )
+
+// MigrateWith applies migs to s's table as Migrate applies the embedded
+// migrations (tests: a rehearsal of an online upgrade).
+func MigrateWith(ctx context.Context, s *Store, migs []sqlschema.Migration) error {
+	return s.migrate(ctx, migs)
+}
 
 // EnsurePartitionsAt creates the partitions of the partitioned layout from
 // the bucket of at on (tests: records moved back in time need them).

@@ -35,7 +35,10 @@ import (
 // processes migrating the same table; the later ones find nothing left to
 // do, and runs the migrations, except one that builds an index
 // concurrently (011 on an outbox of 10,000 rows or more): its statements
-// run each on its own while another transaction holding the lock idles,
+// run each on its own while another transaction holding the lock idles
+// (one that needs the table's exclusive lock waits for it at most a
+// second, then gives way and runs again, so consumers running meanwhile
+// never queue behind it for longer),
 // so that one needs a pool of two connections or more (a pool of one
 // gets an error matching idemdriver.ErrInvalidConfig). DDL is transactional: a failed migration
 // leaves nothing behind, and those before it stay applied. Migrate is
@@ -60,6 +63,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idempgxv5: migrations: %w", err)
 	}
+	if err := s.migrate(ctx, migs); err != nil {
+		return err
+	}
+	return s.EnsurePartitions(ctx)
+}
+
+// migrate applies migs as Migrate applies the embedded migrations.
+func (s *Store) migrate(ctx context.Context, migs []sqlschema.Migration) error {
 	begin := func(ctx context.Context) (sqlstore.Tx, error) {
 		tx, err := s.pool.Begin(ctx)
 		if err != nil {
@@ -70,7 +81,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err := s.q.Migrate(ctx, begin, twoConns{querier{s.pool}, s.pool}, migs); err != nil {
 		return fmt.Errorf("idempgxv5: %w", err)
 	}
-	return s.EnsurePartitions(ctx)
+	return nil
 }
 
 // pgxTx is a pgx.Tx as an sqlstore.Tx.

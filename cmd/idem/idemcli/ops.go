@@ -64,8 +64,12 @@ func newMigrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade idem's tables",
-		Long:  "migrate applies idem's embedded schema migrations to the store. It is idempotent and safe to run from several processes at once.",
-		Args:  cobra.NoArgs,
+		Long: `migrate applies idem's embedded schema migrations to the store. It is idempotent
+and safe to run from several processes at once, and while consumers run: on
+PostgreSQL, indexes are built concurrently, and a statement that needs the table's
+exclusive lock waits at most a second for it (then gives way and tries again), so
+no consumer waits behind it for longer. Upgrade the tables, then the binaries.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {
 				return err
