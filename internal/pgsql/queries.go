@@ -165,6 +165,12 @@ type Queries struct {
 	// fingerprint and state, both NULL when there is no record; it first
 	// puts back the lock_timeout a Claim that returned no row saved.
 	fingerprint string
+	// Record: consumer, message ID -> the record's fingerprint and state,
+	// no row when there is none: the read of a claim that conflicted as
+	// the first statement of its transaction, sent with the ROLLBACK that
+	// ends it (which also puts back the lock_timeout the claim set, so
+	// the read does not).
+	Record string
 	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints,
 	// lock timeout (ms as text, or NULL) ->
 	// one row (NULL, NULL, NULL) when every message was inserted, else
@@ -230,6 +236,7 @@ RETURNING ` + restoreClaimLockTimeout,
 		// record is found.
 		fingerprint: `SELECT r.fingerprint, r.state FROM (SELECT ` + restoreClaimLockTimeout + `) AS lt
 LEFT JOIN ` + t + ` AS r ON ` + pk,
+		Record:           `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
 		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
 		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
@@ -369,7 +376,7 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 // of their plans: a test needs to know each one's parameters.
 func (q *Queries) Keyed() map[string]string {
 	return map[string]string{
-		"fingerprint": q.fingerprint, "fingerprints": q.fingerprints,
+		"fingerprint": q.fingerprint, "record": q.Record, "fingerprints": q.fingerprints,
 		"claimBatch": q.claimBatch, "claimBatchNative": q.claimBatchNative,
 		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
 		"saveStep": q.saveStep, "purgeBatch": q.purgeBatch, "inspect": q.Inspect,

@@ -36,3 +36,11 @@ func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
 // attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5),
 // seqs ($6, 0 for none).
 func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }
+
+// SetAfterConflict sets the hook BeginClaim runs between a claim that
+// conflicted and the read of the record (nil: none), and returns a
+// function that removes it.
+func SetAfterConflict(f func()) func() {
+	afterConflict = f
+	return func() { afterConflict = nil }
+}

@@ -138,16 +138,26 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // BeginClaim implements [idemdriver.BeginClaimer]: it acquires a
 // connection, and sends BEGIN and the claim of p as one pipelined
 // pgx.Batch (pgx's Batch.BeginTx), so that beginning and claiming cost one
-// network round trip. The result is that of [Store.Begin] followed by
-// [Store.ClaimTx].
+// network round trip. A new message's result is that of [Store.Begin]
+// followed by [Store.ClaimTx]: the transaction is open, and the caller
+// commits or rolls it back; it is pgx's own transaction on the acquired
+// connection, which goes back to the pool at Commit or Rollback.
+//
+// A duplicate (the claim conflicted) costs one round trip more: the read
+// of the stored fingerprint and state and a ROLLBACK, pipelined. The
+// claim was the transaction's first statement and wrote nothing, so the
+// Store ends the transaction itself: the result has Ended set, the
+// transaction returned is nil, and the connection is back in the pool.
+// When the record vanished before it could be read (a purge deleted it),
+// BeginClaim begins again on the same connection and claims once more.
 //
 // p is checked first (idemdriver.ValidateClaimParams), before any
-// connection is acquired. On success the transaction is open, whatever
-// the claim's result, and the caller commits or rolls it back. On the
-// partitioned layout the batch is BEGIN, the wait for the ID's advisory
-// lock and the claim, still one round trip; when no partition covers
-// now(), the partitions are created (EnsurePartitions) and the claim is
-// made once more. On error no
+// connection is acquired. On the partitioned layout the batch is BEGIN,
+// the wait for the ID's advisory lock and the claim, still one round
+// trip, whose claim also returns the stored fingerprint; a duplicate's
+// transaction is left open (Ended false) for the caller to roll back.
+// When no partition covers now(), the partitions are created
+// (EnsurePartitions) and the claim is made once more. On error no
 // transaction is left open: the transaction is rolled back (with a context
 // detached from ctx) and the connection goes back to the pool, or is
 // closed if its state is unknown.
@@ -164,42 +174,101 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		}
 		return tx, res, err
 	}
-	cb := &claimBatch{}
-	cb.b.QueuedQueries = cb.queued[:0]
-	cb.b.BeginTx(pgx.TxOptions{})
-	cb.b.Queue(s.q.Claim, pgsql.AppendClaimArgs(cb.args[:0], p)...)
-	br := s.pool.SendBatch(ctx, &cb.b)
-	tx := br.Tx()
-	res := sqlstore.Claimed
-	inserted := false
-	_, err := br.Exec() // BEGIN
-	if err == nil {
-		cb.dest[0] = &cb.claimed
-		inserted, err = pgsql.Inserted(row{br.QueryRow()}.Scan(cb.dest[:]...))
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && !inserted {
-		res, err = s.q.Settle(ctx, querier{tx}, p, cb.args[:])
-	}
+	c, err := s.pool.Acquire(ctx)
 	if err != nil {
-		abort(ctx, tx)
-		return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+		return nil, idemdriver.ClaimResult{}, err
 	}
-	s.own.Store(tx, false)
-	return tx, res, nil
+	cb := &claimBatch{}
+	pgsql.AppendClaimArgs(cb.args[:0], p)
+	for range sqlstore.MaxClaimAttempts {
+		tx, inserted, err := cb.claim(ctx, c, s.q.Claim)
+		if err == nil && inserted {
+			ptx := &poolTx{Tx: tx, c: c}
+			s.own.Store(ptx, false)
+			return ptx, sqlstore.Claimed, nil
+		}
+		var (
+			res   idemdriver.ClaimResult
+			found bool
+		)
+		if err == nil {
+			if afterConflict != nil {
+				afterConflict()
+			}
+			res, found, err = cb.readAndEnd(ctx, tx, s.q.Record)
+		}
+		if err != nil {
+			abort(ctx, tx)
+			c.Release()
+			return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+		}
+		if found {
+			c.Release()
+			res.Ended = true
+			return nil, res, nil
+		}
+		// The record vanished (a purge deleted it) and the transaction
+		// has ended: begin again and claim once more.
+	}
+	c.Release()
+	return nil, idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)
 }
 
+// afterConflict, when set (by tests), runs in BeginClaim between a claim
+// that conflicted and the read of the record.
+var afterConflict func()
+
 // claimBatch is what BeginClaim sends and scans, in one allocation: the
-// batch of BEGIN and the claim, its queue, the claim's arguments and the
-// claim row's destination.
+// batch of BEGIN and the claim, or of a duplicate's read and ROLLBACK,
+// its queue, the claim's arguments and the rows' destinations.
 type claimBatch struct {
 	b       pgx.Batch
 	queued  [2]*pgx.QueuedQuery
 	args    [4]any
 	claimed bool
 	dest    [1]any
+}
+
+// claim sends BEGIN and the claim statement (args cb.args) on c in one
+// round trip and reports whether the claim inserted the record. tx is the
+// transaction begun, to be rolled back (abort) on error.
+func (cb *claimBatch) claim(ctx context.Context, c *pgxpool.Conn, claim string) (tx pgx.Tx, inserted bool, err error) {
+	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
+	cb.b.BeginTx(pgx.TxOptions{})
+	cb.b.Queue(claim, cb.args[:]...)
+	br := c.SendBatch(ctx, &cb.b)
+	tx = br.Tx()
+	if _, err = br.Exec(); err == nil { // BEGIN
+		cb.dest[0] = &cb.claimed
+		inserted, err = pgsql.Inserted(row{br.QueryRow()}.Scan(cb.dest[:]...))
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tx, inserted, err
+}
+
+// readAndEnd sends the read of the record (statement record, on the
+// consumer and message ID of cb.args) and ROLLBACK in tx, in one round
+// trip: found is false when the record vanished. On success the
+// transaction has ended, whether or not the record was found; tx, which
+// pgx does not know ended, must not be used again.
+func (cb *claimBatch) readAndEnd(ctx context.Context, tx pgx.Tx, record string) (res idemdriver.ClaimResult, found bool, err error) {
+	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
+	cb.b.Queue(record, cb.args[:2]...)
+	cb.b.Queue("ROLLBACK")
+	br := tx.SendBatch(ctx, &cb.b)
+	res, found, err = pgsql.ScanRecord(row{br.QueryRow()})
+	if err == nil {
+		_, err = br.Exec() // ROLLBACK
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tx.Conn().PgConn().TxStatus() != 'I' {
+		err = errors.New("idempgxv5: the transaction did not end at ROLLBACK")
+	}
+	return res, found, err
 }
 
 // ClaimTx implements [idemdriver.TxStore]: one INSERT ... ON CONFLICT DO
@@ -362,8 +431,12 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 // Rollback implements [idemdriver.TxStore]: tx.Rollback, which returns the
 // connection to the pool, or closes it when ROLLBACK fails. Rolling back a
 // transaction that already ended (committed, rolled back, or a failed
-// Commit) returns nil.
+// Commit) returns nil, as does rolling back nil (the transaction
+// BeginClaim returns with a duplicate it ended).
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil { // BeginClaim's transaction of a duplicate: already ended
+		return nil
+	}
 	s.own.Delete(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
