@@ -34,8 +34,11 @@
 // lease granted even if the server's wall clock is stepped back. Whether a
 // lease has ended is judged by now() in the one statement that takes over
 // (ON CONFLICT ... DO UPDATE ... WHERE lease_expires_at <= now()), where a
-// stale now() errs on the safe side: a lease that ended during a lock wait
-// is taken over by the next attempt.
+// stale now() errs on the safe side: it never takes over a live lease.
+// What it misses (a lease that ended after now() was read: during a lock
+// wait, or by a release that committed before the statement's snapshot)
+// the statement reports as acquirable, judged by clock_timestamp(), and
+// Acquire runs it again at once, with a later now().
 //
 // # Claims
 //
@@ -249,8 +252,14 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		// costs the INSERT alone. The snapshot misses a record committed
 		// by a transaction the insert waited for (no row at all), and may
 		// show an older version than the one the WHERE saw: a record that
-		// could be taken over although the DO UPDATE did not take it. In
-		// both cases Acquire runs the statement again.
+		// could be taken over although the DO UPDATE did not take it. It
+		// may also show a lease that ended after the statement's now()
+		// was read (a release that began after it and committed before
+		// the snapshot; a lease that ran out during a lock wait), which
+		// the WHERE, judged by that now(), did not take: the last column
+		// judges by clock_timestamp(), read after the snapshot, so such a
+		// record is acquirable too. In all these cases Acquire runs the
+		// statement again, whose now() is later.
 		acquire: `WITH up AS (
 	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
 	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `, now())
@@ -270,7 +279,7 @@ SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 
 	CASE WHEN state = 1 AND lease_expires_at > now()
 	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at)`) + `, 0) ELSE 0 END,
 	result, content_type, last_error,
-	COALESCE(state = 1 AND lease_expires_at <= now() AND fingerprint = $3::bytea, false)
+	COALESCE(state = 1 AND lease_expires_at <= clock_timestamp() AND fingerprint = $3::bytea, false)
 FROM ` + t + `
 WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM up)`,
 		// The steps table has no index but its key.

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
+	"github.com/jackc/pgx/v5"
 )
 
 // EnsurePartitionsAt creates the partitions of the partitioned layout from
@@ -43,4 +45,17 @@ func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }
 func SetAfterConflict(f func()) func() {
 	afterConflict = f
 	return func() { afterConflict = nil }
+}
+
+// AcquireFirstOn is Store.Acquire whose first acquire statement runs in
+// first, a transaction begun earlier (so that its now() is older than
+// what its snapshot may show), which it then rolls back; any statement
+// after it runs on the pool, as Acquire's do.
+func AcquireFirstOn(ctx context.Context, s *Store, first pgx.Tx, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	query, args := s.q.AcquireQuery(p)
+	a := pgsql.ScanAcquire(row{first.QueryRow(ctx, query, args...)})
+	if err := first.Rollback(ctx); err != nil {
+		return idemdriver.AcquireResult{}, err
+	}
+	return s.q.AcquireFrom(ctx, querier{s.pool}, p, a)
 }
