@@ -224,9 +224,17 @@ var afterConflict func()
 type claimBatch struct {
 	b       pgx.Batch
 	queued  [2]*pgx.QueuedQuery
+	qq      [2]pgx.QueuedQuery
 	args    [4]any
 	claimed bool
 	dest    [1]any
+}
+
+// queue queues query with args on cb.b as the batch's query n, in cb's
+// own QueuedQuery rather than a new one.
+func (cb *claimBatch) queue(n int, query string, args []any) {
+	cb.qq[n] = pgx.QueuedQuery{SQL: query, Arguments: args}
+	cb.b.QueuedQueries = append(cb.b.QueuedQueries, &cb.qq[n])
 }
 
 // claim sends BEGIN and the claim statement (args cb.args) on c in one
@@ -235,7 +243,7 @@ type claimBatch struct {
 func (cb *claimBatch) claim(ctx context.Context, c *pgxpool.Conn, claim string) (tx pgx.Tx, inserted bool, err error) {
 	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
 	cb.b.BeginTx(pgx.TxOptions{})
-	cb.b.Queue(claim, cb.args[:]...)
+	cb.queue(0, claim, cb.args[:])
 	br := c.SendBatch(ctx, &cb.b)
 	tx = br.Tx()
 	if _, err = br.Exec(); err == nil { // BEGIN
@@ -255,8 +263,8 @@ func (cb *claimBatch) claim(ctx context.Context, c *pgxpool.Conn, claim string) 
 // pgx does not know ended, must not be used again.
 func (cb *claimBatch) readAndEnd(ctx context.Context, tx pgx.Tx, record string) (res idemdriver.ClaimResult, found bool, err error) {
 	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
-	cb.b.Queue(record, cb.args[:2]...)
-	cb.b.Queue("ROLLBACK")
+	cb.queue(0, record, cb.args[:2])
+	cb.queue(1, "ROLLBACK", nil)
 	br := tx.SendBatch(ctx, &cb.b)
 	res, found, err = pgsql.ScanRecord(row{br.QueryRow()})
 	if err == nil {
