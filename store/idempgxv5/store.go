@@ -43,8 +43,10 @@ type Config struct {
 }
 
 // Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The
-// transactions it hands to handlers are ordinary pgx transactions
-// (*pgxpool.Tx) on the Store's pool. It also implements
+// transactions it hands to handlers are pgx's own transactions on
+// connections of the Store's pool (*pgxpool.Tx from Begin; from
+// BeginClaim, pgx's transaction on a connection BeginClaim acquired, which
+// its Commit or Rollback gives back). It also implements
 // [idemdriver.LeaseStore] for [idem.LeaseConsumer] (lease mode, on the same
 // table; see the package doc), [idemdriver.Retainer] for retention, and
 // the optional [idemdriver.BatchClaimer], [idemdriver.BeginClaimer] and
