@@ -102,22 +102,6 @@ func Inserted(err error) (bool, error) {
 	return false, err
 }
 
-// ScanRecord reads the row of q.Record: the record's fingerprint and
-// state, and found false when there was no row (the record vanished).
-func ScanRecord(row sqlstore.Row) (res idemdriver.ClaimResult, found bool, err error) {
-	var (
-		fp    []byte
-		state sql.NullInt64
-	)
-	switch err := row.Scan(&fp, &state); {
-	case errors.Is(err, sqlstore.ErrNoRows):
-		return res, false, nil
-	case err != nil:
-		return res, false, err
-	}
-	return sqlstore.Existing(fp, state), true, nil
-}
-
 // ClaimTx claims p inside tx: q.Claim, and Settle when it conflicted. p
 // must have been validated.
 func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {

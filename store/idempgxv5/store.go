@@ -2,6 +2,7 @@ package idempgxv5
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -230,6 +231,11 @@ type claimBatch struct {
 	args    [4]any
 	claimed bool
 	dest    [1]any
+	// The record a duplicate read: its fingerprint and state (nil when
+	// NULL, as on a transactional record), and their destinations.
+	fp    []byte
+	state *int16
+	rdest [2]any
 }
 
 // queue queues query with args on cb.b as the batch's query n, in cb's
@@ -268,7 +274,19 @@ func (cb *claimBatch) readAndEnd(ctx context.Context, tx pgx.Tx, record string) 
 	cb.queue(0, record, cb.args[:2])
 	cb.queue(1, "ROLLBACK", nil)
 	br := tx.SendBatch(ctx, &cb.b)
-	res, found, err = pgsql.ScanRecord(row{br.QueryRow()})
+	cb.fp, cb.state = nil, nil
+	cb.rdest = [2]any{&cb.fp, &cb.state}
+	switch err = (row{br.QueryRow()}).Scan(cb.rdest[:]...); {
+	case err == nil:
+		found = true
+		state := sql.NullInt64{Valid: cb.state != nil}
+		if state.Valid {
+			state.Int64 = int64(*cb.state)
+		}
+		res = sqlstore.Existing(cb.fp, state)
+	case errors.Is(err, sqlstore.ErrNoRows):
+		err = nil // the record vanished
+	}
 	if err == nil {
 		_, err = br.Exec() // ROLLBACK
 	}
