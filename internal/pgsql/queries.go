@@ -53,7 +53,11 @@
 // a duplicate only. That statement's snapshot is its own, taken after the
 // claim's wait, so it also sees a record committed by a concurrent
 // transaction that the claim waited for; when it finds none (a purge
-// deleted the record in between), the claim is made again.
+// deleted the record in between), the claim is made again. Where the
+// claim is the first statement of a transaction the store began itself
+// (store/idempgxv5's BeginClaim), the read is Record instead, pipelined
+// with the ROLLBACK that ends that transaction, which also puts back the
+// lock timeout; when the record is gone, the store begins again.
 // Concurrency is the primary key's: a claim of a key that a concurrent
 // transaction inserted waits for it, then claims (rolled back) or reports
 // the record.
