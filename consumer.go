@@ -306,6 +306,12 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 			return c.claimFailed(ctx, msg.ID, "claim", err, c.rollback(ctx, b, msg.ID, tx))
 		}
 	}
+	if res.Ended && !res.Claimed {
+		// The store ended the transaction itself (a BeginClaimer may, on a
+		// duplicate): there is nothing left to roll back, and the outcome
+		// stands even if the deadline passed just as it returned.
+		return c.settleExisting(msg.ID, fp, res)
+	}
 	if err := b.usable(); err != nil {
 		return c.failed(msg.ID, errors.Join(c.storeErr(ctx, "claim", msg.ID, err), c.rollback(ctx, b, msg.ID, tx)))
 	}

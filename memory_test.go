@@ -2,14 +2,15 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/idem-go/idem/idemdriver"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/internal/leakcheck"
 )
@@ -84,7 +85,9 @@ func TestMemoryStoreConformance(t *testing.T) {
 }
 
 // beginClaimStore gives the memory store the optional BeginClaimer
-// capability, so the suite also covers the Consumer's BeginClaim path.
+// capability, so the suite also covers the Consumer's BeginClaim path. A
+// duplicate ends its transaction in the store (ClaimResult.Ended), as
+// idempgxv5's BeginClaim does.
 type beginClaimStore struct{ *idem.MemoryStore }
 
 func (s beginClaimStore) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (*idem.MemoryTx, idemdriver.ClaimResult, error) {
@@ -93,9 +96,13 @@ func (s beginClaimStore) BeginClaim(ctx context.Context, p *idemdriver.ClaimPara
 		return nil, idemdriver.ClaimResult{}, err
 	}
 	res, err := s.ClaimTx(ctx, tx, p)
-	if err != nil {
-		_ = s.Rollback(context.WithoutCancel(ctx), tx)
-		return nil, idemdriver.ClaimResult{}, err
+	if err != nil || !res.Claimed {
+		rerr := s.Rollback(context.WithoutCancel(ctx), tx)
+		if err = errors.Join(err, rerr); err != nil {
+			return nil, idemdriver.ClaimResult{}, err
+		}
+		res.Ended = true
+		return nil, res, nil
 	}
 	return tx, res, nil
 }

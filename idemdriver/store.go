@@ -62,6 +62,17 @@ type BatchClaimer[TTx any] interface {
 // BEGIN), so the claim costs no network round trip of its own. The result
 // and errors are those of Begin followed by ClaimTx; on error no
 // transaction is left open.
+//
+// Since the claim is the transaction's first statement, a claim that
+// finds a committed record (Claimed false) may end the transaction
+// itself, sending the read of the record and ROLLBACK together, so that a
+// duplicate costs one round trip after the claim instead of two: it then
+// reports ClaimResult.Ended, returns the zero TTx, and the caller neither
+// commits nor rolls back (nothing is left open; the transaction held
+// nothing but the claim, which wrote nothing). When the conflicting
+// record vanished before it could be read (a purge deleted it), such a
+// store begins again and claims once more. A store may as well leave the
+// transaction open (Ended false), for the caller to roll back.
 type BeginClaimer[TTx any] interface {
 	BeginClaim(ctx context.Context, p *ClaimParams) (TTx, ClaimResult, error)
 }
@@ -134,6 +145,13 @@ type ClaimResult struct {
 	// StateInProgress or StateFailed, which the core must not acknowledge
 	// as a duplicate. Zero is read as StateCompleted.
 	State RecordState
+	// Ended is true when the store ended the transaction the claim ran in
+	// (rolled it back) before returning: only [BeginClaimer.BeginClaim]
+	// sets it, and only with Claimed false (see BeginClaimer). The
+	// transaction returned is then the zero TTx and must not be used,
+	// committed or rolled back. ClaimTx, ClaimBatchTx and BeginClaimBatch
+	// never set it: their caller may go on using the transaction.
+	Ended bool
 }
 
 // RecordState is the state of a message's record.

@@ -138,7 +138,9 @@ func (f *faultBeginClaimStore[TTx]) BeginClaim(ctx context.Context, p *idemdrive
 	if err == nil && f.fire(faultClaim) {
 		err := f.injected(ctx)
 		// BeginClaim's contract: on error no transaction is left open.
-		_ = f.inner.Rollback(context.WithoutCancel(ctx), tx)
+		if !res.Ended {
+			_ = f.inner.Rollback(context.WithoutCancel(ctx), tx)
+		}
 		return zero, idemdriver.ClaimResult{}, err
 	}
 	return tx, res, err

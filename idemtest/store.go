@@ -2,6 +2,7 @@ package idemtest
 
 import (
 	"bytes"
+	"reflect"
 	"testing"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -15,6 +16,7 @@ func storeCases[TTx any]() []testCase[TTx] {
 		{"ClaimReturnsStoredFingerprint", testClaimReturnsStoredFingerprint[TTx]},
 		{"ClaimBatchResultsInOrder", testClaimBatchResultsInOrder[TTx]},
 		{"RollbackReleasesClaim", testRollbackReleasesClaim[TTx]},
+		{"BeginClaimDuplicate", testBeginClaimDuplicate[TTx]},
 		{"Validation", testStoreValidation[TTx]},
 	}
 }
@@ -38,6 +40,9 @@ func testClaimReturnsStoredFingerprint[TTx any](t *testing.T, b *bundle[TTx]) {
 	}
 	if res.Claimed || !bytes.Equal(res.Fingerprint, stored) {
 		t.Errorf("ClaimTx of a committed key: Claimed %v, Fingerprint %x; want false and %x", res.Claimed, res.Fingerprint, stored)
+	}
+	if res.Ended {
+		t.Errorf("ClaimTx of a committed key reported Ended: only BeginClaim may end the transaction")
 	}
 	b.rollback(tx)
 	b.wantRecords("after the claims", consumer, 1)
@@ -112,4 +117,45 @@ func testRollbackReleasesClaim[TTx any](t *testing.T, b *bundle[TTx]) {
 		t.Errorf("claim of a key whose first claimant rolled back: %+v, %v; want Claimed and nil", r.res, r.err)
 	}
 	b.wantRecords("after the rollback and the second claim", consumer, 1)
+}
+
+// BeginClaim (when the store has it) of a committed key reports the stored
+// fingerprint, and either leaves the transaction open for the caller to
+// roll back, or ends it itself (Ended) and returns the zero transaction.
+// Either way nothing is left held: many duplicates in a row (more than a
+// small pool has connections) leave the store able to claim and commit.
+func testBeginClaimDuplicate[TTx any](t *testing.T, b *bundle[TTx]) {
+	bc, ok := b.s.Store.(idemdriver.BeginClaimer[TTx])
+	if !ok {
+		t.Skip("the store has no BeginClaim")
+	}
+	consumer := b.name("c")
+	stored := []byte("stored fingerprint")
+	tx, res, err := bc.BeginClaim(b.ctx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: stored})
+	if err != nil || !res.Claimed || res.Ended {
+		t.Fatalf("BeginClaim of a new key: %+v, %v; want Claimed, not Ended, and nil", res, err)
+	}
+	b.commit(tx)
+	for i := range 24 {
+		tx, res, err := bc.BeginClaim(b.ctx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-1", Fingerprint: []byte("other")})
+		if err != nil {
+			t.Fatalf("BeginClaim %d of a committed key: %v", i, err)
+		}
+		if res.Claimed || !bytes.Equal(res.Fingerprint, stored) {
+			t.Fatalf("BeginClaim %d of a committed key: Claimed %v, Fingerprint %q; want false and %q", i, res.Claimed, res.Fingerprint, stored)
+		}
+		if !res.Ended {
+			b.rollback(tx)
+			continue
+		}
+		if !reflect.ValueOf(&tx).Elem().IsZero() {
+			t.Fatalf("BeginClaim %d reported Ended with a transaction (%v); want the zero value", i, tx)
+		}
+	}
+	tx, res, err = bc.BeginClaim(b.ctx, &idemdriver.ClaimParams{Consumer: consumer, MessageID: "m-2", Fingerprint: stored})
+	if err != nil || !res.Claimed || res.Ended {
+		t.Fatalf("BeginClaim of a new key after the duplicates: %+v, %v; want Claimed, not Ended, and nil", res, err)
+	}
+	b.commit(tx)
+	b.wantRecords("after the claims", consumer, 2)
 }

@@ -34,8 +34,11 @@
 // lease granted even if the server's wall clock is stepped back. Whether a
 // lease has ended is judged by now() in the one statement that takes over
 // (ON CONFLICT ... DO UPDATE ... WHERE lease_expires_at <= now()), where a
-// stale now() errs on the safe side: a lease that ended during a lock wait
-// is taken over by the next attempt.
+// stale now() errs on the safe side: it never takes over a live lease.
+// What it misses (a lease that ended after now() was read: during a lock
+// wait, or by a release that committed before the statement's snapshot)
+// the statement reports as acquirable, judged by clock_timestamp(), and
+// Acquire runs it again at once, with a later now().
 //
 // # Claims
 //
@@ -50,7 +53,11 @@
 // a duplicate only. That statement's snapshot is its own, taken after the
 // claim's wait, so it also sees a record committed by a concurrent
 // transaction that the claim waited for; when it finds none (a purge
-// deleted the record in between), the claim is made again.
+// deleted the record in between), the claim is made again. Where the
+// claim is the first statement of a transaction the store began itself
+// (store/idempgxv5's BeginClaim), the read is Record instead, pipelined
+// with the ROLLBACK that ends that transaction, which also puts back the
+// lock timeout; when the record is gone, the store begins again.
 // Concurrency is the primary key's: a claim of a key that a concurrent
 // transaction inserted waits for it, then claims (rolled back) or reports
 // the record.
@@ -165,6 +172,12 @@ type Queries struct {
 	// fingerprint and state, both NULL when there is no record; it first
 	// puts back the lock_timeout a Claim that returned no row saved.
 	fingerprint string
+	// Record: consumer, message ID -> the record's fingerprint and state,
+	// no row when there is none: the read of a claim that conflicted as
+	// the first statement of its transaction, sent with the ROLLBACK that
+	// ends it (which also puts back the lock_timeout the claim set, so
+	// the read does not).
+	Record string
 	// claimBatch: consumer, text[] of IDs, text[] of hex fingerprints,
 	// lock timeout (ms as text, or NULL) ->
 	// one row (NULL, NULL, NULL) when every message was inserted, else
@@ -230,6 +243,7 @@ RETURNING ` + restoreClaimLockTimeout,
 		// record is found.
 		fingerprint: `SELECT r.fingerprint, r.state FROM (SELECT ` + restoreClaimLockTimeout + `) AS lt
 LEFT JOIN ` + t + ` AS r ON ` + pk,
+		Record:           `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
 		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
 		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
@@ -242,8 +256,14 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		// costs the INSERT alone. The snapshot misses a record committed
 		// by a transaction the insert waited for (no row at all), and may
 		// show an older version than the one the WHERE saw: a record that
-		// could be taken over although the DO UPDATE did not take it. In
-		// both cases Acquire runs the statement again.
+		// could be taken over although the DO UPDATE did not take it. It
+		// may also show a lease that ended after the statement's now()
+		// was read (a release that began after it and committed before
+		// the snapshot; a lease that ran out during a lock wait), which
+		// the WHERE, judged by that now(), did not take: the last column
+		// judges by clock_timestamp(), read after the snapshot, so such a
+		// record is acquirable too. In all these cases Acquire runs the
+		// statement again, whose now() is later.
 		acquire: `WITH up AS (
 	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
 	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `, now())
@@ -263,7 +283,7 @@ SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 
 	CASE WHEN state = 1 AND lease_expires_at > now()
 	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at)`) + `, 0) ELSE 0 END,
 	result, content_type, last_error,
-	COALESCE(state = 1 AND lease_expires_at <= now() AND fingerprint = $3::bytea, false)
+	COALESCE(state = 1 AND lease_expires_at <= clock_timestamp() AND fingerprint = $3::bytea, false)
 FROM ` + t + `
 WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM up)`,
 		// The steps table has no index but its key.
@@ -369,7 +389,7 @@ ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at,
 // of their plans: a test needs to know each one's parameters.
 func (q *Queries) Keyed() map[string]string {
 	return map[string]string{
-		"fingerprint": q.fingerprint, "fingerprints": q.fingerprints,
+		"fingerprint": q.fingerprint, "record": q.Record, "fingerprints": q.fingerprints,
 		"claimBatch": q.claimBatch, "claimBatchNative": q.claimBatchNative,
 		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
 		"saveStep": q.saveStep, "purgeBatch": q.purgeBatch, "inspect": q.Inspect,

@@ -48,16 +48,21 @@
 // [Store.BeginClaim], which [idem.Consumer.Process] uses, begins the
 // transaction and claims the message in one network round trip: it sends
 // a pgx.Batch whose first query is BEGIN (pgx's Batch.BeginTx, new in pgx
-// v5.12.0) followed by the claim, with Pool.SendBatch. pgx pipelines the
-// two (extended protocol, one Sync; one multi-statement simple query under
-// QueryExecModeSimpleProtocol) and hands back its own *pgxpool.Tx, which
-// owns the acquired connection until Commit or Rollback. Per new message,
-// Process then takes the round trips of a hand-written BEGIN; INSERT;
-// COMMIT (three), the claim riding with BEGIN; a duplicate takes three
-// (the claim, the read of the stored fingerprint, then ROLLBACK). What the claim still costs is its work on the
-// server: an INSERT ... ON CONFLICT into a table with two indexes. A
-// connection's first use of the claim statement adds one round trip to
-// prepare it (pgx's statement cache); later claims reuse it.
+// v5.12.0) followed by the claim, on a connection it acquired from the
+// pool. pgx pipelines the two (extended protocol, one Sync; one
+// multi-statement simple query under QueryExecModeSimpleProtocol) and
+// hands back its own transaction, which BeginClaim returns wrapped so that
+// Commit and Rollback also give the connection back to the pool (as a
+// *pgxpool.Tx's do). Per new message, Process then takes the round trips
+// of a hand-written BEGIN; INSERT; COMMIT (three), the claim riding with
+// BEGIN. A duplicate takes two, as a hand-written one does: the claim,
+// then the read of the stored fingerprint and ROLLBACK, pipelined. The
+// claim was the transaction's first statement and wrote nothing, so
+// BeginClaim ends the transaction itself (idemdriver.ClaimResult.Ended)
+// and the Consumer has nothing to roll back. What the claim still costs
+// is its work on the server: an INSERT ... ON CONFLICT into a table with
+// two indexes. A connection's first use of a statement adds one round
+// trip to prepare it (pgx's statement cache); later uses reuse it.
 //
 // Since the handler's transaction is pgx's own, every pgx.Tx method works
 // on it, LargeObjects and savepoint-based nested Begin included. The
@@ -65,6 +70,10 @@
 //   - pgx.TxOptions.BeginQuery alone: a begin query is run with Exec, whose
 //     command tag cannot carry whether the claim inserted, nor the stored
 //     fingerprint.
+//   - Pool.SendBatch, whose *pgxpool.Tx holds the connection until its own
+//     Commit or Rollback, each of which sends a statement: a duplicate
+//     whose ROLLBACK rode with the read would then pay one more round trip
+//     to give the connection back.
 //   - A hand-written pgx.Tx over an acquired *pgxpool.Conn: it works, but
 //     cannot offer LargeObjects (pgx builds those only for its own
 //     transactions) and re-implements pgx's handling of connection state.

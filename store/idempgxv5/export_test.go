@@ -6,6 +6,8 @@ import (
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
+	"github.com/idem-go/idem/internal/pgsql"
+	"github.com/jackc/pgx/v5"
 )
 
 // MigrateWith applies migs to s's table as Migrate applies the embedded
@@ -43,3 +45,24 @@ func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
 // attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5),
 // seqs ($6, 0 for none).
 func OutboxMarkFailedSQL(s *Store) string { return s.outbox().MarkFailedSQL() }
+
+// SetAfterConflict sets the hook BeginClaim runs between a claim that
+// conflicted and the read of the record (nil: none), and returns a
+// function that removes it.
+func SetAfterConflict(f func()) func() {
+	afterConflict = f
+	return func() { afterConflict = nil }
+}
+
+// AcquireFirstOn is Store.Acquire whose first acquire statement runs in
+// first, a transaction begun earlier (so that its now() is older than
+// what its snapshot may show), which it then rolls back; any statement
+// after it runs on the pool, as Acquire's do.
+func AcquireFirstOn(ctx context.Context, s *Store, first pgx.Tx, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	query, args := s.q.AcquireQuery(p)
+	a := pgsql.ScanAcquire(row{first.QueryRow(ctx, query, args...)})
+	if err := first.Rollback(ctx); err != nil {
+		return idemdriver.AcquireResult{}, err
+	}
+	return s.q.AcquireFrom(ctx, querier{s.pool}, p, a)
+}

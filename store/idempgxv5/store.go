@@ -2,6 +2,7 @@ package idempgxv5
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -43,8 +44,10 @@ type Config struct {
 }
 
 // Store is an [idemdriver.TxStore] for PostgreSQL on pgx v5. The
-// transactions it hands to handlers are ordinary pgx transactions
-// (*pgxpool.Tx) on the Store's pool. It also implements
+// transactions it hands to handlers are pgx's own transactions on
+// connections of the Store's pool (*pgxpool.Tx from Begin; from
+// BeginClaim, pgx's transaction on a connection BeginClaim acquired, which
+// its Commit or Rollback gives back). It also implements
 // [idemdriver.LeaseStore] for [idem.LeaseConsumer] (lease mode, on the same
 // table; see the package doc), [idemdriver.Retainer] for retention, and
 // the optional [idemdriver.BatchClaimer], [idemdriver.BeginClaimer] and
@@ -138,16 +141,26 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // BeginClaim implements [idemdriver.BeginClaimer]: it acquires a
 // connection, and sends BEGIN and the claim of p as one pipelined
 // pgx.Batch (pgx's Batch.BeginTx), so that beginning and claiming cost one
-// network round trip. The result is that of [Store.Begin] followed by
-// [Store.ClaimTx].
+// network round trip. A new message's result is that of [Store.Begin]
+// followed by [Store.ClaimTx]: the transaction is open, and the caller
+// commits or rolls it back; it is pgx's own transaction on the acquired
+// connection, which goes back to the pool at Commit or Rollback.
+//
+// A duplicate (the claim conflicted) costs one round trip more: the read
+// of the stored fingerprint and state and a ROLLBACK, pipelined. The
+// claim was the transaction's first statement and wrote nothing, so the
+// Store ends the transaction itself: the result has Ended set, the
+// transaction returned is nil, and the connection is back in the pool.
+// When the record vanished before it could be read (a purge deleted it),
+// BeginClaim begins again on the same connection and claims once more.
 //
 // p is checked first (idemdriver.ValidateClaimParams), before any
-// connection is acquired. On success the transaction is open, whatever
-// the claim's result, and the caller commits or rolls it back. On the
-// partitioned layout the batch is BEGIN, the wait for the ID's advisory
-// lock and the claim, still one round trip; when no partition covers
-// now(), the partitions are created (EnsurePartitions) and the claim is
-// made once more. On error no
+// connection is acquired. On the partitioned layout the batch is BEGIN,
+// the wait for the ID's advisory lock and the claim, still one round
+// trip, whose claim also returns the stored fingerprint; a duplicate's
+// transaction is left open (Ended false) for the caller to roll back.
+// When no partition covers now(), the partitions are created
+// (EnsurePartitions) and the claim is made once more. On error no
 // transaction is left open: the transaction is rolled back (with a context
 // detached from ctx) and the connection goes back to the pool, or is
 // closed if its state is unknown.
@@ -164,42 +177,126 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		}
 		return tx, res, err
 	}
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, idemdriver.ClaimResult{}, err
+	}
 	cb := &claimBatch{}
-	cb.b.QueuedQueries = cb.queued[:0]
+	pgsql.AppendClaimArgs(cb.args[:0], p)
+	for range sqlstore.MaxClaimAttempts {
+		tx, inserted, err := cb.claim(ctx, c, s.q.Claim)
+		if err == nil && inserted {
+			ptx := &poolTx{Tx: tx, c: c}
+			s.own.Store(ptx, false)
+			return ptx, sqlstore.Claimed, nil
+		}
+		var (
+			res   idemdriver.ClaimResult
+			found bool
+		)
+		if err == nil {
+			if afterConflict != nil {
+				afterConflict()
+			}
+			res, found, err = cb.readAndEnd(ctx, tx, s.q.Record)
+		}
+		if err != nil {
+			abort(ctx, tx)
+			c.Release()
+			return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+		}
+		if found {
+			c.Release()
+			res.Ended = true
+			return nil, res, nil
+		}
+		// The record vanished (a purge deleted it) and the transaction
+		// has ended: begin again and claim once more.
+	}
+	c.Release()
+	return nil, idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)
+}
+
+// afterConflict, when set (by tests), runs in BeginClaim between a claim
+// that conflicted and the read of the record.
+var afterConflict func()
+
+// claimBatch is what BeginClaim sends and scans, in one allocation: the
+// batch of BEGIN and the claim, or of a duplicate's read and ROLLBACK,
+// its queue, the claim's arguments and the rows' destinations.
+type claimBatch struct {
+	b       pgx.Batch
+	queued  [2]*pgx.QueuedQuery
+	qq      [2]pgx.QueuedQuery
+	args    [4]any
+	claimed bool
+	dest    [1]any
+	// The record a duplicate read: its fingerprint and state (nil when
+	// NULL, as on a transactional record), and their destinations.
+	fp    []byte
+	state *int16
+	rdest [2]any
+}
+
+// queue queues query with args on cb.b as the batch's query n, in cb's
+// own QueuedQuery rather than a new one.
+func (cb *claimBatch) queue(n int, query string, args []any) {
+	cb.qq[n] = pgx.QueuedQuery{SQL: query, Arguments: args}
+	cb.b.QueuedQueries = append(cb.b.QueuedQueries, &cb.qq[n])
+}
+
+// claim sends BEGIN and the claim statement (args cb.args) on c in one
+// round trip and reports whether the claim inserted the record. tx is the
+// transaction begun, to be rolled back (abort) on error.
+func (cb *claimBatch) claim(ctx context.Context, c *pgxpool.Conn, claim string) (tx pgx.Tx, inserted bool, err error) {
+	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
 	cb.b.BeginTx(pgx.TxOptions{})
-	cb.b.Queue(s.q.Claim, pgsql.AppendClaimArgs(cb.args[:0], p)...)
-	br := s.pool.SendBatch(ctx, &cb.b)
-	tx := br.Tx()
-	res := sqlstore.Claimed
-	inserted := false
-	_, err := br.Exec() // BEGIN
-	if err == nil {
+	cb.queue(0, claim, cb.args[:])
+	br := c.SendBatch(ctx, &cb.b)
+	tx = br.Tx()
+	if _, err = br.Exec(); err == nil { // BEGIN
 		cb.dest[0] = &cb.claimed
 		inserted, err = pgsql.Inserted(row{br.QueryRow()}.Scan(cb.dest[:]...))
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil && !inserted {
-		res, err = s.q.Settle(ctx, querier{tx}, p, cb.args[:])
-	}
-	if err != nil {
-		abort(ctx, tx)
-		return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
-	}
-	s.own.Store(tx, false)
-	return tx, res, nil
+	return tx, inserted, err
 }
 
-// claimBatch is what BeginClaim sends and scans, in one allocation: the
-// batch of BEGIN and the claim, its queue, the claim's arguments and the
-// claim row's destination.
-type claimBatch struct {
-	b       pgx.Batch
-	queued  [2]*pgx.QueuedQuery
-	args    [4]any
-	claimed bool
-	dest    [1]any
+// readAndEnd sends the read of the record (statement record, on the
+// consumer and message ID of cb.args) and ROLLBACK in tx, in one round
+// trip: found is false when the record vanished. On success the
+// transaction has ended, whether or not the record was found; tx, which
+// pgx does not know ended, must not be used again.
+func (cb *claimBatch) readAndEnd(ctx context.Context, tx pgx.Tx, record string) (res idemdriver.ClaimResult, found bool, err error) {
+	cb.b = pgx.Batch{QueuedQueries: cb.queued[:0]}
+	cb.queue(0, record, cb.args[:2])
+	cb.queue(1, "ROLLBACK", nil)
+	br := tx.SendBatch(ctx, &cb.b)
+	cb.fp, cb.state = nil, nil
+	cb.rdest = [2]any{&cb.fp, &cb.state}
+	switch err = (row{br.QueryRow()}).Scan(cb.rdest[:]...); {
+	case err == nil:
+		found = true
+		state := sql.NullInt64{Valid: cb.state != nil}
+		if state.Valid {
+			state.Int64 = int64(*cb.state)
+		}
+		res = sqlstore.Existing(cb.fp, state)
+	case errors.Is(err, sqlstore.ErrNoRows):
+		err = nil // the record vanished
+	}
+	if err == nil {
+		_, err = br.Exec() // ROLLBACK
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && tx.Conn().PgConn().TxStatus() != 'I' {
+		err = errors.New("idempgxv5: the transaction did not end at ROLLBACK")
+	}
+	return res, found, err
 }
 
 // ClaimTx implements [idemdriver.TxStore]: one INSERT ... ON CONFLICT DO
@@ -362,8 +459,12 @@ func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 // Rollback implements [idemdriver.TxStore]: tx.Rollback, which returns the
 // connection to the pool, or closes it when ROLLBACK fails. Rolling back a
 // transaction that already ended (committed, rolled back, or a failed
-// Commit) returns nil.
+// Commit) returns nil, as does rolling back nil (the transaction
+// BeginClaim returns with a duplicate it ended).
 func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil { // BeginClaim's transaction of a duplicate: already ended
+		return nil
+	}
 	s.own.Delete(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err

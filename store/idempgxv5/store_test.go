@@ -190,10 +190,16 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 			t.Fatalf("BeginClaim = %v, %v; want a duplicate with the stored fingerprint", res, err)
 		}
 		if n := writes.Load(); n != 2 {
-			t.Errorf("duplicate BeginClaim took %d round trips, want 2 (the fingerprint read after the claim conflicted)", n)
+			t.Errorf("duplicate BeginClaim took %d round trips, want 2 (the read and ROLLBACK after the claim conflicted)", n)
 		}
-		if err := b.store.Rollback(ctx, tx); err != nil {
-			t.Fatal(err)
+		if !res.Ended || tx != nil {
+			t.Errorf("duplicate BeginClaim: Ended %v, tx %v; want the transaction ended by the store", res.Ended, tx)
+		}
+		if n := b.pool.Stat().AcquiredConns(); n != 0 {
+			t.Errorf("%d connections acquired after a duplicate BeginClaim; want 0", n)
+		}
+		if err := b.store.Rollback(ctx, tx); err != nil || writes.Load() != 2 {
+			t.Errorf("Rollback(nil) = %v after %d round trips; want nil, and no round trip", err, writes.Load())
 		}
 	})
 	t.Run("PlainBeginForComparison", func(t *testing.T) {
@@ -210,6 +216,41 @@ func TestBeginClaimOneRoundTrip(t *testing.T) {
 		}
 		_ = b.store.Rollback(ctx, tx)
 	})
+	checkPool(t, b.pool)
+}
+
+// TestBeginClaimRecordGone: when the record a claim conflicted with is
+// deleted before BeginClaim reads it (a purge), BeginClaim, which has
+// ended its transaction, begins again and claims the message.
+func TestBeginClaimRecordGone(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, poolOpts{maxConns: 2})
+	p := &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("old")}
+	tx, res, err := b.store.BeginClaim(ctx, p)
+	if err != nil || !res.Claimed {
+		t.Fatalf("BeginClaim = %v, %v", res, err)
+	}
+	if err := b.store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	deleted := 0
+	defer idempgxv5.SetAfterConflict(func() {
+		deleted++
+		if _, err := b.pool.Exec(ctx, `DELETE FROM `+b.store.Table()+` WHERE consumer = 'c' AND message_id = 'm'`); err != nil {
+			t.Error(err)
+		}
+	})()
+	tx, res, err = b.store.BeginClaim(ctx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("new")})
+	if err != nil || !res.Claimed || res.Ended || deleted != 1 {
+		t.Fatalf("BeginClaim of a record deleted after the conflict = %+v, %v (hook ran %d times); want Claimed", res, err, deleted)
+	}
+	if err := b.store.Commit(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	var stored []byte
+	if err := b.pool.QueryRow(ctx, `SELECT fingerprint FROM `+b.store.Table()+` WHERE consumer = 'c' AND message_id = 'm'`).Scan(&stored); err != nil || !bytes.Equal(stored, fp("new")) {
+		t.Errorf("stored fingerprint %x, %v; want the new claim's %x", stored, err, fp("new"))
+	}
 	checkPool(t, b.pool)
 }
 
