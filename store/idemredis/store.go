@@ -27,8 +27,14 @@ type Config struct {
 	// trip. A write that fewer replicas acknowledged within WaitTimeout
 	// returns an error matching [ErrNotReplicated]; it did happen on the
 	// master, so the consumer treats it as any store failure: nothing is
-	// acknowledged and the redelivery tries again (an acquire that
-	// happened holds its lease until it runs out). With one replica per
+	// acknowledged and the redelivery tries again. An acquire that issued
+	// a lease gives it back first (one more script, fenced by the token it
+	// issued, without WAIT): a record it created is deleted, a takeover's
+	// lease ends and its recovery point is deleted, so the retry runs at
+	// once and is not taken for an attempt that may have made its call.
+	// When that give-back fails too (the connection lost), the lease is
+	// held until it runs out and its point stays (see Redis persistence
+	// and replication in the package doc). With one replica per
 	// master and WaitReplicas 1, a failover to it keeps every write the
 	// Store reported done (docs/failover.md). WAIT counts the replicas of
 	// the connection's own server: on a *redis.Client (one master, a
