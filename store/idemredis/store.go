@@ -47,8 +47,34 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT, in milliseconds on the server (a
 	// duration rounded up to one). Defaults to DefaultWaitTimeout when
-	// WaitReplicas is positive.
+	// WaitReplicas is positive. The client's ReadTimeout must exceed it
+	// by WaitReadMargin (New refuses it otherwise).
 	WaitTimeout time.Duration
+}
+
+// WaitReadMargin is how much longer than Config.WaitTimeout the client's
+// ReadTimeout must be when Config.WaitReplicas is positive: a WAIT answers
+// only after up to WaitTimeout, and a client that stops reading first
+// takes the timeout for a lost reply and (go-redis's MaxRetries) sends
+// the write and its WAIT again, which turns an acquire whose WAIT fell
+// short into a lease nobody holds (see ErrNotReplicated).
+const WaitReadMargin = 500 * time.Millisecond
+
+// checkReadTimeout refuses, with ErrInvalidConfig, a client whose
+// ReadTimeout is positive and shorter than wait + WaitReadMargin.
+func checkReadTimeout(client redis.UniversalClient, wait time.Duration) error {
+	var rt time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		rt = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	}
+	if rt > 0 && rt < wait+WaitReadMargin {
+		return fmt.Errorf("%w: idemredis: the client's ReadTimeout %v must be at least WaitTimeout %v + %v, or WAIT's reply times out and the write is sent again",
+			idemdriver.ErrInvalidConfig, rt, wait, WaitReadMargin)
+	}
+	return nil
 }
 
 // DefaultWaitTimeout is Config.WaitTimeout's default.
@@ -130,6 +156,11 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	}
 	if c.WaitTimeout == 0 {
 		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.WaitReplicas > 0 {
+		if err := checkReadTimeout(client, c.WaitTimeout); err != nil {
+			return nil, err
+		}
 	}
 	return &Store{client: client, prefix: c.Prefix, single: single, cluster: cluster, wait: c.WaitReplicas, waitMS: ceilMillis(c.WaitTimeout)}, nil
 }

@@ -17,7 +17,9 @@ import (
 )
 
 // TestWaitReplicasConfig: WaitReplicas needs a *redis.Client or a
-// *redis.ClusterClient (a Ring is refused); negative values are refused.
+// *redis.ClusterClient (a Ring is refused); negative values are refused,
+// and so is a WaitTimeout the client's ReadTimeout does not exceed by
+// idemredis.WaitReadMargin.
 func TestWaitReplicasConfig(t *testing.T) {
 	t.Parallel()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
@@ -41,6 +43,31 @@ func TestWaitReplicasConfig(t *testing.T) {
 	for _, cfg := range []idemredis.Config{{}, {WaitReplicas: 1}} {
 		if _, err := idemredis.New(cc, &cfg); err != nil {
 			t.Errorf("a Cluster client, %+v: %v", cfg, err)
+		}
+	}
+	// A client that would stop reading before WAIT answers: go-redis
+	// would take the timeout for a lost reply and send the write again.
+	tight := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: time.Second})
+	defer tight.Close()
+	tightCluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ReadTimeout: time.Second})
+	defer tightCluster.Close()
+	unbounded := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: -1})
+	defer unbounded.Close()
+	for _, tt := range []struct {
+		client redis.UniversalClient
+		cfg    idemredis.Config
+		ok     bool
+	}{
+		{tight, idemredis.Config{WaitReplicas: 1}, false}, // WaitTimeout 1 s by default
+		{tightCluster, idemredis.Config{WaitReplicas: 1, WaitTimeout: 800 * time.Millisecond}, false},
+		{tight, idemredis.Config{WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, true},
+		{tightCluster, idemredis.Config{WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}, true},
+		{unbounded, idemredis.Config{WaitReplicas: 1, WaitTimeout: time.Minute}, true},
+		{tight, idemredis.Config{WaitTimeout: time.Minute}, true}, // no WAIT
+	} {
+		_, err := idemredis.New(tt.client, &tt.cfg)
+		if tt.ok && err != nil || !tt.ok && !errors.Is(err, idemdriver.ErrInvalidConfig) {
+			t.Errorf("%T with ReadTimeout 1 s, %+v: %v; want ok %v, else ErrInvalidConfig", tt.client, tt.cfg, err, tt.ok)
 		}
 	}
 }
@@ -144,12 +171,12 @@ func checkGivenBack(t *testing.T, client redis.UniversalClient, prefix string, i
 }
 
 // conformWaiting runs the lease conformance suite on client with
-// WaitReplicas 1 (WaitTimeout 5 s), then checks the failover risk each
-// store reports: none with WaitReplicas 1, noWait without it. It returns
-// a store of each kind.
+// WaitReplicas 1 (WaitTimeout 2 s, within go-redis's 5 s ReadTimeout),
+// then checks the failover risk each store reports: none with
+// WaitReplicas 1, noWait without it. It returns a store of each kind.
 func conformWaiting(t *testing.T, client redis.UniversalClient, noWait string) (waiting, plain *testBundle) {
 	t.Helper()
-	cfg := idemredis.Config{WaitReplicas: 1, WaitTimeout: 5 * time.Second}
+	cfg := idemredis.Config{WaitReplicas: 1, WaitTimeout: 2 * time.Second}
 	t.Run("Conformance", func(t *testing.T) {
 		idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
 			return setupWith(t, client, cfg).leaseSetup()
