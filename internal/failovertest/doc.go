@@ -28,7 +28,9 @@
 // retrying POSTs with Idempotency-Key to an upstream that counts them) run
 // 2 failovers per configuration, and the proxy with its default lease
 // only, unless IDEM_FAILOVER_FULL=1, which runs IDEM_FAILOVER_ROUNDS of
-// them and the proxy with a 2 s lease too.
+// them and the proxy with a 2 s lease too. IDEM_FAILOVER_KEEP=DIR keeps,
+// for each round of the proxy rows, every key's history (keys.tsv) and, on
+// Sentinel, the servers' logs, under DIR/<test>/round-N.
 //
 // It is a module of its own so that its dependencies stay out of the
 // stores' modules. It holds tests only; nothing here is idem's API.

@@ -41,9 +41,8 @@ func TestProxySentinelFailover(t *testing.T) {
 	c, client, failover := startSentinel(t)
 	forWaitConfigs(t, client, "", func(t *testing.T, store *idemredis.Store, _, _ string, waits bool) {
 		forProxyLeases(t, func(t *testing.T, lease time.Duration) {
-			testProxyFailover(t, store, waits, lease, failover, func() string {
-				return logTails(c.Dir, "redis-ha/sentinel/sentinel.log", "redis-ha/node1/redis.log", "redis-ha/node2/redis.log")
-			})
+			testProxyFailover(t, store, waits, lease, failover, &serverLogs{dir: c.Dir,
+				paths: []string{"redis-ha/sentinel/sentinel.log", "redis-ha/node1/redis.log", "redis-ha/node2/redis.log"}})
 		})
 	})
 }
@@ -83,23 +82,49 @@ func forProxyLeases(t *testing.T, run func(t *testing.T, lease time.Duration)) {
 // saw.
 type proxyCounts struct {
 	mu       sync.Mutex
-	executed map[string]int  // POSTs the upstream executed, by key
-	ok       map[string]bool // keys answered 2xx
-	unknown  map[string]bool // keys answered "outcome unknown" (final)
-	lastFail atomic.Int64    // the last 503 or failed connection, ns since the Unix epoch
+	executed map[string]int      // POSTs the upstream executed, by key
+	ok       map[string]bool     // keys answered 2xx
+	unknown  map[string]bool     // keys answered "outcome unknown" (final)
+	events   map[string][]string // with IDEM_FAILOVER_KEEP: what happened to each key, in order
+	start    time.Time           // the configuration's start: event times are since it
+	lastFail atomic.Int64        // the last 503 or failed connection, ns since the Unix epoch
+}
+
+// event records what happened to key (with IDEM_FAILOVER_KEEP only), with
+// the time since the start; the caller holds mu.
+func (pc *proxyCounts) event(key, format string, args ...any) {
+	if pc.events != nil {
+		pc.events[key] = append(pc.events[key], fmt.Sprintf("%.3fs ", time.Since(pc.start).Seconds())+fmt.Sprintf(format, args...))
+	}
+}
+
+// keepDir is IDEM_FAILOVER_KEEP: a directory where the proxy rows keep,
+// for each round, the servers' logs and every key's record (keys.tsv).
+func keepDir() string { return os.Getenv("IDEM_FAILOVER_KEEP") }
+
+// serverLogs names the log files of a configuration's servers: paths
+// under dir.
+type serverLogs struct {
+	dir   string
+	paths []string
 }
 
 // testProxyFailover runs the rounds of one configuration: a Proxy on
 // store with lease, each round with failover; after a round with keys
-// executed twice it logs diag (nil: nothing).
+// executed twice it logs the tails of logs (nil: none), and with
+// IDEM_FAILOVER_KEEP it keeps every round's logs and keys (keepRound).
 func testProxyFailover(t *testing.T, store *idemredis.Store, waits bool, lease time.Duration,
-	failover func(killed func()) (func() error, error), diag func() string) {
+	failover func(killed func()) (func() error, error), logs *serverLogs) {
 	ctx := t.Context()
-	pc := &proxyCounts{executed: map[string]int{}, ok: map[string]bool{}, unknown: map[string]bool{}}
+	pc := &proxyCounts{executed: map[string]int{}, ok: map[string]bool{}, unknown: map[string]bool{}, start: time.Now()}
+	if keepDir() != "" {
+		pc.events = map[string][]string{}
+	}
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := r.Header.Get("Idempotency-Key")
 		pc.mu.Lock()
 		pc.executed[key]++
+		pc.event(key, "executed (%d)", pc.executed[key])
 		pc.mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"key":%s}`, key)
@@ -132,6 +157,9 @@ func testProxyFailover(t *testing.T, store *idemredis.Store, waits bool, lease t
 		resp, err := hc.Do(req)
 		if err != nil {
 			pc.lastFail.Store(time.Now().UnixNano())
+			pc.mu.Lock()
+			pc.event(key, "no answer: %v", err)
+			pc.mu.Unlock()
 			return err
 		}
 		defer resp.Body.Close()
@@ -139,10 +167,14 @@ func testProxyFailover(t *testing.T, store *idemredis.Store, waits bool, lease t
 			_, _ = io.Copy(io.Discard, resp.Body)
 			pc.mu.Lock()
 			pc.ok[key] = true
+			pc.event(key, "answered %d (replayed %q)", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
 			pc.mu.Unlock()
 			return nil
 		}
 		p, err := idemhttp.ReadProblem(resp)
+		pc.mu.Lock()
+		pc.event(key, "answered %d: %v", resp.StatusCode, p)
+		pc.mu.Unlock()
 		if err == nil && (errors.Is(p, idemhttp.ErrOutcomeUnknown) || errors.Is(p, idemhttp.ErrUpstreamOutcomeUnknown)) {
 			pc.mu.Lock()
 			pc.unknown[key] = true
@@ -164,6 +196,9 @@ func testProxyFailover(t *testing.T, store *idemredis.Store, waits bool, lease t
 		res := round{deliveries: twice(all, n/4), process: process, killAt: n / 3, failover: func(killed func()) (func() error, error) {
 			return failover(func() {
 				killedAt.Store(time.Now().UnixNano())
+				pc.mu.Lock()
+				pc.event("", "round %d: primary killed", r)
+				pc.mu.Unlock()
 				killed()
 			})
 		}}.run(ctx, t)
@@ -192,18 +227,58 @@ func testProxyFailover(t *testing.T, store *idemredis.Store, waits bool, lease t
 		if lost != 0 {
 			t.Errorf("round %d: %d keys answered 2xx that the upstream never executed", r, lost)
 		}
-		if doubles != 0 && diag != nil {
-			t.Logf("round %d: the servers' logs:\n%s", r, diag())
+		if doubles != 0 && logs != nil {
+			t.Logf("round %d: the servers' logs:\n%s", r, logs.tails())
+		}
+		if keepDir() != "" {
+			if err := keepRound(t, r, all, pc, logs); err != nil {
+				t.Errorf("round %d: keeping its record: %v", r, err)
+			}
 		}
 	}
 	t.Logf("%s: %v; outcome unknown %s (never executed %s); last 503 after the kill %s", t.Name(), &m, medianInts(unknowns), medianInts(unrun), medianDurations(outages))
 }
 
-// logTails returns the last 40 lines of each file (paths under dir).
-func logTails(dir string, paths ...string) string {
+// keepRound writes round r's record under IDEM_FAILOVER_KEEP, in a
+// directory named after the test and the round: keys.tsv (per key of all:
+// executions, answered 2xx, answered outcome unknown, then its events),
+// events of the round itself (the kill), and a copy of each of logs.
+func keepRound(t *testing.T, r int, all []string, pc *proxyCounts, logs *serverLogs) error {
+	dir := filepath.Join(keepDir(), strings.ReplaceAll(t.Name(), "/", "_"), fmt.Sprintf("round-%d", r))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
 	var b strings.Builder
-	for _, p := range paths {
-		data, err := os.ReadFile(filepath.Join(dir, p))
+	pc.mu.Lock()
+	b.WriteString("# " + strings.Join(pc.events[""], "\n# ") + "\n")
+	for _, id := range all {
+		key := `"` + id + `"`
+		fmt.Fprintf(&b, "%s\t%d\t%v\t%v\t%s\n", id, pc.executed[key], pc.ok[key], pc.unknown[key], strings.Join(pc.events[key], " | "))
+	}
+	pc.mu.Unlock()
+	if err := os.WriteFile(filepath.Join(dir, "keys.tsv"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	if logs == nil {
+		return nil
+	}
+	for _, p := range logs.paths {
+		data, err := os.ReadFile(filepath.Join(logs.dir, p))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, strings.ReplaceAll(p, "/", "_")), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tails returns the last 40 lines of each log.
+func (l *serverLogs) tails() string {
+	var b strings.Builder
+	for _, p := range l.paths {
+		data, err := os.ReadFile(filepath.Join(l.dir, p))
 		lines := strings.Split(string(data), "\n")
 		fmt.Fprintf(&b, "== %s (%v)\n%s\n", p, err, strings.Join(lines[max(0, len(lines)-40):], "\n"))
 	}

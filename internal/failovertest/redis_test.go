@@ -38,6 +38,12 @@ func TestRedisSentinelFailover(t *testing.T) {
 	})
 }
 
+// waitTimeout is the stores' WaitTimeout with WaitReplicas: the clients
+// read with a 1 s timeout, which must exceed it by
+// idemredis.WaitReadMargin (a WAIT whose reply the client stopped reading
+// would be sent again, with its write, by go-redis).
+const waitTimeout = 500 * time.Millisecond
+
 // forWaitConfigs runs run as a subtest for each WaitReplicas measured (0,
 // then 1), with a store on client under a prefix of its own; risk is the
 // failover risk the store should report (noWaitRisk without WAIT, none
@@ -54,7 +60,7 @@ func forWaitConfigs(t *testing.T, client redis.UniversalClient, noWaitRisk strin
 	} {
 		t.Run(cfg.name, func(t *testing.T) {
 			prefix := "failover-" + cfg.name + ":"
-			store, err := idemredis.New(client, &idemredis.Config{Prefix: prefix, WaitReplicas: cfg.wait})
+			store, err := idemredis.New(client, &idemredis.Config{Prefix: prefix, WaitReplicas: cfg.wait, WaitTimeout: waitTimeout})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
-	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/internal/pgsql"
+	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/jackc/pgx/v5"
 )
 

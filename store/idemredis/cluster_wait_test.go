@@ -22,9 +22,10 @@ import (
 // suite passes with every write and its WAIT sent to the master of its
 // slot; the store reports no failover risk with WaitReplicas 1 and the
 // three asynchronous replicas without it. Then one replica is stopped:
-// a write on a slot of its master returns ErrNotReplicated (and happened
-// there), while a write on another master's slot still succeeds, so the
-// WAIT counted the replicas of the write's own master.
+// an acquire on a slot of its master returns ErrNotReplicated and gives
+// its lease and run point back (checkGivenBack), while a write on another
+// master's slot still succeeds, so the WAIT counted the replicas of the
+// write's own master.
 func TestClusterWaitReplicas(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -62,9 +63,9 @@ func TestClusterWaitReplicas(t *testing.T) {
 		info, err := c.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "connected_slaves:0")
 	}, nil)
-	// Two message IDs on the orphaned master, two elsewhere.
+	// Four message IDs on the orphaned master, two elsewhere.
 	var onOrphan, elsewhere []string
-	for i := 0; len(onOrphan) < 2 || len(elsewhere) < 2; i++ {
+	for i := 0; len(onOrphan) < 4 || len(elsewhere) < 2; i++ {
 		id := "m-" + strconv.Itoa(i)
 		m, err := cc.MasterForKey(ctx, waiting.store.RecordKey("c", id))
 		if err != nil {
@@ -76,25 +77,16 @@ func TestClusterWaitReplicas(t *testing.T) {
 			elsewhere = append(elsewhere, id)
 		}
 	}
+	checkGivenBack(t, cc, waiting.prefix, onOrphan[:3])
 	short, err := idemredis.New(cc, &idemredis.Config{Prefix: waiting.prefix, WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	acquire := func(id string) error {
-		_, err := short.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: []byte("f"), Lease: time.Minute})
-		return err
-	}
-	if err := acquire(onOrphan[0]); !errors.Is(err, idemredis.ErrNotReplicated) {
-		t.Errorf("Acquire on the master without its replica: %v, want ErrNotReplicated", err)
-	}
-	if err := acquire(elsewhere[0]); err != nil {
+	if _, err := short.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: elsewhere[0], Fingerprint: []byte("f"), Lease: time.Minute}); err != nil {
 		t.Errorf("Acquire on a master with its replica: %v", err)
 	}
-	if n, err := waiting.store.CountRecords(ctx, "c"); err != nil || n != 2 {
-		t.Errorf("records: %d, %v; want 2 (the write that was not replicated happened on its master)", n, err)
-	}
 	res, errs, err := short.AcquireBatch(ctx, []*idemdriver.AcquireParams{
-		{Consumer: "c", MessageID: onOrphan[1], Fingerprint: []byte("f"), Lease: time.Minute},
+		{Consumer: "c", MessageID: onOrphan[3], Fingerprint: []byte("f"), Lease: time.Minute},
 		{Consumer: "c", MessageID: elsewhere[1], Fingerprint: []byte("f"), Lease: time.Minute},
 	})
 	if err != nil || len(errs) != 2 {
@@ -102,6 +94,11 @@ func TestClusterWaitReplicas(t *testing.T) {
 	}
 	if !errors.Is(errs[0], idemredis.ErrNotReplicated) || errs[1] != nil || !res[1].Acquired {
 		t.Errorf("AcquireBatch across masters: %+v, %v; want the first ErrNotReplicated, the second acquired", res, errs)
+	}
+	// checkGivenBack's three retries and the two acquired elsewhere; the
+	// batch's acquire on the orphaned master was given back.
+	if n, err := waiting.store.CountRecords(ctx, "c"); err != nil || n != 5 {
+		t.Errorf("records: %d, %v; want 5", n, err)
 	}
 }
 

@@ -203,8 +203,18 @@
 //     the loss and to one that takes over after it. [Config.WaitReplicas]
 //     sends WAIT after each lease write, in the same round trip, and
 //     reports a write fewer replicas acknowledged as [ErrNotReplicated]
-//     (never an ack): with one replica and WaitReplicas 1, a failover to
-//     it keeps every write the Store reported done (docs/failover.md has
+//     (never an ack). An acquire so reported gives back the lease it
+//     issued and that attempt's recovery point, fenced by its token (it
+//     never touches a record another attempt took since), so the
+//     redelivery or the client's retry runs at once rather than waiting
+//     for the lease and then finding the point of an attempt that might
+//     have made its call (the HTTP proxy's "outcome unknown" for a
+//     request its upstream never saw). If the give-back fails as well (a
+//     lost connection, a failover under way), the error says so and the
+//     lease stays until it runs out, its point with it: the retry after
+//     it is told the outcome is unknown. With one replica and
+//     WaitReplicas 1, a failover to it keeps every write the Store
+//     reported done (docs/failover.md has
 //     the measured matrix, a Redis Cluster with a replica per master
 //     included). Without a replica to answer, every write fails after
 //     WaitTimeout until one is back (on a cluster: every write on the

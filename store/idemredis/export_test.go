@@ -235,3 +235,12 @@ func globEscape(s string) string {
 
 // ConnectedReplicas exposes the INFO replication parser of FailoverRisk.
 var ConnectedReplicas = connectedReplicas
+
+// GiveBack runs the give-back of the acquire of consumer's id that issued
+// token (step prefix prefix), as an acquire whose WAIT fell short does,
+// and returns whether it changed the record.
+func (s *Store) GiveBack(ctx context.Context, consumer, id string, token int64, prefix string) (bool, error) {
+	rk, sk := s.recordAndStepsKeys(consumer, id)
+	n, err := giveBackScript.Run(ctx, s.client, []string{rk, sk}, token, prefix).Int64()
+	return n == 1, err
+}

@@ -2,6 +2,7 @@ package idemredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,7 +45,39 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	}
 	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
 	v, err := s.eval(ctx, acquireEval, 2, rk, sk, p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix)
+	return s.acquired(ctx, p, v, err)
+}
+
+// acquired reads the reply v of acquireScript for p, as acquireResult
+// does, except after a lease issued by a write that WAIT reports short
+// (err matching ErrNotReplicated): then the lease and its run point are
+// given back (giveBack) and the error is returned, without the lease.
+func (s *Store) acquired(ctx context.Context, p *idemdriver.AcquireParams, v any, err error) (idemdriver.AcquireResult, error) {
+	if err != nil && errors.Is(err, ErrNotReplicated) {
+		if res, rerr := acquireResult(v, nil); rerr == nil && res.Acquired {
+			return idemdriver.AcquireResult{}, s.giveBack(ctx, p, res.Token, err)
+		}
+	}
 	return acquireResult(v, err)
+}
+
+// giveBackTimeout bounds the give-back of a lease whose WAIT fell short;
+// it runs even when the acquire's context has ended.
+const giveBackTimeout = 5 * time.Second
+
+// giveBack undoes what the acquire of p that issued token wrote, with
+// giveBackScript (fenced by token, without WAIT), and returns notRepl (the
+// acquire's ErrNotReplicated), joined with the give-back's own error when
+// it failed: the lease then stays held until it runs out, and its run
+// point stays, as before the give-back existed.
+func (s *Store) giveBack(ctx context.Context, p *idemdriver.AcquireParams, token int64, notRepl error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), giveBackTimeout)
+	defer cancel()
+	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
+	if err := giveBackScript.Run(ctx, s.client, []string{rk, sk}, token, p.StepPrefix).Err(); err != nil {
+		return fmt.Errorf("idemredis: acquire: %w; the lease (token %d) could not be given back and is held until it runs out: %w", notRepl, token, err)
+	}
+	return fmt.Errorf("idemredis: acquire: %w; the lease (token %d) was given back", notRepl, token)
 }
 
 // acquireResult reads the reply of acquireScript.

@@ -15,7 +15,8 @@ var _ idemdriver.LeaseBatcher = (*Store)(nil)
 // Cluster client splits it by node), each script atomic on its own and
 // run in the order given; through a Cluster client with
 // Config.WaitReplicas, one script and its WAIT per element, in order (a
-// WAIT must follow the writes of its own master's connection). A script
+// WAIT must follow the writes of its own master's connection). An element
+// whose lease WAIT reports short is given back, as in Acquire. A script
 // the server does not know yet is run again on its own. Every error, the network's included, is an element's
 // (errs); err is only that of an ended ctx or a batch over
 // idemdriver.MaxLeaseBatch.
@@ -35,7 +36,7 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
 		return []string{rk, sk}, []any{p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix}, nil
 	}, func(i int, v any, err error) error {
-		res[i], err = acquireResult(v, err)
+		res[i], err = s.acquired(ctx, ps[i], v, err)
 		return err
 	})
 	return res, errs, nil

@@ -94,6 +94,28 @@ end
 return {0, state, tonumber(r[4]) or 0, r[2] or '', remaining, r[6] or '', r[7] or '', r[8] or ''}
 `
 
+// giveBackScript: KEYS record, steps; ARGV token, step prefix ("" for
+// none). Undoes the acquire that issued token, when the record is still
+// in progress under that token and not released (otherwise it changes
+// nothing: another holder may have taken the record since): a record that
+// acquire created (token 1) is deleted with its steps; a takeover's lease
+// ends now, released, its attempt count goes back by one, and its point
+// prefix..token is deleted (the token is not issued again: the next
+// takeover gets token + 1). Returns 1 when it gave back, 0 otherwise.
+var giveBackScript = redis.NewScript(luaPrelude + `
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'released', 'attempt')
+if not r[1] or tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or r[3] then return 0 end
+if tonumber(r[2]) == 1 then
+	redis.call('DEL', KEYS[1], KEYS[2])
+	return 1
+end
+if ARGV[2] ~= '' then redis.call('HDEL', KEYS[2], ARGV[2] .. ARGV[1]) end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'attempt', math.max(0, (tonumber(r[4]) or 1) - 1),
+	'lease_until_ms', now, 'updated_ms', now, 'released', 1)
+return 1
+`)
+
 // renewScript: KEYS record; ARGV token, lease (ms). The lease ends lease
 // after now.
 var renewScript = redis.NewScript(luaPrelude + `

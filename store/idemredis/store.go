@@ -27,8 +27,14 @@ type Config struct {
 	// trip. A write that fewer replicas acknowledged within WaitTimeout
 	// returns an error matching [ErrNotReplicated]; it did happen on the
 	// master, so the consumer treats it as any store failure: nothing is
-	// acknowledged and the redelivery tries again (an acquire that
-	// happened holds its lease until it runs out). With one replica per
+	// acknowledged and the redelivery tries again. An acquire that issued
+	// a lease gives it back first (one more script, fenced by the token it
+	// issued, without WAIT): a record it created is deleted, a takeover's
+	// lease ends and its recovery point is deleted, so the retry runs at
+	// once and is not taken for an attempt that may have made its call.
+	// When that give-back fails too (the connection lost), the lease is
+	// held until it runs out and its point stays (see Redis persistence
+	// and replication in the package doc). With one replica per
 	// master and WaitReplicas 1, a failover to it keeps every write the
 	// Store reported done (docs/failover.md). WAIT counts the replicas of
 	// the connection's own server: on a *redis.Client (one master, a
@@ -41,8 +47,34 @@ type Config struct {
 	WaitReplicas int
 	// WaitTimeout bounds each WAIT, in milliseconds on the server (a
 	// duration rounded up to one). Defaults to DefaultWaitTimeout when
-	// WaitReplicas is positive.
+	// WaitReplicas is positive. The client's ReadTimeout must exceed it
+	// by WaitReadMargin (New refuses it otherwise).
 	WaitTimeout time.Duration
+}
+
+// WaitReadMargin is how much longer than Config.WaitTimeout the client's
+// ReadTimeout must be when Config.WaitReplicas is positive: a WAIT answers
+// only after up to WaitTimeout, and a client that stops reading first
+// takes the timeout for a lost reply and (go-redis's MaxRetries) sends
+// the write and its WAIT again, which turns an acquire whose WAIT fell
+// short into a lease nobody holds (see ErrNotReplicated).
+const WaitReadMargin = 500 * time.Millisecond
+
+// checkReadTimeout refuses, with ErrInvalidConfig, a client whose
+// ReadTimeout is positive and shorter than wait + WaitReadMargin.
+func checkReadTimeout(client redis.UniversalClient, wait time.Duration) error {
+	var rt time.Duration
+	switch c := client.(type) {
+	case *redis.Client:
+		rt = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	}
+	if rt > 0 && rt < wait+WaitReadMargin {
+		return fmt.Errorf("%w: idemredis: the client's ReadTimeout %v must be at least WaitTimeout %v + %v, or WAIT's reply times out and the write is sent again",
+			idemdriver.ErrInvalidConfig, rt, wait, WaitReadMargin)
+	}
+	return nil
 }
 
 // DefaultWaitTimeout is Config.WaitTimeout's default.
@@ -124,6 +156,11 @@ func New(client redis.UniversalClient, cfg *Config) (*Store, error) {
 	}
 	if c.WaitTimeout == 0 {
 		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.WaitReplicas > 0 {
+		if err := checkReadTimeout(client, c.WaitTimeout); err != nil {
+			return nil, err
+		}
 	}
 	return &Store{client: client, prefix: c.Prefix, single: single, cluster: cluster, wait: c.WaitReplicas, waitMS: ceilMillis(c.WaitTimeout)}, nil
 }

@@ -11,7 +11,8 @@ import (
 // ErrNotReplicated is returned, wrapped, by a lease write that fewer than
 // Config.WaitReplicas replicas acknowledged within Config.WaitTimeout.
 // The write happened on the master; a failover before the replicas get
-// it may lose it.
+// it may lose it. An acquire reported so has given back the lease it
+// issued, unless the error also says the give-back failed.
 var ErrNotReplicated = errors.New("idemredis: write not acknowledged by enough replicas")
 
 // run runs script, as script.Run does; with Config.WaitReplicas it sends

@@ -104,7 +104,8 @@ and --dead-letter (default: a topic projects/P/topics/S-dead on Pub/Sub, the
 queue QUEUE-dead on SQS); credentials come from the environment, as the Go
 CDK's drivers read them. mem:// topics live inside one process (tests and
 examples): idem publish in another process reaches nothing.
---store: sqlite:PATH, postgres://..., mysql://..., redis://... (lease mode).
+--store: sqlite:PATH, postgres://..., mysql://..., or Redis (lease mode).
+` + redisStoreHelp + `
 A message costs two store writes: the claim, which also records the recovery
 point, and the result. The claims (and the results) of the messages that reach
 the store together go as one batch, one commit and one round trip on
@@ -396,7 +397,7 @@ type leaseStoreFlags struct {
 }
 
 func (f *leaseStoreFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
+	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://..., redis-sentinel://..., redis-cluster://... (required)")
 	fl.StringVar(&f.table, "table", "", "records table of a SQL store (default idem_processed)")
 	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
 	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")

@@ -64,6 +64,8 @@ when no client is retrying (a quiet period); see the idemhttp package doc,
 
   idem proxy --listen :8080 --upstream http://127.0.0.1:9000 --store sqlite:/var/lib/idem/proxy.db
 
+--store: sqlite:PATH, postgres://..., mysql://..., or Redis. ` + redisStoreHelp + `
+
 Upstream outcomes: a connection that cannot be made releases the key (502
 upstream-unavailable, the retry is forwarded); a connection lost after the
 request was sent stores 502 upstream-outcome-unknown, so the request never
@@ -109,7 +111,7 @@ in flight finish (up to --shutdown-timeout).`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to listen on, host:port")
 	fl.StringVar(&f.upstream, "upstream", "", "URL of the service behind the proxy, as in http://127.0.0.1:9000 (required)")
-	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://... (required)")
+	fl.StringVar(&f.store, "store", "", "store URL: sqlite:PATH, postgres://..., mysql://..., redis://..., redis-sentinel://..., redis-cluster://... (required)")
 	fl.StringVar(&f.table, "table", "", "records table of a SQL store (default idem_processed)")
 	fl.StringVar(&f.redisPrefix, "redis-prefix", "idem:", "key prefix of a Redis store")
 	fl.BoolVar(&f.migrate, "migrate", true, "create or upgrade the SQL store's tables at start")

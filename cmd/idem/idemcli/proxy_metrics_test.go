@@ -1,13 +1,10 @@
 package idemcli
 
 import (
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -19,14 +16,7 @@ import (
 // error.
 func TestProxyServesMetrics(t *testing.T) {
 	t.Parallel()
-	var n atomic.Int64
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"id":%d}`, n.Add(1))
-	}))
-	defer up.Close()
+	up, n := countingUpstream(t)
 	p := startProxy(t, "--upstream", up.URL, "--store", "sqlite:"+t.TempDir()+"/proxy.db", "--metrics-addr", "127.0.0.1:0")
 	var metricsURL string
 	select {
