@@ -66,10 +66,17 @@ func (r round) run(ctx context.Context, t *testing.T) roundResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
+	// The last few deliveries wait for the kill, so that some delivery
+	// always starts after it, however long the failover takes to kill:
+	// without them a quick round could acknowledge everything before the
+	// kill and have no recovery to measure.
+	tail := min(workers, max(len(r.deliveries)-r.killAt, 0))
+	head := r.deliveries[:len(r.deliveries)-tail]
 	queue := make(chan string, len(r.deliveries))
-	for _, id := range r.deliveries {
+	for _, id := range head {
 		queue <- id
 	}
+	killedCh := make(chan struct{})
 	var (
 		mu        sync.Mutex
 		acked     = map[string]bool{}
@@ -86,7 +93,13 @@ func (r round) run(ctx context.Context, t *testing.T) roundResult {
 	since := func() int64 { return int64(time.Since(start)) + 1 }
 	startFailover := func() {
 		go func() {
-			rejoin, err := r.failover(func() { killed.Store(since()) })
+			var once sync.Once
+			rejoin, err := r.failover(func() {
+				once.Do(func() {
+					killed.Store(since())
+					close(killedCh)
+				})
+			})
 			if err != nil {
 				failErr <- err
 				cancel()
@@ -95,6 +108,15 @@ func (r round) run(ctx context.Context, t *testing.T) roundResult {
 			rejoined <- rejoin()
 		}()
 	}
+	go func() {
+		select {
+		case <-killedCh:
+			for _, id := range r.deliveries[len(head):] {
+				queue <- id
+			}
+		case <-ctx.Done():
+		}
+	}()
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
