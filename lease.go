@@ -59,7 +59,9 @@ type AcquireOptions struct {
 // Acquire claims msg in lease mode and returns the held lease as an
 // *Attempt, whose lease is renewed in the background every Lease/3 until
 // the attempt ends (by the consumer's one renewal timer, shared by all its
-// attempts; a renewal that comes due runs in a goroutine of its own): the caller runs the side effects (Attempt.Step,
+// attempts; renewals that come due are sent by at most 16 goroutines of
+// the consumer, started while there are some to send): the caller runs
+// the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
 // that is never ended keeps renewing its lease.
