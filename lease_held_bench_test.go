@@ -15,5 +15,5 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkHeldAttempts -benchtime 1x
 func BenchmarkHeldAttempts(b *testing.B) {
-	idemtest.BenchmarkHeldAttempts(b, idem.NewMemoryStore(nil), "bench-held", 10000, 3*time.Second)
+	idemtest.BenchmarkHeldAttempts(b, idem.NewMemoryStore(nil), "bench-held", 10000, 3*time.Second, 3*time.Second)
 }

@@ -23,7 +23,7 @@ type HeldAttempts struct {
 	// renewal in flight at that instant counts).
 	Goroutines int
 	// MaxGoroutines is the most goroutines more than before seen while
-	// the attempts were held (sampled every Lease/30): renewals that were
+	// the attempts were held (sampled every 50ms, or lease/30 if shorter): renewals that were
 	// in flight at once.
 	MaxGoroutines int
 	// LeftGoroutines is the goroutines more than before once every
@@ -81,7 +81,7 @@ func MeasureHeldAttempts(ctx context.Context, store idemdriver.LeaseStore, consu
 	h.HeapBytes = int64(ms.HeapAlloc) - heap0
 	renews0 := cs.Calls().Renew
 	start := time.Now()
-	tick := time.NewTicker(lease / 30)
+	tick := time.NewTicker(min(lease/30, 50*time.Millisecond))
 	for time.Since(start) < hold {
 		h.MaxGoroutines = max(h.MaxGoroutines, runtime.NumGoroutine()-g0)
 		<-tick.C
@@ -107,23 +107,27 @@ func MeasureHeldAttempts(ctx context.Context, store idemdriver.LeaseStore, consu
 }
 
 // BenchmarkHeldAttempts runs MeasureHeldAttempts once per iteration with
-// n attempts on store (consumer names made from prefix), each held for
-// one lease after the last Acquire, and reports the last run's counts:
+// n attempts on store (consumer names made from prefix) with lease lease,
+// each held for hold after the last Acquire, and reports the last run's counts:
 // attempts, goroutines (once all are held), max-goroutines (while held),
 // left-goroutines (after they ended), heap-B/attempt, renewals/attempt
 // and lost. Call it from a store's benchmark:
 //
 //	func BenchmarkHeldAttempts(b *testing.B) {
-//		idemtest.BenchmarkHeldAttempts(b, store, "bench-held", 10000, 3*time.Second)
+//		idemtest.BenchmarkHeldAttempts(b, store, "bench-held", 10000, 30*time.Second, 12*time.Second)
 //	}
-func BenchmarkHeldAttempts(b *testing.B, store idemdriver.LeaseStore, prefix string, n int, lease time.Duration) {
+//
+// The lease must outlast the n Acquires and the renewals of n attempts
+// every lease/3 must fit the store's rate: lost counts the attempts whose
+// lease ran out meanwhile.
+func BenchmarkHeldAttempts(b *testing.B, store idemdriver.LeaseStore, prefix string, n int, lease, hold time.Duration) {
 	b.Helper()
 	var h HeldAttempts
 	i := 0
 	for b.Loop() {
 		i++
 		var err error
-		h, err = MeasureHeldAttempts(b.Context(), store, prefix+"-"+newNonce()+"-"+strconv.Itoa(i), n, lease, lease)
+		h, err = MeasureHeldAttempts(b.Context(), store, prefix+"-"+newNonce()+"-"+strconv.Itoa(i), n, lease, hold)
 		if err != nil {
 			b.Fatal(err)
 		}
