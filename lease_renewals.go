@@ -31,6 +31,9 @@ type renewals struct {
 	// the goroutines sending them.
 	ready   []*Attempt
 	workers int
+	// calls is the store calls running on callBound contexts, whose
+	// deadlines the same timer enforces.
+	calls callHeap
 }
 
 // maxRenewers bounds the goroutines of a consumer's renewals in flight.
@@ -98,17 +101,24 @@ func (r *renewals) add(a *Attempt, start time.Time) {
 	r.arm()
 }
 
-// arm sets the timer to the earliest event, unless it already fires no
-// later (an early firing finds nothing due and arms again); r.mu is held.
+// arm sets the timer to the earliest event (a renewal, a local deadline
+// or a store call's deadline), unless it already fires no later (an early
+// firing finds nothing due and arms again); r.mu is held.
 func (r *renewals) arm() {
-	if len(r.q) == 0 {
+	var due time.Time
+	if len(r.q) > 0 {
+		due = r.q[0].rs.due()
+	}
+	if len(r.calls) > 0 && (due.IsZero() || r.calls[0].deadline.Before(due)) {
+		due = r.calls[0].deadline
+	}
+	if due.IsZero() {
 		if !r.at.IsZero() {
 			r.timer.Stop()
 			r.at = time.Time{}
 		}
 		return
 	}
-	due := r.q[0].rs.due()
 	if !r.at.IsZero() && !due.Before(r.at) {
 		return
 	}
@@ -159,6 +169,7 @@ func (r *renewals) fire() {
 	defer r.mu.Unlock()
 	r.at = time.Time{}
 	now := time.Now()
+	r.timeOut(now)
 	for len(r.q) > 0 && !r.q[0].rs.due().After(now) {
 		a := r.q[0]
 		lease := a.c.cfg.Lease
