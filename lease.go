@@ -87,7 +87,10 @@ func (c *LeaseConsumer) Acquire(ctx context.Context, msg Message, opt AcquireOpt
 }
 
 func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt AcquireOptions) (*Attempt, Outcome, error) {
-	ap := &acquireParams{}
+	// The attempt if msg is acquired, allocated with the acquisition's
+	// parameters (one allocation for a new message).
+	a := &Attempt{}
+	ap := &a.acq
 	out, fp := c.prepareInto(msg, &ap.fp)
 	if out.Status != 0 {
 		return nil, out, out.Err
@@ -133,7 +136,7 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 			return nil, out, err
 		}
 		if acq.Acquired {
-			return c.held(ctx, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep, &ap.bound)
+			return c.held(ctx, a, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep)
 		}
 		out, err := c.existing(msg.ID, fp, acq)
 		if out.Status != InProgress || opt.Wait <= 0 {
@@ -164,8 +167,8 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 
 // acquireParams is an acquisition's parameters, the array its default
 // fingerprint is summed into and the context of its store calls
-// (callBound, kept by the attempt for its final write), allocated
-// together.
+// (callBound, kept for the attempt's final write), allocated with the
+// attempt (Attempt.acq).
 type acquireParams struct {
 	p     idemdriver.AcquireParams
 	fp    [sha256.Size]byte
@@ -174,12 +177,11 @@ type acquireParams struct {
 
 // held starts the attempt that acquired msg: its renewals, its hooks, the
 // crash-loop check, and the recovery point of prefix (already saved by the
-// Acquire when saved is true); bound is the acquisition's callBound.
-func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time, prefix string, saved bool, bound *callBound) (*Attempt, Outcome, error) {
-	a := &Attempt{
-		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
-		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease), bound: bound,
-	}
+// Acquire when saved is true). a is the attempt allocated by acquire,
+// with only its acq set.
+func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time, prefix string, saved bool) (*Attempt, Outcome, error) {
+	a.Message, a.Consumer, a.Number, a.Token = msg, c.cfg.Name, acq.Attempt, acq.Token
+	a.c, a.t, a.steps, a.validUntil = c, t, acq.Steps, leaseFrom.Add(c.cfg.Lease)
 	if prefix != "" && saved {
 		a.keepStep(idemdriver.PrefixStep(prefix, acq.Token), nil)
 	}
@@ -238,9 +240,10 @@ type Attempt struct {
 	ctx       context.Context         // hctx, also cancelled when the attempt's lease is lost or it ends
 	cancelCtx context.CancelCauseFunc // cancels ctx
 	rs        renewalState            // guarded by c.renewals.mu
-	// bound is the acquisition's callBound: the context of the final
-	// write Process makes, when it was made (its ctx is nil otherwise).
-	bound *callBound
+	// acq is the acquisition's parameters and its callBound (acq.bound),
+	// the context of the final write Process makes when it was made
+	// (its ctx is nil otherwise).
+	acq acquireParams
 
 	mu sync.Mutex
 	// lctx is LeaseContext, made by its first call (most attempts never
@@ -584,8 +587,8 @@ func (a *Attempt) finish(out Outcome, err error) (Outcome, error) {
 	a.mu.Unlock()
 	a.c.renewals.remove(a)
 	a.cancel(ErrAttemptEnded)
-	if a.bound != nil && a.bound.cancel != nil {
-		a.bound.cancel(ErrAttemptEnded)
+	if a.acq.bound.cancel != nil {
+		a.acq.bound.cancel(ErrAttemptEnded)
 	}
 	a.t.end(a.hctx, out, err)
 	return out, err

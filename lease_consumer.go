@@ -124,11 +124,11 @@ func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt Acquir
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, finishTimeout)
 		defer cancel()
-	} else if a.bound != nil && a.bound.ctx != nil {
+	} else if a.acq.bound.ctx != nil {
 		// The acquisition's callBound derives from a.hctx, which cannot
 		// be cancelled (so fctx is a.hctx): no context of its own for
 		// the final write.
-		bound = a.bound
+		bound = &a.acq.bound
 	}
 	a.mu.Lock()
 	lost := a.lost
