@@ -90,10 +90,22 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // final write: a stalled Acquire fails the delivery after StoreTimeout
 // (Failed, ErrStore and ErrStoreTimeout), a stalled Complete abandons the
 // attempt after StoreTimeout, and the next attempt takes over once the
-// lease runs out. Time is synctest's, so the bounds are exact.
+// lease runs out. Time is synctest's, so the bounds are exact. The same
+// holds for a caller whose context cannot be cancelled, whose calls share
+// one context bounded by the renewal scheduler instead of a timer each.
 func TestLeaseStoreTimeout(t *testing.T) {
 	t.Parallel()
+	t.Run("cancellable", func(t *testing.T) { testLeaseStoreTimeout(t, false) })
+	t.Run("background", func(t *testing.T) { testLeaseStoreTimeout(t, true) })
+}
+
+func testLeaseStoreTimeout(t *testing.T, background bool) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
+		ctx := t.Context()
+		if background {
+			ctx = context.Background()
+		}
 		const storeTimeout = 2 * time.Second
 		store := newStallingStore()
 		c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", StoreTimeout: storeTimeout, Lease: 6 * time.Second, PurgeInterval: -1, Logger: quiet})
@@ -110,7 +122,7 @@ func TestLeaseStoreTimeout(t *testing.T) {
 
 		store.stall["acquire"].Store(true)
 		start := time.Now()
-		out, err := c.Process(t.Context(), msg, h)
+		out, err := c.Process(ctx, msg, h)
 		if took := time.Since(start); took != storeTimeout {
 			t.Errorf("stalled acquire returned after %v, want StoreTimeout %v", took, storeTimeout)
 		}
@@ -121,7 +133,7 @@ func TestLeaseStoreTimeout(t *testing.T) {
 
 		store.stall["complete"].Store(true)
 		start = time.Now()
-		out, err = c.Process(t.Context(), msg, h)
+		out, err = c.Process(ctx, msg, h)
 		if took := time.Since(start); took != storeTimeout {
 			t.Errorf("stalled complete returned after %v, want StoreTimeout %v", took, storeTimeout)
 		}
@@ -132,7 +144,7 @@ func TestLeaseStoreTimeout(t *testing.T) {
 
 		// The abandoned attempt's lease runs out; the next takes over.
 		time.Sleep(6 * time.Second)
-		out, err = c.Process(t.Context(), msg, h)
+		out, err = c.Process(ctx, msg, h)
 		if out.Status != idem.Processed || err != nil || out.Attempt != 2 {
 			t.Errorf("after the lease ran out: %v (attempt %d), %v; want Processed by attempt 2", out.Status, out.Attempt, err)
 		}

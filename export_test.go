@@ -9,3 +9,6 @@ func CountRecords(s *MemoryStore, consumer string) int { return s.countRecords(c
 func ExpireLease(s *MemoryStore, consumer, id string) bool { return s.expireLease(consumer, id) }
 
 func Shift(s *MemoryStore, consumer string, d time.Duration) { s.shift(consumer, d) }
+
+// MaxRenewers is maxRenewers, for the renewal tests.
+const MaxRenewers = maxRenewers

@@ -59,7 +59,9 @@ type AcquireOptions struct {
 // Acquire claims msg in lease mode and returns the held lease as an
 // *Attempt, whose lease is renewed in the background every Lease/3 until
 // the attempt ends (by the consumer's one renewal timer, shared by all its
-// attempts; a renewal that comes due runs in a goroutine of its own): the caller runs the side effects (Attempt.Step,
+// attempts; renewals that come due are sent by at most 16 goroutines of
+// the consumer, started while there are some to send): the caller runs
+// the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
 // that is never ended keeps renewing its lease.
@@ -85,7 +87,10 @@ func (c *LeaseConsumer) Acquire(ctx context.Context, msg Message, opt AcquireOpt
 }
 
 func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt AcquireOptions) (*Attempt, Outcome, error) {
-	ap := &acquireParams{}
+	// The attempt if msg is acquired, allocated with the acquisition's
+	// parameters (one allocation for a new message).
+	a := &Attempt{}
+	ap := &a.acq
 	out, fp := c.prepareInto(msg, &ap.fp)
 	if out.Status != 0 {
 		return nil, out, out.Err
@@ -102,23 +107,36 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 			return nil, out, err
 		}
 	}
+	if d := c.storeTimeout(); d > 0 && ctx.Done() == nil {
+		// A caller that cannot cancel: one context for the message's
+		// calls (callBound).
+		ap.bound.init(ctx, d)
+	}
 	for {
 		// The lease cannot have started before this instant, by our clock.
 		leaseFrom := time.Now()
 		since := t.now()
-		actx, cancel := callCtx(ctx, c.storeTimeout())
 		ap.p = idemdriver.AcquireParams{
 			Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, Lease: c.cfg.Lease, StepPrefix: prefix,
 		}
-		acq, err := c.store.Acquire(actx, &ap.p)
-		err = timedOut(actx, err)
-		cancel()
+		var acq idemdriver.AcquireResult
+		var err error
+		if c.renewals.startCall(&ap.bound) {
+			acq, err = c.store.Acquire(ap.bound.ctx, &ap.p)
+			err = timedOut(ap.bound.ctx, err)
+			c.renewals.endCall(&ap.bound)
+		} else {
+			actx, cancel := callCtx(ctx, c.storeTimeout())
+			acq, err = c.store.Acquire(actx, &ap.p)
+			err = timedOut(actx, err)
+			cancel()
+		}
 		if err != nil {
 			out, err := c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
 			return nil, out, err
 		}
 		if acq.Acquired {
-			return c.held(ctx, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep)
+			return c.held(ctx, a, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep)
 		}
 		out, err := c.existing(msg.ID, fp, acq)
 		if out.Status != InProgress || opt.Wait <= 0 {
@@ -147,21 +165,23 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 	}
 }
 
-// acquireParams is an acquisition's parameters and the array its default
-// fingerprint is summed into, allocated together.
+// acquireParams is an acquisition's parameters, the array its default
+// fingerprint is summed into and the context of its store calls
+// (callBound, kept for the attempt's final write), allocated with the
+// attempt (Attempt.acq).
 type acquireParams struct {
-	p  idemdriver.AcquireParams
-	fp [sha256.Size]byte
+	p     idemdriver.AcquireParams
+	fp    [sha256.Size]byte
+	bound callBound
 }
 
 // held starts the attempt that acquired msg: its renewals, its hooks, the
 // crash-loop check, and the recovery point of prefix (already saved by the
-// Acquire when saved is true).
-func (c *LeaseConsumer) held(ctx context.Context, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time, prefix string, saved bool) (*Attempt, Outcome, error) {
-	a := &Attempt{
-		Message: msg, Consumer: c.cfg.Name, Number: acq.Attempt, Token: acq.Token,
-		c: c, t: t, steps: acq.Steps, validUntil: leaseFrom.Add(c.cfg.Lease),
-	}
+// Acquire when saved is true). a is the attempt allocated by acquire,
+// with only its acq set.
+func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Message, acq idemdriver.AcquireResult, leaseFrom, since time.Time, prefix string, saved bool) (*Attempt, Outcome, error) {
+	a.Message, a.Consumer, a.Number, a.Token = msg, c.cfg.Name, acq.Attempt, acq.Token
+	a.c, a.t, a.steps, a.validUntil = c, t, acq.Steps, leaseFrom.Add(c.cfg.Lease)
 	if prefix != "" && saved {
 		a.keepStep(idemdriver.PrefixStep(prefix, acq.Token), nil)
 	}
@@ -220,6 +240,10 @@ type Attempt struct {
 	ctx       context.Context         // hctx, also cancelled when the attempt's lease is lost or it ends
 	cancelCtx context.CancelCauseFunc // cancels ctx
 	rs        renewalState            // guarded by c.renewals.mu
+	// acq is the acquisition's parameters and its callBound (acq.bound),
+	// the context of the final write Process makes when it was made
+	// (its ctx is nil otherwise).
+	acq acquireParams
 
 	mu sync.Mutex
 	// lctx is LeaseContext, made by its first call (most attempts never
@@ -563,6 +587,9 @@ func (a *Attempt) finish(out Outcome, err error) (Outcome, error) {
 	a.mu.Unlock()
 	a.c.renewals.remove(a)
 	a.cancel(ErrAttemptEnded)
+	if a.acq.bound.cancel != nil {
+		a.acq.bound.cancel(ErrAttemptEnded)
+	}
 	a.t.end(a.hctx, out, err)
 	return out, err
 }
@@ -591,17 +618,33 @@ func (a *Attempt) endOnPanic() {
 // backoff, while Context is not done), or Release or Abandon it; the
 // Failed outcome is then not reported to the hooks yet.
 func (a *Attempt) Complete(ctx context.Context, res Result) (Outcome, error) {
+	return a.complete(ctx, res, nil)
+}
+
+// complete is Complete; with bound (a callBound whose context derives
+// from ctx) the store call runs on bound's context when it can.
+func (a *Attempt) complete(ctx context.Context, res Result, bound *callBound) (Outcome, error) {
 	if err := a.checkEnd(); err != nil {
 		return Outcome{Status: Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}, err
 	}
 	defer a.endOnPanic()
 	a.c.renewals.ending(a)
 	since := time.Now()
-	cctx, cancel := callCtx(ctx, a.c.storeTimeout())
-	err := timedOut(cctx, a.c.store.Complete(cctx, &idemdriver.CompleteParams{
+	cp := idemdriver.CompleteParams{
 		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
-	}))
-	cancel()
+	}
+	var err error
+	if a.c.renewals.startCall(bound) {
+		bound.cp = cp // no allocation of its own
+		err = timedOut(bound.ctx, a.c.store.Complete(bound.ctx, &bound.cp))
+		bound.cp = idemdriver.CompleteParams{}
+		a.c.renewals.endCall(bound)
+	} else {
+		p := cp
+		cctx, cancel := callCtx(ctx, a.c.storeTimeout())
+		err = timedOut(cctx, a.c.store.Complete(cctx, &p))
+		cancel()
+	}
 	if errors.Is(err, ErrLeaseLost) {
 		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, a.Message.ID)
 		a.markLost(ctx, "complete", since, err)

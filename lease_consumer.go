@@ -119,10 +119,16 @@ func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt Acquir
 	// by each store call's own StoreTimeout when that is no longer (one
 	// context fewer per message), else by a context of its own.
 	fctx := withoutCancel(a.hctx)
+	var bound *callBound
 	if d := c.storeTimeout(); d <= 0 || d > finishTimeout {
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, finishTimeout)
 		defer cancel()
+	} else if a.acq.bound.ctx != nil {
+		// The acquisition's callBound derives from a.hctx, which cannot
+		// be cancelled (so fctx is a.hctx): no context of its own for
+		// the final write.
+		bound = &a.acq.bound
 	}
 	a.mu.Lock()
 	lost := a.lost
@@ -137,7 +143,7 @@ func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt Acquir
 	case herr != nil:
 		out, err = a.Release(fctx, herr)
 	default:
-		out, err = a.Complete(fctx, res)
+		out, err = a.complete(fctx, res, bound)
 	}
 	if !a.isEnded() {
 		// The final write failed: the lease runs out and a later attempt

@@ -13,26 +13,44 @@ import (
 // (its next renewal, every Lease/3 from the Acquire, or its local
 // deadline) in a heap, and its timer (time.AfterFunc, created at the
 // first attempt and reset, never reallocated) fires at the earliest. No
-// goroutine waits for it: the runtime runs fire when it is due. A due
-// renewal runs in a goroutine of its own, so a slow store call delays no
-// other attempt's renewal; an attempt that ends before its first renewal
-// (most do) costs no goroutine, timer or context, only its place in the
-// heap.
+// goroutine waits for it: the runtime runs fire when it is due. Due
+// renewals queue for at most maxRenewers goroutines, started when there
+// are renewals to send and gone when there are none: many attempts coming
+// due at once (thousands acquired in a burst) cost that many goroutines,
+// not one each, and a slow store call delays the others only once
+// maxRenewers calls are slow at once. An attempt that ends before its
+// first renewal (most do) costs no goroutine, timer or context, only its
+// place in the heap.
 type renewals struct {
 	mu    sync.Mutex
 	q     renewalHeap
 	timer *time.Timer // calls fire; nil before the first attempt
 	at    time.Time   // when the timer fires; zero when it is not armed
+	// ready is the due renewals not yet sent, oldest first (an attempt
+	// removed meanwhile is skipped: its rs.queued is false); workers is
+	// the goroutines sending them.
+	ready   []*Attempt
+	workers int
+	// calls is the store calls running on callBound contexts, whose
+	// deadlines the same timer enforces.
+	calls callHeap
 }
+
+// maxRenewers bounds the goroutines of a consumer's renewals in flight.
+// A renewal is one short store call; a store serves no more at once than
+// its connections, which are usually fewer.
+const maxRenewers = 16
 
 // renewalState is an attempt's place in the scheduler, guarded by
 // renewals.mu.
 type renewalState struct {
-	idx      int       // in the heap; -1 when not scheduled
-	tick     time.Time // the next renewal
-	expiry   time.Time // the next check of the local deadline
-	inflight chan struct{}
-	cancel   context.CancelFunc // ends the renewal in flight
+	idx      int                // in the heap; -1 when not scheduled
+	tick     time.Time          // the next renewal
+	expiry   time.Time          // the next check of the local deadline
+	inflight chan struct{}      // closed when the renewal queued or in flight returns
+	ctx      context.Context    // the queued renewal's context
+	cancel   context.CancelFunc // ends the renewal queued or in flight
+	queued   bool               // in renewals.ready, not yet sent
 	missed   bool               // a renewal came due while one was in flight
 	stopped  bool
 	// ending is set once the attempt's ending write (Complete, Release)
@@ -83,17 +101,24 @@ func (r *renewals) add(a *Attempt, start time.Time) {
 	r.arm()
 }
 
-// arm sets the timer to the earliest event, unless it already fires no
-// later (an early firing finds nothing due and arms again); r.mu is held.
+// arm sets the timer to the earliest event (a renewal, a local deadline
+// or a store call's deadline), unless it already fires no later (an early
+// firing finds nothing due and arms again); r.mu is held.
 func (r *renewals) arm() {
-	if len(r.q) == 0 {
+	var due time.Time
+	if len(r.q) > 0 {
+		due = r.q[0].rs.due()
+	}
+	if len(r.calls) > 0 && (due.IsZero() || r.calls[0].deadline.Before(due)) {
+		due = r.calls[0].deadline
+	}
+	if due.IsZero() {
 		if !r.at.IsZero() {
 			r.timer.Stop()
 			r.at = time.Time{}
 		}
 		return
 	}
-	due := r.q[0].rs.due()
 	if !r.at.IsZero() && !due.Before(r.at) {
 		return
 	}
@@ -123,6 +148,14 @@ func (r *renewals) remove(a *Attempt) {
 		r.arm()
 	}
 	inflight, cancel := a.rs.inflight, a.rs.cancel
+	if a.rs.queued {
+		// Not sent yet: the worker skips it.
+		a.rs.queued = false
+		a.rs.inflight, a.rs.ctx, a.rs.cancel = nil, nil, nil
+		r.mu.Unlock()
+		cancel()
+		return
+	}
 	r.mu.Unlock()
 	if inflight != nil {
 		cancel()
@@ -136,6 +169,7 @@ func (r *renewals) fire() {
 	defer r.mu.Unlock()
 	r.at = time.Time{}
 	now := time.Now()
+	r.timeOut(now)
 	for len(r.q) > 0 && !r.q[0].rs.due().After(now) {
 		a := r.q[0]
 		lease := a.c.cfg.Lease
@@ -159,9 +193,13 @@ func (r *renewals) fire() {
 				a.rs.tick = a.rs.tick.Add(lease / 3)
 			}
 			if a.rs.inflight == nil {
-				ctx, cancel := context.WithCancel(context.WithoutCancel(a.hctx))
-				a.rs.inflight, a.rs.cancel = make(chan struct{}), cancel
-				go r.renew(ctx, cancel, a, a.rs.inflight)
+				a.rs.ctx, a.rs.cancel = context.WithCancel(context.WithoutCancel(a.hctx))
+				a.rs.inflight, a.rs.queued = make(chan struct{}), true
+				r.ready = append(r.ready, a)
+				if r.workers < maxRenewers {
+					r.workers++
+					go r.work()
+				}
 			} else {
 				a.rs.missed = true // renew again as soon as it returns
 			}
@@ -169,6 +207,33 @@ func (r *renewals) fire() {
 		heap.Fix(&r.q, a.rs.idx)
 	}
 	r.arm()
+}
+
+// work sends the queued renewals, one at a time, until none is left.
+func (r *renewals) work() {
+	for {
+		r.mu.Lock()
+		var a *Attempt
+		for a == nil && len(r.ready) > 0 {
+			a = r.ready[0]
+			r.ready[0] = nil
+			r.ready = r.ready[1:]
+			if !a.rs.queued {
+				a = nil // removed before it was sent
+			}
+		}
+		if a == nil {
+			r.ready = nil
+			r.workers--
+			r.mu.Unlock()
+			return
+		}
+		a.rs.queued = false
+		ctx, cancel, done := a.rs.ctx, a.rs.cancel, a.rs.inflight
+		a.rs.ctx = nil
+		r.mu.Unlock()
+		r.renew(ctx, cancel, a, done)
+	}
 }
 
 // renew runs one scheduled renewal of a. A renewal that finds the lease

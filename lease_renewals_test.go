@@ -25,31 +25,42 @@ func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 	return s.MemoryStore.Renew(ctx, p)
 }
 
-// Renewals cost no goroutine per message: holding 50 attempts adds no
-// goroutine (the consumer's one timer schedules every renewal), and none
-// is left when they end. Every attempt is renewed every Lease/3, on time:
-// after three leases none has lost its lease, and each was renewed about
-// 9 times. Not parallel: it counts the goroutines of its synctest bubble
-// (bubbleGoroutines), and no other test may run one meanwhile.
+// Renewals cost no goroutine per message: holding 50, or 10,000,
+// attempts adds no goroutine (the consumer's one timer schedules every
+// renewal), and none is left when they end. Every attempt is renewed
+// every Lease/3, on time: after three leases none has lost its lease, and
+// each was renewed about 9 times. The live heap per held attempt is
+// logged (memory store records included). Not parallel: it counts the
+// goroutines of its synctest bubble (bubbleGoroutines), and no other test
+// may run one meanwhile.
 func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
+	for _, n := range []int{50, 10000} {
+		if n > 50 && testing.Short() {
+			continue
+		}
+		t.Run(fmt.Sprint(n), func(t *testing.T) { testRenewalsHeld(t, n) })
+	}
+}
+
+func testRenewalsHeld(t *testing.T, n int) {
 	synctest.Test(t, func(t *testing.T) {
-		const lease, n = 3 * time.Second, 50
+		const lease = 3 * time.Second
 		store := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
 		c := leaseConsumer(t, store, lease)
 		before := bubbleGoroutines()
-		var held []*idem.Attempt
-		for i := range n {
-			a, out, err := c.Acquire(t.Context(), idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}, idem.AcquireOptions{})
-			if a == nil {
-				t.Fatalf("Acquire %d: %v %v", i, out, err)
-			}
-			held = append(held, a)
-			time.Sleep(lease / 6 / n) // spread the renewal times, all after the last Acquire
-		}
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		heap0 := ms.HeapAlloc
+		held := acquireMany(t, c, n, lease/6/time.Duration(n)) // renewal times spread, all after the last Acquire
 		synctest.Wait()
 		if got := bubbleGoroutines() - before; got > 0 {
 			t.Errorf("%d attempts held: %d more goroutines, want none", n, got)
 		}
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		t.Logf("%d attempts held: %d goroutines more than before, live heap %d B per attempt (the memory store's records included)",
+			n, bubbleGoroutines()-before, (int64(ms.HeapAlloc)-int64(heap0))/int64(n))
 		time.Sleep(3 * lease)
 		synctest.Wait()
 		for i, a := range held {
@@ -60,7 +71,7 @@ func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
 				t.Errorf("attempt %d: %v of lease left, want at least %v (renewed every Lease/3)", i, left, lease*2/3-time.Second)
 			}
 		}
-		if got, want := store.renews.Load(), int64(n*9); got < want-n || got > want+n {
+		if got, want := store.renews.Load(), int64(n*9); got < want-int64(n) || got > want+int64(n) {
 			t.Errorf("%d renewals of %d attempts over 3 leases, want about %d", got, n, want)
 		}
 		for _, a := range held {
@@ -148,4 +159,70 @@ func bubbleGoroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// blockingRenewStore holds every renewal until unblock is closed, and
+// counts the renewals that started.
+type blockingRenewStore struct {
+	*idem.MemoryStore
+	unblock chan struct{}
+	started atomic.Int64
+}
+
+func (s *blockingRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
+	s.started.Add(1)
+	<-s.unblock
+	return s.MemoryStore.Renew(ctx, p)
+}
+
+// Many renewals due at once (attempts acquired in one burst) run on at
+// most MaxRenewers goroutines: with every renewal stuck in the store,
+// 500 due attempts start MaxRenewers renewals and MaxRenewers goroutines;
+// once the store answers, every attempt is renewed and no goroutine is
+// left. Not parallel: it counts the goroutines of its synctest bubble.
+func TestRenewalsBoundedGoroutines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease, n = 3 * time.Second, 500
+		store := &blockingRenewStore{MemoryStore: idem.NewMemoryStore(nil), unblock: make(chan struct{})}
+		c := leaseConsumer(t, store, lease)
+		before := bubbleGoroutines()
+		held := acquireMany(t, c, n, 0)
+		time.Sleep(lease/3 + time.Millisecond) // every first renewal is due
+		synctest.Wait()
+		if got := bubbleGoroutines() - before; got != idem.MaxRenewers {
+			t.Errorf("%d renewals due at once: %d more goroutines, want %d", n, got, idem.MaxRenewers)
+		}
+		if got := store.started.Load(); got != idem.MaxRenewers {
+			t.Errorf("%d renewals started with the store stuck, want %d", got, idem.MaxRenewers)
+		}
+		close(store.unblock)
+		synctest.Wait()
+		if got := store.started.Load(); got != n {
+			t.Errorf("%d renewals once the store answers, want %d", got, n)
+		}
+		if got := bubbleGoroutines() - before; got != 0 {
+			t.Errorf("after the renewals: %d more goroutines, want 0", got)
+		}
+		for i, a := range held {
+			if out, err := a.Complete(t.Context(), idem.Result{}); err != nil {
+				t.Fatalf("Complete %d: %v %v", i, out, err)
+			}
+		}
+	})
+}
+
+// acquireMany acquires n messages m-0, m-1, ... on c, sleeping gap after
+// each Acquire.
+func acquireMany(t *testing.T, c *idem.LeaseConsumer, n int, gap time.Duration) []*idem.Attempt {
+	t.Helper()
+	held := make([]*idem.Attempt, 0, n)
+	for i := range n {
+		a, out, err := c.Acquire(t.Context(), idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}, idem.AcquireOptions{})
+		if a == nil {
+			t.Fatalf("Acquire %d: %v %v", i, out, err)
+		}
+		held = append(held, a)
+		time.Sleep(gap)
+	}
+	return held
 }

@@ -207,3 +207,12 @@ func BenchmarkLeaseRunPoint(b *testing.B) {
 	b.ReportMetric(float64(beforeAllocs)/float64(msgs), "before-allocs/msg")
 	b.ReportMetric(float64(beforeT)/float64(nowT), "ratio")
 }
+
+// BenchmarkHeldAttempts holds 10,000 lease-mode attempts at once on Redis
+// (lease 30s, so renewed every 10s) for 12s after the last Acquire and reports the client process's goroutines, its
+// live heap per attempt and the renewals (idemtest.BenchmarkHeldAttempts):
+//
+//	go test -run '^$' -bench BenchmarkHeldAttempts -benchtime 1x
+func BenchmarkHeldAttempts(b *testing.B) {
+	idemtest.BenchmarkHeldAttempts(b, setup(b, nil).store, "bench-held", 10000, 30*time.Second, 12*time.Second)
+}

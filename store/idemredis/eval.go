@@ -2,6 +2,7 @@ package idemredis
 
 import (
 	"context"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -23,18 +24,29 @@ func newEvalScript(s *redis.Script, src string) *evalScript {
 // Script.Run copies its keys and arguments into a new slice of its own
 // and boxes the hash again on every call, which cost a message three
 // allocations of each of its two scripts.
+//
+// The command's argument slice comes from a pool and goes back to it,
+// cleared, once the reply was read: go-redis keeps no reference to a
+// command's arguments after Process returns.
 func (s *Store) eval(ctx context.Context, sc *evalScript, nkeys int, keysAndArgs ...any) (any, error) {
-	args := make([]any, 3+len(keysAndArgs))
-	args[0], args[1], args[2] = "evalsha", sc.sha, nkeys
-	copy(args[3:], keysAndArgs)
+	ap := evalArgs.Get().(*[]any)
+	args := append((*ap)[:0], "evalsha", sc.sha, nkeys)
+	args = append(args, keysAndArgs...)
 	cmd := s.evalCmd(ctx, nkeys, args)
 	// HasErrorPrefix allocates even for a nil error: ask only on an error.
 	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		args[0], args[1] = "eval", sc.src
 		cmd = s.evalCmd(ctx, nkeys, args)
 	}
-	return cmd.Result()
+	v, err := cmd.Result()
+	clear(args)
+	*ap = args[:0]
+	evalArgs.Put(ap)
+	return v, err
 }
+
+// evalArgs is eval's pool of argument slices.
+var evalArgs = sync.Pool{New: func() any { s := make([]any, 0, 10); return &s }}
 
 // evalCmd sends the EVALSHA or EVAL command args, whose keys (nkeys of
 // them) start at its fourth word, as redis.Client.Eval sends it, so that

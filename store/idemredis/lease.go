@@ -86,6 +86,11 @@ func acquireResult(v any, err error) (idemdriver.AcquireResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("idemredis: acquire: %w", err)
 	}
+	if n, ok := v.(int64); ok && n == 1 {
+		// Created: token 1, attempt 1, no steps.
+		res.Acquired, res.Token, res.Attempt = true, 1, 1
+		return res, nil
+	}
 	r := reply{op: "acquire", v: v}
 	if r.int(0) == 1 {
 		res.Acquired = true
@@ -151,7 +156,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	}
 	rk := s.recordKey(p.Consumer, p.MessageID)
 	if s.single {
-		v, err := s.eval(ctx, completeIndexEval, 2, rk, s.doneKey(p.Consumer), p.Token, p.Result, p.ContentType, p.MessageID)
+		v, err := s.eval(ctx, completeIndexEval, 2, rk, s.doneKeyArg(p.Consumer), p.Token, p.Result, p.ContentType, p.MessageID)
 		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 	}
 	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
@@ -215,6 +220,9 @@ func (s *Store) index(ctx context.Context, op, consumer, id string) error {
 func (s *Store) fenced(op, consumer, id string, token int64, v any, err error) error {
 	if err != nil {
 		return fmt.Errorf("idemredis: %s: %w", op, err)
+	}
+	if n, ok := v.(int64); ok && n == 1 {
+		return nil // complete's reply
 	}
 	r := reply{op: op, v: v}
 	if r.int(0) == 1 {

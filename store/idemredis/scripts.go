@@ -14,8 +14,8 @@ import "github.com/redis/go-redis/v9"
 // released (present once the attempt holding token has released),
 // result, content_type, last_error, created_ms, updated_ms, finished_ms.
 //
-// A fenced script (renew, complete, release, step) answers {1, ...} when
-// the token owns the record, and otherwise {0, state, token, released}
+// A fenced script (renew, complete, release, step) answers {1, ...} (the
+// complete scripts a plain 1) when the token owns the record, and otherwise {0, state, token, released}
 // (state 0: no record), which the Go side turns into idemdriver.ErrLeaseLost.
 
 // luaPrelude defines what the scripts share.
@@ -54,10 +54,11 @@ end
 `
 
 // acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms), step
-// prefix ("" for none). Creates the record (token 1, attempt 1), or takes
-// over an in_progress record whose lease ended and whose fingerprint
-// matches (token and attempt + 1, its steps returned, as they were before
-// this script): {1, token, attempt, steps}; either way, with a prefix,
+// prefix ("" for none). Creates the record (token 1, attempt 1, no
+// steps): 1, a plain integer, the cheapest reply to send and read; or
+// takes over an in_progress record whose lease ended and whose
+// fingerprint matches (token and attempt + 1, its steps returned, as they
+// were before this script): {1, token, attempt, steps}; either way, with a prefix,
 // saves the point prefix..token (empty result) unless it exists. Otherwise
 // reports the record: {0, state, attempt, fingerprint, lease remaining
 // (ms), result, content type, last error}.
@@ -73,7 +74,7 @@ if not r[1] then
 	redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
 		'lease_until_ms', now + lease, 'created_ms', now, 'updated_ms', now)
 	if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[3] .. '1', '') end
-	return {1, 1, 1, {}}
+	return 1
 end
 local state = tonumber(r[1])
 local lease_until = tonumber(r[5]) or 0
@@ -126,16 +127,16 @@ return {1}
 `)
 
 // completeScript: KEYS record; ARGV token, result, content type. Updates
-// fields (the fingerprint, attempt and steps stay): {1, now}. The same
-// completion repeated by the token that completed the record (its reply
-// was lost) answers {1, the first completion's time} and changes nothing.
+// fields (the fingerprint, attempt and steps stay): 1, a plain integer.
+// The same completion repeated by the token that completed the record
+// (its reply was lost) answers 1 too and changes nothing.
 var completeScript = redis.NewScript(luaPrelude + completeLua(""))
 
 // completeIndexScript is completeScript and indexScript in one script,
 // for a single Redis server (no Cluster), where a script may touch keys
 // of any slot: KEYS record, consumer index; ARGV token, result, content
 // type, message ID. The ID is indexed, at the completion's now, only when
-// the token owns the record: {1, now}.
+// the token owns the record: 1.
 var completeIndexScript = redis.NewScript(completeIndexLua)
 
 var completeIndexLua = luaPrelude + completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`)
@@ -154,14 +155,14 @@ func completeLua(index string) string {
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
 if not ok then
 	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
-	if at then return {1, at} end
+	if at then return 1 end
 	return lost
 end
 local now = now_ms()
 ` + index + `
 redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
 	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
-return {1, now}
+return 1
 `
 }
 

@@ -100,16 +100,16 @@ type Store struct {
 
 	// The arguments every lease-mode call of a consumer repeats, kept
 	// from the last call so that a call does not build them again: the
-	// retention index key of the last consumer, and the last lease in
-	// milliseconds, boxed.
-	doneKeys    lastval.Cache[string, string]
+	// retention index key of the last consumer and the last lease in
+	// milliseconds, both boxed.
+	doneKeys    lastval.Cache[string, any]
 	leaseMillis lastval.Cache[time.Duration, any]
 }
 
-// doneKey returns consumerKey(consumer, doneSuffix), the last one built
-// when it is the same consumer's.
-func (s *Store) doneKey(consumer string) string {
-	return s.doneKeys.Get(consumer, func(consumer string) string { return s.consumerKey(consumer, doneSuffix) })
+// doneKeyArg returns consumerKey(consumer, doneSuffix) as a script
+// argument, the last one boxed when it is the same consumer's.
+func (s *Store) doneKeyArg(consumer string) any {
+	return s.doneKeys.Get(consumer, func(consumer string) any { return s.consumerKey(consumer, doneSuffix) })
 }
 
 // leaseArg returns ceilMillis(d) as a script argument, the last one boxed

@@ -1,0 +1,105 @@
+package idem
+
+import (
+	"container/heap"
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/idem-go/idem/idemdriver"
+)
+
+// callBound is the context of a lease-mode message's store calls when
+// the caller's context cannot be cancelled (no Done channel): one
+// cancellable context per message, made at its Acquire and used again
+// by its final write, instead of a context and a timer per call
+// (callCtx). Each call is bounded by Config.StoreTimeout all the same:
+// while it runs, its deadline is in the consumer's renewal scheduler,
+// whose one timer cancels the context, with cause ErrStoreTimeout, when
+// the call outlasts it. A context cancelled that way serves no later
+// call (each then falls back to callCtx); so does one in use by another
+// call of the same attempt.
+type callBound struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	d      time.Duration
+	busy   atomic.Bool // a call uses ctx
+	// cp is the parameters of the final write made on ctx (Complete),
+	// used only by the call that holds busy.
+	cp idemdriver.CompleteParams
+	// deadline is the running call's deadline and idx its place in
+	// renewals.calls (-1 when not there); both guarded by renewals.mu.
+	deadline time.Time
+	idx      int
+}
+
+// init makes b's context, derived from parent, which cannot be
+// cancelled, for calls bounded by d.
+func (b *callBound) init(parent context.Context, d time.Duration) {
+	b.ctx, b.cancel = context.WithCancelCause(parent)
+	b.d, b.idx = d, -1
+}
+
+// startCall starts a call on b's context, bounded by b.d from now, and
+// reports whether it did: not when b was never made, when another call
+// uses it or when an earlier call timed out (the caller then uses
+// callCtx). A started call ends with endCall.
+func (r *renewals) startCall(b *callBound) bool {
+	if b == nil || b.ctx == nil || !b.busy.CompareAndSwap(false, true) {
+		return false
+	}
+	if b.ctx.Err() != nil {
+		b.busy.Store(false)
+		return false
+	}
+	r.mu.Lock()
+	b.deadline = time.Now().Add(b.d)
+	heap.Push(&r.calls, b)
+	r.arm()
+	r.mu.Unlock()
+	return true
+}
+
+// endCall ends the call started on b: its deadline leaves the scheduler
+// (the timer is left armed: firing early finds nothing due).
+func (r *renewals) endCall(b *callBound) {
+	r.mu.Lock()
+	if b.idx >= 0 {
+		heap.Remove(&r.calls, b.idx)
+	}
+	r.mu.Unlock()
+	b.busy.Store(false)
+}
+
+// timeOut cancels the calls whose deadline is not after now; r.mu is
+// held.
+func (r *renewals) timeOut(now time.Time) {
+	for len(r.calls) > 0 && !r.calls[0].deadline.After(now) {
+		b := heap.Pop(&r.calls).(*callBound)
+		b.cancel(timeoutCause(b.d))
+	}
+}
+
+// callHeap is the running calls on callBound contexts, earliest
+// deadline first.
+type callHeap []*callBound
+
+func (h callHeap) Len() int           { return len(h) }
+func (h callHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h callHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *callHeap) Push(x any) {
+	b := x.(*callBound)
+	b.idx = len(*h)
+	*h = append(*h, b)
+}
+func (h *callHeap) Pop() any {
+	old := *h
+	b := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	b.idx = -1
+	return b
+}
