@@ -172,6 +172,16 @@ type EmitParams struct {
 	// Messages are the rows, in emission order, with distinct IDs.
 	// Consumer and SourceID of each are written as given.
 	Messages []OutgoingRecord
+	// RelayWoken says that the caller wakes a relay of its own process
+	// for these rows once their transaction commits (idem's Consumer
+	// does when its Config.Relay is set), so that relay sends them at
+	// once. A store that wakes relays after a commit by a message of its
+	// own (store/idempgxv5's pg_notify after the commit of a transaction
+	// it began) may then leave that message out: relays of other
+	// processes find the rows at their next poll, if the woken relay has
+	// not sent them already. Stores that write the rows alike either way
+	// ignore it.
+	RelayWoken bool
 }
 
 // ClaimOutgoingParams bound one relay claim.

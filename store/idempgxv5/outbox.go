@@ -41,16 +41,41 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // transaction, which the trigger heeds, and [Store.Commit] notifies after
 // the commit instead. A notifying transaction holds a server-wide lock
 // through its commit's disk flush, so notifying inside every consumer
-// transaction would make their commits run one at a time.
+// transaction would make their commits run one at a time. With
+// p.RelayWoken (the caller wakes a relay of its own process after the
+// commit), Store.Commit sends no notification for these rows.
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
-	if quiet, ok := s.own.Load(tx); ok && quiet == false {
+	state, ok := s.own.Load(tx)
+	if ok && state == false {
 		if err := s.outbox().Emit(ctx, quietQuerier{querier{tx}, tx}, p); err != nil {
 			return err
 		}
-		s.own.Store(tx, true)
+		s.own.Store(tx, emitted(p))
 		return nil
 	}
-	return s.outbox().Emit(ctx, querier{tx}, p)
+	if err := s.outbox().Emit(ctx, querier{tx}, p); err != nil {
+		return err
+	}
+	if ok && !p.RelayWoken {
+		s.own.Store(tx, true) // an earlier emit's relay is not this one's
+	}
+	return nil
+}
+
+// relayWoken is the value of Store.own for a transaction that emitted
+// only rows whose caller wakes a relay itself (EmitParams.RelayWoken):
+// quiet, and its commit notifies nobody. A transaction that emitted rows
+// that need the notification maps to true, one that emitted none to
+// false.
+type relayWoken struct{}
+
+// emitted is the value of Store.own for a quiet transaction once p's
+// rows are written in it.
+func emitted(p *idemdriver.EmitParams) any {
+	if p.RelayWoken {
+		return relayWoken{}
+	}
+	return true
 }
 
 // EmitCommit implements [idemdriver.OutboxCommitter]: in a transaction
@@ -58,7 +83,9 @@ func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams)
 // [Store.BeginClaimBatch]) it sends the set_config that makes the
 // transaction quiet (see EmitTx), the outbox INSERT and the COMMIT in one
 // round trip, and after the commit notifies relays as [Store.Commit]
-// does. In any other transaction it is [Store.EmitTx], then
+// does, unless p.RelayWoken (the caller wakes a relay of its own process
+// after the commit: relays of other processes find the rows at their next
+// poll). In any other transaction it is [Store.EmitTx], then
 // [Store.Commit]. p is checked first (idemdriver.ValidateEmitParams), so
 // tx stays usable on invalid input. When a statement fails, those after it are not run, nothing
 // commits, and the error is the failed statement's; the caller rolls tx
@@ -107,7 +134,9 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = tx.Commit(ended)
-	s.wakeRelays()
+	if !p.RelayWoken {
+		s.wakeRelays()
+	}
 	return nil
 }
 
