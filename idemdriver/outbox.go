@@ -118,6 +118,24 @@ type OutboxStore interface {
 	OutboxStats(ctx context.Context) (OutboxStats, error)
 }
 
+// OutboxSentClaimer is an optional capability of an [OutboxStore]: end
+// the rows a publisher confirmed and claim the next batch in one call,
+// with one round trip and one transaction where MarkSent and then
+// ClaimOutgoing take two of each. [idem.Relay.Run] uses it to end a
+// round's confirmed rows together with its next claim, which follows at
+// once; RunOnce does not.
+//
+// MarkSentClaim(ctx, sent, claim) is MarkSent(ctx, sent) followed by
+// ClaimOutgoing(ctx, claim), atomically: with a nil error both happened,
+// and the claim saw the ended rows gone (a key whose row was just ended
+// has its next row claimable in this very claim); with an error neither
+// did (or, when the commit's outcome is unknown, both or neither), and
+// the confirmed rows are sent again once their lease ends. sent and claim
+// are checked as the two methods check them, before anything is sent.
+type OutboxSentClaimer interface {
+	MarkSentClaim(ctx context.Context, sent *MarkSentParams, claim *ClaimOutgoingParams) ([]OutgoingRecord, error)
+}
+
 // OutboxNotifier is an optional capability of an [OutboxStore]: learn
 // when new outbox rows may have committed (PostgreSQL LISTEN/NOTIFY: the
 // outbox table's insert trigger notifies), so the relay need not poll

@@ -272,7 +272,7 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 		if err != nil {
 			return nil, err
 		}
-		return scanOutgoing(rows, 0)
+		return ScanClaimed(rows)
 	}
 	tx, err := begin(ctx)
 	if err != nil {
@@ -299,6 +299,50 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 		return nil, err
 	}
 	return recs, nil
+}
+
+// SentClaimStatements returns the two statements of a MarkSent followed
+// by a Claim and their arguments, for a store that sends them together in
+// one transaction (store/idempgxv5's MarkSentClaim): the DELETE (with
+// sent.Keep, the UPDATE) of sent's rows, then the claim's UPDATE ...
+// RETURNING, whose rows ScanClaimed reads. Only for a dialect with
+// IDArray and UPDATE ... RETURNING (ok false otherwise). Both are checked
+// first (idemdriver.ValidateMarkSentParams and
+// ValidateClaimOutgoingParams); markSQL is empty when sent names no row.
+func (o *Outbox) SentClaimStatements(sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) (markSQL string, markArgs []any, claimSQL string, claimArgs []any, ok bool, err error) {
+	if o.d.IDArray == "" || o.d.NoUpdateReturning {
+		return "", nil, "", nil, false, nil
+	}
+	if err := idemdriver.ValidateMarkSentParams(sent); err != nil {
+		return "", nil, "", nil, true, err
+	}
+	if err := idemdriver.ValidateClaimOutgoingParams(claim); err != nil {
+		return "", nil, "", nil, true, err
+	}
+	if len(sent.IDs) > 0 {
+		markSQL, markArgs = o.markSentArrays(sent)
+	}
+	return markSQL, markArgs, o.claimReturning, []any{int64(claim.Limit), DurationMicros(claim.Lease)}, true, nil
+}
+
+// ScanClaimed reads the rows of the claim's UPDATE ... RETURNING and
+// closes rows.
+func ScanClaimed(rows Rows) ([]idemdriver.OutgoingRecord, error) { return scanOutgoing(rows, 0) }
+
+// markSentArrays is MarkSent's one statement for a dialect with IDArray.
+func (o *Outbox) markSentArrays(p *idemdriver.MarkSentParams) (string, []any) {
+	withSeqs := len(p.Seqs) > 0
+	q, args := o.deleteSentArray, []any{p.IDs}
+	if withSeqs {
+		q, args = o.deleteSentSeqArrays, []any{p.IDs, p.Seqs}
+	}
+	if p.Keep {
+		q = o.markSentArray
+		if withSeqs {
+			q = o.markSentSeqArrays
+		}
+	}
+	return q, args
 }
 
 // rollback ends tx, which a commit may have ended already, even when ctx
@@ -366,16 +410,7 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 	}
 	withSeqs := len(p.Seqs) > 0
 	if o.d.IDArray != "" {
-		q, args := o.deleteSentArray, []any{p.IDs}
-		if withSeqs {
-			q, args = o.deleteSentSeqArrays, []any{p.IDs, p.Seqs}
-		}
-		if p.Keep {
-			q = o.markSentArray
-			if withSeqs {
-				q = o.markSentSeqArrays
-			}
-		}
+		q, args := o.markSentArrays(p)
 		_, err := db.Exec(ctx, q, args...)
 		return err
 	}

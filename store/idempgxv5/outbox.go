@@ -18,6 +18,7 @@ var (
 	_ idemdriver.OutboxCommitter[pgx.Tx] = (*Store)(nil)
 	_ idemdriver.OutboxStore             = (*Store)(nil)
 	_ idemdriver.OutboxNotifier          = (*Store)(nil)
+	_ idemdriver.OutboxSentClaimer       = (*Store)(nil)
 )
 
 // outboxes caches the outbox statements per table.
@@ -211,6 +212,43 @@ func (s *Store) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingPa
 // one UPDATE that marks them sent instead.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.pool}, p)
+}
+
+// MarkSentClaim implements [idemdriver.OutboxSentClaimer]: MarkSent's
+// statement and ClaimOutgoing's in one pgx batch, which PostgreSQL runs as
+// one implicit transaction (the batch ends with a single Sync): one round
+// trip and one commit where the two calls take two of each, and the claim
+// sees the ended rows gone. With no sent row it is ClaimOutgoing. Errors:
+// idemdriver.ErrInvalidConfig (or ErrInvalidOutgoing) for invalid
+// parameters, before anything is sent, else pgx's; on an error neither
+// statement's work committed, unless the commit's outcome is unknown.
+func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	mq, margs, cq, cargs, _, err := s.outbox().SentClaimStatements(sent, claim)
+	if err != nil {
+		return nil, err
+	}
+	if mq == "" {
+		return s.ClaimOutgoing(ctx, claim)
+	}
+	b := &pgx.Batch{}
+	b.Queue(mq, margs...)
+	b.Queue(cq, cargs...)
+	br := s.pool.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var recs []idemdriver.OutgoingRecord
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			recs, err = sqlstore.ScanClaimed(rows)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return recs, nil
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE of every row
