@@ -377,7 +377,7 @@ func (r *Relay) runHeld(ctx context.Context, sc idemdriver.OutboxSentClaimer, he
 func (r *Relay) endHeld(ctx context.Context, h *heldRound) {
 	err := r.markSent(ctx, h.sent, &h.res)
 	r.report(ctx, h.res, h.oldest, h.start, err)
-	if err != nil && ctx.Err() == nil {
+	if err != nil { // logged even once Run's ctx ended: the rows go out again
 		r.cfg.Logger.Warn("idem: relay", "error", err)
 	}
 }
