@@ -97,6 +97,12 @@ type OutboxDialect struct {
 	// (MariaDB, MySQL): the claim then selects and locks the rows, and
 	// updates them with a second statement, in one transaction.
 	NoUpdateReturning bool
+	// Quiet, if set, is a condition the INSERT of EmitStatementQuiet
+	// checks for each row, true, evaluated for what it does before the
+	// rows are written: PostgreSQL's set_config of idem.outbox_quiet for
+	// the transaction, so that a store that quiets the outbox trigger
+	// does it in the INSERT instead of a statement of its own.
+	Quiet string
 	// DeleteSeqs, required with NoUpdateReturning, deletes the rows whose
 	// seq is in parameter 1, a JSON array of numbers, visiting no other
 	// row: the purge's DELETE of the rows its SELECT ... FOR UPDATE SKIP
@@ -117,8 +123,9 @@ type Outbox struct {
 	markSentSeqArrays, deleteSentSeqArrays                 string
 	// emitSQL caches the INSERT of 1 to len(emitSQL) rows, built on first
 	// use: most processings emit one or a few rows, and building the text
-	// (a placeholder string per column) cost an emit 15 allocations.
-	emitSQL [8]atomic.Pointer[string]
+	// (a placeholder string per column) cost an emit 15 allocations;
+	// quietSQL, the same for EmitStatementQuiet.
+	emitSQL, quietSQL [8]atomic.Pointer[string]
 }
 
 // MarkFailedSQL is the dialect's MarkFailedArrays (empty without one), for
@@ -211,6 +218,17 @@ func (o *Outbox) Emit(ctx context.Context, tx Querier, p *idemdriver.EmitParams)
 // after checking p (idemdriver.ValidateEmitParams): its errors match
 // idemdriver.ErrInvalidOutgoing or ErrInvalidConsumerName.
 func (o *Outbox) EmitStatement(p *idemdriver.EmitParams) (string, []any, error) {
+	return o.emitStatement(p, false)
+}
+
+// EmitStatementQuiet is EmitStatement for a dialect with Quiet: an INSERT
+// ... SELECT of the same rows that also evaluates Quiet before writing
+// them. Without Quiet it is EmitStatement.
+func (o *Outbox) EmitStatementQuiet(p *idemdriver.EmitParams) (string, []any, error) {
+	return o.emitStatement(p, o.d.Quiet != "")
+}
+
+func (o *Outbox) emitStatement(p *idemdriver.EmitParams, quiet bool) (string, []any, error) {
 	if err := idemdriver.ValidateEmitParams(p); err != nil {
 		return "", nil, err
 	}
@@ -222,20 +240,29 @@ func (o *Outbox) EmitStatement(p *idemdriver.EmitParams) (string, []any, error) 
 		}
 		args = append(args, m.ID, m.Consumer, m.SourceID, m.Destination, m.Key, NonNil(m.Payload), h)
 	}
-	return o.emitText(len(p.Messages)), args, nil
+	return o.emitText(len(p.Messages), quiet), args, nil
 }
 
-// emitText returns the INSERT of n rows (n >= 1), cached for up to
-// len(o.emitSQL) rows.
-func (o *Outbox) emitText(n int) string {
-	cached := n <= len(o.emitSQL)
+// emitText returns the INSERT of n rows (n >= 1), with quiet the one of
+// EmitStatementQuiet, cached for up to len(o.emitSQL) rows.
+func (o *Outbox) emitText(n int, quiet bool) string {
+	cache := &o.emitSQL
+	if quiet {
+		cache = &o.quietSQL
+	}
+	cached := n <= len(cache)
 	if cached {
-		if q := o.emitSQL[n-1].Load(); q != nil {
+		if q := cache[n-1].Load(); q != nil {
 			return *q
 		}
 	}
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols + ` VALUES `)
+	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols)
+	if quiet {
+		b.WriteString(` SELECT * FROM (VALUES `)
+	} else {
+		b.WriteString(` VALUES `)
+	}
 	kinds := [7]string{"text", "text", "text", "text", "text", "bytea", "json"}
 	for i := range n {
 		if i > 0 {
@@ -250,10 +277,13 @@ func (o *Outbox) emitText(n int) string {
 		}
 		b.WriteByte(')')
 	}
+	if quiet {
+		b.WriteString(`) AS v WHERE ` + o.d.Quiet)
+	}
 	b.WriteString(o.d.IgnoreDuplicate)
 	q := b.String()
 	if cached {
-		o.emitSQL[n-1].Store(&q)
+		cache[n-1].Store(&q)
 	}
 	return q
 }

@@ -38,8 +38,10 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // invalid input (errors match idemdriver.ErrInvalidOutgoing or
 // ErrInvalidConsumerName). The table's trigger notifies relays at commit,
 // except in a transaction this Store began ([Store.Begin],
-// [Store.BeginClaim]): there EmitTx first sets idem.outbox_quiet for the
-// transaction, which the trigger heeds, and [Store.Commit] notifies after
+// [Store.BeginClaim]): there the INSERT also sets idem.outbox_quiet for
+// the transaction (an INSERT ... SELECT whose condition calls set_config
+// before any row is written), which the trigger heeds, and
+// [Store.Commit] notifies after
 // the commit instead. A notifying transaction holds a server-wide lock
 // through its commit's disk flush, so notifying inside every consumer
 // transaction would make their commits run one at a time. With
@@ -48,7 +50,11 @@ func (s *Store) outbox() *sqlstore.Outbox {
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
 	state, ok := s.own.Load(tx)
 	if ok && state == false {
-		if err := s.outbox().Emit(ctx, quietQuerier{querier{tx}, tx}, p); err != nil {
+		q, args, err := s.outbox().EmitStatementQuiet(p)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return err
 		}
 		s.own.Store(tx, emitted(p))
@@ -81,9 +87,9 @@ func emitted(p *idemdriver.EmitParams) any {
 
 // EmitCommit implements [idemdriver.OutboxCommitter]: in a transaction
 // this Store began ([Store.Begin], [Store.BeginClaim],
-// [Store.BeginClaimBatch]) it sends the set_config that makes the
-// transaction quiet (see EmitTx), the outbox INSERT and the COMMIT in one
-// round trip, and after the commit notifies relays as [Store.Commit]
+// [Store.BeginClaimBatch]) it sends the outbox INSERT that also makes the
+// transaction quiet (see EmitTx) and the COMMIT in one round trip, and
+// after the commit notifies relays as [Store.Commit]
 // does, unless p.RelayWoken (the caller wakes a relay of its own process
 // after the commit: relays of other processes find the rows at their next
 // poll). In any other transaction it is [Store.EmitTx], then
@@ -103,19 +109,15 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 		}
 		return s.Commit(ctx, tx)
 	}
-	q, args, err := s.outbox().EmitStatement(p)
+	q, args, err := s.outbox().EmitStatementQuiet(p)
 	if err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
 	b.Queue(q, args...)
 	b.Queue(`COMMIT`)
 	br := tx.SendBatch(ctx, b)
 	_, err = br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -139,30 +141,6 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 		s.wakeRelays()
 	}
 	return nil
-}
-
-// quietQuerier is the querier of EmitTx in a transaction the Store began:
-// its Exec (the outbox INSERT) is sent in one round trip with the
-// set_config that makes the transaction quiet, before it.
-type quietQuerier struct {
-	querier
-	tx pgx.Tx
-}
-
-func (q quietQuerier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
-	b.Queue(sql, args...)
-	br := q.tx.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return tag.RowsAffected(), err
 }
 
 // wakeRelays has the outbox's channel notified after a commit that
