@@ -119,8 +119,13 @@ type Config struct {
 	// so that what its first processing left unsent goes out at once (a
 	// duplicate does not look its outgoing rows up, which would walk the
 	// pending rows: the relay's next round claims them). The caller runs
-	// it (Relay.Run) and owns it. Nil means the outbox rows wait for a
-	// relay that polls or is notified (another process, `idem relay`).
+	// it (Relay.Run) and owns it, and it relays this Consumer's outbox:
+	// a store that notifies relays after a commit (store/idempgxv5) does
+	// not for rows this relay is woken for (idemdriver.EmitParams.
+	// RelayWoken), so relays of other processes find them at their next
+	// poll if this one has not sent them. Nil means the outbox rows wait
+	// for a relay that polls or is notified (another process, `idem
+	// relay`).
 	Relay *Relay
 	// OutboxHeaders, in transactional mode, adds headers to every message
 	// the handler emits (Emit, EmitFor), from the context the handler

@@ -67,14 +67,14 @@ func (c *Consumer[TTx]) emitCommit(ctx context.Context, b *txBound, tx TTx, id s
 		rows = e.take()
 	}
 	if len(rows) > 0 && c.out.commit != nil {
-		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}
+		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows, RelayWoken: c.cfg.Relay != nil}
 		if err := b.call(func(bctx context.Context) error { return c.out.commit.EmitCommit(bctx, tx, p) }); err != nil {
 			return 0, c.storeErr(ctx, "emit and commit", id, err)
 		}
 		return len(rows), nil
 	}
 	if len(rows) > 0 {
-		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows}
+		p := &idemdriver.EmitParams{Consumer: c.cfg.Name, Messages: rows, RelayWoken: c.cfg.Relay != nil}
 		if err := b.call(func(bctx context.Context) error { return c.out.tx.EmitTx(bctx, tx, p) }); err != nil {
 			return 0, c.storeErr(ctx, "emit", id, err)
 		}

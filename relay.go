@@ -240,16 +240,23 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 	}
 	start := time.Now()
 	res, oldest, err := r.runOnce(ctx)
-	if res.Claimed > 0 || err != nil {
-		e := RelayEvent{Result: res, Err: err, Latency: time.Since(start)}
-		if !oldest.IsZero() {
-			e.OldestAge = max(time.Since(oldest), 0)
-		}
-		for _, x := range r.hooks.relay {
-			r.hooks.safe(x, func() { x.OnRelay(ctx, e) })
-		}
-	}
+	r.report(ctx, res, oldest, start, err)
 	return res, err
+}
+
+// report calls the relay hooks for a round that started at start, if it
+// claimed rows or failed.
+func (r *Relay) report(ctx context.Context, res RelayResult, oldest, start time.Time, err error) {
+	if r.hooks == nil || (res.Claimed == 0 && err == nil) {
+		return
+	}
+	e := RelayEvent{Result: res, Err: err, Latency: time.Since(start)}
+	if !oldest.IsZero() {
+		e.OldestAge = max(time.Since(oldest), 0)
+	}
+	for _, x := range r.hooks.relay {
+		r.hooks.safe(x, func() { x.OnRelay(ctx, e) })
+	}
 }
 
 // runOnce is RunOnce, also returning the oldest CreatedAt it claimed.
@@ -260,7 +267,7 @@ func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 // the publish, which the marks' fencing already covers.
 func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
 	cctx, cancel := callCtx(ctx, finishTimeout)
-	recs, err := r.cfg.Store.ClaimOutgoing(cctx, &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease})
+	recs, err := r.cfg.Store.ClaimOutgoing(cctx, r.claimParams())
 	err = timedOut(cctx, err)
 	cancel()
 	if err != nil {
@@ -270,15 +277,109 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 	if len(recs) == 0 {
 		return res, oldest, nil
 	}
-	oldest = recs[0].CreatedAt
+	oldest = sortClaimed(recs)
+	errs := r.publish(ctx, recs)
+	return res, oldest, r.mark(ctx, recs, errs, &res)
+}
+
+func (r *Relay) claimParams() *idemdriver.ClaimOutgoingParams {
+	return &idemdriver.ClaimOutgoingParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease}
+}
+
+// sortClaimed sorts claimed rows by seq, for the publish, and returns the
+// oldest CreatedAt among them.
+func sortClaimed(recs []Outgoing) time.Time {
+	oldest := recs[0].CreatedAt
 	for _, rec := range recs {
 		if rec.CreatedAt.Before(oldest) {
 			oldest = rec.CreatedAt
 		}
 	}
 	slices.SortFunc(recs, func(a, b Outgoing) int { return cmp.Compare(a.Seq, b.Seq) })
+	return oldest
+}
+
+// heldRound is a round of Run whose publish is over, whose failed rows
+// are marked and whose confirmed rows are still to be ended: with a store
+// that ends them together with its next claim
+// (idemdriver.OutboxSentClaimer), a worker of Run holds them until that
+// claim, which it makes at once, without waiting for a wake or a poll.
+// Its hook event comes once its rows are ended, its Latency counting
+// that call too.
+type heldRound struct {
+	res    RelayResult // Claimed, Retried and Failed; Sent once ended
+	oldest time.Time
+	start  time.Time
+	sent   idemdriver.MarkSentParams
+}
+
+// runHeld is one round of a worker of Run on a store that implements
+// idemdriver.OutboxSentClaimer: it ends the confirmed rows of *held (the
+// worker's previous round) with the claim, in one call, reporting that
+// round to the hooks; publishes what it claimed; marks the failed rows;
+// and holds the confirmed ones in *held for the next round. Its result is
+// this round's (Sent not yet counted); its error, that of the call that
+// ended *held's rows and claimed, or of the failed rows' mark.
+func (r *Relay) runHeld(ctx context.Context, sc idemdriver.OutboxSentClaimer, held **heldRound) (res RelayResult, err error) {
+	start := time.Now()
+	var recs []Outgoing
+	if h := *held; h != nil {
+		*held = nil
+		// Not cancelled with ctx, as marks are not: a confirmed row left
+		// in place is published again after its lease.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+		recs, err = sc.MarkSentClaim(cctx, &h.sent, r.claimParams())
+		err = timedOut(cctx, err)
+		cancel()
+		if err != nil {
+			err = storeError("mark outgoing sent and claim", err)
+		} else {
+			h.res.Sent = len(h.sent.IDs)
+		}
+		r.report(ctx, h.res, h.oldest, h.start, err)
+		if err != nil {
+			return res, err
+		}
+	} else {
+		cctx, cancel := callCtx(ctx, finishTimeout)
+		recs, err = r.cfg.Store.ClaimOutgoing(cctx, r.claimParams())
+		err = timedOut(cctx, err)
+		cancel()
+		if err != nil {
+			err = storeError("claim outgoing", err)
+			r.report(ctx, res, time.Time{}, start, err)
+			return res, err
+		}
+	}
+	res.Claimed = len(recs)
+	if len(recs) == 0 {
+		return res, nil
+	}
+	oldest := sortClaimed(recs)
 	errs := r.publish(ctx, recs)
-	return res, oldest, r.mark(ctx, recs, errs, &res)
+	sent, failed := r.outcomes(recs, errs)
+	err = r.markFailed(ctx, failed, &res)
+	if len(sent.IDs) == 0 || err != nil {
+		// Nothing to hold, or a failed mark to report now: the
+		// confirmed rows are ended at once, as RunOnce does.
+		if len(sent.IDs) > 0 {
+			err = errors.Join(r.markSent(ctx, sent, &res), err)
+		}
+		r.report(ctx, res, oldest, start, err)
+		return res, err
+	}
+	*held = &heldRound{res: res, oldest: oldest, start: start, sent: sent}
+	return res, nil
+}
+
+// endHeld ends the confirmed rows of a held round with MarkSent and
+// reports the round: when Run stops, or before a worker waits.
+func (r *Relay) endHeld(ctx context.Context, h *heldRound) {
+	err := r.markSent(ctx, h.sent, &h.res)
+	r.report(ctx, h.res, h.oldest, h.start, err)
+	if err != nil { // logged even once Run's ctx ended: the rows go out again
+		r.cfg.Logger.Warn("idem: relay", "error", err)
+	}
 }
 
 // mark writes the outcome of a published batch in two calls: the
@@ -291,15 +392,17 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 // up a shared deadline. A failed mark's error says how many rows it may
 // have left unmarked: they are claimed again once their lease ends.
 func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *RelayResult) error {
-	ctx = context.WithoutCancel(ctx)
-	var (
-		sent   []string
-		seqs   []int64
-		failed []idemdriver.FailedRow
-	)
+	sent, failed := r.outcomes(recs, errs)
+	return errors.Join(r.markSent(ctx, sent, res), r.markFailed(ctx, failed, res))
+}
+
+// outcomes splits published rows by their publish errors: the confirmed
+// ones to end, the others to mark for retry or as failed.
+func (r *Relay) outcomes(recs []Outgoing, errs []error) (sent idemdriver.MarkSentParams, failed []idemdriver.FailedRow) {
+	sent.Keep = r.cfg.KeepSent
 	for i, rec := range recs {
 		if errs[i] == nil {
-			sent, seqs = append(sent, rec.ID), append(seqs, rec.Seq)
+			sent.IDs, sent.Seqs = append(sent.IDs, rec.ID), append(sent.Seqs, rec.Seq)
 			continue
 		}
 		f := idemdriver.FailedRow{ID: rec.ID, Attempt: rec.Attempts, Seq: rec.Seq, Permanent: errors.Is(errs[i], ErrPermanent), Error: errs[i].Error()}
@@ -308,34 +411,43 @@ func (r *Relay) mark(ctx context.Context, recs []Outgoing, errs []error, res *Re
 		}
 		failed = append(failed, f)
 	}
-	var markErrs []error
-	if len(sent) > 0 {
-		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
-		err := r.cfg.Store.MarkSent(mctx, &idemdriver.MarkSentParams{IDs: sent, Seqs: seqs, Keep: r.cfg.KeepSent})
-		cancel()
-		if err != nil {
-			markErrs = append(markErrs, storeError("mark outgoing sent", err))
+	return sent, failed
+}
+
+// markSent ends the confirmed rows of sent, if any, counting them in res.
+func (r *Relay) markSent(ctx context.Context, sent idemdriver.MarkSentParams, res *RelayResult) error {
+	if len(sent.IDs) == 0 {
+		return nil
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	err := r.cfg.Store.MarkSent(mctx, &sent)
+	cancel()
+	if err != nil {
+		return storeError("mark outgoing sent", err)
+	}
+	res.Sent = len(sent.IDs)
+	return nil
+}
+
+// markFailed marks the failed rows, if any, counting them in res.
+func (r *Relay) markFailed(ctx context.Context, failed []idemdriver.FailedRow, res *RelayResult) error {
+	if len(failed) == 0 {
+		return nil
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+	err := r.cfg.Store.MarkFailed(mctx, &idemdriver.MarkFailedParams{Rows: failed})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w (%d failed rows not known to be marked: those left unmarked are claimed again once their lease ends)", storeError("mark outgoing failed", err), len(failed))
+	}
+	for _, f := range failed {
+		if f.Permanent {
+			res.Failed++
 		} else {
-			res.Sent = len(sent)
+			res.Retried++
 		}
 	}
-	if len(failed) > 0 {
-		mctx, cancel := context.WithTimeout(ctx, finishTimeout)
-		err := r.cfg.Store.MarkFailed(mctx, &idemdriver.MarkFailedParams{Rows: failed})
-		cancel()
-		if err != nil {
-			markErrs = append(markErrs, fmt.Errorf("%w (%d failed rows not known to be marked: those left unmarked are claimed again once their lease ends)", storeError("mark outgoing failed", err), len(failed)))
-		} else {
-			for _, f := range failed {
-				if f.Permanent {
-					res.Failed++
-				} else {
-					res.Retried++
-				}
-			}
-		}
-	}
-	return errors.Join(markErrs...)
+	return nil
 }
 
 // publish calls the publisher with half the lease as its deadline, turning
@@ -377,7 +489,11 @@ func (r *Relay) backoff(attempts int) time.Duration {
 // claimed a full batch wakes another), then waits for a Wake, a
 // notification from the store (idemdriver.OutboxNotifier), or its poll
 // interval; the first worker purges failed (and kept sent) rows every
-// PurgeInterval.
+// PurgeInterval. With a store that implements
+// idemdriver.OutboxSentClaimer (store/idempgxv5), a worker ends a round's
+// confirmed rows in the same call (one round trip, one transaction) as
+// its next claim, which it makes at once, before any wait; when Run stops
+// it ends those it still holds.
 // Failures are logged and retried with backoff; they never stop Run. One
 // Run at a time per Relay: a second call waits for the first to return.
 func (r *Relay) Run(ctx context.Context) error {
@@ -405,8 +521,27 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 	if purge {
 		nextPurge = time.Now()
 	}
+	// With a store that ends a round's confirmed rows together with the
+	// next claim, each round holds them (held) until the next round's
+	// claim, made at once: one store call per round instead of two.
+	sc, _ := r.cfg.Store.(idemdriver.OutboxSentClaimer)
+	var held *heldRound
+	defer func() {
+		if held != nil {
+			r.endHeld(ctx, held)
+		}
+	}()
 	for ctx.Err() == nil {
-		res, err := r.RunOnce(ctx)
+		var (
+			res RelayResult
+			err error
+		)
+		ended := held != nil // this round ends the last one's rows
+		if sc != nil {
+			res, err = r.runHeld(ctx, sc, &held)
+		} else {
+			res, err = r.RunOnce(ctx)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -419,7 +554,7 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 			full = true
 			poll = r.cfg.MinPoll
 			r.Wake() // more waiting: another worker may take it
-		case res.Claimed > 0:
+		case res.Claimed > 0 || ended:
 			poll = r.cfg.MinPoll
 		default:
 			poll = min(poll*2, r.cfg.MaxPoll)
@@ -428,8 +563,8 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 			r.purge(ctx)
 			nextPurge = time.Now().Add(r.cfg.PurgeInterval)
 		}
-		if full {
-			continue
+		if full || held != nil {
+			continue // held: its rows are ended with the next claim, now
 		}
 		t := time.NewTimer(poll)
 		select {

@@ -118,6 +118,24 @@ type OutboxStore interface {
 	OutboxStats(ctx context.Context) (OutboxStats, error)
 }
 
+// OutboxSentClaimer is an optional capability of an [OutboxStore]: end
+// the rows a publisher confirmed and claim the next batch in one call,
+// with one round trip and one transaction where MarkSent and then
+// ClaimOutgoing take two of each. [idem.Relay.Run] uses it to end a
+// round's confirmed rows together with its next claim, which follows at
+// once; RunOnce does not.
+//
+// MarkSentClaim(ctx, sent, claim) is MarkSent(ctx, sent) followed by
+// ClaimOutgoing(ctx, claim), atomically: with a nil error both happened,
+// and the claim saw the ended rows gone (a key whose row was just ended
+// has its next row claimable in this very claim); with an error neither
+// did (or, when the commit's outcome is unknown, both or neither), and
+// the confirmed rows are sent again once their lease ends. sent and claim
+// are checked as the two methods check them, before anything is sent.
+type OutboxSentClaimer interface {
+	MarkSentClaim(ctx context.Context, sent *MarkSentParams, claim *ClaimOutgoingParams) ([]OutgoingRecord, error)
+}
+
 // OutboxNotifier is an optional capability of an [OutboxStore]: learn
 // when new outbox rows may have committed (PostgreSQL LISTEN/NOTIFY: the
 // outbox table's insert trigger notifies), so the relay need not poll
@@ -172,6 +190,16 @@ type EmitParams struct {
 	// Messages are the rows, in emission order, with distinct IDs.
 	// Consumer and SourceID of each are written as given.
 	Messages []OutgoingRecord
+	// RelayWoken says that the caller wakes a relay of its own process
+	// for these rows once their transaction commits (idem's Consumer
+	// does when its Config.Relay is set), so that relay sends them at
+	// once. A store that wakes relays after a commit by a message of its
+	// own (store/idempgxv5's pg_notify after the commit of a transaction
+	// it began) may then leave that message out: relays of other
+	// processes find the rows at their next poll, if the woken relay has
+	// not sent them already. Stores that write the rows alike either way
+	// ignore it.
+	RelayWoken bool
 }
 
 // ClaimOutgoingParams bound one relay claim.

@@ -778,6 +778,8 @@ func outboxCases[TTx any]() []testCase[TTx] {
 		}},
 		{"MarkSentMarksExactlyItsIDs", markSentExactly[TTx](false)},
 		{"MarkSentKeepMarksExactlyItsIDs", markSentExactly[TTx](true)},
+		{"MarkSentClaim", markSentClaim[TTx](false)},
+		{"MarkSentKeepClaim", markSentClaim[TTx](true)},
 		{"SentRowsDeleted", sentRows[TTx](false)},
 		{"SentRowsKept", sentRows[TTx](true)},
 		{"MarkFailedMarksExactlyItsRows", func(t *testing.T, b *bundle[TTx]) {

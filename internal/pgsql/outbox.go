@@ -53,6 +53,10 @@ func outboxDialect(table string) sqlstore.OutboxDialect {
 		TextOut:         `::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
+		// The outbox trigger stays silent in a transaction that set
+		// idem.outbox_quiet (migration 005); set_config returns the
+		// value it set.
+		Quiet: `set_config('idem.outbox_quiet', 'on', true) = 'on'`,
 		// The key index of migration 011: the hash of the key, then seq,
 		// for the rows pending with a key (predicate and expression as
 		// the index spells them). On a table migrated only to 010 the

@@ -97,6 +97,12 @@ type OutboxDialect struct {
 	// (MariaDB, MySQL): the claim then selects and locks the rows, and
 	// updates them with a second statement, in one transaction.
 	NoUpdateReturning bool
+	// Quiet, if set, is a condition the INSERT of EmitStatementQuiet
+	// checks for each row, true, evaluated for what it does before the
+	// rows are written: PostgreSQL's set_config of idem.outbox_quiet for
+	// the transaction, so that a store that quiets the outbox trigger
+	// does it in the INSERT instead of a statement of its own.
+	Quiet string
 	// DeleteSeqs, required with NoUpdateReturning, deletes the rows whose
 	// seq is in parameter 1, a JSON array of numbers, visiting no other
 	// row: the purge's DELETE of the rows its SELECT ... FOR UPDATE SKIP
@@ -117,8 +123,9 @@ type Outbox struct {
 	markSentSeqArrays, deleteSentSeqArrays                 string
 	// emitSQL caches the INSERT of 1 to len(emitSQL) rows, built on first
 	// use: most processings emit one or a few rows, and building the text
-	// (a placeholder string per column) cost an emit 15 allocations.
-	emitSQL [8]atomic.Pointer[string]
+	// (a placeholder string per column) cost an emit 15 allocations;
+	// quietSQL, the same for EmitStatementQuiet.
+	emitSQL, quietSQL [8]atomic.Pointer[string]
 }
 
 // MarkFailedSQL is the dialect's MarkFailedArrays (empty without one), for
@@ -211,6 +218,17 @@ func (o *Outbox) Emit(ctx context.Context, tx Querier, p *idemdriver.EmitParams)
 // after checking p (idemdriver.ValidateEmitParams): its errors match
 // idemdriver.ErrInvalidOutgoing or ErrInvalidConsumerName.
 func (o *Outbox) EmitStatement(p *idemdriver.EmitParams) (string, []any, error) {
+	return o.emitStatement(p, false)
+}
+
+// EmitStatementQuiet is EmitStatement for a dialect with Quiet: an INSERT
+// ... SELECT of the same rows that also evaluates Quiet before writing
+// them. Without Quiet it is EmitStatement.
+func (o *Outbox) EmitStatementQuiet(p *idemdriver.EmitParams) (string, []any, error) {
+	return o.emitStatement(p, o.d.Quiet != "")
+}
+
+func (o *Outbox) emitStatement(p *idemdriver.EmitParams, quiet bool) (string, []any, error) {
 	if err := idemdriver.ValidateEmitParams(p); err != nil {
 		return "", nil, err
 	}
@@ -222,20 +240,29 @@ func (o *Outbox) EmitStatement(p *idemdriver.EmitParams) (string, []any, error) 
 		}
 		args = append(args, m.ID, m.Consumer, m.SourceID, m.Destination, m.Key, NonNil(m.Payload), h)
 	}
-	return o.emitText(len(p.Messages)), args, nil
+	return o.emitText(len(p.Messages), quiet), args, nil
 }
 
-// emitText returns the INSERT of n rows (n >= 1), cached for up to
-// len(o.emitSQL) rows.
-func (o *Outbox) emitText(n int) string {
-	cached := n <= len(o.emitSQL)
+// emitText returns the INSERT of n rows (n >= 1), with quiet the one of
+// EmitStatementQuiet, cached for up to len(o.emitSQL) rows.
+func (o *Outbox) emitText(n int, quiet bool) string {
+	cache := &o.emitSQL
+	if quiet {
+		cache = &o.quietSQL
+	}
+	cached := n <= len(cache)
 	if cached {
-		if q := o.emitSQL[n-1].Load(); q != nil {
+		if q := cache[n-1].Load(); q != nil {
 			return *q
 		}
 	}
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols + ` VALUES `)
+	b.WriteString(`INSERT INTO ` + o.d.Table + ` ` + insertCols)
+	if quiet {
+		b.WriteString(` SELECT * FROM (VALUES `)
+	} else {
+		b.WriteString(` VALUES `)
+	}
 	kinds := [7]string{"text", "text", "text", "text", "text", "bytea", "json"}
 	for i := range n {
 		if i > 0 {
@@ -250,10 +277,13 @@ func (o *Outbox) emitText(n int) string {
 		}
 		b.WriteByte(')')
 	}
+	if quiet {
+		b.WriteString(`) AS v WHERE ` + o.d.Quiet)
+	}
 	b.WriteString(o.d.IgnoreDuplicate)
 	q := b.String()
 	if cached {
-		o.emitSQL[n-1].Store(&q)
+		cache[n-1].Store(&q)
 	}
 	return q
 }
@@ -272,7 +302,7 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 		if err != nil {
 			return nil, err
 		}
-		return scanOutgoing(rows, 0)
+		return ScanClaimed(rows)
 	}
 	tx, err := begin(ctx)
 	if err != nil {
@@ -299,6 +329,50 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 		return nil, err
 	}
 	return recs, nil
+}
+
+// SentClaimStatements returns the two statements of a MarkSent followed
+// by a Claim and their arguments, for a store that sends them together in
+// one transaction (store/idempgxv5's MarkSentClaim): the DELETE (with
+// sent.Keep, the UPDATE) of sent's rows, then the claim's UPDATE ...
+// RETURNING, whose rows ScanClaimed reads. Only for a dialect with
+// IDArray and UPDATE ... RETURNING (ok false otherwise). Both are checked
+// first (idemdriver.ValidateMarkSentParams and
+// ValidateClaimOutgoingParams); markSQL is empty when sent names no row.
+func (o *Outbox) SentClaimStatements(sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) (markSQL string, markArgs []any, claimSQL string, claimArgs []any, ok bool, err error) {
+	if o.d.IDArray == "" || o.d.NoUpdateReturning {
+		return "", nil, "", nil, false, nil
+	}
+	if err := idemdriver.ValidateMarkSentParams(sent); err != nil {
+		return "", nil, "", nil, true, err
+	}
+	if err := idemdriver.ValidateClaimOutgoingParams(claim); err != nil {
+		return "", nil, "", nil, true, err
+	}
+	if len(sent.IDs) > 0 {
+		markSQL, markArgs = o.markSentArrays(sent)
+	}
+	return markSQL, markArgs, o.claimReturning, []any{int64(claim.Limit), DurationMicros(claim.Lease)}, true, nil
+}
+
+// ScanClaimed reads the rows of the claim's UPDATE ... RETURNING and
+// closes rows.
+func ScanClaimed(rows Rows) ([]idemdriver.OutgoingRecord, error) { return scanOutgoing(rows, 0) }
+
+// markSentArrays is MarkSent's one statement for a dialect with IDArray.
+func (o *Outbox) markSentArrays(p *idemdriver.MarkSentParams) (string, []any) {
+	withSeqs := len(p.Seqs) > 0
+	q, args := o.deleteSentArray, []any{p.IDs}
+	if withSeqs {
+		q, args = o.deleteSentSeqArrays, []any{p.IDs, p.Seqs}
+	}
+	if p.Keep {
+		q = o.markSentArray
+		if withSeqs {
+			q = o.markSentSeqArrays
+		}
+	}
+	return q, args
 }
 
 // rollback ends tx, which a commit may have ended already, even when ctx
@@ -366,16 +440,7 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 	}
 	withSeqs := len(p.Seqs) > 0
 	if o.d.IDArray != "" {
-		q, args := o.deleteSentArray, []any{p.IDs}
-		if withSeqs {
-			q, args = o.deleteSentSeqArrays, []any{p.IDs, p.Seqs}
-		}
-		if p.Keep {
-			q = o.markSentArray
-			if withSeqs {
-				q = o.markSentSeqArrays
-			}
-		}
+		q, args := o.markSentArrays(p)
 		_, err := db.Exec(ctx, q, args...)
 		return err
 	}

@@ -19,28 +19,7 @@ import (
 func TestOutboxNotifiesAfterCommit(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, poolOpts{})
-	listener, err := pgx.Connect(ctx, testURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, `LISTEN "`+b.table+`_outbox"`); err != nil {
-		t.Fatal(err)
-	}
-	// notified reports whether a notification arrives within wait
-	// (generous for one that must come; short for one that must not: a
-	// notification is delivered at its commit, before the writer's
-	// Commit returns, so it is already queued when this is called).
-	notified := func(wait time.Duration) bool {
-		t.Helper()
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
-		_, err := listener.WaitForNotification(wctx)
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	notified := listenOutbox(t, b)
 
 	c := b.consumer(t, "notify")
 	var quiet string
@@ -111,5 +90,34 @@ func TestOutboxNotifiesAfterCommit(t *testing.T) {
 	var n int
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+`_outbox`).Scan(&n); err != nil || n != 3 {
 		t.Errorf("%d outbox rows, %v; want 3", n, err)
+	}
+}
+
+// listenOutbox LISTENs on b's outbox channel and returns notified, which
+// reports whether a notification arrives within wait (generous for one
+// that must come; short for one that must not: a notification is
+// delivered at its commit, before the writer's Commit returns, so it is
+// already queued when notified is called; the Store's own is sent right
+// after the commit).
+func listenOutbox(t *testing.T, b *bundle) (notified func(wait time.Duration) bool) {
+	t.Helper()
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, testURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = listener.Close(ctx) })
+	if _, err := listener.Exec(ctx, `LISTEN "`+b.table+`_outbox"`); err != nil {
+		t.Fatal(err)
+	}
+	return func(wait time.Duration) bool {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		_, err := listener.WaitForNotification(wctx)
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatal(err)
+		}
+		return err == nil
 	}
 }

@@ -18,6 +18,7 @@ var (
 	_ idemdriver.OutboxCommitter[pgx.Tx] = (*Store)(nil)
 	_ idemdriver.OutboxStore             = (*Store)(nil)
 	_ idemdriver.OutboxNotifier          = (*Store)(nil)
+	_ idemdriver.OutboxSentClaimer       = (*Store)(nil)
 )
 
 // outboxes caches the outbox statements per table.
@@ -37,28 +38,61 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // invalid input (errors match idemdriver.ErrInvalidOutgoing or
 // ErrInvalidConsumerName). The table's trigger notifies relays at commit,
 // except in a transaction this Store began ([Store.Begin],
-// [Store.BeginClaim]): there EmitTx first sets idem.outbox_quiet for the
-// transaction, which the trigger heeds, and [Store.Commit] notifies after
+// [Store.BeginClaim]): there the INSERT also sets idem.outbox_quiet for
+// the transaction (an INSERT ... SELECT whose condition calls set_config
+// before any row is written), which the trigger heeds, and
+// [Store.Commit] notifies after
 // the commit instead. A notifying transaction holds a server-wide lock
 // through its commit's disk flush, so notifying inside every consumer
-// transaction would make their commits run one at a time.
+// transaction would make their commits run one at a time. With
+// p.RelayWoken (the caller wakes a relay of its own process after the
+// commit), Store.Commit sends no notification for these rows.
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
-	if quiet, ok := s.own.Load(tx); ok && quiet == false {
-		if err := s.outbox().Emit(ctx, quietQuerier{querier{tx}, tx}, p); err != nil {
+	state, ok := s.own.Load(tx)
+	if ok && state == false {
+		q, args, err := s.outbox().EmitStatementQuiet(p)
+		if err != nil {
 			return err
 		}
-		s.own.Store(tx, true)
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return err
+		}
+		s.own.Store(tx, emitted(p))
 		return nil
 	}
-	return s.outbox().Emit(ctx, querier{tx}, p)
+	if err := s.outbox().Emit(ctx, querier{tx}, p); err != nil {
+		return err
+	}
+	if ok && !p.RelayWoken {
+		s.own.Store(tx, true) // an earlier emit's relay is not this one's
+	}
+	return nil
+}
+
+// relayWoken is the value of Store.own for a transaction that emitted
+// only rows whose caller wakes a relay itself (EmitParams.RelayWoken):
+// quiet, and its commit notifies nobody. A transaction that emitted rows
+// that need the notification maps to true, one that emitted none to
+// false.
+type relayWoken struct{}
+
+// emitted is the value of Store.own for a quiet transaction once p's
+// rows are written in it.
+func emitted(p *idemdriver.EmitParams) any {
+	if p.RelayWoken {
+		return relayWoken{}
+	}
+	return true
 }
 
 // EmitCommit implements [idemdriver.OutboxCommitter]: in a transaction
 // this Store began ([Store.Begin], [Store.BeginClaim],
-// [Store.BeginClaimBatch]) it sends the set_config that makes the
-// transaction quiet (see EmitTx), the outbox INSERT and the COMMIT in one
-// round trip, and after the commit notifies relays as [Store.Commit]
-// does. In any other transaction it is [Store.EmitTx], then
+// [Store.BeginClaimBatch]) it sends the outbox INSERT that also makes the
+// transaction quiet (see EmitTx) and the COMMIT in one round trip, and
+// after the commit notifies relays as [Store.Commit]
+// does, unless p.RelayWoken (the caller wakes a relay of its own process
+// after the commit: relays of other processes find the rows at their next
+// poll). In any other transaction it is [Store.EmitTx], then
 // [Store.Commit]. p is checked first (idemdriver.ValidateEmitParams), so
 // tx stays usable on invalid input. When a statement fails, those after it are not run, nothing
 // commits, and the error is the failed statement's; the caller rolls tx
@@ -75,19 +109,15 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 		}
 		return s.Commit(ctx, tx)
 	}
-	q, args, err := s.outbox().EmitStatement(p)
+	q, args, err := s.outbox().EmitStatementQuiet(p)
 	if err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
 	b.Queue(q, args...)
 	b.Queue(`COMMIT`)
 	br := tx.SendBatch(ctx, b)
 	_, err = br.Exec()
-	if err == nil {
-		_, err = br.Exec()
-	}
 	var tag pgconn.CommandTag
 	if err == nil {
 		tag, err = br.Exec()
@@ -107,32 +137,10 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = tx.Commit(ended)
-	s.wakeRelays()
+	if !p.RelayWoken {
+		s.wakeRelays()
+	}
 	return nil
-}
-
-// quietQuerier is the querier of EmitTx in a transaction the Store began:
-// its Exec (the outbox INSERT) is sent in one round trip with the
-// set_config that makes the transaction quiet, before it.
-type quietQuerier struct {
-	querier
-	tx pgx.Tx
-}
-
-func (q quietQuerier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
-	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('idem.outbox_quiet', 'on', true)`)
-	b.Queue(sql, args...)
-	br := q.tx.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return tag.RowsAffected(), err
 }
 
 // wakeRelays has the outbox's channel notified after a commit that
@@ -182,6 +190,43 @@ func (s *Store) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingPa
 // one UPDATE that marks them sent instead.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.pool}, p)
+}
+
+// MarkSentClaim implements [idemdriver.OutboxSentClaimer]: MarkSent's
+// statement and ClaimOutgoing's in one pgx batch, which PostgreSQL runs as
+// one implicit transaction (the batch ends with a single Sync): one round
+// trip and one commit where the two calls take two of each, and the claim
+// sees the ended rows gone. With no sent row it is ClaimOutgoing. Errors:
+// idemdriver.ErrInvalidConfig (or ErrInvalidOutgoing) for invalid
+// parameters, before anything is sent, else pgx's; on an error neither
+// statement's work committed, unless the commit's outcome is unknown.
+func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	mq, margs, cq, cargs, _, err := s.outbox().SentClaimStatements(sent, claim)
+	if err != nil {
+		return nil, err
+	}
+	if mq == "" {
+		return s.ClaimOutgoing(ctx, claim)
+	}
+	b := &pgx.Batch{}
+	b.Queue(mq, margs...)
+	b.Queue(cq, cargs...)
+	br := s.pool.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var recs []idemdriver.OutgoingRecord
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			recs, err = sqlstore.ScanClaimed(rows)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return recs, nil
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE of every row

@@ -31,9 +31,10 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message, and
 //     a Relay (on a pool of its own, publishing to a Publisher that
-//     confirms at once, woken by the Consumer after each commit and by the
-//     table's notifications) sends them while the consumers run, deleting
-//     each row once confirmed. The timed section ends when every message
+//     confirms at once, woken by the Consumer after each commit, which
+//     therefore sends no notification: EmitParams.RelayWoken) sends them
+//     while the consumers run, deleting each round's confirmed rows with
+//     its next claim (Relay.Run on an OutboxSentClaimer). The timed section ends when every message
 //     was sent and its row deleted, so the row's whole life (insert,
 //     claim, delete) is paid in it;
 //   - idem_outbox1_keepsent: idem_outbox1 with RelayConfig.KeepSent (sent

@@ -70,8 +70,9 @@ type Store struct {
 	// own holds the open transactions this Store began (Begin,
 	// BeginClaim), each mapped to whether it emitted outbox rows: those
 	// are quiet, and Commit notifies relays after they commit (see
-	// EmitTx).
-	own sync.Map // pgx.Tx -> bool
+	// EmitTx), except for rows whose caller wakes a relay itself
+	// (relayWoken{}).
+	own sync.Map // pgx.Tx -> bool or relayWoken{}
 	// wakeWanted and waking coalesce the notifications of wakeRelays.
 	wakeWanted, waking atomic.Bool
 	// cachesStatements is set when the pool's connections prepare each
@@ -443,8 +444,9 @@ func (r *batchRows) Close() { _ = r.closeBatch() }
 //
 // When tx is one this Store began and rows were emitted into the outbox
 // in it, Commit then has the outbox's notification sent, outside the
-// transaction and without waiting for it (see [Store.EmitTx]); a failure
-// of that notification is not reported (relays also poll).
+// transaction and without waiting for it (see [Store.EmitTx]), unless
+// their caller wakes a relay itself (idemdriver.EmitParams.RelayWoken); a
+// failure of that notification is not reported (relays also poll).
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
 	emitted, _ := s.own.LoadAndDelete(tx)
 	if err := tx.Commit(ctx); err != nil {
