@@ -199,6 +199,7 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 	ids, hexFps, fps := []string{"old-1", "old-2", "new-1"}, []string{"00", "00", "01"}, [][]byte{{0}, {0}, {1}}
 	args := map[string][]any{
 		"fingerprint":      {"c", "old-1"},
+		"record":           {"c", "old-1"},
 		"fingerprints":     {"c", ids},
 		"claimBatch":       {"c", ids, hexFps, nil},
 		"claimBatchNative": {"c", ids, fps, nil},
