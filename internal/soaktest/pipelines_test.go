@@ -106,9 +106,9 @@ type pgNATS struct {
 	prod               *idemnats.Producer
 }
 
-func startPGNATS(t *testing.T) *pgNATS {
+func startPGNATS(t *testing.T, pg, nats *ownservice.Service) *pgNATS {
 	ctx := t.Context()
-	p := &pgNATS{pg: ownservice.Start(t, "postgres-durable"), nats: ownservice.Start(t, "nats")}
+	p := &pgNATS{pg: pg, nats: nats}
 	p.pgProxy, p.pgURL = faultproxy.URL(t, p.pg.URL)
 	p.natsProxy, p.natsURL = faultproxy.URL(t, p.nats.URL)
 	var err error
@@ -301,7 +301,6 @@ func (p *sqliteKafka) closeKafka() {
 }
 
 func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
-	ctx := t.Context()
 	ports, err := ownservice.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
@@ -312,20 +311,7 @@ func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.closeKafka)
-	if p.db, err = sql.Open("sqlite", idemsql.SQLiteDSN(p.path)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.db.Close() })
-	store, err := idemsql.New(p.db, idemsql.SQLite, nil)
-	if err == nil {
-		err = store.Migrate(ctx)
-	}
-	if err == nil {
-		_, err = p.db.ExecContext(ctx, `CREATE TABLE soak_effects (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 1)`)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	p.db = openSQL(t, "sqlite", idemsql.SQLiteDSN(p.path), idemsql.SQLite, "soak_effects")
 	if p.cl, err = kgo.NewClient(kgo.SeedBrokers(p.kafkaAddr())); err != nil {
 		t.Fatal(err)
 	}
@@ -382,14 +368,9 @@ func (p *sqliteKafka) drained(ctx context.Context, ids []string) (bool, string) 
 }
 
 func (p *sqliteKafka) check(ctx context.Context, ids []string, r *result) {
-	rows, err := p.db.QueryContext(ctx, `SELECT id, n FROM soak_effects`)
-	n, err := readCounts(rows, err)
-	if err != nil {
-		r.problem("read effects: %v", err)
+	if !sqlEffects(ctx, p.db, "soak_effects", ids, r) {
 		return
 	}
-	r.effectCounts(ids, n)
-	r.count("dead letters", 0)
 	ends, err := kadm.NewClient(p.cl).ListEndOffsets(ctx, kafkaDead)
 	if err != nil {
 		r.problem("dead-letter topic: %v", err)

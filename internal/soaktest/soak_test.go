@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/faultproxy"
 )
 
 var (
@@ -139,7 +141,12 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: seed %d, duration %v, %d messages/s per pipeline", seed, *soakDuration, *soakRate)
 	dir := t.TempDir()
 	setup := time.Now()
-	pipes := []pipeline{startPGNATS(t), startSQLiteKafka(t, dir), startRedisLease(t)}
+	svc := startServers(t, "postgres-durable", "nats", "mariadb", "rabbitmq")
+	rmq := &rabbit{svc: svc["rabbitmq"]}
+	rmq.proxy, rmq.proxiedURL = faultproxy.URL(t, rmq.svc.URL)
+	pgn := startPGNATS(t, svc["postgres-durable"], svc["nats"])
+	pipes := []pipeline{pgn, startSQLiteKafka(t, dir), startRedisLease(t),
+		startMariaDBAMQP(t, svc["mariadb"], rmq), startPGSQLGoCDK(t, pgn, rmq)}
 	t.Logf("soak: servers started in %v", time.Since(setup).Round(time.Millisecond))
 	// Each pipeline has members consumers in its group, each a process.
 	procs := map[string][]*proc{}
