@@ -52,8 +52,13 @@ func declareAMQP(conn *amqp.Connection) error {
 		return err
 	}
 	defer ch.Close()
-	for _, q := range []string{amqpIn, amqpDead, cdkIn, cdkDeadQ} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+	// rabbitpubsub publishes transient messages (no delivery mode), which
+	// a classic queue loses when RabbitMQ is killed, confirmed or not (the
+	// soak saw it): the Go CDK's queues are quorum queues, which keep
+	// every message on disk.
+	quorum := amqp.Table{amqp.QueueTypeArg: amqp.QueueTypeQuorum}
+	for q, args := range map[string]amqp.Table{amqpIn: nil, amqpDead: nil, cdkIn: quorum, cdkDeadQ: quorum} {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
 			return err
 		}
 	}

@@ -74,7 +74,11 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(roleEnv); role != "" {
+	switch role := os.Getenv(roleEnv); role {
+	case "":
+	case "idem-consume":
+		os.Exit(runSidecar())
+	default:
 		os.Exit(runRole(role))
 	}
 	os.Exit(m.Run())

@@ -141,12 +141,22 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: seed %d, duration %v, %d messages/s per pipeline", seed, *soakDuration, *soakRate)
 	dir := t.TempDir()
 	setup := time.Now()
+	// cmd/idem builds while the servers start.
+	var bin string
+	var buildErr error
+	built := make(chan struct{})
+	go func() { defer close(built); bin, buildErr = buildIdem(dir) }()
 	svc := startServers(t, "postgres-durable", "nats", "mariadb", "rabbitmq")
+	<-built
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
 	rmq := &rabbit{svc: svc["rabbitmq"]}
 	rmq.proxy, rmq.proxiedURL = faultproxy.URL(t, rmq.svc.URL)
 	pgn := startPGNATS(t, svc["postgres-durable"], svc["nats"])
-	pipes := []pipeline{pgn, startSQLiteKafka(t, dir), startRedisLease(t),
-		startMariaDBAMQP(t, svc["mariadb"], rmq), startPGSQLGoCDK(t, pgn, rmq)}
+	my := startMariaDBAMQP(t, svc["mariadb"], rmq)
+	pipes := []pipeline{pgn, startSQLiteKafka(t, dir), startRedisLease(t), my,
+		startPGSQLGoCDK(t, pgn, rmq), startSidecar(t, bin, pgn, my)}
 	t.Logf("soak: servers started in %v", time.Since(setup).Round(time.Millisecond))
 	// Each pipeline has members consumers in its group, each a process.
 	procs := map[string][]*proc{}
