@@ -2,10 +2,13 @@ package soaktest
 
 import (
 	"context"
+	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // TestCheckerCatchesBrokenConsumer runs the sqlite-kafka pipeline with a
@@ -15,6 +18,7 @@ import (
 // and never processed as losses. It needs no root (SQLite and kfake run
 // here) and takes about 20 seconds.
 func TestCheckerCatchesBrokenConsumer(t *testing.T) {
+	t.Parallel() // the tests of this module overlap: the soak spends most of its time waiting
 	dir := t.TempDir()
 	p := startSQLiteKafka(t, dir)
 	env := append(p.env(), brokenEnv+"=ack-first")
@@ -73,5 +77,52 @@ func TestCheckerCatchesBrokenConsumer(t *testing.T) {
 	t.Logf("broken consumer: %s", r)
 	if r.losses == 0 || r.counts["violations"] == 0 {
 		t.Errorf("the checker reported no loss for a consumer that acknowledges before its effect: %s", r)
+	}
+}
+
+// TestMemoryClockJumps runs the memory-clock pipeline alone for a few
+// seconds with its clock jumped forward past the lease every half second
+// (needs no server): every message has its effect once, and no holder
+// whose lease the jump ended completes after the one that took over. The
+// takeovers are counted by the tokens the provider saw; the test needs
+// some, or the jumps tested nothing.
+func TestMemoryClockJumps(t *testing.T) {
+	t.Parallel() // the tests of this module overlap: the soak spends most of its time waiting
+	p, err := startMemoryClock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	stop := make(chan struct{})
+	var ids []string
+	var wg sync.WaitGroup
+	wg.Go(func() { ids = produce(p, stop, 40) })
+	jump := p.faults()[0]
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 10 {
+		time.Sleep(500 * time.Millisecond)
+		if _, err := jump.do(rng); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	testenv.Eventually(t, time.Minute, "every message settled", func() bool { ok, _ := p.drained(t.Context(), ids); return ok },
+		func() string { _, why := p.drained(t.Context(), ids); return why })
+	r := &result{name: p.name(), published: len(ids)}
+	p.check(t.Context(), ids, r)
+	_, _, maxToken := p.provider.snapshot()
+	takeovers := 0
+	for _, tok := range maxToken {
+		if tok > 1 {
+			takeovers++
+		}
+	}
+	t.Logf("%s, messages taken over %d", r, takeovers)
+	if len(r.problems) > 0 {
+		t.Errorf("violations: %v", r.problems)
+	}
+	if takeovers == 0 {
+		t.Error("no lease was taken over after a clock jump")
 	}
 }

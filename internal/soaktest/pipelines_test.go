@@ -53,18 +53,80 @@ func proxyFaults(server string, p *faultproxy.Proxy) []fault {
 }
 
 // serviceKill is the fault that SIGKILLs a private server of
-// scripts/services and starts it again.
+// scripts/services and starts it again in the background (PostgreSQL
+// takes seconds, RabbitMQ up to half a minute on a loaded machine), so
+// that the schedule goes on with the other servers' faults meanwhile; a
+// kill of a server still restarting is skipped.
 func serviceKill(s *ownservice.Service) fault {
 	return fault{kind: "kill " + s.Name, do: func(*rand.Rand) (string, error) {
-		start := time.Now()
+		if !restarts.begin(s.Name) {
+			return "skipped: still restarting", nil
+		}
 		if err := s.Kill(); err != nil {
+			restarts.end(s.Name, 0, err)
 			return "", err
 		}
-		if err := s.Restart(); err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("back in %v", time.Since(start).Round(time.Millisecond)), nil
+		start := time.Now()
+		go func() {
+			err := s.Restart()
+			restarts.end(s.Name, time.Since(start), err)
+		}()
+		return "restarting in the background", nil
 	}}
+}
+
+// restarts tracks the servers restarting in the background.
+var restarts = &background{busy: map[string]bool{}}
+
+type background struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	busy  map[string]bool
+	times map[string][]time.Duration
+	errs  []error
+}
+
+// begin marks name restarting, or reports false if it already is.
+func (b *background) begin(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.busy[name] {
+		return false
+	}
+	b.busy[name] = true
+	return true
+}
+
+// end marks name restarted after d, or failed with err.
+func (b *background) end(name string, d time.Duration, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.busy, name)
+	if err != nil {
+		b.errs = append(b.errs, fmt.Errorf("restart %s: %w", name, err))
+	} else {
+		if b.times == nil {
+			b.times = map[string][]time.Duration{}
+		}
+		b.times[name] = append(b.times[name], d)
+	}
+	if b.cond != nil {
+		b.cond.Broadcast()
+	}
+}
+
+// wait waits until no server is restarting, and returns the restart
+// times by server and the failures.
+func (b *background) wait() (map[string][]time.Duration, []error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cond == nil {
+		b.cond = sync.NewCond(&b.mu)
+	}
+	for len(b.busy) > 0 {
+		b.cond.Wait()
+	}
+	return b.times, b.errs
 }
 
 // rows is what pgx.Rows and *sql.Rows have in common.
@@ -507,38 +569,7 @@ func (p *redisLease) drained(ctx context.Context, ids []string) (bool, string) {
 }
 
 func (p *redisLease) check(ctx context.Context, ids []string, r *result) {
-	n := map[string]int{}
-	keys := map[string]string{}
-	for _, id := range ids {
-		k := idem.DeriveKey(leaseConsumer, id, "charge")
-		keys[id] = k
-		if e := p.provider.effects(k); e > 0 {
-			n[id] = e
-		}
-	}
-	r.effectCounts(ids, n)
-	r.count("fenced completions", 0)
-	r.count("dead letters", 0)
-	calls, completed, maxToken := p.provider.snapshot()
-	repeated := 0
-	for _, c := range calls {
-		repeated += c - 1
-	}
-	r.count("provider calls repeated", repeated)
-	reports := 0
-	for id, tokens := range completed {
-		reports += len(tokens)
-		if len(tokens) > 1 {
-			r.problem("%s: completed %d times (tokens %v)", id, len(tokens), tokens)
-		}
-		for _, tok := range tokens {
-			if m := maxToken[keys[id]]; tok < m {
-				r.count("fenced completions", 1)
-				r.problem("%s: completed with token %d after the provider saw token %d", id, tok, m)
-			}
-		}
-	}
-	r.count("completions reported", reports)
+	leaseVerdict(p.provider, leaseConsumer, ids, r)
 	if dead, err := p.rdb.XLen(ctx, redisDead).Result(); err != nil || dead != 0 {
 		r.count("dead letters", int(dead))
 		r.problem("%d messages dead-lettered (%v)", dead, err)
@@ -566,4 +597,43 @@ func (p *redisLease) check(ctx context.Context, ids []string, r *result) {
 			r.problem("%s: processing it again gives %v (%v), want Duplicate", id, out.Status, err)
 		}
 	}
+}
+
+// leaseVerdict adds the verdict of a lease-mode pipeline whose effect is
+// a charge at prov under the key of consumer's step "charge": one effect
+// per message, repeated calls counted apart, no completion reported twice
+// or with a token lower than one the provider saw for the message.
+func leaseVerdict(prov *provider, consumer string, ids []string, r *result) {
+	n := map[string]int{}
+	keys := map[string]string{}
+	for _, id := range ids {
+		k := idem.DeriveKey(consumer, id, "charge")
+		keys[id] = k
+		if e := prov.effects(k); e > 0 {
+			n[id] = e
+		}
+	}
+	r.effectCounts(ids, n)
+	r.count("fenced completions", 0)
+	r.count("dead letters", 0)
+	calls, completed, maxToken := prov.snapshot()
+	repeated := 0
+	for _, c := range calls {
+		repeated += c - 1
+	}
+	r.count("provider calls repeated", repeated)
+	reports := 0
+	for id, tokens := range completed {
+		reports += len(tokens)
+		if len(tokens) > 1 {
+			r.problem("%s: completed %d times (tokens %v)", id, len(tokens), tokens)
+		}
+		for _, tok := range tokens {
+			if m := maxToken[keys[id]]; tok < m {
+				r.count("fenced completions", 1)
+				r.problem("%s: completed with token %d after the provider saw token %d", id, tok, m)
+			}
+		}
+	}
+	r.count("completions reported", reports)
 }
