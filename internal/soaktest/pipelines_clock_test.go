@@ -136,5 +136,5 @@ func (p *memoryClock) drained(_ context.Context, ids []string) (bool, string) {
 
 func (p *memoryClock) check(_ context.Context, ids []string, r *result) {
 	leaseVerdict(p.provider, memoryConsumer, ids, r)
-	r.count("clock jumped", int(time.Duration(p.offset.Load())/time.Second))
+	r.count("clock moved forward (s)", int(time.Duration(p.offset.Load())/time.Second))
 }
