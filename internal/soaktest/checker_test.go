@@ -3,7 +3,10 @@ package soaktest
 import (
 	"context"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -124,5 +127,18 @@ func TestMemoryClockJumps(t *testing.T) {
 	}
 	if takeovers == 0 {
 		t.Error("no lease was taken over after a clock jump")
+	}
+}
+
+// TestChildren: the PostgreSQL kill finds the server's backends as the
+// children of its postmaster.
+func TestChildren(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if kids := children(os.Getpid()); !slices.Contains(kids, cmd.Process.Pid) {
+		t.Errorf("children(%d) = %v, want %d among them", os.Getpid(), kids, cmd.Process.Pid)
 	}
 }

@@ -62,7 +62,7 @@ func serviceKill(s *ownservice.Service) fault {
 		if !restarts.begin(s.Name) {
 			return "skipped: still restarting", nil
 		}
-		if err := s.Kill(); err != nil {
+		if err := killServer(s); err != nil {
 			restarts.end(s.Name, 0, err)
 			return "", err
 		}
@@ -73,6 +73,57 @@ func serviceKill(s *ownservice.Service) fault {
 		}()
 		return "restarting in the background", nil
 	}}
+}
+
+// killServer SIGKILLs s's main process; for PostgreSQL, its backends
+// too, as a crash of the whole server does. Killed alone, the postmaster
+// leaves its backends running: one in the middle of a long statement
+// (the soak saw relay claims run for minutes after their clients had
+// given up, with no postmaster left to pass on a cancel) holds the
+// shared memory, and the server cannot start again until it ends.
+func killServer(s *ownservice.Service) error {
+	if s.Name != "postgres-durable" {
+		return s.Kill()
+	}
+	pidFile := filepath.Join(s.Dir, "postgres-durable", "data", "postmaster.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		return fmt.Errorf("%s: %w", pidFile, err)
+	}
+	kids := children(pid)
+	if err := ownservice.KillPIDFile(pidFile); err != nil {
+		return err
+	}
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// children returns the pids of the processes whose parent is pid.
+func children(pid int) []int {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var kids []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces.
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			if k, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
+				kids = append(kids, k)
+			}
+		}
+	}
+	return kids
 }
 
 // restarts tracks the servers restarting in the background.
