@@ -3,7 +3,6 @@ package soaktest
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -130,15 +129,17 @@ func TestMemoryClockJumps(t *testing.T) {
 	}
 }
 
-// TestChildren: the PostgreSQL kill finds the server's backends as the
-// children of its postmaster.
-func TestChildren(t *testing.T) {
+// TestInDir: the PostgreSQL kill finds the server's processes by their
+// working directory, the data directory.
+func TestInDir(t *testing.T) {
+	dir := t.TempDir()
 	cmd := exec.Command("sleep", "60")
+	cmd.Dir = dir
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	if kids := children(os.Getpid()); !slices.Contains(kids, cmd.Process.Pid) {
-		t.Errorf("children(%d) = %v, want %d among them", os.Getpid(), kids, cmd.Process.Pid)
+	if pids := inDir(dir); !slices.Equal(pids, []int{cmd.Process.Pid}) {
+		t.Errorf("inDir(%s) = %v, want [%d]", dir, pids, cmd.Process.Pid)
 	}
 }

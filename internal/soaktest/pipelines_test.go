@@ -85,45 +85,30 @@ func killServer(s *ownservice.Service) error {
 	if s.Name != "postgres-durable" {
 		return s.Kill()
 	}
-	pidFile := filepath.Join(s.Dir, "postgres-durable", "data", "postmaster.pid")
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
+	data := filepath.Join(s.Dir, "postgres-durable", "data")
+	// Every PostgreSQL process works in the data directory.
+	procs := inDir(data)
+	if err := ownservice.KillPIDFile(filepath.Join(data, "postmaster.pid")); err != nil {
 		return err
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		return fmt.Errorf("%s: %w", pidFile, err)
-	}
-	kids := children(pid)
-	if err := ownservice.KillPIDFile(pidFile); err != nil {
-		return err
-	}
-	for _, k := range kids {
-		_ = syscall.Kill(k, syscall.SIGKILL)
+	for _, pid := range append(procs, inDir(data)...) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	return nil
 }
 
-// children returns the pids of the processes whose parent is pid.
-func children(pid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var kids []int
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces.
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			if k, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
-				kids = append(kids, k)
+// inDir returns the pids of the processes whose working directory is dir.
+func inDir(dir string) []int {
+	cwds, _ := filepath.Glob("/proc/[0-9]*/cwd")
+	var pids []int
+	for _, cwd := range cwds {
+		if d, err := os.Readlink(cwd); err == nil && d == dir {
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(cwd))); err == nil {
+				pids = append(pids, pid)
 			}
 		}
 	}
-	return kids
+	return pids
 }
 
 // restarts tracks the servers restarting in the background.
