@@ -203,7 +203,12 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	nc, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: idem.Bind(c, handler),
-		DeadLetter: natsDead, Concurrency: 4, MaxMessages: 16, RetryDelay: 200 * time.Millisecond, Logger: log})
+		DeadLetter: natsDead, Concurrency: 4, MaxMessages: 16, RetryDelay: 200 * time.Millisecond,
+		// A handler blocked on a stalled connection (pgx reads without a
+		// deadline when the context has none) holds its message, kept
+		// alive by in-progress reports, for HandlerTimeout: the default 5
+		// minutes made two drains wait that long.
+		HandlerTimeout: 20 * time.Second, Logger: log})
 	if err != nil {
 		return err
 	}
