@@ -3,16 +3,16 @@
 // scheduler, driven by a seed, injects faults at random, then drains and
 // checks the whole history.
 //
-// The pipelines, each consumed by two processes in one consumer group
-// (the test binary run again in a consumer role, so that it can be
-// SIGKILLed):
+// The pipelines, each but memory-clock consumed by two processes in one
+// consumer group (the test binary run again in a consumer role, so that
+// it can be SIGKILLed):
 //
-//   - pg-nats: PostgreSQL (a private postgres-durable) and NATS JetStream
-//     (a private nats-server), transactional mode; the handler counts its
-//     effect in a table of the store's database and emits one outbox
-//     message per effect under one of a few ordering keys, with a per-key
-//     sequence number taken in the same transaction; the relay, in the
-//     consumer's process, sends them back to JetStream.
+//   - pg-nats: PostgreSQL through pgx (a private postgres-durable) and NATS
+//     JetStream (a private nats-server), transactional mode; the handler
+//     counts its effect in a table of the store's database and emits one
+//     outbox message per effect under one of a few ordering keys, with a
+//     per-key sequence number taken in the same transaction; the relay, in
+//     the consumer's process, sends them back to JetStream.
 //   - sqlite-kafka: SQLite (a file) and Kafka (franz-go's kfake, in the
 //     test's process, which survives the consumer's kills),
 //     transactional mode, the same counting effect.
@@ -21,16 +21,30 @@
 //     mode; the effect is a call to a provider in the test's process that
 //     deduplicates by idempotency key and counts every call, and the
 //     consumer reports each completion with its fencing token.
+//   - mariadb-amqp: MariaDB (a private mariadb, idemsql's MySQL dialect)
+//     and RabbitMQ (a private rabbitmq, idemamqp), transactional.
+//   - pgsql-gocdk: the same PostgreSQL through database/sql (idemsql, pgx's
+//     stdlib driver) and the Go CDK (idemgocdk) over rabbitpubsub on the
+//     same RabbitMQ, transactional.
+//   - idem-consume: the sidecar, idem consume (built from cmd/idem), on
+//     MariaDB in lease mode and JetStream, at most once, calling an HTTP
+//     service in the test's process that counts calls by message ID.
+//   - memory-clock: idem's memory store in the test's process, the one
+//     store whose lease clock can be injected, in lease mode; every message
+//     is delivered twice at once, and the clock-jump fault moves the
+//     store's clock past the running leases.
 //
 // The faults: SIGKILL and restart of each consumer process and of the
-// private PostgreSQL, nats-server and redis-server; stalled connections
-// and answers cut on the way back (internal/faultproxy between the
-// consumers and PostgreSQL and Redis); SQLite disk full (the consumer's
-// connection gets PRAGMA max_page_count at the file's size, then back).
-// No clock jump is injected: nothing in these pipelines takes an injected
-// clock (leases, retention and the claim's times come from the store
-// server's clock, PostgreSQL's now() and Redis's TIME; the adapters and
-// the relay use time.Now).
+// private PostgreSQL, nats-server, redis-server, MariaDB and RabbitMQ;
+// kfake stopped and started again; stalled connections and answers cut
+// on the way back (internal/faultproxy between the consumers and
+// PostgreSQL, NATS, Redis, MariaDB and RabbitMQ); SQLite disk full (the
+// consumer's connection gets PRAGMA max_page_count at the file's size,
+// then back); the memory store's clock jumped forward. No other clock is
+// moved: the other stores take their lease times from the server
+// (PostgreSQL's now(), MariaDB's UTC_TIMESTAMP, Redis's TIME) or, for
+// SQLite, from the consumer process's real-time clock, which nothing can
+// offset for one Go process (docs/soak.md).
 //
 // The checks, with exact counts: every published message has exactly one
 // effect (none twice: doubles; none missing: losses), nothing is left

@@ -53,18 +53,116 @@ func proxyFaults(server string, p *faultproxy.Proxy) []fault {
 }
 
 // serviceKill is the fault that SIGKILLs a private server of
-// scripts/services and starts it again.
+// scripts/services and starts it again in the background (PostgreSQL
+// takes seconds, RabbitMQ up to half a minute on a loaded machine), so
+// that the schedule goes on with the other servers' faults meanwhile; a
+// kill of a server still restarting is skipped.
 func serviceKill(s *ownservice.Service) fault {
 	return fault{kind: "kill " + s.Name, do: func(*rand.Rand) (string, error) {
+		if !restarts.begin(s.Name) {
+			return "skipped: still restarting", nil
+		}
+		if err := killServer(s); err != nil {
+			restarts.end(s.Name, 0, err)
+			return "", err
+		}
 		start := time.Now()
-		if err := s.Kill(); err != nil {
-			return "", err
-		}
-		if err := s.Restart(); err != nil {
-			return "", err
-		}
-		return fmt.Sprintf("back in %v", time.Since(start).Round(time.Millisecond)), nil
+		go func() {
+			err := s.Restart()
+			restarts.end(s.Name, time.Since(start), err)
+		}()
+		return "restarting in the background", nil
 	}}
+}
+
+// killServer SIGKILLs s's main process; for PostgreSQL, its backends
+// too, as a crash of the whole server does. Killed alone, the postmaster
+// leaves its backends running: one in the middle of a long statement
+// (the soak saw relay claims run for minutes after their clients had
+// given up, with no postmaster left to pass on a cancel) holds the
+// shared memory, and the server cannot start again until it ends.
+func killServer(s *ownservice.Service) error {
+	if s.Name != "postgres-durable" {
+		return s.Kill()
+	}
+	data := filepath.Join(s.Dir, "postgres-durable", "data")
+	// Every PostgreSQL process works in the data directory.
+	procs := inDir(data)
+	if err := ownservice.KillPIDFile(filepath.Join(data, "postmaster.pid")); err != nil {
+		return err
+	}
+	for _, pid := range append(procs, inDir(data)...) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// inDir returns the pids of the processes whose working directory is dir.
+func inDir(dir string) []int {
+	cwds, _ := filepath.Glob("/proc/[0-9]*/cwd")
+	var pids []int
+	for _, cwd := range cwds {
+		if d, err := os.Readlink(cwd); err == nil && d == dir {
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(cwd))); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// restarts tracks the servers restarting in the background.
+var restarts = &background{busy: map[string]bool{}}
+
+type background struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	busy  map[string]bool
+	times map[string][]time.Duration
+	errs  []error
+}
+
+// begin marks name restarting, or reports false if it already is.
+func (b *background) begin(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.busy[name] {
+		return false
+	}
+	b.busy[name] = true
+	return true
+}
+
+// end marks name restarted after d, or failed with err.
+func (b *background) end(name string, d time.Duration, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.busy, name)
+	if err != nil {
+		b.errs = append(b.errs, fmt.Errorf("restart %s: %w", name, err))
+	} else {
+		if b.times == nil {
+			b.times = map[string][]time.Duration{}
+		}
+		b.times[name] = append(b.times[name], d)
+	}
+	if b.cond != nil {
+		b.cond.Broadcast()
+	}
+}
+
+// wait waits until no server is restarting, and returns the restart
+// times by server and the failures.
+func (b *background) wait() (map[string][]time.Duration, []error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cond == nil {
+		b.cond = sync.NewCond(&b.mu)
+	}
+	for len(b.busy) > 0 {
+		b.cond.Wait()
+	}
+	return b.times, b.errs
 }
 
 // rows is what pgx.Rows and *sql.Rows have in common.
@@ -106,9 +204,9 @@ type pgNATS struct {
 	prod               *idemnats.Producer
 }
 
-func startPGNATS(t *testing.T) *pgNATS {
+func startPGNATS(t *testing.T, pg, nats *ownservice.Service) *pgNATS {
 	ctx := t.Context()
-	p := &pgNATS{pg: ownservice.Start(t, "postgres-durable"), nats: ownservice.Start(t, "nats")}
+	p := &pgNATS{pg: pg, nats: nats}
 	p.pgProxy, p.pgURL = faultproxy.URL(t, p.pg.URL)
 	p.natsProxy, p.natsURL = faultproxy.URL(t, p.nats.URL)
 	var err error
@@ -301,7 +399,6 @@ func (p *sqliteKafka) closeKafka() {
 }
 
 func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
-	ctx := t.Context()
 	ports, err := ownservice.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
@@ -312,20 +409,7 @@ func startSQLiteKafka(t *testing.T, dir string) *sqliteKafka {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.closeKafka)
-	if p.db, err = sql.Open("sqlite", idemsql.SQLiteDSN(p.path)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.db.Close() })
-	store, err := idemsql.New(p.db, idemsql.SQLite, nil)
-	if err == nil {
-		err = store.Migrate(ctx)
-	}
-	if err == nil {
-		_, err = p.db.ExecContext(ctx, `CREATE TABLE soak_effects (id TEXT PRIMARY KEY, n INTEGER NOT NULL DEFAULT 1)`)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	p.db = openSQL(t, "sqlite", idemsql.SQLiteDSN(p.path), idemsql.SQLite, "soak_effects")
 	if p.cl, err = kgo.NewClient(kgo.SeedBrokers(p.kafkaAddr())); err != nil {
 		t.Fatal(err)
 	}
@@ -382,14 +466,9 @@ func (p *sqliteKafka) drained(ctx context.Context, ids []string) (bool, string) 
 }
 
 func (p *sqliteKafka) check(ctx context.Context, ids []string, r *result) {
-	rows, err := p.db.QueryContext(ctx, `SELECT id, n FROM soak_effects`)
-	n, err := readCounts(rows, err)
-	if err != nil {
-		r.problem("read effects: %v", err)
+	if !sqlEffects(ctx, p.db, "soak_effects", ids, r) {
 		return
 	}
-	r.effectCounts(ids, n)
-	r.count("dead letters", 0)
 	ends, err := kadm.NewClient(p.cl).ListEndOffsets(ctx, kafkaDead)
 	if err != nil {
 		r.problem("dead-letter topic: %v", err)
@@ -526,38 +605,7 @@ func (p *redisLease) drained(ctx context.Context, ids []string) (bool, string) {
 }
 
 func (p *redisLease) check(ctx context.Context, ids []string, r *result) {
-	n := map[string]int{}
-	keys := map[string]string{}
-	for _, id := range ids {
-		k := idem.DeriveKey(leaseConsumer, id, "charge")
-		keys[id] = k
-		if e := p.provider.effects(k); e > 0 {
-			n[id] = e
-		}
-	}
-	r.effectCounts(ids, n)
-	r.count("fenced completions", 0)
-	r.count("dead letters", 0)
-	calls, completed, maxToken := p.provider.snapshot()
-	repeated := 0
-	for _, c := range calls {
-		repeated += c - 1
-	}
-	r.count("provider calls repeated", repeated)
-	reports := 0
-	for id, tokens := range completed {
-		reports += len(tokens)
-		if len(tokens) > 1 {
-			r.problem("%s: completed %d times (tokens %v)", id, len(tokens), tokens)
-		}
-		for _, tok := range tokens {
-			if m := maxToken[keys[id]]; tok < m {
-				r.count("fenced completions", 1)
-				r.problem("%s: completed with token %d after the provider saw token %d", id, tok, m)
-			}
-		}
-	}
-	r.count("completions reported", reports)
+	leaseVerdict(p.provider, leaseConsumer, ids, r)
 	if dead, err := p.rdb.XLen(ctx, redisDead).Result(); err != nil || dead != 0 {
 		r.count("dead letters", int(dead))
 		r.problem("%d messages dead-lettered (%v)", dead, err)
@@ -585,4 +633,43 @@ func (p *redisLease) check(ctx context.Context, ids []string, r *result) {
 			r.problem("%s: processing it again gives %v (%v), want Duplicate", id, out.Status, err)
 		}
 	}
+}
+
+// leaseVerdict adds the verdict of a lease-mode pipeline whose effect is
+// a charge at prov under the key of consumer's step "charge": one effect
+// per message, repeated calls counted apart, no completion reported twice
+// or with a token lower than one the provider saw for the message.
+func leaseVerdict(prov *provider, consumer string, ids []string, r *result) {
+	n := map[string]int{}
+	keys := map[string]string{}
+	for _, id := range ids {
+		k := idem.DeriveKey(consumer, id, "charge")
+		keys[id] = k
+		if e := prov.effects(k); e > 0 {
+			n[id] = e
+		}
+	}
+	r.effectCounts(ids, n)
+	r.count("fenced completions", 0)
+	r.count("dead letters", 0)
+	calls, completed, maxToken := prov.snapshot()
+	repeated := 0
+	for _, c := range calls {
+		repeated += c - 1
+	}
+	r.count("provider calls repeated", repeated)
+	reports := 0
+	for id, tokens := range completed {
+		reports += len(tokens)
+		if len(tokens) > 1 {
+			r.problem("%s: completed %d times (tokens %v)", id, len(tokens), tokens)
+		}
+		for _, tok := range tokens {
+			if m := maxToken[keys[id]]; tok < m {
+				r.count("fenced completions", 1)
+				r.problem("%s: completed with token %d after the provider saw token %d", id, tok, m)
+			}
+		}
+	}
+	r.count("completions reported", reports)
 }

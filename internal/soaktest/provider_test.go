@@ -29,20 +29,37 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad token", http.StatusBadRequest)
 		return
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	switch r.URL.Path {
 	case "/charge":
-		key := q.Get("key")
-		p.calls[key]++
-		p.maxToken[key] = max(p.maxToken[key], token)
-		_, _ = w.Write([]byte("charged " + key))
+		_, _ = w.Write(p.charge(q.Get("key"), token))
 	case "/completed":
-		id := q.Get("id")
-		p.completed[id] = append(p.completed[id], token)
+		p.complete(q.Get("id"), token)
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// charge counts a call under key by the holder of token.
+func (p *provider) charge(key string, token int64) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls[key]++
+	p.maxToken[key] = max(p.maxToken[key], token)
+	return []byte("charged " + key)
+}
+
+// seen records that the holder of token started on key, without a call.
+func (p *provider) seen(key string, token int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.maxToken[key] = max(p.maxToken[key], token)
+}
+
+// complete records a completion report of message id by token.
+func (p *provider) complete(id string, token int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.completed[id] = append(p.completed[id], token)
 }
 
 // effects is the charges key has: 1 once called, whatever the calls.

@@ -45,6 +45,9 @@ const (
 	kafkaEnv    = "IDEM_SOAK_KAFKA"
 	redisEnv    = "IDEM_SOAK_REDIS"
 	providerEnv = "IDEM_SOAK_PROVIDER"
+	// brokenEnv makes a consumer broken on purpose, for the test that
+	// the checker catches it: "ack-first" (sqlite-kafka only).
+	brokenEnv = "IDEM_SOAK_BROKEN"
 )
 
 // exitSetup is a consumer process's exit code when it could not be set up
@@ -71,7 +74,11 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(roleEnv); role != "" {
+	switch role := os.Getenv(roleEnv); role {
+	case "":
+	case "idem-consume":
+		os.Exit(runSidecar())
+	default:
 		os.Exit(runRole(role))
 	}
 	os.Exit(m.Run())
@@ -84,6 +91,7 @@ func runRole(role string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	run := map[string]func(context.Context, *slog.Logger) error{
 		"pg-nats": runPGNATS, "sqlite-kafka": runSQLiteKafka, "redis-lease": runRedisLease,
+		"mariadb-amqp": runMariaDBAMQP, "pgsql-gocdk": runPGSQLGoCDK,
 	}[role]
 	if run == nil {
 		fmt.Fprintf(os.Stderr, "soak: unknown role %q\n", role)
@@ -195,7 +203,12 @@ func runPGNATS(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	nc, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: idem.Bind(c, handler),
-		DeadLetter: natsDead, Concurrency: 4, MaxMessages: 16, RetryDelay: 200 * time.Millisecond, Logger: log})
+		DeadLetter: natsDead, Concurrency: 4, MaxMessages: 16, RetryDelay: 200 * time.Millisecond,
+		// A handler blocked on a stalled connection (pgx reads without a
+		// deadline when the context has none) holds its message, kept
+		// alive by in-progress reports, for HandlerTimeout: the default 5
+		// minutes made two drains wait that long.
+		HandlerTimeout: 20 * time.Second, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -244,12 +257,30 @@ func runSQLiteKafka(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	defer cl.Close()
-	kc, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: idem.Bind(c, sqliteCounting),
+	var proc idem.Processor = idem.Bind(c, sqliteCounting)
+	if os.Getenv(brokenEnv) == "ack-first" {
+		proc = ackFirst(proc)
+	}
+	kc, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: proc,
 		DeadLetter: kafkaDead, RetryDelay: 100 * time.Millisecond, Logger: log})
 	if err != nil {
 		return err
 	}
 	return ran(kc.Run(ctx))
+}
+
+// ackFirst is a broken Processor: it answers Processed at once, so that
+// the adapter acknowledges the message, and runs p a second later in the
+// background. A consumer killed in that second has acknowledged messages
+// whose effect never ran: losses the soak's checker must report.
+func ackFirst(p idem.Processor) idem.Processor {
+	return idem.ProcessorFunc(func(ctx context.Context, m idem.Message) (idem.Outcome, error) {
+		go func() {
+			time.Sleep(time.Second)
+			_, _ = p.Process(context.WithoutCancel(ctx), m)
+		}()
+		return idem.Outcome{Status: idem.Processed, MessageID: m.ID}, nil
+	})
 }
 
 // watchDiskFull applies the control file's state to db's connection, and

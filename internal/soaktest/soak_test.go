@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem/internal/faultproxy"
 )
 
 var (
@@ -48,6 +50,10 @@ type pipeline interface {
 	// faults are the pipeline's servers' faults.
 	faults() []fault
 }
+
+// local is a pipeline whose consumers run in the test's process (it has
+// no process to kill): memory-clock.
+type local interface{ local() }
 
 // fault is one kind of fault the scheduler may inject: do injects it with
 // the scheduler's random source and returns what it did.
@@ -132,6 +138,7 @@ func mapKeys[M ~map[K]V, K comparable, V any](m M) func(func(K) bool) {
 //
 //	go test ./internal/soaktest -run TestSoak -soak.seed=N -soak.duration=D
 func TestSoak(t *testing.T) {
+	t.Parallel() // the tests of this module overlap: the soak spends most of its time waiting
 	seed := *soakSeed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -139,12 +146,36 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: seed %d, duration %v, %d messages/s per pipeline", seed, *soakDuration, *soakRate)
 	dir := t.TempDir()
 	setup := time.Now()
-	pipes := []pipeline{startPGNATS(t), startSQLiteKafka(t, dir), startRedisLease(t)}
+	// cmd/idem builds while the servers start.
+	var bin string
+	var buildErr error
+	built := make(chan struct{})
+	go func() { defer close(built); bin, buildErr = buildIdem(dir) }()
+	svc := startServers(t, "postgres-durable", "nats", "mariadb", "rabbitmq")
+	<-built
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	rmq := &rabbit{svc: svc["rabbitmq"]}
+	rmq.proxy, rmq.proxiedURL = faultproxy.URL(t, rmq.svc.URL)
+	pgn := startPGNATS(t, svc["postgres-durable"], svc["nats"])
+	my := startMariaDBAMQP(t, svc["mariadb"], rmq)
+	pipes := []pipeline{pgn, startSQLiteKafka(t, dir), startRedisLease(t), my,
+		startPGSQLGoCDK(t, pgn, rmq), startSidecar(t, bin, pgn, my)}
 	t.Logf("soak: servers started in %v", time.Since(setup).Round(time.Millisecond))
 	// Each pipeline has members consumers in its group, each a process.
 	procs := map[string][]*proc{}
 	var logs []string
+	mem, err := startMemoryClock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mem.close)
+	pipes = append(pipes, mem)
 	for _, p := range pipes {
+		if _, ok := p.(local); ok {
+			continue
+		}
 		for m := range members {
 			log := filepath.Join(dir, fmt.Sprintf("%s-%c.log", p.name(), 'a'+m))
 			logs = append(logs, log)
@@ -153,13 +184,16 @@ func TestSoak(t *testing.T) {
 	}
 	var faults []fault
 	for _, p := range pipes {
+		faults = append(faults, p.faults()...)
 		prs := procs[p.name()]
+		if len(prs) == 0 {
+			continue
+		}
 		faults = append(faults, fault{kind: "kill consumer " + p.name(), do: func(rng *rand.Rand) (string, error) {
 			m := rng.IntN(len(prs))
 			what, err := prs[m].kill()
 			return fmt.Sprintf("member %c, %s", 'a'+m, what), err
 		}})
-		faults = append(faults, p.faults()...)
 	}
 
 	// Load: each pipeline's producer publishes at the rate until stop;
@@ -172,6 +206,10 @@ func TestSoak(t *testing.T) {
 	}
 
 	log := runSchedule(t, seed, *soakDuration, faults)
+	restartTimes, restartErrs := restarts.wait()
+	for _, err := range restartErrs {
+		t.Error(err)
+	}
 	close(stop)
 	wg.Wait()
 
@@ -180,6 +218,7 @@ func TestSoak(t *testing.T) {
 	ctx := context.Background()
 	deadline := time.Now().Add(drainTimeout)
 	drainStart := time.Now()
+	lastWhy := drainStart
 	pending := slices.Clone(pipes)
 	for len(pending) > 0 {
 		var whys []string
@@ -198,6 +237,10 @@ func TestSoak(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Errorf("not drained %v after the faults stopped: %s", drainTimeout, strings.Join(whys, "; "))
 			break
+		}
+		if time.Since(lastWhy) >= 30*time.Second {
+			t.Logf("soak: draining for %v: %s", time.Since(drainStart).Round(time.Second), strings.Join(whys, "; "))
+			lastWhy = time.Now()
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -232,7 +275,11 @@ func TestSoak(t *testing.T) {
 	for _, k := range slices.Sorted(mapKeys(byKind)) {
 		fmt.Fprintf(&summary, "\n  %4d  %s", byKind[k], k)
 	}
-	fmt.Fprintf(&summary, "\n  (no clock jump: nothing in these pipelines takes an injected clock)")
+	for _, name := range slices.Sorted(mapKeys(restartTimes)) {
+		ts := slices.Sorted(slices.Values(restartTimes[name]))
+		fmt.Fprintf(&summary, "\n  %s restarted %d times in %v (%v–%v)", name, len(ts),
+			ts[len(ts)/2].Round(time.Millisecond), ts[0].Round(time.Millisecond), ts[len(ts)-1].Round(time.Millisecond))
+	}
 	for _, r := range results {
 		fmt.Fprintf(&summary, "\n  %s", r)
 	}

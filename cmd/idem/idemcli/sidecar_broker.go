@@ -65,7 +65,12 @@ func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.D
 	scheme, _, _ := strings.Cut(rawURL, ":")
 	switch strings.ToLower(scheme) {
 	case "nats", "tls":
-		nc, err := nats.Connect(rawURL, nats.Timeout(5*time.Second), nats.MaxReconnects(-1))
+		// A connection that stops answering without closing (half-open
+		// TCP) is given up after two pings two seconds apart unanswered,
+		// not nats.go's default two minutes apart: meanwhile no message
+		// is consumed.
+		nc, err := nats.Connect(rawURL, nats.Timeout(5*time.Second), nats.MaxReconnects(-1),
+			nats.PingInterval(2*time.Second), nats.MaxPingsOutstanding(2))
 		if err != nil {
 			return nil, fmt.Errorf("cannot reach NATS at %s: %w", redact(rawURL), err)
 		}
