@@ -4,6 +4,14 @@
 // AWS SQS and SNS, Azure Service Bus, NATS, Kafka, RabbitMQ, and mempubsub
 // in memory).
 //
+// The broker's own durability is the driver's and the service's: idem
+// cannot keep a message the broker lost before delivering it. Measured
+// here under SIGKILL of RabbitMQ: the Go CDK's rabbitpubsub driver
+// publishes transient messages, and a killed RabbitMQ lost a message it
+// had confirmed on a classic queue; declare the queue as a quorum queue
+// (or durable with persistent messages by other means) where a broker
+// crash must not lose messages.
+//
 // A [Consumer] takes the caller's *pubsub.Subscription, opened with any
 // driver, and imports no driver itself: the driver, and its dependencies,
 // are the application's choice. It calls Receive only when one of its
