@@ -136,7 +136,7 @@ func runPGSQLGoCDK(ctx context.Context, log *slog.Logger) error {
 	}()
 	err = gc.Run(rctx)
 	if cause := context.Cause(rctx); ctx.Err() == nil && cause != nil {
-		return cause // a set-up error: started again
+		return cause // the connection closed: started again
 	}
 	if err != nil && conn.IsClosed() {
 		return fmt.Errorf("%w: %v", errBrokerClosed, err)

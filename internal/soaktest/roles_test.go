@@ -55,6 +55,12 @@ const (
 // and counts it as a crash only when it fails many times in a row.
 const exitSetup = 3
 
+// exitReconnect is a consumer process's exit code when it was set up and
+// worked, then lost a broker connection its client does not dial again
+// (the Go CDK's rabbitpubsub): the supervisor starts it again and does not
+// count it toward a streak of failed set-ups.
+const exitReconnect = 4
+
 // The names the pipelines share between the test and the consumers.
 const (
 	natsStream    = "SOAK"
@@ -105,6 +111,9 @@ func runRole(role string) int {
 	var re runError
 	if errors.As(err, &re) {
 		return 1
+	}
+	if errors.Is(err, errBrokerClosed) {
+		return exitReconnect
 	}
 	return exitSetup
 }

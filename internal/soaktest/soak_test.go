@@ -448,7 +448,7 @@ func (p *proc) supervise(started chan struct{}) {
 		}
 		switch {
 		case stopped || killed:
-		case code != exitSetup:
+		case code != exitSetup && code != exitReconnect:
 			p.crashes = append(p.crashes, fmt.Sprintf("exited by itself: %v", err))
 		case p.setups == maxSetups:
 			p.crashes = append(p.crashes, fmt.Sprintf("failed to set up %d times in a row", p.setups))
