@@ -25,11 +25,11 @@
 // # Keys
 //
 // Every key starts with [Config.Prefix] ("idem:" by default). A record is
-// two keys that share one Redis Cluster hash tag, the consumer name and the
-// message ID joined by the byte 0x1F:
+// one hash, its key tagged for Redis Cluster with the consumer name and
+// the message ID joined by the byte 0x1F:
 //
-//	idem:{payments\x1Fpay-1}         hash: the record
-//	idem:{payments\x1Fpay-1}:steps   hash: its recovery points, step name -> result
+//	idem:{payments\x1Fpay-1}         hash: the record and its recovery points
+//	idem:{payments\x1Fpay-1}:steps   hash: the recovery points of a record written before layout 2
 //
 // and a consumer has three keys of its own, tagged with its name alone, so
 // they share one hash slot:
@@ -50,9 +50,17 @@
 // # Records
 //
 // A record hash has the fields state (1 in_progress, 2 completed, 3 failed:
-// [idemdriver.RecordState]), fingerprint, token, attempt, lease_until_ms,
-// released (present while the attempt holding token has released it),
-// result, content_type, last_error, created_ms, updated_ms and finished_ms.
+// [idemdriver.RecordState]), fingerprint, token, attempt, lease_until_ms
+// (the lease's end, while in progress), released (present while the
+// attempt holding token has released it), result, content_type,
+// last_error, created_ms, updated_ms, finished_ms, v (the layout, 2) and
+// one field "s:" + name per recovery point, holding its result. A record
+// without v was written by a version before layout 2, which kept its
+// recovery points in the steps hash beside it (step name -> result); such
+// a record is read and updated in that layout for as long as it lives, so
+// an upgrade in place needs no migration. A steps hash beside a record
+// with v is never read (it can only be left over from an earlier record
+// of the same key deleted by hand), and is deleted with the record.
 // Binary values (fingerprint, result, step results) are stored byte for
 // byte; Redis strings are binary-safe. No record key has a TTL.
 //
@@ -85,7 +93,7 @@
 //     completed record still tells another payload from the same one.
 //     Release ends the lease now and
 //     keeps the error text; a terminal Release makes the record failed.
-//     SaveStep is HSETNX on the steps hash: a step saved twice keeps its
+//     SaveStep is HSETNX of the step's field: a step saved twice keeps its
 //     first result.
 //
 // # Clock

@@ -24,7 +24,8 @@ func ceilMillis(d time.Duration) int64 {
 // RecordsSteps implements [idemdriver.StepRecorder]: the scripts of
 // Acquire and Release save the points of
 // [idemdriver.AcquireParams].StepPrefix and [idemdriver.ReleaseParams].Step
-// in the record's steps hash (the same hash slot), within the one script.
+// among the record's fields (in the steps hash beside a record written
+// before layout 2), within the one script.
 func (*Store) RecordsSteps() bool { return true }
 
 // Acquire implements [idemdriver.LeaseStore]: one script that creates the

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -182,15 +183,30 @@ func (s *Store) ReleaseLease(ctx context.Context, p *idemdriver.ReleaseLeasePara
 	return idemdriver.ActionResult{Changed: v == 1, Record: rec}, nil
 }
 
-// Steps implements [idemdriver.StepReader]: HGETALL of the record's
-// steps hash.
+// Steps implements [idemdriver.StepReader]: HGETALL of the record's hash
+// and of its steps hash, in one pipeline; the steps are the record's own
+// stepField fields when it has a layout (v), and otherwise, as an earlier
+// version wrote them, its steps hash.
 func (s *Store) Steps(ctx context.Context, consumer, messageID string) ([]idemdriver.Step, error) {
 	if err := idemdriver.ValidateKey(consumer, messageID); err != nil {
 		return nil, err
 	}
-	h, err := s.client.HGetAll(ctx, s.recordKey(consumer, messageID)+stepsSuffix).Result()
-	if err != nil {
+	rk, sk := s.recordAndStepsKeys(consumer, messageID)
+	var rec, legacy *redis.MapStringStringCmd
+	if _, err := s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		rec, legacy = pl.HGetAll(ctx, rk), pl.HGetAll(ctx, sk)
+		return nil
+	}); err != nil {
 		return nil, err
+	}
+	h := legacy.Val()
+	if r := rec.Val(); r["v"] != "" {
+		h = make(map[string]string)
+		for f, v := range r {
+			if name, ok := strings.CutPrefix(f, stepField); ok {
+				h[name] = v
+			}
+		}
 	}
 	out := make([]idemdriver.Step, 0, len(h))
 	for _, name := range slices.Sorted(maps.Keys(h)) {

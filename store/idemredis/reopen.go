@@ -14,7 +14,8 @@ var _ idemdriver.Reopener = (*Store)(nil)
 // reopenScript: KEYS record, steps; ARGV token. A record completed by
 // token becomes retryable (in progress, released, attempt 0, token + 1,
 // its lease ended now, its result and completion time gone) and its steps
-// are deleted: 1. Otherwise nothing changes: 2, or 0 when there is no
+// are deleted, of either layout (the record's own stepField fields and
+// its steps hash): 1. Otherwise nothing changes: 2, or 0 when there is no
 // record. Its entry in the consumer's retention index stays, as a retried
 // record's does: retention never deletes a record in progress, and the
 // next completion scores the entry again.
@@ -25,7 +26,11 @@ if tonumber(r[1]) ~= 2 or tonumber(r[2]) ~= tonumber(ARGV[1]) then return 2 end
 local now = now_ms()
 redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'state', 1, 'attempt', 0, 'released', 1, 'lease_until_ms', now, 'updated_ms', now)
-redis.call('HDEL', KEYS[1], 'result', 'content_type', 'finished_ms')
+local gone = {'result', 'content_type', 'finished_ms'}
+for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+	if string.sub(f, 1, 2) == '` + stepField + `' then gone[#gone + 1] = f end
+end
+redis.call('HDEL', KEYS[1], unpack(gone))
 redis.call('DEL', KEYS[2])
 return 1
 `)

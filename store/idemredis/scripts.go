@@ -12,13 +12,28 @@ import "github.com/redis/go-redis/v9"
 // Record fields: state (1 in_progress, 2 completed, 3 failed, as
 // idemdriver.RecordState), fingerprint, token, attempt, lease_until_ms,
 // released (present once the attempt holding token has released),
-// result, content_type, last_error, created_ms, updated_ms, finished_ms.
+// result, content_type, last_error, created_ms, updated_ms, finished_ms,
+// and v, the layout: a record that acquireScript created since v was
+// introduced has v = 2 and keeps its recovery points in its own hash, as
+// fields stepField .. name; a record without v (written by an earlier
+// version) keeps them in its steps hash, name -> result, and is left so.
+// A steps hash beside a record with v is never read: it can only be a
+// leftover of an earlier record of the same key deleted by hand.
 //
 // A fenced script (renew, complete, release, step) answers {1, ...} (the
 // complete scripts a plain 1) when the token owns the record, and otherwise {0, state, token, released}
 // (state 0: no record), which the Go side turns into idemdriver.ErrLeaseLost.
+//
+// The scripts of a message's two round trips (acquireScript and the
+// complete scripts) are written for the server's time per call: no helper
+// functions, one TIME, one HMGET and one HSET each, a new record written
+// with its recovery point in one HSET and no other key.
 
-// luaPrelude defines what the scripts share.
+// stepField starts the field of a recovery point in a record hash of
+// layout 2 (v = 2); no other record field starts with it.
+const stepField = "s:"
+
+// luaPrelude defines what the other scripts share.
 const luaPrelude = `
 local function now_ms()
 	local t = redis.call('TIME')
@@ -26,8 +41,9 @@ local function now_ms()
 end
 -- owns reports whether token owns the record at key: in progress, same
 -- token, not released. An expired lease is still owned until a takeover.
+-- When it does, its second value is the record's v (nil: layout 1).
 local function owns(key, token)
-	local r = redis.call('HMGET', key, 'state', 'token', 'released')
+	local r = redis.call('HMGET', key, 'state', 'token', 'released', 'v')
 	if not r[1] then
 		return false, {0, 0, 0, 0}
 	end
@@ -35,45 +51,45 @@ local function owns(key, token)
 	if state ~= 1 or tok ~= token or r[3] then
 		return false, {0, state, tok, r[3] and 1 or 0}
 	end
-	return true, nil
+	return true, r[4]
 end
--- completed_again reports whether the record at key was completed by
--- token with this very result and content type: a Complete repeated
--- because the reply of the one that landed was lost (a cut connection).
--- It returns the first completion's time.
-local function completed_again(key, lost, token, result, ctype)
-	if lost[2] ~= 2 or lost[3] ~= token then
-		return nil
+-- save_step saves the step name with result unless it exists (HSETNX):
+-- in the record hash KEYS[1] when v is set, else in the steps hash KEYS[2].
+local function save_step(v, name, result)
+	if v then
+		redis.call('HSETNX', KEYS[1], '` + stepField + `' .. name, result)
+	else
+		redis.call('HSETNX', KEYS[2], name, result)
 	end
-	local r = redis.call('HMGET', key, 'result', 'content_type', 'finished_ms')
-	if r[1] == result and r[2] == ctype then
-		return tonumber(r[3])
-	end
-	return nil
 end
 `
 
 // acquireScript: KEYS record, steps; ARGV fingerprint, lease (ms), step
-// prefix ("" for none). Creates the record (token 1, attempt 1, no
-// steps): 1, a plain integer, the cheapest reply to send and read; or
-// takes over an in_progress record whose lease ended and whose
-// fingerprint matches (token and attempt + 1, its steps returned, as they
-// were before this script): {1, token, attempt, steps}; either way, with a prefix,
-// saves the point prefix..token (empty result) unless it exists. Otherwise
-// reports the record: {0, state, attempt, fingerprint, lease remaining
-// (ms), result, content type, last error}.
+// prefix ("" for none). Creates the record (token 1, attempt 1, layout 2,
+// with the point prefix..1 and an empty result when a prefix is given):
+// 1, a plain integer, the cheapest reply to send and read; or takes over
+// an in_progress record whose lease ended and whose fingerprint matches
+// (token and attempt + 1, its steps returned, as they were before this
+// script, and with a prefix the point prefix..token saved unless it
+// exists): {1, token, attempt, steps}. Otherwise reports the record: {0,
+// state, attempt, fingerprint, lease remaining (ms), result, content
+// type, last error}.
 var acquireScript = redis.NewScript(acquireLua)
 
-const acquireLua = luaPrelude + `
-local now = now_ms()
-local lease = tonumber(ARGV[2])
+const acquireLua = `
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local r = redis.call('HMGET', KEYS[1], 'state', 'fingerprint', 'token', 'attempt',
-	'lease_until_ms', 'result', 'content_type', 'last_error')
+	'lease_until_ms', 'result', 'content_type', 'last_error', 'v')
 if not r[1] then
-	redis.call('DEL', KEYS[2])
-	redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
-		'lease_until_ms', now + lease, 'created_ms', now, 'updated_ms', now)
-	if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[3] .. '1', '') end
+	if ARGV[3] == '' then
+		redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
+			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'updated_ms', now, 'v', 2)
+	else
+		redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
+			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'updated_ms', now, 'v', 2,
+			'` + stepField + `' .. ARGV[3] .. '1', '')
+	end
 	return 1
 end
 local state = tonumber(r[1])
@@ -82,10 +98,24 @@ if state == 1 and now >= lease_until and r[2] == ARGV[1] then
 	local token = tonumber(r[3]) + 1
 	local attempt = tonumber(r[4]) + 1
 	redis.call('HSET', KEYS[1], 'token', token, 'attempt', attempt,
-		'lease_until_ms', now + lease, 'updated_ms', now)
+		'lease_until_ms', now + ARGV[2], 'updated_ms', now)
 	redis.call('HDEL', KEYS[1], 'released')
-	local steps = redis.call('HGETALL', KEYS[2])
-	if ARGV[3] ~= '' then redis.call('HSETNX', KEYS[2], ARGV[3] .. string.format('%d', token), '') end
+	local point = ARGV[3] .. string.format('%d', token)
+	local steps
+	if r[9] then
+		steps = {}
+		local h = redis.call('HGETALL', KEYS[1])
+		for i = 1, #h, 2 do
+			if string.sub(h[i], 1, 2) == '` + stepField + `' then
+				steps[#steps + 1] = string.sub(h[i], 3)
+				steps[#steps + 1] = h[i + 1]
+			end
+		end
+		if ARGV[3] ~= '' then redis.call('HSETNX', KEYS[1], '` + stepField + `' .. point, '') end
+	else
+		steps = redis.call('HGETALL', KEYS[2])
+		if ARGV[3] ~= '' then redis.call('HSETNX', KEYS[2], point, '') end
+	end
 	return {1, token, attempt, steps}
 end
 local remaining = 0
@@ -101,8 +131,9 @@ return {0, state, tonumber(r[4]) or 0, r[2] or '', remaining, r[6] or '', r[7] o
 // nothing: another holder may have taken the record since): a record that
 // acquire created (token 1) is deleted with its steps; a takeover's lease
 // ends now, released, its attempt count goes back by one, and its point
-// prefix..token is deleted (the token is not issued again: the next
-// takeover gets token + 1). Returns 1 when it gave back, 0 otherwise.
+// prefix..token is deleted, from whichever hash of either layout holds it
+// (the token is not issued again: the next takeover gets token + 1).
+// Returns 1 when it gave back, 0 otherwise.
 var giveBackScript = redis.NewScript(luaPrelude + `
 local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'released', 'attempt')
 if not r[1] or tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or r[3] then return 0 end
@@ -110,7 +141,10 @@ if tonumber(r[2]) == 1 then
 	redis.call('DEL', KEYS[1], KEYS[2])
 	return 1
 end
-if ARGV[2] ~= '' then redis.call('HDEL', KEYS[2], ARGV[2] .. ARGV[1]) end
+if ARGV[2] ~= '' then
+	redis.call('HDEL', KEYS[1], '` + stepField + `' .. ARGV[2] .. ARGV[1])
+	redis.call('HDEL', KEYS[2], ARGV[2] .. ARGV[1])
+end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'attempt', math.max(0, (tonumber(r[4]) or 1) - 1),
 	'lease_until_ms', now, 'updated_ms', now, 'released', 1)
@@ -130,7 +164,7 @@ return {1}
 // fields (the fingerprint, attempt and steps stay): 1, a plain integer.
 // The same completion repeated by the token that completed the record
 // (its reply was lost) answers 1 too and changes nothing.
-var completeScript = redis.NewScript(luaPrelude + completeLua(""))
+var completeScript = redis.NewScript(completeLua(""))
 
 // completeIndexScript is completeScript and indexScript in one script,
 // for a single Redis server (no Cluster), where a script may touch keys
@@ -139,7 +173,7 @@ var completeScript = redis.NewScript(luaPrelude + completeLua(""))
 // the token owns the record: 1.
 var completeIndexScript = redis.NewScript(completeIndexLua)
 
-var completeIndexLua = luaPrelude + completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`)
+var completeIndexLua = completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`)
 
 // acquireEval and completeIndexEval are acquireScript and
 // completeIndexScript for Store.eval: one call of each per message.
@@ -150,18 +184,29 @@ var (
 
 // completeLua is the body of the complete scripts: also runs index (Lua,
 // with now set) when the token owns the record, before completing it.
+// The ownership test is owns's, written out; a record that is completed
+// by this token with this very result and content type is a Complete
+// repeated because the reply of the one that landed was lost (a cut
+// connection), and answers 1. A completed record's lease_until_ms is not
+// written: only a record in progress has a lease.
 func completeLua(index string) string {
 	return `
-local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then
-	local at = completed_again(KEYS[1], lost, tonumber(ARGV[1]), ARGV[2], ARGV[3])
-	if at then return 1 end
-	return lost
+local token = tonumber(ARGV[1])
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'released')
+local state, tok = tonumber(r[1]), tonumber(r[2])
+if state ~= 1 or tok ~= token or r[3] then
+	if not r[1] then return {0, 0, 0, 0} end
+	if state == 2 and tok == token then
+		local d = redis.call('HMGET', KEYS[1], 'result', 'content_type')
+		if d[1] == ARGV[2] and d[2] == ARGV[3] then return 1 end
+	end
+	return {0, state, tok, r[3] and 1 or 0}
 end
-local now = now_ms()
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 ` + index + `
 redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
-	'lease_until_ms', now, 'updated_ms', now, 'finished_ms', now)
+	'updated_ms', now, 'finished_ms', now)
 return 1
 `
 }
@@ -171,9 +216,9 @@ return 1
 // terminal makes the record failed; a step is saved (empty result) unless
 // it exists: {1, now}.
 var releaseScript = redis.NewScript(luaPrelude + `
-local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then return lost end
-if ARGV[4] ~= '' then redis.call('HSETNX', KEYS[2], ARGV[4], '') end
+local ok, v = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return v end
+if ARGV[4] ~= '' then save_step(v, ARGV[4], '') end
 local now = now_ms()
 redis.call('HSET', KEYS[1], 'last_error', ARGV[2], 'lease_until_ms', now, 'updated_ms', now, 'released', 1)
 if ARGV[3] == '1' then
@@ -185,9 +230,9 @@ return {1, now}
 // stepScript: KEYS record, steps; ARGV token, step name, result. A step
 // already saved keeps its first result: {1}.
 var stepScript = redis.NewScript(luaPrelude + `
-local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
-if not ok then return lost end
-redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
+local ok, v = owns(KEYS[1], tonumber(ARGV[1]))
+if not ok then return v end
+save_step(v, ARGV[2], ARGV[3])
 return {1}
 `)
 

@@ -431,8 +431,8 @@ func TestCompleteKeepsFingerprint(t *testing.T) {
 	if len(before) != 0 || after["fingerprint"] != string(fp(string(msg.Payload))) || after["state"] != "2" || after["attempt"] != "1" || after["created_ms"] == "" {
 		t.Errorf("completed record %q: want state 2, the fingerprint, attempt 1 and created_ms kept", after)
 	}
-	if steps := b.client.HGetAll(b.ctx, b.store.RecordKey("orders", msg.ID)+idemredis.StepsSuffix).Val(); steps["charge"] != "ch_1" {
-		t.Errorf("steps after completion: %q, want charge=ch_1 kept", steps)
+	if steps, err := b.store.Steps(b.ctx, "orders", msg.ID); err != nil || len(steps) != 1 || steps[0].Name != "charge" || string(steps[0].Result) != "ch_1" {
+		t.Errorf("steps after completion: %q, %v; want charge=ch_1 kept", steps, err)
 	}
 
 	restarted, err := idemredis.New(b.client, &idemredis.Config{Prefix: b.prefix})
