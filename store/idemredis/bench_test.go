@@ -2,10 +2,14 @@ package idemredis_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,19 +19,72 @@ import (
 )
 
 // BenchmarkLeaseVsTwoStepSET measures lease mode on Redis per message
-// against the least a hand-written lease on Redis costs: SET key NX PX
-// (the claim, with an expiry) and then SET key value (the result), two
-// round trips. One worker processes messages with a handler that does
-// nothing, in interleaved rounds of 20 messages of each kind, so that
-// both see the same machine load. Reported per message: lease-ns/msg and
-// set-ns/msg (wall time), lease-allocs/msg and set-allocs/msg (heap
-// allocations in the whole process, from runtime.MemStats.Mallocs), and
-// ratio, the lease's throughput as a fraction of the two-step SET's
-// (set-ns / lease-ns). lease-server-us/msg and set-server-us/msg are the
-// Redis server's own time per message (INFO commandstats: EVALSHA and EVAL, against SET),
-// the part of the gap that no client code can close: read them only
-// when nothing else uses the server during the run.
+// against what a hand-written lease on Redis costs, with 1 and with 8
+// workers processing messages at once (workers=N), in interleaved rounds
+// of 20 messages per worker of each kind, so that all three see the same
+// machine load:
+//   - set: SET key NX PX (the claim, with an expiry) and then SET key
+//     value (the result), two round trips and no fencing token: the least
+//     a lease costs;
+//   - hand: a hand-written Lua lease with a fencing token (handAcquire,
+//     handComplete: a hash per key with its token, its lease's end by the
+//     server's clock and its result; the result written only by the token
+//     that holds the key), two round trips: the same guarantee as lease
+//     mode's core, without its fingerprint, recovery points, attempt count
+//     or retention index;
+//   - lease: idem.LeaseConsumer.Process with a handler that does nothing.
+//
+// Reported per message, for each kind: ns/msg (wall time), allocs/msg
+// (heap allocations in the whole process, runtime.MemStats.Mallocs),
+// cpu-us/msg (this process's CPU, getrusage), server-us/msg (the Redis
+// server's time in its commands, INFO commandstats: EVALSHA and EVAL, or
+// SET) and server-cpu-us/msg (the server process's CPU, INFO cpu, network
+// included); and ratio (set-ns / lease-ns) and hand-ratio (hand-ns /
+// lease-ns), the lease's throughput as a fraction of each. The server
+// figures count every client of the server: read them only when nothing
+// else uses it during the run.
 func BenchmarkLeaseVsTwoStepSET(b *testing.B) {
+	for _, workers := range []int{1, 8} {
+		b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) { benchLeaseVsSET(b, workers) })
+	}
+}
+
+// handAcquire and handComplete are the hand-written fenced lease of
+// BenchmarkLeaseVsTwoStepSET. handAcquire: KEYS key; ARGV lease (ms).
+// Answers the key's next token when its lease is free (never taken, or
+// ended) and it has no result, -1 when another token holds it, and
+// {0, result} when it is done. handComplete: KEYS key; ARGV token,
+// result. Writes the result only when token still holds the key: 1;
+// otherwise 0.
+var (
+	handAcquire = redis.NewScript(`
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local r = redis.call('HMGET', KEYS[1], 'token', 'until', 'result')
+if r[3] then return {0, r[3]} end
+if r[1] and tonumber(r[2]) > now then return -1 end
+local token = (tonumber(r[1]) or 0) + 1
+redis.call('HSET', KEYS[1], 'token', token, 'until', now + ARGV[1])
+return token
+`)
+	handComplete = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'result', ARGV[2], 'until', 0)
+return 1
+`)
+)
+
+// leaseKind is one of BenchmarkLeaseVsTwoStepSET's contenders: its totals.
+type leaseKind struct {
+	name             string
+	d                time.Duration
+	allocs           uint64
+	cpu              time.Duration
+	serverUs, srvCPU float64
+	run              func(w, i int) error // process message i of worker w
+}
+
+func benchLeaseVsSET(b *testing.B, workers int) {
 	tb := setup(b, nil)
 	ctx := context.Background()
 	c, err := idem.NewLeaseConsumer(tb.store, idem.Config{Name: "bench", PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler)})
@@ -36,83 +93,119 @@ func BenchmarkLeaseVsTwoStepSET(b *testing.B) {
 	}
 	defer c.Close()
 	handler := func(context.Context, *idem.Attempt) (idem.Result, error) { return idem.Result{Body: []byte("ok")}, nil }
-	plainPrefix := tb.prefix + "plain:"
-	defer func() {
-		// The plain keys are under the store's prefix: cleanup deletes them.
-	}()
-	const round = 20
-	var (
-		leaseT, setT           time.Duration
-		leaseAllocs, setAllocs uint64
-		msgs                   int
-		ms                     runtime.MemStats
-		n                      int
-	)
+	// The plain and hand-written keys are under the store's prefix: the
+	// cleanup deletes them.
+	plainPrefix, handPrefix := tb.prefix+"plain:", tb.prefix+"hand:"
 	payload := []byte("payload")
-	stats0 := commandUsec(b, tb.client)
-	for b.Loop() {
-		runtime.ReadMemStats(&ms)
-		m0 := ms.Mallocs
-		start := time.Now()
-		for range round {
-			n++
-			out, err := c.Process(ctx, idem.Message{ID: "m" + strconv.Itoa(n), Payload: payload}, handler)
-			if err != nil || out.Status != idem.Processed {
-				b.Fatalf("Process: %v %v", out.Status, err)
+	id := func(w, i int) string { return strconv.Itoa(w) + "-" + strconv.Itoa(i) }
+	kinds := []*leaseKind{
+		{name: "lease", run: func(w, i int) error {
+			out, err := c.Process(ctx, idem.Message{ID: "m" + id(w, i), Payload: payload}, handler)
+			if err == nil && out.Status != idem.Processed {
+				err = fmt.Errorf("status %v", out.Status)
 			}
-		}
-		leaseT += time.Since(start)
-		runtime.ReadMemStats(&ms)
-		m1 := ms.Mallocs
-		start = time.Now()
-		for range round {
-			key := plainPrefix + strconv.Itoa(n)
-			n++
+			return err
+		}},
+		{name: "set", run: func(w, i int) error {
+			key := plainPrefix + id(w, i)
 			ok, err := tb.client.SetNX(ctx, key, "in-progress", 30*time.Second).Result()
 			if err != nil || !ok {
-				b.Fatalf("SET NX: %v %v", ok, err)
+				return fmt.Errorf("SET NX: %v %v", ok, err)
 			}
-			if err := tb.client.Set(ctx, key, "ok", 24*time.Hour).Err(); err != nil {
-				b.Fatal(err)
+			return tb.client.Set(ctx, key, "ok", 24*time.Hour).Err()
+		}},
+		{name: "hand", run: func(w, i int) error {
+			key := []string{handPrefix + id(w, i)}
+			token, err := handAcquire.Run(ctx, tb.client, key, 30000).Int64()
+			if err != nil || token < 1 {
+				return fmt.Errorf("hand acquire: %d %v", token, err)
 			}
-		}
-		setT += time.Since(start)
-		runtime.ReadMemStats(&ms)
-		leaseAllocs += m1 - m0
-		setAllocs += ms.Mallocs - m1
-		msgs += round
+			if n, err := handComplete.Run(ctx, tb.client, key, token, "ok").Int64(); err != nil || n != 1 {
+				return fmt.Errorf("hand complete: %d %v", n, err)
+			}
+			return nil
+		}},
 	}
-	stats1 := commandUsec(b, tb.client)
-	serverUs := func(cmds ...string) float64 {
-		var us int64
-		for _, c := range cmds {
-			us += stats1[c] - stats0[c]
+	const round = 20
+	var (
+		msgs, n int
+		ms      runtime.MemStats
+	)
+	for b.Loop() {
+		for _, k := range kinds {
+			s0 := serverStats(b, tb.client)
+			runtime.ReadMemStats(&ms)
+			m0, cpu0 := ms.Mallocs, processCPU()
+			start := time.Now()
+			var wg sync.WaitGroup
+			errs := make([]error, workers)
+			for w := range workers {
+				wg.Go(func() {
+					for i := range round {
+						if err := k.run(w, n+i); err != nil {
+							errs[w] = err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			k.d += time.Since(start)
+			k.cpu += processCPU() - cpu0
+			runtime.ReadMemStats(&ms)
+			k.allocs += ms.Mallocs - m0
+			s1 := serverStats(b, tb.client)
+			if err := errors.Join(errs...); err != nil {
+				b.Fatalf("%s: %v", k.name, err)
+			}
+			for _, cmd := range []string{"evalsha", "eval", "set"} {
+				k.serverUs += s1[cmd] - s0[cmd]
+			}
+			k.srvCPU += s1[cpuStat] - s0[cpuStat]
 		}
-		return float64(us) / float64(msgs)
+		n += round
+		msgs += round * workers
 	}
-	b.ReportMetric(serverUs("evalsha", "eval"), "lease-server-us/msg")
-	b.ReportMetric(serverUs("set"), "set-server-us/msg")
-	b.ReportMetric(float64(leaseT.Nanoseconds())/float64(msgs), "lease-ns/msg")
-	b.ReportMetric(float64(setT.Nanoseconds())/float64(msgs), "set-ns/msg")
-	b.ReportMetric(float64(leaseAllocs)/float64(msgs), "lease-allocs/msg")
-	b.ReportMetric(float64(setAllocs)/float64(msgs), "set-allocs/msg")
-	b.ReportMetric(float64(setT)/float64(leaseT), "ratio")
+	for _, k := range kinds {
+		per := func(x float64) float64 { return x / float64(msgs) }
+		b.ReportMetric(per(float64(k.d.Nanoseconds())), k.name+"-ns/msg")
+		b.ReportMetric(per(float64(k.allocs)), k.name+"-allocs/msg")
+		b.ReportMetric(per(float64(k.cpu.Microseconds())), k.name+"-cpu-us/msg")
+		b.ReportMetric(per(k.serverUs), k.name+"-server-us/msg")
+		b.ReportMetric(per(k.srvCPU), k.name+"-server-cpu-us/msg")
+	}
+	b.ReportMetric(float64(kinds[1].d)/float64(kinds[0].d), "ratio")
+	b.ReportMetric(float64(kinds[2].d)/float64(kinds[0].d), "hand-ratio")
 }
 
-// commandUsec returns the server's total time in microseconds per command
-// name (lower case), from INFO commandstats: a script's time includes the
-// commands it calls.
-func commandUsec(tb testing.TB, client redis.UniversalClient) map[string]int64 {
+// cpuStat is serverStats's key for the server process's CPU time.
+const cpuStat = "~cpu"
+
+// serverStats returns the server's total time in microseconds per command
+// name (lower case), from INFO commandstats (a script's time includes the
+// commands it calls), and under cpuStat its process's CPU time in
+// microseconds (INFO cpu: used_cpu_sys + used_cpu_user).
+func serverStats(tb testing.TB, client redis.UniversalClient) map[string]float64 {
 	tb.Helper()
-	info, err := client.Info(context.Background(), "commandstats").Result()
+	info, err := client.Info(context.Background(), "commandstats", "cpu").Result()
 	if err != nil {
-		tb.Fatalf("INFO commandstats: %v", err)
+		tb.Fatalf("INFO commandstats cpu: %v", err)
 	}
-	usec := map[string]int64{}
+	usec := map[string]float64{}
 	for line := range strings.Lines(info) {
+		line = strings.TrimSpace(line)
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(line, k); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					tb.Fatalf("INFO cpu: %q: %v", line, err)
+				}
+				usec[cpuStat] += f * 1e6
+			}
+		}
 		// cmdstat_set:calls=3,usec=12,usec_per_call=4.00,...
-		name, fields, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":")
-		if !ok || strings.HasPrefix(line, "#") {
+		name, fields, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
+		if !ok || !strings.HasPrefix(line, "cmdstat_") {
 			continue
 		}
 		for f := range strings.SplitSeq(fields, ",") {
@@ -121,11 +214,20 @@ func commandUsec(tb testing.TB, client redis.UniversalClient) map[string]int64 {
 				if err != nil {
 					tb.Fatalf("INFO commandstats: %q: %v", line, err)
 				}
-				usec[name] = n
+				usec[name] = float64(n)
 			}
 		}
 	}
 	return usec
+}
+
+// processCPU returns this process's CPU time so far (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkLeaseRoundTrips reports lease mode's store calls per message

@@ -53,7 +53,8 @@
 // [idemdriver.RecordState]), fingerprint, token, attempt, lease_until_ms
 // (the lease's end, while in progress), released (present while the
 // attempt holding token has released it), result, content_type,
-// last_error, created_ms, updated_ms, finished_ms, v (the layout, 2) and
+// last_error, created_ms, updated_ms (the last takeover or release; absent
+// until then), finished_ms, v (the layout, 2) and
 // one field "s:" + name per recovery point, holding its result. A record
 // without v was written by a version before layout 2, which kept its
 // recovery points in the steps hash beside it (step name -> result); such

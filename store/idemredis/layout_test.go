@@ -145,7 +145,7 @@ func TestLayout2IgnoresStaleStepsHash(t *testing.T) {
 		t.Fatalf("Acquire: %+v, %v", res, err)
 	}
 	rec := b.record(t, "c", "m")
-	if rec["v"] != "2" || rec["s:run:1"] != "" || len(rec) != 9 {
+	if rec["v"] != "2" || rec["s:run:1"] != "" || len(rec) != 8 {
 		t.Errorf("new record %q: want v=2 and its point s:run:1 in the record", rec)
 	}
 	if err := b.store.SaveStep(b.ctx, &idemdriver.StepParams{Consumer: "c", MessageID: "m", Token: 1, Step: "charge", Result: []byte("ch_1")}); err != nil {

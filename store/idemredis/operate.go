@@ -1,6 +1,7 @@
 package idemredis
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -115,7 +116,9 @@ func recordOf(consumer, id string, h map[string]string) idemdriver.Record {
 	}
 	at := n("finished_ms")
 	if r.State == idemdriver.StateInProgress || at == 0 {
-		at = n("updated_ms")
+		// Its last takeover or release, else its creation (a record
+		// acquired once has no updated_ms).
+		at = cmp.Or(n("updated_ms"), n("created_ms"))
 	}
 	r.ProcessedAt = time.UnixMilli(at).UTC()
 	if r.State == idemdriver.StateInProgress {

@@ -25,9 +25,13 @@ import "github.com/redis/go-redis/v9"
 // (state 0: no record), which the Go side turns into idemdriver.ErrLeaseLost.
 //
 // The scripts of a message's two round trips (acquireScript and the
-// complete scripts) are written for the server's time per call: no helper
-// functions, one TIME, one HMGET and one HSET each, a new record written
-// with its recovery point in one HSET and no other key.
+// complete scripts) are written for the server's time per call, which
+// grows with every redis.call and with every field read or written: no
+// helper functions; a new record is created by TIME, EXISTS and one HSET
+// of its fields and its run point, with no other key and no updated_ms
+// (a record's updated_ms is its last takeover or release; readers fall
+// back to created_ms); a completion is HMGET, TIME, the index's ZADD and
+// one HSET of four fields.
 
 // stepField starts the field of a recovery point in a record hash of
 // layout 2 (v = 2); no other record field starts with it.
@@ -79,19 +83,19 @@ var acquireScript = redis.NewScript(acquireLua)
 const acquireLua = `
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local r = redis.call('HMGET', KEYS[1], 'state', 'fingerprint', 'token', 'attempt',
-	'lease_until_ms', 'result', 'content_type', 'last_error', 'v')
-if not r[1] then
+if redis.call('EXISTS', KEYS[1]) == 0 then
 	if ARGV[3] == '' then
 		redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
-			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'updated_ms', now, 'v', 2)
+			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'v', 2)
 	else
 		redis.call('HSET', KEYS[1], 'state', 1, 'fingerprint', ARGV[1], 'token', 1, 'attempt', 1,
-			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'updated_ms', now, 'v', 2,
+			'lease_until_ms', now + ARGV[2], 'created_ms', now, 'v', 2,
 			'` + stepField + `' .. ARGV[3] .. '1', '')
 	end
 	return 1
 end
+local r = redis.call('HMGET', KEYS[1], 'state', 'fingerprint', 'token', 'attempt',
+	'lease_until_ms', 'result', 'content_type', 'last_error', 'v')
 local state = tonumber(r[1])
 local lease_until = tonumber(r[5]) or 0
 if state == 1 and now >= lease_until and r[2] == ARGV[1] then
@@ -187,8 +191,9 @@ var (
 // The ownership test is owns's, written out; a record that is completed
 // by this token with this very result and content type is a Complete
 // repeated because the reply of the one that landed was lost (a cut
-// connection), and answers 1. A completed record's lease_until_ms is not
-// written: only a record in progress has a lease.
+// connection), and answers 1. Only state, result, content_type and
+// finished_ms are written: a completed record has no lease, and its time
+// is finished_ms.
 func completeLua(index string) string {
 	return `
 local token = tonumber(ARGV[1])
@@ -205,8 +210,7 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 ` + index + `
-redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3],
-	'updated_ms', now, 'finished_ms', now)
+redis.call('HSET', KEYS[1], 'state', 2, 'result', ARGV[2], 'content_type', ARGV[3], 'finished_ms', now)
 return 1
 `
 }
@@ -252,10 +256,10 @@ return now
 // old, or written at or after the horizon. A record's time is finished_ms,
 // the time of the Complete or terminal Release that settled it.
 var purgeRecordScript = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'state', 'finished_ms', 'updated_ms')
+local r = redis.call('HMGET', KEYS[1], 'state', 'finished_ms', 'updated_ms', 'created_ms')
 local state = tonumber(r[1])
 if not state then return 0 end
-local at = tonumber(r[2]) or tonumber(r[3]) or 0
+local at = tonumber(r[2]) or tonumber(r[3]) or tonumber(r[4]) or 0
 if (state == 2 or state == 3) and at < tonumber(ARGV[1]) then
 	if ARGV[2] == '1' then redis.call('UNLINK', KEYS[1], KEYS[2]) end
 	return 1
