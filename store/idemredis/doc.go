@@ -242,14 +242,16 @@
 // also indexes the message for retention (through a Cluster client the
 // index is one more command). Renewals cost nothing until a handler runs
 // for Lease/3: the consumer's one renewal timer schedules them.
-// BenchmarkLeaseVsTwoStepSET measures both, interleaved, on one worker,
-// and reports the lease's throughput as a fraction of the two-step SET's
-// (ratio) and heap allocations per message in the whole process. On a
-// loaded 2-core machine (load average 10 to 15), 6 runs of 2000 messages
-// each: ratio median 0.62 (0.57 to 0.73); 60 allocations per message
-// against the SETs' 17 (go-redis's own per command cost included). Before
-// the shared renewal timer and the single complete script, the same
-// benchmark measured 0.38 and 88 allocations.
+// BenchmarkLeaseVsTwoStepSET measures it, with 1 and 8 workers,
+// interleaved with two plain SETs and with a hand-written Lua lease with a
+// fencing token (two scripts: TIME, HMGET and HSET; HGET and HSET), and
+// reports wall time, allocations, client CPU and the server's time and
+// CPU per message of each. On the server, a script's cost grows with
+// every redis.call and every field it reads or writes: a new message
+// costs TIME, EXISTS and one HSET (the record with its run point), then
+// HMGET, TIME, the retention index's ZADD and one HSET of four fields,
+// about 1.6 times the server instructions of the hand-written lease
+// (docs/benchmarks.md has the figures).
 //
 // # Testing
 //
