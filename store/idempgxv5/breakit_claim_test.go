@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/faultproxy"
 	"github.com/idem-go/idem/store/idempgxv5"
@@ -242,4 +243,52 @@ func claimNoLeak(t *testing.T, o poolOpts) {
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.store.Table()).Scan(&n); err != nil || n != 1+workers*rounds/4 {
 		t.Errorf("%d records, %v; want %d (the duplicate and the committed new ones)", n, err, 1+workers*rounds/4)
 	}
+}
+
+// TestBreakProcessDuplicateFaults: through Consumer.Process, a redelivery
+// whose read of the stored record fails (the context cancelled, the
+// backend terminated between the conflicting claim and the read) is not
+// acknowledged and runs no handler; the next redelivery is a Duplicate,
+// acknowledged, and the effect was written once.
+func TestBreakProcessDuplicateFaults(t *testing.T) {
+	ctx := context.Background()
+	app := randName("breakit_")
+	pool := namedPool(t, testURL(t), app, 2)
+	b := setupOn(t, pool)
+	admin := newPool(t, poolOpts{maxConns: 1})
+	c := b.consumer(t, "dup-faults")
+	msg := idem.Message{ID: "m", Payload: []byte("p")}
+	if out, err := c.Process(ctx, msg, b.effectHandler()); err != nil || out.Status != idem.Processed {
+		t.Fatalf("first delivery: %v, %v", out.Status, err)
+	}
+	ran := 0
+	counting := func(ctx context.Context, tx pgx.Tx, m idem.Message) error { ran++; return nil }
+
+	cctx, cancel := context.WithCancel(ctx)
+	restore := idempgxv5.SetAfterConflict(cancel)
+	out, err := c.Process(cctx, msg, counting)
+	restore()
+	if err == nil || out.Ack() {
+		t.Errorf("redelivery cancelled after the conflict: %v, %v; want an error, not acknowledged", out.Status, err)
+	}
+
+	restore = idempgxv5.SetAfterConflict(func() {
+		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'`, app); err != nil {
+			t.Error(err)
+		}
+	})
+	out, err = c.Process(ctx, msg, counting)
+	restore()
+	if err == nil || out.Ack() {
+		t.Errorf("redelivery whose backend died after the conflict: %v, %v; want an error, not acknowledged", out.Status, err)
+	}
+
+	out, err = c.Process(ctx, msg, counting)
+	if err != nil || out.Status != idem.Duplicate || !out.Ack() {
+		t.Errorf("redelivery after the faults: %v, %v; want an acknowledged Duplicate", out.Status, err)
+	}
+	if ran != 0 || b.countEffects(t, "m") != 1 {
+		t.Errorf("handler ran %d times on redeliveries, %d effects; want 0 and 1", ran, b.countEffects(t, "m"))
+	}
+	checkPool(t, pool)
 }

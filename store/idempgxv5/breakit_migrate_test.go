@@ -45,7 +45,7 @@ func TestBreakMigrateKilledMidBuild(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- killed.Migrate(ctx) }()
-	waitForLockWaiters(t, u.direct, "CREATE INDEX CONCURRENTLY", 1)
+	waitForLockWaiters(t, u.direct, "CREATE INDEX CONCURRENTLY "+u.table+"_outbox_khash", 1)
 	var n int
 	if err := u.direct.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil || n < 2 {
 		t.Fatalf("terminated %d of the migration's backends (%v); want its lock's and its build's", n, err)
