@@ -292,3 +292,45 @@ func TestBreakProcessDuplicateFaults(t *testing.T) {
 	}
 	checkPool(t, pool)
 }
+
+// TestBreakHandlerEndsItsTx: a handler that ends the transaction it was
+// given (Rollback, or Commit, which the core's commit then finds ended)
+// and returns nil: a rolled-back delivery is not acknowledged and its
+// redelivery runs the handler again; a committed one is a Duplicate on
+// redelivery. No connection leaks either way.
+func TestBreakHandlerEndsItsTx(t *testing.T) {
+	ctx := context.Background()
+	b := setup(t, poolOpts{maxConns: 2})
+	c := b.consumer(t, "ends-tx")
+
+	out, err := c.Process(ctx, idem.Message{ID: "rolled", Payload: []byte("p")}, func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if err := b.writeEffect(ctx, tx, m.ID); err != nil {
+			return err
+		}
+		return tx.Rollback(ctx)
+	})
+	if out.Ack() || err == nil {
+		t.Errorf("handler rolled its transaction back: %v, %v; want an error, not acknowledged", out.Status, err)
+	}
+	if out, err := c.Process(ctx, idem.Message{ID: "rolled", Payload: []byte("p")}, b.effectHandler()); err != nil || out.Status != idem.Processed {
+		t.Errorf("redelivery after the handler's rollback: %v, %v; want Processed", out.Status, err)
+	}
+	if n := b.countEffects(t, "rolled"); n != 1 {
+		t.Errorf("%d effects of the rolled-back message, want 1 (the redelivery's)", n)
+	}
+
+	out, err = c.Process(ctx, idem.Message{ID: "committed", Payload: []byte("p")}, func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if err := b.writeEffect(ctx, tx, m.ID); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})
+	t.Logf("handler committed its transaction itself: %v, %v", out.Status, err)
+	if out, err := c.Process(ctx, idem.Message{ID: "committed", Payload: []byte("p")}, b.effectHandler()); err != nil || out.Status != idem.Duplicate {
+		t.Errorf("redelivery after the handler's own commit: %v, %v; want Duplicate", out.Status, err)
+	}
+	if n := b.countEffects(t, "committed"); n != 1 {
+		t.Errorf("%d effects of the committed message, want 1", n)
+	}
+	checkPool(t, b.pool)
+}
