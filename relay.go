@@ -560,6 +560,14 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 			poll = min(poll*2, r.cfg.MaxPoll)
 		}
 		if purge && !time.Now().Before(nextPurge) {
+			if held != nil {
+				// A purge may outlast the lease (a backlog of rows past
+				// their retention): the held rows are ended first, not
+				// left in place to hold back their keys and, once their
+				// lease ends, to be sent again by another relay.
+				r.endHeld(ctx, held)
+				held = nil
+			}
 			r.purge(ctx)
 			nextPurge = time.Now().Add(r.cfg.PurgeInterval)
 		}

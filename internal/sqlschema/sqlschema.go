@@ -129,7 +129,11 @@ const SmallRows = 10_000
 // so that each run is short, holds its row locks for a moment and the
 // backfill ends. On a table with concurrent writers, what they write must
 // already be in the new form (a trigger, or binaries that write it),
-// or the backfill would chase them.
+// or the backfill would chase them. A run must not skip the rows it
+// cannot lock (SKIP LOCKED): when only locked rows are left, it changes
+// none, which ends the backfill with those rows unchanged; without it,
+// the run waits for them (in a NoTransaction migration, at most its
+// lock_timeout, and then runs again).
 const RepeatMark = "/* idem:repeat */"
 
 // Repeats reports whether statement st is marked with RepeatMark.

@@ -40,7 +40,7 @@ CREATE OR REPLACE TRIGGER {{N}}_consumer_key BEFORE INSERT ON {{T}} FOR EACH ROW
 INSERT INTO {{T}}_consumers (name) SELECT DISTINCT consumer FROM {{T}} ON CONFLICT DO NOTHING;
 DROP INDEX CONCURRENTLY IF EXISTS {{T}}_consumer_key_todo;
 CREATE INDEX CONCURRENTLY {{N}}_consumer_key_todo ON {{T}} (consumer, message_id) WHERE consumer_key IS NULL;
-/* idem:repeat */ UPDATE {{T}} r SET consumer_key = c.key FROM {{T}}_consumers c WHERE c.name = r.consumer AND (r.consumer, r.message_id) IN (SELECT consumer, message_id FROM {{T}} WHERE consumer_key IS NULL LIMIT {{B}} FOR UPDATE SKIP LOCKED);
+/* idem:repeat */ UPDATE {{T}} r SET consumer_key = c.key FROM {{T}}_consumers c WHERE c.name = r.consumer AND (r.consumer, r.message_id) IN (SELECT consumer, message_id FROM {{T}} WHERE consumer_key IS NULL LIMIT {{B}} FOR UPDATE);
 DO $$ BEGIN ALTER TABLE {{T}} ADD CONSTRAINT {{N}}_consumer_key_set CHECK (consumer_key IS NOT NULL) NOT VALID; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 ALTER TABLE {{T}} VALIDATE CONSTRAINT {{N}}_consumer_key_set;
 ALTER TABLE {{T}} ALTER COLUMN consumer_key SET NOT NULL;

@@ -7,7 +7,8 @@
 // percent-encoded (upper- and lowercase hex, path, query and userinfo
 // escaping), and the whole userinfo when the URL does not parse. Scrub
 // also masks the password of any URL or MySQL DSN in the text, and any
-// value given as password= (a libpq keyword/value string, a URL's query),
+// value given as password= (a libpq keyword/value string, a URL's query;
+// also under a name ending in password or passwd, sentinel_password=),
 // known or not, so third-party errors that repeat a URL the Set never saw
 // are masked too. [Set.Writer] applies Scrub to every write (stdout, stderr,
 // logs), and [Set.Err] to an error's text while errors.Is and errors.As
@@ -307,8 +308,9 @@ func lowerHex(s string) string { return hexEscape.ReplaceAllStringFunc(s, string
 var (
 	// keywordPassword finds a password given as a keyword: in a libpq
 	// keyword/value string (password=x, password='x y'), in a URL's query
-	// (?password=x), in a driver's message.
-	keywordPassword = regexp.MustCompile(`(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|"[^"]*"|[^\s&;,"')]+)`)
+	// (?password=x), in a driver's message; also under a name that ends
+	// in password or passwd (sslpassword, sentinel_password, DB_PASSWD).
+	keywordPassword = regexp.MustCompile(`(?i)\b(\w*pass(?:word|wd)\s*=\s*)('(?:[^'\\]|\\.)*'|"[^"]*"|[^\s&;,"')]+)`)
 	// urlToken finds the token of a NATS URL (nats://TOKEN@host): a
 	// userinfo of one part is a token there, not a user name.
 	urlToken    = regexp.MustCompile("(?i)((?:nats|tls|ws|wss)://)[^\\s:@/\"'`<>]+@")
