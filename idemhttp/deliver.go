@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -205,10 +206,16 @@ type Deliverer struct {
 	lc     *idem.LeaseConsumer
 	o      DelivererOptions
 	target string // o.Target, rendered once
-	client *http.Client
-	fin    keyed.Finisher // the recovery points
-	calls  chan struct{}  // one place per call running; nil: no MaxCalls
-	stats  struct {
+	// rt sends the calls: the transport itself, not an http.Client,
+	// whose Do copies each request's headers and URL for redirects the
+	// Deliverer does not follow (a redirect is an answer).
+	rt http.RoundTripper
+	// auth is the Authorization value of o.Target's user information
+	// (basic authentication, as http.Client sets it), or empty.
+	auth  string
+	fin   keyed.Finisher // the recovery points
+	calls chan struct{}  // one place per call running; nil: no MaxCalls
+	stats struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
 	}
@@ -266,12 +273,11 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), client: &http.Client{
-		Transport: noInternalRetry{tr},
-		// A redirect is an answer, not an instruction to send the
-		// message somewhere else.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	if u := o.Target.User; u != nil {
+		pw, _ := u.Password()
+		d.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+pw))
+	}
 	if o.MaxCalls > 0 {
 		d.calls = make(chan struct{}, o.MaxCalls)
 	}
@@ -480,9 +486,13 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	}
 	d.headers(req, a)
 	d.stats.calls.Add(1)
-	resp, err := d.client.Do(req)
+	resp, err := d.rt.RoundTrip(req)
 	if err != nil {
-		return nil, wrote.Load(), err
+		// As http.Client reports it.
+		return nil, wrote.Load(), &url.Error{Op: "Post", URL: d.target, Err: err}
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
 	}
 	defer resp.Body.Close()
 	body, err := readAnswer(resp, d.o.MaxAnswerBytes)
@@ -520,7 +530,7 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	for _, vs := range a.Message.Headers {
 		n += len(vs)
 	}
-	h := make(http.Header, n+5)
+	h := make(http.Header, n+6)
 	req.Header = h
 	ct := d.o.ContentType
 	for name, vs := range a.Message.Headers {
@@ -542,6 +552,9 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00")}
 	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
 		h[name] = vs[i : i+1 : i+1]
+	}
+	if d.auth != "" {
+		h["Authorization"] = []string{d.auth}
 	}
 }
 
