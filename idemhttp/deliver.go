@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -416,7 +417,9 @@ func (d *Deliverer) backoff(n int) time.Duration {
 // deliver is the LeaseHandler's body: one call to the service under the
 // attempt's lease, and the answer to record (nil with an error).
 func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt, slot *callSlot) (*answer, error) {
-	if !d.o.AtLeastOnce {
+	// The first attempt (Number 1) has no earlier one whose call may be
+	// unsettled: no look through its steps (a copy of them).
+	if !d.o.AtLeastOnce && a.Number > 1 {
 		if prev, ok := d.fin.Unsettled(a); ok {
 			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
 				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
@@ -524,7 +527,8 @@ func readAnswer(resp *http.Response, limit int64) ([]byte, error) {
 }
 
 // headers sets the request headers of the delivery, in a map sized for
-// them whose own values share one slice (one allocation, not one each).
+// them whose values share one slice (one allocation, not one per value;
+// a second value of a name gets its own).
 func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	n := 0
 	for _, vs := range a.Message.Headers {
@@ -532,11 +536,13 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	}
 	h := make(http.Header, n+6)
 	req.Header = h
+	vals := make([]string, 0, n+5)
 	ct := d.o.ContentType
 	for name, vs := range a.Message.Headers {
 		if !validHeaderName(name) {
 			continue
 		}
+		key := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
 		for _, v := range vs {
 			if !validHeaderValue(v) {
 				continue
@@ -544,14 +550,20 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 			if strings.EqualFold(name, "Content-Type") {
 				ct = v
 			}
-			h.Add(HeaderBrokerPrefix+name, v)
+			if prev, ok := h[key]; ok {
+				h[key] = append(prev, v) // as Header.Add
+				continue
+			}
+			vals = append(vals, v)
+			h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
 		}
 	}
 	// The names are in canonical form already (what Header.Set makes).
-	vs := []string{ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
-		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00")}
+	k := len(vals)
+	vals = append(vals, ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
+		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
-		h[name] = vs[i : i+1 : i+1]
+		h[name] = vals[k+i : k+i+1 : k+i+1]
 	}
 	if d.auth != "" {
 		h["Authorization"] = []string{d.auth}
