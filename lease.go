@@ -111,8 +111,14 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		// The attempt's context, made now: the Acquire runs on it, its
 		// store timeout kept by the renewal scheduler (no timer nor
 		// context of its own), and it is Attempt.Context once the
-		// message is held (held).
+		// message is held (held). Cancelled when the message is not
+		// held, so that a caller's long-lived context keeps no child.
 		ap.bound.init(ctx, d)
+		defer func() {
+			if ap.bound.cancel != nil { // not handed over by held
+				ap.bound.cancel(context.Canceled)
+			}
+		}()
 	}
 	for {
 		// The lease cannot have started before this instant, by our clock.
