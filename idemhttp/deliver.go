@@ -212,11 +212,13 @@ type Deliverer struct {
 	// Deliverer does not follow (a redirect is an answer).
 	rt http.RoundTripper
 	// auth is the Authorization value of o.Target's user information
-	// (basic authentication, as http.Client sets it), or empty.
-	auth  string
-	fin   keyed.Finisher // the recovery points
-	calls chan struct{}  // one place per call running; nil: no MaxCalls
-	stats struct {
+	// (basic authentication, as http.Client sets it), or empty; errURL
+	// is target with its password replaced by "***", as http.Client
+	// reports it in errors.
+	auth, errURL string
+	fin          keyed.Finisher // the recovery points
+	calls        chan struct{}  // one place per call running; nil: no MaxCalls
+	stats        struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
 	}
@@ -275,9 +277,13 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
 	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	d.errURL = d.target
 	if u := o.Target.User; u != nil {
-		pw, _ := u.Password()
+		pw, set := u.Password()
 		d.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+pw))
+		if set {
+			d.errURL = strings.Replace(d.target, pw+"@", "***@", 1)
+		}
 	}
 	if o.MaxCalls > 0 {
 		d.calls = make(chan struct{}, o.MaxCalls)
@@ -492,7 +498,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	resp, err := d.rt.RoundTrip(req)
 	if err != nil {
 		// As http.Client reports it.
-		return nil, wrote.Load(), &url.Error{Op: "Post", URL: d.target, Err: err}
+		return nil, wrote.Load(), &url.Error{Op: "Post", URL: d.errURL, Err: err}
 	}
 	if resp.Body == nil {
 		resp.Body = http.NoBody

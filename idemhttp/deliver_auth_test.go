@@ -1,10 +1,13 @@
 package idemhttp
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/textproto"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 
@@ -27,6 +30,13 @@ func TestDeliverTargetUserInfo(t *testing.T) {
 		user, pass, ok := b.svc.last.BasicAuth()
 		if !ok || user != "alice" || pass != "s3cret" {
 			t.Fatalf("basic auth = %q %q %v; want alice s3cret", user, pass, ok)
+		}
+		// A transport error names the target without its password.
+		b.d.rt = roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, errors.New("refused") })
+		_, _, err := b.d.call(context.Background(), &idem.Attempt{Message: idem.Message{ID: "n"}}, &callSlot{})
+		var ue *url.Error
+		if !errors.As(err, &ue) || ue.Op != "Post" || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "alice:***@") {
+			t.Fatalf("call error = %v; want a *url.Error naming alice:***@", err)
 		}
 	})
 }
