@@ -107,10 +107,18 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 			return nil, out, err
 		}
 	}
-	if d := c.storeTimeout(); d > 0 && ctx.Done() == nil {
-		// A caller that cannot cancel: one context for the message's
-		// calls (callBound).
+	if d := c.storeTimeout(); d > 0 {
+		// The attempt's context, made now: the Acquire runs on it, its
+		// store timeout kept by the renewal scheduler (no timer nor
+		// context of its own), and it is Attempt.Context once the
+		// message is held (held). Cancelled when the message is not
+		// held, so that a caller's long-lived context keeps no child.
 		ap.bound.init(ctx, d)
+		defer func() {
+			if ap.bound.cancel != nil { // not handed over by held
+				ap.bound.cancel(context.Canceled)
+			}
+		}()
 	}
 	for {
 		// The lease cannot have started before this instant, by our clock.
@@ -167,7 +175,7 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 
 // acquireParams is an acquisition's parameters, the array its default
 // fingerprint is summed into and the context of its store calls
-// (callBound, kept for the attempt's final write), allocated with the
+// (callBound, which becomes the attempt's Context), allocated with the
 // attempt (Attempt.acq).
 type acquireParams struct {
 	p     idemdriver.AcquireParams
@@ -190,7 +198,16 @@ func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Mess
 		h.onLease(ctx, h.takeover, LeaseEvent{MessageID: msg.ID, Attempt: acq.Attempt, Token: acq.Token, Latency: time.Since(leaseFrom)})
 	}
 	a.hctx = ctx
-	a.ctx, a.cancelCtx = context.WithCancelCause(ctx)
+	if b := &a.acq.bound; b.ctx != nil && b.ctx.Err() == nil {
+		// The Acquire's context, derived from ctx and no longer in the
+		// scheduler (its call ended): the attempt's, one context fewer.
+		a.ctx, a.cancelCtx = b.ctx, b.cancel
+	} else {
+		// No store timeout, or the caller's context ended, or the store
+		// timeout fired as the Acquire returned.
+		a.ctx, a.cancelCtx = context.WithCancelCause(ctx)
+	}
+	a.acq.bound = callBound{}
 	c.renewals.add(a, time.Now())
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
@@ -240,10 +257,12 @@ type Attempt struct {
 	ctx       context.Context         // hctx, also cancelled when the attempt's lease is lost or it ends
 	cancelCtx context.CancelCauseFunc // cancels ctx
 	rs        renewalState            // guarded by c.renewals.mu
-	// acq is the acquisition's parameters and its callBound (acq.bound),
-	// the context of the final write Process makes when it was made
-	// (its ctx is nil otherwise).
+	// acq is the acquisition's parameters and its callBound (acq.bound,
+	// cleared once its context is ctx).
 	acq acquireParams
+	// fin is the context of the final write Process makes (callBound;
+	// its ctx is nil when Process made none).
+	fin callBound
 
 	mu sync.Mutex
 	// lctx is LeaseContext, made by its first call (most attempts never
@@ -584,11 +603,12 @@ func (a *Attempt) finish(out Outcome, err error) (Outcome, error) {
 		return out, err
 	}
 	a.ended = true
+	finCancel := a.fin.cancel
 	a.mu.Unlock()
 	a.c.renewals.remove(a)
 	a.cancel(ErrAttemptEnded)
-	if a.acq.bound.cancel != nil {
-		a.acq.bound.cancel(ErrAttemptEnded)
+	if finCancel != nil {
+		finCancel(ErrAttemptEnded)
 	}
 	a.t.end(a.hctx, out, err)
 	return out, err

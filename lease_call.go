@@ -9,14 +9,14 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 )
 
-// callBound is the context of a lease-mode message's store calls when
-// the caller's context cannot be cancelled (no Done channel): one
-// cancellable context per message, made at its Acquire and used again
-// by its final write, instead of a context and a timer per call
-// (callCtx). Each call is bounded by Config.StoreTimeout all the same:
-// while it runs, its deadline is in the consumer's renewal scheduler,
-// whose one timer cancels the context, with cause ErrStoreTimeout, when
-// the call outlasts it. A context cancelled that way serves no later
+// callBound is the context of one or more store calls of a lease-mode
+// message, bounded by Config.StoreTimeout without a timer or a context
+// per call (callCtx): while a call runs, its deadline is in the
+// consumer's renewal scheduler, whose one timer cancels the context, with
+// cause ErrStoreTimeout, when the call outlasts it. The Acquire's is made
+// from the caller's context and becomes the attempt's Context once the
+// message is held; the final write of Process has one of its own,
+// detached from the caller. A context cancelled that way serves no later
 // call (each then falls back to callCtx); so does one in use by another
 // call of the same attempt.
 type callBound struct {
@@ -33,8 +33,7 @@ type callBound struct {
 	idx      int
 }
 
-// init makes b's context, derived from parent, which cannot be
-// cancelled, for calls bounded by d.
+// init makes b's context, derived from parent, for calls bounded by d.
 func (b *callBound) init(parent context.Context, d time.Duration) {
 	b.ctx, b.cancel = context.WithCancelCause(parent)
 	b.d, b.idx = d, -1

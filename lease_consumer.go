@@ -119,19 +119,22 @@ func (c *LeaseConsumer) ProcessWith(ctx context.Context, msg Message, opt Acquir
 	// by each store call's own StoreTimeout when that is no longer (one
 	// context fewer per message), else by a context of its own.
 	fctx := withoutCancel(a.hctx)
-	var bound *callBound
-	if d := c.storeTimeout(); d <= 0 || d > finishTimeout {
+	d := c.storeTimeout()
+	if d <= 0 || d > finishTimeout {
 		var cancel context.CancelFunc
 		fctx, cancel = context.WithTimeout(fctx, finishTimeout)
 		defer cancel()
-	} else if a.acq.bound.ctx != nil {
-		// The acquisition's callBound derives from a.hctx, which cannot
-		// be cancelled (so fctx is a.hctx): no context of its own for
-		// the final write.
-		bound = &a.acq.bound
 	}
+	var bound *callBound
 	a.mu.Lock()
 	lost := a.lost
+	if d > 0 && d <= finishTimeout && !a.ended && !lost && herr == nil {
+		// One context for the final write, detached from the caller,
+		// its store timeout kept by the renewal scheduler (callBound):
+		// no timer of its own. Made under a.mu: finish reads it.
+		a.fin.init(fctx, d)
+		bound = &a.fin
+	}
 	a.mu.Unlock()
 	switch {
 	case lost:

@@ -167,7 +167,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var roundTrips int
 	fs.IntVar(&roundTrips, "round-trips", 0, "only print lease mode's store calls per message (new, duplicate, release; now and before the acquire recorded the run point), over this many messages per case, for memory, sqlite, postgres (pgx and database/sql, when "+envPostgresDurable+" or "+envPostgres+" is set), mariadb ("+envMySQL+") and redis ("+envRedis+"), and exit")
 	var sidecar int
-	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+", and exit")
+	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+" (or "+envSidecarBroker+"=kafka: kfake in this process); "+envCPUPIDs+"=name=PID,... adds the CPU of those servers; and exit")
 	var process time.Duration
 	fs.DurationVar(&process, "process", 0, "only measure the store alone, no broker: best_checked, idem, best_checked_duplicate, duplicate, best_checked_batch100 and idem_batch100 for this long each, --rounds rounds (default 5), --workers at a time, on --stores (postgres, postgres-sql (database/sql), mysql, sqlite; default sqlite and postgres when its URL is set), with CPU, log bytes and allocations per message, and exit")
 	var only string

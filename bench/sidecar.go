@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -108,6 +107,10 @@ type usage struct {
 	cpu            time.Duration
 	mallocs, bytes uint64
 	maxRSS         int64 // kilobytes (getrusage's ru_maxrss on Linux)
+	// storeCalls and storeTrips are the claims and completions idem
+	// consume sent to its store and the batches they went in (store
+	// round trips, one commit each); zero when unknown.
+	storeCalls, storeTrips uint64
 }
 
 // sidecarResult is one run's figures.
@@ -116,11 +119,16 @@ type sidecarResult struct {
 	rate      float64 // distinct messages per second, first call to the last new one
 	calls     int     // calls the service received
 	used      usage   // the contender's process
+	// cpu is the CPU this process (the service, and the contender when
+	// it runs here) and the watched servers used from the contender's
+	// start to its stop.
+	cpu cpuSample
 }
 
 // runSidecar measures `idem consume` against a bare Go relay that only
 // fetches from JetStream, POSTs and acks (nats.go's Fetch, the same
-// concurrency), with a do-nothing HTTP service in this process: n messages
+// concurrency), or, with envSidecarBroker=kafka, polls kfake, POSTs and
+// commits (kafkaBus), with a do-nothing HTTP service in this process: n messages
 // per run, rounds rounds with the contenders interleaved; throughput is
 // distinct messages the service received per second, from its first call
 // to the call that completed the set. Stores: SQLite, and PostgreSQL and
@@ -131,10 +139,33 @@ type sidecarResult struct {
 // (directConsumer) that each idem consume run is also compared with. The
 // idem binary is built from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
-	natsURL := os.Getenv(envNATS)
-	if natsURL == "" {
-		return fmt.Errorf("--sidecar needs a NATS server with JetStream: set %s (scripts/services prints it)", envNATS)
+	procs, err := watchedProcs()
+	if err != nil {
+		return err
 	}
+	var bus sidecarBus
+	var js jetstream.JetStream // set on NATS: the direct Go consumers' broker
+	switch b := os.Getenv(envSidecarBroker); b {
+	case "", "nats":
+		natsURL := os.Getenv(envNATS)
+		if natsURL == "" {
+			return fmt.Errorf("--sidecar needs a NATS server with JetStream: set %s (scripts/services prints it)", envNATS)
+		}
+		nb, err := newNATSBus(natsURL)
+		if err != nil {
+			return err
+		}
+		bus, js = nb, nb.js
+	case "kafka":
+		kb, err := newKafkaBus(ctx)
+		if err != nil {
+			return err
+		}
+		bus = kb
+	default:
+		return fmt.Errorf("%s: %q: want nats or kafka", envSidecarBroker, b)
+	}
+	defer bus.close()
 	dir, err := os.MkdirTemp("", "idem-bench-sidecar-")
 	if err != nil {
 		return err
@@ -147,15 +178,6 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			return fmt.Errorf("building ./cmd/idem (run from the repository root): %v\n%s", err, out)
 		}
 	}
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		return fmt.Errorf("NATS: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	svc := &sidecarService{runs: map[string]*serviceRun{}}
 	srv := httptest.NewServer(svc)
 	defer srv.Close()
@@ -163,7 +185,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	var rb [3]byte
 	_, _ = rand.Read(rb[:])
 	runID := hex.EncodeToString(rb[:])
-	contenders := []sidecarContender{{"bare relay", bareRelay(js, concurrency)}}
+	contenders := []sidecarContender{{"bare relay", bus.bareRelay(concurrency)}}
 	stores := []struct{ name, url string }{{"sqlite", "sqlite:" + filepath.Join(dir, "STORE.db")}}
 	if u := postgresURL(); u != "" {
 		stores = append(stores, struct{ name, url string }{"postgres", u})
@@ -177,7 +199,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		baseDir = dir // an earlier build with --memstats
 	}
 	for _, st := range stores {
-		if st.name != "redis" { // the bench module has no Redis store
+		if st.name != "redis" && js != nil { // the bench module has no Redis store; the direct consumer is on JetStream
 			direct := st.url
 			if st.name == "sqlite" {
 				direct = "sqlite"
@@ -200,12 +222,12 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
-				idemConsume(bin, natsURL, st.url, v.batch, concurrency, dir, v.extra...),
+				idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, v.extra...),
 			})
 			if base != "" && v.batch > 1 {
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
-					idemConsume(base, natsURL, st.url, v.batch, concurrency, baseDir, v.extra...),
+					idemConsume(base, bus.url(), st.url, v.batch, concurrency, baseDir, v.extra...),
 				})
 			}
 		}
@@ -223,7 +245,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	for round := range rounds + 1 { // round 0 warms up and is discarded
 		for i, c := range contenders {
 			tag := fmt.Sprintf("sc_%s_%d_%d", runID, round, i)
-			r, err := sidecarRun(ctx, js, svc, srv.URL, c, tag, n)
+			r, err := sidecarRun(ctx, bus, svc, srv.URL, c, tag, n, procs)
 			if err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
@@ -271,6 +293,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
 			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), vsDirect, orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
+	writeSidecarCPU(&b, contenders, results, procs, n)
 	_, err = io.WriteString(w, b.String())
 	return err
 }
@@ -293,39 +316,17 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// sidecarRun publishes n messages to a new stream, runs c until the
-// service has had every one, and stops it.
-func sidecarRun(ctx context.Context, js jetstream.JetStream, svc *sidecarService, base string, c sidecarContender, tag string, n int) (sidecarResult, error) {
-	stream, subject := strings.ToUpper(tag), "bench."+tag
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{subject}, Storage: jetstream.FileStorage}); err != nil {
-		return sidecarResult{}, fmt.Errorf("create stream: %w", err)
+// sidecarRun publishes n messages to a new stream (topic), runs c until
+// the service has had every one, and stops it.
+func sidecarRun(ctx context.Context, bus sidecarBus, svc *sidecarService, base string, c sidecarContender, tag string, n int, procs []watchedProc) (sidecarResult, error) {
+	stream, subject, cleanup, err := bus.publish(ctx, tag, n, []byte(`{"amount_cents":1250,"currency":"EUR"}`))
+	if err != nil {
+		return sidecarResult{}, err
 	}
-	defer func() { _ = js.DeleteStream(context.WithoutCancel(ctx), stream) }()
-	payload := []byte(`{"amount_cents":1250,"currency":"EUR"}`)
-	var pubErr error
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: payload,
-			Header: nats.Header{nats.MsgIdHdr: []string{fmt.Sprintf("%s-%d", tag, i)}}})
-		if err != nil {
-			return sidecarResult{}, fmt.Errorf("publish: %w", err)
-		}
-		futures = append(futures, f)
-	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			pubErr = errors.Join(pubErr, err)
-		case <-ctx.Done():
-			return sidecarResult{}, ctx.Err()
-		}
-	}
-	if pubErr != nil {
-		return sidecarResult{}, fmt.Errorf("publish: %w", pubErr)
-	}
+	defer cleanup()
 	path := "/" + tag
 	run := svc.expect(path, n)
+	cpu0 := sampleCPU(procs)
 	stop, err := c.start(ctx, stream, subject, base+path, tag)
 	if err != nil {
 		return sidecarResult{}, err
@@ -340,18 +341,19 @@ func sidecarRun(ctx context.Context, js jetstream.JetStream, svc *sidecarService
 		return sidecarResult{}, ctx.Err()
 	}
 	used := stop()
+	cpu := sampleCPU(procs).sub(cpu0)
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
-	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls, used: used}, nil
+	return sidecarResult{contender: c.name, rate: float64(n) / run.last.Sub(run.first).Seconds(), calls: run.calls, used: used, cpu: cpu}, nil
 }
 
 // bareRelay is the contender that only moves messages: a durable pull
 // consumer fetched 64 at a time (nats.go's Fetch), concurrency workers
 // that POST each message with its ID as Idempotency-Key and ack it after
 // a 2xx.
-func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
+func (b *natsBus) bareRelay(concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
 	return func(ctx context.Context, stream, _, url, _ string) (func() usage, error) {
-		cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
+		cons, err := b.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bare", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second})
 		if err != nil {
 			return nil, err
 		}
@@ -414,7 +416,7 @@ func bareRelay(js jetstream.JetStream, concurrency int) func(ctx context.Context
 func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string, extra ...string) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
 	return func(ctx context.Context, _, subject, url, tag string) (func() usage, error) {
 		args := []string{"consume", "--broker", natsURL, "--from", subject, "--to", url,
-			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", "idem",
+			"--store", strings.ReplaceAll(store, "STORE", tag), "--consumer", tag, "--group", tag,
 			"--concurrency", fmt.Sprint(concurrency), "--log-level", "warn"}
 		if batch > 0 {
 			args = append(args, "--store-batch", fmt.Sprint(batch))
@@ -455,7 +457,7 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string,
 			}
 			if stats != "" {
 				if b, err := os.ReadFile(stats); err == nil {
-					_, _ = fmt.Sscanf(string(b), "mallocs %d\nbytes %d\n", &u.mallocs, &u.bytes)
+					_, _ = fmt.Sscanf(string(b), "mallocs %d\nbytes %d\nstore_calls %d\nstore_round_trips %d\n", &u.mallocs, &u.bytes, &u.storeCalls, &u.storeTrips)
 				}
 			}
 			return u

@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -205,10 +207,18 @@ type Deliverer struct {
 	lc     *idem.LeaseConsumer
 	o      DelivererOptions
 	target string // o.Target, rendered once
-	client *http.Client
-	fin    keyed.Finisher // the recovery points
-	calls  chan struct{}  // one place per call running; nil: no MaxCalls
-	stats  struct {
+	// rt sends the calls: the transport itself, not an http.Client,
+	// whose Do copies each request's headers and URL for redirects the
+	// Deliverer does not follow (a redirect is an answer).
+	rt http.RoundTripper
+	// auth is the Authorization value of o.Target's user information
+	// (basic authentication, as http.Client sets it), or empty; errURL
+	// is target with its password replaced by "***", as http.Client
+	// reports it in errors.
+	auth, errURL string
+	fin          keyed.Finisher // the recovery points
+	calls        chan struct{}  // one place per call running; nil: no MaxCalls
+	stats        struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
 	}
@@ -266,12 +276,15 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), client: &http.Client{
-		Transport: noInternalRetry{tr},
-		// A redirect is an answer, not an instruction to send the
-		// message somewhere else.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}}
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	d.errURL = d.target
+	if u := o.Target.User; u != nil {
+		pw, set := u.Password()
+		d.auth = "Basic " + base64.StdEncoding.EncodeToString([]byte(u.Username()+":"+pw))
+		if set {
+			d.errURL = strings.Replace(d.target, pw+"@", "***@", 1)
+		}
+	}
 	if o.MaxCalls > 0 {
 		d.calls = make(chan struct{}, o.MaxCalls)
 	}
@@ -410,7 +423,9 @@ func (d *Deliverer) backoff(n int) time.Duration {
 // deliver is the LeaseHandler's body: one call to the service under the
 // attempt's lease, and the answer to record (nil with an error).
 func (d *Deliverer) deliver(ctx context.Context, a *idem.Attempt, slot *callSlot) (*answer, error) {
-	if !d.o.AtLeastOnce {
+	// The first attempt (Number 1) has no earlier one whose call may be
+	// unsettled: no look through its steps (a copy of them).
+	if !d.o.AtLeastOnce && a.Number > 1 {
 		if prev, ok := d.fin.Unsettled(a); ok {
 			d.o.Logger.Warn("idemhttp: an earlier attempt sent the message and never recorded the answer; not sending it again",
 				"consumer", a.Consumer, "message_id", a.Message.ID, "earlier_token", prev, "attempt", a.Number)
@@ -480,9 +495,13 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	}
 	d.headers(req, a)
 	d.stats.calls.Add(1)
-	resp, err := d.client.Do(req)
+	resp, err := d.rt.RoundTrip(req)
 	if err != nil {
-		return nil, wrote.Load(), err
+		// As http.Client reports it.
+		return nil, wrote.Load(), &url.Error{Op: "Post", URL: d.errURL, Err: err}
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
 	}
 	defer resp.Body.Close()
 	body, err := readAnswer(resp, d.o.MaxAnswerBytes)
@@ -514,19 +533,22 @@ func readAnswer(resp *http.Response, limit int64) ([]byte, error) {
 }
 
 // headers sets the request headers of the delivery, in a map sized for
-// them whose own values share one slice (one allocation, not one each).
+// them whose values share one slice (one allocation, not one per value;
+// a second value of a name gets its own).
 func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	n := 0
 	for _, vs := range a.Message.Headers {
 		n += len(vs)
 	}
-	h := make(http.Header, n+5)
+	h := make(http.Header, n+6)
 	req.Header = h
+	vals := make([]string, 0, n+5)
 	ct := d.o.ContentType
 	for name, vs := range a.Message.Headers {
 		if !validHeaderName(name) {
 			continue
 		}
+		key := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
 		for _, v := range vs {
 			if !validHeaderValue(v) {
 				continue
@@ -534,14 +556,23 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 			if strings.EqualFold(name, "Content-Type") {
 				ct = v
 			}
-			h.Add(HeaderBrokerPrefix+name, v)
+			if prev, ok := h[key]; ok {
+				h[key] = append(prev, v) // as Header.Add
+				continue
+			}
+			vals = append(vals, v)
+			h[key] = vals[len(vals)-1 : len(vals) : len(vals)]
 		}
 	}
 	// The names are in canonical form already (what Header.Set makes).
-	vs := []string{ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
-		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00")}
+	k := len(vals)
+	vals = append(vals, ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
+		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
 	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
-		h[name] = vs[i : i+1 : i+1]
+		h[name] = vals[k+i : k+i+1 : k+i+1]
+	}
+	if d.auth != "" {
+		h["Authorization"] = []string{d.auth}
 	}
 }
 

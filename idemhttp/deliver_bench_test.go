@@ -31,7 +31,16 @@ func (nopService) RoundTrip(r *http.Request) (*http.Response, error) {
 // Deliverer's and the lease engine's CPU and allocations per message.
 //
 //	go test -run '^$' -bench BenchmarkDelivererProcess -benchmem ./idemhttp
+//
+// Sub-benchmark "background" gives each message context.Background (a
+// caller that cannot cancel), "adapter" a context with a deadline of its
+// own, as the broker adapters' handler timeout makes.
 func BenchmarkDelivererProcess(b *testing.B) {
+	b.Run("background", func(b *testing.B) { benchmarkDelivererProcess(b, false) })
+	b.Run("adapter", func(b *testing.B) { benchmarkDelivererProcess(b, true) })
+}
+
+func benchmarkDelivererProcess(b *testing.B, deadline bool) {
 	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "bench", Lease: 30 * time.Second, PurgeInterval: -1})
 	if err != nil {
 		b.Fatal(err)
@@ -47,7 +56,12 @@ func BenchmarkDelivererProcess(b *testing.B) {
 	prefix := strings.Repeat("m", 8)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		out, err := d.Process(context.Background(), idem.Message{ID: prefix + strconv.Itoa(i), Payload: payload, Headers: headers})
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if deadline {
+			ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		}
+		out, err := d.Process(ctx, idem.Message{ID: prefix + strconv.Itoa(i), Payload: payload, Headers: headers})
+		cancel()
 		if err != nil || out.Status != idem.Processed {
 			b.Fatalf("%v %v", out.Status, err)
 		}

@@ -245,7 +245,7 @@ func TestDeliverNotSentIsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		refused := true
 		b := setupDeliver(t, idem.Config{}, DelivererOptions{}, nil)
-		b.d.client.Transport = noInternalRetry{roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		b.d.rt = noInternalRetry{roundTripFunc(func(r *http.Request) (*http.Response, error) {
 			if refused {
 				return nil, &net.OpError{Op: "dial", Err: errors.New("connection refused")}
 			}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -64,6 +65,13 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	return err
 }
 
+// Counts reports the Acquire and Complete calls the store has been sent
+// so far and the store calls (round trips; a batch or a single call)
+// they went in.
+func (s *Store) Counts() (calls, trips uint64) {
+	return s.acquire.calls.Load() + s.complete.calls.Load(), s.acquire.batches.Load() + s.complete.batches.Load()
+}
+
 // call is one caller's call in a group.
 type call[P, R any] struct {
 	p    P
@@ -84,6 +92,10 @@ type group[P, R any] struct {
 	mu    sync.Mutex
 	queue []*call[P, R]
 	busy  bool
+
+	// calls and batches count what send sent: calls, and the batches
+	// (store round trips) they went in.
+	calls, batches atomic.Uint64
 }
 
 func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
@@ -142,6 +154,8 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 // send runs batch and settles its calls: one call alone as the single
 // method, more as one batch.
 func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
+	g.calls.Add(uint64(len(batch)))
+	g.batches.Add(1)
 	defer func() {
 		for _, c := range batch {
 			close(c.done)

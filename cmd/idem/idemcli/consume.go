@@ -314,7 +314,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if b, ok := store.(idemdriver.LeaseBatcher); ok && f.storeBatch > 1 {
 		// The claims and completions of the messages held go to the
 		// store together: one commit per batch, not per message.
-		store = leasebatch.New(b, f.storeBatch)
+		lb := leasebatch.New(b, f.storeBatch)
+		f.profile.storeCounts = lb.Counts
+		store = lb
 		if f.atLeastOnce {
 			// At least once, a held message that was never called is
 			// simply sent after a crash; at most once it would be

@@ -16,12 +16,15 @@ import (
 // benchmark harness (go run ./bench --sidecar) and for `go tool pprof`.
 type profileFlags struct {
 	cpu, mem, memStats string
+	// storeCounts, when set, reports the store calls the process sent and
+	// the round trips they went in, for --memstats.
+	storeCounts func() (calls, trips uint64)
 }
 
 func (f *profileFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.cpu, "cpuprofile", "", "write a CPU profile of the whole run to FILE (runtime/pprof)")
 	fl.StringVar(&f.mem, "memprofile", "", "write an allocation profile (the allocs profile) to FILE at exit")
-	fl.StringVar(&f.memStats, "memstats", "", "write the process's allocation counters at exit to FILE: lines \"mallocs N\" and \"bytes N\" (runtime.MemStats Mallocs and TotalAlloc)")
+	fl.StringVar(&f.memStats, "memstats", "", "write the process's allocation counters at exit to FILE: lines \"mallocs N\" and \"bytes N\" (runtime.MemStats Mallocs and TotalAlloc), then \"store_calls N\" and \"store_round_trips N\" (the batched claims and completions, and the store calls they went in)")
 	for _, name := range []string{"cpuprofile", "memprofile", "memstats"} {
 		_ = fl.MarkHidden(name)
 	}
@@ -57,7 +60,11 @@ func (f *profileFlags) start() (stop func() error, err error) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			if err := writeFile(f.memStats, func(fh *os.File) error {
-				_, err := fmt.Fprintf(fh, "mallocs %d\nbytes %d\n", ms.Mallocs, ms.TotalAlloc)
+				var calls, trips uint64
+				if f.storeCounts != nil {
+					calls, trips = f.storeCounts()
+				}
+				_, err := fmt.Fprintf(fh, "mallocs %d\nbytes %d\nstore_calls %d\nstore_round_trips %d\n", ms.Mallocs, ms.TotalAlloc, calls, trips)
 				return err
 			}); err != nil {
 				errs = append(errs, fmt.Errorf("--memstats: %w", err))
