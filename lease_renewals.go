@@ -17,8 +17,12 @@ import (
 // renewals queue for at most maxRenewers goroutines, started when there
 // are renewals to send and gone when there are none: many attempts coming
 // due at once (thousands acquired in a burst) cost that many goroutines,
-// not one each, and a slow store call delays the others only once
-// maxRenewers calls are slow at once. An attempt that ends before its
+// not one each. A renewal still in flight when its next tick comes (a
+// store call slower than Lease/3: a stalled connection, a row another
+// transaction holds locked) stops counting towards maxRenewers, so
+// stalled calls do not hold back the renewals of the attempts whose store
+// answers: goroutines are then at most maxRenewers plus the renewals
+// stalled at once (at most one per held attempt). An attempt that ends before its
 // first renewal (most do) costs no goroutine, timer or context, only its
 // place in the heap.
 type renewals struct {
@@ -52,7 +56,11 @@ type renewalState struct {
 	cancel   context.CancelFunc // ends the renewal queued or in flight
 	queued   bool               // in renewals.ready, not yet sent
 	missed   bool               // a renewal came due while one was in flight
-	stopped  bool
+	// slow is set when a renewal came due while one was in flight (not
+	// queued): that renewal's goroutine no longer counts in
+	// renewals.workers, so another may start.
+	slow    bool
+	stopped bool
 	// ending is set once the attempt's ending write (Complete, Release)
 	// was sent: a renewal that then finds the lease gone may be seeing
 	// that write, landed with its reply lost, so it stops the renewals
@@ -202,9 +210,19 @@ func (r *renewals) fire() {
 				}
 			} else {
 				a.rs.missed = true // renew again as soon as it returns
+				if !a.rs.queued && !a.rs.slow {
+					// In flight for Lease/3: stalled. Its goroutine
+					// stops counting, so the queue moves on.
+					a.rs.slow = true
+					r.workers--
+				}
 			}
 		}
 		heap.Fix(&r.q, a.rs.idx)
+	}
+	for r.workers < maxRenewers && len(r.ready) > 0 && r.workers < len(r.ready) {
+		r.workers++
+		go r.work()
 	}
 	r.arm()
 }
@@ -232,16 +250,20 @@ func (r *renewals) work() {
 		ctx, cancel, done := a.rs.ctx, a.rs.cancel, a.rs.inflight
 		a.rs.ctx = nil
 		r.mu.Unlock()
-		r.renew(ctx, cancel, a, done)
+		if !r.renew(ctx, cancel, a, done) {
+			return
+		}
 	}
 }
 
-// renew runs one scheduled renewal of a. A renewal that finds the lease
+// renew runs one scheduled renewal of a and reports whether its worker
+// goes on: a worker whose renewal was slow (renewalState.slow) no longer
+// counts in r.workers, and goes on only if it can count again. A renewal that finds the lease
 // gone marks the attempt lost and ends its renewals; a failed one is
 // retried at the next tick (the local deadline still applies). Renewals
 // go on whatever happens to the caller's context: an attempt whose caller
 // left may still be producing effects, so no other attempt may take over.
-func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Attempt, done chan struct{}) {
+func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Attempt, done chan struct{}) (more bool) {
 	defer close(done)
 	defer cancel()
 	start := time.Now()
@@ -267,6 +289,13 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 	}
 	lost := errors.Is(err, ErrLeaseLost)
 	r.mu.Lock()
+	more = true
+	if a.rs.slow {
+		a.rs.slow = false
+		if more = r.workers < maxRenewers; more {
+			r.workers++
+		}
+	}
 	a.rs.inflight, a.rs.cancel = nil, nil
 	ctxDone := ctx.Err() != nil
 	switch {
@@ -294,4 +323,5 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 		}
 	}
 	r.mu.Unlock()
+	return more
 }
