@@ -24,8 +24,16 @@ type spool struct {
 	f    *os.File
 	h    hash.Hash // the body's running hash once it is in f
 	size int64
-	sum  []byte
+	sum  [sha256.Size]byte
+	// rd reads mem for the handler (reader), allocated with the spool.
+	rd memBody
 }
+
+// memBody is an in-memory body: a bytes.Reader with a Close that does
+// nothing.
+type memBody struct{ bytes.Reader }
+
+func (*memBody) Close() error { return nil }
 
 // bufPool holds 32 KiB buffers: the read buffer of a request body that
 // does not announce a length that fits in memory, and the Proxy's copy
@@ -46,8 +54,7 @@ func spoolBody(body io.Reader, sizeHint, maxBytes, memBytes int64, dir string) (
 		}
 	}()
 	if body == nil || body == http.NoBody {
-		sum := sha256.Sum256(nil)
-		s.sum = sum[:]
+		s.sum = sha256.Sum256(nil)
 		return s, nil
 	}
 	if sizeHint >= 0 && sizeHint <= memBytes && sizeHint <= maxBytes {
@@ -90,11 +97,10 @@ func spoolBody(body io.Reader, sizeHint, maxBytes, memBytes int64, dir string) (
 		}
 	}
 	if s.f == nil {
-		sum := sha256.Sum256(s.mem)
-		s.sum = sum[:]
+		s.sum = sha256.Sum256(s.mem)
 		return s, nil
 	}
-	s.sum = s.h.Sum(nil)
+	s.h.Sum(s.sum[:0])
 	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
@@ -158,7 +164,8 @@ func (s *spool) reader() io.ReadCloser {
 	if s.f != nil {
 		return io.NopCloser(s.f)
 	}
-	return io.NopCloser(bytes.NewReader(s.mem))
+	s.rd.Reset(s.mem)
+	return &s.rd
 }
 
 // close releases the temporary file, if any.

@@ -32,15 +32,19 @@
 //  4. The key is claimed with a lease and a fencing token by the core's
 //     lease engine (idem.LeaseConsumer.Acquire, consumer
 //     "idemhttp:"+Namespace, message ID the record ID), which renews it every
-//     Lease/3 while the handler runs. The handler's context carries the
-//     request's values but not its cancellation: a client that hangs up
-//     does not stop the handler half-way (Stripe's requests, too, run to
-//     their end, and the retry gets the stored response). It is cancelled
-//     with cause idem.ErrLeaseLost if the lease is lost, and
-//     [AttemptFromContext] lets the handler check the lease itself. Under
-//     Options.AfterCrash = AnswerUnknownAfterCrash (a Proxy's default) a
-//     recovery point is recorded first, so a takeover after a crash
-//     answers outcome-unknown instead of running the request again.
+//     Lease/3 while the handler runs. Without Options.Wait the claim, too,
+//     runs on a context detached from the client's (bounded by
+//     Options.StoreTimeout): a client that hangs up while the key is
+//     claimed does not turn the claim into a store error. The handler's
+//     context carries the request's values but not its cancellation: a
+//     client that hangs up does not stop the handler half-way (Stripe's
+//     requests, too, run to their end, and the retry gets the stored
+//     response). It is cancelled with cause idem.ErrLeaseLost if the lease
+//     is lost, and [AttemptFromContext] lets the handler check the lease
+//     itself. Under Options.AfterCrash = AnswerUnknownAfterCrash (a
+//     Proxy's default) a recovery point is recorded first, so a takeover
+//     after a crash answers outcome-unknown instead of running the request
+//     again.
 //  5. The response is recorded while it is written: held back until the
 //     handler returns (so the client never sees a success that is not
 //     recorded), or streamed at once when the handler calls Flush or the

@@ -76,7 +76,7 @@ func fingerprint(r *http.Request, bodyHash []byte, mode string) []byte {
 	b = field(b, r.Method)
 	b = field(b, r.URL.EscapedPath())
 	b = field(b, canonicalQuery(r.URL.RawQuery))
-	b = field(b, canonicalMediaType(r.Header.Get("Content-Type")))
+	b = appendMediaType(b, r.Header.Get("Content-Type"))
 	b = field(b, mode)
 	b = field(b, string(bodyHash))
 	// A method-override header changes the operation a POST performs
@@ -140,6 +140,25 @@ func canonicalQuery(raw string) string {
 // lowercased, with its parameters sorted (names lowercased by
 // mime.ParseMediaType, the charset value lowercased). A value that does
 // not parse is kept trimmed, under a distinct prefix.
+// appendMediaType is field(b, canonicalMediaType(ct)), with no
+// allocation for the common media type without parameters, already in
+// lower case ("application/json"): canonicalMediaType gives "mt\x00"+ct
+// for it, and that is written straight to b.
+func appendMediaType(b []byte, ct string) []byte {
+	ct = strings.TrimSpace(ct)
+	slash := strings.IndexByte(ct, '/')
+	if slash <= 0 || slash == len(ct)-1 {
+		return field(b, canonicalMediaType(ct))
+	}
+	for i := 0; i < len(ct); i++ {
+		if c := ct[i]; i != slash && (!isTChar(c) || ('A' <= c && c <= 'Z')) {
+			return field(b, canonicalMediaType(ct))
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len("mt\x00")+len(ct)))
+	return append(append(b, "mt\x00"...), ct...)
+}
+
 func canonicalMediaType(ct string) string {
 	ct = strings.TrimSpace(ct)
 	if ct == "" {

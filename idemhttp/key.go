@@ -102,6 +102,17 @@ func ParseKey(values []string, strict bool, maxLen int) (string, error) {
 // parseSFString parses the sf-string at the start of s (s[0] == '"') and
 // returns its value and the rest of s.
 func parseSFString(s string) (string, string, error) {
+	// Most keys have no escapes: the string is a slice of s, with no
+	// copy; the builder serves the others.
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if c == '"' {
+			return s[1:i], s[i+1:], nil
+		}
+		if c == '\\' || c < 0x20 || c > 0x7e {
+			break
+		}
+	}
 	var b strings.Builder
 	for i := 1; i < len(s); i++ {
 		c := s[i]

@@ -36,8 +36,15 @@ type Middleware struct {
 	// saved before the handler runs (for a Proxy: before the first byte goes
 	// to the upstream), "idemhttp:settled:"+token before a release whose
 	// outcome is known.
-	fin  keyed.Finisher
-	resp []HookResponse
+	fin keyed.Finisher
+	// runPrefix is fin.RunPrefix(), made once; onWait counts a waiting
+	// duplicate (AcquireOptions.OnWait): both shared by every request.
+	runPrefix string
+	onWait    func()
+	// delivery: Options.Hooks has core hooks, which read the request's
+	// idem.Delivery (its trace context) from the context.
+	delivery bool
+	resp     []HookResponse
 	// unknown is the answer stored for a key whose earlier attempt may
 	// have acted and never recorded its response (AnswerUnknownAfterCrash).
 	unknown func() *Problem
@@ -116,6 +123,8 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		Name: "idemhttp", Consumer: m.consumer, Lease: o.Lease,
 		AtMostOnce: m.atMostOnce(), Logger: o.Logger, StoreErrors: &m.stats.storeErrors, Released: &m.stats.released,
 	}
+	m.runPrefix = m.fin.RunPrefix()
+	m.onWait = func() { m.stats.waited.Add(1) }
 	m.unknown = func() *Problem {
 		return newProblem(ProblemOutcomeUnknown, "an earlier attempt with this Idempotency-Key ran and ended without recording its response (its process stopped or lost the store); whether it took effect is unknown, so it is not run again. This answer is stored for the key")
 	}
@@ -132,6 +141,7 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 			return nil, fmt.Errorf("%w: Hooks[%d] (%T) implements none of the idem.Hook* interfaces nor HookResponse", ErrInvalidOptions, i, h)
 		}
 	}
+	m.delivery = len(core) > 0
 	m.lc, err = keyed.NewLeaseConsumer(store, m.consumer, idem.Config{
 		RetentionWindow: o.Retention,
 		PurgeInterval:   o.PurgeInterval,
@@ -304,30 +314,61 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		sum, mode := bodySum(sp.mem, true)
 		fp = fingerprint(r, sum, mode)
 	} else {
-		fp = fingerprint(r, sp.sum, bodyRaw)
+		fp = fingerprint(r, sp.sum[:], bodyRaw)
 	}
 	r.Body = sp.reader()
 	r.ContentLength = sp.size
 	r.TransferEncoding = nil
 
-	opt := idem.AcquireOptions{Wait: m.o.Wait, OnWait: func() { m.stats.waited.Add(1) }}
+	opt := idem.AcquireOptions{Wait: m.o.Wait, OnWait: m.onWait}
 	if m.atMostOnce() {
 		// The recovery point is saved with the acquisition, before the
 		// handler (or the upstream) runs: if this process dies while it
 		// works, the attempt that takes the key over finds it and does
 		// not run the request again.
-		opt.StepPrefix = m.fin.RunPrefix()
+		opt.StepPrefix = m.runPrefix
 	}
-	a, out, err := m.lc.Acquire(withRequestDelivery(r), idem.Message{ID: id, Payload: fp}, opt)
+	a, out, err := m.lc.Acquire(m.acquireContext(r), idem.Message{ID: id, Payload: fp}, opt)
 	if a == nil {
 		ev.outcome(out)
 		m.answerExisting(w, r, next, ev, out, err)
 		return
 	}
-	info := &Info{Key: key, Scope: scope, Namespace: m.o.Namespace, Consumer: m.consumer, RecordID: id,
-		Attempt: a.Number, Token: a.Token, attempt: a}
+	// The Info and its disposition and abort cells: one allocation.
+	st := &infoState{Info: Info{Key: key, Scope: scope, Namespace: m.o.Namespace, Consumer: m.consumer, RecordID: id,
+		Attempt: a.Number, Token: a.Token, attempt: a}}
+	st.disp, st.abort = &st.dispCell, &st.abortCell
+	info := &st.Info
 	ev.acquired(a.Number)
 	m.run(w, r, next, info, a, ev)
+}
+
+// acquireContext is the context of a request's Acquire: the request's,
+// carrying its idem.Delivery when core hooks may read it. Without Wait it
+// is detached from the client's cancellation: the request is not
+// abandoned half-way when the client hangs up (the handler runs on the
+// lease's context for the same reason), the store call is bounded by
+// Options.StoreTimeout all the same, and the lease engine then bounds
+// its calls with one context per attempt rather than a context and a
+// timer per call. With Wait, a duplicate stops waiting when its client
+// leaves.
+func (m *Middleware) acquireContext(r *http.Request) context.Context {
+	ctx := r.Context()
+	if m.delivery {
+		ctx = withRequestDelivery(r)
+	}
+	if m.o.Wait <= 0 {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return ctx
+}
+
+// infoState is an Info with the cells its disposition and abort point
+// to, allocated as one.
+type infoState struct {
+	Info
+	dispCell  atomic.Int32
+	abortCell atomic.Pointer[Problem]
 }
 
 // answerExisting answers a request whose key the lease engine did not
@@ -394,8 +435,10 @@ func (m *Middleware) replay(w http.ResponseWriter, ev *respTrack, out idem.Outco
 	for k, vs := range sr.header {
 		h[k] = vs
 	}
-	h.Set("Content-Length", strconv.Itoa(len(sr.body)))
-	h.Set(HeaderReplayed, "true")
+	// The two fields' values in one allocation.
+	vs := []string{strconv.Itoa(len(sr.body)), "true"}
+	h["Content-Length"] = vs[0:1:1]
+	h[HeaderReplayed] = vs[1:2:2]
 	w.WriteHeader(sr.status)
 	_, _ = w.Write(sr.body)
 }
@@ -456,8 +499,6 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 			return
 		}
 	}
-	info.disp = new(atomic.Int32)
-	info.abort = new(atomic.Pointer[Problem])
 	// The handler's context is the lease's, not the client's: a client
 	// that hangs up does not cancel the request half-way (a handler that
 	// returned early on the cancellation without writing would be stored

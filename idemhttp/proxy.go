@@ -372,7 +372,7 @@ func HeaderScope(name string) func(r *http.Request) (string, error) {
 			return "", nil
 		}
 		sum := sha256.Sum256([]byte(vs))
-		return hex.EncodeToString(sum[:]), nil
+		return hexString(sum[:]), nil
 	}
 }
 
@@ -391,8 +391,16 @@ func HMACHeaderScope(name string, secret []byte) func(r *http.Request) (string, 
 		}
 		mac := hmac.New(sha256.New, key)
 		mac.Write([]byte(vs))
-		return hex.EncodeToString(mac.Sum(nil)), nil
+		var sum [sha256.Size]byte
+		return hexString(mac.Sum(sum[:0])), nil
 	}
+}
+
+// hexString is hex.EncodeToString of a digest of up to 32 bytes, encoded
+// on the stack: one allocation, the string's.
+func hexString(sum []byte) string {
+	var arr [2 * sha256.Size]byte
+	return string(hex.AppendEncode(arr[:0], sum))
 }
 
 // headerValues returns the values of header name joined by newlines, and
@@ -478,8 +486,10 @@ type attemptKey struct{}
 
 // attempt is what the proxy learns while forwarding one request, with
 // the holding writer and the client trace of the request (one allocation
-// for the three).
+// for the three). It is also the forwarded request's context: the
+// upstream context it embeds, whose Value of attemptKey is the attempt.
 type attempt struct {
+	context.Context
 	orig    context.Context // the client's request context (carries Info)
 	mu      sync.Mutex
 	sent    bool  // request headers were written to an upstream connection
@@ -494,6 +504,15 @@ func (a *attempt) wroteHeaders() {
 	a.mu.Lock()
 	a.sent = true
 	a.mu.Unlock()
+}
+
+// Value returns the attempt for attemptKey, and the embedded context's
+// values otherwise.
+func (a *attempt) Value(key any) any {
+	if _, ok := key.(attemptKey); ok {
+		return a
+	}
+	return a.Context.Value(key)
 }
 
 func (a *attempt) wasSent() bool {
@@ -514,11 +533,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request) {
 	a := &attempt{orig: r.Context(), hw: holdWriter{dst: w, header: http.Header{}, limit: p.holdLimit}}
 	a.trace.WroteHeaders = a.wroteHeaders
 	hw := &a.hw
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
+	var cancel context.CancelFunc
+	a.Context, cancel = context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
-	ctx = context.WithValue(ctx, attemptKey{}, a)
-	ctx = httptrace.WithClientTrace(ctx, &a.trace)
-	p.rp.ServeHTTP(hw, r.WithContext(ctx))
+	p.rp.ServeHTTP(hw, r.WithContext(httptrace.WithClientTrace(a, &a.trace)))
 	a.mu.Lock()
 	bodyErr := a.bodyErr
 	a.mu.Unlock()
@@ -734,7 +752,15 @@ func (h *holdWriter) startStreaming() {
 	}
 	h.dst.WriteHeader(h.status)
 	if len(h.buf) > 0 {
-		if _, err := h.dst.Write(h.buf); err != nil {
+		var err error
+		if rc, ok := h.dst.(*recorder); ok {
+			// Behind the middleware: the held body is handed over, not
+			// copied.
+			_, err = rc.writeOwned(h.buf)
+		} else {
+			_, err = h.dst.Write(h.buf)
+		}
+		if err != nil {
 			h.dstFailed = true
 		}
 		h.buf = nil

@@ -125,6 +125,9 @@ func decodeRecord(contentType string, b []byte) (*storedResponse, error) {
 	sr.status = int(status)
 	nh := d.count(maxRecordHeaders)
 	sr.header = make(http.Header, nh)
+	// The values of the headers share one backing array (of room for the
+	// usual one value a header), rather than an allocation each.
+	var vals []string
 	prev := ""
 	for i := 0; i < nh && d.err == nil; i++ {
 		k := d.string()
@@ -133,7 +136,11 @@ func decodeRecord(contentType string, b []byte) (*storedResponse, error) {
 		}
 		prev = k
 		nv := d.count(maxRecordValues)
-		vs := make([]string, 0, nv)
+		if cap(vals)-len(vals) < nv {
+			vals = make([]string, 0, max(nv, nh-i))
+		}
+		vs := vals[len(vals) : len(vals) : len(vals)+nv]
+		vals = vals[:len(vals)+nv]
 		for j := 0; j < nv && d.err == nil; j++ {
 			v := d.string()
 			if strings.ContainsAny(v, "\r\n\x00") {

@@ -33,8 +33,12 @@ import (
 type recorder struct {
 	w      http.ResponseWriter
 	header http.Header // what the handler sees
-	pre    http.Header // w's headers before the handler ran (outer middleware)
-	cap    int64
+	// pre is w's headers before the handler ran (outer middleware), kept
+	// by keepPre before anything changes w's: until then they are w's
+	// own (nil here), so a response recorded before it is sent costs no
+	// copy.
+	pre http.Header
+	cap int64
 
 	mu          sync.Mutex
 	wroteHeader bool
@@ -43,12 +47,13 @@ type recorder struct {
 	buf         []byte      // recorded body, also the pending bytes while !streaming
 	overflow    bool        // body outgrew cap: buf is dropped
 	size        int64
-	digest      hash.Hash
+	digest      hash.Hash // the body's SHA-256, from the overflow on (buf held all before)
 	streaming   bool
 	clientErr   error
 	hijackTried bool
 	declared    int64 // the Content-Length the handler set before WriteHeader, or -1
 	sealed      bool  // the handler returned: its writes fail
+	recorded    bool  // result was called: pre and snap are no longer read
 }
 
 // errHandlerReturned is what a write gets after the handler returned.
@@ -63,8 +68,46 @@ func (rc *recorder) seal() {
 }
 
 func newRecorder(w http.ResponseWriter, maxBody int64) *recorder {
-	pre := w.Header().Clone()
-	return &recorder{w: w, header: pre.Clone(), pre: pre, cap: maxBody, digest: sha256.New()}
+	return &recorder{w: w, header: cloneHeader(w.Header(), 8), cap: maxBody}
+}
+
+// cloneHeader is h.Clone() in a map made for at least room entries, so
+// that a handler's usual few fields added to it do not grow it.
+func cloneHeader(h http.Header, room int) http.Header {
+	n := 0
+	for _, vs := range h {
+		n += len(vs)
+	}
+	all := make([]string, n)
+	out := make(http.Header, max(len(h), room))
+	for k, vs := range h {
+		if vs == nil {
+			out[k] = nil
+			continue
+		}
+		n = copy(all, vs)
+		out[k] = all[:n:n]
+		all = all[n:]
+	}
+	return out
+}
+
+// keepPre copies w's headers as they were before the handler ran, before
+// they are changed, unless the response was already recorded; rc.mu is
+// held.
+func (rc *recorder) keepPre() {
+	if rc.pre == nil && !rc.recorded {
+		rc.pre = rc.w.Header().Clone()
+	}
+}
+
+// preHeader returns w's headers as they were before the handler ran;
+// rc.mu is held.
+func (rc *recorder) preHeader() http.Header {
+	if rc.pre != nil {
+		return rc.pre
+	}
+	return rc.w.Header()
 }
 
 // Header implements http.ResponseWriter.
@@ -86,7 +129,8 @@ func (rc *recorder) writeHeader(code int) {
 		return
 	}
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		replaceHeader(rc.w.Header(), rc.header)
+		rc.keepPre()
+		replaceHeader(rc.w.Header(), rc.header, false)
 		rc.w.WriteHeader(code)
 		return
 	}
@@ -123,23 +167,47 @@ func (rc *recorder) Write(p []byte) (int, error) {
 		return 0, http.ErrContentLength
 	}
 	rc.size += int64(len(p))
-	rc.digest.Write(p)
-	if !rc.overflow {
-		if int64(len(rc.buf))+int64(len(p)) <= rc.cap {
-			rc.buf = append(rc.buf, p...)
-			if rc.streaming {
-				rc.send(p)
-			}
-			return len(p), nil
+	switch {
+	case rc.overflow:
+		rc.digest.Write(p)
+	case int64(len(rc.buf))+int64(len(p)) <= rc.cap:
+		rc.buf = append(rc.buf, p...)
+		if rc.streaming {
+			rc.send(p)
 		}
+		return len(p), nil
+	default:
 		if !rc.streaming {
 			rc.startStreaming()
 		}
+		// Only a body past the cap needs its digest (a record that
+		// cannot be replayed keeps it): hashed from here, from the
+		// bytes held so far.
+		rc.digest = sha256.New()
+		rc.digest.Write(rc.buf)
+		rc.digest.Write(p)
 		rc.overflow = true
 		rc.buf = nil
 	}
 	rc.send(p)
 	return len(p), nil
+}
+
+// writeOwned is Write for a body its caller gives up (the Proxy's held
+// upstream response): when it is the whole body so far and fits the
+// cap, it becomes the recorded body with no copy.
+func (rc *recorder) writeOwned(b []byte) (int, error) {
+	rc.mu.Lock()
+	if !rc.sealed && rc.wroteHeader && rc.buf == nil && rc.size == 0 && !rc.streaming &&
+		rc.status != http.StatusNoContent && rc.status != http.StatusNotModified &&
+		(rc.declared < 0 || int64(len(b)) <= rc.declared) && int64(len(b)) <= rc.cap {
+		rc.buf = b
+		rc.size = int64(len(b))
+		rc.mu.Unlock()
+		return len(b), nil
+	}
+	rc.mu.Unlock()
+	return rc.Write(b)
 }
 
 // Flush implements http.Flusher: the response starts streaming.
@@ -184,7 +252,10 @@ func (rc *recorder) Unwrap() http.ResponseWriter { return rc.w }
 func (rc *recorder) startStreaming() {
 	rc.streaming = true
 	rc.sniff()
-	replaceHeader(rc.w.Header(), rc.snap)
+	rc.keepPre()
+	// Once the response is recorded, the snapshot's value slices go to w
+	// as they are: nothing reads them again to store them.
+	replaceHeader(rc.w.Header(), rc.snap, rc.recorded)
 	rc.w.WriteHeader(rc.status)
 	rc.send(rc.buf)
 }
@@ -260,9 +331,10 @@ func (rc *recorder) result(storeSetCookie bool) *storedResponse {
 	if !rc.streaming {
 		rc.sniff()
 	}
+	rc.recorded = true
 	sr := &storedResponse{
 		status:     rc.status,
-		header:     storableHeader(rc.snap, rc.pre, storeSetCookie),
+		header:     storableHeader(rc.snap, rc.preHeader(), storeSetCookie),
 		replayable: !rc.overflow,
 		size:       rc.size,
 	}
@@ -274,15 +346,19 @@ func (rc *recorder) result(storeSetCookie bool) *storedResponse {
 	return sr
 }
 
-// replaceHeader makes dst's entries those of src.
-func replaceHeader(dst, src http.Header) {
+// replaceHeader makes dst's entries those of src: copies of its value
+// slices, or src's own when share is set.
+func replaceHeader(dst, src http.Header, share bool) {
 	for k := range dst {
 		if _, ok := src[k]; !ok {
 			delete(dst, k)
 		}
 	}
 	for k, vs := range src {
-		dst[k] = slices.Clone(vs)
+		if !share {
+			vs = slices.Clone(vs)
+		}
+		dst[k] = vs
 	}
 }
 

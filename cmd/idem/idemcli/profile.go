@@ -3,6 +3,7 @@ package idemcli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -11,7 +12,7 @@ import (
 )
 
 // profileFlags are the hidden profiling flags of a long-running command
-// (`idem consume`): a CPU profile, an allocation profile and the
+// (`idem consume`, `idem proxy`): a CPU profile, an allocation profile and the
 // process's allocation counters, each written to a file for the
 // benchmark harness (go run ./bench --sidecar) and for `go tool pprof`.
 type profileFlags struct {
@@ -71,6 +72,20 @@ func (f *profileFlags) start() (stop func() error, err error) {
 			}
 		}
 		return errors.Join(errs...)
+	}, nil
+}
+
+// startFor is start for the command name: the returned stop reports its
+// error on stderr.
+func (f *profileFlags) startFor(name string, stderr io.Writer) (stop func(), err error) {
+	stopFiles, err := f.start()
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := stopFiles(); err != nil {
+			fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		}
 	}, nil
 }
 

@@ -37,6 +37,7 @@ type proxyFlags struct {
 	upstreamTimeout, dialTimeout                 time.Duration
 	shutdownTimeout                              time.Duration
 	log                                          logFlags
+	profile                                      profileFlags
 }
 
 func newProxyCmd() *cobra.Command {
@@ -142,6 +143,7 @@ in flight finish (up to --shutdown-timeout).`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long requests in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthPath, "health-path", idemhttp.DefaultProxyHealthPath, `path answered with the store's health ("-": none)`)
 	f.log.register(fl, "request")
+	f.profile.register(fl)
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics (idem_messages_total by outcome and HTTP status, idem_http_request_duration_seconds, ...) on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
 	return cmd
 }
@@ -247,6 +249,11 @@ func runProxy(ctx context.Context, stdout, stderr io.Writer, f *proxyFlags) erro
 		return err
 	}
 	defer ps.close()
+	stopProfile, err := f.profile.startFor("proxy", stderr)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 
 	logger, err := f.log.newLogger(stderr)
 	if err != nil {

@@ -318,17 +318,41 @@ var (
 	dsnPassword = regexp.MustCompile("([^\\s:@/\"'`=(]+:)[^\\s\"'`]*?@((?:tcp|unix)\\()")
 )
 
+// scrubURLs masks the passwords and tokens the patterns above find. Each
+// pattern runs only on text holding what it cannot match without (a
+// cheap scan first): most text scrubbed is a log line with none of them,
+// and a command that logs a line per request or message should not run
+// four regular expressions over each.
 func scrubURLs(text string) string {
-	text = keywordPassword.ReplaceAllString(text, "${1}"+Mask)
-	text = urlPassword.ReplaceAllStringFunc(text, func(m string) string {
-		sub := urlPassword.FindStringSubmatch(m)
-		if placeholders[m[len(sub[1]):len(m)-1]] {
-			return m // usage text: amqp://USER:PASS@HOST/
+	if containsWordFold(text) {
+		text = keywordPassword.ReplaceAllString(text, "${1}"+Mask)
+	}
+	if strings.Contains(text, "://") {
+		text = urlPassword.ReplaceAllStringFunc(text, func(m string) string {
+			sub := urlPassword.FindStringSubmatch(m)
+			if placeholders[m[len(sub[1]):len(m)-1]] {
+				return m // usage text: amqp://USER:PASS@HOST/
+			}
+			return sub[1] + Mask + "@"
+		})
+		text = urlToken.ReplaceAllString(text, "${1}"+Mask+"@")
+	}
+	if strings.Contains(text, "@tcp(") || strings.Contains(text, "@unix(") {
+		text = dsnPassword.ReplaceAllString(text, "${1}"+Mask+"@${2}")
+	}
+	return text
+}
+
+// containsWordFold reports whether text holds "word" in any case: what
+// keywordPassword's case-insensitive "password" needs. Its four letters
+// fold to ASCII only (unlike k and s), so an ASCII scan decides.
+func containsWordFold(text string) bool {
+	for i := 0; i+4 <= len(text); i++ {
+		if text[i]|0x20 == 'w' && text[i+1]|0x20 == 'o' && text[i+2]|0x20 == 'r' && text[i+3]|0x20 == 'd' {
+			return true
 		}
-		return sub[1] + Mask + "@"
-	})
-	text = urlToken.ReplaceAllString(text, "${1}"+Mask+"@")
-	return dsnPassword.ReplaceAllString(text, "${1}"+Mask+"@${2}")
+	}
+	return false
 }
 
 // natsSchemes are the schemes of NATS URLs, whose one-part userinfo is a
