@@ -343,13 +343,22 @@ func scrubURLs(text string) string {
 	return text
 }
 
-// containsWordFold reports whether text holds "word" in any case: what
-// keywordPassword's case-insensitive "password" needs. Its four letters
-// fold to ASCII only (unlike k and s), so an ASCII scan decides.
+// containsWordFold reports whether text holds "word" or "wd" in any
+// case: what keywordPassword's case-insensitive "password" or "passwd"
+// needs. Their letters fold to ASCII only (unlike k and s), so an ASCII
+// scan decides.
 func containsWordFold(text string) bool {
-	for i := 0; i+4 <= len(text); i++ {
-		if text[i]|0x20 == 'w' && text[i+1]|0x20 == 'o' && text[i+2]|0x20 == 'r' && text[i+3]|0x20 == 'd' {
+	for i := 0; i+2 <= len(text); i++ {
+		if text[i]|0x20 != 'w' {
+			continue
+		}
+		switch text[i+1] | 0x20 {
+		case 'd':
 			return true
+		case 'o':
+			if i+4 <= len(text) && text[i+2]|0x20 == 'r' && text[i+3]|0x20 == 'd' {
+				return true
+			}
 		}
 	}
 	return false
