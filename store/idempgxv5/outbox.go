@@ -48,6 +48,10 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // p.RelayWoken (the caller wakes a relay of its own process after the
 // commit), Store.Commit sends no notification for these rows.
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	return timed(ctx, tx, func() error { return s.emitTx(ctx, tx, p) })
+}
+
+func (s *Store) emitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
 	state, ok := s.own.Load(tx)
 	if ok && state == false {
 		q, args, err := s.outbox().EmitStatementQuiet(p)
@@ -103,6 +107,10 @@ func emitted(p *idemdriver.EmitParams) any {
 // (pgx.ConnConfig.Tracer) would record that call as a failed "commit", so
 // on a connection with a tracer EmitCommit is EmitTx, then Commit.
 func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	return timed(ctx, tx, func() error { return s.emitCommit(ctx, tx, p) })
+}
+
+func (s *Store) emitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
 	if _, ok := s.own.Load(tx); !ok || tx.Conn().Config().Tracer != nil {
 		if err := s.EmitTx(ctx, tx, p); err != nil {
 			return err
