@@ -23,6 +23,41 @@ type poolTx struct {
 	// EmitTx and EmitCommit (timed), by a deadline on the connection
 	// (idemdriver.ClaimParams.CallTimeout; see Store.TimesCalls).
 	d time.Duration
+	// own is the transaction's outbox state, as Store.own holds it for
+	// the other transactions the Store began (see Store.ownLoad); nil
+	// once it ended.
+	own any
+}
+
+// ownLoad returns the outbox state of tx (see Store.own) and whether tx
+// is an open transaction this Store began: a BeginClaim transaction keeps
+// it in itself, which spares a map entry per message.
+func (s *Store) ownLoad(tx pgx.Tx) (any, bool) {
+	if t, ok := tx.(*poolTx); ok {
+		return t.own, t.own != nil
+	}
+	return s.own.Load(tx)
+}
+
+// ownStore sets the outbox state of tx, a transaction this Store began.
+func (s *Store) ownStore(tx pgx.Tx, v any) {
+	if t, ok := tx.(*poolTx); ok {
+		t.own = v
+		return
+	}
+	s.own.Store(tx, v)
+}
+
+// ownEnd forgets tx, a transaction that is ending, and returns its
+// outbox state (nil for a transaction the Store did not begin).
+func (s *Store) ownEnd(tx pgx.Tx) any {
+	if t, ok := tx.(*poolTx); ok {
+		v := t.own
+		t.own = nil
+		return v
+	}
+	v, _ := s.own.LoadAndDelete(tx)
+	return v
 }
 
 // Commit commits the transaction and gives the connection back to the

@@ -69,7 +69,8 @@ type Store struct {
 	// part is the partitioned layout's state; nil for the default layout.
 	part *partitioned
 	// own holds the open transactions this Store began (Begin,
-	// BeginClaim), each mapped to whether it emitted outbox rows: those
+	// BeginClaimBatch; a BeginClaim transaction holds its own state:
+	// poolTx.own), each mapped to whether it emitted outbox rows: those
 	// are quiet, and Commit notifies relays after they commit (see
 	// EmitTx), except for rows whose caller wakes a relay itself
 	// (relayWoken{}).
@@ -201,8 +202,7 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		setDeadline(c.Conn(), time.Time{})
 	}
 	if tx != nil {
-		ptx := &poolTx{Tx: tx, c: c, d: d}
-		s.own.Store(ptx, false)
+		ptx := &poolTx{Tx: tx, c: c, d: d, own: false}
 		return ptx, res, nil
 	}
 	c.Release()
@@ -474,7 +474,7 @@ func (r *batchRows) Close() { _ = r.closeBatch() }
 // their caller wakes a relay itself (idemdriver.EmitParams.RelayWoken); a
 // failure of that notification is not reported (relays also poll).
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
-	emitted, _ := s.own.LoadAndDelete(tx)
+	emitted := s.ownEnd(tx)
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
@@ -493,7 +493,7 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil { // BeginClaim's transaction of a duplicate: already ended
 		return nil
 	}
-	s.own.Delete(tx)
+	s.ownEnd(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}
