@@ -227,6 +227,9 @@ type Consumer[TTx any] struct {
 	core
 	store idemdriver.TxStore[TTx]
 	out   consumerOutbox[TTx]
+	// timesCalls: the store begins and claims in one call and bounds the
+	// calls of that transaction itself (idemdriver.CallTimer).
+	timesCalls bool
 }
 
 // NewConsumer returns a Consumer over store. It returns an error matching
@@ -242,6 +245,10 @@ func NewConsumer[TTx any](store idemdriver.TxStore[TTx], cfg Config) (*Consumer[
 	}
 	c := &Consumer[TTx]{store: store}
 	c.out = newConsumerOutbox(store)
+	if _, ok := store.(idemdriver.BeginClaimer[TTx]); ok {
+		ct, ok := store.(idemdriver.CallTimer)
+		c.timesCalls = ok && ct.TimesCalls()
+	}
 	c.start(cfg.withDefaults(), ModeTransactional, store)
 	return c, nil
 }
@@ -296,7 +303,12 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	)
 	since := t.now()
 	b := &cp.b
-	c.initTxBound(b, ctx)
+	if c.timesCalls && c.storeTimeout() > 0 {
+		p.CallTimeout = c.storeTimeout()
+		initSelfTimed(b, ctx)
+	} else {
+		c.initTxBound(b, ctx)
+	}
 	defer b.end()
 	if bc, ok := c.store.(idemdriver.BeginClaimer[TTx]); ok {
 		err = b.call(func(bctx context.Context) (err error) { tx, res, err = bc.BeginClaim(bctx, p); return err })
@@ -612,6 +624,13 @@ func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return
 // under the context the transaction began with. id is the message ID for
 // the store error hook, empty for a batch.
 func (c *Consumer[TTx]) rollback(ctx context.Context, b *txBound, id string, tx TTx) error {
+	if b.selfTimed {
+		// The store bounds the rollback itself.
+		if err := c.store.Rollback(withoutCancel(ctx), tx); err != nil {
+			return c.storeErr(ctx, "rollback", id, err)
+		}
+		return nil
+	}
 	if b.d > 0 && ctx.Done() == nil && b.ctx.Err() == nil {
 		// ctx cannot be cancelled, so b's context, live and armed with
 		// the store timeout, bounds the call as a detached context would,

@@ -24,14 +24,17 @@ import (
 // transaction's context must outlive the handler. The core therefore
 // gives Begin, the claim, Commit and Rollback one context per
 // transaction (txBound) whose deadline it arms around each of those calls
-// and disarms while the handler runs.
+// and disarms while the handler runs. A store that bounds those calls
+// itself (idemdriver.CallTimer: a deadline on its connection) gets the
+// caller's context as it is, and so does every store when there is no
+// store timeout: no context and no timer per transaction.
 
 // ErrStoreTimeout means a store call ran past Config.StoreTimeout (or
 // PurgeParams.StoreTimeout) and was cancelled: the connection stalled or
 // the database was too slow. It comes with ErrStore. Retryable: nothing
 // was acknowledged, and a transaction cut short rolls back (or, for a
 // Commit, its outcome is unknown and the redelivery finds out).
-var ErrStoreTimeout = errors.New("idem: store call timed out")
+var ErrStoreTimeout = idemdriver.ErrStoreTimeout
 
 // ErrLockTimeout means a claim waited longer than its lock timeout (half
 // of Config.StoreTimeout) for another transaction holding the same
@@ -121,6 +124,9 @@ type txBound struct {
 	// timer cancels ctx when it fires; made by the first arm and reset
 	// by the next ones, so a transaction's calls share one timer.
 	timer *time.Timer
+	// selfTimed: the store bounds the transaction's calls itself
+	// (idemdriver.CallTimer), and ctx is the caller's.
+	selfTimed bool
 }
 
 // newTxBound returns the txBound of a transaction begun under ctx.
@@ -133,8 +139,22 @@ func (c *core) newTxBound(ctx context.Context) *txBound {
 // initTxBound makes b the txBound of a transaction begun under ctx, for a
 // caller that holds b in something it allocates anyway.
 func (c *core) initTxBound(b *txBound, ctx context.Context) {
+	d := c.storeTimeout()
+	if d == 0 {
+		// Nothing to bound: the calls run under the caller's context.
+		*b = txBound{ctx: ctx}
+		return
+	}
 	bctx, cancel := context.WithCancelCause(ctx)
-	*b = txBound{ctx: bctx, cancel: cancel, d: c.storeTimeout()}
+	*b = txBound{ctx: bctx, cancel: cancel, d: d}
+}
+
+// initSelfTimed makes b the txBound of a transaction begun under ctx on a
+// store that bounds the transaction's calls itself (idemdriver.CallTimer,
+// given the store timeout in ClaimParams.CallTimeout): the calls run
+// under ctx as it is, and b arms nothing.
+func initSelfTimed(b *txBound, ctx context.Context) {
+	*b = txBound{ctx: ctx, selfTimed: true}
 }
 
 // arm starts the deadline of one store call.
@@ -183,5 +203,7 @@ func (b *txBound) usable() error {
 // end releases the context once the transaction has ended.
 func (b *txBound) end() {
 	b.disarm()
-	b.cancel(context.Canceled)
+	if b.cancel != nil {
+		b.cancel(context.Canceled)
+	}
 }

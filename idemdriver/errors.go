@@ -48,4 +48,11 @@ var (
 	// back. Retryable: redeliver later. Stores wrap the driver's error
 	// with it, so both stay reachable.
 	ErrLockTimeout = errors.New("idem: lock timeout")
+
+	// ErrStoreTimeout means a store call ran past its bound (idem's
+	// Config.StoreTimeout) and was cancelled: the connection stalled or
+	// the database was too slow. A CallTimer store wraps the driver's
+	// error with it when it ends a call itself (ClaimParams.CallTimeout).
+	// Retryable. The root package exports it as idem.ErrStoreTimeout.
+	ErrStoreTimeout = errors.New("idem: store call timed out")
 )

@@ -77,6 +77,23 @@ type BeginClaimer[TTx any] interface {
 	BeginClaim(ctx context.Context, p *ClaimParams) (TTx, ClaimResult, error)
 }
 
+// CallTimer is an optional capability of a BeginClaimer: it bounds the
+// store calls of the transactions its BeginClaim begins by itself, with
+// no context of the caller's that can be cancelled (pgx, for one, watches
+// such a context on every network call, at a few allocations each).
+//
+// When TimesCalls reports true and ClaimParams.CallTimeout is positive,
+// BeginClaim (acquiring a connection included), and then Commit,
+// Rollback, and the outbox's EmitTx and EmitCommit of the transaction it
+// returned, each end within CallTimeout of their start with an error
+// matching ErrStoreTimeout (a stalled connection is then given up), while
+// the handler's own statements in between are not bounded. ctx still
+// cancels them. The core then passes the caller's context as it is,
+// instead of a context of its own per transaction.
+type CallTimer interface {
+	TimesCalls() bool
+}
+
 // BeginBatchClaimer is an optional capability of a BatchClaimer: begin a
 // transaction and claim a batch in one round trip (the batch claim
 // pipelined with BEGIN), so a batch pays no round trip for its BEGIN. The
@@ -111,6 +128,12 @@ type ClaimParams struct {
 	// to half of idem.Config.StoreTimeout. A store whose claims never wait
 	// on a record (SQLite: the write lock is taken at BEGIN) ignores it.
 	LockTimeout time.Duration
+	// CallTimeout, when positive, is the bound of each store call of the
+	// claim's transaction that a CallTimer store enforces itself (see
+	// CallTimer); zero leaves the calls to ctx. The core sets it to
+	// idem.Config.StoreTimeout for a store whose TimesCalls is true.
+	// Other stores ignore it.
+	CallTimeout time.Duration
 }
 
 // ClaimBatchParams names the messages of one batch claim.

@@ -165,8 +165,11 @@
 // transaction's previous value back before the handler's statements run.
 // A claim that waits longer for a transaction holding the same record
 // fails with SQLSTATE 55P03 wrapped in idemdriver.ErrLockTimeout; the
-// connection stays usable. A call cancelled by its context (the core's
-// StoreTimeout) makes pgx close the connection, and the pool drops it.
+// connection stays usable. The core's StoreTimeout bounds a delivery's
+// begin-and-claim, commit, rollback and emit through a deadline on the
+// connection (Store.TimesCalls), cleared while the handler runs; a call
+// past it, or one cancelled by its context, makes pgx close the
+// connection, and the pool drops it.
 // For a connection that stalls, set on the pool's ConnConfig the
 // RuntimeParams idle_in_transaction_session_timeout (which ends a stalled
 // session on the server and releases its locks) and tcp_keepalives_*,

@@ -48,7 +48,11 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // p.RelayWoken (the caller wakes a relay of its own process after the
 // commit), Store.Commit sends no notification for these rows.
 func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
-	state, ok := s.own.Load(tx)
+	return timed(ctx, tx, func() error { return s.emitTx(ctx, tx, p) })
+}
+
+func (s *Store) emitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	state, ok := s.ownLoad(tx)
 	if ok && state == false {
 		q, args, err := s.outbox().EmitStatementQuiet(p)
 		if err != nil {
@@ -57,14 +61,14 @@ func (s *Store) EmitTx(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams)
 		if _, err := tx.Exec(ctx, q, args...); err != nil {
 			return err
 		}
-		s.own.Store(tx, emitted(p))
+		s.ownStore(tx, emitted(p))
 		return nil
 	}
 	if err := s.outbox().Emit(ctx, querier{tx}, p); err != nil {
 		return err
 	}
 	if ok && !p.RelayWoken {
-		s.own.Store(tx, true) // an earlier emit's relay is not this one's
+		s.ownStore(tx, true) // an earlier emit's relay is not this one's
 	}
 	return nil
 }
@@ -103,7 +107,11 @@ func emitted(p *idemdriver.EmitParams) any {
 // (pgx.ConnConfig.Tracer) would record that call as a failed "commit", so
 // on a connection with a tracer EmitCommit is EmitTx, then Commit.
 func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
-	if _, ok := s.own.Load(tx); !ok || tx.Conn().Config().Tracer != nil {
+	return timed(ctx, tx, func() error { return s.emitCommit(ctx, tx, p) })
+}
+
+func (s *Store) emitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitParams) error {
+	if _, ok := s.ownLoad(tx); !ok || tx.Conn().Config().Tracer != nil {
 		if err := s.EmitTx(ctx, tx, p); err != nil {
 			return err
 		}
@@ -133,7 +141,7 @@ func (s *Store) EmitCommit(ctx context.Context, tx pgx.Tx, p *idemdriver.EmitPar
 	}
 	// The transaction ended with the COMMIT above: close pgx's Tx (and
 	// return the connection to the pool) without sending another.
-	s.own.Delete(tx)
+	s.ownEnd(tx)
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = tx.Commit(ended)

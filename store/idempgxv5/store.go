@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgsql"
@@ -68,7 +69,8 @@ type Store struct {
 	// part is the partitioned layout's state; nil for the default layout.
 	part *partitioned
 	// own holds the open transactions this Store began (Begin,
-	// BeginClaim), each mapped to whether it emitted outbox rows: those
+	// BeginClaimBatch; a BeginClaim transaction holds its own state:
+	// poolTx.own), each mapped to whether it emitted outbox rows: those
 	// are quiet, and Commit notifies relays after they commit (see
 	// EmitTx), except for rows whose caller wakes a relay itself
 	// (relayWoken{}).
@@ -155,6 +157,10 @@ func (s *Store) Begin(ctx context.Context) (pgx.Tx, error) {
 // When the record vanished before it could be read (a purge deleted it),
 // BeginClaim begins again on the same connection and claims once more.
 //
+// With p.CallTimeout set (the Consumer sets it: see [Store.TimesCalls]),
+// the acquisition and the statements are bounded by a deadline on the
+// connection instead of by ctx alone.
+//
 // p is checked first (idemdriver.ValidateClaimParams), before any
 // connection is acquired. On the partitioned layout the batch is BEGIN,
 // the wait for the ID's advisory lock and the claim, still one round
@@ -178,18 +184,41 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		}
 		return tx, res, err
 	}
-	c, err := s.pool.Acquire(ctx)
+	var (
+		c   *pgxpool.Conn
+		err error
+	)
+	d := p.CallTimeout
+	if d > 0 {
+		c, err = s.acquireBy(ctx, time.Now().Add(d), d)
+	} else {
+		c, err = s.pool.Acquire(ctx)
+	}
 	if err != nil {
 		return nil, idemdriver.ClaimResult{}, err
 	}
+	tx, res, err := s.beginClaimOn(ctx, c, p)
+	if d > 0 {
+		setDeadline(c.Conn(), time.Time{})
+	}
+	if tx != nil {
+		ptx := &poolTx{Tx: tx, c: c, d: d, own: false}
+		return ptx, res, nil
+	}
+	c.Release()
+	return nil, res, timedCallErr(ctx, d, err)
+}
+
+// beginClaimOn is BeginClaim on the default layout, on connection c: it
+// returns the open transaction of a new message, or the ended one (nil)
+// of a duplicate or an error; c is the caller's to give back.
+func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
 	cb := &claimBatch{}
 	pgsql.AppendClaimArgs(cb.args[:0], p)
 	for range sqlstore.MaxClaimAttempts {
 		tx, inserted, err := cb.claim(ctx, c, s.q.Claim)
 		if err == nil && inserted {
-			ptx := &poolTx{Tx: tx, c: c}
-			s.own.Store(ptx, false)
-			return ptx, sqlstore.Claimed, nil
+			return tx, sqlstore.Claimed, nil
 		}
 		var (
 			res   idemdriver.ClaimResult
@@ -203,18 +232,15 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 		}
 		if err != nil {
 			abort(ctx, tx)
-			c.Release()
 			return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 		}
 		if found {
-			c.Release()
 			res.Ended = true
 			return nil, res, nil
 		}
 		// The record vanished (a purge deleted it) and the transaction
 		// has ended: begin again and claim once more.
 	}
-	c.Release()
 	return nil, idemdriver.ClaimResult{}, sqlstore.ErrUnsettled("claim", p.Consumer)
 }
 
@@ -448,7 +474,7 @@ func (r *batchRows) Close() { _ = r.closeBatch() }
 // their caller wakes a relay itself (idemdriver.EmitParams.RelayWoken); a
 // failure of that notification is not reported (relays also poll).
 func (s *Store) Commit(ctx context.Context, tx pgx.Tx) error {
-	emitted, _ := s.own.LoadAndDelete(tx)
+	emitted := s.ownEnd(tx)
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
@@ -467,7 +493,7 @@ func (s *Store) Rollback(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil { // BeginClaim's transaction of a duplicate: already ended
 		return nil
 	}
-	s.own.Delete(tx)
+	s.ownEnd(tx)
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return err
 	}
