@@ -75,6 +75,7 @@ func RunLease(t *testing.T, h LeaseHarness) {
 	}{
 		{"Process", leaseProcessCases()},
 		{"Expiry", leaseExpiryCases()},
+		{"Remaining", leaseRemainingCases()},
 		{"Failure", leaseFailureCases()},
 		{"Fingerprint", leaseFingerprintCases()},
 		{"Purge", leasePurgeCases()},

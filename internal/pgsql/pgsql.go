@@ -283,7 +283,10 @@ func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdrive
 // a caller that sends it itself (in a pipeline of many) and finishes
 // with AcquireFrom.
 func (q *Queries) AcquireQuery(p *idemdriver.AcquireParams) (string, []any) {
-	return q.acquire, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix}
+	if p.StepPrefix == "" {
+		return q.acquire, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)}
+	}
+	return q.acquireStep, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix}
 }
 
 // AcquireRow is the row of one acquire statement, as ScanAcquire read it.
@@ -296,7 +299,7 @@ type AcquireRow struct {
 // ScanAcquire reads the row of an acquire statement (AcquireQuery).
 func ScanAcquire(row sqlstore.Row) AcquireRow {
 	var a AcquireRow
-	a.err = row.Scan(append([]any{&a.won}, a.r.ScanArgs()...)...)
+	a.err = row.Scan(a.r.ScanArgs(&a.won)...)
 	return a
 }
 

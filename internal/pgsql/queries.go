@@ -15,13 +15,15 @@
 //
 // Every time written is the server's now(): the time the statement's
 // transaction began, the same for every row and column a statement writes,
-// so a record's lease_expires_at minus its updated_at is exactly the lease
-// granted. A claim inside a long transaction stamps processed_at with the
-// transaction's start, which only makes the record look older than its
-// commit by the transaction's length.
+// so a record's lease_expires_at minus the time its lease was set (its
+// updated_at after a renewal, which alone sets it, else its processed_at)
+// is exactly the lease granted. A claim inside a long
+// transaction stamps processed_at with the transaction's start, which only
+// makes the record look older than its commit by the transaction's length.
 //
 // The remaining lease an Acquire reports is the one read that is not
-// now(): it is counted from GREATEST(clock_timestamp(), updated_at).
+// now(): it is counted from GREATEST(clock_timestamp(), updated_at,
+// processed_at).
 // now() would be wrong twice over: it is read before the statement's
 // snapshot, so a takeover or renewal that committed in between (visible to
 // the snapshot, with a later now() of its own) would look longer than the
@@ -29,8 +31,8 @@
 // statement (ON CONFLICT waits for a concurrent transaction on the same
 // row), after which the lease has really run for longer. clock_timestamp()
 // is read after both, so it is the true current time and, the server's
-// clock being monotonic, never earlier than the updated_at of a write the
-// snapshot shows; the updated_at floor keeps the remaining lease within the
+// clock being monotonic, never earlier than the time stamped by a write the
+// snapshot shows; that floor keeps the remaining lease within the
 // lease granted even if the server's wall clock is stepped back. Whether a
 // lease has ended is judged by now() in the one statement that takes over
 // (ON CONFLICT ... DO UPDATE ... WHERE lease_expires_at <= now()), where a
@@ -196,11 +198,13 @@ type Queries struct {
 	// state.
 	fingerprints string
 
-	// acquire: consumer, message ID, fingerprint, lease (µs), step prefix
-	// ('' for none) -> acquired, then the columns of sqlstore.LeaseRecord.
-	// When it acquires and the prefix is not empty, the same statement
-	// saves the recovery point prefix || token.
+	// acquire: consumer, message ID, fingerprint, lease (µs) -> acquired,
+	// then the columns of sqlstore.LeaseRecord (see the function acquire).
 	acquire string
+	// acquireStep is acquire with a fifth parameter, a step prefix (not
+	// empty): when it acquires, the same statement saves the recovery
+	// point prefix || token.
+	acquireStep string
 	// steps: consumer, message ID -> step, result.
 	steps string
 	// renew: lease (µs), consumer, message ID, token.
@@ -248,59 +252,23 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
 		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
 
-		// One statement inserts a new record, or takes over an expired one
-		// (the DO UPDATE runs only when its WHERE holds, judged on the
-		// latest committed version of the row, which ON CONFLICT locks),
-		// and otherwise reads the record as of the statement's snapshot,
-		// in a branch with a one-time filter on "up", so a new message
-		// costs the INSERT alone. The snapshot misses a record committed
-		// by a transaction the insert waited for (no row at all), and may
-		// show an older version than the one the WHERE saw: a record that
-		// could be taken over although the DO UPDATE did not take it. It
-		// may also show a lease that ended after the statement's now()
-		// was read (a release that began after it and committed before
-		// the snapshot; a lease that ran out during a lock wait), which
-		// the WHERE, judged by that now(), did not take: the last column
-		// judges by clock_timestamp(), read after the snapshot, so such a
-		// record is acquirable too. In all these cases Acquire runs the
-		// statement again, whose now() is later.
-		acquire: `WITH up AS (
-	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
-	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `, now())
-	ON CONFLICT (consumer, message_id) DO UPDATE
-	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
-		processed_at = excluded.processed_at, updated_at = excluded.updated_at
-	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
-	RETURNING r.token, r.attempt
-), point AS (
-	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up WHERE $5::text <> ''
-	ON CONFLICT (consumer, message_id, step) DO NOTHING
-)
-SELECT true, 0::bigint, token::bigint, attempt::bigint, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
-UNION ALL
-SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, fingerprint,
-	CASE WHEN state = 1 AND lease_expires_at > now()
-	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at)`) + `, 0) ELSE 0 END,
-	result, content_type, last_error,
-	COALESCE(state = 1 AND lease_expires_at <= clock_timestamp() AND fingerprint = $3::bytea, false)
-FROM ` + t + `
-WHERE ` + pk + ` AND NOT EXISTS (SELECT FROM up)`,
+		acquire:     acquire(t, ""),
+		acquireStep: acquire(t, steps),
 		// The steps table has no index but its key.
 		steps: `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()
 WHERE ` + byKey(`$2`, `$3::text`) + ` AND state = 1 AND token = $4::bigint`,
 		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
-	lease_expires_at = now(), processed_at = now(), updated_at = now()
+	lease_expires_at = now(), processed_at = now(), updated_at = NULL
 WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
-	lease_expires_at = now(), processed_at = now(), updated_at = now()
+	lease_expires_at = now(), processed_at = now(), updated_at = NULL
 WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 		// The release and its recovery point: the INSERT runs on the row
 		// the UPDATE changed (and locked), in the same statement.
 		releaseStep: `WITH rel AS (
 	UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
-		lease_expires_at = now(), processed_at = now(), updated_at = now()
+		lease_expires_at = now(), processed_at = now(), updated_at = NULL
 	WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint
 	RETURNING 1
 ), point AS (
@@ -391,7 +359,7 @@ func (q *Queries) Keyed() map[string]string {
 	return map[string]string{
 		"fingerprint": q.fingerprint, "record": q.Record, "fingerprints": q.fingerprints,
 		"claimBatch": q.claimBatch, "claimBatchNative": q.claimBatchNative,
-		"acquire": q.acquire, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
+		"acquire": q.acquire, "acquireStep": q.acquireStep, "renew": q.renew, "complete": q.complete, "release": q.release, "releaseStep": q.releaseStep,
 		"saveStep": q.saveStep, "purgeBatch": q.purgeBatch, "inspect": q.Inspect,
 	}
 }
@@ -456,6 +424,64 @@ SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`) 
 WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
 ` + restoreLockTimeout(`NULL::text`)
+}
+
+// acquire is the acquire statement on table t, which saves the recovery
+// point of its step prefix ($5) on the steps table steps when it
+// acquires; steps is "" for the statement without a prefix, which a
+// lease-mode claim without a recovery point runs (the common case): a
+// plan without the steps table, which every execution would otherwise
+// lock and set up.
+//
+// One statement inserts a new record, or takes over an expired one (the
+// DO UPDATE runs only when its WHERE holds, judged on the latest
+// committed version of the row, which ON CONFLICT locks), and otherwise
+// reads the record as of the statement's snapshot, in a branch with a
+// one-time filter on "up", so a new message costs the INSERT alone. The
+// snapshot misses a record committed by a transaction the insert waited
+// for (no row at all), and may show an older version than the one the
+// WHERE saw: a record that could be taken over although the DO UPDATE
+// did not take it. It may also show a lease that ended after the
+// statement's now() was read (a release that began after it and
+// committed before the snapshot; a lease that ran out during a lock
+// wait), which the WHERE, judged by that now(), did not take: the last
+// column judges by clock_timestamp(), read after the snapshot, so such a
+// record is acquirable too. In all these cases Acquire runs the statement
+// again, whose now() is later.
+//
+// Only a renewal sets updated_at (to when it extended the lease): the
+// insert and the takeover, like Complete and Release, set it to NULL and
+// stamp processed_at with now(), when they set the lease, which keeps
+// 8 bytes out of each row version they write and of its WAL. The
+// remaining lease's floor is therefore the later of the two (GREATEST
+// skips a NULL).
+func acquire(t, steps string) string {
+	q := `WITH up AS (
+	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
+	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `)
+	ON CONFLICT (consumer, message_id) DO UPDATE
+	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
+		processed_at = excluded.processed_at, updated_at = NULL
+	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
+	RETURNING r.token, r.attempt
+)`
+	if steps != "" {
+		q += `, point AS (
+	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+	SELECT $1::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
+	ON CONFLICT (consumer, message_id, step) DO NOTHING
+)`
+	}
+	return q + `
+SELECT true, 0::bigint, token::bigint, attempt::bigint, NULL::bytea, 0::bigint, NULL::bytea, NULL::text, NULL::text, false FROM up
+UNION ALL
+SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, fingerprint,
+	CASE WHEN state = 1 AND lease_expires_at > now()
+	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at, processed_at)`) + `, 0) ELSE 0 END,
+	result, content_type, last_error,
+	COALESCE(state = 1 AND lease_expires_at <= clock_timestamp() AND fingerprint = $3::bytea, false)
+FROM ` + t + `
+WHERE ` + byKey(`$1`, `$2::text`) + ` AND NOT EXISTS (SELECT FROM up)`
 }
 
 // Lock statements, all transaction-scoped so that they work behind a

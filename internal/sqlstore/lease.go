@@ -39,9 +39,11 @@ type LeaseRecord struct {
 	Acquirable  bool
 }
 
-// ScanArgs are the scan destinations of r's columns, in order.
-func (r *LeaseRecord) ScanArgs() []any {
-	return []any{&r.State, &r.Token, &r.Attempt, &r.Fingerprint, &r.RemainingUS, &r.Result, &r.ContentType, &r.LastError, &r.Acquirable}
+// ScanArgs are the scan destinations of r's columns, in order, after
+// those of the columns before them (first), in one slice.
+func (r *LeaseRecord) ScanArgs(first ...any) []any {
+	return append(append(make([]any, 0, len(first)+9), first...),
+		&r.State, &r.Token, &r.Attempt, &r.Fingerprint, &r.RemainingUS, &r.Result, &r.ContentType, &r.LastError, &r.Acquirable)
 }
 
 // NotAcquired reports r to a caller that did not acquire it: the state,

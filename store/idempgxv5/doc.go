@@ -201,13 +201,14 @@
 // lease_expires_at <= now(), and the remaining lease a loser is told is
 // computed by the server in microseconds and returned as a time.Duration
 // (one unit end to end). That remaining lease is counted from
-// GREATEST(clock_timestamp(), updated_at): clock_timestamp() is read after
-// the statement's snapshot and after any lock wait, where now() (the
-// statement's start) would make a lease granted by a takeover that
-// committed in between, or a lease that ran on while the statement waited,
-// look longer than it is; updated_at (when the lease was set) bounds it by
-// the lease granted even if the server's clock steps back. Go's clock is
-// never read.
+// GREATEST(clock_timestamp(), updated_at, processed_at): clock_timestamp()
+// is read after the statement's snapshot and after any lock wait, where
+// now() (the statement's start) would make a lease granted by a takeover
+// that committed in between, or a lease that ran on while the statement
+// waited, look longer than it is; the time the lease was set (updated_at,
+// which only a renewal sets, else processed_at) bounds it by the
+// lease granted even if the server's clock steps back. Go's clock is never
+// read.
 //
 // The statements, each one round trip in pgx's default mode once prepared
 // (and in simple protocol mode):
