@@ -260,16 +260,17 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.Clai
 		return s.pg.ClaimBatchTx(ctx, querier{tx}, p)
 	}
 	var (
-		got map[string]idemdriver.ClaimResult
-		err error
+		msgs = sqlstore.Sorted(p)
+		res  []idemdriver.ClaimResult
+		err  error
 	)
 	if s.dialect == MySQL {
-		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sqlstore.Sorted(p), p.LockTimeout)
+		res, err = s.claimBatchMySQL(ctx, tx, p.Consumer, msgs, p.LockTimeout)
 	} else {
-		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sqlstore.Sorted(p))
+		res, err = s.claimBatchReturning(ctx, tx, p.Consumer, msgs, "")
 	}
 	if err != nil {
 		return nil, err
 	}
-	return sqlstore.InOrder(p, got)
+	return inOrder(p, msgs, res), nil
 }
