@@ -169,7 +169,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var sidecar int
 	fs.IntVar(&sidecar, "sidecar", 0, "only measure `idem consume` (built from ./cmd/idem) against a bare relay (JetStream Fetch, POST, ack) over this many messages per run, --rounds rounds (default 5), --workers at a time, on sqlite, postgres and redis (those whose URL is set), with and without store batches; needs "+envNATS+", and exit")
 	var process time.Duration
-	fs.DurationVar(&process, "process", 0, "only measure the store alone, no broker: best_checked, idem, best_checked_duplicate, duplicate, best_checked_batch100 and idem_batch100 for this long each, --rounds rounds (default 5), --workers at a time, on --stores (postgres, postgres-sql (database/sql), mysql, sqlite; default sqlite and postgres when its URL is set), with CPU, log bytes and allocations per message, and exit")
+	fs.DurationVar(&process, "process", 0, "only measure the store alone, no broker: best_checked, idem, best_checked_duplicate, duplicate, best_checked_batch100, idem_batch100, best_outbox1 and idem_outbox1 (the outbox: processing that emits one message, the relay sending and deleting it in the timed section) for this long each, --rounds rounds (default 5), --workers at a time, on --stores (postgres, postgres-sql (database/sql), mysql, sqlite; default sqlite and postgres when its URL is set), with CPU, log bytes and allocations per message, and exit")
 	var only string
 	fs.StringVar(&only, "contenders", "", "run only these contenders (default all: naive, best (PostgreSQL only), best_checked, best_checked_batchN, idem, idem-outbox, idem-batchN, watermill-dedup, relay)")
 	if err := fs.Parse(args); err != nil {
