@@ -195,9 +195,10 @@ func (s *Store) claimBatchReturning(ctx context.Context, tx *sql.Tx, consumer st
 }
 
 // claimChunk runs one batch insert q and marks the IDs it returns claimed
-// in res and settled (indexed as msgs).
+// in res and settled (indexed as msgs). q runs through the Store's
+// prepared statements (stmtCache) when it has q's.
 func (s *Store) claimChunk(ctx context.Context, tx *sql.Tx, q string, args []any, msgs []idemdriver.ClaimMessage, res []idemdriver.ClaimResult, settled []bool) error {
-	rows, err := tx.QueryContext(ctx, q, args...)
+	rows, err := s.prepared(tx).QueryContext(ctx, q, args...)
 	if err != nil {
 		return err
 	}
