@@ -188,7 +188,12 @@ func (c *sqlChecked) list(n int, rows bool) string {
 	return string(b)
 }
 
-func (c *sqlChecked) one() msgHandler {
+func (c *sqlChecked) one() msgHandler { return c.oneWith(nil, nil) }
+
+// oneWith is best_checked that also runs extra in the transaction of a
+// new message, after its side effect, and calls committed after its
+// commit (best_outbox1's outbox row and relay wake-up); both may be nil.
+func (c *sqlChecked) oneWith(extra func(ctx context.Context, tx *sql.Tx, id string) error, committed func()) msgHandler {
 	claim := c.insert(1, false)
 	read := `SELECT fingerprint FROM ` + c.table + ` WHERE message_id = ` + c.ph(1)
 	effect := `INSERT INTO ` + c.effects + ` (id) VALUES (` + c.ph(1) + `)`
@@ -223,10 +228,21 @@ func (c *sqlChecked) one() msgHandler {
 		if _, err := tx.ExecContext(ctx, effect, msg.ID); err != nil {
 			return false, err
 		}
+		if extra != nil {
+			if err := extra(ctx, tx, msg.ID); err != nil {
+				return false, err
+			}
+		}
 		if c.faults.fail(msg.ID) {
 			return false, errInjected
 		}
-		return true, tx.Commit()
+		if err := tx.Commit(); err != nil {
+			return false, err
+		}
+		if committed != nil {
+			committed()
+		}
+		return true, nil
 	}
 }
 

@@ -33,7 +33,10 @@ import (
 //   - best_checked_duplicate, duplicate: the same two redelivering
 //     messages already processed (1,000 of them, in turn);
 //   - best_checked_batch100, idem_batch100: batches of 100 new messages,
-//     the side effects written with one statement.
+//     the side effects written with one statement;
+//   - best_outbox1, idem_outbox1: best_checked and idem that also emit one
+//     outgoing message, sent and deleted by a relay in the timed section
+//     (process_outbox.go).
 //
 // Each case runs --workers goroutines for a fixed time on a pool of as
 // many connections (SQLite: one). Rounds go over every store and case in
@@ -63,7 +66,7 @@ type processOptions struct {
 
 // processCases are the cases of a round, in order: each ratio's
 // reference comes before the case compared with it.
-var processCases = []string{"best_checked", "idem", "best_checked_duplicate", "duplicate", "best_checked_batch100", "idem_batch100"}
+var processCases = []string{"best_checked", "idem", "best_checked_duplicate", "duplicate", "best_checked_batch100", "idem_batch100", "best_outbox1", "idem_outbox1"}
 
 // processRefs maps a case to the cases of the same store and round its
 // throughput and CPU are compared with.
@@ -71,6 +74,8 @@ var processRefs = map[string][]string{
 	"idem":          {"best_checked"},
 	"duplicate":     {"best_checked_duplicate"},
 	"idem_batch100": {"best_checked_batch100", "idem"},
+	"best_outbox1":  {"best_checked"},
+	"idem_outbox1":  {"best_outbox1", "idem"},
 }
 
 // processSeeded is how many messages the duplicate cases redeliver.
@@ -182,11 +187,22 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 					continue
 				}
 				op, perOp, ok := s.op(c)
+				var rel *outboxRelay
+				if !ok {
+					var err error
+					if op, rel, ok, err = s.outboxCase(ctx, c, c+"-"+strconv.FormatInt(time.Now().UnixNano(), 36)+"-"); err != nil {
+						return fmt.Errorf("%s %s: %w", s.name, c, err)
+					}
+					perOp = 1
+				}
 				if !ok {
 					continue
 				}
 				fmt.Fprintf(log, "round %d/%d: %s %s\n", round, o.rounds, s.name, c)
-				sm, err := s.measure(ctx, op, perOp, o)
+				sm, err := s.measure(ctx, op, perOp, o, rel)
+				if rel != nil {
+					rel.stop()
+				}
 				if err != nil {
 					return fmt.Errorf("%s %s: %w", s.name, c, err)
 				}
@@ -390,7 +406,9 @@ func (s *processStore) op(c string) (func(ctx context.Context, i int64) error, i
 
 // measure runs op on o.workers goroutines for o.caseTime and reads the
 // counters around it.
-func (s *processStore) measure(ctx context.Context, op func(ctx context.Context, i int64) error, perOp int, o processOptions) (sample, error) {
+// With rel (an outbox case), the timed section also waits for rel to
+// drain: every emitted message published and its row deleted.
+func (s *processStore) measure(ctx context.Context, op func(ctx context.Context, i int64) error, perOp int, o processOptions, rel *outboxRelay) (sample, error) {
 	sm := sample{server: -1, log: -1, logUnit: s.meter.logUnit()}
 	// One untimed operation per worker first (negative indices: new
 	// messages in every case), so that the pool's connections are open
@@ -435,6 +453,9 @@ func (s *processStore) measure(ctx context.Context, op func(ctx context.Context,
 		})
 	}
 	wg.Wait()
+	if rel != nil && opErr == nil {
+		opErr = rel.drain(ctx, time.Minute+10*o.caseTime)
+	}
 	sm.elapsed = time.Since(start)
 	runtime.ReadMemStats(&ms1)
 	cli1 := processCPU()

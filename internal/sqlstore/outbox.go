@@ -296,20 +296,37 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 	if err := idemdriver.ValidateClaimOutgoingParams(p); err != nil {
 		return nil, err
 	}
-	lease := DurationMicros(p.Lease)
 	if !o.d.NoUpdateReturning {
-		rows, err := db.Query(ctx, o.claimReturning, int64(p.Limit), lease)
-		if err != nil {
-			return nil, err
-		}
-		return ScanClaimed(rows)
+		return o.claimIn(ctx, db, p)
 	}
 	tx, err := begin(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer rollback(ctx, tx)
-	rows, err := tx.Query(ctx, o.claimSelect, int64(p.Limit))
+	recs, err := o.claimIn(ctx, tx, p)
+	if err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	return recs, nil
+}
+
+// claimIn runs the claim's statements on q: the UPDATE ... RETURNING, or
+// without it the locking SELECT and the UPDATE of the rows it locked,
+// which q must run in one transaction.
+func (o *Outbox) claimIn(ctx context.Context, q Querier, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	lease := DurationMicros(p.Lease)
+	if !o.d.NoUpdateReturning {
+		rows, err := q.Query(ctx, o.claimReturning, int64(p.Limit), lease)
+		if err != nil {
+			return nil, err
+		}
+		return ScanClaimed(rows)
+	}
+	rows, err := q.Query(ctx, o.claimSelect, int64(p.Limit))
 	if err != nil {
 		return nil, err
 	}
@@ -321,11 +338,8 @@ func (o *Outbox) Claim(ctx context.Context, db Querier, begin func(context.Conte
 	for _, r := range recs {
 		args = append(args, r.Seq)
 	}
-	q := `UPDATE ` + o.d.Table + ` SET lease_until = ` + o.d.Plus(o.d.Param(1, "bigint")) + `, attempts = attempts + 1 WHERE seq IN (` + o.list(2, len(recs), "bigint") + `)`
-	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
+	up := `UPDATE ` + o.d.Table + ` SET lease_until = ` + o.d.Plus(o.d.Param(1, "bigint")) + `, attempts = attempts + 1 WHERE seq IN (` + o.list(2, len(recs), "bigint") + `)`
+	if _, err := q.Exec(ctx, up, args...); err != nil {
 		return nil, err
 	}
 	return recs, nil

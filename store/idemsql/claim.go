@@ -8,7 +8,6 @@ import (
 	"math/bits"
 	"reflect"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -125,59 +124,40 @@ func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.Claim
 	return s.readExisting(ctx, tx, p)
 }
 
-// claimBatchSQLite claims msgs with a multi-row INSERT ... RETURNING, then
-// reads the fingerprints of the rows it did not insert.
-func (s *Store) claimBatchSQLite(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage) (map[string]idemdriver.ClaimResult, error) {
-	got := make(map[string]idemdriver.ClaimResult, len(msgs))
-	pending := msgs
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == maxClaimAttempts {
-			return nil, sqlstore.ErrUnsettled("batch claim", consumer)
-		}
-		for chunk := range slices.Chunk(pending, sqliteBatchRows) {
-			var b strings.Builder
-			b.WriteString(s.q.batchPrefix)
-			args := make([]any, 0, 1+2*len(chunk))
-			args = append(args, consumer)
-			for i, m := range chunk {
-				if i > 0 {
-					b.WriteString(", ")
-				}
-				b.WriteString(sqliteRow(s.q.batchRow, i))
-				args = append(args, m.MessageID, m.Fingerprint)
-			}
-			b.WriteString(s.q.batchSuffix)
-			rows, err := tx.QueryContext(ctx, b.String(), args...)
-			if err != nil {
-				return nil, err
-			}
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return nil, err
-				}
-				got[id] = sqlstore.Claimed
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return nil, err
-			}
-		}
-		dups := sqlstore.Unsettled(pending, got)
-		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, sqliteBatchRows, true, got); err != nil {
-			return nil, err
-		}
-		pending = sqlstore.Unsettled(dups, got)
+// claimBatchMySQL claims msgs (sorted by ID) on MySQL and returns their
+// results in that order. On MariaDB 10.5 and later it is
+// claimBatchReturning's INSERT IGNORE ... RETURNING; on a server without
+// RETURNING, one statement per 64 messages (see mysqlClaimSQL), then one
+// locking read of the fingerprints of the duplicates.
+func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, lockTimeout time.Duration) ([]idemdriver.ClaimResult, error) {
+	lockPrefix := mysqlLockTimeout(lockTimeout)
+	returning, err := s.mysqlReturning(ctx, tx)
+	if err != nil {
+		return nil, err
 	}
-	return got, nil
+	if returning {
+		return s.claimBatchReturning(ctx, tx, consumer, msgs, lockPrefix)
+	}
+	got, err := s.claimBatchBitmask(ctx, tx, consumer, msgs, lockPrefix)
+	if err != nil {
+		return nil, err
+	}
+	res := make([]idemdriver.ClaimResult, len(msgs))
+	for i, m := range msgs {
+		r, ok := got[m.MessageID]
+		if !ok {
+			return nil, fmt.Errorf("idem: batch claim of consumer %q settled no result for message ID %q", consumer, m.MessageID)
+		}
+		res[i] = r
+	}
+	return res, nil
 }
 
-// claimBatchMySQL claims msgs (sorted by ID) on MySQL: one statement per
-// 64 messages (see mysqlClaimSQL), then one locking read of the
-// fingerprints of the duplicates.
-func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, lockTimeout time.Duration) (map[string]idemdriver.ClaimResult, error) {
-	lockPrefix := mysqlLockTimeout(lockTimeout)
+// claimBatchBitmask is the MySQL batch claim without RETURNING: one
+// INSERT ... ON DUPLICATE KEY UPDATE per 64 messages whose insert ID is
+// the bitmask of the duplicates (see mysqlClaimSQL), then one locking
+// read of the duplicates' fingerprints.
+func (s *Store) claimBatchBitmask(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, lockPrefix string) (map[string]idemdriver.ClaimResult, error) {
 	got := make(map[string]idemdriver.ClaimResult, len(msgs))
 	pending := msgs
 	for attempt := 0; len(pending) > 0; attempt++ {
@@ -209,7 +189,7 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 				}
 			}
 		}
-		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, mysqlFingerprintRows, false, got); err != nil {
+		if err := s.readFingerprintsIn(ctx, tx, consumer, dups, batchMySQLRead, mysqlFingerprintRows, got); err != nil {
 			return nil, err
 		}
 		pending = sqlstore.Unsettled(dups, got)
@@ -218,27 +198,17 @@ func (s *Store) claimBatchMySQL(ctx context.Context, tx *sql.Tx, consumer string
 }
 
 // readFingerprintsIn reads the stored fingerprints of msgs with the
-// dialect's IN-list query (chunk IDs per statement) and records them in
-// got as duplicates. numbered selects SQLite's ?NNN placeholders.
-func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, chunk int, numbered bool, got map[string]idemdriver.ClaimResult) error {
-	for part := range slices.Chunk(msgs, chunk) {
-		var b strings.Builder
-		b.WriteString(s.q.fpsPrefix)
+// dialect's IN-list query of kind (batchSQLiteRead or batchMySQLRead, the
+// latter a locking read), per IDs per statement, and records them in got
+// as duplicates.
+func (s *Store) readFingerprintsIn(ctx context.Context, tx *sql.Tx, consumer string, msgs []idemdriver.ClaimMessage, kind uint8, per int, got map[string]idemdriver.ClaimResult) error {
+	for part := range slices.Chunk(msgs, per) {
 		args := make([]any, 0, 1+len(part))
 		args = append(args, consumer)
-		for i, m := range part {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			if numbered {
-				fmt.Fprintf(&b, "?%d", i+2)
-			} else {
-				b.WriteByte('?')
-			}
+		for _, m := range part {
 			args = append(args, m.MessageID)
 		}
-		b.WriteString(s.q.fpsSuffix)
-		rows, err := querier{tx}.Query(ctx, b.String(), args...)
+		rows, err := querier{tx}.Query(ctx, s.batchText(kind, len(part), ""), args...)
 		if err := sqlstore.ReadExisting(rows, err, got); err != nil {
 			return err
 		}

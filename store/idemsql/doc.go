@@ -85,12 +85,20 @@
 // order and do not deadlock. On PostgreSQL the INSERT takes the IDs and
 // fingerprints as two arrays (INSERT ... SELECT FROM unnest(...) ON
 // CONFLICT DO NOTHING RETURNING message_id), sent as text literals so that
-// any driver works. On SQLite it is a multi-row INSERT ... RETURNING,
-// split past 400 rows.
+// any driver works. On SQLite it is an INSERT ... SELECT of a VALUES list
+// ... ON CONFLICT DO NOTHING RETURNING, split past 400 rows. On MariaDB
+// 10.5 and later it is a multi-row INSERT IGNORE ... RETURNING message_id
+// (IGNORE can only skip a taken key here: every value fits its column,
+// checked before the statement runs), then, only when some rows were not
+// returned, one locking read of their fingerprints: the statements a
+// hand-written batch consumer runs. The statement texts are built once per
+// batch size.
 //
 // # MySQL batch claims
 //
-// MySQL has no RETURNING, and a multi-row INSERT reports one rows-affected
+// On a server without RETURNING (MySQL; MariaDB before 10.5), found by
+// SELECT VERSION() at a Store's first batch claim, the claim is as
+// follows. MySQL has no RETURNING, and a multi-row INSERT reports one rows-affected
 // total, which says how many rows were duplicates (when clientFoundRows is
 // off) but not which. Two ways to find out were rejected:
 //

@@ -1,5 +1,7 @@
 package idemsql
 
+import "database/sql"
+
 // OutboxClaimSQL is the relay's claim statement on s's outbox (on MySQL
 // the locking selection of its two statements), for tests of its plan.
 func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
@@ -7,3 +9,8 @@ func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
 // OpsReads is the operator's read statements on s (sqlstore.Ops.Reads),
 // for tests of their plans.
 func OpsReads(s *Store) map[string]string { return s.ops().Reads() }
+
+// WithoutReturning makes the MySQL batch claims of stores over db take
+// the path of a server without INSERT ... RETURNING (MySQL's), for tests
+// on MariaDB.
+func WithoutReturning(db *sql.DB) { returningServers.Store(db, false) }

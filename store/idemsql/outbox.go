@@ -15,6 +15,7 @@ import (
 var (
 	_ idemdriver.OutboxTx[*sql.Tx] = (*Store)(nil)
 	_ idemdriver.OutboxStore       = (*Store)(nil)
+	_ idemdriver.OutboxSentClaimer = (*Store)(nil)
 )
 
 // outboxes caches the outbox statements per dialect and table.
@@ -67,9 +68,26 @@ func (s *Store) outbox() *sqlstore.Outbox {
 // p is checked first (idemdriver.ValidateEmitParams), so tx stays usable
 // on invalid input (errors match idemdriver.ErrInvalidOutgoing or
 // ErrInvalidConsumerName). On PostgreSQL the table's trigger notifies
-// relays listening through store/idempgxv5.
+// relays listening through store/idempgxv5 when tx commits, unless
+// p.RelayWoken: the caller then wakes a relay of its own process itself,
+// and the INSERT (an INSERT ... SELECT that sets idem.outbox_quiet for the
+// transaction before writing its rows) keeps the trigger quiet, so the
+// commit queues no notification, which PostgreSQL sends holding a
+// server-wide lock through the commit's flush. Relays of other processes
+// find the rows at their next poll; rows a later EmitTx without
+// RelayWoken writes in the same transaction notify nobody either, and are
+// sent by the woken relay, which claims every pending row. MySQL and
+// SQLite notify nobody, and ignore RelayWoken.
 func (s *Store) EmitTx(ctx context.Context, tx *sql.Tx, p *idemdriver.EmitParams) error {
-	return s.outbox().Emit(ctx, querier{tx}, p)
+	if s.dialect != Postgres || !p.RelayWoken {
+		return s.outbox().Emit(ctx, querier{tx}, p)
+	}
+	q, args, err := s.outbox().EmitStatementQuiet(p)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, q, args...)
+	return err
 }
 
 // ClaimOutgoing implements [idemdriver.OutboxStore]. PostgreSQL: one
@@ -85,7 +103,15 @@ func (s *Store) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingPa
 }
 
 func (s *Store) beginReadCommitted(ctx context.Context) (sqlstore.Tx, error) {
-	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	return s.beginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+}
+
+// beginDefault begins a transaction with db's default options (SQLite:
+// as the DSN says).
+func (s *Store) beginDefault(ctx context.Context) (sqlstore.Tx, error) { return s.beginTx(ctx, nil) }
+
+func (s *Store) beginTx(ctx context.Context, opts *sql.TxOptions) (sqlstore.Tx, error) {
+	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -106,6 +132,27 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // sent instead.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.db}, p)
+}
+
+// MarkSentClaim implements [idemdriver.OutboxSentClaimer]: MarkSent's
+// statements and ClaimOutgoing's in one transaction, committed once where
+// the two calls commit once each (each commit a flush of the log on a
+// durable server): PostgreSQL: BEGIN, the DELETE (with sent.Keep, the
+// UPDATE), the claim's UPDATE ... RETURNING, COMMIT; MySQL: the same in
+// the READ COMMITTED transaction of the claim's SELECT ... FOR UPDATE
+// SKIP LOCKED and UPDATE; SQLite: the DELETE and the claim's UPDATE ...
+// RETURNING in one transaction (begun as the DSN says: BEGIN IMMEDIATE
+// with [SQLiteDSN]). The claim sees the ended rows gone. With no sent
+// row it is ClaimOutgoing. Errors: idemdriver.ErrInvalidConfig (or
+// ErrInvalidOutgoing) for invalid parameters, before any statement runs,
+// else the driver's; on an error nothing committed, unless the commit's
+// outcome is unknown.
+func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
+	begin := s.beginReadCommitted
+	if s.dialect == SQLite {
+		begin = s.beginDefault
+	}
+	return s.outbox().MarkSentClaim(ctx, querier{s.db}, begin, sent, claim)
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE per 100

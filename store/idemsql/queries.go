@@ -23,10 +23,10 @@ type queries struct {
 	// message ID.
 	fingerprint string
 
-	// MySQL and SQLite multi-row statements (batchRow and batchSuffix:
-	// SQLite only; see mysqlClaimSQL).
-	batchPrefix, batchRow, batchSuffix string
-	fpsPrefix, fpsSuffix               string
+	// MySQL and SQLite multi-row statements (see mysqlClaimSQL and
+	// Store.batchText).
+	batchPrefix          string
+	fpsPrefix, fpsSuffix string
 
 	// runs are the retention statements (the purge batches are in
 	// leaseQueries).
@@ -162,8 +162,6 @@ func sqliteQueries(t string) queries {
 	ON CONFLICT (consumer, message_id) DO NOTHING`,
 		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
 		batchPrefix: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES `,
-		batchRow:    `(?1, ?%d, ?%d, ` + sqliteNow + `)`,
-		batchSuffix: ` ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`,
 		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
 		fpsSuffix:   `)`,
 		// Runs, as on MySQL: a read of the newest run, an UPDATE of it,
@@ -190,11 +188,4 @@ FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
 			Record: `INSERT INTO ` + t + `_migrations (version, applied_at) VALUES (?1, ` + sqliteNow + `)`,
 		},
 	}
-}
-
-// sqliteRow is the i-th (from 0) row of a SQLite batch insert: parameters
-// ?1 (the consumer), then two per row.
-func sqliteRow(row string, i int) string {
-	r := strings.Replace(row, "%d", strconv.Itoa(2*i+2), 1)
-	return strings.Replace(r, "%d", strconv.Itoa(2*i+3), 1)
 }

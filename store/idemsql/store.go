@@ -240,13 +240,16 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 //     the records committed before it began and returns one row when every
 //     message was new; the records committed by transactions it waited for
 //     are read by one more SELECT.
-//   - SQLite: a multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING
-//     message_id, then one SELECT of the fingerprints of the rows not
-//     returned.
-//   - MySQL: a multi-row INSERT ... ON DUPLICATE KEY UPDATE per 64
-//     messages that reports which rows were duplicates as a bitmask (see the
-//     package documentation, "MySQL batch claims"), then one locking SELECT
-//     of the duplicates' fingerprints.
+//   - SQLite: an INSERT ... SELECT of a VALUES list ... ON CONFLICT DO
+//     NOTHING RETURNING message_id, then, only when some rows were not
+//     returned, one SELECT of their fingerprints.
+//   - MariaDB 10.5 and later: a multi-row INSERT IGNORE ... RETURNING
+//     message_id, then, only when some rows were not returned, one locking
+//     SELECT of their fingerprints.
+//   - MySQL (a server without RETURNING): a multi-row INSERT ... ON
+//     DUPLICATE KEY UPDATE per 64 messages that reports which rows were
+//     duplicates as a bitmask (see the package documentation, "MySQL batch
+//     claims"), then one locking SELECT of the duplicates' fingerprints.
 //
 // p is checked before any statement runs
 // (idemdriver.ValidateClaimBatchParams): an empty batch or a message ID
@@ -260,16 +263,17 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.Clai
 		return s.pg.ClaimBatchTx(ctx, querier{tx}, p)
 	}
 	var (
-		got map[string]idemdriver.ClaimResult
-		err error
+		msgs = sqlstore.Sorted(p)
+		res  []idemdriver.ClaimResult
+		err  error
 	)
 	if s.dialect == MySQL {
-		got, err = s.claimBatchMySQL(ctx, tx, p.Consumer, sqlstore.Sorted(p), p.LockTimeout)
+		res, err = s.claimBatchMySQL(ctx, tx, p.Consumer, msgs, p.LockTimeout)
 	} else {
-		got, err = s.claimBatchSQLite(ctx, tx, p.Consumer, sqlstore.Sorted(p))
+		res, err = s.claimBatchReturning(ctx, tx, p.Consumer, msgs, "")
 	}
 	if err != nil {
 		return nil, err
 	}
-	return sqlstore.InOrder(p, got)
+	return inOrder(p, msgs, res), nil
 }

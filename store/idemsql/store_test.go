@@ -533,9 +533,10 @@ func waitBlocked(t *testing.T, e *env) {
 	WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`
 	case idemsql.MySQL:
 		// Without the PROCESS privilege a session sees its user's own
-		// threads: an INSERT on the table still running is one waiting.
+		// threads: an INSERT (or INSERT IGNORE) on the table still
+		// running is one waiting.
 		query = `SELECT COUNT(*) FROM information_schema.processlist
-	WHERE info LIKE CONCAT('%INSERT INTO ', ?, ' %') AND id <> CONNECTION_ID()`
+	WHERE info LIKE CONCAT('%INSERT%INTO ', ?, ' %') AND id <> CONNECTION_ID()`
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
