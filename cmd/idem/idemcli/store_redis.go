@@ -31,7 +31,8 @@ write wait until N replicas have it (Redis WAIT; a write fewer acknowledge
 within wait_timeout, default 1s, is a store error and nothing is
 acknowledged), so that a failover to a replica keeps every write the proxy
 or sidecar reported done; set it to each master's replica count
-(docs/failover.md).`
+(docs/failover.md). With wait_replicas, read_timeout (go-redis's default 3s)
+must be at least wait_timeout + 500ms.`
 
 // The URL schemes of a Redis store, with the kind of client each opens.
 var redisSchemes = map[string]redisKind{
@@ -134,7 +135,30 @@ func parseRedisStoreURL(rawURL string) (_ *redisStoreURL, err error) {
 	if err != nil {
 		return nil, bad("%v", err)
 	}
+	if rt := r.readTimeout(); r.wait > 0 && rt >= 0 {
+		if rt == 0 {
+			rt = 3 * time.Second // go-redis's default
+		}
+		wt := r.waitTimeout
+		if wt == 0 {
+			wt = idemredis.DefaultWaitTimeout
+		}
+		if rt < wt+idemredis.WaitReadMargin {
+			return nil, bad("read_timeout=%v must be at least wait_timeout (%v) + %v, or the client gives up on WAIT's reply and sends the write again", rt, wt, idemredis.WaitReadMargin)
+		}
+	}
 	return r, nil
+}
+
+// readTimeout is the go-redis client's ReadTimeout (read_timeout).
+func (r *redisStoreURL) readTimeout() time.Duration {
+	switch r.kind {
+	case redisSentinel:
+		return r.failover.ReadTimeout
+	case redisCluster:
+		return r.cluster.ReadTimeout
+	}
+	return r.single.ReadTimeout
 }
 
 // parseRedisDuration reads a duration as go-redis reads the durations of

@@ -88,6 +88,11 @@ func TestParseRedisStoreURL(t *testing.T) {
 		"redis-cluster://:s3cret-pw@h:7000?bogus=1",
 		"redis-ring://:s3cret-pw@h:1",
 		"redis://:s3cret-pw@h:1/0?%zz",
+		// go-redis would give up on WAIT's reply and send the write again.
+		"redis://:s3cret-pw@h:1/0?wait_replicas=1&read_timeout=1s",
+		"redis-sentinel://:s3cret-pw@h:26379/0?master_name=m&wait_replicas=1&wait_timeout=2s&read_timeout=2s",
+		"redis-cluster://:s3cret-pw@h:7000?wait_replicas=1&read_timeout=1200ms",
+		"redis://:s3cret-pw@h:1/0?wait_replicas=1&wait_timeout=5s", // against go-redis's default 3s
 	} {
 		_, err := parseRedisStoreURL(bad)
 		if !errors.Is(err, errBadURL) {
