@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -26,8 +27,10 @@ const (
 )
 
 // claimMySQL runs one claim; see mysqlClaimSQL.
-func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, mysqlLockTimeout(p.LockTimeout)+s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
+func (s *Store) claimMySQL(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+	claim := s.mysqlClaim.Get(p.LockTimeout, func(d time.Duration) string { return mysqlLockTimeout(d) + s.q.claim })
+	id := any(p.MessageID) // boxed once for its two places
+	r, err := tx.ExecContext(ctx, claim, consumerArg(p.Consumer), id, p.Fingerprint, id)
 	if err != nil {
 		return res, false, mysqlWrapLockTimeout(err)
 	}
@@ -72,20 +75,35 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 
 // readExisting reads the fingerprint and state of the record a claim
 // found; found is false when it vanished before it could be read.
-func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	var (
+func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+	// One allocation for both destinations and the arguments.
+	var rec struct {
 		fp    []byte
 		state sql.NullInt64
-	)
-	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
+		dest  [2]any
+		args  [2]any
+	}
+	rec.dest = [2]any{&rec.fp, &rec.state}
+	rec.args = [2]any{consumerArg(p.Consumer), p.MessageID}
+	err = tx.QueryRowContext(ctx, s.q.fingerprint, rec.args[:]...).Scan(rec.dest[:]...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return res, false, nil
 	}
 	if err != nil {
 		return res, false, err
 	}
-	return sqlstore.Existing(fp, state), true, nil
+	return sqlstore.Existing(rec.fp, rec.state), true, nil
 }
+
+// consumerArg returns name as a statement argument, reusing the last one
+// boxed when it is the same name (the common case: one consumer per
+// process, or a few taking turns).
+func consumerArg(name string) any {
+	return consumerArgs.Get(name, func(name string) any { return name })
+}
+
+// consumerArgs is the last consumer name boxed by consumerArg.
+var consumerArgs lastval.Cache[string, any]
 
 // mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
 // set when row i was a duplicate. It checks the bitmask against rows
@@ -110,8 +128,8 @@ func mysqlDuplicates(r sql.Result, n int) (uint64, error) {
 
 // claimSQLite runs one claim. The transaction holds SQLite's write lock
 // from its first write on, so no other writer is in flight.
-func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint)
+func (s *Store) claimSQLite(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+	r, err := tx.ExecContext(ctx, s.q.claim, consumerArg(p.Consumer), p.MessageID, p.Fingerprint)
 	if err != nil {
 		return res, false, err
 	}

@@ -23,7 +23,8 @@ func TestConformance(t *testing.T) {
 // TestConformanceMySQLFoundRows runs the suite on MySQL with the DSN
 // settings that change what the server reports or how values travel:
 // clientFoundRows=true (rows affected counts a duplicate as 1),
-// interpolateParams=true (no server-side prepared statements) and
+// interpolateParams=true (no server-side prepared statements but the
+// store's own, prepared once per connection) and
 // parseTime=false (DATETIME values arrive as text).
 func TestConformanceMySQLFoundRows(t *testing.T) {
 	t.Parallel()

@@ -259,7 +259,12 @@
 // once plus, per purge, one (MySQL: the connection of its lock) or two
 // (PostgreSQL: the lock's transaction, and the batches' statements). On
 // MySQL, interpolateParams=true in the DSN saves a round trip per statement
-// (go-sql-driver otherwise prepares each statement on the server first).
+// of the handlers (go-sql-driver otherwise prepares each statement on the
+// server first, runs it and closes it). The store's own hot statements on
+// MySQL and SQLite (the claim, the read of a duplicate's record, the
+// fenced lease writes) are prepared once per connection whatever the DSN
+// says, and stay prepared for the life of the *sql.DB (a few per
+// connection, against MySQL's max_prepared_stmt_count).
 //
 // # Behind PgBouncer
 //

@@ -48,7 +48,7 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 				t.Fatalf("round %d, completion of %s: %v", round, ids[i], e)
 			}
 		}
-		if n := idemsql.PreparedLeaseStatements(s); n != 5 {
+		if n := idemsql.PreparedStatements(s); n != 5 {
 			t.Fatalf("round %d: %d lease statements prepared, want 5", round, n)
 		}
 		again, errs, err := s.AcquireBatch(ctx, claim(ids...))
@@ -60,5 +60,58 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 				t.Fatalf("round %d, second claim of %s: %+v, %v; want completed with its result", round, ids[i], r, errs[i])
 			}
 		}
+	}
+}
+
+// TestClaimsRunPreparedStatements checks, on MySQL and SQLite, that a
+// transactional claim and its read of a duplicate's record run from their
+// text the first time, are prepared once at the next Begin, and then give
+// the same results from the prepared statements: a new message claimed,
+// a duplicate with its stored fingerprint, a claim with a lock timeout of
+// its own (another text on MySQL), and the records that committed.
+func TestClaimsRunPreparedStatements(t *testing.T) {
+	t.Parallel()
+	for _, d := range []idemsql.Dialect{idemsql.SQLite, idemsql.MySQL} {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t, d, envOptions{})
+			s := e.store
+			base := idemsql.PreparedStatements(s)
+			claim := func(step, id string, fp string, lockTimeout time.Duration, wantClaimed bool, wantPrepared int) {
+				t.Helper()
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Rollback(ctx, tx)
+				if n := idemsql.PreparedStatements(s) - base; n != wantPrepared {
+					t.Fatalf("%s: %d claim statements prepared, want %d", step, n, wantPrepared)
+				}
+				res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: id, Fingerprint: []byte(fp), LockTimeout: lockTimeout})
+				if err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
+				if res.Claimed != wantClaimed || (!wantClaimed && (string(res.Fingerprint) != "fp-"+id || res.State != idemdriver.StateCompleted)) {
+					t.Fatalf("%s: %+v; want Claimed %v (else fingerprint fp-%s, completed)", step, res, wantClaimed, id)
+				}
+				if wantClaimed {
+					if err := s.Commit(ctx, tx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			claim("first claim, from the text", "m-1", "fp-m-1", 0, true, 0)
+			claim("duplicate, the claim prepared", "m-1", "other", 0, false, 1)
+			claim("duplicate, the read prepared too", "m-1", "other", 0, false, 2)
+			claim("new, prepared", "m-2", "fp-m-2", 0, true, 2)
+			claim("new with a lock timeout", "m-3", "fp-m-3", 3*time.Second, true, 2)
+			wantLockText := 2 // SQLite's claim ignores the lock timeout: the same text
+			if d == idemsql.MySQL {
+				wantLockText = 3
+			}
+			claim("duplicate with a lock timeout", "m-3", "other", 3*time.Second, false, wantLockText)
+			e.wantRecords("c", 3)
+		})
 	}
 }
