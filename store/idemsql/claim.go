@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/lastval"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -29,7 +30,7 @@ const (
 // claimMySQL runs one claim; see mysqlClaimSQL.
 func (s *Store) claimMySQL(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
 	claim := s.mysqlClaim.Get(p.LockTimeout, func(d time.Duration) string { return mysqlLockTimeout(d) + s.q.claim })
-	id := any(p.MessageID) // boxed once for its two places
+	id := any(p.MessageID) // boxed once for its two places and the read
 	r, err := tx.ExecContext(ctx, claim, consumerArg(p.Consumer), id, p.Fingerprint, id)
 	if err != nil {
 		return res, false, mysqlWrapLockTimeout(err)
@@ -41,7 +42,32 @@ func (s *Store) claimMySQL(ctx context.Context, tx preparedTx, p *idemdriver.Cla
 	if dups == 0 {
 		return sqlstore.Claimed, true, nil
 	}
-	return s.readExisting(ctx, tx, p)
+	return s.readExisting(ctx, tx, p, id)
+}
+
+// claimPostgres runs one claim on PostgreSQL: the claim statement of
+// store/idempgxv5 (internal/pgsql), run with ExecContext since the row it
+// returns when it inserted is all it says, and rows affected counts it
+// (database/sql and pgx's stdlib then build no *sql.Rows for it); a
+// conflict is settled as pgsql.Queries.ClaimTx does.
+func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := pgsql.ClaimArgs(p)
+	r, err := tx.ExecContext(ctx, s.pg.Claim, args...)
+	if err != nil {
+		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+	}
+	n, err := r.RowsAffected()
+	switch {
+	case err != nil:
+		return idemdriver.ClaimResult{}, err
+	case n == 1:
+		return sqlstore.Claimed, nil
+	}
+	res, err := s.pg.Settle(ctx, txQuerier{tx}, p, args)
+	if err != nil {
+		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+	}
+	return res, nil
 }
 
 // mysqlLockWaitTimeout is MySQL's ER_LOCK_WAIT_TIMEOUT.
@@ -74,8 +100,9 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 }
 
 // readExisting reads the fingerprint and state of the record a claim
-// found; found is false when it vanished before it could be read.
-func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+// found; found is false when it vanished before it could be read. id is
+// p.MessageID as the claim boxed it.
+func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams, id any) (res idemdriver.ClaimResult, found bool, err error) {
 	// One allocation for both destinations and the arguments.
 	var rec struct {
 		fp    []byte
@@ -84,7 +111,7 @@ func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.C
 		args  [2]any
 	}
 	rec.dest = [2]any{&rec.fp, &rec.state}
-	rec.args = [2]any{consumerArg(p.Consumer), p.MessageID}
+	rec.args = [2]any{consumerArg(p.Consumer), id}
 	err = tx.QueryRowContext(ctx, s.q.fingerprint, rec.args[:]...).Scan(rec.dest[:]...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return res, false, nil
@@ -129,7 +156,8 @@ func mysqlDuplicates(r sql.Result, n int) (uint64, error) {
 // claimSQLite runs one claim. The transaction holds SQLite's write lock
 // from its first write on, so no other writer is in flight.
 func (s *Store) claimSQLite(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, s.q.claim, consumerArg(p.Consumer), p.MessageID, p.Fingerprint)
+	id := any(p.MessageID) // boxed once for the claim and the read
+	r, err := tx.ExecContext(ctx, s.q.claim, consumerArg(p.Consumer), id, p.Fingerprint)
 	if err != nil {
 		return res, false, err
 	}
@@ -140,7 +168,7 @@ func (s *Store) claimSQLite(ctx context.Context, tx preparedTx, p *idemdriver.Cl
 	if n == 1 {
 		return sqlstore.Claimed, true, nil
 	}
-	return s.readExisting(ctx, tx, p)
+	return s.readExisting(ctx, tx, p, id)
 }
 
 // claimBatchSQLite claims msgs with a multi-row INSERT ... RETURNING, then

@@ -41,39 +41,61 @@ type stmtCache struct {
 
 // prepare prepares those of queries not prepared yet. It must run outside
 // any transaction of db: a pool of one connection would wait for itself.
+// It holds no lock while it prepares, so that a transaction's statements
+// (get, want) never wait behind a prepare that waits for a connection
+// the transaction holds.
 func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries ...string) {
 	if c.has(queries) {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.m.Load()
-	var next map[string]*sql.Stmt
+	var made map[string]*sql.Stmt
 	for _, q := range queries {
-		if old != nil && (*old)[q] != nil || next != nil && next[q] != nil {
+		if c.get(q) != nil || made[q] != nil {
 			continue
 		}
-		if old != nil && len(*old)+len(next) >= maxCachedStatements {
+		if c.size()+len(made) >= maxCachedStatements {
 			break
 		}
 		st, err := db.PrepareContext(ctx, q)
 		if err != nil {
 			break // run from the text this time
 		}
-		if next == nil {
-			next = make(map[string]*sql.Stmt)
+		if made == nil {
+			made = make(map[string]*sql.Stmt)
 		}
-		next[q] = st
+		made[q] = st
 	}
-	if next == nil {
+	if made == nil {
 		return
 	}
-	if old != nil {
+	var extra []*sql.Stmt
+	c.mu.Lock()
+	next := make(map[string]*sql.Stmt, c.size()+len(made))
+	if old := c.m.Load(); old != nil {
 		for q, st := range *old {
 			next[q] = st
 		}
 	}
+	for q, st := range made {
+		if next[q] != nil { // prepared meanwhile by another caller
+			extra = append(extra, st)
+			continue
+		}
+		next[q] = st
+	}
 	c.m.Store(&next)
+	c.mu.Unlock()
+	for _, st := range extra {
+		_ = st.Close()
+	}
+}
+
+// size is how many statements are prepared.
+func (c *stmtCache) size() int {
+	if m := c.m.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
 }
 
 // has reports whether every one of queries is prepared.

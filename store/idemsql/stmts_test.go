@@ -2,7 +2,9 @@ package idemsql_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -114,4 +116,57 @@ func TestClaimsRunPreparedStatements(t *testing.T) {
 			e.wantRecords("c", 3)
 		})
 	}
+}
+
+// TestPrepareWaitsWithoutBlockingClaims checks that a Begin preparing the
+// statements claims asked for, while it waits for the one connection of
+// the pool, does not stop the transaction holding that connection from
+// claiming (which records statements to prepare too): the transaction
+// claims, commits, and then the Begin gets the connection. With a pool
+// of one connection on SQLite, as the bench harness runs it.
+func TestPrepareWaitsWithoutBlockingClaims(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := newEnv(t, idemsql.SQLite, envOptions{})
+	e.db.SetMaxOpenConns(1)
+	s := e.store
+	claim := func(tx *sql.Tx, id string) {
+		t.Helper()
+		res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: id, Fingerprint: []byte("fp")})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim of %s: %+v, %v; want claimed", id, res, err)
+		}
+	}
+	tx, err := e.db.BeginTx(ctx, nil) // holds the only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim(tx, "m-1") // from the text: the claim is to be prepared
+	waits := e.db.Stats().WaitCount
+	begun := make(chan error, 1)
+	go func() {
+		tx2, err := s.Begin(ctx) // prepares, waiting for the connection
+		if err == nil {
+			err = s.Rollback(ctx, tx2)
+		}
+		begun <- err
+	}()
+	for e.db.Stats().WaitCount == waits { // until Begin waits for the connection
+		if ctx.Err() != nil {
+			t.Fatal("Begin never waited for the connection")
+		}
+		runtime.Gosched()
+	}
+	claim(tx, "m-2")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-begun; err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	if n := idemsql.PreparedStatements(s); n < 1 {
+		t.Fatalf("%d statements prepared after the Begin, want the claim", n)
+	}
+	e.wantRecords("c", 2)
 }

@@ -186,11 +186,11 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 // A duplicate never raises an error inside the database, so tx stays usable.
 //
 //   - PostgreSQL: the statements of store/idempgxv5 (internal/pgsql):
-//     INSERT ... ON CONFLICT DO NOTHING in a CTE whose outer SELECT reads
-//     the stored fingerprint when the record was committed before the
-//     statement began (a branch PostgreSQL runs only on a conflict), and a
-//     new statement (a new READ COMMITTED snapshot) when it was committed
-//     by a transaction we waited for.
+//     INSERT ... ON CONFLICT DO NOTHING RETURNING, run with ExecContext
+//     (rows affected is 1 when it inserted the record); on a conflict a
+//     second statement, with a READ COMMITTED snapshot of its own, reads
+//     the stored fingerprint and state, so a record committed by a
+//     transaction the claim waited for is seen too.
 //   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE whose update clause, which
 //     runs only for a duplicate, leaves the row as it is and sets
 //     LAST_INSERT_ID: the insert ID the server reports tells a duplicate
@@ -221,7 +221,7 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 		return idemdriver.ClaimResult{}, err
 	}
 	if s.dialect == Postgres {
-		return s.pg.ClaimTx(ctx, querier{tx}, p)
+		return s.claimPostgres(ctx, tx, p)
 	}
 	for range maxClaimAttempts {
 		var (
