@@ -7,20 +7,28 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/store/idemsql"
 )
 
 // BenchmarkClaimTx measures the store's own transactional path, without
-// the core, one goroutine, per dialect (SQLite always, PostgreSQL and
-// MySQL/MariaDB when their URLs are set): Begin, ClaimTx of a new message
+// the core, one goroutine, per dialect (SQLite always, PostgreSQL, also
+// through package lazybegin, and MySQL/MariaDB when their URLs are set): Begin, ClaimTx of a new message
 // and Commit ("new"), and Begin, ClaimTx of a committed message and
 // Rollback ("duplicate"). Its allocations per op are the store's and the
 // driver's; on SQLite, which runs in the process, ns/op is CPU. Run with:
 //
 //	go test -run '^$' -bench BenchmarkClaimTx -benchmem -benchtime 2000x
 func BenchmarkClaimTx(b *testing.B) {
-	for _, d := range dialects {
-		b.Run(string(d), func(b *testing.B) {
-			e := newEnv(b, d, envOptions{})
+	type target struct {
+		name string
+		d    idemsql.Dialect
+		o    envOptions
+	}
+	targets := []target{{"sqlite", idemsql.SQLite, envOptions{}}, {"postgres", idemsql.Postgres, envOptions{}},
+		{"postgres-lazybegin", idemsql.Postgres, envOptions{lazyBegin: true}}, {"mysql", idemsql.MySQL, envOptions{}}}
+	for _, tg := range targets {
+		b.Run(tg.name, func(b *testing.B) {
+			e := newEnv(b, tg.d, tg.o)
 			ctx := context.Background()
 			fp := []byte("0123456789abcdef0123456789abcdef")
 			claim := func(id string) idemdriver.ClaimResult {
