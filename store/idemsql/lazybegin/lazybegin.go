@@ -72,6 +72,14 @@ func (c connector) Driver() driver.Driver { return c.inner.Driver() }
 type conn struct {
 	sc      *stdlib.Conn
 	pending bool
+	// The batch of BEGIN and a first statement, kept for the next
+	// transaction, so that it allocates only pgx's results.
+	batch  pgx.Batch
+	queued [2]*pgx.QueuedQuery
+	qq     [2]pgx.QueuedQuery
+	vals   []any
+	// tx is the transaction BeginTx returns, one at a time.
+	tx tx
 }
 
 // Conn returns the pgx connection underneath, as stdlib.Conn.Conn does,
@@ -116,7 +124,8 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, driver.ErrBadConn
 	}
 	c.pending = true
-	return &tx{c: c, ctx: ctx}, nil
+	c.tx = tx{c: c, ctx: ctx}
+	return &c.tx, nil
 }
 
 // flush sends the pending BEGIN on its own.
@@ -134,14 +143,15 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 		return c.sc.ExecContext(ctx, query, args)
 	}
 	c.pending = false
-	vals := make([]any, len(args))
-	for i, a := range args {
-		vals[i] = a.Value
+	c.vals = c.vals[:0]
+	for _, a := range args {
+		c.vals = append(c.vals, a.Value)
 	}
-	var b pgx.Batch
-	b.Queue("begin")
-	b.Queue(query, vals...)
-	br := c.sc.Conn().SendBatch(ctx, &b)
+	defer clear(c.vals) // keep no argument past the call
+	c.qq = [2]pgx.QueuedQuery{{SQL: "begin"}, {SQL: query, Arguments: c.vals}}
+	c.queued = [2]*pgx.QueuedQuery{&c.qq[0], &c.qq[1]}
+	c.batch = pgx.Batch{QueuedQueries: c.queued[:]}
+	br := c.sc.Conn().SendBatch(ctx, &c.batch)
 	_, err := br.Exec()
 	var tag interface{ RowsAffected() int64 }
 	if err == nil {
