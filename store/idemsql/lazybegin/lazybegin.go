@@ -11,10 +11,11 @@
 //
 //   - BeginTx with the default options (isolation level default, not read
 //     only) sends nothing: BEGIN goes with the transaction's first
-//     ExecContext, pipelined as one pgx batch, or, when the first statement
-//     is a query (QueryContext, QueryRowContext) or a prepare, just before
-//     it, as BeginTx would have. Other options begin at once, as pgx's
-//     stdlib does.
+//     ExecContext with arguments, pipelined as one pgx batch, or, when the
+//     first statement is a query (QueryContext, QueryRowContext), a prepare
+//     or an ExecContext without arguments (which stdlib sends as a simple
+//     query, several statements allowed), just before it, as BeginTx would
+//     have. Other options begin at once, as pgx's stdlib does.
 //   - An error of BEGIN is returned by that first statement, not by
 //     BeginTx; now() in the transaction is the time of its first
 //     statement.
@@ -139,7 +140,12 @@ func (c *conn) flush(ctx context.Context) error {
 }
 
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if !c.pending {
+	if !c.pending || len(args) == 0 {
+		// Without arguments stdlib sends the text as a simple query,
+		// which may hold several statements; a batch could not.
+		if err := c.flush(ctx); err != nil {
+			return nil, err
+		}
 		return c.sc.ExecContext(ctx, query, args)
 	}
 	c.pending = false

@@ -186,3 +186,24 @@ func TestIsolationLevelBeginsAtOnce(t *testing.T) {
 		t.Fatalf("isolation %q, %v; want repeatable read", level, err)
 	}
 }
+
+// A first Exec without arguments may hold several statements (stdlib
+// sends it as a simple query): both run inside the transaction.
+func TestFirstExecOfSeveralStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, table := openDB(t)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES ('e'); INSERT INTO `+table+` (id) VALUES ('f')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, table); n != 0 {
+		t.Fatalf("%d rows after the rollback, want 0", n)
+	}
+}
