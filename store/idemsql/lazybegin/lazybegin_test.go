@@ -82,29 +82,41 @@ func TestFirstExecIsInTheTransaction(t *testing.T) {
 	}
 }
 
-// A transaction whose first statement is a query begins before it: a
-// later insert is rolled back with it, and the query sees the
-// transaction's state.
-func TestFirstQueryBegins(t *testing.T) {
+// A transaction whose first statement is not sent in a batch with BEGIN
+// (a query; an Exec without arguments, which stdlib sends as a simple
+// query that may hold several statements) begins before it: what it and
+// the statements after it write is rolled back with the transaction.
+func TestFirstStatementAfterBegin(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, table := openDB(t)
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
+	firsts := map[string]func(tx *sql.Tx) error{
+		"a query": func(tx *sql.Tx) error {
+			var one int
+			return tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one)
+		},
+		"an Exec of two statements": func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES ('e'); INSERT INTO `+table+` (id) VALUES ('f')`)
+			return err
+		},
 	}
-	var one int
-	if err := tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one); err != nil || one != 1 {
-		t.Fatalf("SELECT 1: %d, %v", one, err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES ('b')`); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(t, db, table); n != 0 {
-		t.Fatalf("%d rows after the rollback, want 0", n)
+	for name, first := range firsts {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := first(tx); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES ($1)`, "g"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if n := count(t, db, table); n != 0 {
+			t.Fatalf("%s first: %d rows after the rollback, want 0", name, n)
+		}
 	}
 }
 
@@ -184,26 +196,5 @@ func TestIsolationLevelBeginsAtOnce(t *testing.T) {
 	var level string
 	if err := tx.QueryRowContext(ctx, `SHOW transaction_isolation`).Scan(&level); err != nil || level != "repeatable read" {
 		t.Fatalf("isolation %q, %v; want repeatable read", level, err)
-	}
-}
-
-// A first Exec without arguments may hold several statements (stdlib
-// sends it as a simple query): both run inside the transaction.
-func TestFirstExecOfSeveralStatements(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db, table := openDB(t)
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (id) VALUES ('e'); INSERT INTO `+table+` (id) VALUES ('f')`); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(t, db, table); n != 0 {
-		t.Fatalf("%d rows after the rollback, want 0", n)
 	}
 }
