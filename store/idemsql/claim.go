@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -25,8 +27,10 @@ const (
 )
 
 // claimMySQL runs one claim; see mysqlClaimSQL.
-func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, mysqlLockTimeout(p.LockTimeout)+s.q.claim, p.Consumer, p.MessageID, p.Fingerprint, p.MessageID)
+func (s *Store) claimMySQL(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+	claim := s.mysqlClaim.Get(p.LockTimeout, func(d time.Duration) string { return mysqlLockTimeout(d) + s.q.claim })
+	id := any(p.MessageID) // boxed once for its two places and the read
+	r, err := tx.ExecContext(ctx, claim, consumerArg(p.Consumer), id, p.Fingerprint, id)
 	if err != nil {
 		return res, false, mysqlWrapLockTimeout(err)
 	}
@@ -37,7 +41,32 @@ func (s *Store) claimMySQL(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimP
 	if dups == 0 {
 		return sqlstore.Claimed, true, nil
 	}
-	return s.readExisting(ctx, tx, p)
+	return s.readExisting(ctx, tx, p, id)
+}
+
+// claimPostgres runs one claim on PostgreSQL: the claim statement of
+// store/idempgxv5 (internal/pgsql), run with ExecContext since the row it
+// returns when it inserted is all it says, and rows affected counts it
+// (database/sql and pgx's stdlib then build no *sql.Rows for it); a
+// conflict is settled as pgsql.Queries.ClaimTx does.
+func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := pgsql.ClaimArgs(p)
+	r, err := tx.ExecContext(ctx, s.pg.Claim, args...)
+	if err != nil {
+		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+	}
+	n, err := r.RowsAffected()
+	switch {
+	case err != nil:
+		return idemdriver.ClaimResult{}, err
+	case n == 1:
+		return sqlstore.Claimed, nil
+	}
+	res, err := s.pg.Settle(ctx, txQuerier{tx}, p, args)
+	if err != nil {
+		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
+	}
+	return res, nil
 }
 
 // mysqlLockWaitTimeout is MySQL's ER_LOCK_WAIT_TIMEOUT.
@@ -70,21 +99,37 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 }
 
 // readExisting reads the fingerprint and state of the record a claim
-// found; found is false when it vanished before it could be read.
-func (s *Store) readExisting(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	var (
+// found; found is false when it vanished before it could be read. id is
+// p.MessageID as the claim boxed it.
+func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams, id any) (res idemdriver.ClaimResult, found bool, err error) {
+	// One allocation for both destinations and the arguments.
+	var rec struct {
 		fp    []byte
 		state sql.NullInt64
-	)
-	err = tx.QueryRowContext(ctx, s.q.fingerprint, p.Consumer, p.MessageID).Scan(&fp, &state)
+		dest  [2]any
+		args  [2]any
+	}
+	rec.dest = [2]any{&rec.fp, &rec.state}
+	rec.args = [2]any{consumerArg(p.Consumer), id}
+	err = tx.QueryRowContext(ctx, s.q.fingerprint, rec.args[:]...).Scan(rec.dest[:]...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return res, false, nil
 	}
 	if err != nil {
 		return res, false, err
 	}
-	return sqlstore.Existing(fp, state), true, nil
+	return sqlstore.Existing(rec.fp, rec.state), true, nil
 }
+
+// consumerArg returns name as a statement argument, reusing the last one
+// boxed when it is the same name (the common case: one consumer per
+// process, or a few taking turns).
+func consumerArg(name string) any {
+	return consumerArgs.Get(name, func(name string) any { return name })
+}
+
+// consumerArgs is the last consumer name boxed by consumerArg.
+var consumerArgs lastval.Cache[string, any]
 
 // mysqlDuplicates reads the result of a MySQL claim of n rows: bit i is
 // set when row i was a duplicate. It checks the bitmask against rows
@@ -109,8 +154,9 @@ func mysqlDuplicates(r sql.Result, n int) (uint64, error) {
 
 // claimSQLite runs one claim. The transaction holds SQLite's write lock
 // from its first write on, so no other writer is in flight.
-func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
-	r, err := tx.ExecContext(ctx, s.q.claim, p.Consumer, p.MessageID, p.Fingerprint)
+func (s *Store) claimSQLite(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams) (res idemdriver.ClaimResult, found bool, err error) {
+	id := any(p.MessageID) // boxed once for the claim and the read
+	r, err := tx.ExecContext(ctx, s.q.claim, consumerArg(p.Consumer), id, p.Fingerprint)
 	if err != nil {
 		return res, false, err
 	}
@@ -121,7 +167,7 @@ func (s *Store) claimSQLite(ctx context.Context, tx *sql.Tx, p *idemdriver.Claim
 	if n == 1 {
 		return sqlstore.Claimed, true, nil
 	}
-	return s.readExisting(ctx, tx, p)
+	return s.readExisting(ctx, tx, p, id)
 }
 
 // claimBatchMySQL claims msgs (sorted by ID) on MySQL and returns their

@@ -23,7 +23,8 @@ func TestConformance(t *testing.T) {
 // TestConformanceMySQLFoundRows runs the suite on MySQL with the DSN
 // settings that change what the server reports or how values travel:
 // clientFoundRows=true (rows affected counts a duplicate as 1),
-// interpolateParams=true (no server-side prepared statements) and
+// interpolateParams=true (no server-side prepared statements but the
+// store's own, prepared once per connection) and
 // parseTime=false (DATETIME values arrive as text).
 func TestConformanceMySQLFoundRows(t *testing.T) {
 	t.Parallel()
@@ -88,4 +89,17 @@ func (e *env) leaseSetup() *idemtest.LeaseSetup {
 		CountRecords: e.countRecords,
 		Shift:        e.shift,
 	}
+}
+
+// TestConformanceLazyBegin runs the suites on PostgreSQL through package
+// lazybegin, whose transactions send BEGIN with their first statement.
+func TestConformanceLazyBegin(t *testing.T) {
+	t.Parallel()
+	serverOf(t, idemsql.Postgres)
+	o := envOptions{lazyBegin: true}
+	t.Run("transactional", func(t *testing.T) {
+		idemtest.Run(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
+			return newEnv(t, idemsql.Postgres, o).setup()
+		}})
+	})
 }

@@ -55,3 +55,20 @@ func (r sqlRow) Scan(dest ...any) error {
 	}
 	return err
 }
+
+// txQuerier is querier over a transaction, pointer-shaped, so that
+// passing it as an sqlstore.Querier allocates nothing (a querier holds an
+// interface, which the conversion copies to the heap): the claim's path.
+type txQuerier struct{ tx *sql.Tx }
+
+func (a txQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	return querier{a.tx}.Exec(ctx, query, args...)
+}
+
+func (a txQuerier) Query(ctx context.Context, query string, args ...any) (sqlstore.Rows, error) {
+	return querier{a.tx}.Query(ctx, query, args...)
+}
+
+func (a txQuerier) QueryRow(ctx context.Context, query string, args ...any) sqlstore.Row {
+	return querier{a.tx}.QueryRow(ctx, query, args...)
+}

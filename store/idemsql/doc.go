@@ -267,7 +267,24 @@
 // once plus, per purge, one (MySQL: the connection of its lock) or two
 // (PostgreSQL: the lock's transaction, and the batches' statements). On
 // MySQL, interpolateParams=true in the DSN saves a round trip per statement
-// (go-sql-driver otherwise prepares each statement on the server first).
+// of the handlers (go-sql-driver otherwise prepares each statement on the
+// server first, runs it and closes it). The store's own hot statements on
+// MySQL and SQLite (the claim, the read of a duplicate's record, the
+// fenced lease writes) are prepared once per connection whatever the DSN
+// says, and stay prepared for the life of the *sql.DB (a few per
+// connection, against MySQL's max_prepared_stmt_count).
+//
+// # BEGIN with the claim on PostgreSQL
+//
+// database/sql sends a transaction's BEGIN at DB.BeginTx and waits for
+// it, so on PostgreSQL every message pays a round trip for BEGIN before
+// its claim (store/idempgxv5 sends both in one). A *sql.DB opened with
+// package lazybegin (lazybegin.OpenDB, or sql.OpenDB of
+// lazybegin.Connector around stdlib.GetConnector) holds BEGIN back and
+// sends it with the transaction's first ExecContext, which for
+// [Store.Begin] followed by [Store.ClaimTx] is the claim: the handler
+// still gets a *sql.Tx. Every transaction on that handle begins that way
+// (see the package's documentation for what that changes).
 //
 // # Behind PgBouncer
 //

@@ -291,7 +291,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if s.dialect == Postgres {
 		return s.pg.Renew(ctx, querier{s.db}, p)
 	}
-	return sqlstore.Fenced(ctx, querier{s.db}, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew,
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew,
 		sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
 }
 
@@ -317,7 +317,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if s.dialect == Postgres {
 		return s.pg.Complete(ctx, querier{s.db}, p)
 	}
-	return sqlstore.Fenced(ctx, querier{s.db}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
 		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
 }
 
@@ -352,7 +352,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 	}
 	args := []any{sqlstore.ErrorText(p.Error), terminal, p.Consumer, p.MessageID, p.Token}
 	if p.Step == "" {
-		return sqlstore.Fenced(ctx, querier{s.db}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...)
+		return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...)
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := sqlstore.Fenced(ctx, querier{tx}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...); err != nil {
@@ -391,7 +391,7 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	case MySQL:
 		return s.saveStepMySQL(ctx, p, sqlstore.NonNil(p.Result))
 	}
-	return sqlstore.Fenced(ctx, querier{s.db}, "save step", p.Consumer, p.MessageID, p.Token, s.lq.saveStep,
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "save step", p.Consumer, p.MessageID, p.Token, s.lq.saveStep,
 		p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result))
 }
 

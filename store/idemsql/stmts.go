@@ -4,47 +4,158 @@ import (
 	"context"
 	"database/sql"
 	"sync"
+	"sync/atomic"
 )
 
-// stmtCache holds SQLite's lease statements prepared once on the
-// database: database/sql keeps a statement prepared on each connection
-// that ran it, and a transaction runs it there (Tx.StmtContext) without
-// the driver parsing the SQL text again, which on SQLite costs more than
-// running it. A statement that could not be prepared is run from its
-// text, as before, and prepared again on a later call.
+// maxCachedStatements bounds the statements a Store keeps prepared: the
+// texts it runs are few (the claims, their reads, the lease statements),
+// but a MySQL claim's text carries its lock timeout, which callers may
+// vary.
+const maxCachedStatements = 64
+
+// stmtCache holds the hot statements of the MySQL and SQLite dialects
+// (the transactional claim and its read, the lease statements) prepared
+// once on the database: database/sql keeps a statement prepared on each
+// connection that ran it, and a transaction runs it there
+// (Tx.StmtContext). SQLite then does not parse the SQL text again, which
+// costs more than running it; go-sql-driver/mysql, which otherwise
+// prepares every statement with arguments, runs it, and closes it
+// (unless the DSN sets interpolateParams=true), sends one command instead
+// of three. A statement that could not be prepared is run from its text,
+// as before, and prepared again on a later call.
+//
+// Statements prepared stay prepared, on each connection that ran them,
+// for the life of the *sql.DB: the Store has no Close, and at most
+// maxCachedStatements are kept (MySQL counts them per connection against
+// max_prepared_stmt_count, 16,382 by default).
 type stmtCache struct {
+	// mu serialises the writers; readers load m without it.
 	mu sync.Mutex
-	m  map[string]*sql.Stmt
+	m  atomic.Pointer[map[string]*sql.Stmt]
+	// wanted are the texts run from text inside a transaction (where the
+	// pool may have no connection to prepare them on), to prepare at the
+	// next Begin; wants counts them, to keep Begin's check lock-free.
+	wanted map[string]struct{}
+	wants  atomic.Int32
 }
 
 // prepare prepares those of queries not prepared yet. It must run outside
 // any transaction of db: a pool of one connection would wait for itself.
+// It holds no lock while it prepares, so that a transaction's statements
+// (get, want) never wait behind a prepare that waits for a connection
+// the transaction holds.
 func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries ...string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if c.has(queries) {
+		return
+	}
+	var made map[string]*sql.Stmt
 	for _, q := range queries {
-		if _, ok := c.m[q]; ok {
+		if c.get(q) != nil || made[q] != nil {
 			continue
+		}
+		if c.size()+len(made) >= maxCachedStatements {
+			break
 		}
 		st, err := db.PrepareContext(ctx, q)
 		if err != nil {
-			return // run from the text this time
+			break // run from the text this time
 		}
-		if c.m == nil {
-			c.m = map[string]*sql.Stmt{}
+		if made == nil {
+			made = make(map[string]*sql.Stmt)
 		}
-		c.m[q] = st
+		made[q] = st
+	}
+	if made == nil {
+		return
+	}
+	var extra []*sql.Stmt
+	c.mu.Lock()
+	next := make(map[string]*sql.Stmt, c.size()+len(made))
+	if old := c.m.Load(); old != nil {
+		for q, st := range *old {
+			next[q] = st
+		}
+	}
+	for q, st := range made {
+		if next[q] != nil { // prepared meanwhile by another caller
+			extra = append(extra, st)
+			continue
+		}
+		next[q] = st
+	}
+	c.m.Store(&next)
+	c.mu.Unlock()
+	for _, st := range extra {
+		_ = st.Close()
 	}
 }
 
+// size is how many statements are prepared.
+func (c *stmtCache) size() int {
+	if m := c.m.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
+}
+
+// has reports whether every one of queries is prepared.
+func (c *stmtCache) has(queries []string) bool {
+	m := c.m.Load()
+	if m == nil {
+		return len(queries) == 0
+	}
+	for _, q := range queries {
+		if (*m)[q] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// get returns the statement prepared for query, or nil.
 func (c *stmtCache) get(query string) *sql.Stmt {
+	if m := c.m.Load(); m != nil {
+		return (*m)[query]
+	}
+	return nil
+}
+
+// want records query, run from its text inside a transaction, for
+// prepareWanted.
+func (c *stmtCache) want(query string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.m[query]
+	if _, ok := c.wanted[query]; ok || len(c.wanted) >= maxCachedStatements {
+		return
+	}
+	if c.wanted == nil {
+		c.wanted = make(map[string]struct{})
+	}
+	c.wanted[query] = struct{}{}
+	c.wants.Add(1)
+}
+
+// prepareWanted prepares the statements want recorded. Like prepare, it
+// must run outside any transaction of db. A statement that fails to
+// prepare is dropped, to be recorded again by its next run.
+func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB) {
+	if c.wants.Load() == 0 {
+		return
+	}
+	c.mu.Lock()
+	queries := make([]string, 0, len(c.wanted))
+	for q := range c.wanted {
+		queries = append(queries, q)
+	}
+	clear(c.wanted)
+	c.wants.Store(0)
+	c.mu.Unlock()
+	c.prepare(ctx, db, queries...)
 }
 
 // preparedTx runs a transaction's statements through the cache's
-// prepared statements when it has them (an sqlQuerier).
+// prepared statements when it has them (an sqlQuerier); a statement it
+// does not have is run from its text and recorded (want).
 type preparedTx struct {
 	tx *sql.Tx
 	c  *stmtCache
@@ -54,6 +165,7 @@ func (p preparedTx) ExecContext(ctx context.Context, query string, args ...any) 
 	if st := p.c.get(query); st != nil {
 		return p.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 	}
+	p.c.want(query)
 	return p.tx.ExecContext(ctx, query, args...)
 }
 
@@ -61,6 +173,7 @@ func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any)
 	if st := p.c.get(query); st != nil {
 		return p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	}
+	p.c.want(query)
 	return p.tx.QueryContext(ctx, query, args...)
 }
 
@@ -68,7 +181,45 @@ func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...a
 	if st := p.c.get(query); st != nil {
 		return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
+	p.c.want(query)
 	return p.tx.QueryRowContext(ctx, query, args...)
+}
+
+// preparedDB runs statements outside any transaction through the cache's
+// prepared statements (an sqlQuerier): a statement not prepared yet is
+// prepared first, since no connection of db is held.
+type preparedDB struct {
+	db *sql.DB
+	c  *stmtCache
+}
+
+func (p preparedDB) stmt(ctx context.Context, query string) *sql.Stmt {
+	if st := p.c.get(query); st != nil {
+		return st
+	}
+	p.c.prepare(ctx, p.db, query)
+	return p.c.get(query)
+}
+
+func (p preparedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return p.db.ExecContext(ctx, query, args...)
+}
+
+func (p preparedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return p.db.QueryContext(ctx, query, args...)
+}
+
+func (p preparedDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return p.db.QueryRowContext(ctx, query, args...)
 }
 
 // prepareSQLiteLease prepares SQLite's lease statements (the claim, its
@@ -81,3 +232,6 @@ func (s *Store) prepareSQLiteLease(ctx context.Context) {
 
 // prepared is tx running the prepared statements of s.
 func (s *Store) prepared(tx *sql.Tx) preparedTx { return preparedTx{tx: tx, c: &s.stmts} }
+
+// preparedOnDB is s's database running the prepared statements of s.
+func (s *Store) preparedOnDB() preparedDB { return preparedDB{db: s.db, c: &s.stmts} }

@@ -1,9 +1,9 @@
 package idemsql
 
-// PreparedLeaseStatements is how many of SQLite's lease statements s has
-// prepared (stmtCache), for the test that they are prepared once.
-func PreparedLeaseStatements(s *Store) int {
-	s.stmts.mu.Lock()
-	defer s.stmts.mu.Unlock()
-	return len(s.stmts.m)
+// PreparedStatements is how many statements s has prepared (stmtCache).
+func PreparedStatements(s *Store) int {
+	if m := s.stmts.m.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
 }

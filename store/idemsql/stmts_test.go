@@ -2,7 +2,9 @@ package idemsql_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -48,7 +50,7 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 				t.Fatalf("round %d, completion of %s: %v", round, ids[i], e)
 			}
 		}
-		if n := idemsql.PreparedLeaseStatements(s); n != 5 {
+		if n := idemsql.PreparedStatements(s); n != 5 {
 			t.Fatalf("round %d: %d lease statements prepared, want 5", round, n)
 		}
 		again, errs, err := s.AcquireBatch(ctx, claim(ids...))
@@ -61,4 +63,110 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestClaimsRunPreparedStatements checks, on MySQL and SQLite, that a
+// transactional claim and its read of a duplicate's record run from their
+// text the first time, are prepared once at the next Begin, and then give
+// the same results from the prepared statements: a new message claimed,
+// a duplicate with its stored fingerprint, a claim with a lock timeout of
+// its own (another text on MySQL), and the records that committed.
+func TestClaimsRunPreparedStatements(t *testing.T) {
+	t.Parallel()
+	for _, d := range []idemsql.Dialect{idemsql.SQLite, idemsql.MySQL} {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := newEnv(t, d, envOptions{})
+			s := e.store
+			base := idemsql.PreparedStatements(s)
+			claim := func(step, id string, fp string, lockTimeout time.Duration, wantClaimed bool, wantPrepared int) {
+				t.Helper()
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Rollback(ctx, tx)
+				if n := idemsql.PreparedStatements(s) - base; n != wantPrepared {
+					t.Fatalf("%s: %d claim statements prepared, want %d", step, n, wantPrepared)
+				}
+				res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: id, Fingerprint: []byte(fp), LockTimeout: lockTimeout})
+				if err != nil {
+					t.Fatalf("%s: %v", step, err)
+				}
+				if res.Claimed != wantClaimed || (!wantClaimed && (string(res.Fingerprint) != "fp-"+id || res.State != idemdriver.StateCompleted)) {
+					t.Fatalf("%s: %+v; want Claimed %v (else fingerprint fp-%s, completed)", step, res, wantClaimed, id)
+				}
+				if wantClaimed {
+					if err := s.Commit(ctx, tx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			claim("first claim, from the text", "m-1", "fp-m-1", 0, true, 0)
+			claim("duplicate, the claim prepared", "m-1", "other", 0, false, 1)
+			claim("duplicate, the read prepared too", "m-1", "other", 0, false, 2)
+			claim("new, prepared", "m-2", "fp-m-2", 0, true, 2)
+			claim("new with a lock timeout", "m-3", "fp-m-3", 3*time.Second, true, 2)
+			wantLockText := 2 // SQLite's claim ignores the lock timeout: the same text
+			if d == idemsql.MySQL {
+				wantLockText = 3
+			}
+			claim("duplicate with a lock timeout", "m-3", "other", 3*time.Second, false, wantLockText)
+			e.wantRecords("c", 3)
+		})
+	}
+}
+
+// TestPrepareWaitsWithoutBlockingClaims checks that a Begin preparing the
+// statements claims asked for, while it waits for the one connection of
+// the pool, does not stop the transaction holding that connection from
+// claiming (which records statements to prepare too): the transaction
+// claims, commits, and then the Begin gets the connection. With a pool
+// of one connection on SQLite, as the bench harness runs it.
+func TestPrepareWaitsWithoutBlockingClaims(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e := newEnv(t, idemsql.SQLite, envOptions{})
+	e.db.SetMaxOpenConns(1)
+	s := e.store
+	claim := func(tx *sql.Tx, id string) {
+		t.Helper()
+		res, err := s.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: id, Fingerprint: []byte("fp")})
+		if err != nil || !res.Claimed {
+			t.Fatalf("claim of %s: %+v, %v; want claimed", id, res, err)
+		}
+	}
+	tx, err := e.db.BeginTx(ctx, nil) // holds the only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim(tx, "m-1") // from the text: the claim is to be prepared
+	waits := e.db.Stats().WaitCount
+	begun := make(chan error, 1)
+	go func() {
+		tx2, err := s.Begin(ctx) // prepares, waiting for the connection
+		if err == nil {
+			err = s.Rollback(ctx, tx2)
+		}
+		begun <- err
+	}()
+	for e.db.Stats().WaitCount == waits { // until Begin waits for the connection
+		if ctx.Err() != nil {
+			t.Fatal("Begin never waited for the connection")
+		}
+		runtime.Gosched()
+	}
+	claim(tx, "m-2")
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-begun; err != nil {
+		t.Fatalf("Begin: %v", err)
+	}
+	if n := idemsql.PreparedStatements(s); n < 1 {
+		t.Fatalf("%d statements prepared after the Begin, want the claim", n)
+	}
+	e.wantRecords("c", 2)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
 	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlschema"
 	"github.com/idem-go/idem/internal/sqlstore"
@@ -79,8 +80,10 @@ type Store struct {
 	// lockScope names the database file for SQLite's in-process purge
 	// lock, so two Stores over one file share it.
 	lockScope string
-	// stmts are SQLite's lease statements, prepared once.
+	// stmts are MySQL's and SQLite's hot statements, prepared once.
 	stmts stmtCache
+	// mysqlClaim is the last MySQL claim text built, by lock timeout.
+	mysqlClaim lastval.Cache[time.Duration, string]
 }
 
 // Interface checks.
@@ -147,7 +150,14 @@ func (s *Store) Table() string { return s.table.Qualified }
 // either) and, on SQLite, the transaction starts as the DSN says
 // (BEGIN IMMEDIATE with [SQLiteDSN]). As with any *sql.Tx, cancelling ctx
 // rolls the transaction back.
+//
+// On MySQL and SQLite it first prepares, once, the claim statements that
+// earlier claims ran from their text (see ClaimTx), outside the
+// transaction: a pool of one connection has none to spare inside it.
 func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
+	if s.dialect != Postgres {
+		s.stmts.prepareWanted(ctx, s.db)
+	}
 	return s.db.BeginTx(ctx, nil)
 }
 
@@ -176,11 +186,11 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 // A duplicate never raises an error inside the database, so tx stays usable.
 //
 //   - PostgreSQL: the statements of store/idempgxv5 (internal/pgsql):
-//     INSERT ... ON CONFLICT DO NOTHING in a CTE whose outer SELECT reads
-//     the stored fingerprint when the record was committed before the
-//     statement began (a branch PostgreSQL runs only on a conflict), and a
-//     new statement (a new READ COMMITTED snapshot) when it was committed
-//     by a transaction we waited for.
+//     INSERT ... ON CONFLICT DO NOTHING RETURNING, run with ExecContext
+//     (rows affected is 1 when it inserted the record); on a conflict a
+//     second statement, with a READ COMMITTED snapshot of its own, reads
+//     the stored fingerprint and state, so a record committed by a
+//     transaction the claim waited for is seen too.
 //   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE whose update clause, which
 //     runs only for a duplicate, leaves the row as it is and sets
 //     LAST_INSERT_ID: the insert ID the server reports tells a duplicate
@@ -190,6 +200,12 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 //     row under REPEATABLE READ. See the package documentation.
 //   - SQLite: INSERT ... ON CONFLICT DO NOTHING judged by rows affected,
 //     then a SELECT; writers are serialised, so nothing is in flight.
+//
+// On MySQL and SQLite the claim and the read run as statements prepared
+// once per connection (database/sql's *sql.Stmt, run in tx with
+// Tx.StmtContext): SQLite does not parse them again, and MySQL sends
+// one command per statement instead of prepare, execute and close. A
+// text's first run, before [Store.Begin] has prepared it, goes as text.
 //
 // p is checked before any statement runs (idemdriver.ValidateClaimParams),
 // so tx stays usable: an invalid consumer name or message ID, or a
@@ -205,7 +221,7 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 		return idemdriver.ClaimResult{}, err
 	}
 	if s.dialect == Postgres {
-		return s.pg.ClaimTx(ctx, querier{tx}, p)
+		return s.claimPostgres(ctx, tx, p)
 	}
 	for range maxClaimAttempts {
 		var (
@@ -214,9 +230,9 @@ func (s *Store) ClaimTx(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimPara
 			err   error
 		)
 		if s.dialect == MySQL {
-			res, found, err = s.claimMySQL(ctx, tx, p)
+			res, found, err = s.claimMySQL(ctx, s.prepared(tx), p)
 		} else {
-			res, found, err = s.claimSQLite(ctx, tx, p)
+			res, found, err = s.claimSQLite(ctx, s.prepared(tx), p)
 		}
 		if err != nil || found {
 			return res, err
