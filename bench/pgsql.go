@@ -4,20 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/idem-go/idem/store/idemsql"
-	"github.com/idem-go/idem/store/idemsql/lazybegin"
 )
-
-// envLazyBegin, set to 1, opens the store "postgres-sql" with
-// store/idemsql/lazybegin: its transactions (the hand-written consumer's
-// too) send BEGIN with their first statement.
-const envLazyBegin = "IDEM_BENCH_LAZYBEGIN"
 
 // pgsqlDB runs on the same PostgreSQL as postgresDB (postgresURL), but
 // through database/sql (pgx's stdlib driver) and store/idemsql's
@@ -32,18 +24,7 @@ type pgsqlDB struct {
 }
 
 func newPGSQLDB(ctx context.Context, url string, maxConns int) (*pgsqlDB, error) {
-	var (
-		db  *sql.DB
-		err error
-	)
-	if os.Getenv(envLazyBegin) == "1" {
-		var cfg *pgx.ConnConfig
-		if cfg, err = pgx.ParseConfig(url); err == nil {
-			db = lazybegin.OpenDB(*cfg)
-		}
-	} else {
-		db, err = sql.Open("pgx", url)
-	}
+	db, err := sql.Open("pgx", url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres-sql: %w", err)
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // BenchmarkClaimTx measures the store's own transactional path, without
-// the core, one goroutine, per dialect (SQLite always, PostgreSQL, also
-// through package lazybegin, and MySQL/MariaDB when their URLs are set): Begin, ClaimTx of a new message
+// the core, one goroutine, per dialect (SQLite always, PostgreSQL and
+// MySQL/MariaDB when their URLs are set): Begin, ClaimTx of a new message
 // and Commit ("new"), and Begin, ClaimTx of a committed message and
 // Rollback ("duplicate"). Its allocations per op are the store's and the
 // driver's; on SQLite, which runs in the process, ns/op is CPU. Run with:
@@ -25,7 +25,7 @@ func BenchmarkClaimTx(b *testing.B) {
 		o    envOptions
 	}
 	targets := []target{{"sqlite", idemsql.SQLite, envOptions{}}, {"postgres", idemsql.Postgres, envOptions{}},
-		{"postgres-lazybegin", idemsql.Postgres, envOptions{lazyBegin: true}}, {"mysql", idemsql.MySQL, envOptions{}}}
+		{"mysql", idemsql.MySQL, envOptions{}}}
 	for _, tg := range targets {
 		b.Run(tg.name, func(b *testing.B) {
 			e := newEnv(b, tg.d, tg.o)

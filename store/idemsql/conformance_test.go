@@ -90,16 +90,3 @@ func (e *env) leaseSetup() *idemtest.LeaseSetup {
 		Shift:        e.shift,
 	}
 }
-
-// TestConformanceLazyBegin runs the suites on PostgreSQL through package
-// lazybegin, whose transactions send BEGIN with their first statement.
-func TestConformanceLazyBegin(t *testing.T) {
-	t.Parallel()
-	serverOf(t, idemsql.Postgres)
-	o := envOptions{lazyBegin: true}
-	t.Run("transactional", func(t *testing.T) {
-		idemtest.Run(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
-			return newEnv(t, idemsql.Postgres, o).setup()
-		}})
-	})
-}

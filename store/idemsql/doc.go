@@ -274,17 +274,12 @@
 // says, and stay prepared for the life of the *sql.DB (a few per
 // connection, against MySQL's max_prepared_stmt_count).
 //
-// # BEGIN with the claim on PostgreSQL
+// # BEGIN on PostgreSQL
 //
 // database/sql sends a transaction's BEGIN at DB.BeginTx and waits for
 // it, so on PostgreSQL every message pays a round trip for BEGIN before
-// its claim (store/idempgxv5 sends both in one). A *sql.DB opened with
-// package lazybegin (lazybegin.OpenDB, or sql.OpenDB of
-// lazybegin.Connector around stdlib.GetConnector) holds BEGIN back and
-// sends it with the transaction's first ExecContext, which for
-// [Store.Begin] followed by [Store.ClaimTx] is the claim: the handler
-// still gets a *sql.Tx. Every transaction on that handle begins that way
-// (see the package's documentation for what that changes).
+// its claim; store/idempgxv5 sends both in one. Where that round trip
+// matters, use store/idempgxv5 (docs/benchmarks.md compares the two).
 //
 // # Behind PgBouncer
 //

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver
 
@@ -21,7 +20,6 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/idem-go/idem/store/idemsql"
-	"github.com/idem-go/idem/store/idemsql/lazybegin"
 )
 
 // The variables naming the test servers, with example values.
@@ -68,9 +66,6 @@ type envOptions struct {
 	// pgURL, if set, replaces the PostgreSQL URL (PgBouncer's), and the
 	// handle keeps at most 8 connections open.
 	pgURL string
-	// lazyBegin opens PostgreSQL with package lazybegin: transactions
-	// send BEGIN with their first statement.
-	lazyBegin bool
 }
 
 // openDB opens the test database of dialect d; for SQLite a new file in a
@@ -89,15 +84,7 @@ func openDB(t testing.TB, d idemsql.Dialect, o envOptions) *sql.DB {
 		if u == "" {
 			u = serverURL(t, envPostgres)
 		}
-		if o.lazyBegin {
-			cfg, perr := pgx.ParseConfig(u)
-			if perr != nil {
-				t.Fatalf("%s: %v", envPostgres, perr)
-			}
-			db = lazybegin.OpenDB(*cfg)
-		} else {
-			db, err = sql.Open("pgx", u)
-		}
+		db, err = sql.Open("pgx", u)
 	case idemsql.MySQL:
 		cfg, perr := mysql.ParseDSN(serverURL(t, envMySQL))
 		if perr != nil {
