@@ -27,6 +27,8 @@ const HeaderOriginalQueue = "Idem-Original-Queue"
 const (
 	// DefaultRetryDelay is the delay before a Failed delivery is requeued.
 	DefaultRetryDelay = time.Second
+	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
+	DefaultHandlerTimeout = 5 * time.Minute
 	// DefaultMaxReconnectInterval is the longest wait between two Redial
 	// attempts.
 	DefaultMaxReconnectInterval = 30 * time.Second
@@ -76,6 +78,16 @@ type Config struct {
 	// it is nacked with requeue, and the delay of an InProgress delivery
 	// whose Outcome has no RetryAfter. Defaults to DefaultRetryDelay (1s).
 	RetryDelay time.Duration
+	// HandlerTimeout bounds one delivery's processing: the context the
+	// Processor gets ends HandlerTimeout after the delivery started, so a
+	// handler blocked on a stalled connection (a database call with no
+	// deadline of its own, behind a black-holed network path) gives up,
+	// its transaction rolls back, and the delivery is requeued instead of
+	// being held until RabbitMQ's consumer_timeout (30 minutes by
+	// default) closes the channel. A handler that ignores its context
+	// still holds its delivery. Defaults to DefaultHandlerTimeout (5
+	// minutes); negative disables it.
+	HandlerTimeout time.Duration
 	// ConsumerTag is the basic.consume tag. Defaults to "idem-" followed
 	// by random hex; it must be unique on the channel's connection.
 	ConsumerTag string
@@ -176,6 +188,9 @@ func (cfg *Config) withDefaults() error {
 	}
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
 	}
 	if cfg.MaxReconnectInterval == 0 {
 		cfg.MaxReconnectInterval = DefaultMaxReconnectInterval
@@ -419,7 +434,13 @@ func (s *session) handle(ctx context.Context, d amqp.Delivery) {
 	}
 	id := c.messageID(&d)
 	h := deliveryHeaders(&d)
-	st := idem.Guard(c.withDelivery(ctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: d.Body, Headers: h}).Settle(c.cfg.RetryDelay)
+	pctx := ctx
+	if c.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	st := idem.Guard(c.withDelivery(pctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: d.Body, Headers: h}).Settle(c.cfg.RetryDelay)
 	switch st.Action {
 	case idem.Ack:
 		if err := d.Ack(false); err != nil {

@@ -24,6 +24,8 @@ const (
 	DefaultRetryDelay = time.Second
 	// DefaultSettleTimeout bounds one dead letter's Send.
 	DefaultSettleTimeout = 30 * time.Second
+	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
+	DefaultHandlerTimeout = 5 * time.Minute
 	// DefaultSystem is the messaging system the Consumer reports in each
 	// idem.Delivery when Config.System is empty.
 	DefaultSystem = "gocdk"
@@ -71,6 +73,17 @@ type Config struct {
 	// driver that cannot nack the message is redelivered when its ack
 	// deadline lapses, whatever the delay.
 	RetryDelay time.Duration
+	// HandlerTimeout bounds one delivery's processing: the context the
+	// Processor gets ends HandlerTimeout after the message was received,
+	// so a handler blocked on a stalled connection (a database call with
+	// no deadline of its own, behind a black-holed network path) gives
+	// up, its transaction rolls back, and the message is nacked for
+	// redelivery instead of being held for as long as the connection
+	// stays stalled (for ever on a driver without an ack deadline, such
+	// as rabbitpubsub). A handler that ignores its context still holds
+	// its message. Defaults to DefaultHandlerTimeout (5 minutes);
+	// negative disables it.
+	HandlerTimeout time.Duration
 	// Destination names the subscription in each idem.Delivery, in logs
 	// and in metrics (a Pub/Sub subscription, an SQS queue); optional.
 	Destination string
@@ -132,6 +145,9 @@ func NewConsumer(sub *pubsub.Subscription, cfg Config) (*Consumer, error) {
 	}
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = DefaultRetryDelay
+	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
 	}
 	if cfg.System == "" {
 		cfg.System = DefaultSystem
@@ -228,7 +244,13 @@ func (c *Consumer) handle(ctx context.Context, m *pubsub.Message) {
 		h[k] = []string{v}
 	}
 	d := idem.Delivery{System: c.cfg.System, Destination: c.cfg.Destination, Header: h}
-	out := idem.Guard(idem.WithDelivery(ctx, d), c.cfg.Processor, idem.Message{ID: id, Payload: m.Body, Headers: h})
+	pctx := ctx
+	if c.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	out := idem.Guard(idem.WithDelivery(pctx, d), c.cfg.Processor, idem.Message{ID: id, Payload: m.Body, Headers: h})
 	st := out.Settle(c.cfg.RetryDelay)
 	// Settle even when ctx ended: the handler's effects may have committed.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)

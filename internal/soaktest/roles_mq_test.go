@@ -85,7 +85,8 @@ func runMariaDBAMQP(ctx context.Context, log *slog.Logger) error {
 	ac, err := idemamqp.NewConsumer(conn, idemamqp.Config{Processor: idem.Bind(c, countIn(mysqlEffect, idemsql.MySQL)),
 		Queue: amqpIn, DeadLetter: amqpDead, Concurrency: 4, RetryDelay: 200 * time.Millisecond,
 		Redial:               func(context.Context) (*amqp.Connection, error) { return dialAMQP(url) },
-		MaxReconnectInterval: time.Second, Logger: log})
+		MaxReconnectInterval: time.Second, Logger: log,
+		HandlerTimeout: 20 * time.Second}) // a handler stalled on a black-holed MariaDB connection gives up
 	if err != nil {
 		return err
 	}
@@ -118,7 +119,11 @@ func runPGSQLGoCDK(ctx context.Context, log *slog.Logger) error {
 		_ = dead.Shutdown(sctx)
 	}()
 	gc, err := idemgocdk.NewConsumer(sub, idemgocdk.Config{Processor: idem.Bind(c, countIn(cdkEffect, idemsql.Postgres)),
-		DeadLetter: dead, Concurrency: 4, RetryDelay: 200 * time.Millisecond, Logger: log})
+		DeadLetter: dead, Concurrency: 4, RetryDelay: 200 * time.Millisecond, Logger: log,
+		// A handler blocked on a black-holed PostgreSQL connection gives
+		// up after this, and its message is redelivered, instead of being
+		// held (rabbitpubsub has no ack deadline) past the drain.
+		HandlerTimeout: 20 * time.Second})
 	if err != nil {
 		return err
 	}
