@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -98,7 +99,20 @@ func StartEnv(t *testing.T, service string, env ...string) *Service {
 		t.Fatal(err)
 	}
 	s.ports = map[string]int{}
+	next := 0 // the next port of the blocks' range
 	for i, port := range ports {
+		if n := portBlocks[knobs[i]]; n > 0 {
+			if next == 0 {
+				total := 0
+				for _, n := range portBlocks {
+					total += n
+				}
+				if next, err = FreePortBlock(total); err != nil {
+					t.Fatal(err)
+				}
+			}
+			port, next = next, next+n
+		}
 		s.env = append(s.env, fmt.Sprintf("%s=%d", knobs[i], port))
 		s.ports[knobs[i]] = port
 	}
@@ -147,6 +161,40 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// portBlocks are the knobs that name the first of a block of ports, with
+// the block's size: the Redis Cluster's six nodes and their cluster bus
+// ports.
+var portBlocks = map[string]int{"IDEM_REDIS_CLUSTER_PORT": 6, "IDEM_REDIS_CLUSTER_BUS_PORT": 6}
+
+// FreePortBlock returns the first of n consecutive loopback ports that
+// were all free a moment ago, below Linux's default range of ephemeral
+// ports (32768 and up), so that no client connection of another process
+// takes one of them between this check and the server's bind (which a
+// port after FreePorts' could: those come from the ephemeral range).
+func FreePortBlock(n int) (int, error) {
+	const lo, hi = 20000, 32768
+	for range 200 {
+		base := lo + rand.IntN(hi-lo-n)
+		free := true
+		var ls []net.Listener
+		for p := base; p < base+n && free; p++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+			if err != nil {
+				free = false
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		if free {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("ownservice: no %d consecutive free ports between %d and %d", n, lo, hi)
 }
 
 // run runs scripts/services with the service's environment.
