@@ -104,8 +104,12 @@ func testNATSStreamLeaderFailover(t *testing.T, rounds int, env ...string) {
 			return err
 		})
 		// Every acknowledged publish should reach the effect; wait until
-		// it does, or until nothing more arrives for 15 seconds.
-		awaitEffects(all, effects.snapshot, 15*time.Second)
+		// it does, or until nothing more arrives for 45 seconds: after the
+		// consumer's leader moved too, the pull can take longer than 15
+		// seconds to resume (a clean-clone run saw none of a round's 200
+		// later messages within 15 seconds; whether they came later was not
+		// recorded, and why the pull stalled is not explained).
+		awaitEffects(all, effects.snapshot, 45*time.Second)
 		if err := <-rejoined; err != nil {
 			t.Fatal(err)
 		}
