@@ -381,3 +381,31 @@ func TestBreakStmtCacheRollback(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakStmtCacheSQLiteChurn: SQLite connections that live 5ms
+// (SetConnMaxLifetime), four at once: the statements the cache keeps are
+// prepared again on each new connection, and every message is processed
+// once, counted in the database.
+func TestBreakStmtCacheSQLiteChurn(t *testing.T) {
+	t.Parallel()
+	const messages, workers = 200, 4
+	e := newEnv(t, idemsql.SQLite, envOptions{})
+	e.db.SetMaxOpenConns(workers)
+	e.db.SetConnMaxLifetime(5 * time.Millisecond)
+	c := e.consumer("churn")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	rep := faultproxy.Deliver(ctx, t, faultproxy.Delivery[*sql.Tx]{
+		Consumer: c, Messages: messages, Workers: workers, FaultAt: 1, Fault: func() {},
+		Effect: func(ctx context.Context, tx *sql.Tx, id string) error { return e.writeEffect(ctx, tx, id) },
+	})
+	exactlyOnce(t, e, "churn", messages)
+	if st := e.db.Stats(); st.MaxLifetimeClosed == 0 {
+		t.Errorf("no connection closed for its lifetime: the pool did not churn")
+	} else {
+		t.Logf("%v; %d connections closed for their lifetime; %d statements cached", rep, st.MaxLifetimeClosed, idemsql.PreparedStatements(e.store))
+	}
+	if idemsql.PreparedStatements(e.store) == 0 {
+		t.Errorf("no statement prepared: the cache was not under attack")
+	}
+}
