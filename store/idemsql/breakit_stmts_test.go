@@ -167,29 +167,11 @@ func TestBreakStmtCacheMariaDB(t *testing.T) {
 	})
 
 	t.Run("conn-churn", func(t *testing.T) {
-		const messages, workers = 300, 4
 		e := newEnv(t, idemsql.MySQL, envOptions{})
-		e.db.SetMaxOpenConns(workers)
-		e.db.SetConnMaxLifetime(20 * time.Millisecond)
-		c := e.consumer("churn")
-		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-		defer cancel()
-		rep := faultproxy.Deliver(ctx, t, faultproxy.Delivery[*sql.Tx]{
-			Consumer: c, Messages: messages, Workers: workers, FaultAt: 1, Fault: func() {},
-			Effect: func(ctx context.Context, tx *sql.Tx, id string) error { return e.writeEffect(ctx, tx, id) },
-		})
-		exactlyOnce(t, e, "churn", messages)
-		if rep.Deliveries != messages {
-			t.Errorf("%d deliveries for %d messages (%v); want each once", rep.Deliveries, messages, rep)
-		}
-		st := e.db.Stats()
-		t.Logf("%d connections closed for their lifetime; %d open", st.MaxLifetimeClosed, st.OpenConnections)
-		if st.MaxLifetimeClosed == 0 {
-			t.Errorf("no connection closed for its lifetime: the pool did not churn")
-		}
+		st := churn(t, e, 300, 20*time.Millisecond)
 		cached := idemsql.PreparedStatements(e.store)
-		if n, bound := serverPrepared(t, svc), cached*st.OpenConnections; n > bound {
-			t.Errorf("Prepared_stmt_count %d with %d connections open and %d statements cached: statements of closed connections leaked (want at most %d)", n, st.OpenConnections, cached, bound)
+		if n, bound := serverPrepared(t, svc), cached*st.MaxOpenConnections; n > bound {
+			t.Errorf("Prepared_stmt_count %d after %d connections closed, %d statements cached: statements of closed connections leaked (want at most %d, on %d connections at most)", n, st.MaxLifetimeClosed, cached, bound, st.MaxOpenConnections)
 		}
 	})
 
@@ -388,10 +370,18 @@ func TestBreakStmtCacheRollback(t *testing.T) {
 // once, counted in the database.
 func TestBreakStmtCacheSQLiteChurn(t *testing.T) {
 	t.Parallel()
-	const messages, workers = 200, 4
-	e := newEnv(t, idemsql.SQLite, envOptions{})
+	churn(t, newEnv(t, idemsql.SQLite, envOptions{}), 200, 5*time.Millisecond)
+}
+
+// churn delivers messages with four workers on e, whose connections live
+// lifetime, and fails t unless each message was processed once (one
+// delivery each, counted in the database), the pool churned and the cache
+// held statements. It returns the pool's statistics.
+func churn(t *testing.T, e *env, messages int, lifetime time.Duration) sql.DBStats {
+	t.Helper()
+	const workers = 4
 	e.db.SetMaxOpenConns(workers)
-	e.db.SetConnMaxLifetime(5 * time.Millisecond)
+	e.db.SetConnMaxLifetime(lifetime)
 	c := e.consumer("churn")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -400,12 +390,16 @@ func TestBreakStmtCacheSQLiteChurn(t *testing.T) {
 		Effect: func(ctx context.Context, tx *sql.Tx, id string) error { return e.writeEffect(ctx, tx, id) },
 	})
 	exactlyOnce(t, e, "churn", messages)
-	if st := e.db.Stats(); st.MaxLifetimeClosed == 0 {
+	if rep.Deliveries != messages {
+		t.Errorf("%d deliveries for %d messages (%v); want each once", rep.Deliveries, messages, rep)
+	}
+	st := e.db.Stats()
+	t.Logf("%d connections closed for their lifetime; %d open; %d statements cached", st.MaxLifetimeClosed, st.OpenConnections, idemsql.PreparedStatements(e.store))
+	if st.MaxLifetimeClosed == 0 {
 		t.Errorf("no connection closed for its lifetime: the pool did not churn")
-	} else {
-		t.Logf("%v; %d connections closed for their lifetime; %d statements cached", rep, st.MaxLifetimeClosed, idemsql.PreparedStatements(e.store))
 	}
 	if idemsql.PreparedStatements(e.store) == 0 {
 		t.Errorf("no statement prepared: the cache was not under attack")
 	}
+	return st
 }
