@@ -175,6 +175,51 @@ func TestBreakStmtCacheMariaDB(t *testing.T) {
 		}
 	})
 
+	t.Run("wait-timeout", func(t *testing.T) {
+		// The server closes each connection idle for a second: the
+		// statements cached on them are gone with them. The deliveries
+		// after the idle spell must not fail for it (database/sql finds
+		// the closed connections and takes new ones).
+		rootSQL(t, svc, "SET GLOBAL wait_timeout = 1")
+		t.Cleanup(func() { rootSQL(t, svc, "SET GLOBAL wait_timeout = DEFAULT") })
+		e := newEnv(t, idemsql.MySQL, envOptions{})
+		e.db.SetMaxOpenConns(4)
+		tc := e.consumer("idle-tx")
+		lc, err := idem.NewLeaseConsumer(e.store, idem.Config{Name: "idle-lease", Lease: 30 * time.Second, PurgeInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lc.Close() })
+		ctx := context.Background()
+		deliver := func(round int) {
+			t.Helper()
+			var wg sync.WaitGroup
+			for i := range 8 {
+				id := fmt.Sprintf("r%d-%d", round, i)
+				wg.Go(func() {
+					if out, err := tc.Process(ctx, idem.Message{ID: id, Payload: []byte("p")}, e.effectHandler); out.Status != idem.Processed {
+						t.Errorf("round %d, transactional %s: %v, %v; want processed at the first delivery", round, id, out.Status, err)
+					}
+					out, err := lc.Process(ctx, idem.Message{ID: id, Payload: []byte("p")}, func(context.Context, *idem.Attempt) (idem.Result, error) {
+						return idem.Result{Body: []byte("r")}, nil
+					})
+					if out.Status != idem.Processed {
+						t.Errorf("round %d, lease %s: %v, %v; want processed at the first delivery", round, id, out.Status, err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+		deliver(0)
+		if idemsql.PreparedStatements(e.store) == 0 {
+			t.Fatal("no statement prepared after the first round")
+		}
+		time.Sleep(2500 * time.Millisecond) // the fault: idle past wait_timeout
+		deliver(1)
+		e.wantRecords("idle-tx", 16)
+		e.wantRecords("idle-lease", 16)
+	})
+
 	t.Run("more-than-64-texts", func(t *testing.T) {
 		const texts = 80
 		e := newEnv(t, idemsql.MySQL, envOptions{})
