@@ -34,25 +34,38 @@ func renewers() int {
 // out at their own deadlines and no renewal goroutine is left.
 //
 // Known to fail (the cases marked known, run with IDEM_BREAKIT_KNOWN=1):
-// with 2 x MaxRenewers or more stalled renewals due just before the
-// others, every other attempt loses its lease locally (31: 399 of 600).
-// A renewal stops counting towards MaxRenewers only at its own next tick
-// (Lease/3), so each tick lets 16 more stalled renewals from the head of
-// the queue take the goroutines; the healthy renewals queued behind them
-// are sent at the third tick, at their deadline.
+// with a Lease of 3s (StoreTimeout past Lease/3), 2 x MaxRenewers stalled
+// renewals due just before the others make every other attempt lose its
+// lease locally (31: about 400 of 600); at the default Lease and
+// StoreTimeout, 3 x MaxRenewers do (48: all 600 in 20 runs of 20; 40:
+// all 600 in about half the runs, 32 in 2 of 20, 24 in none: a
+// StoreTimeout equal to Lease/3 ends a stalled renewal at the instant of
+// its next tick, and which comes first varies). A stalled
+// renewal stops counting towards MaxRenewers only at its own next tick
+// (Lease/3), or ends at StoreTimeout, so each tick lets 16 more stalled
+// renewals from the head of the queue take the goroutines; the healthy
+// renewals queued behind them are sent at their deadline.
 func TestBreakRenewalsManyStuck(t *testing.T) {
 	for _, tc := range []struct {
+		lease  time.Duration
 		order  string
 		stuckN int
 		known  bool // fails today: see the test's doc
-	}{{"stuck-first", 17, false}, {"stuck-first", 31, true}, {"stuck-first", 32, true}, {"stuck-first", 300, true}, {"interleaved", 300, false}} {
-		order, stuckN := tc.order, tc.stuckN
-		t.Run(fmt.Sprintf("%s-%d", order, stuckN), func(t *testing.T) {
+	}{
+		{3 * time.Second, "stuck-first", 17, false}, {3 * time.Second, "stuck-first", 31, true},
+		{3 * time.Second, "stuck-first", 32, true}, {3 * time.Second, "stuck-first", 300, true},
+		{3 * time.Second, "interleaved", 300, false},
+		// The defaults: Lease 30s, StoreTimeout 10s (a stalled renewal
+		// gives up at its next tick).
+		{idem.DefaultLease, "stuck-first", 24, false}, {idem.DefaultLease, "stuck-first", 48, true},
+	} {
+		order, stuckN, lease := tc.order, tc.stuckN, tc.lease
+		t.Run(fmt.Sprintf("lease-%v/%s-%d", lease, order, stuckN), func(t *testing.T) {
 			if tc.known && os.Getenv("IDEM_BREAKIT_KNOWN") == "" {
 				t.Skip("known: stalled renewals queued ahead hold the others past their deadlines (IDEM_BREAKIT_KNOWN=1 runs it)")
 			}
 			synctest.Test(t, func(t *testing.T) {
-				const lease, n = 3 * time.Second, 600
+				const n = 600
 				stuck := stuckN
 				store := &stuckRenewStore{MemoryStore: idem.NewMemoryStore(nil), stuck: "stuck-", rtt: 5 * time.Millisecond}
 				c := leaseConsumer(t, store, lease)
