@@ -5,10 +5,14 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // TestProcessMode runs `bench --process` briefly on SQLite, and on
@@ -109,5 +113,81 @@ func TestProcessModeUsage(t *testing.T) {
 		if err := cli(context.Background(), args, &stdout, &stderr); !errors.Is(err, errUsage) {
 			t.Errorf("bench %v: %v, want an error matching errUsage", args, err)
 		}
+	}
+}
+
+// TestRoundCases checks the order of a round's cases: each case next to
+// its reference, the reference first in odd rounds and second in even
+// ones, and every other reference of a case in an earlier pair.
+func TestRoundCases(t *testing.T) {
+	for round := 1; round <= 2; round++ {
+		cs := roundCases(round)
+		if len(cs) != len(processCases) {
+			t.Fatalf("round %d: %d cases, want %d", round, len(cs), len(processCases))
+		}
+		at := map[string]int{}
+		for i, c := range cs {
+			at[c] = i
+		}
+		for i := 0; i+1 < len(processCases); i += 2 {
+			ref, c := processCases[i], processCases[i+1]
+			if !slices.Contains(processRefs[c], ref) {
+				t.Errorf("%s is paired with %s, which is not among its references %v", c, ref, processRefs[c])
+			}
+			first, second := ref, c
+			if round%2 == 0 {
+				first, second = c, ref
+			}
+			if at[first] != i || at[second] != i+1 {
+				t.Errorf("round %d: %s at %d and %s at %d, want %d and %d", round, first, at[first], second, at[second], i, i+1)
+			}
+			for _, other := range processRefs[c] {
+				if other != ref && at[other] >= i {
+					t.Errorf("round %d: %s's reference %s runs at %d, not before its pair at %d", round, c, other, at[other], i)
+				}
+			}
+		}
+	}
+}
+
+// TestCheckpointWAL checks that the SQLite store's settle step empties
+// the WAL before a timed section: a write leaves frames in it, and after
+// checkpointWAL the file is truncated to zero bytes.
+func TestCheckpointWAL(t *testing.T) {
+	ctx := context.Background()
+	s, err := openProcessStore(ctx, "sqlite", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		s.rdb.close()
+		s.db.close()
+	}()
+	if s.settle == nil {
+		t.Fatal("the SQLite store has no settle step")
+	}
+	ok, err := s.chk.one()(ctx, idem.Message{ID: "wal-1", Payload: payload("wal-1")})
+	if err != nil || !ok {
+		t.Fatalf("best_checked: %v, %v", ok, err)
+	}
+	wals, err := filepath.Glob(filepath.Join(s.db.(*sqliteDB).dir, "*.db-wal"))
+	if err != nil || len(wals) != 1 {
+		t.Fatalf("WAL files: %v, %v; want one", wals, err)
+	}
+	walSize := func() int64 {
+		fi, err := os.Stat(wals[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if n := walSize(); n == 0 {
+		t.Fatal("the WAL is empty after a write; want frames in it")
+	}
+	if err := s.settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := walSize(); n != 0 {
+		t.Fatalf("the WAL has %d bytes after the checkpoint, want 0", n)
 	}
 }
