@@ -58,9 +58,11 @@ import (
 // for SQLite every byte the process writes (/proc/self/io wchar: WAL
 // frames and checkpoints). It also reports the CPU the rest of the
 // machine used meanwhile, in cores (others-cores: all CPUs' busy time
-// from /proc/stat, less the harness's and the server's), which a
-// throughput ratio with steady counters on a shared machine needs beside
-// it. Every result line has go test -bench's format, so
+// from /proc/stat, less the harness's and the server's), and each
+// throughput ratio per free core as well (free-x-<reference>: each
+// case's msgs/s divided by the cores the rest of the machine left it),
+// which on a shared machine cancels most of the swing of the raw ratio.
+// Every result line has go test -bench's format, so
 // `go run ./bench/capacity summary FILE` reads it too.
 
 // envProcessProfile, when set, names the file the --process mode writes
@@ -174,6 +176,21 @@ func (s sample) others() (float64, bool) {
 		rest -= s.server
 	}
 	return max(0, rest.Seconds()/s.elapsed.Seconds()), true
+}
+
+// freeRatio is s's throughput over r's, each per core the rest of the
+// machine left free (runtime.NumCPU() less others, at least 0.05): on a
+// shared machine the other processes' load during each case, which moves
+// the raw ratio most, cancels out. False when either's others is not
+// known.
+func (s sample) freeRatio(r sample) (float64, bool) {
+	so, ok1 := s.others()
+	ro, ok2 := r.others()
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	n := float64(runtime.NumCPU())
+	return (s.rate() / max(0.05, n-so)) / (r.rate() / max(0.05, n-ro)), true
 }
 
 // cpu is the client and server CPU per message in µs, or the client's
@@ -614,6 +631,9 @@ func writeSample(w io.Writer, sm sample, all []sample) {
 	for _, ref := range processRefs[sm.name] {
 		if r, ok := findSample(all, sm.store, ref, sm.round); ok {
 			fmt.Fprintf(&b, "\t%.3f x-%s\t%.3f cpu-x-%s", sm.rate()/r.rate(), ref, sm.cpu()/r.cpu(), ref)
+			if f, ok := sm.freeRatio(r); ok {
+				fmt.Fprintf(&b, "\t%.3f free-x-%s", f, ref)
+			}
 		}
 	}
 	if sm.store == "postgres-sql" {
@@ -638,8 +658,8 @@ func findSample(all []sample, store, name string, round int) (sample, bool) {
 // over the rounds of throughput, CPU, log bytes and allocations per
 // message, and of each per-round ratio.
 func writeProcessSummary(w io.Writer, all []sample) {
-	fmt.Fprintln(w, "| store | case | rounds | msgs/s | × reference (per round) | CPU µs/msg (server) | CPU × reference | log B/msg | allocs/msg | others' CPU (cores) |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---|---:|---|---:|---:|---:|")
+	fmt.Fprintln(w, "| store | case | rounds | msgs/s | × reference (per round) | × reference per free core | CPU µs/msg (server) | CPU × reference | log B/msg | allocs/msg | others' CPU (cores) |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---|---|---:|---|---:|---:|---:|")
 	type key struct{ store, name string }
 	var order []key
 	seen := map[key]bool{}
@@ -654,6 +674,7 @@ func writeProcessSummary(w io.Writer, all []sample) {
 		var rate, cpu, srv, logB, allocs, others []float64
 		ratios := map[string][]float64{}
 		cpuRatios := map[string][]float64{}
+		freeRatios := map[string][]float64{}
 		var refs []string
 		refs = append(refs, processRefs[k.name]...)
 		if k.store == "postgres-sql" {
@@ -685,14 +706,20 @@ func writeProcessSummary(w io.Writer, all []sample) {
 				if r, ok := findSample(all, rs, rn, s.round); ok {
 					ratios[ref] = append(ratios[ref], s.rate()/r.rate())
 					cpuRatios[ref] = append(cpuRatios[ref], s.cpu()/r.cpu())
+					if f, ok := s.freeRatio(r); ok {
+						freeRatios[ref] = append(freeRatios[ref], f)
+					}
 				}
 			}
 		}
-		var rt, ct []string
+		var rt, ct, ft []string
 		for _, ref := range refs {
 			if len(ratios[ref]) > 0 {
 				rt = append(rt, fmt.Sprintf("%s (%s)", spread(ratios[ref], 2), ref))
 				ct = append(ct, fmt.Sprintf("%s (%s)", spread(cpuRatios[ref], 2), ref))
+			}
+			if len(freeRatios[ref]) > 0 {
+				ft = append(ft, fmt.Sprintf("%s (%s)", spread(freeRatios[ref], 2), ref))
 			}
 		}
 		cpuCell := spread(cpu, 0)
@@ -707,8 +734,8 @@ func writeProcessSummary(w io.Writer, all []sample) {
 		if len(others) > 0 {
 			othersCell = spread(others, 2)
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %.1f | %s |\n", k.store, k.name, len(rate), spread(rate, 0),
-			dashIfEmpty(strings.Join(rt, "; ")), cpuCell, dashIfEmpty(strings.Join(ct, "; ")), logCell, median(allocs), othersCell)
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %.1f | %s |\n", k.store, k.name, len(rate), spread(rate, 0),
+			dashIfEmpty(strings.Join(rt, "; ")), dashIfEmpty(strings.Join(ft, "; ")), cpuCell, dashIfEmpty(strings.Join(ct, "; ")), logCell, median(allocs), othersCell)
 	}
 }
 

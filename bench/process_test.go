@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -62,9 +64,15 @@ func TestProcessMode(t *testing.T) {
 					continue
 				}
 				want := []string{" msgs/s", " client-us/msg", " cpu-us/msg", " " + logUnit[s], " allocs/msg"}
+				if _, err := os.Stat("/proc/stat"); err == nil {
+					want = append(want, " others-cores")
+				}
 				for _, ref := range processRefs[c] {
 					if !absent[s+"/"+ref] {
 						want = append(want, " x-"+ref, " cpu-x-"+ref)
+						if _, err := os.Stat("/proc/stat"); err == nil {
+							want = append(want, " free-x-"+ref)
+						}
 					}
 				}
 				if s == "postgres-sql" && !absent["postgres/"+c] {
@@ -189,5 +197,27 @@ func TestCheckpointWAL(t *testing.T) {
 	}
 	if n := walSize(); n != 0 {
 		t.Fatalf("the WAL has %d bytes after the checkpoint, want 0", n)
+	}
+}
+
+// TestFreeRatio checks the throughput ratio per free core: two cases at
+// the same rate per core the rest of the machine left them compare as 1,
+// and one without the machine's CPU measured has none.
+func TestFreeRatio(t *testing.T) {
+	n := float64(runtime.NumCPU())
+	sec := time.Second
+	// ref: 1,000 msgs/s with the others on half the cores; s: 500 msgs/s
+	// with them on three quarters: per free core, the same rate.
+	ref := sample{msgs: 1000, elapsed: sec, client: 0, server: -1, machine: time.Duration(n / 2 * float64(sec))}
+	s := sample{msgs: 500, elapsed: sec, client: 0, server: -1, machine: time.Duration(n * 3 / 4 * float64(sec))}
+	if f, ok := s.freeRatio(ref); !ok || math.Abs(f-1) > 1e-9 {
+		t.Errorf("free ratio %v, %v; want 1", f, ok)
+	}
+	if raw := s.rate() / ref.rate(); raw != 0.5 {
+		t.Errorf("raw ratio %v, want 0.5", raw)
+	}
+	s.machine = -1
+	if _, ok := s.freeRatio(ref); ok {
+		t.Error("a free ratio without the machine's CPU")
 	}
 }
