@@ -793,36 +793,52 @@ func machineBusy() (time.Duration, bool) {
 // procStat returns process pid's parent and its user and system CPU time,
 // from /proc/pid/stat (fields 4, 14 and 15; clock ticks of 1/100 s).
 func procStat(pid int) (ppid int, cpu time.Duration, ok bool) {
+	pp, cpu, _, ok := procStatReaped(pid)
+	return pp, cpu, ok
+}
+
+// procStatReaped is procStat with, in reaped, the user and system CPU
+// time of pid's children that exited and that it waited for (fields 16
+// and 17).
+func procStatReaped(pid int) (ppid int, cpu, reaped time.Duration, ok bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, 0, false
+	if len(f) < 15 {
+		return 0, 0, 0, false
 	}
-	pp, err0 := strconv.Atoi(f[1])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err0 != nil || err1 != nil || err2 != nil {
-		return 0, 0, false
+	pp, err := strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, 0, false
 	}
-	return pp, time.Duration(ut+st) * 10 * time.Millisecond, true
+	var ticks [4]int64 // utime, stime, cutime, cstime
+	for k := range ticks {
+		if ticks[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return 0, 0, 0, false
+		}
+	}
+	tick := 10 * time.Millisecond
+	return pp, time.Duration(ticks[0]+ticks[1]) * tick, time.Duration(ticks[2]+ticks[3]) * tick, true
 }
 
 // treeCPU is the CPU time of process root and its children (PostgreSQL's
-// postmaster and its backends and background processes). A backend that
-// exited took its time with it; the pools keep theirs open.
+// postmaster and its backends and background processes), those that
+// exited included: the postmaster waits for its children, and the kernel
+// then adds their time to its own children's (cutime, cstime), so the
+// total does not fall when another client's backend exits during a case.
 func treeCPU(root int) (time.Duration, bool) {
-	_, total, ok := procStat(root)
+	_, total, reaped, ok := procStatReaped(root)
 	if !ok {
 		return 0, false
 	}
+	total += reaped
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -219,5 +220,31 @@ func TestFreeRatio(t *testing.T) {
 	s.machine = -1
 	if _, ok := s.freeRatio(ref); ok {
 		t.Error("a free ratio without the machine's CPU")
+	}
+}
+
+// TestTreeCPUKeepsExitedChildren checks that a server's CPU does not fall
+// when one of its children exits: a child of this process that burned CPU
+// and was waited for still counts in treeCPU of this process.
+func TestTreeCPUKeepsExitedChildren(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	before, ok := treeCPU(os.Getpid())
+	if !ok {
+		t.Fatal("treeCPU of this process not read")
+	}
+	cmd := exec.Command("sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	child := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	after, ok := treeCPU(os.Getpid())
+	if !ok {
+		t.Fatal("treeCPU of this process not read")
+	}
+	// /proc counts in ticks of 10 ms: allow two for the rounding.
+	if got := after - before; got < child-20*time.Millisecond {
+		t.Errorf("treeCPU grew by %v across a child that used %v and exited", got, child)
 	}
 }
