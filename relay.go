@@ -243,10 +243,14 @@ type RelayResult struct {
 
 // RunOnce claims one batch of pending rows, publishes it, and deletes
 // each confirmed row (marks it sent, with KeepSent) and marks each other
-// row for retry, or failed. The error matches ErrStore when the
-// claim or a mark failed (a row whose mark failed is sent again after its
-// lease), also ErrStoreTimeout when the claim did not answer within 10s
-// (a stalled connection), and is ctx's error when ctx ended.
+// row for retry, or failed. On a store that implements
+// idemdriver.OutboxLockedRounder (unless LeasedRounds) that is one
+// transaction holding the rows' locks, and a failed end or commit leaves
+// every row of the round to be claimed again at once. The error matches
+// ErrStore when the claim or a mark failed (a row whose mark failed is
+// sent again after its lease), also ErrStoreTimeout when the claim did not
+// answer within 10s (a stalled connection), and is ctx's error when ctx
+// ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 	if r.hooks == nil {
 		res, _, err := r.runOnce(ctx)
@@ -557,7 +561,10 @@ func (r *Relay) backoff(attempts int) time.Duration {
 // notification from the store (idemdriver.OutboxNotifier), or its poll
 // interval; the first worker purges failed (and kept sent) rows every
 // PurgeInterval. With a store that implements
-// idemdriver.OutboxSentClaimer (store/idempgxv5), a worker ends a round's
+// idemdriver.OutboxLockedRounder (store/idempgxv5), each round is one
+// transaction that holds its rows' locks through the publish (see
+// LeasedRounds). Otherwise, with a store that implements
+// idemdriver.OutboxSentClaimer (store/idemsql), a worker ends a round's
 // confirmed rows in the same call (one round trip, one transaction) as
 // its next claim, which it makes at once, before any wait; when Run stops
 // it ends those it still holds.
