@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/testenv"
 )
 
 // TestOutboxLockedRoundWritesOnce: a relay with the default rounds
@@ -93,6 +95,7 @@ func TestOutboxLockedRoundConnectionKilled(t *testing.T) {
 		mu    sync.Mutex
 		log   []idem.Outgoing
 		byA   []string
+		pid   int32 // A's round's backend, terminated
 		count = map[string]int{}
 	)
 	record := func(m []idem.Outgoing) {
@@ -112,9 +115,9 @@ func TestOutboxLockedRoundConnectionKilled(t *testing.T) {
 			// The round's connection: the one idle in its transaction
 			// after the claim of this test's table.
 			var killed bool
-			if err := b.pool.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			if err := b.pool.QueryRow(ctx, `SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()
-				AND query LIKE '%' || $1::text || '%'`, b.table+"_outbox").Scan(&killed); err != nil || !killed {
+				AND query LIKE '%' || $1::text || '%'`, b.table+"_outbox").Scan(&pid, &killed); err != nil || !killed {
 				t.Errorf("terminating the round's backend: %v, %v", killed, err)
 			}
 			return make([]error, len(m))
@@ -127,6 +130,12 @@ func TestOutboxLockedRoundConnectionKilled(t *testing.T) {
 		t.Fatalf("A's RunOnce = %+v, %v; want %d rows claimed (one per key), an error, none ended", res, err, keys)
 	}
 	b.wantPendingRows(t, ctx, int64(len(rows)))
+	// The backend ends, and its locks with it, shortly after the signal.
+	testenv.Eventually(t, 30*time.Second, "A's round's backend to end", func() bool {
+		var n int
+		err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n)
+		return err == nil && n == 0
+	}, nil)
 
 	bRelay, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Workers: 1, BatchSize: 10, Retention: -1,
 		Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {

@@ -3,10 +3,11 @@ package idempgxv5
 import (
 	"context"
 	"strconv"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/lastval"
 	"github.com/idem-go/idem/internal/sqlstore"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -15,25 +16,22 @@ import (
 
 var _ idemdriver.OutboxLockedRounder = (*Store)(nil)
 
-// boundText is a lease and its milliseconds as text, the parameter of
-// the locked claim's bound.
-type boundText struct {
+// roundKey is what a locked claim's arguments are made of.
+type roundKey struct {
+	limit int
 	lease time.Duration
-	text  string
 }
 
-// lastBound is the boundText of the last round's lease: a relay's rounds
-// share one lease.
-var lastBound atomic.Pointer[boundText]
+// lastClaimArgs are the boxed arguments of the last round's claim (the
+// limit, and the lease's milliseconds, at least 1, as text): a relay's
+// rounds share one limit and one lease.
+var lastClaimArgs lastval.Cache[roundKey, [2]any]
 
-// leaseMillis returns lease in milliseconds (at least 1), as text.
-func leaseMillis(lease time.Duration) string {
-	if b := lastBound.Load(); b != nil && b.lease == lease {
-		return b.text
-	}
-	b := &boundText{lease: lease, text: strconv.FormatInt(max(lease.Milliseconds(), 1), 10)}
-	lastBound.Store(b)
-	return b.text
+// lockedClaimArgs returns the arguments of a claim of p.
+func lockedClaimArgs(p *idemdriver.LockedRoundParams) [2]any {
+	return lastClaimArgs.Get(roundKey{p.Limit, p.Lease}, func(k roundKey) [2]any {
+		return [2]any{int64(k.limit), strconv.FormatInt(max(k.lease.Milliseconds(), 1), 10)}
+	})
 }
 
 // LockedRound implements [idemdriver.OutboxLockedRounder] on one
@@ -66,9 +64,11 @@ func (s *Store) LockedRound(ctx context.Context, p *idemdriver.LockedRoundParams
 		return 0, err
 	}
 	defer conn.Release() // a connection left in a transaction is dropped by the pool
+	rb := getRoundBatches()
+	defer rb.put()
 	c := conn.Conn()
 	bound(c, p.CallTimeout)
-	recs, err := lockedClaim(ctx, conn, o, p)
+	recs, err := rb.lockedClaim(ctx, conn, o, p)
 	err = timedCallErr(ctx, p.CallTimeout, err)
 	setDeadline(c, time.Time{})
 	if err != nil || len(recs) == 0 {
@@ -77,7 +77,7 @@ func (s *Store) LockedRound(ctx context.Context, p *idemdriver.LockedRoundParams
 	}
 	sent, failed := p.Publish(ctx, recs)
 	bound(c, p.CallTimeout)
-	err = timedCallErr(context.Background(), p.CallTimeout, s.lockedEnd(conn, o, &sent, failed))
+	err = timedCallErr(context.Background(), p.CallTimeout, s.lockedEnd(conn, o, rb, &sent, failed))
 	setDeadline(c, time.Time{})
 	if err != nil {
 		endRound(conn)
@@ -93,13 +93,41 @@ func bound(c *pgx.Conn, d time.Duration) {
 	}
 }
 
+// roundBatches are the two pgx batches of a locked round, their queued
+// statements and the claim's arguments, kept in roundBatchPool between
+// rounds: a round would otherwise allocate each of them anew.
+type roundBatches struct {
+	claim, end     pgx.Batch
+	claimQ, endQ   [2]pgx.QueuedQuery
+	claimQP, endQP [2]*pgx.QueuedQuery
+	claimArgs      [2]any
+}
+
+var roundBatchPool = sync.Pool{New: func() any {
+	rb := &roundBatches{}
+	for i := range rb.claimQ {
+		rb.claimQP[i], rb.endQP[i] = &rb.claimQ[i], &rb.endQ[i]
+	}
+	return rb
+}}
+
+func getRoundBatches() *roundBatches { return roundBatchPool.Get().(*roundBatches) }
+
+// put clears rb of the round's values and returns it to the pool.
+func (rb *roundBatches) put() {
+	rb.claimQ, rb.endQ, rb.claimArgs = [2]pgx.QueuedQuery{}, [2]pgx.QueuedQuery{}, [2]any{}
+	rb.claim.QueuedQueries, rb.end.QueuedQueries = nil, nil
+	roundBatchPool.Put(rb)
+}
+
 // lockedClaim begins the round's transaction on conn and claims its
 // rows, in one batch.
-func lockedClaim(ctx context.Context, conn *pgxpool.Conn, o *sqlstore.Outbox, p *idemdriver.LockedRoundParams) ([]idemdriver.OutgoingRecord, error) {
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
-	b.Queue(`BEGIN`)
-	b.Queue(o.LockedClaimSQL(), int64(p.Limit), leaseMillis(p.Lease))
-	br := conn.SendBatch(ctx, b)
+func (rb *roundBatches) lockedClaim(ctx context.Context, conn *pgxpool.Conn, o *sqlstore.Outbox, p *idemdriver.LockedRoundParams) ([]idemdriver.OutgoingRecord, error) {
+	rb.claimArgs = lockedClaimArgs(p)
+	rb.claimQ[0] = pgx.QueuedQuery{SQL: `BEGIN`}
+	rb.claimQ[1] = pgx.QueuedQuery{SQL: o.LockedClaimSQL(), Arguments: rb.claimArgs[:]}
+	rb.claim.QueuedQueries = rb.claimQP[:2]
+	br := conn.SendBatch(ctx, &rb.claim)
 	_, err := br.Exec()
 	var recs []idemdriver.OutgoingRecord
 	if err == nil {
@@ -117,7 +145,7 @@ func lockedClaim(ctx context.Context, conn *pgxpool.Conn, o *sqlstore.Outbox, p 
 // lockedEnd writes the outcome of a round's publish and commits: the
 // failed rows' UPDATE, then the sent rows' DELETE (or UPDATE) with the
 // COMMIT in one batch.
-func (s *Store) lockedEnd(conn *pgxpool.Conn, o *sqlstore.Outbox, sent *idemdriver.MarkSentParams, failed []idemdriver.FailedRow) error {
+func (s *Store) lockedEnd(conn *pgxpool.Conn, o *sqlstore.Outbox, rb *roundBatches, sent *idemdriver.MarkSentParams, failed []idemdriver.FailedRow) error {
 	ctx := context.Background()
 	fq, fargs, sq, sargs, err := o.LockedEndStatements(sent, failed)
 	if err != nil {
@@ -132,11 +160,13 @@ func (s *Store) lockedEnd(conn *pgxpool.Conn, o *sqlstore.Outbox, sent *idemdriv
 			return err
 		}
 	}
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, 2)}
+	b, n := &rb.end, 0
 	if sq != "" {
-		b.Queue(sq, sargs...)
+		rb.endQ[n] = pgx.QueuedQuery{SQL: sq, Arguments: sargs}
+		n++
 	}
-	b.Queue(`COMMIT`)
+	rb.endQ[n] = pgx.QueuedQuery{SQL: `COMMIT`}
+	b.QueuedQueries = rb.endQP[:n+1]
 	br := conn.SendBatch(ctx, b)
 	var tag pgconn.CommandTag
 	for range b.Len() {
