@@ -89,6 +89,20 @@ type RelayConfig struct {
 	// and deleting it at once spares the table a write per message (the
 	// mark, then the purge's delete) and the sent rows' space.
 	KeepSent bool
+	// LeasedRounds makes the relay lease the rows it claims (a write per
+	// row, ended by the row's delete or mark) even on a store that can
+	// hold their row locks through the publish instead
+	// (idemdriver.OutboxLockedRounder: store/idempgxv5). By default, on
+	// such a store, each round (claim, publish, end) is one transaction
+	// that writes a sent row once, its delete: it holds a store
+	// connection while it publishes, and the rows' locks until it
+	// commits; the server ends a round whose transaction stays idle for
+	// Lease (a stalled relay), and its rows are claimed again at once. A
+	// relay that dies mid-round counts no attempt for its rows. Set it
+	// to keep connections free during publishes (a slow broker, many
+	// Workers on a small pool), or where a session may not stay in a
+	// transaction that long.
+	LeasedRounds bool
 	// Retention is how long failed rows, and sent ones with KeepSent, are
 	// kept. Defaults to DefaultOutboxRetention (24 hours); negative
 	// disables purging.
@@ -229,10 +243,14 @@ type RelayResult struct {
 
 // RunOnce claims one batch of pending rows, publishes it, and deletes
 // each confirmed row (marks it sent, with KeepSent) and marks each other
-// row for retry, or failed. The error matches ErrStore when the
-// claim or a mark failed (a row whose mark failed is sent again after its
-// lease), also ErrStoreTimeout when the claim did not answer within 10s
-// (a stalled connection), and is ctx's error when ctx ended.
+// row for retry, or failed. On a store that implements
+// idemdriver.OutboxLockedRounder (unless LeasedRounds) that is one
+// transaction holding the rows' locks, and a failed end or commit leaves
+// every row of the round to be claimed again at once. The error matches
+// ErrStore when the claim or a mark failed (a row whose mark failed is
+// sent again after its lease), also ErrStoreTimeout when the claim did not
+// answer within 10s (a stalled connection), and is ctx's error when ctx
+// ended.
 func (r *Relay) RunOnce(ctx context.Context) (RelayResult, error) {
 	if r.hooks == nil {
 		res, _, err := r.runOnce(ctx)
@@ -266,6 +284,9 @@ func (r *Relay) report(ctx context.Context, res RelayResult, oldest, start time.
 // tied to the lease: a claim answered late leaves less of the lease for
 // the publish, which the marks' fencing already covers.
 func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time, err error) {
+	if lr := r.lockedRounder(); lr != nil {
+		return r.runLocked(ctx, lr)
+	}
 	cctx, cancel := callCtx(ctx, finishTimeout)
 	recs, err := r.cfg.Store.ClaimOutgoing(cctx, r.claimParams())
 	err = timedOut(cctx, err)
@@ -280,6 +301,56 @@ func (r *Relay) runOnce(ctx context.Context) (res RelayResult, oldest time.Time,
 	oldest = sortClaimed(recs)
 	errs := r.publish(ctx, recs)
 	return res, oldest, r.mark(ctx, recs, errs, &res)
+}
+
+// lockedRounder is the store as an idemdriver.OutboxLockedRounder, nil
+// when it is not one or RelayConfig.LeasedRounds is set.
+func (r *Relay) lockedRounder() idemdriver.OutboxLockedRounder {
+	if r.cfg.LeasedRounds {
+		return nil
+	}
+	lr, _ := r.cfg.Store.(idemdriver.OutboxLockedRounder)
+	return lr
+}
+
+// runLocked is runOnce on a store that holds the claimed rows' locks
+// through the publish: one store call, one transaction.
+func (r *Relay) runLocked(ctx context.Context, lr idemdriver.OutboxLockedRounder) (res RelayResult, oldest time.Time, err error) {
+	lk := &lockedRound{r: r}
+	lk.p = idemdriver.LockedRoundParams{Limit: r.cfg.BatchSize, Lease: r.cfg.Lease, CallTimeout: finishTimeout, Publish: lk.publish}
+	res.Claimed, err = lr.LockedRound(ctx, &lk.p)
+	if err != nil {
+		if res.Claimed > 0 {
+			return res, lk.oldest, fmt.Errorf("%w (%d rows claimed: they are claimed again)", storeError("relay round", err), res.Claimed)
+		}
+		return res, lk.oldest, storeError("relay round", err)
+	}
+	res.Sent = len(lk.sent.IDs)
+	for _, f := range lk.failed {
+		if f.Permanent {
+			res.Failed++
+		} else {
+			res.Retried++
+		}
+	}
+	return res, lk.oldest, nil
+}
+
+// lockedRound is one round of runLocked: its parameters, and what its
+// publish found.
+type lockedRound struct {
+	r      *Relay
+	p      idemdriver.LockedRoundParams
+	oldest time.Time
+	sent   idemdriver.MarkSentParams
+	failed []idemdriver.FailedRow
+}
+
+// publish is the round's LockedRoundParams.Publish.
+func (lk *lockedRound) publish(ctx context.Context, recs []Outgoing) (idemdriver.MarkSentParams, []idemdriver.FailedRow) {
+	lk.oldest = sortClaimed(recs)
+	lk.sent, lk.failed = lk.r.outcomes(recs, lk.r.publish(ctx, recs))
+	return lk.sent, lk.failed
 }
 
 func (r *Relay) claimParams() *idemdriver.ClaimOutgoingParams {
@@ -490,7 +561,10 @@ func (r *Relay) backoff(attempts int) time.Duration {
 // notification from the store (idemdriver.OutboxNotifier), or its poll
 // interval; the first worker purges failed (and kept sent) rows every
 // PurgeInterval. With a store that implements
-// idemdriver.OutboxSentClaimer (store/idempgxv5), a worker ends a round's
+// idemdriver.OutboxLockedRounder (store/idempgxv5), each round is one
+// transaction that holds its rows' locks through the publish (see
+// LeasedRounds). Otherwise, with a store that implements
+// idemdriver.OutboxSentClaimer (store/idemsql), a worker ends a round's
 // confirmed rows in the same call (one round trip, one transaction) as
 // its next claim, which it makes at once, before any wait; when Run stops
 // it ends those it still holds.
@@ -525,6 +599,9 @@ func (r *Relay) work(ctx context.Context, purge bool) {
 	// next claim, each round holds them (held) until the next round's
 	// claim, made at once: one store call per round instead of two.
 	sc, _ := r.cfg.Store.(idemdriver.OutboxSentClaimer)
+	if r.lockedRounder() != nil {
+		sc = nil // a locked round ends its rows itself
+	}
 	var held *heldRound
 	defer func() {
 		if held != nil {

@@ -57,7 +57,7 @@ func RunOutbox[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatal("idemtest: Harness.New is nil")
 	}
 	nonce := newNonce()
-	for _, c := range append(outboxCases[TTx](), emitFaultCases[TTx]()...) {
+	for _, c := range slices.Concat(outboxCases[TTx](), emitFaultCases[TTx](), lockedRoundCases[TTx]()) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			b := newBundle(t, h, nonce, "Outbox."+c.name)
@@ -282,6 +282,7 @@ func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, fail error, cfg id
 		return slices.Repeat([]error{fail}, len(msgs))
 	})
 	cfg.Lease = 10 * time.Millisecond
+	cfg.LeasedRounds = true // what is tested is a lease that runs out
 	a := b.relay(store, pub, cfg)
 	aDone := make(chan error, 1)
 	go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()

@@ -35,6 +35,16 @@ func OutboxNativeArrays(table string) *sqlstore.Outbox {
 	available_at = CASE WHEN v.permanent THEN o.available_at ELSE now() + v.retry * interval '1 microsecond' END
 FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[], $6::bigint[]) AS v(id, attempt, permanent, retry, err, seq)
 WHERE o.id = v.id AND o.attempts = v.attempt AND (v.seq = 0 OR o.seq = v.seq) AND o.sent_at IS NULL`
+	// The failed rows of a round that holds their locks: its claim wrote
+	// nothing, so the attempt is set here; the retry counts from
+	// clock_timestamp(), the publish having taken part of the
+	// transaction. Found by ID (the primary key), checked by seq.
+	d.RoundFailedArrays = `UPDATE ` + table + ` AS o SET lease_until = NULL, attempts = v.attempt, last_error = v.err,
+	failed_at = CASE WHEN v.permanent THEN now() ELSE o.failed_at END,
+	available_at = CASE WHEN v.permanent THEN o.available_at ELSE clock_timestamp() + v.retry * interval '1 microsecond' END
+FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::bigint[], $5::text[], $6::bigint[]) AS v(id, attempt, permanent, retry, err, seq)
+WHERE o.id = v.id AND o.seq = v.seq AND o.sent_at IS NULL`
+	d.RoundBound = `(SELECT set_config('idle_in_transaction_session_timeout', $2::text, true)) IS NOT NULL`
 	return sqlstore.NewOutbox(d)
 }
 

@@ -103,6 +103,22 @@ type OutboxDialect struct {
 	// the transaction, so that a store that quiets the outbox trigger
 	// does it in the INSERT instead of a statement of its own.
 	Quiet string
+	// RoundFailedArrays, if set (with SkipLocked and IDArray), is the
+	// statement that marks the failed rows of a relay round holding its
+	// rows' locks (idemdriver.OutboxLockedRounder), given as the six
+	// arrays of MarkFailedArrays: it sets each row's attempts to the
+	// array's (the claim wrote none), its error, and either its retry
+	// time (from the statement's clock, not the transaction's start) or
+	// failed_at; the rows are named by ID and seq, and need no fence (the
+	// round holds their locks).
+	RoundFailedArrays string
+	// RoundBound, with RoundFailedArrays, is a condition of the locked
+	// round's claim, true, evaluated once before any row is locked, that
+	// bounds the round's transaction on the server by the milliseconds
+	// of parameter 2 (text): PostgreSQL's set_config of
+	// idle_in_transaction_session_timeout for the transaction, in an
+	// uncorrelated subquery (run once, as an init plan).
+	RoundBound string
 	// DeleteSeqs, required with NoUpdateReturning, deletes the rows whose
 	// seq is in parameter 1, a JSON array of numbers, visiting no other
 	// row: the purge's DELETE of the rows its SELECT ... FOR UPDATE SKIP
@@ -120,6 +136,7 @@ type Outbox struct {
 	// Fixed statements.
 	claimReturning, claimSelect, purge, purgeSelect, stats string
 	markSentArray, deleteSentArray                         string
+	lockedClaim                                            string
 	markSentSeqArrays, deleteSentSeqArrays                 string
 	// emitSQL caches the INSERT of 1 to len(emitSQL) rows, built on first
 	// use: most processings emit one or a few rows, and building the text
@@ -190,6 +207,7 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	o.purge = `DELETE FROM ` + t + ` WHERE id IN (SELECT id FROM (SELECT id FROM ` + t + `
 	` + done + `) AS done)`
 	o.purgeSelect = `SELECT seq FROM ` + t + ` ` + done
+	o.lockedClaim = o.lockedClaimSQL()
 	// The backlog through the indexes of the pending and the failed rows
 	// (their partial indexes where the dialect has them), not a scan of
 	// the table: the oldest pending row is the first by seq.
@@ -513,12 +531,7 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 		return err
 	}
 	if o.d.MarkFailedArrays != "" {
-		n := len(p.Rows)
-		ids, attempts, permanent, retry, errs, seqs := make([]string, n), make([]int64, n), make([]bool, n), make([]int64, n), make([]string, n), make([]int64, n)
-		for i, r := range p.Rows {
-			ids[i], attempts[i], permanent[i], retry[i], errs[i], seqs[i] = r.ID, int64(r.Attempt), r.Permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error), r.Seq
-		}
-		_, err := db.Exec(ctx, o.d.MarkFailedArrays, ids, attempts, permanent, retry, errs, seqs)
+		_, err := db.Exec(ctx, o.d.MarkFailedArrays, failedArrays(p.Rows)...)
 		return err
 	}
 	for rows := p.Rows; len(rows) > 0; {

@@ -26,6 +26,10 @@ func EnsurePartitionsAt(ctx context.Context, s *Store, at time.Time) error {
 // ($1, rows) and lease ($2, microseconds).
 func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
 
+// OutboxLockedClaimSQL is the claim of a locked relay round on s's outbox:
+// limit $1, the bound's milliseconds $2 (text).
+func OutboxLockedClaimSQL(s *Store) string { return s.outbox().LockedClaimSQL() }
+
 // PartitionedClaimBatchSQL is the batch claim statement of s, whose table
 // is in the partitioned layout: consumer ($1), text[] of IDs ($2), bytea[]
 // of fingerprints ($3).

@@ -13,7 +13,6 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // confirmAll is a publisher that confirms every message at once.
@@ -42,14 +41,11 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //     second; the timed section ends when they are all purged): the
 //     row's life before rows were deleted on acknowledgement (insert,
 //     claim, mark sent, purge);
-//   - idem_outbox1_txround: idem_outbox1 whose relay is not idem's but two
-//     loops of the shape best_outbox1's relay has, on idem's outbox table:
-//     in one transaction, select the claimable rows (idem's claim
-//     condition, order per key included) FOR UPDATE SKIP LOCKED, publish,
-//     delete them, commit. No lease and no attempt count are written,
-//     and a round commits once instead of twice (claim, then delete): an
-//     experiment measuring what a relay holding its rows by a transaction
-//     through the publish would save (it has no retries or fenced marks);
+//   - idem_outbox1_leased: idem_outbox1 with RelayConfig.LeasedRounds:
+//     each round leases its rows (an UPDATE of lease_until and attempts),
+//     publishes with no transaction open, and deletes them with its next
+//     claim, where idem_outbox1's rounds hold their rows' locks through
+//     the publish and write each sent row once, its delete;
 //   - idem_outbox1_norelay: the same without a relay (the insert alone:
 //     what the consumer's own transaction pays);
 //   - relay: a Relay sending b.N rows written beforehand, through a
@@ -107,9 +103,9 @@ func benchOutboxRound(b *testing.B) {
 		bb := benchSetup(b)
 		reportRatios(b, "idem_outbox1_keepsent", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayKeep), "outbox_idem", "best_outbox1")
 	})
-	b.Run("idem_outbox1_txround", func(b *testing.B) {
+	b.Run("idem_outbox1_leased", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1_txround", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayTxRound), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1_leased", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLeased), "outbox_idem", "best_outbox1")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -166,9 +162,7 @@ func benchOutboxRound(b *testing.B) {
 // wakes it after every commit, and the timed section ends once every
 // message was published and its row is gone: deleted once confirmed, or,
 // with relayKeep (RelayConfig.KeepSent), marked sent and then purged;
-// relayTxRound replaces the Relay by two loops of transactional rounds
-// (see BenchmarkOutbox's idem_outbox1_txround), woken by the Consumer's
-// emit hook. CPU is measured on the backends of both pools. It returns
+// with relayLeased (RelayConfig.LeasedRounds), deleted by leased rounds. CPU is measured on the backends of both pools. It returns
 // the throughput.
 func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []byte, mode relayMode) float64 {
 	b.Helper()
@@ -189,17 +183,12 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 		}
 		return make([]error, len(m))
 	})
-	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, KeepSent: mode == relayKeep, Retention: time.Millisecond, PurgeInterval: time.Second,
+	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, KeepSent: mode == relayKeep, LeasedRounds: mode == relayLeased, Retention: time.Millisecond, PurgeInterval: time.Second,
 		Publisher: pub})
 	if err != nil {
 		b.Fatal(err)
 	}
 	cfg := idem.Config{Name: "bench", PurgeInterval: -1, Relay: r}
-	wake := make(chan struct{}, 1)
-	if mode == relayTxRound {
-		cfg.Relay = nil
-		cfg.Hooks = []idem.Hook{emitWake(wake)}
-	}
 	c, err := idem.NewConsumer[pgx.Tx](bb.store, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -209,13 +198,7 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 	w := startWAL(b, bb)
 	rctx, cancel := context.WithCancel(ctx)
 	var running sync.WaitGroup
-	if mode == relayTxRound {
-		for range 2 {
-			running.Go(func() { txRounds(rctx, b, rpool, bb.table+"_outbox", pub, wake) })
-		}
-	} else {
-		running.Go(func() { _ = r.Run(rctx) })
-	}
+	running.Go(func() { _ = r.Run(rctx) })
 	defer func() { cancel(); running.Wait() }()
 	prefix := benchPrefix()
 	b.ResetTimer()
@@ -282,81 +265,10 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 type relayMode int
 
 const (
-	relayDelete  relayMode = iota // an idem.Relay, deleting rows once sent
-	relayKeep                     // an idem.Relay with KeepSent
-	relayTxRound                  // txRounds
+	relayDelete relayMode = iota // an idem.Relay, deleting rows once sent
+	relayKeep                    // an idem.Relay with KeepSent
+	relayLeased                  // an idem.Relay with LeasedRounds
 )
-
-// emitWake is a HookEmit that wakes a txRounds loop.
-type emitWake chan struct{}
-
-func (w emitWake) OnEmit(context.Context, idem.EmitEvent) {
-	select {
-	case w <- struct{}{}:
-	default:
-	}
-}
-
-// txRounds relays outbox until ctx ends, one transaction per round: it
-// selects up to 1,000 rows that idem's claim would take (pending, not
-// leased, the first pending row of their destination and key) FOR UPDATE
-// SKIP LOCKED, publishes them through pub, deletes them and commits;
-// then, unless the round was full, waits for a wake or 50ms.
-func txRounds(ctx context.Context, b *testing.B, pool *pgxpool.Pool, outbox string, pub idem.Publisher, wake <-chan struct{}) {
-	claim := `SELECT id::text, seq, consumer::text, source_id::text, destination::text, order_key::text, payload, headers::text, attempts, created_at
-FROM ` + outbox + ` o WHERE o.sent_at IS NULL AND o.failed_at IS NULL AND o.available_at <= now()
-	AND (o.lease_until IS NULL OR o.lease_until <= now())
-	AND (o.order_key = '' OR NOT EXISTS (SELECT 1 FROM ` + outbox + ` p
-		WHERE p.destination = o.destination AND p.order_key = o.order_key AND p.seq < o.seq
-		AND COALESCE(p.sent_at, p.failed_at) IS NULL))
-ORDER BY o.seq LIMIT 1000 FOR UPDATE SKIP LOCKED`
-	round := func() (int, error) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		rows, _ := tx.Query(ctx, claim)
-		var headers string
-		recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (idem.Outgoing, error) {
-			var m idem.Outgoing
-			err := r.Scan(&m.ID, &m.Seq, &m.Consumer, &m.SourceID, &m.Destination, &m.Key, &m.Payload, &headers, &m.Attempts, &m.CreatedAt)
-			m.Attempts++
-			return m, err
-		})
-		if err != nil || len(recs) == 0 {
-			return 0, err
-		}
-		errs := pub.Publish(ctx, recs)
-		ids := make([]string, 0, len(recs))
-		for i, m := range recs {
-			if errs[i] == nil {
-				ids = append(ids, m.ID)
-			}
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+outbox+` WHERE id = ANY($1::text[])`, ids); err != nil {
-			return 0, err
-		}
-		return len(recs), tx.Commit(ctx)
-	}
-	for ctx.Err() == nil {
-		n, err := round()
-		if err != nil && ctx.Err() == nil {
-			b.Error(err)
-			return
-		}
-		if n == 1000 {
-			continue
-		}
-		t := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
-	}
-}
 
 // processBestRelayed is the hand-written outbox, the least a person can
 // write to emit one outgoing message per incoming one with the outbox

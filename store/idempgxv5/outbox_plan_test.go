@@ -37,12 +37,16 @@ func TestOutboxClaimOrderCheckPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyIndex, pendIndex := b.table+"_outbox_khash", b.table+"_outbox_pend"
-	sub, pendScans, raw := claimPlan(t, b.pool, b)
-	if sub.IndexName != keyIndex {
-		t.Errorf("the order check runs as a %s on %q, want a scan of %s: %s", sub.NodeType, sub.IndexName, keyIndex, raw)
-	}
-	if pendScans != 1 {
-		t.Errorf("the claim's plan scans %s %d times, want once (the rows in seq order): %s", pendIndex, pendScans, raw)
+	// The leased rounds' claim, then the locked rounds' (which runs
+	// its bound as an init plan first).
+	for _, claim := range []func(*bundle) (string, []any){leasedClaim, lockedClaim} {
+		sub, pendScans, raw := claimPlanOf(t, b.pool, b, claim)
+		if sub.IndexName != keyIndex {
+			t.Errorf("the order check runs as a %s on %q, want a scan of %s: %s", sub.NodeType, sub.IndexName, keyIndex, raw)
+		}
+		if pendScans != 1 {
+			t.Errorf("the claim's plan scans %s %d times, want once (the rows in seq order): %s", pendIndex, pendScans, raw)
+		}
 	}
 
 	// The pending-rows index is not one the check can run on at all, so
@@ -56,7 +60,7 @@ func TestOutboxClaimOrderCheckPlan(t *testing.T) {
 	if _, err := tx.Exec(ctx, `DROP INDEX `+keyIndex); err != nil {
 		t.Fatal(err)
 	}
-	sub, pendScans, raw = claimPlan(t, tx, b)
+	sub, pendScans, raw := claimPlan(t, tx, b)
 	if sub.IndexName == pendIndex || pendScans != 1 {
 		t.Errorf("without the key index, the order check runs as a %s on %q, and the plan scans %s %d times (want once): %s",
 			sub.NodeType, sub.IndexName, pendIndex, pendScans, raw)
@@ -66,17 +70,36 @@ func TestOutboxClaimOrderCheckPlan(t *testing.T) {
 // claimPlan returns the plan of the relay's claim of 100 rows on q: the
 // order check's subplan, how many of its nodes scan the pending-rows
 // index, and the plan as JSON.
-func claimPlan(t *testing.T, q interface {
+func claimPlan(t *testing.T, q planQuerier, b *bundle) (sub planNode, pendScans int, raw []byte) {
+	return claimPlanOf(t, q, b, leasedClaim)
+}
+
+// planQuerier is what claimPlan explains on: a pool or a transaction.
+type planQuerier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, b *bundle) (sub planNode, pendScans int, raw []byte) {
+}
+
+// leasedClaim and lockedClaim are the claims of the two kinds of relay
+// rounds, of 100 rows with a lease of 30 s, and their arguments.
+func leasedClaim(b *bundle) (string, []any) {
+	return idempgxv5.OutboxClaimSQL(b.store), []any{int64(100), int64(30_000_000)}
+}
+
+func lockedClaim(b *bundle) (string, []any) {
+	return idempgxv5.OutboxLockedClaimSQL(b.store), []any{int64(100), "30000"}
+}
+
+// claimPlanOf is claimPlan of the claim statement claim returns.
+func claimPlanOf(t *testing.T, q planQuerier, b *bundle, claim func(*bundle) (string, []any)) (sub planNode, pendScans int, raw []byte) {
 	t.Helper()
-	if err := q.QueryRow(context.Background(), `EXPLAIN (FORMAT JSON) `+idempgxv5.OutboxClaimSQL(b.store), int64(100), int64(30_000_000)).Scan(&raw); err != nil {
+	sql, args := claim(b)
+	if err := q.QueryRow(context.Background(), `EXPLAIN (FORMAT JSON) `+sql, args...).Scan(&raw); err != nil {
 		t.Fatal(err)
 	}
 	plan := parsePlan(t, raw)
 	found := false
 	plan.walk(func(n *planNode) {
-		if n.SubplanName != "" {
+		if n.SubplanName != "" && n.ParentRelationship != "InitPlan" {
 			sub, found = *n, true
 		}
 		if n.IndexName == b.table+"_outbox_pend" {
