@@ -12,8 +12,8 @@ import (
 // them with a write (store/idempgxv5 on PostgreSQL). A claimed row is then
 // written once, by its end (deleted, marked sent, or marked for retry or
 // failed), where a leased round writes it twice (the lease, then the end).
-// [idem.Relay] uses it, when the store has it, unless
-// RelayConfig.LeasedRounds is set.
+// [idem.Relay] uses it, when the store has it, with
+// RelayConfig.LockedRounds set.
 //
 // LockedRound(ctx, p) begins a transaction; selects up to p.Limit pending
 // rows as ClaimOutgoing would (same order, same per-key rule, rows under

@@ -282,7 +282,6 @@ func (b *bundle[TTx]) overtaken(store idemdriver.OutboxStore, fail error, cfg id
 		return slices.Repeat([]error{fail}, len(msgs))
 	})
 	cfg.Lease = 10 * time.Millisecond
-	cfg.LeasedRounds = true // what is tested is a lease that runs out
 	a := b.relay(store, pub, cfg)
 	aDone := make(chan error, 1)
 	go func() { _, err := a.RunOnce(b.ctx); aDone <- err }()

@@ -135,7 +135,7 @@ func TestBreakRelayDiesHoldingRows(t *testing.T) {
 		// Leased rounds: the hole tested is the held rows of
 		// idemdriver.OutboxSentClaimer, which locked rounds do not use.
 		r, err := idem.NewRelay(idem.RelayConfig{Store: s, Publisher: br.publisher(name, dead), BatchSize: 5, Workers: 2,
-			Lease: lease, MinPoll: 10 * time.Millisecond, MaxPoll: 50 * time.Millisecond, Retention: -1, LeasedRounds: true})
+			Lease: lease, MinPoll: 10 * time.Millisecond, MaxPoll: 50 * time.Millisecond, Retention: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

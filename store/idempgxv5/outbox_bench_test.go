@@ -41,11 +41,11 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //     second; the timed section ends when they are all purged): the
 //     row's life before rows were deleted on acknowledgement (insert,
 //     claim, mark sent, purge);
-//   - idem_outbox1_leased: idem_outbox1 with RelayConfig.LeasedRounds:
-//     each round leases its rows (an UPDATE of lease_until and attempts),
-//     publishes with no transaction open, and deletes them with its next
-//     claim, where idem_outbox1's rounds hold their rows' locks through
-//     the publish and write each sent row once, its delete;
+//   - idem_outbox1_locked: idem_outbox1 with RelayConfig.LockedRounds:
+//     each round holds its rows' locks through the publish and writes
+//     each sent row once, its delete, where idem_outbox1's rounds lease
+//     their rows (an UPDATE of lease_until and attempts), publish with no
+//     transaction open, and delete them with their next claim;
 //   - idem_outbox1_norelay: the same without a relay (the insert alone:
 //     what the consumer's own transaction pays);
 //   - relay: a Relay sending b.N rows written beforehand, through a
@@ -103,9 +103,9 @@ func benchOutboxRound(b *testing.B) {
 		bb := benchSetup(b)
 		reportRatios(b, "idem_outbox1_keepsent", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayKeep), "outbox_idem", "best_outbox1")
 	})
-	b.Run("idem_outbox1_leased", func(b *testing.B) {
+	b.Run("idem_outbox1_locked", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1_leased", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLeased), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1_locked", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLocked), "outbox_idem", "best_outbox1")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -162,7 +162,7 @@ func benchOutboxRound(b *testing.B) {
 // wakes it after every commit, and the timed section ends once every
 // message was published and its row is gone: deleted once confirmed, or,
 // with relayKeep (RelayConfig.KeepSent), marked sent and then purged;
-// with relayLeased (RelayConfig.LeasedRounds), deleted by leased rounds. CPU is measured on the backends of both pools. It returns
+// with relayLocked (RelayConfig.LockedRounds), deleted by locked rounds. CPU is measured on the backends of both pools. It returns
 // the throughput.
 func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []byte, mode relayMode) float64 {
 	b.Helper()
@@ -183,7 +183,7 @@ func processRelayed(b *testing.B, bb *bundle, h idem.Handler[pgx.Tx], payload []
 		}
 		return make([]error, len(m))
 	})
-	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, KeepSent: mode == relayKeep, LeasedRounds: mode == relayLeased, Retention: time.Millisecond, PurgeInterval: time.Second,
+	r, err := idem.NewRelay(idem.RelayConfig{Store: rstore, KeepSent: mode == relayKeep, LockedRounds: mode == relayLocked, Retention: time.Millisecond, PurgeInterval: time.Second,
 		Publisher: pub})
 	if err != nil {
 		b.Fatal(err)
@@ -267,7 +267,7 @@ type relayMode int
 const (
 	relayDelete relayMode = iota // an idem.Relay, deleting rows once sent
 	relayKeep                    // an idem.Relay with KeepSent
-	relayLeased                  // an idem.Relay with LeasedRounds
+	relayLocked                  // an idem.Relay with LockedRounds
 )
 
 // processBestRelayed is the hand-written outbox, the least a person can

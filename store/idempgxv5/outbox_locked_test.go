@@ -44,7 +44,7 @@ func relayProduced(t *testing.T, n int, leased bool, check func([]idem.Outgoing)
 	b, outbox := producedRows(t, n)
 	ctx := context.Background()
 	var published int
-	r, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Retention: -1, LeasedRounds: leased,
+	r, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Retention: -1, LockedRounds: !leased,
 		Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {
 			published += len(m)
 			if check != nil {
@@ -106,7 +106,7 @@ func TestOutboxLockedRoundConnectionKilled(t *testing.T) {
 			count[o.ID]++
 		}
 	}
-	a, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Workers: 1, BatchSize: 10, Retention: -1,
+	a, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Workers: 1, BatchSize: 10, Retention: -1, LockedRounds: true,
 		Publisher: idem.PublisherFunc(func(ctx context.Context, m []idem.Outgoing) []error {
 			record(m)
 			for _, o := range m {
