@@ -538,7 +538,7 @@ func measureScale(b *testing.B, bb *bundle, op func(ctx context.Context, i int64
 // them (idem_scale10m_*, minutes each). A -bench pattern picks the
 // layouts, e.g. 'BenchmarkAtScale/(best_checked|default|partitioned4h)/':
 //
-//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench 'BenchmarkAtScale/(best_checked|default|partitioned4h)/' -benchtime 1000x -timeout 3h; cat /proc/loadavg
+//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench 'BenchmarkAtScale/(best_checked|default|partitioned4h)/' -benchtime 2000x -timeout 3h; cat /proc/loadavg
 func BenchmarkAtScale(b *testing.B) {
 	for range benchRounds {
 		b.Run("best_checked/empty", func(b *testing.B) {
