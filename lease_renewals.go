@@ -17,12 +17,14 @@ import (
 // renewals queue for at most maxRenewers goroutines, started when there
 // are renewals to send and gone when there are none: many attempts coming
 // due at once (thousands acquired in a burst) cost that many goroutines,
-// not one each. A renewal still in flight when its next tick comes (a
-// store call slower than Lease/3: a stalled connection, a row another
-// transaction holds locked) stops counting towards maxRenewers, so
-// stalled calls do not hold back the renewals of the attempts whose store
-// answers: goroutines are then at most maxRenewers plus the renewals
-// stalled at once (at most one per held attempt). An attempt that ends before its
+// not one each. A renewal in flight for longer than slowRenewal (Lease/100)
+// while other renewals wait for a goroutine, or still in flight when its
+// next tick comes (a stalled connection, a row another transaction holds
+// locked), stops counting towards maxRenewers, so stalled calls do not
+// hold back the renewals of the attempts whose store answers, however
+// many of them came due first: goroutines are then at most maxRenewers
+// plus the renewals stalled at once (at most one per held attempt). An
+// attempt that ends before its
 // first renewal (most do) costs no goroutine, timer or context, only its
 // place in the heap.
 type renewals struct {
@@ -35,6 +37,9 @@ type renewals struct {
 	// the goroutines sending them.
 	ready   []*Attempt
 	workers int
+	// flying is the renewals in flight that count in workers, oldest
+	// sent first: the ones that slowRenewal may stop counting.
+	flying []*Attempt
 	// calls is the store calls running on callBound contexts, whose
 	// deadlines the same timer enforces.
 	calls callHeap
@@ -44,6 +49,14 @@ type renewals struct {
 // A renewal is one short store call; a store serves no more at once than
 // its connections, which are usually fewer.
 const maxRenewers = 16
+
+// slowRenewal is how long a renewal may be in flight before it stops
+// counting towards maxRenewers when others wait: a hundredth of the lease
+// (300ms at the default 30s), many store round trips, yet short enough
+// that the renewals queued behind hundreds of stalled ones are sent well
+// within the lease they extend (each slowRenewal frees maxRenewers more
+// goroutines).
+func slowRenewal(lease time.Duration) time.Duration { return lease / 100 }
 
 // renewalState is an attempt's place in the scheduler, guarded by
 // renewals.mu.
@@ -55,6 +68,7 @@ type renewalState struct {
 	ctx      context.Context    // the queued renewal's context
 	cancel   context.CancelFunc // ends the renewal queued or in flight
 	queued   bool               // in renewals.ready, not yet sent
+	sent     time.Time          // when the renewal in flight was sent
 	missed   bool               // a renewal came due while one was in flight
 	// slow is set when a renewal came due while one was in flight (not
 	// queued): that renewal's goroutine no longer counts in
@@ -120,6 +134,9 @@ func (r *renewals) arm() {
 	if len(r.calls) > 0 && (due.IsZero() || r.calls[0].deadline.Before(due)) {
 		due = r.calls[0].deadline
 	}
+	if slow, ok := r.nextSlow(); ok && (due.IsZero() || slow.Before(due)) {
+		due = slow
+	}
 	if due.IsZero() {
 		if !r.at.IsZero() {
 			r.timer.Stop()
@@ -136,6 +153,36 @@ func (r *renewals) arm() {
 		r.timer.Reset(time.Until(due))
 	}
 	r.at = due
+}
+
+// nextSlow is when the oldest renewal in flight that counts towards
+// maxRenewers becomes slow (slowRenewal), if renewals wait for a
+// goroutine meanwhile; r.mu is held.
+func (r *renewals) nextSlow() (time.Time, bool) {
+	if len(r.ready) == 0 || r.workers < maxRenewers || len(r.flying) == 0 {
+		return time.Time{}, false
+	}
+	a := r.flying[0]
+	return a.rs.sent.Add(slowRenewal(a.c.cfg.Lease)), true
+}
+
+// uncount stops a's renewal in flight from counting towards maxRenewers
+// (renewalState.slow); r.mu is held.
+func (r *renewals) uncount(a *Attempt) {
+	a.rs.slow = true
+	r.workers--
+	r.unfly(a)
+}
+
+// unfly removes a from r.flying; r.mu is held.
+func (r *renewals) unfly(a *Attempt) {
+	for i, f := range r.flying {
+		if f == a {
+			r.flying = append(r.flying[:i], r.flying[i+1:]...)
+			r.flying[len(r.flying):cap(r.flying)][0] = nil
+			return
+		}
+	}
 }
 
 // ending notes that a's ending write is being sent (see
@@ -213,12 +260,20 @@ func (r *renewals) fire() {
 				if !a.rs.queued && !a.rs.slow {
 					// In flight for Lease/3: stalled. Its goroutine
 					// stops counting, so the queue moves on.
-					a.rs.slow = true
-					r.workers--
+					r.uncount(a)
 				}
 			}
 		}
 		heap.Fix(&r.q, a.rs.idx)
+	}
+	for {
+		// Renewals wait behind ones in flight for longer than
+		// slowRenewal: those stop counting, so the queue moves on.
+		slow, ok := r.nextSlow()
+		if !ok || now.Before(slow) {
+			break
+		}
+		r.uncount(r.flying[0])
 	}
 	for r.workers < maxRenewers && len(r.ready) > 0 && r.workers < len(r.ready) {
 		r.workers++
@@ -249,6 +304,11 @@ func (r *renewals) work() {
 		a.rs.queued = false
 		ctx, cancel, done := a.rs.ctx, a.rs.cancel, a.rs.inflight
 		a.rs.ctx = nil
+		a.rs.sent = time.Now()
+		r.flying = append(r.flying, a)
+		if len(r.ready) > 0 {
+			r.arm() // the queue waits: this renewal may become slow
+		}
 		r.mu.Unlock()
 		if !r.renew(ctx, cancel, a, done) {
 			return
@@ -290,6 +350,7 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 	lost := errors.Is(err, ErrLeaseLost)
 	r.mu.Lock()
 	more = true
+	r.unfly(a)
 	if a.rs.slow {
 		a.rs.slow = false
 		if more = r.workers < maxRenewers; more {

@@ -40,7 +40,15 @@ import (
 //
 // Each case runs --workers goroutines for a fixed time on a pool of as
 // many connections (SQLite: one). Rounds go over every store and case in
-// turn. Beside throughput, each case reports per message: the harness
+// turn; a case and the reference it is compared with run one after the
+// other, the reference first in odd rounds and second in even ones, so
+// that neither always inherits the state the other left (a database's
+// caches, its log, a burst of another process's load). Before each
+// case's timed section, SQLite's WAL is checkpointed and truncated
+// (PRAGMA wal_checkpoint(TRUNCATE)): every case starts with an empty
+// WAL, and none pays for the checkpoint of frames another case wrote
+// (SQLite checkpoints in the commit that takes the WAL past 1,000
+// pages). Beside throughput, each case reports per message: the harness
 // process's CPU time (getrusage: the client, and for SQLite the database
 // engine too), its heap allocations and bytes (runtime.MemStats), the
 // server's CPU (PostgreSQL: the postmaster and all its children;
@@ -48,12 +56,26 @@ import (
 // this machine), and what the store writes to its log: PostgreSQL's WAL
 // (pg_current_wal_lsn), MariaDB's redo log (Innodb_os_log_written), and
 // for SQLite every byte the process writes (/proc/self/io wchar: WAL
-// frames and checkpoints). Every result line has go test -bench's
-// format, so `go run ./bench/capacity summary FILE` reads it too.
+// frames and checkpoints). It also reports the CPU the rest of the
+// machine used meanwhile, in cores (others-cores: all CPUs' busy time
+// from /proc/stat, less the harness's and the server's), and each
+// throughput ratio per free core as well (free-x-<reference>: each
+// case's msgs/s divided by the cores the rest of the machine left it),
+// which on a shared machine cancels most of the swing of the raw ratio.
+// Every result line has go test -bench's format, so
+// `go run ./bench/capacity summary FILE` reads it too.
 
 // envProcessProfile, when set, names the file the --process mode writes
 // a CPU profile of its rounds to (seeding left out), for go tool pprof.
 const envProcessProfile = "IDEM_BENCH_PROCESS_CPUPROFILE"
+
+// envProcessMemProfile, when set, names the file the --process mode
+// writes a heap profile to after its rounds, with every allocation
+// recorded (runtime.MemProfileRate 1), and the same profile taken after
+// seeding to path + ".seeded": go tool pprof -sample_index=alloc_objects
+// -diff_base=PATH.seeded PATH counts the rounds' allocations, per case
+// when it is run alone (--contenders).
+const envProcessMemProfile = "IDEM_BENCH_PROCESS_MEMPROFILE"
 
 // processOptions are the settings of the --process mode.
 type processOptions struct {
@@ -64,8 +86,11 @@ type processOptions struct {
 	cases    []string // when set, only these cases
 }
 
-// processCases are the cases of a round, in order: each ratio's
-// reference comes before the case compared with it.
+// processCases are the cases of a round, in pairs of a reference and the
+// case compared with it: roundCases puts the reference of each pair
+// first in odd rounds and second in even ones. A case's other
+// references (idem for idem_batch100 and idem_outbox1, best_checked for
+// best_outbox1) are in earlier pairs.
 var processCases = []string{"best_checked", "idem", "best_checked_duplicate", "duplicate", "best_checked_batch100", "idem_batch100", "best_outbox1", "idem_outbox1"}
 
 // processRefs maps a case to the cases of the same store and round its
@@ -76,6 +101,18 @@ var processRefs = map[string][]string{
 	"idem_batch100": {"best_checked_batch100", "idem"},
 	"best_outbox1":  {"best_checked"},
 	"idem_outbox1":  {"best_outbox1", "idem"},
+}
+
+// roundCases returns the cases of round (from 1) in the order they run:
+// processCases, with the two cases of each pair swapped in even rounds.
+func roundCases(round int) []string {
+	cs := slices.Clone(processCases)
+	if round%2 == 0 {
+		for i := 0; i+1 < len(cs); i += 2 {
+			cs[i], cs[i+1] = cs[i+1], cs[i]
+		}
+	}
+	return cs
 }
 
 // processSeeded is how many messages the duplicate cases redeliver.
@@ -101,6 +138,9 @@ type processStore struct {
 	rdb   runDB
 	chk   checkedRun
 	meter meter
+	// settle, when set, runs before each case's timed section (SQLite:
+	// the WAL checkpointed and truncated).
+	settle func(ctx context.Context) error
 }
 
 // sample is one case's measurement in one round.
@@ -115,12 +155,42 @@ type sample struct {
 	logUnit     string
 	mallocs     uint64
 	allocBytes  uint64
+	machine     time.Duration // every CPU's busy time; -1 when not measured
 }
 
 func (s sample) rate() float64 { return float64(s.msgs) / s.elapsed.Seconds() }
 
 func (s sample) perMsg(d time.Duration) float64 {
 	return float64(d.Nanoseconds()) / 1e3 / float64(s.msgs)
+}
+
+// others is the CPU, in cores, that the rest of the machine used during
+// the timed section: every CPU's busy time less the client's and the
+// server's; false when /proc/stat was not read.
+func (s sample) others() (float64, bool) {
+	if s.machine < 0 {
+		return 0, false
+	}
+	rest := s.machine - s.client
+	if s.server > 0 {
+		rest -= s.server
+	}
+	return max(0, rest.Seconds()/s.elapsed.Seconds()), true
+}
+
+// freeRatio is s's throughput over r's, each per core the rest of the
+// machine left free (runtime.NumCPU() less others, at least 0.05): on a
+// shared machine the other processes' load during each case, which moves
+// the raw ratio most, cancels out. False when either's others is not
+// known.
+func (s sample) freeRatio(r sample) (float64, bool) {
+	so, ok1 := s.others()
+	ro, ok2 := r.others()
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	n := float64(runtime.NumCPU())
+	return (s.rate() / max(0.05, n-so)) / (r.rate() / max(0.05, n-ro)), true
 }
 
 // cpu is the client and server CPU per message in µs, or the client's
@@ -146,6 +216,14 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 	if o.caseTime <= 0 || o.rounds <= 0 || o.workers <= 0 {
 		return fmt.Errorf("%w: --process %v, --rounds %d, --workers %d must be positive", errUsage, o.caseTime, o.rounds, o.workers)
 	}
+	if path := os.Getenv(envProcessMemProfile); path != "" {
+		runtime.MemProfileRate = 1
+		defer func() {
+			if err := writeHeapProfile(path); err != nil {
+				fmt.Fprintf(log, "%s: %v\n", envProcessMemProfile, err)
+			}
+		}()
+	}
 	var stores []*processStore
 	defer func() {
 		for _, s := range stores {
@@ -162,6 +240,11 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 		fmt.Fprintf(log, "%s: seeding\n", name)
 		if err := s.seed(ctx); err != nil {
 			return fmt.Errorf("%s: seed: %w", name, err)
+		}
+	}
+	if path := os.Getenv(envProcessMemProfile); path != "" {
+		if err := writeHeapProfile(path + ".seeded"); err != nil {
+			return err
 		}
 	}
 	if path := os.Getenv(envProcessProfile); path != "" {
@@ -182,7 +265,10 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 	var all []sample
 	for round := 1; round <= o.rounds; round++ {
 		for _, s := range stores {
-			for _, c := range processCases {
+			// A store's lines of a round are written after its last
+			// case, in processCases's order, each with its ratios.
+			measured := len(all)
+			for _, c := range roundCases(round) {
 				if len(o.cases) > 0 && !slices.Contains(o.cases, c) {
 					continue
 				}
@@ -208,13 +294,32 @@ func runProcess(ctx context.Context, stdout, log io.Writer, o processOptions) er
 				}
 				sm.store, sm.name, sm.round = s.name, c, round
 				all = append(all, sm)
-				writeSample(stdout, sm, all)
+			}
+			for _, c := range processCases {
+				if sm, ok := findSample(all[measured:], s.name, c, round); ok {
+					writeSample(stdout, sm, all)
+				}
 			}
 		}
 	}
 	fmt.Fprintf(stdout, "load-after %s\n\n", loadAvg())
 	writeProcessSummary(stdout, all)
 	return nil
+}
+
+// writeHeapProfile writes the heap profile, with its allocations since
+// the start, to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // the profile's allocation counts are as of the last GC
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // openProcessStore opens store name with a pool of workers connections
@@ -246,6 +351,7 @@ func openProcessStore(ctx context.Context, name string, workers int) (*processSt
 		var lite *sqliteDB
 		if lite, err = newSQLiteDB(1); err == nil {
 			s.db, s.meter = lite, selfWriteMeter{}
+			s.settle = s.checkpointWAL
 		}
 	default:
 		return nil, fmt.Errorf("%w: unknown store %q (want postgres, postgres-sql, mysql, sqlite)", errUsage, name)
@@ -261,6 +367,21 @@ func openProcessStore(ctx context.Context, name string, workers int) (*processSt
 	}
 	s.chk = checkedOf(s.rdb)
 	return s, nil
+}
+
+// checkpointWAL checkpoints SQLite's WAL into the database file and
+// truncates it (PRAGMA wal_checkpoint(TRUNCATE)), on the run's database
+// (best_checked's and idem's tables share it). It runs outside the timed
+// section, with no transaction open (an outbox case's relay may be
+// reading: the checkpoint then stops at its snapshot, and reports busy,
+// which is not an error).
+func (s *processStore) checkpointWAL(ctx context.Context) error {
+	c, ok := s.chk.(*sqlChecked)
+	if !ok {
+		return nil
+	}
+	var busy, logFrames, done int64
+	return c.db.QueryRowContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &logFrames, &done)
 }
 
 // seed processes 10,000 messages of history through each of idem and
@@ -422,9 +543,15 @@ func (s *processStore) measure(ctx context.Context, op func(ctx context.Context,
 	if err := errors.Join(warmErr...); err != nil {
 		return sm, err
 	}
+	if s.settle != nil {
+		if err := s.settle(ctx); err != nil {
+			return sm, err
+		}
+	}
 	runtime.GC()
 	var ms0, ms1 runtime.MemStats
 	srv0, srvOK0, log0, logOK0 := s.meter.read(ctx)
+	mach0, machOK0 := machineBusy()
 	cli0 := processCPU()
 	runtime.ReadMemStats(&ms0)
 	var (
@@ -459,6 +586,7 @@ func (s *processStore) measure(ctx context.Context, op func(ctx context.Context,
 	sm.elapsed = time.Since(start)
 	runtime.ReadMemStats(&ms1)
 	cli1 := processCPU()
+	mach1, machOK1 := machineBusy()
 	srv1, srvOK1, log1, logOK1 := s.meter.read(ctx)
 	if opErr != nil {
 		return sm, opErr
@@ -475,6 +603,10 @@ func (s *processStore) measure(ctx context.Context, op func(ctx context.Context,
 		sm.log = log1 - log0
 	}
 	sm.mallocs, sm.allocBytes = ms1.Mallocs-ms0.Mallocs, ms1.TotalAlloc-ms0.TotalAlloc
+	sm.machine = -1
+	if machOK0 && machOK1 {
+		sm.machine = mach1 - mach0
+	}
 	return sm, nil
 }
 
@@ -493,9 +625,15 @@ func writeSample(w io.Writer, sm sample, all []sample) {
 		fmt.Fprintf(&b, "\t%.1f %s", float64(sm.log)/float64(sm.msgs), sm.logUnit)
 	}
 	fmt.Fprintf(&b, "\t%.1f allocs/msg\t%.0f B/msg", float64(sm.mallocs)/float64(sm.msgs), float64(sm.allocBytes)/float64(sm.msgs))
+	if o, ok := sm.others(); ok {
+		fmt.Fprintf(&b, "\t%.2f others-cores", o)
+	}
 	for _, ref := range processRefs[sm.name] {
 		if r, ok := findSample(all, sm.store, ref, sm.round); ok {
 			fmt.Fprintf(&b, "\t%.3f x-%s\t%.3f cpu-x-%s", sm.rate()/r.rate(), ref, sm.cpu()/r.cpu(), ref)
+			if f, ok := sm.freeRatio(r); ok {
+				fmt.Fprintf(&b, "\t%.3f free-x-%s", f, ref)
+			}
 		}
 	}
 	if sm.store == "postgres-sql" {
@@ -520,8 +658,8 @@ func findSample(all []sample, store, name string, round int) (sample, bool) {
 // over the rounds of throughput, CPU, log bytes and allocations per
 // message, and of each per-round ratio.
 func writeProcessSummary(w io.Writer, all []sample) {
-	fmt.Fprintln(w, "| store | case | rounds | msgs/s | × reference (per round) | CPU µs/msg (server) | CPU × reference | log B/msg | allocs/msg |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---|---:|---|---:|---:|")
+	fmt.Fprintln(w, "| store | case | rounds | msgs/s | × reference (per round) | × reference per free core | CPU µs/msg (server) | CPU × reference | log B/msg | allocs/msg | others' CPU (cores) |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---|---|---:|---|---:|---:|---:|")
 	type key struct{ store, name string }
 	var order []key
 	seen := map[key]bool{}
@@ -533,9 +671,10 @@ func writeProcessSummary(w io.Writer, all []sample) {
 		}
 	}
 	for _, k := range order {
-		var rate, cpu, srv, logB, allocs []float64
+		var rate, cpu, srv, logB, allocs, others []float64
 		ratios := map[string][]float64{}
 		cpuRatios := map[string][]float64{}
+		freeRatios := map[string][]float64{}
 		var refs []string
 		refs = append(refs, processRefs[k.name]...)
 		if k.store == "postgres-sql" {
@@ -556,6 +695,9 @@ func writeProcessSummary(w io.Writer, all []sample) {
 				unit = strings.TrimSuffix(s.logUnit, "-B/msg") + " "
 			}
 			allocs = append(allocs, float64(s.mallocs)/float64(s.msgs))
+			if o, ok := s.others(); ok {
+				others = append(others, o)
+			}
 			for _, ref := range refs {
 				rs, rn := k.store, ref
 				if ref == "postgres" {
@@ -564,14 +706,20 @@ func writeProcessSummary(w io.Writer, all []sample) {
 				if r, ok := findSample(all, rs, rn, s.round); ok {
 					ratios[ref] = append(ratios[ref], s.rate()/r.rate())
 					cpuRatios[ref] = append(cpuRatios[ref], s.cpu()/r.cpu())
+					if f, ok := s.freeRatio(r); ok {
+						freeRatios[ref] = append(freeRatios[ref], f)
+					}
 				}
 			}
 		}
-		var rt, ct []string
+		var rt, ct, ft []string
 		for _, ref := range refs {
 			if len(ratios[ref]) > 0 {
 				rt = append(rt, fmt.Sprintf("%s (%s)", spread(ratios[ref], 2), ref))
 				ct = append(ct, fmt.Sprintf("%s (%s)", spread(cpuRatios[ref], 2), ref))
+			}
+			if len(freeRatios[ref]) > 0 {
+				ft = append(ft, fmt.Sprintf("%s (%s)", spread(freeRatios[ref], 2), ref))
 			}
 		}
 		cpuCell := spread(cpu, 0)
@@ -582,8 +730,12 @@ func writeProcessSummary(w io.Writer, all []sample) {
 		if len(logB) > 0 {
 			logCell = fmt.Sprintf("%s%.0f", unit, median(logB))
 		}
-		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %.1f |\n", k.store, k.name, len(rate), spread(rate, 0),
-			dashIfEmpty(strings.Join(rt, "; ")), cpuCell, dashIfEmpty(strings.Join(ct, "; ")), logCell, median(allocs))
+		othersCell := "-"
+		if len(others) > 0 {
+			othersCell = spread(others, 2)
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %.1f | %s |\n", k.store, k.name, len(rate), spread(rate, 0),
+			dashIfEmpty(strings.Join(rt, "; ")), dashIfEmpty(strings.Join(ft, "; ")), cpuCell, dashIfEmpty(strings.Join(ct, "; ")), logCell, median(allocs), othersCell)
 	}
 }
 
@@ -609,39 +761,84 @@ func processCPU() time.Duration {
 	return time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime))
 }
 
+// machineBusy is the busy time of all the machine's CPUs since boot: the
+// first line of /proc/stat (clock ticks of 1/100 s) less its idle and
+// iowait fields.
+func machineBusy() (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		// user nice system idle iowait irq softirq steal guest guest_nice:
+		// guest time is counted in user already.
+		if i == 3 || i == 4 || i >= 8 {
+			continue
+		}
+		busy += n
+	}
+	return time.Duration(busy) * 10 * time.Millisecond, true
+}
+
 // procStat returns process pid's parent and its user and system CPU time,
 // from /proc/pid/stat (fields 4, 14 and 15; clock ticks of 1/100 s).
 func procStat(pid int) (ppid int, cpu time.Duration, ok bool) {
+	pp, cpu, _, ok := procStatReaped(pid)
+	return pp, cpu, ok
+}
+
+// procStatReaped is procStat with, in reaped, the user and system CPU
+// time of pid's children that exited and that it waited for (fields 16
+// and 17).
+func procStatReaped(pid int) (ppid int, cpu, reaped time.Duration, ok bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, 0, false
+	if len(f) < 15 {
+		return 0, 0, 0, false
 	}
-	pp, err0 := strconv.Atoi(f[1])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err0 != nil || err1 != nil || err2 != nil {
-		return 0, 0, false
+	pp, err := strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, 0, false
 	}
-	return pp, time.Duration(ut+st) * 10 * time.Millisecond, true
+	var ticks [4]int64 // utime, stime, cutime, cstime
+	for k := range ticks {
+		if ticks[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return 0, 0, 0, false
+		}
+	}
+	tick := 10 * time.Millisecond
+	return pp, time.Duration(ticks[0]+ticks[1]) * tick, time.Duration(ticks[2]+ticks[3]) * tick, true
 }
 
 // treeCPU is the CPU time of process root and its children (PostgreSQL's
-// postmaster and its backends and background processes). A backend that
-// exited took its time with it; the pools keep theirs open.
+// postmaster and its backends and background processes), those that
+// exited included: the postmaster waits for its children, and the kernel
+// then adds their time to its own children's (cutime, cstime), so the
+// total does not fall when another client's backend exits during a case.
 func treeCPU(root int) (time.Duration, bool) {
-	_, total, ok := procStat(root)
+	_, total, reaped, ok := procStatReaped(root)
 	if !ok {
 		return 0, false
 	}
+	total += reaped
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, false

@@ -4,11 +4,18 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // TestProcessMode runs `bench --process` briefly on SQLite, and on
@@ -58,9 +65,15 @@ func TestProcessMode(t *testing.T) {
 					continue
 				}
 				want := []string{" msgs/s", " client-us/msg", " cpu-us/msg", " " + logUnit[s], " allocs/msg"}
+				if _, err := os.Stat("/proc/stat"); err == nil {
+					want = append(want, " others-cores")
+				}
 				for _, ref := range processRefs[c] {
 					if !absent[s+"/"+ref] {
 						want = append(want, " x-"+ref, " cpu-x-"+ref)
+						if _, err := os.Stat("/proc/stat"); err == nil {
+							want = append(want, " free-x-"+ref)
+						}
 					}
 				}
 				if s == "postgres-sql" && !absent["postgres/"+c] {
@@ -109,5 +122,129 @@ func TestProcessModeUsage(t *testing.T) {
 		if err := cli(context.Background(), args, &stdout, &stderr); !errors.Is(err, errUsage) {
 			t.Errorf("bench %v: %v, want an error matching errUsage", args, err)
 		}
+	}
+}
+
+// TestRoundCases checks the order of a round's cases: each case next to
+// its reference, the reference first in odd rounds and second in even
+// ones, and every other reference of a case in an earlier pair.
+func TestRoundCases(t *testing.T) {
+	for round := 1; round <= 2; round++ {
+		cs := roundCases(round)
+		if len(cs) != len(processCases) {
+			t.Fatalf("round %d: %d cases, want %d", round, len(cs), len(processCases))
+		}
+		at := map[string]int{}
+		for i, c := range cs {
+			at[c] = i
+		}
+		for i := 0; i+1 < len(processCases); i += 2 {
+			ref, c := processCases[i], processCases[i+1]
+			if !slices.Contains(processRefs[c], ref) {
+				t.Errorf("%s is paired with %s, which is not among its references %v", c, ref, processRefs[c])
+			}
+			first, second := ref, c
+			if round%2 == 0 {
+				first, second = c, ref
+			}
+			if at[first] != i || at[second] != i+1 {
+				t.Errorf("round %d: %s at %d and %s at %d, want %d and %d", round, first, at[first], second, at[second], i, i+1)
+			}
+			for _, other := range processRefs[c] {
+				if other != ref && at[other] >= i {
+					t.Errorf("round %d: %s's reference %s runs at %d, not before its pair at %d", round, c, other, at[other], i)
+				}
+			}
+		}
+	}
+}
+
+// TestCheckpointWAL checks that the SQLite store's settle step empties
+// the WAL before a timed section: a write leaves frames in it, and after
+// checkpointWAL the file is truncated to zero bytes.
+func TestCheckpointWAL(t *testing.T) {
+	ctx := context.Background()
+	s, err := openProcessStore(ctx, "sqlite", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		s.rdb.close()
+		s.db.close()
+	}()
+	if s.settle == nil {
+		t.Fatal("the SQLite store has no settle step")
+	}
+	ok, err := s.chk.one()(ctx, idem.Message{ID: "wal-1", Payload: payload("wal-1")})
+	if err != nil || !ok {
+		t.Fatalf("best_checked: %v, %v", ok, err)
+	}
+	wals, err := filepath.Glob(filepath.Join(s.db.(*sqliteDB).dir, "*.db-wal"))
+	if err != nil || len(wals) != 1 {
+		t.Fatalf("WAL files: %v, %v; want one", wals, err)
+	}
+	walSize := func() int64 {
+		fi, err := os.Stat(wals[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if n := walSize(); n == 0 {
+		t.Fatal("the WAL is empty after a write; want frames in it")
+	}
+	if err := s.settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := walSize(); n != 0 {
+		t.Fatalf("the WAL has %d bytes after the checkpoint, want 0", n)
+	}
+}
+
+// TestFreeRatio checks the throughput ratio per free core: two cases at
+// the same rate per core the rest of the machine left them compare as 1,
+// and one without the machine's CPU measured has none.
+func TestFreeRatio(t *testing.T) {
+	n := float64(runtime.NumCPU())
+	sec := time.Second
+	// ref: 1,000 msgs/s with the others on half the cores; s: 500 msgs/s
+	// with them on three quarters: per free core, the same rate.
+	ref := sample{msgs: 1000, elapsed: sec, client: 0, server: -1, machine: time.Duration(n / 2 * float64(sec))}
+	s := sample{msgs: 500, elapsed: sec, client: 0, server: -1, machine: time.Duration(n * 3 / 4 * float64(sec))}
+	if f, ok := s.freeRatio(ref); !ok || math.Abs(f-1) > 1e-9 {
+		t.Errorf("free ratio %v, %v; want 1", f, ok)
+	}
+	if raw := s.rate() / ref.rate(); raw != 0.5 {
+		t.Errorf("raw ratio %v, want 0.5", raw)
+	}
+	s.machine = -1
+	if _, ok := s.freeRatio(ref); ok {
+		t.Error("a free ratio without the machine's CPU")
+	}
+}
+
+// TestTreeCPUKeepsExitedChildren checks that a server's CPU does not fall
+// when one of its children exits: a child of this process that burned CPU
+// and was waited for still counts in treeCPU of this process.
+func TestTreeCPUKeepsExitedChildren(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	before, ok := treeCPU(os.Getpid())
+	if !ok {
+		t.Fatal("treeCPU of this process not read")
+	}
+	cmd := exec.Command("sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done")
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	child := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	after, ok := treeCPU(os.Getpid())
+	if !ok {
+		t.Fatal("treeCPU of this process not read")
+	}
+	// /proc counts in ticks of 10 ms: allow two for the rounding.
+	if got := after - before; got < child-20*time.Millisecond {
+		t.Errorf("treeCPU grew by %v across a child that used %v and exited", got, child)
 	}
 }

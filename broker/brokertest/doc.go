@@ -93,6 +93,11 @@
 //     second dead letter. (A broker that ignores how the adapter refused a
 //     message, as nats-server 2.9 ignores "+TERM <reason>", redelivers it
 //     every ack deadline, and each time it is dead-lettered again.)
+//   - HandlerTimeout: the first attempt of one message blocks until its
+//     context ends, which only the adapter's handler timeout
+//     ([StartOptions.HandlerTimeout], 500ms) does: that attempt is Failed,
+//     not acknowledged, and the message is redelivered and processed once;
+//     no dead letters.
 //   - StoreLatency: every claim 20-50ms slower (a store across a slow
 //     network), one handler, StartOptions.Prefetch 128 and a 2s ack
 //     deadline: a full prefetch takes twice the deadline to work through. At most 1.1 deliveries per message (Processor calls, every
@@ -116,7 +121,9 @@
 //   - Honour StartOptions: Concurrency deliveries at once; Redelivery as the
 //     broker's timeout for unacknowledged messages where it has one;
 //     Prefetch as the most deliveries held at once, without letting the
-//     ones that wait for a handler outlive that timeout.
+//     ones that wait for a handler outlive that timeout; HandlerTimeout as
+//     the bound on one delivery's processing (the Processor's context
+//     ends after it).
 //   - Make a dead letter final: the broker must not deliver the original
 //     again, whatever server version it runs.
 //   - Stop: take no new deliveries, let the handlers in flight finish with

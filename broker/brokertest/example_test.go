@@ -36,5 +36,6 @@ func Example() {
 	// ContextCancelled
 	// DeadLetterFinal
 	// StoreLatency
+	// HandlerTimeout
 	// HugePayload
 }

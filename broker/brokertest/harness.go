@@ -125,6 +125,11 @@ type StartOptions struct {
 	// Concurrency to check that deliveries waiting their turn do not
 	// outlive the broker's ack deadline.
 	Prefetch int
+	// HandlerTimeout, when positive, is the adapter's bound on one
+	// delivery's processing (its Config.HandlerTimeout): the context the
+	// Processor gets ends that long after the delivery started. Zero
+	// leaves the adapter's default.
+	HandlerTimeout time.Duration
 }
 
 // DeadLetter is one message found in a dead letter.

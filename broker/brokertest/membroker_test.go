@@ -130,7 +130,12 @@ func (c *memConsumer) Run(ctx context.Context) error {
 					time.Sleep(5 * time.Millisecond)
 					continue
 				}
-				c.handle(ctx, ms, &c.crashed)
+				hctx, cancel := ctx, context.CancelFunc(func() {})
+				if c.opts.HandlerTimeout > 0 {
+					hctx, cancel = context.WithTimeout(ctx, c.opts.HandlerTimeout)
+				}
+				c.handle(hctx, ms, &c.crashed)
+				cancel()
 			}
 		})
 	}

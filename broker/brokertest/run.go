@@ -43,6 +43,7 @@ var cases = []testCase{
 	{name: "ContextCancelled", doc: "Run's context cancelled mid-handler: Run returns ctx.Err(), the effect is not kept, the message is redelivered and processed once", run: caseContextCancelled},
 	{name: "DeadLetterFinal", doc: "dead-lettered messages are neither redelivered nor dead-lettered again for several ack deadlines and past the broker's duplicate window", run: caseDeadLetterFinal},
 	{name: "StoreLatency", doc: "20-50ms of store latency per claim, concurrency 1 and a deep prefetch: at most 1.1 deliveries per message, none outlives its ack deadline", run: caseStoreLatency},
+	{name: "HandlerTimeout", doc: "a handler blocked until its context ends is cut off by StartOptions.HandlerTimeout: not acknowledged, redelivered, one row, no dead letters", run: caseHandlerTimeout},
 	{name: "HugePayload", doc: "a payload near the broker's limit (1 MiB by default) is processed, an ID-less one dead-lettered, byte for byte", run: caseHugePayload, modeless: true},
 }
 
@@ -561,6 +562,59 @@ func caseBatch(f *fixture) {
 	f.stop(m2)
 	if mb := maxBatch.Load(); mb > int32(opts.BatchSize) {
 		f.t.Errorf("brokertest: a batch of %d messages, more than BatchSize %d", mb, opts.BatchSize)
+	}
+	f.checkEffects(ms)
+	f.checkNoDeadLetters()
+}
+
+// handlerTimeout is the StartOptions.HandlerTimeout of the HandlerTimeout
+// case: well under the lease mode's 3s lease, whose end would cut the
+// handler off too.
+const handlerTimeout = 500 * time.Millisecond
+
+// caseHandlerTimeout: the first attempt of one message blocks on something
+// only its context ends (a database call on a stalled connection), which
+// the adapter's handler timeout does; the message is not acknowledged, is
+// redelivered and processed once; the others are processed meanwhile.
+func caseHandlerTimeout(f *fixture) {
+	const n = 10
+	ms := msgs("stuck", n)
+	stuck := ms[0].ID
+	var mu sync.Mutex
+	var attempts int
+	var gaveUp error
+	f.setHook(func(ctx context.Context, msg idem.Message) error {
+		if msg.ID != stuck {
+			return nil
+		}
+		mu.Lock()
+		attempts++
+		first := attempts == 1
+		mu.Unlock()
+		if !first {
+			return nil
+		}
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > handlerTimeout {
+			f.t.Errorf("brokertest: the handler's context ends %v (deadline set: %v); want within StartOptions.HandlerTimeout (%v)", dl, ok, handlerTimeout)
+			return errInjected
+		}
+		<-ctx.Done()
+		mu.Lock()
+		gaveUp = ctx.Err()
+		mu.Unlock()
+		return ctx.Err()
+	})
+	f.publish(ms...)
+	m1 := f.start(StartOptions{Concurrency: 2, Redelivery: redelivery, HandlerTimeout: handlerTimeout}, nil)
+	f.waitEffects(ms)
+	f.stop(m1)
+	mu.Lock()
+	if !errors.Is(gaveUp, context.DeadlineExceeded) {
+		f.t.Errorf("brokertest: the stuck handler's context ended with %v; want its deadline", gaveUp)
+	}
+	mu.Unlock()
+	if f.rec.count(func(r *record) bool { return r.id == stuck && r.status == idem.Failed }) == 0 {
+		f.t.Errorf("brokertest: message %q: no Failed outcome recorded for the attempt cut off", stuck)
 	}
 	f.checkEffects(ms)
 	f.checkNoDeadLetters()

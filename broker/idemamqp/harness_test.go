@@ -61,13 +61,14 @@ func (b *amqpBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions)
 		return nil, nil, err
 	}
 	c, err := idemamqp.NewConsumer(conn.Connection, idemamqp.Config{
-		Processor:   p,
-		Queue:       b.queue,
-		DeadLetter:  b.dead,
-		Concurrency: max(opts.Concurrency, 1),
-		Prefetch:    opts.Prefetch,
-		RetryDelay:  max(opts.Redelivery/4, 50*time.Millisecond),
-		Logger:      quiet(),
+		Processor:      p,
+		Queue:          b.queue,
+		DeadLetter:     b.dead,
+		Concurrency:    max(opts.Concurrency, 1),
+		Prefetch:       opts.Prefetch,
+		HandlerTimeout: opts.HandlerTimeout,
+		RetryDelay:     max(opts.Redelivery/4, 50*time.Millisecond),
+		Logger:         quiet(),
 	})
 	if err != nil {
 		_ = conn.Close()

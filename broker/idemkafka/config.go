@@ -28,6 +28,8 @@ const (
 	DefaultRevokeTimeout = 10 * time.Second
 	// DefaultCommitTimeout bounds one offset commit and one dead-letter produce.
 	DefaultCommitTimeout = 10 * time.Second
+	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
+	DefaultHandlerTimeout = 5 * time.Minute
 )
 
 // Headers of a dead-lettered record that locate the original, added after
@@ -89,6 +91,17 @@ type Config struct {
 	// CommitTimeout bounds one offset commit and one dead-letter produce.
 	// Defaults to DefaultCommitTimeout (10s).
 	CommitTimeout time.Duration
+	// HandlerTimeout bounds one Processor call (one ProcessBatch call in
+	// batch mode): the context it gets ends HandlerTimeout after the call
+	// started, so a handler blocked on a stalled connection (a database
+	// call with no deadline of its own, behind a black-holed network path)
+	// gives up, its transaction rolls back, and the record is retried in
+	// place after RetryDelay, its offset not committed, instead of holding
+	// its partition for ever. A handler that ignores its context still
+	// holds its partition (and, at a revocation, is waited for only
+	// RevokeTimeout). Defaults to DefaultHandlerTimeout (5 minutes);
+	// negative disables it.
+	HandlerTimeout time.Duration
 	// RetentionWindow, when set, is the retention window of the processed
 	// IDs behind Processor (idem.Config.RetentionWindow). Run then reads
 	// retention.ms of the consumed topics once and logs a warning for each
@@ -129,6 +142,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.CommitTimeout == 0 {
 		cfg.CommitTimeout = DefaultCommitTimeout
+	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -414,11 +414,11 @@ func (c *Consumer) process(ctx context.Context, recs []*kgo.Record) []idem.Outco
 	}
 	if c.cfg.Processor != nil {
 		for j, m := range msgs {
-			outs[idx[j]] = idem.Guard(c.withDelivery(ctx, recs[idx[j]].Topic, msgs[j:j+1]), c.cfg.Processor, m)
+			outs[idx[j]] = c.guard(c.withDelivery(ctx, recs[idx[j]].Topic, msgs[j:j+1]), m)
 		}
 		return outs
 	}
-	bouts := idem.GuardBatch(c.withDelivery(ctx, recs[idx[0]].Topic, msgs), c.cfg.BatchProcessor, msgs)
+	bouts := c.guardBatch(c.withDelivery(ctx, recs[idx[0]].Topic, msgs), msgs)
 	if len(msgs) > 1 {
 		c.isolate(ctx, msgs, bouts)
 	}
@@ -440,8 +440,33 @@ func (c *Consumer) isolate(ctx context.Context, msgs []idem.Message, bouts []ide
 		if bouts[j].Status != idem.Failed || bouts[j].Settle(c.cfg.RetryDelay).Action != idem.DeadLetter {
 			continue
 		}
-		bouts[j] = idem.GuardBatch(ctx, c.cfg.BatchProcessor, []idem.Message{m})[0]
+		bouts[j] = c.guardBatch(ctx, []idem.Message{m})[0]
 	}
+}
+
+// guard runs m through the Processor (idem.Guard) under a context that
+// ends after Config.HandlerTimeout.
+func (c *Consumer) guard(ctx context.Context, m idem.Message) idem.Outcome {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return idem.Guard(ctx, c.cfg.Processor, m)
+}
+
+// guardBatch runs msgs through the BatchProcessor (idem.GuardBatch) under a
+// context that ends after Config.HandlerTimeout.
+func (c *Consumer) guardBatch(ctx context.Context, msgs []idem.Message) []idem.Outcome {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return idem.GuardBatch(ctx, c.cfg.BatchProcessor, msgs)
+}
+
+// bound returns ctx ending after Config.HandlerTimeout, or ctx itself when
+// HandlerTimeout is negative (off).
+func (c *Consumer) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.HandlerTimeout < 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.cfg.HandlerTimeout)
 }
 
 // settle carries out what idem.Outcome.Settle decides for each of recs:

@@ -96,6 +96,15 @@
 // fix with idem.Permanent, or use lease mode, whose MaxAttempts turns a
 // message that keeps failing into poison.
 //
+// A handler blocked on something that never answers (a database call
+// with no deadline of its own, behind a black-holed network path) would
+// hold its partition for ever: each Processor call (each ProcessBatch call
+// in batch mode) gets a context that ends after Config.HandlerTimeout (5
+// minutes by default), the handler gives up, its transaction rolls back,
+// and the Failed record is retried in place after Config.RetryDelay, its
+// offset not committed. A handler that ignores its context still holds its
+// partition.
+//
 // Resuming a paused partition takes effect at the broker's next fetch:
 // within kgo.FetchMaxWait (5s by default). Lower it for short retry delays.
 //

@@ -416,9 +416,28 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // fetchExpiry is how long one pull request waits at the server for
-// messages (less when the consumer's MaxRequestExpires is lower); the
-// client expects a heartbeat from it every 5s meanwhile.
+// messages (less when the consumer's MaxRequestExpires is lower).
 const fetchExpiry = 30 * time.Second
+
+// fetchHeartbeat is the idle heartbeat every pull request asks of the
+// server (when it waits at least 4 of them; nats.go's default for a 30s
+// request is 5s). A request waits at the consumer's leader, and nothing
+// but the heartbeats that stop tells the client when that node dies: its
+// followers may know the request and the new leader serve it (nats-server
+// 2.9.10 did in some of the failover tests' rounds, not in others), and a
+// request sent while the consumer has no leader is dropped without an
+// answer. Two missed heartbeats end the request (jetstream.ErrNoHeartbeat)
+// and the next one goes out, so that consuming resumes within about 2s of
+// the new leader's election; with 5s heartbeats each lost request cost
+// 10s, and one sent during an election that outlasted it, 10s more. The
+// cost is one small message a second while a request waits.
+const fetchHeartbeat = time.Second
+
+// askTimeout bounds the consumer info request that follows a failed pull
+// request. While the consumer has no leader (an election after its leader
+// died) nothing may answer it; the next pull request is not held up longer
+// than this.
+const askTimeout = 2 * time.Second
 
 // quitGrace is how long, once consuming ends, the pull request still out
 // is read after its last message before it is cancelled: messages the
@@ -458,7 +477,7 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 	// ask refreshes the consumer's limits from the server, and reports
 	// false after failing consuming when the consumer no longer exists.
 	ask := func() bool {
-		ictx, icancel := context.WithTimeout(consuming, 10*time.Second)
+		ictx, icancel := context.WithTimeout(consuming, askTimeout)
 		info, err := c.cons.Info(ictx)
 		icancel()
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -531,7 +550,11 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 		}
 		sent := time.Now()
 		fctx, fcancel := context.WithTimeout(ctx, expiry)
-		batch, err := c.cons.Fetch(n, jetstream.FetchContext(fctx))
+		opts := []jetstream.FetchOpt{jetstream.FetchContext(fctx)}
+		if expiry >= 4*fetchHeartbeat {
+			opts = append(opts, jetstream.FetchHeartbeat(fetchHeartbeat))
+		}
+		batch, err := c.cons.Fetch(n, opts...)
 		if err != nil {
 			fcancel()
 			release(n)
@@ -609,6 +632,13 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 			return
 		}
 		c.log.Warn("idemnats: pull request ended", "err", err)
+		if errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, jetstream.ErrConsumerLeadershipChanged) {
+			// The request went with the consumer's old leader: the next
+			// one goes to the new leader, or, while none is elected yet,
+			// is lost in turn (see fetchHeartbeat); not after a pause
+			// that earlier failures lengthened.
+			pause.reset()
+		}
 		if !pause.wait(quit) {
 			return
 		}

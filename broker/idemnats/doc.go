@@ -89,7 +89,17 @@
 // still being sent leaves at zero, with no request out, so that consuming
 // stalled until a missing heartbeat, 30s later; and Messages' channel,
 // sized to the pull, dropped a delivery after a reconnect.) A reconnect
-// sends a new pull request at once. The Consumer holds up to
+// sends a new pull request at once. A pull request waits at the
+// consumer's leader; when that node dies, nothing but the heartbeats the
+// request asked for, which stop, tells the client (the new leader may take
+// the request over, but not always), and a request sent while the consumer
+// has no leader is dropped without an answer. Each request asks for a
+// heartbeat every second, and after two missed the next request goes
+// out, so that consuming resumes within about two seconds of the new
+// leader's election. (With nats.go's default for a 30-second request,
+// 5-second heartbeats, each lost request cost 10 seconds, and one sent
+// during an election that outlasted them, 10 more.) The
+// Consumer holds up to
 // Config.MaxMessages (twice Concurrency by default): a message's ack wait
 // runs from its delivery, so the ones waiting for a free handler are
 // reported in progress (AckProgress) every third of AckWait

@@ -41,6 +41,8 @@ const (
 	DefaultBlock = 2 * time.Second
 	// DefaultSettleTimeout bounds one XACK or dead letter.
 	DefaultSettleTimeout = 30 * time.Second
+	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
+	DefaultHandlerTimeout = 5 * time.Minute
 )
 
 // Config configures a Consumer. Zero values take the documented defaults.
@@ -89,6 +91,17 @@ type Config struct {
 	// for the read in progress, so it bounds Stop's latency. Defaults to
 	// DefaultBlock (2s).
 	Block time.Duration
+	// HandlerTimeout bounds one entry's processing: the context the
+	// Processor gets ends HandlerTimeout after the entry started, so a
+	// handler blocked on a stalled connection (a database call with no
+	// deadline of its own) gives up, its transaction rolls back, and the
+	// entry is left pending for redelivery (after RetryDelay). Its
+	// keep-alive stops then too, so even a handler that ignores its
+	// context no longer holds the entry past MinIdle: XAUTOCLAIM gives it
+	// to a member again. Defaults to DefaultHandlerTimeout (5 minutes);
+	// negative disables it (a stuck handler then holds its entry for
+	// ever).
+	HandlerTimeout time.Duration
 	// MaxDeliveries, when positive, dead-letters an entry reclaimed after
 	// more than MaxDeliveries deliveries, with idem.ErrTooManyDeliveries (see
 	// the package doc). Defaults to 0: no limit.
@@ -114,8 +127,13 @@ type Consumer struct {
 	ready     chan struct{} // closed once the group exists and reading starts
 
 	flightMu sync.Mutex
-	inFlight map[string]struct{} // entry IDs being processed
+	// inFlight holds the entries being processed, by entry ID: each
+	// delivery's own record, kept alive until its deadline (zero: none).
+	inFlight map[string]*flight
 }
+
+// flight is one delivery of an entry in processing.
+type flight struct{ until time.Time }
 
 // NewConsumer returns a Consumer of cfg.Stream on the caller's client. It
 // does no I/O. Errors match idem.ErrInvalidConfig.
@@ -132,7 +150,7 @@ func NewConsumer(rdb redis.UniversalClient, cfg Config) (*Consumer, error) {
 		log:      cfg.Logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
 		life:     lifecycle.New(),
 		ready:    make(chan struct{}),
-		inFlight: map[string]struct{}{},
+		inFlight: map[string]*flight{},
 	}, nil
 }
 
@@ -194,6 +212,9 @@ func (cfg *Config) withDefaults() error {
 	if cfg.Block == 0 {
 		cfg.Block = DefaultBlock
 	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -228,10 +249,10 @@ func (c *Consumer) run(runCtx context.Context) error {
 	var workers sync.WaitGroup
 	dispatch := func(msgs []redis.XMessage) {
 		for _, m := range msgs {
-			c.track(m.ID, true)
+			f := c.track(m.ID)
 			workers.Go(func() {
 				defer func() { <-slots }()
-				c.handle(runCtx, m)
+				c.handle(runCtx, m, f)
 			})
 		}
 	}
@@ -429,10 +450,13 @@ func (c *Consumer) keepAlive(ctx context.Context) {
 		if !sleep(ctx, c.cfg.MinIdle/3) {
 			return
 		}
+		now := time.Now()
 		c.flightMu.Lock()
 		ids := make([]string, 0, len(c.inFlight))
-		for id := range c.inFlight {
-			ids = append(ids, id)
+		for id, f := range c.inFlight {
+			if f.until.IsZero() || now.Before(f.until) {
+				ids = append(ids, id)
+			}
 		}
 		c.flightMu.Unlock()
 		if len(ids) == 0 {
@@ -449,12 +473,27 @@ func (c *Consumer) keepAlive(ctx context.Context) {
 	}
 }
 
-func (c *Consumer) track(id string, on bool) {
+// track records a delivery of entry id as in flight, kept alive for at
+// most HandlerTimeout from now (its handler starts at once: a worker slot
+// is free), and returns its record for untrack.
+func (c *Consumer) track(id string) *flight {
+	f := &flight{}
+	if c.cfg.HandlerTimeout > 0 {
+		f.until = time.Now().Add(c.cfg.HandlerTimeout)
+	}
 	c.flightMu.Lock()
 	defer c.flightMu.Unlock()
-	if on {
-		c.inFlight[id] = struct{}{}
-	} else {
+	c.inFlight[id] = f
+	return f
+}
+
+// untrack ends f, the delivery of entry id, unless a later delivery of the
+// same entry (reclaimed while f's handler ran past its deadline) replaced
+// it.
+func (c *Consumer) untrack(id string, f *flight) {
+	c.flightMu.Lock()
+	defer c.flightMu.Unlock()
+	if c.inFlight[id] == f {
 		delete(c.inFlight, id)
 	}
 }
@@ -505,7 +544,7 @@ func (c *Consumer) headers(m redis.XMessage) idem.Headers {
 	return h
 }
 
-func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
+func (c *Consumer) handle(ctx context.Context, m redis.XMessage, f *flight) {
 	id := c.field(m, c.cfg.IDField)
 	var out idem.Outcome
 	if _, ok := m.Values[c.cfg.PayloadField]; !ok {
@@ -515,10 +554,16 @@ func (c *Consumer) handle(ctx context.Context, m redis.XMessage) {
 		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
 	} else {
 		h := c.headers(m)
-		out = idem.Guard(c.withDelivery(ctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField)), Headers: h})
+		pctx := ctx
+		if c.cfg.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+			defer cancel()
+		}
+		out = idem.Guard(c.withDelivery(pctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField)), Headers: h})
 	}
 	// No more keep-alive: a retry delay set below must not be undone.
-	c.track(m.ID, false)
+	c.untrack(m.ID, f)
 	// Settle even when ctx ended: the handler's effects may have committed.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
 	defer cancel()

@@ -43,7 +43,13 @@
 // idle time (XCLAIM ... JUSTID, which does not count a delivery), so a
 // handler that runs longer than MinIdle is not handed to a second member
 // while it runs, a graceful Stop included. It stops doing so when it
-// crashes.
+// crashes, and after Config.HandlerTimeout (5 minutes by default): the
+// handler's context ends then, so a handler blocked on a stalled
+// connection gives up and its entry is redelivered, and one that ignores
+// its context no longer holds its entry, which XAUTOCLAIM hands out again
+// after MinIdle while it still runs (idem's record makes the two runs
+// safe: the second waits for the first's transaction, or is InProgress in
+// lease mode).
 //
 // An entry deleted from the stream while it is pending (XDEL, or trimming:
 // XTRIM, XADD MAXLEN, ProducerConfig.MaxLen) cannot be redelivered: Redis 7's

@@ -53,16 +53,17 @@ func (b *streamBroker) newConsumer(p idem.Processor, opts brokertest.StartOption
 	rdb := newClient(b.t)
 	redelivery := max(opts.Redelivery, 100*time.Millisecond)
 	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{
-		Processor:   p,
-		Stream:      b.stream,
-		Group:       testGroup,
-		Consumer:    fmt.Sprint("member-", b.members.Add(1)),
-		DeadLetter:  b.dead,
-		Concurrency: max(opts.Concurrency, 1),
-		MinIdle:     redelivery,
-		RetryDelay:  redelivery / 4,
-		Block:       200 * time.Millisecond,
-		Logger:      quiet(),
+		Processor:      p,
+		Stream:         b.stream,
+		Group:          testGroup,
+		Consumer:       fmt.Sprint("member-", b.members.Add(1)),
+		DeadLetter:     b.dead,
+		Concurrency:    max(opts.Concurrency, 1),
+		MinIdle:        redelivery,
+		RetryDelay:     redelivery / 4,
+		Block:          200 * time.Millisecond,
+		Logger:         quiet(),
+		HandlerTimeout: opts.HandlerTimeout,
 	})
 	if err != nil {
 		_ = rdb.Close()

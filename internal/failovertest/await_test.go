@@ -105,8 +105,9 @@ func publishThrough(t *testing.T, all []string, killAt int, kill func(), try, li
 // effectCounter counts a counting effect's runs per message ID; safe for
 // concurrent use.
 type effectCounter struct {
-	mu   sync.Mutex
-	runs map[string]int
+	mu    sync.Mutex
+	runs  map[string]int
+	first map[string]time.Time // when each ID's effect first ran
 }
 
 // add records one run of id's effect.
@@ -114,9 +115,26 @@ func (c *effectCounter) add(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.runs == nil {
-		c.runs = map[string]int{}
+		c.runs, c.first = map[string]int{}, map[string]time.Time{}
+	}
+	if c.runs[id] == 0 {
+		c.first[id] = time.Now()
 	}
 	c.runs[id]++
+}
+
+// firstOf returns when the first effect of any of ids ran, and false if
+// none has run.
+func (c *effectCounter) firstOf(ids []string) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first time.Time
+	for _, id := range ids {
+		if at, ok := c.first[id]; ok && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // snapshot returns a copy of the runs so far.

@@ -255,6 +255,7 @@ func (s *Service) Kill() error {
 		"rabbitmq":         "rabbitmq/rabbitmq.pid",
 		"nats":             "nats/nats.pid",
 		"postgres-durable": "postgres-durable/data/postmaster.pid",
+		"mariadb":          "mariadb/mariadbd.pid",
 	}[s.Name]
 	if !ok {
 		return fmt.Errorf("ownservice: no pid file known for %s", s.Name)

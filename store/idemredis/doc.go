@@ -62,6 +62,11 @@
 // an upgrade in place needs no migration. A steps hash beside a record
 // with v is never read (it can only be left over from an earlier record
 // of the same key deleted by hand), and is deleted with the record.
+// Processes of a version before layout 2 must not run beside this one (a
+// rolling upgrade): such a process taking over a record of layout 2 would
+// not see its recovery points, nor this version see the ones it saved
+// beside it, so a step saved by one would run again under the other. Stop
+// them before starting this version; records they left are read as above.
 // Binary values (fingerprint, result, step results) are stored byte for
 // byte; Redis strings are binary-safe. No record key has a TTL.
 //

@@ -32,8 +32,8 @@ type batchTextKey struct {
 const (
 	batchSQLiteInsert  uint8 = iota // INSERT ... ON CONFLICT DO NOTHING RETURNING
 	batchMariaDBInsert              // INSERT IGNORE ... RETURNING
-	batchSQLiteRead                 // SELECT of fingerprints, ?NNN placeholders
-	batchMySQLRead                  // SELECT of fingerprints, ? placeholders
+	batchSQLiteRead                 // SELECT of fingerprints (SQLite's table)
+	batchMySQLRead                  // SELECT of fingerprints (MySQL's table)
 )
 
 // batchText returns the statement of kind for n rows on s's table.
@@ -46,17 +46,21 @@ func (s *Store) batchText(kind uint8, n int, lock string) string {
 	b.WriteString(lock)
 	switch kind {
 	case batchSQLiteInsert:
-		// An INSERT ... SELECT of a VALUES list of (?2k, ?2k+1) pairs, the
-		// consumer ?1: the clock's expression is written once instead of
-		// once per row, and SQLite, which parses the text at every run,
-		// parses a batch of 100 in about 60% of the time. WHERE true keeps
-		// the parser from reading ON CONFLICT as a join's ON.
-		b.WriteString(strings.TrimSuffix(s.q.batchPrefix, `VALUES `) + `SELECT ?1, column1, column2, ` + sqliteNow + ` FROM (VALUES `)
+		// An INSERT ... SELECT of a VALUES list of (message ID,
+		// fingerprint) pairs, the consumer the first argument: the clock's
+		// expression is written once instead of once per row, and SQLite,
+		// which parses the text at every run, parses a batch of 100 in
+		// about 60% of the time. WHERE true keeps the parser from reading
+		// ON CONFLICT as a join's ON. The placeholders are anonymous (?,
+		// numbered in the order they appear: the consumer's first):
+		// modernc.org/sqlite reads a numbered one's name into a Go string
+		// at every bind, an allocation per argument.
+		b.WriteString(strings.TrimSuffix(s.q.batchPrefix, `VALUES `) + `SELECT ?, column1, column2, ` + sqliteNow + ` FROM (VALUES `)
 		for i := range n {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(?" + strconv.Itoa(2*i+2) + ", ?" + strconv.Itoa(2*i+3) + ")")
+			b.WriteString("(?, ?)")
 		}
 		b.WriteString(`) WHERE true ON CONFLICT (consumer, message_id) DO NOTHING RETURNING message_id`)
 	case batchMariaDBInsert:
@@ -81,11 +85,7 @@ func (s *Store) batchText(kind uint8, n int, lock string) string {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			if kind == batchSQLiteRead {
-				b.WriteString("?" + strconv.Itoa(i+2))
-			} else {
-				b.WriteByte('?')
-			}
+			b.WriteByte('?')
 		}
 		b.WriteString(s.q.fpsSuffix)
 	}

@@ -100,7 +100,8 @@ func mysqlErrorNumber(err error) (uint16, bool) {
 
 // readExisting reads the fingerprint and state of the record a claim
 // found; found is false when it vanished before it could be read. id is
-// p.MessageID as the claim boxed it.
+// p.MessageID as the claim boxed it. It reads the one row with
+// QueryContext, as QueryRowContext would, without the *sql.Row.
 func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.ClaimParams, id any) (res idemdriver.ClaimResult, found bool, err error) {
 	// One allocation for both destinations and the arguments.
 	var rec struct {
@@ -111,9 +112,20 @@ func (s *Store) readExisting(ctx context.Context, tx preparedTx, p *idemdriver.C
 	}
 	rec.dest = [2]any{&rec.fp, &rec.state}
 	rec.args = [2]any{consumerArg(p.Consumer), id}
-	err = tx.QueryRowContext(ctx, s.q.fingerprint, rec.args[:]...).Scan(rec.dest[:]...)
-	if errors.Is(err, sql.ErrNoRows) {
-		return res, false, nil
+	rows, err := tx.QueryContext(ctx, s.q.fingerprint, rec.args[:]...)
+	if err != nil {
+		return res, false, err
+	}
+	if !rows.Next() {
+		err = rows.Err()
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+		return res, false, err
+	}
+	err = rows.Scan(rec.dest[:]...)
+	if cerr := rows.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return res, false, err

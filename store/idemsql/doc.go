@@ -272,7 +272,10 @@
 // MySQL and SQLite (the claim, the read of a duplicate's record, the
 // fenced lease writes) are prepared once per connection whatever the DSN
 // says, and stay prepared for the life of the *sql.DB (a few per
-// connection, against MySQL's max_prepared_stmt_count).
+// connection, against MySQL's max_prepared_stmt_count). When the server
+// refuses a prepare for that limit (error 1461), the store closes them
+// and runs every statement from its text from then on, so that the
+// handlers' statements find room.
 //
 // # BEGIN on PostgreSQL
 //

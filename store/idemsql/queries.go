@@ -157,12 +157,15 @@ func sqliteQueries(t string) queries {
 	runs := t + `_runs`
 	return queries{
 		// ON CONFLICT DO NOTHING, not INSERT OR IGNORE, which would also
-		// swallow NOT NULL and CHECK violations.
-		claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES (?1, ?2, ?3, ` + sqliteNow + `)
+		// swallow NOT NULL and CHECK violations. The claim and its read,
+		// which run per message, take anonymous ? placeholders:
+		// modernc.org/sqlite reads a numbered one's name (?1) into a Go
+		// string at every bind, an allocation per argument.
+		claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES (?, ?, ?, ` + sqliteNow + `)
 	ON CONFLICT (consumer, message_id) DO NOTHING`,
-		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id = ?2`,
+		fingerprint: `SELECT fingerprint, state FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 		batchPrefix: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at) VALUES `,
-		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = ?1 AND message_id IN (`,
+		fpsPrefix:   `SELECT message_id, fingerprint, state FROM ` + t + ` WHERE consumer = ? AND message_id IN (`,
 		fpsSuffix:   `)`,
 		// Runs, as on MySQL: a read of the newest run, an UPDATE of it,
 		// and an INSERT unless it extended the run.

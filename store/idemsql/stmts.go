@@ -27,7 +27,12 @@ const maxCachedStatements = 64
 // Statements prepared stay prepared, on each connection that ran them,
 // for the life of the *sql.DB: the Store has no Close, and at most
 // maxCachedStatements are kept (MySQL counts them per connection against
-// max_prepared_stmt_count, 16,382 by default).
+// max_prepared_stmt_count, 16,382 by default, for the whole server). When
+// the server refuses to prepare one more (MySQL error 1461), the cache
+// stops for good: it closes the statements it holds, giving the server's
+// budget back to the application's own statements, and every statement
+// runs from its text from then on; the statement refused is run again
+// from its text, once (a refused prepare ran nothing).
 type stmtCache struct {
 	// mu serialises the writers; readers load m without it.
 	mu sync.Mutex
@@ -37,6 +42,37 @@ type stmtCache struct {
 	// next Begin; wants counts them, to keep Begin's check lock-free.
 	wanted map[string]struct{}
 	wants  atomic.Int32
+	// off is set once the server refused a prepare (refused).
+	off atomic.Bool
+}
+
+// mysqlTooManyPrepared is MySQL's and MariaDB's error number for a
+// prepare refused because the server holds max_prepared_stmt_count
+// statements (ER_MAX_PREPARED_STMT_COUNT_REACHED).
+const mysqlTooManyPrepared = 1461
+
+// refused reports whether err is the server refusing to prepare one more
+// statement (mysqlTooManyPrepared); if so, the cache stops for good and
+// closes its statements, so that they count no more against the server's
+// limit (on a connection a transaction holds, when the transaction ends).
+func (c *stmtCache) refused(err error) bool {
+	if n, ok := mysqlErrorNumber(err); !ok || n != mysqlTooManyPrepared {
+		return false
+	}
+	if !c.off.CompareAndSwap(false, true) {
+		return true
+	}
+	c.mu.Lock()
+	old := c.m.Swap(nil)
+	clear(c.wanted)
+	c.wants.Store(0)
+	c.mu.Unlock()
+	if old != nil {
+		for _, st := range *old {
+			_ = st.Close()
+		}
+	}
+	return true
 }
 
 // prepare prepares those of queries not prepared yet. It must run outside
@@ -45,7 +81,7 @@ type stmtCache struct {
 // (get, want) never wait behind a prepare that waits for a connection
 // the transaction holds.
 func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries ...string) {
-	if c.has(queries) {
+	if c.off.Load() || c.has(queries) {
 		return
 	}
 	var made map[string]*sql.Stmt
@@ -58,6 +94,7 @@ func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries ...string) 
 		}
 		st, err := db.PrepareContext(ctx, q)
 		if err != nil {
+			c.refused(err)
 			break // run from the text this time
 		}
 		if made == nil {
@@ -70,6 +107,13 @@ func (c *stmtCache) prepare(ctx context.Context, db *sql.DB, queries ...string) 
 	}
 	var extra []*sql.Stmt
 	c.mu.Lock()
+	if c.off.Load() { // refused meanwhile
+		c.mu.Unlock()
+		for _, st := range made {
+			_ = st.Close()
+		}
+		return
+	}
 	next := make(map[string]*sql.Stmt, c.size()+len(made))
 	if old := c.m.Load(); old != nil {
 		for q, st := range *old {
@@ -123,9 +167,12 @@ func (c *stmtCache) get(query string) *sql.Stmt {
 // want records query, run from its text inside a transaction, for
 // prepareWanted.
 func (c *stmtCache) want(query string) {
+	if c.off.Load() {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.wanted[query]; ok || len(c.wanted) >= maxCachedStatements {
+	if _, ok := c.wanted[query]; ok || len(c.wanted) >= maxCachedStatements || c.off.Load() {
 		return
 	}
 	if c.wanted == nil {
@@ -155,7 +202,9 @@ func (c *stmtCache) prepareWanted(ctx context.Context, db *sql.DB) {
 
 // preparedTx runs a transaction's statements through the cache's
 // prepared statements when it has them (an sqlQuerier); a statement it
-// does not have is run from its text and recorded (want).
+// does not have is run from its text and recorded (want), and so is one
+// whose prepare on the transaction's connection the server refused
+// (stmtCache.refused).
 type preparedTx struct {
 	tx *sql.Tx
 	c  *stmtCache
@@ -163,7 +212,10 @@ type preparedTx struct {
 
 func (p preparedTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := p.c.get(query); st != nil {
-		return p.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		res, err := p.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		if err == nil || !p.c.refused(err) {
+			return res, err
+		}
 	}
 	p.c.want(query)
 	return p.tx.ExecContext(ctx, query, args...)
@@ -171,7 +223,10 @@ func (p preparedTx) ExecContext(ctx context.Context, query string, args ...any) 
 
 func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	if st := p.c.get(query); st != nil {
-		return p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		rows, err := p.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		if err == nil || !p.c.refused(err) {
+			return rows, err
+		}
 	}
 	p.c.want(query)
 	return p.tx.QueryContext(ctx, query, args...)
@@ -179,7 +234,10 @@ func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any)
 
 func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := p.c.get(query); st != nil {
-		return p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		row := p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		if err := row.Err(); err == nil || !p.c.refused(err) {
+			return row
+		}
 	}
 	p.c.want(query)
 	return p.tx.QueryRowContext(ctx, query, args...)
@@ -203,21 +261,30 @@ func (p preparedDB) stmt(ctx context.Context, query string) *sql.Stmt {
 
 func (p preparedDB) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := p.stmt(ctx, query); st != nil {
-		return st.ExecContext(ctx, args...)
+		res, err := st.ExecContext(ctx, args...)
+		if err == nil || !p.c.refused(err) {
+			return res, err
+		}
 	}
 	return p.db.ExecContext(ctx, query, args...)
 }
 
 func (p preparedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	if st := p.stmt(ctx, query); st != nil {
-		return st.QueryContext(ctx, args...)
+		rows, err := st.QueryContext(ctx, args...)
+		if err == nil || !p.c.refused(err) {
+			return rows, err
+		}
 	}
 	return p.db.QueryContext(ctx, query, args...)
 }
 
 func (p preparedDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := p.stmt(ctx, query); st != nil {
-		return st.QueryRowContext(ctx, args...)
+		row := st.QueryRowContext(ctx, args...)
+		if err := row.Err(); err == nil || !p.c.refused(err) {
+			return row
+		}
 	}
 	return p.db.QueryRowContext(ctx, query, args...)
 }

@@ -107,12 +107,13 @@ func (b *cdkBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions) 
 	// (brokertest's usual Redelivery, 1s).
 	retry := max(opts.Redelivery, 100*time.Millisecond) / 4
 	c, err := idemgocdk.NewConsumer(ms.sub, idemgocdk.Config{
-		Processor:   p,
-		DeadLetter:  b.ch.dead,
-		Concurrency: max(opts.Concurrency, 1),
-		RetryDelay:  retry,
-		System:      b.ch.system,
-		Logger:      quiet(),
+		Processor:      p,
+		DeadLetter:     b.ch.dead,
+		Concurrency:    max(opts.Concurrency, 1),
+		RetryDelay:     retry,
+		System:         b.ch.system,
+		Logger:         quiet(),
+		HandlerTimeout: opts.HandlerTimeout,
 	})
 	if err != nil {
 		ms.crash()

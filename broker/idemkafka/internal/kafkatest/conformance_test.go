@@ -95,6 +95,7 @@ func (b *testBroker) config(cfg idemkafka.Config, opts brokertest.StartOptions) 
 	cfg.DeadLetter = b.dead
 	cfg.Concurrency = opts.Concurrency
 	cfg.MaxPollRecords = opts.Prefetch
+	cfg.HandlerTimeout = opts.HandlerTimeout
 	cfg.RetryDelay = max(opts.Redelivery/4, 50*time.Millisecond)
 	return cfg
 }

@@ -329,7 +329,7 @@ func (b *natsBroker) newConsumer(ctx context.Context, p idem.Processor, opts bro
 		return nil, nil, err
 	}
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: p, Concurrency: opts.Concurrency, MaxMessages: opts.Prefetch,
+		Processor: p, Concurrency: opts.Concurrency, MaxMessages: opts.Prefetch, HandlerTimeout: opts.HandlerTimeout,
 		DeadLetter: b.streams.dlSubject, RetryDelay: opts.Redelivery / 5,
 		// No progress reports: the suite's ack-timeout case wants the
 		// broker to redeliver a message still in flight.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idem-go/idem/internal/testenv"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -348,7 +349,8 @@ func TestReviewPullRequests(t *testing.T) {
 			js, s, cons := inProcessConsumer(t, tc.cfg)
 			ctx := context.Background()
 			st := newSQLiteTx(t)
-			c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: tc.concurrency, MaxMessages: tc.maxMessages, DeadLetter: s.dlSubject, Logger: testLogger()})
+			ended := &endedPulls{}
+			c, err := idemnats.NewConsumer(js, cons, idemnats.Config{Processor: st.proc, Concurrency: tc.concurrency, MaxMessages: tc.maxMessages, DeadLetter: s.dlSubject, Logger: slog.New(ended)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -362,8 +364,8 @@ func TestReviewPullRequests(t *testing.T) {
 					continue
 				}
 				testenv.Eventually(t, 30*time.Second, fmt.Sprintf("message %d not processed", i), func() bool { r, _ := st.effects(t); return r == i+1 }, nil)
-				// A lost pull request is noticed after a missing
-				// heartbeat, 10s; 5s is well inside it.
+				// A lost pull request would be replaced after two missed
+				// heartbeats (2s) and logged: counted below.
 				testenv.Eventually(t, 5*time.Second, fmt.Sprintf("no pull request waiting after message %d", i), func() bool {
 					info, err := cons.Info(ctx)
 					return err == nil && info.NumWaiting == 1 && info.NumAckPending == 0
@@ -373,9 +375,29 @@ func TestReviewPullRequests(t *testing.T) {
 			if r, d := st.effects(t); r != n || d != n {
 				t.Errorf("%d effects for %d distinct IDs, want %d", r, d, n)
 			}
+			if e := ended.count.Load(); e != 0 {
+				t.Errorf("%d pull requests ended in error (lost, refused), want 0", e)
+			}
 		})
 	}
 }
+
+// endedPulls is a slog.Handler that counts the Consumer's "pull request
+// ended" warnings (a pull request lost without an answer, refused by the
+// server) and drops every record.
+type endedPulls struct{ count atomic.Int64 }
+
+func (h *endedPulls) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *endedPulls) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "idemnats: pull request ended" {
+		h.count.Add(1)
+	}
+	return nil
+}
+
+func (h *endedPulls) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *endedPulls) WithGroup(string) slog.Handler      { return h }
 
 // A stopped Consumer leaves no pull request behind to take the next
 // messages: published after Stop, they go to the next member at once, not
