@@ -18,6 +18,7 @@ import (
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // benchWorkers is the concurrency of every benchmark: that many goroutines
@@ -275,14 +276,23 @@ func (b *bundle) bestProcess(ctx context.Context, id string) (claimed bool, err 
 func checkedSetup(b *testing.B, bb *bundle) {
 	b.Helper()
 	bb.checked = bb.effects + "_checked"
+	if err := createChecked(context.Background(), bb.pool, bb.checked); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// createChecked creates table name in the shape of the hand-written
+// consumer's processed table (checkedSetup).
+func createChecked(ctx context.Context, pool *pgxpool.Pool, name string) error {
 	for _, q := range []string{
-		`CREATE TABLE ` + bb.checked + ` (message_id text COLLATE "C" PRIMARY KEY, fingerprint bytea NOT NULL, processed_at timestamptz NOT NULL DEFAULT now())`,
-		`CREATE INDEX ON ` + bb.checked + ` (processed_at)`,
+		`CREATE TABLE ` + name + ` (message_id text COLLATE "C" PRIMARY KEY, fingerprint bytea NOT NULL, processed_at timestamptz NOT NULL DEFAULT now())`,
+		`CREATE INDEX ON ` + name + ` (processed_at)`,
 	} {
-		if _, err := bb.pool.Exec(context.Background(), q); err != nil {
-			b.Fatal(err)
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // checkedProcess is the best a person can hand-write for what a

@@ -3,16 +3,21 @@ package idempgxv5_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // scaleRows is how many records the at-scale tables hold before a run.
@@ -42,25 +47,26 @@ func uuid4() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// scaleBundle returns a bundle on the benchmark database whose store is on
-// a processed table holding scaleRows records of consumer "bench" with
-// UUIDv4 IDs (idem_scale10m_default; idem_scale10m_part for 1-hour
-// buckets, idem_scale10m_part<N>h for others), spread over parts past
-// buckets, loaded once and kept across runs (a table <name>_loaded marks
-// a finished load; loading takes minutes), and a fresh effects table.
-func scaleBundle(b *testing.B, part *idempgxv5.Partitions, parts int) *bundle {
-	b.Helper()
-	ctx := context.Background()
-	pool := newPool(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
-	name := "idem_scale10m_default"
+// scaleTable is the name of the kept at-scale table of idem's layout
+// part (idem_scale10m_default; idem_scale10m_part for 1-hour buckets,
+// idem_scale10m_part<N>h for others).
+func scaleTable(part *idempgxv5.Partitions) string {
 	switch {
 	case part == nil:
+		return "idem_scale10m_default"
 	case part.Bucket == time.Hour:
-		name = "idem_scale10m_part"
+		return "idem_scale10m_part"
 	default:
-		name = fmt.Sprintf("idem_scale10m_part%dh", int(part.Bucket/time.Hour))
+		return fmt.Sprintf("idem_scale10m_part%dh", int(part.Bucket/time.Hour))
 	}
-	bb := &bundle{pool: pool, table: name, effects: randName("idem_fx_"), part: part}
+}
+
+// scaleLoaded reports whether table name was loaded by an earlier run (a
+// table <name>_loaded marks a finished load); if not, it drops what an
+// unfinished load left.
+func scaleLoaded(b *testing.B, pool *pgxpool.Pool, name string) bool {
+	b.Helper()
+	ctx := context.Background()
 	var loaded bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name+"_loaded").Scan(&loaded); err != nil {
 		b.Fatal(err)
@@ -70,7 +76,35 @@ func scaleBundle(b *testing.B, part *idempgxv5.Partitions, parts int) *bundle {
 			b.Fatal(err)
 		}
 	}
-	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: name, Partitions: part})
+	return loaded
+}
+
+// scaleEffects gives bb a fresh effects table, dropped at cleanup.
+func scaleEffects(b *testing.B, bb *bundle) {
+	b.Helper()
+	bb.effects = randName("idem_fx_")
+	b.Cleanup(func() {
+		if err := dropTables(context.Background(), bb.pool, bb.effects); err != nil {
+			b.Errorf("drop effects: %v", err)
+		}
+	})
+	if _, err := bb.pool.Exec(context.Background(), `CREATE TABLE `+bb.effects+` (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// scaleBundle returns a bundle on the benchmark database whose store is on
+// a processed table (scaleTable) holding scaleRows records of consumer
+// "bench" with UUIDv4 IDs, spread over parts past buckets, loaded once and
+// kept across runs (loading takes minutes; see loadScale), and a fresh
+// effects table.
+func scaleBundle(b *testing.B, part *idempgxv5.Partitions, parts int) *bundle {
+	b.Helper()
+	ctx := context.Background()
+	pool := newPool(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
+	bb := &bundle{pool: pool, table: scaleTable(part), part: part}
+	loaded := scaleLoaded(b, pool, bb.table)
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: bb.table, Partitions: part})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -79,82 +113,275 @@ func scaleBundle(b *testing.B, part *idempgxv5.Partitions, parts int) *bundle {
 		b.Fatal(err)
 	}
 	if !loaded {
-		b.Logf("loading %d records into %s (once; minutes)", scaleRows, name)
-		if err := loadScale(ctx, bb, parts); err != nil {
+		b.Logf("loading %d records into %s (once; minutes)", scaleRows, bb.table)
+		if err := loadScale(ctx, b, bb, parts); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.Cleanup(func() {
-		if err := dropTables(context.Background(), pool, bb.effects); err != nil {
-			b.Errorf("drop effects: %v", err)
-		}
-	})
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+bb.effects+` (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
-		b.Fatal(err)
-	}
+	scaleEffects(b, bb)
 	return bb
 }
 
-// loadScale loads scaleRows records into the bundle's (new) table: for
+// checkedScaleBundle returns a bundle whose hand-written processed table
+// (bundle.checked: checkedSetup's shape, idem_scale10m_checked) holds
+// scaleRows records with UUIDv4 IDs, loaded once like scaleBundle's, and
+// a fresh effects table.
+func checkedScaleBundle(b *testing.B) *bundle {
+	b.Helper()
+	ctx := context.Background()
+	pool := newPool(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
+	bb := &bundle{pool: pool, checked: "idem_scale10m_checked"}
+	if !scaleLoaded(b, pool, bb.checked) {
+		b.Logf("loading %d records into %s (once; minutes)", scaleRows, bb.checked)
+		if err := loadChecked(ctx, bb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	scaleEffects(b, bb)
+	return bb
+}
+
+// loadChecked creates and loads bb.checked with scaleRows records
+// processed over the last 12 hours, then analyzes it and marks it loaded.
+func loadChecked(ctx context.Context, bb *bundle) error {
+	if err := createChecked(ctx, bb.pool, bb.checked); err != nil {
+		return err
+	}
+	tpl := uuid4()
+	if _, err := bb.pool.Exec(ctx, `INSERT INTO `+bb.checked+` (message_id, fingerprint) VALUES ($1, sha256('{}'))`, tpl); err != nil {
+		return err
+	}
+	return loadFlat(ctx, bb.pool, bb.checked, tpl)
+}
+
+// loadFlat loads scaleRows records into table t (not partitioned) like
+// the template record of message ID tpl (see fillRows), processed over
+// the last 12 hours, without t's indexes and key constraints, which are
+// then built at once (withoutIndexes); it then deletes the template,
+// analyzes t and marks it loaded.
+func loadFlat(ctx context.Context, pool *pgxpool.Pool, t, tpl string) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET maintenance_work_mem = '512MB'`); err != nil {
+		return err
+	}
+	err = withoutIndexes(ctx, conn.Conn(), t, func() error {
+		const chunks = 10
+		for i := int64(0); i < chunks; i++ {
+			lo, hi := i*scaleRows/chunks+1, (i+1)*scaleRows/chunks
+			if err := fillRows(ctx, conn.Conn(), t, t, tpl, lo, hi, `now() - interval '12 hours' + g * interval '4 ms'`); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return finishLoad(ctx, conn.Conn(), t, tpl)
+}
+
+// finishLoad deletes the template record tpl from t, analyzes t and
+// marks it loaded.
+func finishLoad(ctx context.Context, conn *pgx.Conn, t, tpl string) error {
+	for _, q := range []string{
+		`DELETE FROM ` + t + ` WHERE message_id::text = '` + tpl + `'`,
+		`VACUUM ANALYZE ` + t,
+		`CREATE TABLE ` + t + `_loaded ()`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// templateRecord writes one record of consumer "bench" through the
+// bundle's store, whatever its table's columns, and returns its message
+// ID: the template the fast loads copy (fillRows).
+func templateRecord(ctx context.Context, b *testing.B, bb *bundle) string {
+	b.Helper()
+	id := uuid4()
+	c := bb.consumer(b, "bench")
+	outs, err := c.ProcessBatch(ctx, []idem.Message{{ID: id, Payload: []byte(`{}`)}},
+		func(context.Context, pgx.Tx, []idem.Message) error { return nil })
+	if err == nil && outs[0].Status != idem.Processed {
+		err = fmt.Errorf("template record: outcome %v", outs[0].Status)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	return id
+}
+
+// loadScale loads scaleRows records of consumer "bench" into the bundle's
+// (new) table, each a copy of a record written through the store
+// (templateRecord) with its own random ID, fingerprint and time (fillRows),
+// so that the load follows the table's columns whatever they are: for
 // the default layout without its indexes, which are then built at once;
 // for the partitioned one into parts past buckets, each loaded as a
-// standalone table, indexed, then attached.
-func loadScale(ctx context.Context, bb *bundle, parts int) error {
+// standalone table, then attached (which builds its indexes).
+func loadScale(ctx context.Context, b *testing.B, bb *bundle, parts int) error {
+	tpl := templateRecord(ctx, b, bb)
+	if bb.part == nil {
+		return loadFlat(ctx, bb.pool, bb.table, tpl)
+	}
 	conn, err := bb.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
 	t := bb.table
-	exec := func(q string) error {
-		_, err := conn.Exec(ctx, q)
+	if _, err := conn.Exec(ctx, `SET maintenance_work_mem = '512MB'`); err != nil {
 		return err
 	}
-	if err := exec(`SET maintenance_work_mem = '512MB'`); err != nil {
+	var cur time.Time
+	if err := conn.QueryRow(ctx, `SELECT date_bin($1::interval, now(), timestamptz 'epoch')`, bb.part.Bucket).Scan(&cur); err != nil {
 		return err
 	}
-	if bb.part == nil {
-		if err := exec(`ALTER TABLE ` + t + ` DROP CONSTRAINT ` + t + `_pkey; DROP INDEX ` + t + `_processed_at_idx`); err != nil {
+	for i := 1; i <= parts; i++ {
+		lo := cur.Add(-time.Duration(i) * bb.part.Bucket)
+		hi := lo.Add(bb.part.Bucket)
+		los, his := `'`+lo.UTC().Format(time.RFC3339)+`'`, `'`+hi.UTC().Format(time.RFC3339)+`'`
+		p := t + "_p" + lo.UTC().Format("200601021504")
+		if _, err := conn.Exec(ctx, `CREATE TABLE `+p+` (LIKE `+t+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`); err != nil {
 			return err
 		}
-		for i := 0; i < 10; i++ {
-			if err := exec(fmt.Sprintf(`INSERT INTO %s (consumer, message_id, fingerprint, processed_at)
-				SELECT 'bench', gen_random_uuid()::text, sha256(g::text::bytea), now() - interval '12 hours' + g * interval '4 ms'
-				FROM generate_series(%d, %d) g`, t, i*scaleRows/10+1, (i+1)*scaleRows/10)); err != nil {
+		at := fmt.Sprintf(`%s::timestamptz + (g %% %d) * interval '1 ms'`, los, bb.part.Bucket.Milliseconds())
+		if err := fillRows(ctx, conn.Conn(), p, t, tpl, 1, scaleRows/int64(parts), at); err != nil {
+			return err
+		}
+		for _, q := range []string{
+			// The bound lets ATTACH skip its scan of the rows.
+			`ALTER TABLE ` + p + ` ADD CONSTRAINT ` + p + `_bound CHECK (processed_at >= ` + los + ` AND processed_at < ` + his + `)`,
+			`ALTER TABLE ` + t + ` ATTACH PARTITION ` + p + ` FOR VALUES FROM (` + los + `) TO (` + his + `)`,
+			`ALTER TABLE ` + p + ` DROP CONSTRAINT ` + p + `_bound`,
+		} {
+			if _, err := conn.Exec(ctx, q); err != nil {
 				return err
 			}
 		}
-		if err := exec(`ALTER TABLE ` + t + ` ADD CONSTRAINT ` + t + `_pkey PRIMARY KEY (consumer, message_id)`); err != nil {
-			return err
-		}
-		if err := exec(`CREATE INDEX ` + t + `_processed_at_idx ON ` + t + ` (consumer, processed_at)`); err != nil {
-			return err
-		}
-	} else {
-		if err := exec(fmt.Sprintf(`DO $$
-DECLARE
-	bucket interval := %d * interval '1 second';
-	cur timestamptz := date_bin(bucket, now(), timestamptz 'epoch');
-	lo timestamptz; hi timestamptz; p text;
-BEGIN
-	FOR i IN 1..%d LOOP
-		lo := cur - i * bucket; hi := lo + bucket;
-		p := '%s_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDDHH24MI');
-		EXECUTE format('CREATE TABLE %%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', p);
-		EXECUTE format('INSERT INTO %%I (consumer, message_id, fingerprint, processed_at) SELECT ''bench'', gen_random_uuid()::text, sha256(g::text::bytea), %%L::timestamptz + (g %%%% %d) * interval ''1 ms'' FROM generate_series(1, %d) g', p, lo);
-		EXECUTE format('ALTER TABLE %%I ADD CONSTRAINT %%I PRIMARY KEY (consumer, message_id, processed_at)', p, p || '_pkey');
-		EXECUTE format('ALTER TABLE %%I ADD CONSTRAINT %%I CHECK (processed_at >= %%L AND processed_at < %%L)', p, p || '_bound', lo, hi);
-		EXECUTE format('ALTER TABLE %s ATTACH PARTITION %%I FOR VALUES FROM (%%L) TO (%%L)', p, lo, hi);
-		EXECUTE format('ALTER TABLE %%I DROP CONSTRAINT %%I', p, p || '_bound');
-	END LOOP;
-END $$`, int(bb.part.Bucket/time.Second), parts, t, t, bb.part.Bucket.Milliseconds(), scaleRows/parts, t)); err != nil {
-			return err
-		}
 	}
-	if err := exec(`VACUUM ANALYZE ` + t); err != nil {
+	return finishLoad(ctx, conn.Conn(), t, tpl)
+}
+
+// fillRows inserts into table into one row for each g in [lo, hi], a
+// copy of the row of table from whose message ID is tpl, but for: the
+// message ID (a random UUIDv4 from gen_random_uuid), the fingerprint
+// (when bytea: SHA-256 of g, cut to the template's length), processed_at
+// (the SQL expression at, of g), and columns with an identity, a sequence
+// default or a generation expression (left to the table). It reads the
+// columns from the catalog, so that it follows schema changes.
+func fillRows(ctx context.Context, conn *pgx.Conn, into, from, tpl string, lo, hi int64, at string) error {
+	rows, err := conn.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
+		a.attidentity <> '' OR a.attgenerated <> '' OR coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%', false)
+		FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, into)
+	if err != nil {
 		return err
 	}
-	return exec(`CREATE TABLE ` + t + `_loaded ()`)
+	var cols, exprs []string
+	for rows.Next() {
+		var name, typ string
+		var auto bool
+		if err := rows.Scan(&name, &typ, &auto); err != nil {
+			rows.Close()
+			return err
+		}
+		if auto {
+			continue
+		}
+		q := pgx.Identifier{name}.Sanitize()
+		cols = append(cols, q)
+		switch {
+		case name == "message_id":
+			exprs = append(exprs, `gen_random_uuid()::text::`+typ)
+		case name == "fingerprint" && typ == "bytea":
+			exprs = append(exprs, `substr(sha256(g::text::bytea), 1, octet_length(tpl.fingerprint))`)
+		case name == "processed_at":
+			exprs = append(exprs, at)
+		default:
+			exprs = append(exprs, `tpl.`+q)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s tpl, generate_series(%d, %d) g WHERE tpl.message_id::text = '%s'`,
+		into, strings.Join(cols, ", "), strings.Join(exprs, ", "), from, lo, hi, tpl))
+	return err
+}
+
+// withoutIndexes runs fill on table t without t's indexes and its
+// primary key, unique, exclusion and foreign key constraints (and the
+// foreign keys of other tables that reference it), read from the catalog
+// and dropped first, then put back as they were: faster than keeping
+// random-key B-trees up to date row by row.
+func withoutIndexes(ctx context.Context, conn *pgx.Conn, t string, fill func() error) error {
+	type constraint struct{ rel, name, def, kind string }
+	var cons []constraint
+	rows, err := conn.Query(ctx, `SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), contype::text FROM pg_constraint
+		WHERE (conrelid = $1::regclass AND contype IN ('p', 'u', 'x', 'f')) OR (confrelid = $1::regclass AND contype = 'f')`, t)
+	if err == nil {
+		cons, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (c constraint, err error) {
+			return c, r.Scan(&c.rel, &c.name, &c.def, &c.kind)
+		})
+	}
+	if err != nil {
+		return err
+	}
+	rows, err = conn.Query(ctx, `SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index i
+		WHERE indrelid = $1::regclass AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.conrelid = i.indrelid)`, t)
+	var idx [][2]string
+	if err == nil {
+		idx, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (i [2]string, err error) {
+			return i, r.Scan(&i[0], &i[1])
+		})
+	}
+	if err != nil {
+		return err
+	}
+	var drop, add []string
+	for _, fk := range []bool{true, false} {
+		for _, c := range cons {
+			if (c.kind == "f") == fk {
+				drop = append(drop, `ALTER TABLE `+c.rel+` DROP CONSTRAINT `+pgx.Identifier{c.name}.Sanitize())
+			}
+		}
+	}
+	for _, i := range idx {
+		drop = append(drop, `DROP INDEX `+i[0])
+	}
+	for _, fk := range []bool{false, true} {
+		for _, c := range cons {
+			if (c.kind == "f") == fk {
+				add = append(add, `ALTER TABLE `+c.rel+` ADD CONSTRAINT `+pgx.Identifier{c.name}.Sanitize()+` `+c.def)
+			}
+		}
+		if !fk {
+			for _, i := range idx {
+				add = append(add, i[1])
+			}
+		}
+	}
+	for _, q := range drop {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	if err := fill(); err != nil {
+		return err
+	}
+	for _, q := range add {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // batchUUID is the op of a batch-100 case: ProcessBatch of 100 new
@@ -189,49 +416,154 @@ func batchUUID(bb *bundle, c *idem.Consumer[pgx.Tx]) func(ctx context.Context, i
 	}
 }
 
-// partitionsSize is the SQL of the size on disk (bytes) of table $1 with
-// its indexes, TOAST and partitions.
-const partitionsSize = `COALESCE((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass))`
+// checkedBatchUUID is the op of the hand-written batch-100 case at scale:
+// bundle.bestBatch on bb.checked, as best_checked_batch100 in
+// BenchmarkProcess (the fingerprints stored, the IDs claimed in byte
+// order), of 100 new messages with UUIDv4 IDs.
+func checkedBatchUUID(bb *bundle) func(ctx context.Context, i int64) error {
+	const size = 100
+	payload := []byte(`{"order":"o-1","amount":200}`)
+	claim := `INSERT INTO ` + bb.checked + ` (message_id, fingerprint) SELECT * FROM unnest($1::text[], $2::bytea[]) ON CONFLICT DO NOTHING RETURNING message_id`
+	return func(ctx context.Context, i int64) error {
+		ids := make([]string, size)
+		fps := make([][]byte, size)
+		for k := range ids {
+			ids[k] = uuid4()
+			sum := sha256.Sum256(payload)
+			fps[k] = sum[:]
+		}
+		slices.Sort(ids) // one payload: the fingerprints need not follow
+		return bb.bestBatch(ctx, claim, ids, fps)
+	}
+}
 
-// reportBytesPerRecord reports the table's size on disk, with its
-// indexes, TOAST and partitions, per record, as "B/record".
-func reportBytesPerRecord(b *testing.B, bb *bundle) {
+// partitionsSize is the SQL of the size on disk (bytes) of table $1 with
+// its indexes, TOAST and partitions, and of its indexes alone.
+const partitionsSize = `COALESCE((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass))::bigint,
+	COALESCE((SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree($1::regclass)), pg_indexes_size($1::regclass))::bigint`
+
+// reportBytesPerRecord reports the size on disk of table t, with its
+// indexes, TOAST and partitions, per record ("B/record"), in all
+// ("MB-table") and of its indexes ("MB-indexes").
+func reportBytesPerRecord(b *testing.B, pool *pgxpool.Pool, t string) {
 	b.Helper()
-	var size, n int64
-	err := bb.pool.QueryRow(context.Background(), `SELECT `+partitionsSize+`, (SELECT count(*) FROM `+bb.table+`)`, bb.table).Scan(&size, &n)
+	var size, idx, n int64
+	err := pool.QueryRow(context.Background(), `SELECT `+partitionsSize+`, (SELECT count(*) FROM `+t+`)`, t).Scan(&size, &idx, &n)
 	if err != nil {
 		b.Fatal(err)
 	}
 	if n > 0 {
 		b.ReportMetric(float64(size)/float64(n), "B/record")
 	}
+	b.ReportMetric(float64(size)/1e6, "MB-table")
+	b.ReportMetric(float64(idx)/1e6, "MB-indexes")
 }
 
-// BenchmarkAtScale measures ProcessBatch of 100 new messages with random
-// UUIDv4 IDs (batchUUID) at benchWorkers workers, on a processed table
-// that is empty and on one that holds 10 million records of the same
-// consumer (scaleBundle), in the default layout and in the partitioned
-// one, interleaved in this order per round: default/empty,
-// default/10M, partitioned1h/empty, partitioned1h/10M, partitioned4h/empty,
-// partitioned4h/10M (see scaleLayouts). Each reports msgs/s,
-// WAL bytes and full-page images per message, and the 10M cases their
-// ratio to the empty case of their layout (x-<layout>/empty) and the
-// table's bytes per record. The first run loads the tables (minutes).
+// bufMeter measures the server's buffer traffic over a case: blocks read
+// from outside shared_buffers (the kernel's cache or the disk) and found
+// in it, per message (pg_stat_database, the benchmark's database), blocks
+// backends had to write out themselves to make room (pg_stat_bgwriter
+// buffers_backend), and the checkpoints that began (timed or requested).
+// Like walMeter's, the counters are the whole server's.
+type bufMeter struct {
+	pool                      *pgxpool.Pool
+	read, hit, backend, ckpts int64
+}
+
+func startBuf(b *testing.B, pool *pgxpool.Pool) *bufMeter {
+	m := &bufMeter{pool: pool}
+	m.read, m.hit, m.backend, m.ckpts = m.sample(b)
+	return m
+}
+
+// sample flushes the statistics of the pool's idle backends and reads
+// the counters.
+func (m *bufMeter) sample(b *testing.B) (read, hit, backend, ckpts int64) {
+	b.Helper()
+	ctx := context.Background()
+	for _, c := range m.pool.AcquireAllIdle(ctx) {
+		if _, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			b.Fatal(err)
+		}
+		c.Release()
+	}
+	err := m.pool.QueryRow(ctx, `SELECT d.blks_read, d.blks_hit, w.buffers_backend, w.checkpoints_timed + w.checkpoints_req
+		FROM pg_stat_database d, pg_stat_bgwriter w WHERE d.datname = current_database()`).Scan(&read, &hit, &backend, &ckpts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return read, hit, backend, ckpts
+}
+
+// report adds the metrics blks-read/msg, blks-hit/msg, be-writes/msg and
+// checkpoints.
+func (m *bufMeter) report(b *testing.B, msgs int) {
+	read, hit, backend, ckpts := m.sample(b)
+	b.ReportMetric(float64(read-m.read)/float64(msgs), "blks-read/msg")
+	b.ReportMetric(float64(hit-m.hit)/float64(msgs), "blks-hit/msg")
+	b.ReportMetric(float64(backend-m.backend)/float64(msgs), "be-writes/msg")
+	b.ReportMetric(float64(ckpts-m.ckpts), "checkpoints")
+}
+
+// measureScale is measure (msgs/s, CPU and WAL per message) with the
+// buffer counters of bufMeter, of ops of 100 messages.
+func measureScale(b *testing.B, bb *bundle, op func(ctx context.Context, i int64) error) float64 {
+	b.Helper()
+	m := startBuf(b, bb.pool)
+	rate := measure(b, bb, 100, op)
+	m.report(b, b.N*100)
+	return rate
+}
+
+// BenchmarkAtScale measures batches of 100 new messages with random
+// UUIDv4 IDs at benchWorkers workers on processed tables that are empty
+// and that hold 10 million records (scaleRows) with such IDs, interleaved
+// in this order per round:
+//   - best_checked/empty, best_checked/10M: the hand-written batch
+//     (checkedBatchUUID, best_checked_batch100 of BenchmarkProcess) on
+//     best_checked's table, empty and holding the 10M records
+//     (checkedScaleBundle);
+//   - default/empty, default/10M: idem's ProcessBatch (batchUUID) on the
+//     default layout, empty and holding the 10M records of the consumer
+//     (scaleBundle); the 10M case also reports its ratio to the
+//     hand-written one on a table of the same size (x-best_checked/10M);
+//   - partitioned1h/..., partitioned4h/...: the same on the partitioned
+//     layout (scaleLayouts).
 //
-//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkAtScale -benchtime 20s -timeout 2h; cat /proc/loadavg
+// Each case reports msgs/s, CPU, WAL bytes and full-page images per
+// message (measure), blocks read and hit, backend writes per message and
+// the checkpoints begun (bufMeter), and the 10M cases their ratio to the
+// empty case of their layout (x-<layout>/empty) and the table's size
+// (reportBytesPerRecord). The first run loads the 10M tables and keeps
+// them (idem_scale10m_*, minutes each). A -bench pattern picks the
+// layouts, e.g. 'BenchmarkAtScale/(best_checked|default|partitioned4h)/':
+//
+//	cat /proc/loadavg; IDEM_BENCH_ROUNDS=5 go test -run '^$' -bench 'BenchmarkAtScale/(best_checked|default|partitioned4h)/' -benchtime 2000x -timeout 3h; cat /proc/loadavg
 func BenchmarkAtScale(b *testing.B) {
 	for range benchRounds {
+		b.Run("best_checked/empty", func(b *testing.B) {
+			bb := setup(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL()})
+			checkedSetup(b, bb)
+			rate := measureScale(b, bb, checkedBatchUUID(bb))
+			reportRatios(b, "best_checked/empty", rate)
+		})
+		b.Run("best_checked/10M", func(b *testing.B) {
+			bb := checkedScaleBundle(b)
+			rate := measureScale(b, bb, checkedBatchUUID(bb))
+			reportRatios(b, "best_checked/10M", rate, "best_checked/empty")
+			reportBytesPerRecord(b, bb.pool, bb.checked)
+		})
 		for _, layout := range scaleLayouts {
 			b.Run(layout.name+"/empty", func(b *testing.B) {
 				bb := setup(b, poolOpts{maxConns: int32(benchWorkers), url: benchURL(), part: layout.part})
-				rate := measure(b, bb, 100, batchUUID(bb, bb.consumer(b, "bench")))
-				reportRatios(b, layout.name+"/empty", rate)
+				rate := measureScale(b, bb, batchUUID(bb, bb.consumer(b, "bench")))
+				reportRatios(b, layout.name+"/empty", rate, "best_checked/empty")
 			})
 			b.Run(layout.name+"/10M", func(b *testing.B) {
 				bb := scaleBundle(b, layout.part, layout.parts)
-				rate := measure(b, bb, 100, batchUUID(bb, bb.consumer(b, "bench")))
-				reportRatios(b, layout.name+"/10M", rate, layout.name+"/empty")
-				reportBytesPerRecord(b, bb)
+				rate := measureScale(b, bb, batchUUID(bb, bb.consumer(b, "bench")))
+				reportRatios(b, layout.name+"/10M", rate, layout.name+"/empty", "best_checked/10M")
+				reportBytesPerRecord(b, bb.pool, bb.table)
 			})
 		}
 	}
@@ -250,9 +582,11 @@ const expiredRecords = 1_000_000
 // partitioned layout (1-hour buckets, the expired records in 4 buckets)
 // by dropping partitions. Cases run in this order per round:
 // default/baseline, default/purge, partitioned/baseline,
-// partitioned/purge. Each reports msgs/s; the purge cases their ratio to
-// the baseline before them, the purge's seconds, the records it deleted
-// and the table's size before and after (MB-before, MB-after).
+// partitioned/purge. Each reports msgs/s, and per message processed CPU
+// (of the client and of every backend of the pool, the purge's included),
+// WAL and buffer traffic (measure, bufMeter); the purge cases also their
+// ratio to the baseline before them, the purge's seconds, the records it
+// deleted and the table's size before and after (MB-before, MB-after).
 //
 //	cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkPurgeCost -benchtime 1x -timeout 1h; cat /proc/loadavg
 func BenchmarkPurgeCost(b *testing.B) {
@@ -268,8 +602,12 @@ func BenchmarkPurgeCost(b *testing.B) {
 					seedExpired(b, bb)
 					c := bb.consumer(b, "bench")
 					before := tableSize(b, bb)
-					rate, res, took := processDuring(b, bb, batchUUID(bb, c), purge)
+					cpu, wal, buf := startCPU(b, bb.pool), startWAL(b, bb), startBuf(b, bb.pool)
+					rate, msgs, res, took := processDuring(b, bb, batchUUID(bb, c), purge)
 					b.ReportMetric(rate, "msgs/s")
+					cpu.report(b, msgs)
+					wal.report(b, msgs)
+					buf.report(b, msgs)
 					if purge {
 						reportRatios(b, name, rate, layout.name+"/baseline")
 						b.ReportMetric(took.Seconds(), "purge-s")
@@ -289,8 +627,10 @@ func BenchmarkPurgeCost(b *testing.B) {
 }
 
 // seedExpired writes expiredRecords records of consumer "bench" 30 days
-// ago (spread over 4 hours), and runs that make its 7-day horizon pass
-// them, then analyzes the table.
+// ago (spread over 4 hours), copies of one written through the store
+// (templateRecord, fillRows), and a run that makes its 7-day horizon pass
+// them (marked through the store, then moved back to 60 days ago), then
+// analyzes the table.
 func seedExpired(b *testing.B, bb *bundle) {
 	b.Helper()
 	ctx := context.Background()
@@ -302,11 +642,21 @@ func seedExpired(b *testing.B, bb *bundle) {
 			}
 		}
 	}
+	tpl := templateRecord(ctx, b, bb)
+	conn, err := bb.pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	if err := fillRows(ctx, conn.Conn(), bb.table, bb.table, tpl, 1, expiredRecords, `now() - interval '30 days' + (g % 4) * interval '1 hour'`); err != nil {
+		b.Fatal(err)
+	}
+	if err := bb.store.MarkRunning(ctx, &idemdriver.MarkRunningParams{Consumer: "bench", MaxGap: time.Hour}); err != nil {
+		b.Fatal(err)
+	}
 	for _, q := range []string{
-		fmt.Sprintf(`INSERT INTO %s (consumer, message_id, fingerprint, processed_at)
-			SELECT 'bench', gen_random_uuid()::text, sha256(g::text::bytea), now() - interval '30 days' + (g %% 4) * interval '1 hour'
-			FROM generate_series(1, %d) g`, bb.table, expiredRecords),
-		`INSERT INTO ` + bb.table + `_runs (consumer, started_at, ended_at) VALUES ('bench', now() - interval '60 days', now())`,
+		`DELETE FROM ` + bb.table + ` WHERE message_id::text = '` + tpl + `'`,
+		`UPDATE ` + bb.table + `_runs SET started_at = now() - interval '60 days'`,
 		`VACUUM ANALYZE ` + bb.table,
 	} {
 		if _, err := bb.pool.Exec(ctx, q); err != nil {
@@ -319,7 +669,8 @@ func seedExpired(b *testing.B, bb *bundle) {
 // partitions, in bytes.
 func tableSize(b *testing.B, bb *bundle) (n int64) {
 	b.Helper()
-	if err := bb.pool.QueryRow(context.Background(), `SELECT `+partitionsSize, bb.table).Scan(&n); err != nil {
+	var idx int64
+	if err := bb.pool.QueryRow(context.Background(), `SELECT `+partitionsSize, bb.table).Scan(&n, &idx); err != nil {
 		b.Fatal(err)
 	}
 	return n
@@ -328,8 +679,8 @@ func tableSize(b *testing.B, bb *bundle) (n int64) {
 // processDuring runs op across benchWorkers workers for 10s, or, with
 // purge, while idem.Purge of consumer "bench" (7-day window) runs and at
 // least 10s, and returns the throughput of op (100 messages each), the
-// purge's result and how long it took.
-func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int64) error, purge bool) (float64, idem.PurgeResult, time.Duration) {
+// messages processed, the purge's result and how long it took.
+func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int64) error, purge bool) (float64, int, idem.PurgeResult, time.Duration) {
 	b.Helper()
 	const minWindow = 10 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
@@ -388,5 +739,6 @@ func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int6
 	if purgeEr != nil {
 		b.Fatal(purgeEr)
 	}
-	return float64(ops.Load()*100) / elapsed.Seconds(), res, took
+	msgs := int(ops.Load() * 100)
+	return float64(msgs) / elapsed.Seconds(), msgs, res, took
 }
