@@ -2,6 +2,7 @@ package idempgxv5_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sync"
 	"testing"
@@ -19,10 +20,21 @@ import (
 // sent, every row stays pending, and the next round sends them again (at
 // least once: each of the killed round's messages exactly twice, the
 // others once), the outbox ends empty, and per key the first
-// publications stay in order.
+// publications stay in order; no pool connection is left acquired.
+// Directly and through PgBouncer in
+// transaction pooling (both exec modes that work there).
 func TestBreakLockedRoundPublishPastLease(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { lockedRoundPastLease(t, poolOpts{maxConns: 4}) })
+	for _, mode := range bouncerModes {
+		t.Run(fmt.Sprintf("pgbouncer-%v", mode), func(t *testing.T) {
+			lockedRoundPastLease(t, poolOpts{maxConns: 4, mode: mode, url: bouncerURL(t)})
+		})
+	}
+}
+
+func lockedRoundPastLease(t *testing.T, o poolOpts) {
 	ctx := context.Background()
-	b := setup(t, poolOpts{maxConns: 4})
+	b := setup(t, o)
 	const keys, perKey, lease = 4, 3, 300 * time.Millisecond
 	rows := emitKeyed(t, b, keys, perKey)
 
@@ -77,6 +89,9 @@ func TestBreakLockedRoundPublishPastLease(t *testing.T) {
 		}
 	}
 	b.wantPendingRows(t, ctx, 0)
+	if n := b.pool.Stat().AcquiredConns(); n != 0 {
+		t.Errorf("%d pool connections still acquired after the rounds", n)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(killed) == 0 {
