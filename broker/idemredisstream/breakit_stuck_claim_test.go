@@ -2,7 +2,6 @@ package idemredisstream_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,17 +21,14 @@ import (
 // the effect is made once, the entry ends acknowledged, nothing is
 // dead-lettered.
 //
-// Known (IDEM_BREAKIT_KNOWN=1 runs it): the effect is made twice. c1's
-// Attempt.Step, called after HandlerTimeout ended the handler's context,
-// still calls its function (Valid finds the local deadline ahead and
-// takes the failed renewal as a store it could not reach), the function
-// (deaf to its context too) makes the effect, and the recovery point's
-// save fails on the ended context ("save step: context deadline
-// exceeded"): c2's attempt 2 then takes over and makes the effect again.
+// Before Attempt.Step refused to start on an ended context, the effect
+// was made twice: c1's Step, called after HandlerTimeout ended the
+// handler's context, still called its function (Valid found the local
+// deadline ahead and took the failed renewal for a store it could not
+// reach), the function (deaf to its context too) made the effect, the
+// recovery point's save failed on the ended context, and c2's attempt 2
+// made the effect again.
 func TestBreakStuckHandlerClaimedByOther(t *testing.T) {
-	if os.Getenv("IDEM_BREAKIT_KNOWN") == "" {
-		t.Skip("known: Step runs its function on an ended context and cannot save its result; IDEM_BREAKIT_KNOWN=1 runs it")
-	}
 	stream, dead := keys(t)
 	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "stuck", Lease: time.Second, PurgeInterval: -1})
 	if err != nil {
