@@ -449,7 +449,10 @@ func (a *Attempt) Key(step string) string { return DeriveKey(a.Consumer, a.Messa
 // pause, does not run its next step when it wakes); then it saves the
 // result under this attempt's fencing token before returning it.
 //
-// Errors: ErrLeaseLost when the lease was gone before fn, when fn failed
+// Errors: ctx's cause, without calling fn, when ctx has already ended
+// (the result could not be saved on it, so an effect fn made anyway would
+// be made again by the next attempt); ErrLeaseLost when the lease was
+// gone before fn, when fn failed
 // because the lease ended meanwhile (its context's cause, see
 // context.Cause), or when the save was refused because another attempt
 // took over; the attempt must then stop. fn's own error otherwise, and
@@ -463,6 +466,12 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 	a.mu.Unlock()
 	if done {
 		return res, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// fn would run on an ended context whose SaveStep must fail: an
+		// effect it made anyway (a function deaf to its context) would
+		// be made again by the next attempt.
+		return nil, context.Cause(ctx)
 	}
 	if err := a.Valid(ctx); err != nil {
 		return nil, err

@@ -275,7 +275,10 @@ func (r *renewals) fire() {
 		}
 		r.uncount(r.flying[0])
 	}
-	for r.workers < maxRenewers && len(r.ready) > 0 && r.workers < len(r.ready) {
+	// A counted worker not in r.flying is about to take a queued
+	// renewal; the others are busy with theirs, so they take none of
+	// the queue until their store call returns.
+	for r.workers < maxRenewers && r.workers-len(r.flying) < len(r.ready) {
 		r.workers++
 		go r.work()
 	}
