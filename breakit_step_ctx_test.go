@@ -39,3 +39,37 @@ func TestBreakStepEndedContext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBreakStepContextEndsWhileRunning: a step function deaf to its
+// context, whose context ends while it runs, makes its effect and returns
+// its result: Step records the recovery point anyway (the lease is still
+// held), so the next attempt returns the saved result without calling
+// its function again.
+func TestBreakStepContextEndsWhileRunning(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	c := leaseConsumer(t, store, 3*time.Second)
+	a, out, err := c.Acquire(t.Context(), idem.Message{ID: "m-1", Payload: []byte("p")}, idem.AcquireOptions{})
+	if a == nil {
+		t.Fatalf("Acquire: %v %v", out, err)
+	}
+	calls := 0
+	ctx, cancel := context.WithCancel(t.Context())
+	deaf := func(context.Context) ([]byte, error) { calls++; cancel(); return []byte("r"), nil }
+	if res, err := a.Step(ctx, "effect", deaf); err != nil || string(res) != "r" || calls != 1 {
+		t.Fatalf("Step whose context ended while it ran: %q %v, %d calls; want r saved, one call", res, err, calls)
+	}
+	again := errors.New("try again")
+	if _, err := a.Release(t.Context(), again); err != nil && !errors.Is(err, again) {
+		t.Fatal(err)
+	}
+	b, out, err := c.Acquire(t.Context(), idem.Message{ID: "m-1", Payload: []byte("p")}, idem.AcquireOptions{})
+	if b == nil {
+		t.Fatalf("Acquire again: %v %v", out, err)
+	}
+	if res, err := b.Step(t.Context(), "effect", deaf); err != nil || string(res) != "r" || calls != 1 {
+		t.Fatalf("the next attempt's Step: %q %v, %d calls; want the saved r and no new call", res, err, calls)
+	}
+	if _, err := b.Complete(t.Context(), idem.Result{}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -447,7 +447,10 @@ func (a *Attempt) Key(step string) string { return DeriveKey(a.Consumer, a.Messa
 // clock) and only then calls fn, so a step never starts after the lease is
 // gone (an attempt paused past its lease, by a stop signal or a long GC
 // pause, does not run its next step when it wakes); then it saves the
-// result under this attempt's fencing token before returning it.
+// result under this attempt's fencing token before returning it. When ctx
+// ends while fn runs and fn returns a result anyway (its effect made), the
+// result is saved on a context detached from ctx, bounded by the store
+// timeout, so that the next attempt does not make the effect again.
 //
 // Errors: ctx's cause, without calling fn, when ctx has already ended
 // (the result could not be saved on it, so an effect fn made anyway would
@@ -483,7 +486,18 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 		}
 		return nil, err
 	}
-	if err := a.SaveStep(ctx, name, res); err != nil {
+	sctx := ctx
+	if ctx.Err() != nil {
+		// ctx ended while fn ran and fn made its effect anyway (it
+		// returned no error): record it on a detached context, bounded
+		// by the store timeout, so that the next attempt does not make
+		// it again. The fencing token still refuses the write if another
+		// attempt took the record over.
+		dctx, cancel := detachedCallCtx(ctx, a.c.storeTimeout())
+		defer cancel()
+		sctx = dctx
+	}
+	if err := a.SaveStep(sctx, name, res); err != nil {
 		return nil, err
 	}
 	return res, nil
