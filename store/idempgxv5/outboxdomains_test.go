@@ -147,3 +147,28 @@ func testOutboxDomainsUpgrade(t *testing.T, v upgradeVariant) {
 		t.Fatalf("after marking every row sent: %+v, %v; want none pending", st, err)
 	}
 }
+
+// TestMigrateAgainOverLeftOutbox: the processed table and the record of
+// applied migrations dropped by hand, the outbox and its domains left
+// behind (what a reset that drops only those two leaves), Migrate runs
+// every migration again and completes: migration 010 adds the domains'
+// checks only where they are missing. Before, it failed with SQLSTATE
+// 42710 (constraint already exists for the domain).
+func TestMigrateAgainOverLeftOutbox(t *testing.T) {
+	ctx := t.Context()
+	b := setup(t, poolOpts{})
+	if _, err := b.pool.Exec(ctx, `DROP TABLE `+b.table+`, `+b.table+`_migrations`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate over the outbox left behind: %v", err)
+	}
+	var checks int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint WHERE contypid IN ($1::regtype, $2::regtype)`,
+		b.table+"_outbox_id", b.table+"_outbox_str").Scan(&checks); err != nil {
+		t.Fatal(err)
+	}
+	if checks != 2 {
+		t.Errorf("%d checks on the outbox's domains; want 2 (one each)", checks)
+	}
+}

@@ -18,7 +18,10 @@
 -- seq), which holds the pending rows only, but whose build reads the
 -- whole table (sent rows are kept for the relay's retention, 24 hours by
 -- default). The ALTER TABLE holds the table's exclusive lock meanwhile:
--- emitting transactions and relays wait for it.
+-- emitting transactions and relays wait for it. Like the domains, their
+-- checks are added only where they are missing, so that the migrations
+-- run again over an outbox whose processed table and migrations record
+-- were dropped (its domains are left behind) complete.
 DO $$ BEGIN CREATE DOMAIN {{.Table}}_outbox_id AS text COLLATE "C"; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 DO $$ BEGIN CREATE DOMAIN {{.Table}}_outbox_str AS text COLLATE "C"; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
 DO $$ DECLARE r record; BEGIN FOR r IN SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1] WHERE c.conrelid = '{{.Table}}_outbox'::regclass AND c.contype = 'c' AND cardinality(c.conkey) = 1 AND a.attname IN ('id', 'consumer', 'source_id', 'destination', 'order_key') LOOP EXECUTE format('ALTER TABLE {{.Table}}_outbox DROP CONSTRAINT IF EXISTS %I', r.conname); END LOOP; END $$;
@@ -28,5 +31,5 @@ ALTER TABLE {{.Table}}_outbox
     ALTER COLUMN consumer TYPE {{.Table}}_outbox_str,
     ALTER COLUMN source_id TYPE {{.Table}}_outbox_str,
     ALTER COLUMN order_key TYPE {{.Table}}_outbox_str;
-ALTER DOMAIN {{.Table}}_outbox_id ADD CONSTRAINT {{.Name}}_outbox_id_bytes CHECK (octet_length(VALUE) BETWEEN 1 AND 255) NOT VALID;
-ALTER DOMAIN {{.Table}}_outbox_str ADD CONSTRAINT {{.Name}}_outbox_str_bytes CHECK (octet_length(VALUE) <= 255) NOT VALID;
+DO $$ BEGIN ALTER DOMAIN {{.Table}}_outbox_id ADD CONSTRAINT {{.Name}}_outbox_id_bytes CHECK (octet_length(VALUE) BETWEEN 1 AND 255) NOT VALID; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+DO $$ BEGIN ALTER DOMAIN {{.Table}}_outbox_str ADD CONSTRAINT {{.Name}}_outbox_str_bytes CHECK (octet_length(VALUE) <= 255) NOT VALID; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
