@@ -56,8 +56,8 @@ func TestBreakRenewalsManyStuck(t *testing.T) {
 		order, stuckN, lease := tc.order, tc.stuckN, tc.lease
 		t.Run(fmt.Sprintf("lease-%v/%s-%d", lease, order, stuckN), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				const n = 600
-				stuck := stuckN
+				n := stressAttempts(600)
+				stuck := stressAttempts(stuckN)
 				store := &stuckRenewStore{MemoryStore: idem.NewMemoryStore(nil), stuck: "stuck-", rtt: 5 * time.Millisecond}
 				c := leaseConsumer(t, store, lease)
 				acquire := func(id string) *idem.Attempt {

@@ -107,7 +107,7 @@ func TestBreakRenewalsAllSlow(t *testing.T) {
 				t.Skip("known: renewals sent at most MaxRenewers per slowRenewal; IDEM_BREAKIT_KNOWN=1 runs it")
 			}
 			synctest.Test(t, func(t *testing.T) {
-				n := tc.n
+				n := stressAttempts(tc.n)
 				store := newTimedRenewStore(tc.rtt)
 				c := leaseConsumer(t, store, tc.lease)
 				held := acquireMany(t, c, n, 0)
