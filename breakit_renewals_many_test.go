@@ -41,6 +41,7 @@ func renewers() int {
 // leases, 32 or more all 600; at the default Lease and StoreTimeout, 48
 // stalled cost all 600 in 20 runs of 20.
 func TestBreakRenewalsManyStuck(t *testing.T) {
+	skipUnderRace(t)
 	for _, tc := range []struct {
 		lease  time.Duration
 		order  string

@@ -71,6 +71,7 @@ func (s *timedRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) 
 // and none is left once every attempt completed. MinLease (100ms) makes
 // slowRenewal 1ms.
 func TestBreakRenewalsAllSlow(t *testing.T) {
+	skipUnderRace(t)
 	for _, tc := range []struct {
 		lease, rtt time.Duration
 		n          int
