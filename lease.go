@@ -60,7 +60,9 @@ type AcquireOptions struct {
 // *Attempt, whose lease is renewed in the background every Lease/3 until
 // the attempt ends (by the consumer's one renewal timer, shared by all its
 // attempts; renewals that come due are sent by at most 16 goroutines of
-// the consumer, started while there are some to send): the caller runs
+// the consumer, started while there are some to send, or, on a store that
+// renews in batches (idemdriver.LeaseBatchRenewer), in batches of up to
+// 500 per store round trip): the caller runs
 // the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
