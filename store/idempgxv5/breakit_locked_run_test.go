@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/testenv"
 	"github.com/jackc/pgx/v5"
 )
@@ -277,4 +278,65 @@ func TestBreakLockedRoundPoolExhausted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBreakLockedRoundBoundDoesNotLeak: a locked round bounds its own
+// transaction with idle_in_transaction_session_timeout = Lease (20ms
+// here). On a pool of one connection, after a round that sent its rows
+// (committed), one that found nothing (rolled back) and one whose end
+// failed (a failed row the store refuses: rolled back), a Consumer's
+// transaction on that same connection idles 300ms inside its handler:
+// the bound must have ended with each round's transaction, so the
+// message is processed. Directly and through PgBouncer in transaction
+// pooling (both exec modes).
+func TestBreakLockedRoundBoundDoesNotLeak(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { lockedBoundNoLeak(t, poolOpts{maxConns: 1}) })
+	for _, mode := range bouncerModes {
+		t.Run(fmt.Sprintf("pgbouncer-%v", mode), func(t *testing.T) {
+			lockedBoundNoLeak(t, poolOpts{maxConns: 1, mode: mode, url: bouncerURL(t)})
+		})
+	}
+}
+
+func lockedBoundNoLeak(t *testing.T, o poolOpts) {
+	ctx := context.Background()
+	b := setup(t, o)
+	emitKeyed(t, b, 2, 2)
+	r, err := idem.NewRelay(idem.RelayConfig{Store: b.store, Workers: 1, Retention: -1, LockedRounds: true, Lease: 20 * time.Millisecond,
+		Publisher: idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error { return make([]error, len(m)) })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // two rounds that send, one that finds nothing
+		if _, err := r.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.wantPendingRows(t, ctx, 0)
+	// A round whose end fails: its Publish names a row failed at attempt
+	// 0, which the store refuses (ErrInvalidConfig) after the claim.
+	emitKeyed(t, b, 1, 1)
+	n, err := b.store.LockedRound(ctx, &idemdriver.LockedRoundParams{Limit: 10, Lease: 20 * time.Millisecond,
+		Publish: func(_ context.Context, recs []idemdriver.OutgoingRecord) (idemdriver.MarkSentParams, []idemdriver.FailedRow) {
+			return idemdriver.MarkSentParams{}, []idemdriver.FailedRow{{ID: recs[0].ID, Seq: recs[0].Seq, Attempt: 0, Error: "e"}}
+		}})
+	t.Logf("the round whose end fails: %d rows, %v", n, err)
+	if err == nil {
+		t.Fatal("a failed row at attempt 0 was accepted")
+	}
+	c := b.consumer(t, "after")
+	out, err := c.Process(ctx, idem.Message{ID: "m-1", Payload: []byte("p")}, func(ctx context.Context, tx pgx.Tx, m idem.Message) error {
+		if err := b.writeEffect(ctx, tx, m.ID); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond) // idle in the transaction, far past the rounds' bound
+		return nil
+	})
+	if err != nil || out.Status != idem.Processed {
+		t.Fatalf("Process after the rounds: %v %v; want processed (a round's idle bound outlived its transaction?)", out.Status, err)
+	}
+	if n := b.countEffects(t, "m-1"); n != 1 {
+		t.Errorf("%d effects, want 1", n)
+	}
+	checkPool(t, b.pool)
 }
