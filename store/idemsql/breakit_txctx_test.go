@@ -1,0 +1,116 @@
+package idemsql_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// TestBreakTxContextsCancelStorm: 4 workers process 150 messages through
+// one Consumer on SQLite (database/sql rolls back a transaction whose
+// context ends), under three kinds of caller contexts, taken in turn: the
+// worker's long-lived one; one per message, cancelled as soon as Process
+// returns (as a broker adapter does once it settled the message); one
+// per message that another goroutine cancels a moment after Process
+// starts, which may land in the handler or the commit. A message whose
+// own context was cancelled may fail, and is processed again under a
+// fresh one; no other call may fail, no handler of the first two kinds
+// may start on an ended context, and every message ends with one record
+// and one effect. (It logs the failures of cancelled calls whose error
+// does not match context.Canceled.) It
+// guards the contexts a Consumer keeps between transactions: one ended
+// by another caller's cancellation (or left linked to it) would fail or
+// roll back a transaction it does not belong to.
+func TestBreakTxContextsCancelStorm(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idemsql.SQLite, envOptions{})
+	c, err := idem.NewConsumer[*sql.Tx](e.store, idem.Config{Name: "storm", PurgeInterval: -1, StoreTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	const workers, messages = 4, 150
+	long := t.Context()
+	var (
+		mu       sync.Mutex
+		retried  int
+		failures []string
+		uncaused []string // errors of cancelled calls not matching context.Canceled
+	)
+	handler := func(ctx context.Context, tx *sql.Tx, m idem.Message) error {
+		if err := ctx.Err(); err != nil && ctx.Value(stormKey{}) != 2 {
+			mu.Lock()
+			failures = append(failures, fmt.Sprintf("%s: the handler started on an ended context (%v)", m.ID, context.Cause(ctx)))
+			mu.Unlock()
+		}
+		return e.writeEffect(ctx, tx, m.ID)
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < messages; i += workers {
+				m := idem.Message{ID: fmt.Sprintf("m-%03d", i), Payload: []byte("p")}
+				for try := 0; ; try++ {
+					kind := (i + try) % 3
+					ctx, cancel := long, context.CancelFunc(func() {})
+					if kind > 0 {
+						ctx, cancel = context.WithCancel(long)
+					}
+					ctx = context.WithValue(ctx, stormKey{}, kind)
+					stop := make(chan struct{})
+					if kind == 2 {
+						go func() {
+							select {
+							case <-time.After(time.Duration(i%7) * 100 * time.Microsecond):
+							case <-stop:
+							}
+							cancel()
+						}()
+					}
+					out, err := c.Process(ctx, m, handler)
+					close(stop)
+					cancelled := ctx.Err() != nil
+					cancel()
+					if out.Status == idem.Processed || out.Status == idem.Duplicate {
+						break
+					}
+					mu.Lock()
+					if !cancelled {
+						failures = append(failures, fmt.Sprintf("%s: %v %v (its own context not cancelled)", m.ID, out.Status, err))
+						mu.Unlock()
+						return
+					}
+					retried++
+					if !errors.Is(err, context.Canceled) {
+						uncaused = append(uncaused, err.Error())
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, f := range failures {
+		t.Error(f)
+	}
+	for i := range messages {
+		e.wantEffects(fmt.Sprintf("m-%03d", i), 1)
+	}
+	e.wantRecords("storm", messages)
+	t.Logf("%d messages processed again after their own context was cancelled; %d of those failures did not match context.Canceled", retried, len(uncaused))
+	for i, u := range uncaused {
+		if i < 3 {
+			t.Logf("  %s", u)
+		}
+	}
+}
+
+// stormKey marks the kind of a call's context in TestBreakTxContextsCancelStorm.
+type stormKey struct{}
