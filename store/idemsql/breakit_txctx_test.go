@@ -19,7 +19,10 @@ import (
 // worker's long-lived one; one per message, cancelled as soon as Process
 // returns (as a broker adapter does once it settled the message); one
 // per message that another goroutine cancels a moment after Process
-// starts, which may land in the handler or the commit. A message whose
+// starts, which may land in the handler or the commit; one that every
+// worker shares, cancelled and replaced after every 10th call of this
+// kind, in flight or not (a transaction's context kept linked to it
+// meanwhile must not end another's). A message whose
 // own context was cancelled may fail, and is processed again under a
 // fresh one; no other call may fail, no handler of the first two kinds
 // may start on an ended context, and every message ends with one record
@@ -45,23 +48,45 @@ func TestBreakTxContextsCancelStorm(t *testing.T) {
 		uncaused []string // errors of cancelled calls not matching context.Canceled
 	)
 	handler := func(ctx context.Context, tx *sql.Tx, m idem.Message) error {
-		if err := ctx.Err(); err != nil && ctx.Value(stormKey{}) != 2 {
+		if k := ctx.Value(stormKey{}); ctx.Err() != nil && k != 2 && k != 3 {
 			mu.Lock()
 			failures = append(failures, fmt.Sprintf("%s: the handler started on an ended context (%v)", m.ID, context.Cause(ctx)))
 			mu.Unlock()
 		}
 		return e.writeEffect(ctx, tx, m.ID)
 	}
+	// sharedCtx is the context every worker's calls of the fourth kind
+	// share, cancelled and replaced after every 10th message: kept links
+	// to it outlive their transactions.
+	var (
+		sharedMu     sync.Mutex
+		shared       context.Context
+		sharedCancel context.CancelFunc = func() {}
+		sharedCount  int
+	)
+	sharedCtx := func(i int) context.Context {
+		sharedMu.Lock()
+		defer sharedMu.Unlock()
+		if sharedCount++; shared == nil || sharedCount%10 == 0 {
+			sharedCancel()
+			shared, sharedCancel = context.WithCancel(long)
+		}
+		return shared
+	}
+	defer func() { sharedCancel() }()
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for i := w; i < messages; i += workers {
 				m := idem.Message{ID: fmt.Sprintf("m-%03d", i), Payload: []byte("p")}
 				for try := 0; ; try++ {
-					kind := (i + try) % 3
+					kind := (i + try) % 4
 					ctx, cancel := long, context.CancelFunc(func() {})
-					if kind > 0 {
+					switch kind {
+					case 1, 2:
 						ctx, cancel = context.WithCancel(long)
+					case 3:
+						ctx = sharedCtx(i)
 					}
 					ctx = context.WithValue(ctx, stormKey{}, kind)
 					stop := make(chan struct{})
