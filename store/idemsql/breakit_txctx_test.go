@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -139,3 +140,98 @@ func TestBreakTxContextsCancelStorm(t *testing.T) {
 
 // stormKey marks the kind of a call's context in TestBreakTxContextsCancelStorm.
 type stormKey struct{}
+
+// TestBreakTxStoreTimeoutsReused: 4 workers process 120 messages on
+// SQLite with a 40ms StoreTimeout while another connection takes the
+// write lock (BEGIN IMMEDIATE) again and again for 0-80ms, so that some
+// claims and commits run past the timeout. A call that fails with
+// ErrStoreTimeout must have run for the timeout at least (a deadline
+// left over from an earlier transaction, its timer reused, would cut a
+// later call short); the message is processed again until it is done;
+// each ends with one record and one effect.
+func TestBreakTxStoreTimeoutsReused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idemsql.SQLite, envOptions{})
+	const workers, messages, timeout = 4, 120, 40 * time.Millisecond
+	c, err := idem.NewConsumer[*sql.Tx](e.store, idem.Config{Name: "timeouts", PurgeInterval: -1, StoreTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ctx := t.Context()
+	lockDone := make(chan struct{})
+	stopLock := make(chan struct{})
+	go func() {
+		defer close(lockDone)
+		conn, err := e.db.Conn(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		for i := 0; ; i++ {
+			select {
+			case <-stopLock:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+				continue
+			}
+			time.Sleep(time.Duration(i%5) * 20 * time.Millisecond)
+			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var (
+		mu             sync.Mutex
+		timeouts, fast int
+		other          []string
+	)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < messages; i += workers {
+				m := idem.Message{ID: fmt.Sprintf("m-%03d", i), Payload: []byte("p")}
+				for try := 0; try < 200; try++ {
+					start := time.Now()
+					out, err := c.Process(ctx, m, e.effectHandler)
+					took := time.Since(start)
+					if out.Status == idem.Processed || out.Status == idem.Duplicate {
+						break
+					}
+					mu.Lock()
+					switch {
+					case errors.Is(err, idem.ErrStoreTimeout):
+						timeouts++
+						if took < timeout {
+							fast++
+							other = append(other, fmt.Sprintf("%s: ErrStoreTimeout after %v, under the %v timeout", m.ID, took, timeout))
+						}
+					default:
+						other = append(other, fmt.Sprintf("%s: %v %v after %v", m.ID, out.Status, err, took))
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stopLock)
+	<-lockDone
+	for i, o := range other {
+		if i < 10 {
+			t.Log(o)
+		}
+	}
+	if fast > 0 {
+		t.Errorf("%d of %d store timeouts came before the timeout", fast, timeouts)
+	}
+	for i := range messages {
+		e.wantEffects(fmt.Sprintf("m-%03d", i), 1)
+	}
+	e.wantRecords("timeouts", messages)
+	t.Logf("%d calls failed with ErrStoreTimeout, %d otherwise", timeouts, len(other)-fast)
+}
