@@ -53,13 +53,6 @@ func TestBreakRenewalsConnectionChurn(t *testing.T) {
 func renewalsHeld(t *testing.T, conns int, lock bool) {
 	for _, d := range []idemsql.Dialect{idemsql.MySQL, idemsql.Postgres} {
 		t.Run(string(d), func(t *testing.T) {
-			if lock && d == idemsql.MySQL && os.Getenv("IDEM_BREAKIT_KNOWN") == "" {
-				// Known since renewals go in batches (merge 74d50f2): the
-				// MariaDB batch is one transaction of fenced UPDATEs,
-				// which waits on the locked row with every lease of the
-				// batch; 39 of 39 lost in 4 runs of 4 (0 before).
-				t.Skip("known: a MariaDB renewal batch waits on one locked row with all its leases; IDEM_BREAKIT_KNOWN=1 runs it")
-			}
 			t.Parallel()
 			ctx := t.Context()
 			e := newEnv(t, d, envOptions{})

@@ -23,7 +23,8 @@ var _ idemdriver.LeaseBatchRenewer = (*Store)(nil)
 //   - MySQL/MariaDB and SQLite: one transaction (one commit) of the
 //     fenced UPDATE of Renew per lease, in key order, on the prepared
 //     statement; a row another transaction holds locked is waited for, as
-//     by Renew.
+//     by Renew, with the whole batch (which is why the LeaseConsumer does
+//     not batch on MySQL: see RenewsBatches).
 //
 // Per element: nil when extended, an error matching idemdriver.ErrLeaseLost
 // when its token does not own the record, the error of
@@ -63,5 +64,11 @@ func (s *Store) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]
 	return errs, nil
 }
 
-// RenewsBatches implements [idemdriver.LeaseBatchRenewer]: true.
-func (s *Store) RenewsBatches() bool { return true }
+// RenewsBatches implements [idemdriver.LeaseBatchRenewer]: true on
+// PostgreSQL and SQLite, false on MySQL/MariaDB, whose batch waits on a
+// row another transaction holds locked with every lease of the batch (so
+// one locked record would cost the others their leases): there the
+// LeaseConsumer renews each lease alone, as before batches. SQLite has
+// one writer, so any transaction holding it stops every renewal, batched
+// or not.
+func (s *Store) RenewsBatches() bool { return s.dialect != MySQL }
