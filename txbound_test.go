@@ -490,3 +490,55 @@ func TestTxCallerLinks(t *testing.T) {
 		s.everyTxEnded(t, "after Close")
 	})
 }
+
+// ProcessTx's claim runs under the reused contexts too: a claim that
+// stalls ends at the store timeout, or at once when the caller's context
+// ends, and the caller's transaction is left to the caller; the next
+// ProcessTx claims.
+func TestTxProcessTxClaimBounded(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newSQLLikeStore()
+		c := newTxConsumer(t, s, 2*time.Second)
+		msg := idem.Message{ID: "m", Payload: []byte("p")}
+		s.setStall("claim")
+		tx, err := s.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		out, err := c.ProcessTx(t.Context(), tx, msg, noopHandler)
+		if out.Status != idem.Failed || !errors.Is(err, idem.ErrStoreTimeout) || time.Since(start) != 2*time.Second {
+			t.Errorf("ProcessTx whose claim stalls: %v (%v) after %v, want Failed matching ErrStoreTimeout after 2s", out.Status, err, time.Since(start))
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.ProcessTx(ctx, tx, msg, noopHandler)
+			done <- err
+		}()
+		synctest.Wait()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) || errors.Is(err, idem.ErrStoreTimeout) || time.Since(start) != 2*time.Second {
+			t.Errorf("ProcessTx whose claim stalls, its context cancelled: %v, want an error matching context.Canceled at once", err)
+		}
+		if err := s.Rollback(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
+		s.setStall("")
+		tx, err = s.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := c.ProcessTx(t.Context(), tx, msg, noopHandler); out.Status != idem.Processed || err != nil {
+			t.Fatalf("ProcessTx: %v (%v), want Processed", out.Status, err)
+		}
+		if err := s.Commit(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
+		s.everyTxEnded(t, "after ProcessTx")
+		if n := idem.CountRecords(s.MemoryStore, "c"); n != 1 {
+			t.Errorf("%d records, want 1", n)
+		}
+	})
+}
