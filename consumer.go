@@ -309,7 +309,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	} else {
 		c.initTxBound(b, ctx)
 	}
-	defer b.end()
+	defer b.end() // after a panic or a store error; release keeps b's contexts for reuse
 	if bc, ok := c.store.(idemdriver.BeginClaimer[TTx]); ok {
 		err = b.call(func(bctx context.Context) (err error) { tx, res, err = bc.BeginClaim(bctx, p); return err })
 		if err != nil {
@@ -327,6 +327,7 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		// The store ended the transaction itself (a BeginClaimer may, on a
 		// duplicate): there is nothing left to roll back, and the outcome
 		// stands even if the deadline passed just as it returned.
+		b.release()
 		return c.settleExisting(msg.ID, fp, res)
 	}
 	if err := b.usable(); err != nil {
@@ -339,8 +340,8 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 		return c.settleExisting(msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)
-	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
+	e, hctx := c.handlerCtx(ctx, cp, msg.ID)
+	if err := runHandler(func() error { return handler(hctx, tx, msg) }); err != nil {
 		e.take()
 		return c.handlerFailed(msg.ID, err, c.rollback(ctx, b, msg.ID, tx))
 	}
@@ -348,17 +349,29 @@ func (c *Consumer[TTx]) process(ctx context.Context, t *track, msg Message, hand
 	if err != nil {
 		return c.failed(msg.ID, errors.Join(err, c.rollback(ctx, b, msg.ID, tx)))
 	}
+	b.release()
 	c.committed(ctx, msg.ID, emitted)
 	return Outcome{Status: Processed, MessageID: msg.ID}, nil
 }
 
-// claimParams is what Process allocates for one message, together: the
-// claim's parameters, the array its default fingerprint is summed into,
-// and the transaction's deadlines.
+// claimParams is what Process and ProcessTx allocate for one message,
+// together: the claim's parameters, the array its default fingerprint is
+// summed into, the transaction's deadlines, the emitter and the handler's
+// context that carries it.
 type claimParams struct {
-	p  idemdriver.ClaimParams
-	fp [sha256.Size]byte
-	b  txBound
+	p    idemdriver.ClaimParams
+	fp   [sha256.Size]byte
+	b    txBound
+	e    emitter
+	hctx emitterCtx
+}
+
+// handlerCtx readies cp's emitter for the message id and returns it with
+// the handler's context, ctx carrying it.
+func (c *Consumer[TTx]) handlerCtx(ctx context.Context, cp *claimParams, id string) (*emitter, context.Context) {
+	e := c.out.initEmitter(&cp.e, c.cfg.Name, c.cfg.OutboxHeaders, id)
+	cp.hctx = emitterCtx{Context: ctx, e: e}
+	return e, &cp.hctx
 }
 
 // claimFailed is the outcome of a claim that failed with err (joined with
@@ -402,17 +415,21 @@ func (c *Consumer[TTx]) ProcessTx(ctx context.Context, tx TTx, msg Message, hand
 }
 
 func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Message, handler Handler[TTx]) (Outcome, error) {
-	out, fp := c.prepare(msg)
+	cp := &claimParams{}
+	out, fp := c.prepareInto(msg, &cp.fp)
 	if out.Status != 0 {
 		return out, out.Err
 	}
 	since := t.now()
-	cctx, cancel := callCtx(ctx, c.storeTimeout())
-	res, err := c.store.ClaimTx(cctx, tx, &idemdriver.ClaimParams{
-		Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout()),
-	})
-	err = timedOut(cctx, err)
-	cancel()
+	cp.p = idemdriver.ClaimParams{Consumer: c.cfg.Name, MessageID: msg.ID, Fingerprint: fp, LockTimeout: lockTimeout(c.storeTimeout())}
+	var res idemdriver.ClaimResult
+	b := &cp.b
+	c.initTxBound(b, ctx)
+	defer b.end() // after a panic in the store
+	err := b.call(func(bctx context.Context) (err error) { res, err = c.store.ClaimTx(bctx, tx, &cp.p); return err })
+	// The claim's call has returned: nothing derived from b's context
+	// outlives it, whatever its outcome.
+	b.release()
 	if err != nil {
 		return c.claimFailed(ctx, msg.ID, "claim", err, nil)
 	}
@@ -420,8 +437,8 @@ func (c *Consumer[TTx]) processTx(ctx context.Context, t *track, tx TTx, msg Mes
 		return c.settleExisting(msg.ID, fp, res)
 	}
 	t.claim(ctx, -1, msg.ID, 0, 0, since)
-	e := c.out.emitter(c.cfg.Name, c.cfg.OutboxHeaders, msg.ID)
-	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, msg) }); err != nil {
+	e, hctx := c.handlerCtx(ctx, cp, msg.ID)
+	if err := runHandler(func() error { return handler(hctx, tx, msg) }); err != nil {
 		e.take()
 		return c.handlerFailed(msg.ID, err, nil)
 	}
@@ -526,8 +543,9 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		}
 	}
 	since := t.now()
-	b := c.newTxBound(ctx)
-	defer b.end()
+	var b txBound
+	c.initTxBound(&b, ctx)
+	defer b.end() // after a panic or a store error; release keeps b's contexts for reuse
 	var (
 		tx  TTx
 		res []idemdriver.ClaimResult
@@ -564,7 +582,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		if !errors.Is(err, ErrLockTimeout) {
 			err = c.storeErr(ctx, "claim batch", "", err)
 		}
-		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
+		fail(errors.Join(err, c.rollback(ctx, &b, "", tx)))
 		return
 	}
 	freshIdx := make([]int, 0, len(res))
@@ -584,7 +602,7 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 		fresh[k] = msgs[i]
 	}
 	if len(fresh) == 0 {
-		if err := c.rollback(ctx, b, "", tx); err != nil {
+		if err := c.rollback(ctx, &b, "", tx); err != nil {
 			fail(err)
 		}
 		return
@@ -595,14 +613,15 @@ func (c *Consumer[TTx]) processClaims(ctx context.Context, t *track, msgs []Mess
 	}
 	if err := runHandler(func() error { return handler(withEmitter(ctx, e), tx, fresh) }); err != nil {
 		e.take()
-		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
+		fail(errors.Join(err, c.rollback(ctx, &b, "", tx)))
 		return
 	}
-	emitted, err := c.emitCommit(ctx, b, tx, "", e)
+	emitted, err := c.emitCommit(ctx, &b, tx, "", e)
 	if err != nil {
-		fail(errors.Join(err, c.rollback(ctx, b, "", tx)))
+		fail(errors.Join(err, c.rollback(ctx, &b, "", tx)))
 		return
 	}
+	b.release()
 	c.committed(ctx, "", emitted)
 	for k, r := range res {
 		if r.Claimed {
@@ -622,32 +641,26 @@ func (c *Consumer[TTx]) Purge(ctx context.Context) (PurgeResult, error) { return
 // timeout (finishTimeout without one): the call gets a detached context,
 // and b's deadline is armed too, since database/sql drivers roll back
 // under the context the transaction began with. id is the message ID for
-// the store error hook, empty for a batch.
+// the store error hook, empty for a batch. Once the rollback succeeded, b
+// is released (the transaction has ended) and must not be used again.
 func (c *Consumer[TTx]) rollback(ctx context.Context, b *txBound, id string, tx TTx) error {
-	if b.selfTimed {
+	var err error
+	switch {
+	case b.selfTimed:
 		// The store bounds the rollback itself.
-		if err := c.store.Rollback(withoutCancel(ctx), tx); err != nil {
-			return c.storeErr(ctx, "rollback", id, err)
-		}
-		return nil
+		err = c.store.Rollback(withoutCancel(ctx), tx)
+	case b.l != nil:
+		// The transaction's reusable detached context: none allocated.
+		err = b.detachedCall(func(rctx context.Context) error { return c.store.Rollback(rctx, tx) })
+	default:
+		rctx, cancel := detachedCallCtx(ctx, c.storeTimeout())
+		err = timedOut(rctx, c.store.Rollback(rctx, tx))
+		cancel()
 	}
-	if b.d > 0 && ctx.Done() == nil && b.ctx.Err() == nil {
-		// ctx cannot be cancelled, so b's context, live and armed with
-		// the store timeout, bounds the call as a detached context would,
-		// without one more context and timer.
-		if err := b.call(func(bctx context.Context) error { return c.store.Rollback(bctx, tx) }); err != nil {
-			return c.storeErr(ctx, "rollback", id, err)
-		}
-		return nil
-	}
-	rctx, cancel := detachedCallCtx(ctx, c.storeTimeout())
-	defer cancel()
-	b.arm()
-	err := c.store.Rollback(rctx, tx)
-	b.disarm()
 	if err != nil {
-		return c.storeErr(ctx, "rollback", id, timedOut(rctx, err))
+		return c.storeErr(ctx, "rollback", id, err)
 	}
+	b.release()
 	return nil
 }
 

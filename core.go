@@ -30,6 +30,10 @@ type core struct {
 	stopOnce sync.Once
 	stop     context.CancelFunc
 	loops    sync.WaitGroup
+
+	// txFree holds the contexts of ended transactions for the next ones
+	// (txbound.go).
+	txFree txFreeList
 }
 
 // start sets cfg (validated, with defaults applied) and the hooks, and
@@ -54,6 +58,7 @@ func (c *core) close() error {
 	c.closed.Store(true)
 	c.stopOnce.Do(c.stop)
 	c.loops.Wait()
+	c.txFree.close()
 	return nil
 }
 

@@ -22,12 +22,18 @@ import (
 // database/sql ties a transaction to the context it began with (it rolls
 // back when that context ends, and its drivers commit under it), so a
 // transaction's context must outlive the handler. The core therefore
-// gives Begin, the claim, Commit and Rollback one context per
-// transaction (txBound) whose deadline it arms around each of those calls
-// and disarms while the handler runs. A store that bounds those calls
-// itself (idemdriver.CallTimer: a deadline on its connection) gets the
-// caller's context as it is, and so does every store when there is no
-// store timeout: no context and no timer per transaction.
+// gives Begin, the claim and Commit a context of the transaction's
+// (txBound, txbound.go) whose deadline it arms around each of those calls
+// and disarms while the handler runs, and Rollback a second one that the
+// caller's cancellation does not end. Both, and the timer, are reused from
+// one transaction to the next: they end with the caller's context through
+// a context.AfterFunc link, not by deriving from it, and that link too is
+// kept while the transactions come under one long-lived context, so a
+// transaction allocates nothing for its deadlines (a context given per
+// message costs its link, two allocations). A store that bounds those calls itself
+// (idemdriver.CallTimer: a deadline on its connection) gets the caller's
+// context as it is, and so does every store when there is no store
+// timeout: no context and no timer per transaction.
 
 // ErrStoreTimeout means a store call ran past Config.StoreTimeout (or
 // PurgeParams.StoreTimeout) and was cancelled: the connection stalled or
@@ -110,100 +116,4 @@ func timedOut(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", cause, err)
 	}
 	return err
-}
-
-// txBound is the context of one transaction's store calls (see the
-// comment at the top of this file): ctx is derived from the caller's and
-// is cancelled, with cause ErrStoreTimeout, when a call made between arm
-// and disarm runs past the store timeout. A txBound is used by one
-// goroutine.
-type txBound struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	d      time.Duration
-	// timer cancels ctx when it fires; made by the first arm and reset
-	// by the next ones, so a transaction's calls share one timer.
-	timer *time.Timer
-	// selfTimed: the store bounds the transaction's calls itself
-	// (idemdriver.CallTimer), and ctx is the caller's.
-	selfTimed bool
-}
-
-// newTxBound returns the txBound of a transaction begun under ctx.
-func (c *core) newTxBound(ctx context.Context) *txBound {
-	b := &txBound{}
-	c.initTxBound(b, ctx)
-	return b
-}
-
-// initTxBound makes b the txBound of a transaction begun under ctx, for a
-// caller that holds b in something it allocates anyway.
-func (c *core) initTxBound(b *txBound, ctx context.Context) {
-	d := c.storeTimeout()
-	if d == 0 {
-		// Nothing to bound: the calls run under the caller's context.
-		*b = txBound{ctx: ctx}
-		return
-	}
-	bctx, cancel := context.WithCancelCause(ctx)
-	*b = txBound{ctx: bctx, cancel: cancel, d: d}
-}
-
-// initSelfTimed makes b the txBound of a transaction begun under ctx on a
-// store that bounds the transaction's calls itself (idemdriver.CallTimer,
-// given the store timeout in ClaimParams.CallTimeout): the calls run
-// under ctx as it is, and b arms nothing.
-func initSelfTimed(b *txBound, ctx context.Context) {
-	*b = txBound{ctx: ctx, selfTimed: true}
-}
-
-// arm starts the deadline of one store call.
-func (b *txBound) arm() {
-	switch {
-	case b.d <= 0:
-	case b.timer == nil:
-		b.timer = time.AfterFunc(b.d, b.expire)
-	default:
-		b.timer.Reset(b.d)
-	}
-}
-
-// expire cancels ctx with the store timeout's cause: the armed call ran
-// past it.
-func (b *txBound) expire() { b.cancel(timeoutCause(b.d)) }
-
-// disarm stops the deadline.
-func (b *txBound) disarm() {
-	if b.timer != nil {
-		b.timer.Stop()
-	}
-}
-
-// call runs fn under the armed deadline and returns its error, marked
-// with ErrStoreTimeout when the deadline cut it short. A call may return
-// nil just as the deadline passes: see usable.
-func (b *txBound) call(fn func(ctx context.Context) error) error {
-	b.arm()
-	err := fn(b.ctx)
-	b.disarm()
-	return timedOut(b.ctx, err)
-}
-
-// usable returns nil while ctx is live, and otherwise the error of a
-// transaction that can no longer be used (database/sql rolls back a
-// transaction whose context ended): the deadline passed just as a call
-// returned, or the caller's context ended.
-func (b *txBound) usable() error {
-	if b.ctx.Err() == nil {
-		return nil
-	}
-	return timedOut(b.ctx, context.Cause(b.ctx))
-}
-
-// end releases the context once the transaction has ended.
-func (b *txBound) end() {
-	b.disarm()
-	if b.cancel != nil {
-		b.cancel(context.Canceled)
-	}
 }

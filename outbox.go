@@ -241,6 +241,22 @@ func (e *emitter) take() []idemdriver.OutgoingRecord {
 	return e.rows
 }
 
+// emitterCtx is the context a Process handler gets: the caller's, carrying
+// the emitter as context.WithValue(ctx, emitterKey{}, e) would, but held
+// in what Process allocates for the message anyway.
+type emitterCtx struct {
+	context.Context
+	e *emitter
+}
+
+// Value implements context.Context.
+func (c *emitterCtx) Value(key any) any {
+	if key == (emitterKey{}) {
+		return c.e
+	}
+	return c.Context.Value(key)
+}
+
 // withEmitter returns ctx carrying e (nil: ctx as it is).
 func withEmitter(ctx context.Context, e *emitter) context.Context {
 	if e == nil {

@@ -40,6 +40,17 @@ func (o consumerOutbox[TTx]) emitter(consumer string, inject HeaderInjector, sou
 	return e
 }
 
+// initEmitter makes e, part of what Process allocates for one message
+// anyway, the emitter of the transaction processing source, and returns
+// it (noOutbox for a store without the outbox capability).
+func (o consumerOutbox[TTx]) initEmitter(e *emitter, consumer string, inject HeaderInjector, source string) *emitter {
+	if o.tx == nil {
+		return noOutbox
+	}
+	e.consumer, e.ok, e.single, e.inject = consumer, true, source, inject
+	return e
+}
+
 // emitTx writes what the handler emitted into tx and returns how many rows
 // it wrote. Its error matches ErrStore.
 func (c *Consumer[TTx]) emitTx(ctx context.Context, tx TTx, id string, e *emitter) (int, error) {
