@@ -26,10 +26,14 @@ func testFailedIndexUpgrade(t *testing.T, v upgradeVariant) {
 			t.Fatal(err)
 		}
 	}
-	// Every 100th record failed for good, the others completed.
+	// Every 100th record failed for good, the others completed; each a
+	// microsecond older than the last, so that all of them fall in the
+	// current partition unless an hour (a bucket) began within the last
+	// 11 ms (a millisecond apart, the seed failed with "no partition found
+	// for row" when run in the first 11 s of an hour).
 	const rows = sqlschema.SmallRows + 500
 	exec(`INSERT INTO `+table+` (consumer, message_id, fingerprint, processed_at, state, token, attempt, last_error)
-		SELECT 'c', 'm-' || g, '\x01'::bytea, now() - g * interval '1 millisecond', CASE WHEN g % 100 = 0 THEN 3 ELSE 2 END, 1, 1,
+		SELECT 'c', 'm-' || g, '\x01'::bytea, now() - g * interval '1 microsecond', CASE WHEN g % 100 = 0 THEN 3 ELSE 2 END, 1, 1,
 			CASE WHEN g % 100 = 0 THEN 'boom' END
 		FROM generate_series(1, $1::int) g`, rows)
 	for i := range 2 {
