@@ -455,7 +455,18 @@ type DeleteFunc func(ctx context.Context, consumer string, horizonUS int64, limi
 func (q *Queries) DeleteRows(db sqlstore.Querier) DeleteFunc {
 	return func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
 		var n int64
-		err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+		if !q.V2 {
+			err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+			return n, err
+		}
+		var key int32
+		switch err := db.QueryRow(ctx, q.consumerKey, consumer).Scan(&key); {
+		case errors.Is(err, sqlstore.ErrNoRows):
+			return 0, nil // a consumer that never wrote a record
+		case err != nil:
+			return 0, err
+		}
+		err := db.QueryRow(ctx, q.purgeBatch, key, horizonUS, int64(limit), consumer).Scan(&n)
 		return n, err
 	}
 }

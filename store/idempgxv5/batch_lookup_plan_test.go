@@ -91,8 +91,8 @@ func fillConsumer(t *testing.T, b *bundle) *pgxpool.Conn {
 			t.Fatal(err)
 		}
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO `+b.table+` (consumer, message_id, fingerprint)
-		SELECT 'c', 'old-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
+	if _, err := conn.Exec(ctx, recordsInsert(b.table, b.part == nil, "'c'", "message_id, fingerprint")+
+		`'old-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
 	return conn
@@ -142,6 +142,9 @@ func probePlans(t *testing.T, b *bundle, conn *pgxpool.Conn, query string, args 
 				return
 			}
 			switch {
+			case n.RelationName == b.table+"_consumers" && strings.HasPrefix(n.IndexCond, "(name = "):
+				// The consumer's key (schema v2): one probe of the
+				// consumers table's unique index on name.
 			case strings.Contains(n.IndexCond, "message_id"):
 				probes++
 			case strings.Contains(n.IndexCond, "processed_at <"):
@@ -178,8 +181,8 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 	ctx := context.Background()
 	steps := b.table + "_steps"
 	for _, q := range []string{
-		`INSERT INTO ` + b.table + ` (consumer, message_id, fingerprint)
-			SELECT 'other', 'h-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`,
+		recordsInsert(b.table, true, "'other'", "message_id, fingerprint") +
+			`'h-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`,
 		`INSERT INTO ` + steps + ` (consumer, message_id, step, result)
 			SELECT 'other', 'h-' || g, 'charge', '\x00'::bytea FROM generate_series(1, 20000) g`,
 		`ANALYZE ` + b.table + `, ` + steps,
@@ -196,6 +199,10 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 		SELECT 'c', 'old-' || g, 'charge', '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
+	var key int32
+	if err := conn.QueryRow(ctx, `SELECT key FROM `+b.table+`_consumers WHERE name = 'c'`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
 	ids, hexFps, fps := []string{"old-1", "old-2", "new-1"}, []string{"00", "00", "01"}, [][]byte{{0}, {0}, {1}}
 	args := map[string][]any{
 		"fingerprint":      {"c", "old-1"},
@@ -210,7 +217,7 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 		"release":          {"failed", false, "c", "old-1", int64(1)},
 		"releaseStep":      {"failed", false, "c", "old-1", int64(1), "settled:1"},
 		"saveStep":         {"c", "old-1", int64(1), "charge", []byte("ok")},
-		"purgeBatch":       {"c", time.Now().UnixMicro(), int64(1000)},
+		"purgeBatch":       {key, time.Now().UnixMicro(), int64(1000), "c"}, // schema v2: the key, then the name
 		"inspect":          {"c", "old-1"},
 	}
 	statements := idempgxv5.KeyedStatements(b.store)

@@ -20,14 +20,49 @@
 // # Schema
 //
 // [Store.Migrate] (or `idem migrate`) creates the processed-messages table
-// from the migrations embedded in idem: one row per (consumer, message_id),
-// both text with the "C" collation (compared byte for byte, whatever the
-// database's collation), the payload fingerprint (bytea) and processed_at
-// (timestamptz, the server's now() when the claiming transaction began),
-// under a primary key on (consumer, message_id) and an index on
-// (consumer, processed_at) for retention. The table name is configurable
-// ([Config.Table]). Migration 002 adds the lease-mode columns and the
-// recovery points table Table + "_steps" (see "Lease mode").
+// from the migrations embedded in idem: one row per consumer and message
+// ID, the ID text with the "C" collation (compared byte for byte, whatever
+// the database's collation), the payload fingerprint (bytea) and
+// processed_at (timestamptz, the server's now() when the claiming
+// transaction began). The table name is configurable ([Config.Table]).
+// Migration 002 adds the lease-mode columns and the recovery points table
+// Table + "_steps" (see "Lease mode").
+//
+// Since migrations 014 and 015 (schema v2) each consumer name is stored
+// once, in the table Table + "_consumers" (key integer, name text COLLATE
+// "C", unique), and a record refers to it by consumer_key: the primary key
+// is (consumer_key, message_id), the retention index (consumer_key,
+// processed_at), the failed records' index (consumer_key, processed_at,
+// message_id) WHERE state = 3. A 4-byte key instead of the name in every
+// row and index entry: with a 22-byte name, 60 bytes of WAL and 16 of heap
+// less per record. The statements take the consumer's name as before and
+// find its key in the consumers table by a subquery; a Store adds a name
+// it has not used yet to that table (INSERT ... ON CONFLICT DO NOTHING),
+// once per name and Store. The recovery points, runs and outbox tables
+// keep the name. The partitioned layout keeps schema v1 (the name in its
+// rows and key).
+//
+// # Upgrading to schema v2
+//
+// Migration 014 adds the consumers table and the column while consumers
+// of any version keep running (a trigger fills the key for rows written
+// by the name alone, a backfill in batches, NOT NULL through a validated
+// check, the new indexes built concurrently); migration 015 then swaps
+// the primary key and drops the consumer column, in one catalog-only
+// transaction. No statement holds the table's exclusive lock for longer
+// than a second (lock_timeout 1s, tried again after a pause); the
+// migration files say how each step is done. Deploy this version first,
+// then run `idem migrate`: a Store finds the table's shape when it first
+// uses it, and again when a statement fails because 015 changed it under
+// the Store (SQLSTATE 42703: the consumer column is gone). In a
+// transaction the Store began itself ([Store.BeginClaim],
+// [Store.BeginClaimBatch], lease mode, retention, operator calls) the
+// statement is made again at once in the new shape; in a transaction of
+// the caller's ([Store.ClaimTx], [Store.ClaimBatchTx]) the error is
+// returned, the transaction is aborted, and the message is not
+// acknowledged: delivered again, it is processed once. A binary older
+// than this one fails its claims after 015 in the same way, for good,
+// until it is replaced.
 //
 // # Partitioned layout
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -63,7 +64,9 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	if err := idemdriver.ValidateAcquireParams(p); err != nil {
 		return idemdriver.AcquireResult{}, err
 	}
-	return s.q.Acquire(ctx, querier{s.pool}, p)
+	return pgsql.Retry(ctx, s.tab, querier{s.pool}, p.Consumer, func(q *pgsql.Queries) (idemdriver.AcquireResult, error) {
+		return q.Acquire(ctx, querier{s.pool}, p)
+	})
 }
 
 // Renew implements [idemdriver.LeaseStore]: one UPDATE that sets the lease
@@ -86,7 +89,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := idemdriver.ValidateRenewParams(p); err != nil {
 		return err
 	}
-	return s.q.Renew(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Renew(ctx, querier{s.pool}, p) })
 }
 
 // Complete implements [idemdriver.LeaseStore]: one UPDATE, fenced by
@@ -116,7 +119,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if err := sqlstore.CheckContentType(p.ContentType); err != nil {
 		return err
 	}
-	return s.q.Complete(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Complete(ctx, querier{s.pool}, p) })
 }
 
 // Release implements [idemdriver.LeaseStore]: one UPDATE, fenced by
@@ -144,7 +147,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 	if err := idemdriver.ValidateReleaseParams(p); err != nil {
 		return err
 	}
-	return s.q.Release(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Release(ctx, querier{s.pool}, p) })
 }
 
 // SaveStep implements [idemdriver.LeaseStore] with one statement: it locks
@@ -169,5 +172,13 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := idemdriver.ValidateStepParams(p); err != nil {
 		return err
 	}
-	return s.q.SaveStep(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.SaveStep(ctx, querier{s.pool}, p) })
+}
+
+// retryErr runs f on the pool with the statements of the table's shape
+// for consumer, again once when the shape changed under it
+// (pgsql.Retry).
+func (s *Store) retryErr(ctx context.Context, consumer string, f func(q *pgsql.Queries) error) error {
+	_, err := pgsql.Retry(ctx, s.tab, querier{s.pool}, consumer, func(q *pgsql.Queries) (struct{}, error) { return struct{}{}, f(q) })
+	return err
 }

@@ -3,6 +3,7 @@ package idempgxv5
 import (
 	"context"
 	"errors"
+	"iter"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,9 +46,19 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if len(order) == 0 {
 		return res, errs, nil
 	}
+	q, err := s.batchShape(ctx, func(yield func(string) bool) {
+		for _, i := range order {
+			if !yield(ps[i].Consumer) {
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
 	b := &pgx.Batch{}
 	for _, i := range order {
-		query, args := s.q.AcquireQuery(ps[i])
+		query, args := q.AcquireQuery(ps[i])
 		b.Queue(query, args...)
 	}
 	br := s.pool.SendBatch(ctx, b)
@@ -56,14 +67,14 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		rows[k] = pgsql.ScanAcquire(row{br.QueryRow()})
 		if err := rows[k].Err(); err != nil && !errors.Is(err, sqlstore.ErrNoRows) {
 			_ = br.Close()
-			return nil, nil, err
+			return nil, nil, s.shapeErr(err)
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, nil, err
+		return nil, nil, s.shapeErr(err)
 	}
 	for k, i := range order {
-		res[i], errs[i] = s.q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
+		res[i], errs[i] = q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
 	}
 	return res, errs, nil
 }
@@ -87,9 +98,19 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if err != nil || len(order) == 0 {
 		return errs, err
 	}
+	q, err := s.batchShape(ctx, func(yield func(string) bool) {
+		for _, i := range order {
+			if !yield(ps[i].Consumer) {
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
 	b := &pgx.Batch{}
 	for _, i := range order {
-		query, args := s.q.CompleteQuery(ps[i])
+		query, args := q.CompleteQuery(ps[i])
 		b.Queue(query, args...)
 	}
 	br := s.pool.SendBatch(ctx, b)
@@ -97,7 +118,7 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		tag, err := br.Exec()
 		if err != nil {
 			_ = br.Close()
-			return nil, err
+			return nil, s.shapeErr(err)
 		}
 		if tag.RowsAffected() == 0 {
 			p := ps[i]
@@ -108,4 +129,31 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		return nil, err
 	}
 	return errs, nil
+}
+
+// batchShape returns the statements of the table's shape for a batch of
+// lease statements of the consumers named by consumers, each added to
+// the consumers table on v2 (pgsql.Table.Ensure) on the pool.
+func (s *Store) batchShape(ctx context.Context, consumers iter.Seq[string]) (*pgsql.Queries, error) {
+	q, err := s.tab.Shape(ctx, querier{s.pool})
+	if err != nil || !q.V2 {
+		return q, err
+	}
+	for c := range consumers {
+		if err := s.tab.Ensure(ctx, querier{s.pool}, c, true); err != nil {
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+// shapeErr returns err, after making the Store find the table's shape
+// again when err is the failure of a statement of the other shape
+// (pgsql.ShapeChanged): the batch, rolled back, fails, and the next one
+// runs in the new shape.
+func (s *Store) shapeErr(err error) error {
+	if pgsql.ShapeChanged(err) {
+		s.tab.Reset()
+	}
+	return err
 }

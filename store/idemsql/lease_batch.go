@@ -5,6 +5,7 @@ import (
 	"database/sql"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -33,7 +34,9 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if s.dialect == Postgres {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
-				return s.pg.Acquire(ctx, querier{tx}, p)
+				return pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) (idemdriver.AcquireResult, error) {
+					return q.Acquire(ctx, querier{tx}, p)
+				})
 			}
 		} else {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
@@ -75,7 +78,10 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		var err error
 		errs, err = sqlstore.CompleteBatch(ctx, ps, func(p *idemdriver.CompleteParams) error {
 			if s.dialect == Postgres {
-				return s.pg.Complete(ctx, querier{tx}, p)
+				_, err := pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) (struct{}, error) {
+					return struct{}{}, q.Complete(ctx, querier{tx}, p)
+				})
+				return err
 			}
 			return sqlstore.Fenced(ctx, querier{s.prepared(tx)}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
 				sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
