@@ -196,6 +196,34 @@ func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, erro
 	return tb.v1, nil
 }
 
+// Cached returns the statements of the table's shape for a statement of
+// consumer when no round trip is needed for them (the shape is known,
+// and on v2 the name is known to be in the consumers table), else nil:
+// the hot paths try it before boxing a Querier for Queries.
+func (tb *Table) Cached(consumer string) *Queries {
+	q := tb.cur.Load()
+	if q == nil || !q.V2 {
+		return q
+	}
+	if known := tb.known.Load(); known != nil {
+		if _, ok := (*known)[consumer]; ok {
+			return q
+		}
+	}
+	return nil
+}
+
+// Changed reports whether err is the failure of a statement of the other
+// shape (ShapeChanged), and then forgets the shape (Reset), so that the
+// caller's next Queries finds it again.
+func (tb *Table) Changed(err error) bool {
+	if ShapeChanged(err) {
+		tb.Reset()
+		return true
+	}
+	return false
+}
+
 // Queries returns the statements of the table's shape (Shape) for a
 // statement of consumer, whose name it first adds to the consumers table
 // on v2 (Ensure), on db; with consumer "" (a statement that writes no
@@ -203,6 +231,9 @@ func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, erro
 // a transaction of its own (a pool or a connection outside any
 // transaction), so that a name it adds is there for good.
 func (tb *Table) Queries(ctx context.Context, db sqlstore.Querier, consumer string, committed bool) (*Queries, error) {
+	if q := tb.Cached(consumer); q != nil {
+		return q, nil
+	}
 	q, err := tb.Shape(ctx, db)
 	if err == nil && q.V2 && consumer != "" {
 		err = tb.Ensure(ctx, db, consumer, committed)

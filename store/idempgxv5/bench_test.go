@@ -82,9 +82,8 @@ func steady(b *testing.B, bb *bundle) {
 	history := `INSERT INTO ` + bb.table + ` (consumer, message_id, fingerprint)
 			SELECT 'history', 'h-' || g, sha256(g::text::bytea) FROM generate_series(1, 100000) g`
 	if bb.part == nil { // schema v2: the consumer's key
-		history = `WITH c AS (INSERT INTO ` + bb.table + `_consumers (name) VALUES ('history') RETURNING key)
-			INSERT INTO ` + bb.table + ` (consumer_key, message_id, fingerprint)
-			SELECT c.key, 'h-' || g, sha256(g::text::bytea) FROM c, generate_series(1, 100000) g`
+		history = recordsInsert(bb.table, true, "'history'", "message_id, fingerprint") +
+			`'h-' || g, sha256(g::text::bytea) FROM generate_series(1, 100000) g`
 	}
 	for _, q := range []string{
 		history,

@@ -218,9 +218,12 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 // Store (migration 015 ran: pgsql.ShapeChanged), the shape is found
 // again and the claim made once more, in a new transaction.
 func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
-	q, err := s.tab.Queries(ctx, querier{c}, p.Consumer, true)
-	if err != nil {
-		return nil, idemdriver.ClaimResult{}, err
+	q := s.tab.Cached(p.Consumer) // no boxed querier on the hot path
+	if q == nil {
+		var err error
+		if q, err = s.tab.Queries(ctx, querier{c}, p.Consumer, true); err != nil {
+			return nil, idemdriver.ClaimResult{}, err
+		}
 	}
 	cb := &claimBatch{}
 	pgsql.AppendClaimArgs(cb.args[:0], p)
