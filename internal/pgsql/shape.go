@@ -296,8 +296,16 @@ const (
 // store used v1's statements. The store then forgets the shape (Reset);
 // where it began the transaction itself, it runs the statement again.
 func ShapeChanged(err error) bool {
+	if err == nil { // before st, whose address escapes: no allocation then
+		return false
+	}
+	return shapeChanged(err)
+}
+
+// shapeChanged is ShapeChanged of an error.
+func shapeChanged(err error) bool {
 	var st interface{ SQLState() string }
-	if err == nil || !errors.As(err, &st) {
+	if !errors.As(err, &st) {
 		return false
 	}
 	s := st.SQLState()
