@@ -68,7 +68,8 @@ func seedAndSize(ctx context.Context, pool *pgxpool.Pool, table string, parts *i
 	insert := `INSERT INTO ` + table + ` (consumer, message_id, fingerprint, processed_at)
 		SELECT 'orders', gen_random_uuid()::text, sha256(g::text::bytea), now() FROM generate_series(1, $1::int) g`
 	if parts == nil {
-		insert = `WITH k AS (INSERT INTO ` + table + `_consumers (name) VALUES ('orders') ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
+		insert = `WITH k AS (INSERT INTO ` + table + `_consumers (key, name) SELECT COALESCE(max(key), 0) + 1, 'orders' FROM ` + table + `_consumers
+			ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
 		INSERT INTO ` + table + ` (consumer_key, message_id, fingerprint, processed_at)
 		SELECT (SELECT key FROM k), gen_random_uuid()::text, sha256(g::text::bytea), now() FROM generate_series(1, $1::int) g`
 	}

@@ -20,5 +20,5 @@ func OpsV2(t string) *sqlstore.Ops {
 	consumers := `SELECT c.name, 0, ` + Micros(`(SELECT MIN(r.processed_at) FROM `+t+` r WHERE r.consumer_key = c.key)`) + `, ` +
 		Micros(`(SELECT MAX(r.processed_at) FROM `+t+` r WHERE r.consumer_key = c.key)`) + `
 FROM ` + t + `_consumers c WHERE EXISTS (SELECT FROM ` + t + ` r WHERE r.consumer_key = c.key) ORDER BY c.name`
-	return sqlstore.NewOpsKeyed(t, NewV2(t).Inspect, Outbox(t+`_outbox`), TimeParam, l.is, consumers).WithFailedIndex()
+	return sqlstore.NewOpsKeyed(t, NewV2(t).Inspect, Outbox(t+`_outbox`), TimeParam, l.nameIs, consumers).WithFailedIndex()
 }

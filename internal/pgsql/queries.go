@@ -167,6 +167,12 @@ type Queries struct {
 	Table string
 	// V2 is set on the statements of schema v2 (NewV2).
 	V2 bool
+	// keys are the consumers' keys that the Table of q resolved (v2), and
+	// one, when set, the key of the one consumer of a Queries made for
+	// one call (Table.Queries in a transaction that added the name): see
+	// ConsumerArg.
+	keys *keyCache
+	one  any
 	// Claim: consumer, message ID, fingerprint, lock timeout (ms as text,
 	// or NULL) -> one row (true) when it inserted the record, with the
 	// transaction's lock_timeout put back; no row on a conflict, with the
@@ -243,8 +249,10 @@ type Queries struct {
 func New(t string) *Queries { return newQueries(layout{t: t}) }
 
 // NewV2 returns the statements of table t in schema v2 (migrations 014
-// and 015): each row holds its consumer's key, consumer_key, and the
-// statements find it from the name in t's consumers table (see layout).
+// and 015): each row holds its consumer's key, consumer_key (smallint).
+// The per-message statements take the key as their consumer parameter
+// (ConsumerArg); the operator's statements take the name and find its
+// key in t's consumers table (see layout).
 func NewV2(t string) *Queries { return newQueries(layout{t: t, v2: true}) }
 
 // newQueries returns the statements of l's table in l's shape.
@@ -252,6 +260,14 @@ func newQueries(l layout) *Queries {
 	t := l.t
 	steps, runs := t+`_steps`, t+`_runs`
 	pk := l.byKey(`$1`, `$2::text`)
+	// The recovery points keep the consumer's name: on v2 the statements
+	// that write one take it as their last parameter.
+	stepName := func(v1, v2 string) string {
+		if l.v2 {
+			return v2
+		}
+		return v1
+	}
 	return &Queries{
 		Table: t,
 		V2:    l.v2,
@@ -289,7 +305,7 @@ WHERE ` + l.byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 	RETURNING 1
 ), point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $3::text, $4::text, $6::text, ''::bytea, now() FROM rel
+	SELECT ` + stepName(`$3`, `$7`) + `::text, $4::text, $6::text, ''::bytea, now() FROM rel
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )
 SELECT count(*) FROM rel`,
@@ -304,7 +320,7 @@ SELECT count(*) FROM rel`,
 	FOR SHARE
 ), ins AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $4::text, $5::bytea, now() FROM owner
+	SELECT ` + stepName(`$1`, `$6`) + `::text, $2::text, $4::text, $5::bytea, now() FROM owner
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )
 SELECT count(*) FROM owner`,
@@ -313,7 +329,7 @@ SELECT count(*) FROM owner`,
 		purgeBatch:  l.purgeBatch(steps),
 		consumerKey: `SELECT key FROM ` + t + `_consumers WHERE name = $1::text`,
 		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error, result, content_type
-FROM ` + t + ` WHERE ` + pk,
+FROM ` + t + ` WHERE ` + l.byName(`$1`, `$2::text`),
 		Stats: l.stats(),
 		Runs: sqlstore.RunQueries{
 			// One statement: extend the newest run to now when the gap
@@ -462,9 +478,13 @@ func acquire(l layout, steps string) string {
 	RETURNING r.token, r.attempt
 )`
 	if steps != "" {
+		name := `$1` // the recovery point's consumer name (v2: the last parameter)
+		if l.v2 {
+			name = `$6`
+		}
 		q += `, point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
+	SELECT ` + name + `::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )`
 	}

@@ -11,19 +11,27 @@ import (
 )
 
 // Schema v2 (migrations 014 and 015 of the default layout) stores each
-// consumer name once, in the table <table>_consumers (key integer, name
+// consumer name once, in the table <table>_consumers (key smallint, name
 // text), and the processed table refers to it by consumer_key: its
 // primary key is (consumer_key, message_id), its retention index
 // (consumer_key, processed_at), and the name is in no row or index entry
 // of it. The recovery points, runs and outbox tables keep the name.
 //
-// The statements of v2 take the consumer name as their parameter, as
-// those of v1 do, and look its key up in the consumers table by a
-// subquery (layout.key): every driver sends the same arguments on both
-// shapes, and the processed table is written with the key a name has in
-// the database, never with one a process remembered. A name must be in
-// the consumers table before its first record is written:
-// Table.Queries adds it (Ensure), once per name and process.
+// A smallint key makes the primary key's entry that of a hand-written
+// table keyed by message ID alone: 8 bytes of header, 2 of key and the
+// ID, rounded up to 8 bytes (48 bytes with a 36-character ID, against 56
+// with a name of 3 to 10 bytes or an integer key). There are at most
+// MaxConsumers keys.
+//
+// The per-message statements of v2 (claims, duplicate reads, lease
+// statements, batches) take the consumer's key as their parameter: a
+// Table resolves each name it is asked for once (resolve: a look-up, or
+// an insert when the name is new) and keeps the key, so the statements
+// probe nothing but the processed table. A key is kept only once its
+// row is known to be committed: keys are never changed or deleted, so a
+// committed key stays the name's for the table's life. The operator's
+// statements (Inspect, Stats, the console's) take the name and find the
+// key by a subquery (layout.key).
 
 // layout is the shape of a processed table: v1 (the consumer name in
 // each row) or v2 (consumer_key).
@@ -41,24 +49,37 @@ func (l layout) col() string {
 }
 
 // key is the expression of the key of the consumer named by the text
-// parameter c (v2): an uncorrelated subquery, which PostgreSQL runs once
-// per statement (an InitPlan) as a probe of the consumers table's unique
-// index on name, and whose value the planner does not see (see byKey).
-// A name not in the table gives NULL.
+// parameter c (v2), for the operator's statements: an uncorrelated
+// subquery, which PostgreSQL runs once per statement (an InitPlan) as a
+// probe of the consumers table's unique index on name, and whose value
+// the planner does not see (see byKey). A name not in the table gives
+// NULL.
 func (l layout) key(c string) string {
 	return `(SELECT key FROM ` + l.t + `_consumers WHERE name = ` + c + `::text)`
 }
 
-// val is the consumer column's value written for the name c.
+// val is the consumer column's value written for the consumer
+// parameter c: the name (v1) or the key (v2).
 func (l layout) val(c string) string {
 	if l.v2 {
-		return l.key(c)
+		return c + `::smallint`
 	}
 	return c + `::text`
 }
 
-// is is byKey's comparison of the consumer with name c (consumerIs).
+// is is byKey's comparison of the consumer with the consumer parameter c
+// (consumerIs; on v2 the key, hidden from the planner in the same way).
 func (l layout) is(c string) string {
+	if l.v2 {
+		return `consumer_key = (SELECT ` + c + `::smallint)`
+	}
+	return consumerIs(c)
+}
+
+// nameIs is the comparison of the consumer with the text parameter c, a
+// name, for the operator's statements (on v2 through the consumers
+// table: key).
+func (l layout) nameIs(c string) string {
 	if l.v2 {
 		return `consumer_key = ` + l.key(c)
 	}
@@ -69,15 +90,20 @@ func (l layout) is(c string) string {
 // its count write it (v1: the parameter itself).
 func (l layout) plain(c string) string {
 	if l.v2 {
-		return l.is(c)
+		return l.nameIs(c)
 	}
 	return `consumer = ` + c + `::text`
 }
 
-// byKey is the condition of the record of consumer c and message ID id
-// (the package's byKey on v1).
+// byKey is the condition of the record of the consumer parameter c and
+// message ID id (the package's byKey on v1).
 func (l layout) byKey(c, id string) string {
 	return l.is(c) + ` AND message_id = ` + id
+}
+
+// byName is byKey with the consumer's name as the text parameter c.
+func (l layout) byName(c, id string) string {
+	return l.nameIs(c) + ` AND message_id = ` + id
 }
 
 // recordsOf is the package's recordsOf in l's shape.
@@ -104,7 +130,7 @@ func (l layout) recordsOf(ids string) string {
 func (l layout) purgeBatch(steps string) string {
 	batch, del, name := `consumer = $1::text`, consumerIs(`$1`), `$1`
 	if l.v2 {
-		batch, del, name = `consumer_key = $1::integer`, `consumer_key = (SELECT $1::integer)`, `$4`
+		batch, del, name = `consumer_key = $1::smallint`, `consumer_key = (SELECT $1::smallint)`, `$4`
 	}
 	return `WITH batch AS (
 	SELECT message_id FROM ` + l.t + `
@@ -131,6 +157,57 @@ func (l layout) stats() string {
 		` FROM ` + l.t + ` r JOIN ` + l.t + `_consumers c ON c.key = r.consumer_key GROUP BY c.name ORDER BY c.name`
 }
 
+// MaxConsumers is the number of consumers a table of schema v2 can
+// hold: their keys are smallint, 1 to 32,767, given in order; a key
+// committed is never changed, deleted or given to another name.
+const MaxConsumers = 32767
+
+// ErrTooManyConsumers is returned (wrapped) by a statement of a consumer
+// new to a table of schema v2 whose MaxConsumers keys are all given: the
+// consumer's messages are not claimed (nothing is acknowledged). The
+// consumers that have a key are not affected; a new one needs a table of
+// its own (Config.Table).
+var ErrTooManyConsumers = errors.New("the table has as many consumers as its smallint keys allow (32,767)")
+
+// numericOutOfRange is PostgreSQL's SQLSTATE for a value out of its
+// type's range: the key after MaxConsumers, in the consumers table's
+// smallint column.
+const numericOutOfRange = "22003"
+
+// keyCache holds the keys of the consumer names a Table resolved, boxed
+// once (a statement's consumer parameter): a map never changed once
+// stored (a key is added by storing a copy), so that a look-up takes no
+// lock and boxes nothing.
+type keyCache struct {
+	m  atomic.Pointer[map[string]any]
+	mu sync.Mutex // serialises the copies of m
+}
+
+// get returns the boxed key of name, nil when not resolved (or c is
+// nil: statements not made by a Table).
+func (c *keyCache) get(name string) any {
+	if c == nil {
+		return nil
+	}
+	if m := c.m.Load(); m != nil {
+		return (*m)[name]
+	}
+	return nil
+}
+
+// put keeps key (a boxed int16) as name's.
+func (c *keyCache) put(name string, key any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := map[string]any{name: key}
+	if m := c.m.Load(); m != nil {
+		for n, k := range *m {
+			next[n] = k
+		}
+	}
+	c.m.Store(&next)
+}
+
 // Table is the statements of a processed table in both shapes, and which
 // shape the table has: found when a store first uses it (one catalog
 // read), and again after Reset. A store keeps one Table for its life.
@@ -140,12 +217,10 @@ type Table struct {
 	cur atomic.Pointer[Queries]
 	// ops are the operator statements of each shape, built on first use.
 	ops1, ops2 func() *sqlstore.Ops
-	// known holds the consumer names known to be in the consumers table:
-	// a map never changed once stored (a name is added by storing a
-	// copy), so that a look-up takes no lock and boxes nothing.
-	known                atomic.Pointer[map[string]struct{}]
-	mu                   sync.Mutex // serialises the copies of known
-	detect, ensure, name string
+	// keys are the consumers' keys resolved (v2), those of committed
+	// rows only.
+	keys                  keyCache
+	detect, resolve, name string
 }
 
 // NewTable returns the statements of table t (validated by
@@ -154,26 +229,52 @@ type Table struct {
 func NewTable(t string, native bool) *Table {
 	tb := &Table{v1: New(t), v2: NewV2(t), name: t}
 	tb.v1.NativeArrays, tb.v2.NativeArrays = native, native
+	tb.v2.keys = &tb.keys
 	tb.ops1 = sync.OnceValue(func() *sqlstore.Ops { return Ops(t) })
 	tb.ops2 = sync.OnceValue(func() *sqlstore.Ops { return OpsV2(t) })
 	// Whether the table has each of the two columns; a table that does
 	// not exist has neither.
 	tb.detect = `SELECT count(*) FILTER (WHERE attname = 'consumer'), count(*) FILTER (WHERE attname = 'consumer_key')
 FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consumer', 'consumer_key') AND NOT attisdropped`
-	// One row, true, when the name was already there (committed before
-	// the statement's snapshot, or inserted by a transaction it waited
-	// for); false when this statement inserted it.
-	tb.ensure = `INSERT INTO ` + t + `_consumers (name) VALUES ($1::text) ON CONFLICT (name) DO NOTHING`
+	// name -> (key, committed): the name's row, or a new one whose key
+	// is the largest plus one (no sequence, so a transaction that rolls
+	// back gives no key away: the next name takes it), committed false.
+	// A row found is committed unless its inserting transaction is still
+	// in progress, which for a row the statement can see means the
+	// caller's own transaction (or a subtransaction of it): its xmin,
+	// made a full transaction ID with the epoch of the snapshot's xmax,
+	// is asked pg_xact_status (xmin 2, frozen, is committed). No row when
+	// a concurrent transaction
+	// inserted the name or took the key: the caller asks again. After
+	// MaxConsumers the new key is out of smallint's range (22003).
+	c := t + `_consumers`
+	tb.resolve = `WITH found AS (
+	SELECT key, xmin::text::bigint AS x FROM ` + c + ` WHERE name = $1::text
+), ins AS (
+	INSERT INTO ` + c + ` (key, name)
+	SELECT COALESCE(max(key), 0) + 1, $1::text FROM ` + c + ` HAVING NOT EXISTS (SELECT FROM found)
+	ON CONFLICT DO NOTHING
+	RETURNING key
+), snap AS (
+	SELECT e, e - e % 4294967296 AS hi FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS e) AS s
+)
+SELECT key, false FROM ins
+UNION ALL
+SELECT f.key, CASE WHEN f.x < 3 THEN true ELSE pg_xact_status(x8::text::xid8) IS DISTINCT FROM 'in progress' END
+FROM found AS f, snap, LATERAL (SELECT CASE WHEN snap.hi + f.x > snap.e THEN snap.hi + f.x - 4294967296 ELSE snap.hi + f.x END AS x8) AS x`
 	return tb
 }
 
 // V1 returns the statements of schema v1, whatever the table's shape.
 func (tb *Table) V1() *Queries { return tb.v1 }
 
-// Reset forgets the table's shape, so that the next use finds it again:
-// after a migration, or a statement that failed because the shape
-// changed (ShapeChanged).
-func (tb *Table) Reset() { tb.cur.Store(nil) }
+// Reset forgets the table's shape and the consumers' keys, so that the
+// next use finds them again: after a migration, or a statement that
+// failed because the shape changed (ShapeChanged).
+func (tb *Table) Reset() {
+	tb.cur.Store(nil)
+	tb.keys.m.Store(nil)
+}
 
 // Shape returns the statements of the table's shape, found with one
 // catalog read on db when not known yet. A table that has neither
@@ -198,17 +299,12 @@ func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, erro
 
 // Cached returns the statements of the table's shape for a statement of
 // consumer when no round trip is needed for them (the shape is known,
-// and on v2 the name is known to be in the consumers table), else nil:
-// the hot paths try it before boxing a Querier for Queries.
+// and on v2 the consumer's key), else nil: the hot paths try it before
+// boxing a Querier for Queries.
 func (tb *Table) Cached(consumer string) *Queries {
 	q := tb.cur.Load()
-	if q == nil || !q.V2 {
+	if q == nil || !q.V2 || tb.keys.get(consumer) != nil {
 		return q
-	}
-	if known := tb.known.Load(); known != nil {
-		if _, ok := (*known)[consumer]; ok {
-			return q
-		}
 	}
 	return nil
 }
@@ -224,50 +320,72 @@ func (tb *Table) Changed(err error) bool {
 	return false
 }
 
-// Queries returns the statements of the table's shape (Shape) for a
-// statement of consumer, whose name it first adds to the consumers table
-// on v2 (Ensure), on db; with consumer "" (a statement that writes no
-// record) it adds nothing. committed tells that db runs each statement in
-// a transaction of its own (a pool or a connection outside any
-// transaction), so that a name it adds is there for good.
+// Queries returns the statements of the table's shape (Shape) for
+// statements of consumer, whose key it first resolves on v2 (Ensure), on
+// db; with consumer "" (statements that take no key) it resolves
+// nothing. committed tells that db runs each statement in a transaction
+// of its own (a pool or a connection outside any transaction), so that
+// a name it adds is there for good. On db, a transaction of the caller's,
+// a key added by it (or by an earlier statement of it) is not kept: the
+// statements returned then are for this call alone, with that key (which
+// the transaction, should it roll back, gives back).
 func (tb *Table) Queries(ctx context.Context, db sqlstore.Querier, consumer string, committed bool) (*Queries, error) {
 	if q := tb.Cached(consumer); q != nil {
 		return q, nil
 	}
 	q, err := tb.Shape(ctx, db)
-	if err == nil && q.V2 && consumer != "" {
-		err = tb.Ensure(ctx, db, consumer, committed)
+	if err != nil || !q.V2 || consumer == "" {
+		return q, err
 	}
-	return q, err
+	key, kept, err := tb.ensure(ctx, db, consumer, committed)
+	if err != nil || kept {
+		return q, err
+	}
+	one := *q
+	one.one = key
+	return &one, nil
 }
 
-// Ensure adds consumer to the consumers table unless this Table knows it
-// is there: one INSERT ... ON CONFLICT DO NOTHING on db, at most once per
-// name and process. The name is remembered when the statement found it
-// there, or when committed is set; a name added by a transaction of the
-// caller's, which may still roll back, is looked for again next time.
+// Ensure resolves the key of consumer on a table of schema v2 (see
+// Queries) unless this Table has it: one statement on db, which adds the
+// name to the consumers table when it is new. The key is kept when its
+// row is committed (found so, or added with committed set). It returns
+// ErrTooManyConsumers (wrapped) when the name is new and every key is
+// given.
 func (tb *Table) Ensure(ctx context.Context, db sqlstore.Querier, consumer string, committed bool) error {
-	if known := tb.known.Load(); known != nil {
-		if _, ok := (*known)[consumer]; ok {
-			return nil
-		}
+	if tb.keys.get(consumer) != nil {
+		return nil
 	}
-	n, err := db.Exec(ctx, tb.ensure, consumer)
-	if err != nil {
-		return fmt.Errorf("consumer key of %q: %w", consumer, err)
-	}
-	if n == 0 || committed {
-		tb.mu.Lock()
-		defer tb.mu.Unlock()
-		next := map[string]struct{}{consumer: {}}
-		if known := tb.known.Load(); known != nil {
-			for c := range *known {
-				next[c] = struct{}{}
+	_, _, err := tb.ensure(ctx, db, consumer, committed)
+	return err
+}
+
+// ensure is Ensure, returning the key (boxed int16) and whether it was
+// kept.
+func (tb *Table) ensure(ctx context.Context, db sqlstore.Querier, consumer string, committed bool) (any, bool, error) {
+	for range sqlstore.MaxClaimAttempts {
+		var (
+			key   int16
+			found bool
+		)
+		switch err := db.QueryRow(ctx, tb.resolve, consumer).Scan(&key, &found); {
+		case errors.Is(err, sqlstore.ErrNoRows):
+			continue // a concurrent transaction added the name or took the key
+		case err != nil:
+			var st interface{ SQLState() string }
+			if errors.As(err, &st) && st.SQLState() == numericOutOfRange {
+				return nil, false, fmt.Errorf("%w: consumer %q: %w", ErrTooManyConsumers, consumer, err)
 			}
+			return nil, false, fmt.Errorf("consumer key of %q: %w", consumer, err)
 		}
-		tb.known.Store(&next)
+		boxed := any(key)
+		if found || committed {
+			tb.keys.put(consumer, boxed)
+			return boxed, true, nil
+		}
+		return boxed, false, nil
 	}
-	return nil
+	return nil, false, sqlstore.ErrUnsettled("consumer key", consumer)
 }
 
 // Ops returns the operator statements of the table's shape, found on db

@@ -28,8 +28,11 @@ SET synchronous_commit = off;
 SET maintenance_work_mem = '512MB';
 TRUNCATE idem_processed, idem_processed_steps, idem_processed_outbox;
 -- Schema v2: each record refers to its consumer by key.
-INSERT INTO idem_processed_consumers (name)
-VALUES ('payments'), ('mail'), ('receipts'), ('shipping'), ('audit'), ('webhooks') ON CONFLICT DO NOTHING;
+-- Keys are smallint, given in order (the largest plus one).
+INSERT INTO idem_processed_consumers (key, name)
+SELECT (SELECT COALESCE(max(key), 0) FROM idem_processed_consumers) + row_number() OVER (), v.n
+FROM (VALUES ('payments'), ('mail'), ('receipts'), ('shipping'), ('audit'), ('webhooks')) AS v(n)
+WHERE NOT EXISTS (SELECT FROM idem_processed_consumers c WHERE c.name = v.n);
 ALTER TABLE idem_processed DROP CONSTRAINT IF EXISTS idem_processed_pkey;
 DROP INDEX IF EXISTS idem_processed_processed_at_idx;
 INSERT INTO idem_processed (consumer_key, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error, updated_at)

@@ -143,8 +143,9 @@ func probePlans(t *testing.T, b *bundle, conn *pgxpool.Conn, query string, args 
 			}
 			switch {
 			case n.RelationName == b.table+"_consumers" && strings.HasPrefix(n.IndexCond, "(name = "):
-				// The consumer's key (schema v2): one probe of the
-				// consumers table's unique index on name.
+				// The consumer's key found by name (schema v2, the
+				// operator's statements): one probe of the consumers
+				// table's unique index on name.
 			case strings.Contains(n.IndexCond, "message_id"):
 				probes++
 			case strings.Contains(n.IndexCond, "processed_at <"):
@@ -204,20 +205,23 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 		t.Fatal(err)
 	}
 	ids, hexFps, fps := []string{"old-1", "old-2", "new-1"}, []string{"00", "00", "01"}, [][]byte{{0}, {0}, {1}}
+	// Schema v2: the per-message statements take the consumer's key; those
+	// that write a recovery point take its name too, last; the purge's
+	// batch takes the key, then the name; Inspect takes the name.
 	args := map[string][]any{
-		"fingerprint":      {"c", "old-1"},
-		"record":           {"c", "old-1"},
-		"fingerprints":     {"c", ids},
-		"claimBatch":       {"c", ids, hexFps, nil},
-		"claimBatchNative": {"c", ids, fps, nil},
-		"acquire":          {"c", "old-1", []byte{0}, int64(time.Minute / time.Microsecond)},
-		"acquireStep":      {"c", "old-1", []byte{0}, int64(time.Minute / time.Microsecond), "run:"},
-		"renew":            {int64(time.Minute / time.Microsecond), "c", "old-1", int64(1)},
-		"complete":         {[]byte("ok"), "text/plain", "c", "old-1", int64(1)},
-		"release":          {"failed", false, "c", "old-1", int64(1)},
-		"releaseStep":      {"failed", false, "c", "old-1", int64(1), "settled:1"},
-		"saveStep":         {"c", "old-1", int64(1), "charge", []byte("ok")},
-		"purgeBatch":       {key, time.Now().UnixMicro(), int64(1000), "c"}, // schema v2: the key, then the name
+		"fingerprint":      {key, "old-1"},
+		"record":           {key, "old-1"},
+		"fingerprints":     {key, ids},
+		"claimBatch":       {key, ids, hexFps, nil},
+		"claimBatchNative": {key, ids, fps, nil},
+		"acquire":          {key, "old-1", []byte{0}, int64(time.Minute / time.Microsecond)},
+		"acquireStep":      {key, "old-1", []byte{0}, int64(time.Minute / time.Microsecond), "run:", "c"},
+		"renew":            {int64(time.Minute / time.Microsecond), key, "old-1", int64(1)},
+		"complete":         {[]byte("ok"), "text/plain", key, "old-1", int64(1)},
+		"release":          {"failed", false, key, "old-1", int64(1)},
+		"releaseStep":      {"failed", false, key, "old-1", int64(1), "settled:1", "c"},
+		"saveStep":         {key, "old-1", int64(1), "charge", []byte("ok"), "c"},
+		"purgeBatch":       {key, time.Now().UnixMicro(), int64(1000), "c"},
 		"inspect":          {"c", "old-1"},
 	}
 	statements := idempgxv5.KeyedStatements(b.store)

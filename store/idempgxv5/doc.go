@@ -29,18 +29,31 @@
 // Table + "_steps" (see "Lease mode").
 //
 // Since migrations 014 and 015 (schema v2) each consumer name is stored
-// once, in the table Table + "_consumers" (key integer, name text COLLATE
+// once, in the table Table + "_consumers" (key smallint, name text COLLATE
 // "C", unique), and a record refers to it by consumer_key: the primary key
 // is (consumer_key, message_id), the retention index (consumer_key,
 // processed_at), the failed records' index (consumer_key, processed_at,
-// message_id) WHERE state = 3. A 4-byte key instead of the name in every
-// row and index entry: with a 22-byte name, 60 bytes of WAL and 16 of heap
-// less per record. The statements take the consumer's name as before and
-// find its key in the consumers table by a subquery; a Store adds a name
-// it has not used yet to that table (INSERT ... ON CONFLICT DO NOTHING),
-// once per name and Store. The recovery points, runs and outbox tables
-// keep the name. The partitioned layout keeps schema v1 (the name in its
-// rows and key).
+// message_id) WHERE state = 3. A 2-byte key instead of the name in every
+// row and index entry makes a primary key entry that of a hand-written
+// table keyed by the message ID alone (48 bytes with a 36-character ID,
+// against 56 with a name of 3 to 10 bytes, 64 with 11 to 18).
+//
+// A Store finds a consumer's key once (per name and Store) with one
+// statement that reads the consumers table and adds the name when it is
+// new, and from then on passes the key as a parameter of the claim, the
+// duplicate's read, the lease statements and the batches, which probe
+// nothing but the processed table. Keys are given in order (the largest
+// plus one); a committed key is never changed, reused or deleted (a
+// transaction that rolls back gives its new key back); a Store keeps a key only
+// once its row is committed (a name added in a transaction of the
+// caller's, [Store.ClaimTx], is looked up again until that transaction
+// has committed). Do not delete rows of the consumers table, nor drop and
+// re-create the table under running Stores. A table holds at most 32,767
+// consumer names: a statement of a name beyond
+// that fails with an error matching [ErrTooManyConsumers], and its
+// messages are not acknowledged. The recovery points, runs and outbox
+// tables keep the name. The partitioned layout keeps schema v1 (the name
+// in its rows and key). See docs/schema.md in idem's repository.
 //
 // # Upgrading to schema v2
 //
@@ -56,7 +69,8 @@
 // uses it, and again when a statement fails because 015 changed it under
 // the Store (SQLSTATE 42703: the consumer column is gone). In a
 // transaction the Store began itself ([Store.BeginClaim],
-// [Store.BeginClaimBatch], lease mode, retention, operator calls) the
+// [Store.BeginClaimBatch], lease mode and its batches, retention,
+// operator calls) the
 // statement is made again at once in the new shape; in a transaction of
 // the caller's ([Store.ClaimTx], [Store.ClaimBatchTx]) the error is
 // returned, the transaction is aborted, and the message is not

@@ -351,7 +351,8 @@ func recordsInsert(t string, v2 bool, consumer, cols string) string {
 	if !v2 {
 		return `INSERT INTO ` + t + ` (consumer, ` + cols + `) SELECT ` + consumer + `, `
 	}
-	return `WITH k AS (INSERT INTO ` + t + `_consumers (name) VALUES (` + consumer + `) ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
+	return `WITH k AS (INSERT INTO ` + t + `_consumers (key, name) SELECT COALESCE(max(key), 0) + 1, ` + consumer + ` FROM ` + t + `_consumers
+		ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
 	INSERT INTO ` + t + ` (consumer_key, ` + cols + `) SELECT (SELECT key FROM k), `
 }
 

@@ -46,6 +46,23 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if len(order) == 0 {
 		return res, errs, nil
 	}
+	q, rows, err := s.acquireRows(ctx, ps, order)
+	if s.tab.Changed(err) { // migration 015 ran: the batch, rolled back, once more in the new shape
+		q, rows, err = s.acquireRows(ctx, ps, order)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	for k, i := range order {
+		res[i], errs[i] = q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
+	}
+	return res, errs, nil
+}
+
+// acquireRows sends the acquire statements of the elements order names
+// of ps, in the table's shape, as one batch, and returns their rows and
+// the statements used; a statement that fails fails the batch (err).
+func (s *Store) acquireRows(ctx context.Context, ps []*idemdriver.AcquireParams, order []int) (*pgsql.Queries, []pgsql.AcquireRow, error) {
 	q, err := s.batchShape(ctx, func(yield func(string) bool) {
 		for _, i := range order {
 			if !yield(ps[i].Consumer) {
@@ -67,16 +84,13 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		rows[k] = pgsql.ScanAcquire(row{br.QueryRow()})
 		if err := rows[k].Err(); err != nil && !errors.Is(err, sqlstore.ErrNoRows) {
 			_ = br.Close()
-			return nil, nil, s.shapeErr(err)
+			return nil, nil, err
 		}
 	}
 	if err := br.Close(); err != nil {
-		return nil, nil, s.shapeErr(err)
+		return nil, nil, err
 	}
-	for k, i := range order {
-		res[i], errs[i] = q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
-	}
-	return res, errs, nil
+	return q, rows, nil
 }
 
 // CompleteBatch implements [idemdriver.LeaseBatcher]: the fenced UPDATE of
@@ -98,6 +112,25 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if err != nil || len(order) == 0 {
 		return errs, err
 	}
+	lost, err := s.completeRows(ctx, ps, order)
+	if s.tab.Changed(err) { // migration 015 ran: the batch, rolled back, once more in the new shape
+		lost, err = s.completeRows(ctx, ps, order)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range lost {
+		p := ps[i]
+		errs[i] = sqlstore.LeaseLost("complete", p.Consumer, p.MessageID, p.Token)
+	}
+	return errs, nil
+}
+
+// completeRows sends the complete statements of the elements order names
+// of ps, in the table's shape, as one batch, and returns the elements
+// whose token owned nothing; a statement that fails fails the batch
+// (err).
+func (s *Store) completeRows(ctx context.Context, ps []*idemdriver.CompleteParams, order []int) (lost []int, err error) {
 	q, err := s.batchShape(ctx, func(yield func(string) bool) {
 		for _, i := range order {
 			if !yield(ps[i].Consumer) {
@@ -118,17 +151,16 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		tag, err := br.Exec()
 		if err != nil {
 			_ = br.Close()
-			return nil, s.shapeErr(err)
+			return nil, err
 		}
 		if tag.RowsAffected() == 0 {
-			p := ps[i]
-			errs[i] = sqlstore.LeaseLost("complete", p.Consumer, p.MessageID, p.Token)
+			lost = append(lost, i)
 		}
 	}
 	if err := br.Close(); err != nil {
 		return nil, err
 	}
-	return errs, nil
+	return lost, nil
 }
 
 // batchShape returns the statements of the table's shape for a batch of
@@ -145,15 +177,4 @@ func (s *Store) batchShape(ctx context.Context, consumers iter.Seq[string]) (*pg
 		}
 	}
 	return q, nil
-}
-
-// shapeErr returns err, after making the Store find the table's shape
-// again when err is the failure of a statement of the other shape
-// (pgsql.ShapeChanged): the batch, rolled back, fails, and the next one
-// runs in the new shape.
-func (s *Store) shapeErr(err error) error {
-	if pgsql.ShapeChanged(err) {
-		s.tab.Reset()
-	}
-	return err
 }

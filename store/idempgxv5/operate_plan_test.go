@@ -27,7 +27,7 @@ func TestOperatorReadPlans(t *testing.T) {
 	ctx := context.Background()
 	t1, outbox := b.table, b.table+"_outbox"
 	for _, s := range []string{
-		`INSERT INTO ` + t1 + `_consumers (name) VALUES ('c0'), ('c1'), ('c2')`,
+		`INSERT INTO ` + t1 + `_consumers (key, name) VALUES (1, 'c0'), (2, 'c1'), (3, 'c2')`,
 		`INSERT INTO ` + t1 + ` (consumer_key, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error)
 		SELECT (SELECT key FROM ` + t1 + `_consumers WHERE name = 'c' || (g % 3)), 'm-' || g, '\x01'::bytea, now() - g * interval '1 second',
 			CASE WHEN g % 50 = 0 THEN 3 WHEN g % 70 = 0 THEN 1 ELSE 2 END, 1, 1, now(), CASE WHEN g % 50 = 0 THEN 'boom' END

@@ -226,7 +226,7 @@ func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver
 		}
 	}
 	cb := &claimBatch{}
-	pgsql.AppendClaimArgs(cb.args[:0], p)
+	q.AppendClaimArgs(cb.args[:0], p)
 	reshaped := false
 	for range sqlstore.MaxClaimAttempts {
 		tx, inserted, err := cb.claim(ctx, c, q.Claim)
@@ -249,6 +249,7 @@ func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver
 				reshaped = true
 				s.tab.Reset()
 				if q, err = s.tab.Queries(ctx, querier{c}, p.Consumer, true); err == nil {
+					q.AppendClaimArgs(cb.args[:0], p) // the consumer parameter is the shape's
 					continue
 				}
 			}

@@ -52,10 +52,12 @@ func dumpRows(t *testing.T, pool *pgxpool.Pool, query string) []string {
 // through Process (the store begins the transaction and claims in one
 // round trip) or, with callerTx, through ProcessTx in a transaction of
 // its own, which a failed claim rolls back and the message is delivered
-// again (as a broker redelivers it). It also redelivers old records of
-// its consumer, which must be duplicates.
+// again (as a broker redelivers it); or, with lease set, in lease mode,
+// the effect written by a step of the attempt (a recovery point). It also
+// redelivers old records of its consumer, which must be duplicates.
 type upgradeWorker struct {
 	c        *idem.Consumer[pgx.Tx]
+	lease    *idem.LeaseConsumer
 	pool     *pgxpool.Pool
 	name     string
 	callerTx bool
@@ -66,6 +68,8 @@ type upgradeWorker struct {
 	dups     int
 	shapeErr int     // claims in the caller's transaction that failed with 42703
 	failures []error // anything else
+	effects  string
+	final    bool // the last redeliveries, after the upgrade: duplicates only
 }
 
 // run processes until stop is closed.
@@ -74,6 +78,7 @@ func (w *upgradeWorker) run(ctx context.Context, effects string, stop <-chan str
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (key) VALUES ($1)`, m.ID)
 		return err
 	}
+	w.effects = effects
 	for i := 0; ; i++ {
 		select {
 		case <-stop:
@@ -117,6 +122,18 @@ func (w *upgradeWorker) run(ctx context.Context, effects string, stop <-chan str
 
 // process is one delivery of m.
 func (w *upgradeWorker) process(ctx context.Context, m idem.Message, h idem.Handler[pgx.Tx]) (idem.Outcome, error) {
+	if w.lease != nil {
+		return w.lease.Process(ctx, m, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+			if w.final {
+				return idem.Result{}, errors.New("a duplicate's handler ran")
+			}
+			_, err := a.Step(ctx, "effect", func(ctx context.Context) ([]byte, error) {
+				_, err := w.pool.Exec(ctx, `INSERT INTO `+w.effects+` (key) VALUES ($1)`, m.ID)
+				return nil, err
+			})
+			return idem.Result{Body: []byte("done " + m.ID)}, err
+		})
+	}
 	if !w.callerTx {
 		return w.c.Process(ctx, m, h)
 	}
@@ -155,18 +172,21 @@ func progress(t *testing.T, what string, n int64, ws ...*upgradeWorker) {
 // completions with results; failed records; records in progress under a
 // live lease with recovery points; outbox rows pending and sent), more
 // than the size below which the migrations run in one transaction, to
-// schema v2 with the embedded migrations 014 and 015, while two
+// schema v2 with the embedded migrations 014 and 015, while three
 // consumers of this version process new messages (each with an effect)
 // and redeliveries of old ones: one through Process, one through
-// ProcessTx in transactions of its own. Their stores are not the one
-// that migrates, so they find the change of shape themselves.
+// ProcessTx in transactions of its own, one in lease mode (Acquire, the
+// effect in a step of the attempt, SaveStep, Complete). Their stores are
+// not the one that migrates, so they find the change of shape
+// themselves.
 //
 // While 014's first ALTER TABLE, and then 015's contract, wait behind a
 // transaction that has read the table, both consumers still complete
 // messages: each statement gives way after its lock timeout (one second)
 // instead of queueing their claims until that transaction ends. After
 // the upgrade every record keeps each of its fields under its consumer's
-// name, the recovery points and outbox rows are unchanged, every message
+// name, the recovery points of the v1 records and the outbox rows are
+// unchanged, every message
 // processed has exactly one record and one effect (a last redelivery of
 // all of them finds duplicates only), the consumer in Process saw no
 // error, the one in ProcessTx at most the failed claims of the shape
@@ -197,7 +217,7 @@ func TestOnlineUpgrade(t *testing.T) {
 		SELECT 'out-' || g, 'orders', 'v1-' || g, 'receipts', 'k' || g % 7, convert_to('p' || g, 'UTF8'), CASE WHEN g % 2 = 0 THEN now() END FROM generate_series(1, 200) g`)
 	effects := table + `_fx`
 	exec(`CREATE TABLE ` + effects + ` (id bigserial PRIMARY KEY, key text NOT NULL)`)
-	steps := `SELECT * FROM ` + table + `_steps ORDER BY consumer, message_id, step`
+	steps := `SELECT * FROM ` + table + `_steps WHERE message_id LIKE 'v1-%' ORDER BY consumer, message_id, step`
 	outbox := `SELECT * FROM ` + table + `_outbox ORDER BY seq`
 	before := [][]string{
 		dumpRows(t, direct, `SELECT `+v1Columns+` FROM `+table+` WHERE message_id LIKE 'v1-%' ORDER BY consumer, message_id`),
@@ -219,20 +239,29 @@ func TestOnlineUpgrade(t *testing.T) {
 	}
 	var workers []*upgradeWorker
 	for _, w := range []struct {
-		name     string
-		r        int
-		callerTx bool
-	}{{"payments-service-v2", 1, false}, {"orders", 0, true}} {
+		name            string
+		r               int
+		callerTx, lease bool
+	}{{"payments-service-v2", 1, false, false}, {"orders", 0, true, false}, {"audit", 2, false, true}} {
 		st, err := idempgxv5.New(u.pool, &idempgxv5.Config{Table: table})
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := idem.NewConsumer[pgx.Tx](st, idem.Config{Name: w.name, PurgeInterval: -1})
-		if err != nil {
-			t.Fatal(err)
+		cfg := idem.Config{Name: w.name, PurgeInterval: -1}
+		uw := &upgradeWorker{pool: u.pool, name: w.name, callerTx: w.callerTx, old: oldOf(w.r)}
+		if w.lease {
+			cfg.Lease = time.Minute
+			if uw.lease, err = idem.NewLeaseConsumer(st, cfg); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = uw.lease.Close() }()
+		} else {
+			if uw.c, err = idem.NewConsumer[pgx.Tx](st, cfg); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = uw.c.Close() }()
 		}
-		defer func() { _ = c.Close() }()
-		workers = append(workers, &upgradeWorker{c: c, pool: u.pool, name: w.name, callerTx: w.callerTx, old: oldOf(w.r)})
+		workers = append(workers, uw)
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -309,6 +338,7 @@ func TestOnlineUpgrade(t *testing.T) {
 		t.Logf("%s: %d messages processed, %d duplicates, %d claims failed on the shape change and delivered again", w.name, len(w.claimed), w.dups, w.shapeErr)
 		claimed = append(claimed, w.claimed...)
 		// Each message once more: a duplicate, and no effect.
+		w.final = true
 		for _, id := range w.claimed {
 			out, err := w.process(ctx, idem.Message{ID: id, Payload: []byte(id)}, func(context.Context, pgx.Tx, idem.Message) error {
 				return errors.New("a duplicate's handler ran")

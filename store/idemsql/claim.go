@@ -61,7 +61,7 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.Cla
 
 // claimPostgresIn is claimPostgres with the statements q.
 func claimPostgresIn(ctx context.Context, q *pgsql.Queries, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	args := pgsql.ClaimArgs(p)
+	args := q.ClaimArgs(p)
 	r, err := tx.ExecContext(ctx, q.Claim, args...)
 	if err != nil {
 		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)

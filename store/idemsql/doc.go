@@ -30,13 +30,16 @@
 // 002 adds the lease-mode columns and the recovery points table Table +
 // "_steps" (see "Lease mode"). On PostgreSQL, migrations 014 and 015
 // (schema v2) store each consumer name once, in Table + "_consumers", and
-// key the records by (consumer_key, message_id), upgrading a table in use
+// key the records by (consumer_key smallint, message_id), upgrading a table in use
 // without blocking its writers; the Store finds the table's shape when it
 // first uses it, and again when 015 changes it under the Store (a claim in
 // the caller's transaction then fails with SQLSTATE 42703 and the message
 // is delivered again; a statement the Store runs on its own is made again
 // at once): see store/idempgxv5's package documentation, "Upgrading to
-// schema v2". Deploy this version before running 015. Message
+// schema v2". The Store finds each consumer's key once and passes it as a
+// statement parameter; a table holds at most 32,767 consumer names, and a
+// new one beyond that fails with an error matching [ErrTooManyConsumers].
+// Deploy this version before running 015. Message
 // IDs and consumer names are compared byte for byte on every dialect,
 // whatever the server's default collation: text COLLATE "C" on PostgreSQL,
 // VARBINARY on MySQL (a utf8mb4_general_ci server would otherwise find

@@ -31,7 +31,7 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if s.dialect == SQLite {
 		s.prepareSQLiteLease(ctx)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTxAgain(ctx, func(tx *sql.Tx) error {
 		if s.dialect == Postgres {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
 				return pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) (idemdriver.AcquireResult, error) {
@@ -74,7 +74,7 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if s.dialect == SQLite {
 		s.prepareSQLiteLease(ctx)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTxAgain(ctx, func(tx *sql.Tx) error {
 		var err error
 		errs, err = sqlstore.CompleteBatch(ctx, ps, func(p *idemdriver.CompleteParams) error {
 			if s.dialect == Postgres {
@@ -92,4 +92,16 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		return nil, err
 	}
 	return errs, nil
+}
+
+// inTxAgain is inTx, run once more on PostgreSQL when a statement failed
+// because the table's shape changed under the Store (migration 015 ran;
+// pgsql.InTx made it find the shape again): the transaction, the
+// Store's own, rolled back, so the batch is made again in the new shape.
+func (s *Store) inTxAgain(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	err := s.inTx(ctx, fn)
+	if s.dialect == Postgres && pgsql.ShapeChanged(err) {
+		err = s.inTx(ctx, fn)
+	}
+	return err
 }

@@ -55,12 +55,45 @@ func TestPostgresShapeChangeUnderStore(t *testing.T) {
 		t.Fatalf("acquire on v1: %+v, %v", r, err)
 	}
 
+	// Two more that have found v1, for the batches.
+	acq, err := idemsql.New(e.db, idemsql.Postgres, &idemsql.Config{Table: e.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := idemsql.New(e.db, idemsql.Postgres, &idemsql.Config{Table: e.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := comp.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "l", MessageID: "v1-held", Fingerprint: fp("h"), Lease: time.Minute})
+	if err != nil || !held.Acquired {
+		t.Fatalf("acquire on v1: %+v, %v", held, err)
+	}
+	if _, err := acq.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "l", MessageID: "v1-other", Fingerprint: fp("o"), Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+
 	other, err := idemsql.New(e.db, idemsql.Postgres, &idemsql.Config{Table: e.table})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := other.Migrate(ctx); err != nil {
 		t.Fatalf("upgrade to v2: %v", err)
+	}
+
+	// The batches, in transactions the stores begin, are made again in
+	// the new shape.
+	res, errs, err := acq.AcquireBatch(ctx, []*idemdriver.AcquireParams{
+		{Consumer: "l", MessageID: "v2-batch-1", Fingerprint: fp("1"), Lease: time.Minute},
+		{Consumer: "l", MessageID: "v2-batch-2", Fingerprint: fp("2"), Lease: time.Minute}})
+	if err != nil || errs[0] != nil || errs[1] != nil || !res[0].Acquired || !res[1].Acquired {
+		t.Errorf("AcquireBatch after the upgrade: %+v, %v, %v", res, errs, err)
+	}
+	cerrs, err := comp.CompleteBatch(ctx, []*idemdriver.CompleteParams{{Consumer: "l", MessageID: "v1-held", Token: held.Token, Result: []byte("r")}})
+	if err != nil || cerrs[0] != nil {
+		t.Errorf("CompleteBatch after the upgrade: %v, %v", cerrs, err)
+	}
+	if r, err := comp.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "l", MessageID: "v1-held", Fingerprint: fp("h"), Lease: time.Minute}); err != nil || r.State != idemdriver.StateCompleted || string(r.Result) != "r" {
+		t.Errorf("the record CompleteBatch completed: %+v, %v", r, err)
 	}
 
 	var pgErr *pgconn.PgError
@@ -88,4 +121,30 @@ func TestPostgresShapeChangeUnderStore(t *testing.T) {
 	if r, err := lease.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "l", MessageID: "v2-lease", Fingerprint: fp("b"), Lease: time.Minute}); err != nil || !r.Acquired {
 		t.Errorf("acquire of a new message after the upgrade: %+v, %v", r, err)
 	}
+}
+
+// A table of schema v2 whose 32,767 consumer keys are all given: a new
+// consumer's claim fails with ErrTooManyConsumers and is not
+// acknowledged; a consumer with a key processes as before.
+func TestPostgresTooManyConsumers(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, idemsql.Postgres, envOptions{})
+	ctx := t.Context()
+	known := e.consumer("known")
+	if out, err := known.Process(ctx, idem.Message{ID: "m-1", Payload: []byte("m-1")}, e.effectHandler); err != nil || out.Status != idem.Processed {
+		t.Fatalf("Process: %v, %v", out.Status, err)
+	}
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO `+e.table+`_consumers (key, name)
+		SELECT g, 'filler-' || g FROM generate_series((SELECT max(key) + 1 FROM `+e.table+`_consumers), 32767) g`); err != nil {
+		t.Fatal(err)
+	}
+	late := e.consumer("late")
+	if _, err := late.Process(ctx, idem.Message{ID: "m-1", Payload: []byte("m-1")}, e.effectHandler); !errors.Is(err, idemsql.ErrTooManyConsumers) {
+		t.Errorf("Process of a new consumer: %v, want ErrTooManyConsumers", err)
+	}
+	if out, err := known.Process(ctx, idem.Message{ID: "m-2", Payload: []byte("m-2")}, e.effectHandler); err != nil || out.Status != idem.Processed {
+		t.Errorf("Process of a consumer with a key: %v, %v", out.Status, err)
+	}
+	e.wantEffects("m-1", 1)
+	e.wantRecords("late", 0)
 }

@@ -97,6 +97,13 @@ var (
 	_ idemdriver.Inspector             = (*Store)(nil)
 )
 
+// ErrTooManyConsumers is returned (wrapped) on PostgreSQL by a claim, an
+// Acquire or a batch of a consumer new to a table of schema v2
+// (migrations 014 and 015) that already holds 32,767 consumer names, the
+// most its smallint keys allow; the message is not claimed. Names that
+// have a key are not affected.
+var ErrTooManyConsumers = pgsql.ErrTooManyConsumers
+
 // New returns a Store over db for the given dialect. cfg may be nil.
 //
 // It returns an error matching [idemdriver.ErrInvalidConfig] when db is nil, the
