@@ -242,7 +242,8 @@ FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consum
 	// A row found is committed unless its inserting transaction is still
 	// in progress, which for a row the statement can see means the
 	// caller's own transaction (or a subtransaction of it): its xmin,
-	// made a full transaction ID with the epoch of the snapshot's xmax,
+	// made a full transaction ID with the epoch of the snapshot's xmax
+	// (the one within 2^31 of it: the caller's own ID may be above xmax),
 	// is asked pg_xact_status (xmin 2, frozen, is committed). No row when
 	// a concurrent transaction
 	// inserted the name or took the key: the caller asks again. After
@@ -260,8 +261,11 @@ FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consum
 )
 SELECT key, false FROM ins
 UNION ALL
-SELECT f.key, CASE WHEN f.x < 3 THEN true ELSE pg_xact_status(x8::text::xid8) IS DISTINCT FROM 'in progress' END
-FROM found AS f, snap, LATERAL (SELECT CASE WHEN snap.hi + f.x > snap.e THEN snap.hi + f.x - 4294967296 ELSE snap.hi + f.x END AS x8) AS x`
+SELECT f.key, CASE WHEN f.x < 3 OR x8 < 3 THEN true ELSE pg_xact_status(x8::text::xid8) IS DISTINCT FROM 'in progress' END
+FROM found AS f, snap, LATERAL (SELECT CASE
+	WHEN snap.hi + f.x > snap.e + 2147483648 THEN snap.hi + f.x - 4294967296
+	WHEN snap.hi + f.x <= snap.e - 2147483648 THEN snap.hi + f.x + 4294967296
+	ELSE snap.hi + f.x END AS x8) AS x`
 	return tb
 }
 
