@@ -61,6 +61,8 @@ func TestConsumerKeyOfRolledBackTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// On a failure, ended before the cleanup's DROP TABLE waits for it.
+	defer func() { _ = tx.Rollback(context.Background()) }()
 	for _, id := range []string{"m-0", "m-1"} {
 		if res, err := st.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "first", MessageID: id, Fingerprint: fp(id)}); err != nil || !res.Claimed {
 			t.Fatalf("claim rolled back: %+v, %v", res, err)
