@@ -24,6 +24,38 @@ func renewers() int {
 	return n
 }
 
+// acquireID acquires message id (payload "p") on c, failing the test
+// when it is not acquired.
+func acquireID(t *testing.T, c *idem.LeaseConsumer, id string) *idem.Attempt {
+	t.Helper()
+	a, out, err := c.Acquire(t.Context(), idem.Message{ID: id, Payload: []byte("p")}, idem.AcquireOptions{})
+	if a == nil {
+		t.Fatalf("Acquire %s: %v %v", id, out, err)
+	}
+	return a
+}
+
+// holdWatching lets steps*step pass (fake time), step by step, and
+// returns the most renewal goroutines seen after each step (renewers).
+func holdWatching(steps int, step time.Duration) (most int) {
+	for range steps {
+		time.Sleep(step)
+		synctest.Wait()
+		most = max(most, renewers())
+	}
+	return most
+}
+
+// countLost counts the attempts of as whose context ended.
+func countLost(as []*idem.Attempt) (lost int) {
+	for _, a := range as {
+		if a.Context().Err() != nil {
+			lost++
+		}
+	}
+	return lost
+}
+
 // TestBreakRenewalsManyStuck: more stalled renewals than the scheduler's
 // goroutines (MaxRenewers), coming due just before 600 others or
 // interleaved with them: the attempts whose renewals the store answers in
@@ -61,13 +93,7 @@ func TestBreakRenewalsManyStuck(t *testing.T) {
 				stuck := stressAttempts(stuckN)
 				store := &stuckRenewStore{MemoryStore: idem.NewMemoryStore(nil), stuck: "stuck-", rtt: 5 * time.Millisecond}
 				c := leaseConsumer(t, store, lease)
-				acquire := func(id string) *idem.Attempt {
-					a, out, err := c.Acquire(t.Context(), idem.Message{ID: id, Payload: []byte("p")}, idem.AcquireOptions{})
-					if a == nil {
-						t.Fatalf("Acquire %s: %v %v", id, out, err)
-					}
-					return a
-				}
+				acquire := func(id string) *idem.Attempt { return acquireID(t, c, id) }
 				var healthy, stalled []*idem.Attempt
 				for i := range n {
 					if order == "stuck-first" && i == 0 {
@@ -82,18 +108,8 @@ func TestBreakRenewalsManyStuck(t *testing.T) {
 					}
 					healthy = append(healthy, acquire(fmt.Sprintf("ok-%d", i)))
 				}
-				most := 0
-				for range 3 * 3 {
-					time.Sleep(lease / 3)
-					synctest.Wait()
-					most = max(most, renewers())
-				}
-				lost := 0
-				for _, a := range healthy {
-					if a.Context().Err() != nil {
-						lost++
-					}
-				}
+				most := holdWatching(3*3, lease/3)
+				lost := countLost(healthy)
 				if lost > 0 {
 					t.Errorf("%d stalled renewals (%s): %d of the %d other attempts lost their lease locally, whose renewals the store answers in %v", len(stalled), order, lost, len(healthy), store.rtt)
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -62,6 +61,57 @@ func (s *timedRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) 
 	return err
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *timedRenewStore) RenewsBatches() bool { return false }
+
+// timedBatchStore is timedRenewStore renewing in batches: each RenewBatch
+// is one round trip of rtt (fake time) for all its leases, counted in
+// batches; the renewals in flight are counted per lease, as Renew counts
+// them.
+type timedBatchStore struct {
+	*timedRenewStore
+	batches int // RenewBatch calls
+}
+
+func (s *timedBatchStore) RenewsBatches() bool { return true }
+
+func (s *timedBatchStore) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]error, error) {
+	s.mu.Lock()
+	s.batches++
+	for _, p := range ps {
+		if s.flying[p.MessageID] > 0 {
+			s.overlap++
+		}
+		s.flying[p.MessageID]++
+	}
+	s.now += len(ps)
+	s.most = max(s.most, s.now)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		for _, p := range ps {
+			s.flying[p.MessageID]--
+		}
+		s.now -= len(ps)
+		s.mu.Unlock()
+	}()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(s.rtt):
+	}
+	errs, err := s.MemoryStore.RenewBatch(ctx, ps)
+	s.mu.Lock()
+	for _, e := range errs {
+		if e == nil {
+			s.renewed++
+		}
+	}
+	s.mu.Unlock()
+	return errs, err
+}
+
 // TestBreakRenewalsAllSlow: every renewal of 600 attempts (200 at MinLease)
 // acquired at once takes longer than slowRenewal (Lease/100), so each one in flight stops
 // counting towards MaxRenewers while the rest wait. The store answers each
@@ -69,13 +119,15 @@ func (s *timedRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) 
 // leases, no attempt may have two renewals in flight at once, the
 // renewal goroutines stay within MaxRenewers plus one per held attempt,
 // and none is left once every attempt completed. MinLease (100ms) makes
-// slowRenewal 1ms.
+// slowRenewal 1ms. Each case runs with renewals sent one by one and in
+// batches (a store that is an idemdriver.LeaseBatchRenewer, whose batch is
+// one round trip of rtt).
 func TestBreakRenewalsAllSlow(t *testing.T) {
 	skipUnderRace(t)
 	for _, tc := range []struct {
 		lease, rtt time.Duration
 		n          int
-		known      bool
+		batchOnly  bool
 	}{
 		{3 * time.Second, 3 * time.Second / 50, 600, false},
 		// 200 attempts at MinLease: with 600, this test run after
@@ -100,59 +152,82 @@ func TestBreakRenewalsAllSlow(t *testing.T) {
 		// a round trip of 0.43 Lease lands after the attempt's deadline
 		// (Lease/3 + 0.375 Lease + 0.43 Lease > Lease): 216 of 600 lose
 		// their leases although the store answers each well within one.
-		// Known; IDEM_BREAKIT_KNOWN=1 runs it.
+		// A store that renews in batches (idemdriver.LeaseBatchRenewer)
+		// sends the 600 in two round trips, which land in time; only
+		// that case runs (batchOnly).
 		{3 * time.Second, 3*time.Second/3 + 3*time.Second/10, 600, true},
 	} {
-		t.Run(fmt.Sprintf("lease-%v/rtt-%v/%d", tc.lease, tc.rtt, tc.n), func(t *testing.T) {
-			if tc.known && os.Getenv("IDEM_BREAKIT_KNOWN") == "" {
-				t.Skip("known: renewals sent at most MaxRenewers per slowRenewal; IDEM_BREAKIT_KNOWN=1 runs it")
+		for _, batch := range []bool{false, true} {
+			if tc.batchOnly && !batch {
+				continue
 			}
-			synctest.Test(t, func(t *testing.T) {
-				n := stressAttempts(tc.n)
-				store := newTimedRenewStore(tc.rtt)
-				c := leaseConsumer(t, store, tc.lease)
-				held := acquireMany(t, c, n, 0)
-				most := 0
-				for range 3 * 6 {
-					time.Sleep(tc.lease / 6)
-					synctest.Wait()
-					most = max(most, renewers())
-				}
-				lost := 0
-				for _, a := range held {
-					if a.Context().Err() != nil {
-						lost++
-					}
-				}
-				store.mu.Lock()
-				overlap, renewed, inStore := store.overlap, store.renewed, store.most
-				store.mu.Unlock()
-				if lost > 0 {
-					t.Errorf("%d of %d attempts lost their lease, whose renewals the store answers in %v (lease %v)", lost, n, tc.rtt, tc.lease)
-				}
-				if overlap > 0 {
-					t.Errorf("%d renewals sent while another of the same attempt was in flight", overlap)
-				}
-				if bound := idem.MaxRenewers + n; most > bound {
-					t.Errorf("%d renewal goroutines at most; want at most %d", most, bound)
-				}
-				// Three leases: at least one renewal per lease per attempt.
-				if renewed < 3*n {
-					t.Errorf("%d renewals applied in three leases; want at least %d", renewed, 3*n)
-				}
-				for _, a := range held {
-					if _, err := a.Complete(t.Context(), idem.Result{}); err != nil {
-						t.Fatalf("Complete %s: %v", a.Message.ID, err)
-					}
-				}
-				synctest.Wait()
-				if left := renewers(); left > 0 {
-					t.Errorf("%d renewal goroutines left after every attempt completed", left)
-				}
-				t.Logf("lease %v rtt %v: %d renewals applied, at most %d goroutines, %d renewals in the store at once", tc.lease, tc.rtt, renewed, most, inStore)
+			mode := "one-by-one"
+			if batch {
+				mode = "batches"
+			}
+			t.Run(fmt.Sprintf("lease-%v/rtt-%v/%d/%s", tc.lease, tc.rtt, tc.n, mode), func(t *testing.T) {
+				testRenewalsAllSlow(t, tc.lease, tc.rtt, tc.n, batch)
 			})
-		})
+		}
 	}
+}
+
+// testRenewalsAllSlow is a case of TestBreakRenewalsAllSlow: n attempts
+// acquired at once, every renewal answered in rtt, one by one or in
+// batches (timedBatchStore).
+func testRenewalsAllSlow(t *testing.T, lease, rtt time.Duration, n int, batch bool) {
+	synctest.Test(t, func(t *testing.T) {
+		n := stressAttempts(n)
+		timed := newTimedRenewStore(rtt)
+		var store idemdriver.LeaseStore = timed
+		var batches *timedBatchStore
+		if batch {
+			batches = &timedBatchStore{timedRenewStore: timed}
+			store = batches
+		}
+		c := leaseConsumer(t, store, lease)
+		held := acquireMany(t, c, n, 0)
+		most := holdWatching(3*6, lease/6)
+		lost := countLost(held)
+		timed.mu.Lock()
+		overlap, renewed, inStore := timed.overlap, timed.renewed, timed.most
+		timed.mu.Unlock()
+		if lost > 0 {
+			t.Errorf("%d of %d attempts lost their lease, whose renewals the store answers in %v (lease %v)", lost, n, rtt, lease)
+		}
+		if overlap > 0 {
+			t.Errorf("%d renewals sent while another of the same attempt was in flight", overlap)
+		}
+		if bound := idem.MaxRenewers + n; most > bound {
+			t.Errorf("%d renewal goroutines at most; want at most %d", most, bound)
+		}
+		// Three leases: at least one renewal per lease per attempt.
+		if renewed < 3*n {
+			t.Errorf("%d renewals applied in three leases; want at least %d", renewed, 3*n)
+		}
+		for _, a := range held {
+			if _, err := a.Complete(t.Context(), idem.Result{}); err != nil {
+				t.Fatalf("Complete %s: %v", a.Message.ID, err)
+			}
+		}
+		synctest.Wait()
+		if left := renewers(); left > 0 {
+			t.Errorf("%d renewal goroutines left after every attempt completed", left)
+		}
+		if batch {
+			// Three leases, a renewal every Lease/3: 9 ticks of
+			// at most two batches each, plus the renewals sent
+			// again at once after a slow one (missed ticks).
+			timed.mu.Lock()
+			rt := batches.batches
+			timed.mu.Unlock()
+			if rt > 4*9 {
+				t.Errorf("%d batch round trips for %d attempts over three leases; want at most %d", rt, n, 4*9)
+			}
+			t.Logf("%d batch round trips", rt)
+		}
+		t.Logf("lease %v rtt %v: %d renewals applied, at most %d goroutines, %d renewals in the store at once", lease, rtt, renewed, most, inStore)
+	})
 }
 
 // TestBreakRenewalsRemovedWhileSlow: renewals that stall in the store

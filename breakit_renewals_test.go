@@ -36,6 +36,10 @@ func (s *stuckRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) 
 	return s.MemoryStore.Renew(ctx, p)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *stuckRenewStore) RenewsBatches() bool { return false }
+
 // TestBreakRenewalsFewStuck: a few held attempts whose renewals stall in
 // the store must not cost the consumer's other attempts their leases,
 // whose renewals the store answers in a round trip (5 ms). The stalled
@@ -55,13 +59,7 @@ func TestBreakRenewalsFewStuck(t *testing.T) {
 				const lease, n = 3 * time.Second, 100
 				store := &stuckRenewStore{MemoryStore: idem.NewMemoryStore(nil), stuck: "stuck-", rtt: 5 * time.Millisecond}
 				c := leaseConsumer(t, store, lease)
-				acquire := func(id string) *idem.Attempt {
-					a, out, err := c.Acquire(t.Context(), idem.Message{ID: id, Payload: []byte("p")}, idem.AcquireOptions{})
-					if a == nil {
-						t.Fatalf("Acquire %s: %v %v", id, out, err)
-					}
-					return a
-				}
+				acquire := func(id string) *idem.Attempt { return acquireID(t, c, id) }
 				for i := range stuck {
 					acquire(fmt.Sprintf("stuck-%d", i))
 				}
@@ -72,12 +70,7 @@ func TestBreakRenewalsFewStuck(t *testing.T) {
 				}
 				time.Sleep(3 * lease)
 				synctest.Wait()
-				lost := 0
-				for _, a := range healthy {
-					if a.Context().Err() != nil {
-						lost++
-					}
-				}
+				lost := countLost(healthy)
 				if lost > 0 {
 					t.Errorf("%d stalled renewals: %d of the %d other attempts lost their lease locally, whose renewals the store answers in %v", stuck, lost, len(healthy), store.rtt)
 				}

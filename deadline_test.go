@@ -54,6 +54,10 @@ func (s *stallingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 	return s.MemoryStore.Renew(ctx, p)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *stallingStore) RenewsBatches() bool { return false }
+
 func (s *stallingStore) Complete(ctx context.Context, p *idemdriver.CompleteParams) error {
 	if err := s.wait(ctx, "complete"); err != nil {
 		return err

@@ -60,7 +60,9 @@ type AcquireOptions struct {
 // *Attempt, whose lease is renewed in the background every Lease/3 until
 // the attempt ends (by the consumer's one renewal timer, shared by all its
 // attempts; renewals that come due are sent by at most 16 goroutines of
-// the consumer, started while there are some to send): the caller runs
+// the consumer, started while there are some to send, or, on a store that
+// renews in batches (idemdriver.LeaseBatchRenewer), in batches of up to
+// 500 per store round trip): the caller runs
 // the side effects (Attempt.Step,
 // Attempt.SaveStep for recovery points) and then ends it with exactly one
 // of Attempt.Complete, Attempt.Release or Attempt.Abandon. An attempt
@@ -374,6 +376,19 @@ func (a *Attempt) Valid(ctx context.Context) error {
 // store said another attempt owns the record or the attempt's context was
 // cancelled because the lease ran out by the local clock.
 func (a *Attempt) state() error {
+	if err := a.owned(); err != nil {
+		return err
+	}
+	if a.leaseLost() {
+		return a.lostErr("ran out of lease by the local clock with no renewal confirmed")
+	}
+	return nil
+}
+
+// owned returns ErrAttemptEnded after the end, and ErrLeaseLost when the
+// store said another attempt owns the record; nil otherwise, whatever the
+// local clock says.
+func (a *Attempt) owned() error {
 	a.mu.Lock()
 	ended, lost := a.ended, a.lost
 	a.mu.Unlock()
@@ -382,8 +397,6 @@ func (a *Attempt) state() error {
 		return fmt.Errorf("%w: attempt %d (token %d) of message %q", ErrAttemptEnded, a.Number, a.Token, a.Message.ID)
 	case lost:
 		return a.lostErr("is no longer the record's owner")
-	case a.leaseLost():
-		return a.lostErr("ran out of lease by the local clock with no renewal confirmed")
 	}
 	return nil
 }
@@ -450,7 +463,10 @@ func (a *Attempt) Key(step string) string { return DeriveKey(a.Consumer, a.Messa
 // result under this attempt's fencing token before returning it. When ctx
 // ends while fn runs and fn returns a result anyway (its effect made), the
 // result is saved on a context detached from ctx, bounded by the store
-// timeout, so that the next attempt does not make the effect again.
+// timeout, so that the next attempt does not make the effect again. Once
+// fn has returned a result, the point is sent to the store even past the
+// lease's local deadline (Deadline): the store's fencing alone refuses it,
+// when another attempt took over.
 //
 // Errors: ctx's cause, without calling fn, when ctx has already ended
 // (the result could not be saved on it, so an effect fn made anyway would
@@ -497,7 +513,10 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 		defer cancel()
 		sctx = dctx
 	}
-	if err := a.SaveStep(sctx, name, res); err != nil {
+	// The effect is made: its point is saved unless the store refuses it
+	// (another attempt took over), even past the local deadline, which
+	// only says that the lease may be gone.
+	if err := a.saveStep(sctx, name, res, true); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -524,10 +543,22 @@ func (a *Attempt) leaseCause(ctx context.Context) error {
 // and the store's fencing refused the write, or another attempt owns the
 // record), ErrStore when the store failed, ErrAttemptEnded after the end.
 func (a *Attempt) SaveStep(ctx context.Context, name string, result []byte) error {
+	return a.saveStep(ctx, name, result, false)
+}
+
+// saveStep is SaveStep; made says that the step's effect was made
+// already (Step, after its function): the point is then sent to the store
+// past the local deadline too, whose fencing alone decides, since a
+// point not saved makes the next attempt repeat the effect.
+func (a *Attempt) saveStep(ctx context.Context, name string, result []byte, made bool) error {
 	if err := idemdriver.ValidateStepName(name); err != nil {
 		return err
 	}
-	if err := a.state(); err != nil {
+	check := a.state
+	if made {
+		check = a.owned
+	}
+	if err := check(); err != nil {
 		return err
 	}
 	since := time.Now()

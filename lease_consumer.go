@@ -65,6 +65,7 @@ func NewLeaseConsumer(store idemdriver.LeaseStore, cfg Config) (*LeaseConsumer, 
 		return nil, err
 	}
 	c := &LeaseConsumer{store: store}
+	c.renewals.batch, _ = idemdriver.BatchRenewer(store)
 	c.start(cfg.withDefaults(), ModeLease, store)
 	return c, nil
 }

@@ -21,6 +21,10 @@ func (s *renewHook) Renew(ctx context.Context, p *idemdriver.RenewParams) error 
 	return s.renew(ctx, p)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *renewHook) RenewsBatches() bool { return false }
+
 func newLeaseConsumer(t *testing.T, store idemdriver.LeaseStore, lease time.Duration) *idem.LeaseConsumer {
 	t.Helper()
 	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: lease, PurgeInterval: -1})

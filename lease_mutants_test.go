@@ -167,6 +167,10 @@ func (s *latestToken) Renew(ctx context.Context, p *idemdriver.RenewParams) erro
 	return s.MemoryStore.Renew(ctx, &q)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *latestToken) RenewsBatches() bool { return false }
+
 func (s *latestToken) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	q := *p
 	q.Token = s.latest(p.Consumer, p.MessageID, p.Token)
@@ -200,6 +204,10 @@ type forgetfulRelease struct {
 	mu       sync.Mutex
 	released map[string]bool
 }
+
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *noRenew) RenewsBatches() bool { return false }
 
 func (s *forgetfulRelease) Release(ctx context.Context, p *idemdriver.ReleaseParams) error {
 	err := s.MemoryStore.Release(ctx, p)

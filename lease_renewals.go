@@ -6,6 +6,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // renewals is a LeaseConsumer's lease renewal scheduler: one timer for
@@ -27,6 +29,13 @@ import (
 // attempt that ends before its
 // first renewal (most do) costs no goroutine, timer or context, only its
 // place in the heap.
+//
+// When the store renews in batches (idemdriver.BatchRenewer), the due
+// renewals take another path (lease_renewals_batch.go): each firing sends
+// the renewals due within renewWindow in batches of at most maxRenewBatch,
+// one store round trip and one goroutine per batch, so 10,000 held
+// attempts cost a few round trips per tick rather than 10,000, and a
+// batch whose answer is slow holds back its own renewals only.
 type renewals struct {
 	mu    sync.Mutex
 	q     renewalHeap
@@ -43,6 +52,9 @@ type renewals struct {
 	// calls is the store calls running on callBound contexts, whose
 	// deadlines the same timer enforces.
 	calls callHeap
+	// batch is the consumer's store when it renews in batches; nil
+	// otherwise (one Renew per renewal, on the workers above).
+	batch idemdriver.LeaseBatchRenewer
 }
 
 // maxRenewers bounds the goroutines of a consumer's renewals in flight.
@@ -75,6 +87,9 @@ type renewalState struct {
 	// renewals.workers, so another may start.
 	slow    bool
 	stopped bool
+	// batch is the batch the renewal in flight rides in (store batches
+	// only; inflight is then nil).
+	batch *renewBatch
 	// ending is set once the attempt's ending write (Complete, Release)
 	// was sent: a renewal that then finds the lease gone may be seeing
 	// that write, landed with its reply lost, so it stops the renewals
@@ -202,6 +217,12 @@ func (r *renewals) remove(a *Attempt) {
 		heap.Remove(&r.q, a.rs.idx)
 		r.arm()
 	}
+	if done := r.leaveBatch(a); done != nil {
+		// The batch's last attempt: cancelled, and waited for.
+		r.mu.Unlock()
+		<-done
+		return
+	}
 	inflight, cancel := a.rs.inflight, a.rs.cancel
 	if a.rs.queued {
 		// Not sent yet: the worker skips it.
@@ -225,9 +246,19 @@ func (r *renewals) fire() {
 	r.at = time.Time{}
 	now := time.Now()
 	r.timeOut(now)
-	for len(r.q) > 0 && !r.q[0].rs.due().After(now) {
+	// lim: renewals due up to lim go now. With batches, those due within
+	// renewWindow ride along (every attempt of a consumer has one lease).
+	lim := now
+	if r.batch != nil && len(r.q) > 0 {
+		lim = now.Add(renewWindow(r.q[0].c.cfg.Lease))
+	}
+	for len(r.q) > 0 && !r.q[0].rs.due().After(lim) {
 		a := r.q[0]
 		lease := a.c.cfg.Lease
+		if now.Before(a.rs.expiry) && lim.Before(a.rs.tick) {
+			// Only its local deadline is within the window: not yet.
+			break
+		}
 		if !now.Before(a.rs.expiry) {
 			// The local deadline: expire the attempt unless a renewal
 			// landed meanwhile; look again a deadline (or Lease/3) later.
@@ -243,11 +274,17 @@ func (r *renewals) fire() {
 			}
 			a.rs.expiry = dl
 		}
-		if !now.Before(a.rs.tick) {
-			for !now.Before(a.rs.tick) {
+		if !lim.Before(a.rs.tick) {
+			for !lim.Before(a.rs.tick) {
 				a.rs.tick = a.rs.tick.Add(lease / 3)
 			}
-			if a.rs.inflight == nil {
+			if r.batch != nil {
+				if a.rs.batch == nil {
+					r.ready = append(r.ready, a) // sent below, in batches
+				} else {
+					a.rs.missed = true // renew again as soon as it returns
+				}
+			} else if a.rs.inflight == nil {
 				a.rs.ctx, a.rs.cancel = context.WithCancel(context.WithoutCancel(a.hctx))
 				a.rs.inflight, a.rs.queued = make(chan struct{}), true
 				r.ready = append(r.ready, a)
@@ -265,6 +302,11 @@ func (r *renewals) fire() {
 			}
 		}
 		heap.Fix(&r.q, a.rs.idx)
+	}
+	if r.batch != nil {
+		r.sendBatches()
+		r.arm()
+		return
 	}
 	for {
 		// Renewals wait behind ones in flight for longer than
@@ -334,6 +376,33 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 	r.mu.Lock()
 	ending := a.rs.ending
 	r.mu.Unlock()
+	a.renewResult(ctx, err, start, ending, true)
+	lost := errors.Is(err, ErrLeaseLost)
+	r.mu.Lock()
+	more = true
+	r.unfly(a)
+	if a.rs.slow {
+		a.rs.slow = false
+		if more = r.workers < maxRenewers; more {
+			r.workers++
+		}
+	}
+	a.rs.inflight, a.rs.cancel = nil, nil
+	if lost || ctx.Err() == nil {
+		r.after(a, lost, err == nil)
+	}
+	r.mu.Unlock()
+	return more
+}
+
+// renewResult acts on the result err of a's renewal sent at start: a lost
+// lease (ErrLeaseLost) marks the attempt lost, unless its ending write
+// was sent (ending: that write, which may have landed, decides); a
+// renewal that landed moves the local deadline and tells the hooks;
+// another error, unless ctx ended (the renewal was cancelled), goes to
+// the store-error hooks and, when report is set, to the log: the next
+// tick retries it. ctx is the hooks'.
+func (a *Attempt) renewResult(ctx context.Context, err error, start time.Time, ending, report bool) {
 	switch {
 	case errors.Is(err, ErrLeaseLost) && ending:
 		// The ending write may have landed: it decides.
@@ -346,46 +415,26 @@ func (r *renewals) renew(ctx context.Context, cancel context.CancelFunc, a *Atte
 		}
 	case ctx.Err() == nil:
 		_ = a.c.storeErr(ctx, "renew", a.Message.ID, err)
-		a.c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
-			"consumer", a.Consumer, "message_id", a.Message.ID, "err", err,
-			"lease_left", time.Until(a.Deadline()))
-	}
-	lost := errors.Is(err, ErrLeaseLost)
-	r.mu.Lock()
-	more = true
-	r.unfly(a)
-	if a.rs.slow {
-		a.rs.slow = false
-		if more = r.workers < maxRenewers; more {
-			r.workers++
+		if report {
+			a.c.cfg.Logger.Warn("idem: lease renewal failed; retrying at the next tick",
+				"consumer", a.Consumer, "message_id", a.Message.ID, "err", err,
+				"lease_left", time.Until(a.Deadline()))
 		}
 	}
-	a.rs.inflight, a.rs.cancel = nil, nil
-	ctxDone := ctx.Err() != nil
+}
+
+// after sets a's scheduling after a renewal that returned (lost: the
+// lease is gone, which ends its renewals; ok: it landed); r.mu is held.
+func (r *renewals) after(a *Attempt, lost, ok bool) {
 	switch {
 	case a.rs.stopped:
 	case lost:
 		a.rs.stopped = true
 		if a.rs.idx >= 0 {
 			heap.Remove(&r.q, a.rs.idx)
-			r.arm()
 		}
-	case !ctxDone:
-		if err == nil {
-			a.rs.expiry = a.Deadline()
-		}
-		if a.rs.missed {
-			// A renewal slower than Lease/3 (a stalled store or
-			// machine): the next one goes at once, as a ticker's
-			// pending tick would.
-			a.rs.missed = false
-			a.rs.tick = time.Now()
-		}
-		if a.rs.idx >= 0 {
-			heap.Fix(&r.q, a.rs.idx)
-			r.arm()
-		}
+	default:
+		r.reschedule(a, ok)
 	}
-	r.mu.Unlock()
-	return more
+	r.arm()
 }

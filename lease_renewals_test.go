@@ -25,6 +25,10 @@ func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 	return s.MemoryStore.Renew(ctx, p)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *countingStore) RenewsBatches() bool { return false }
+
 // Renewals cost no goroutine per message: holding 50, or 10,000,
 // attempts adds no goroutine (the consumer's one timer schedules every
 // renewal), and none is left when they end. Every attempt is renewed
@@ -33,19 +37,51 @@ func (s *countingStore) Renew(ctx context.Context, p *idemdriver.RenewParams) er
 // logged (memory store records included). Not parallel: it counts the
 // goroutines of its synctest bubble (bubbleGoroutines), and no other test
 // may run one meanwhile.
+//
+// With a store that renews in batches (countingBatchStore, the memory
+// store's RenewBatch), the same holds, and the renewals of 10,000 attempts
+// cost a few store round trips per tick: at most Lease/renewWindow (30)
+// batch sends of at most maxRenewBatch (500) renewals per lease, where one
+// by one they cost one per renewal (30,000 per lease).
 func TestRenewalsNoGoroutinePerMessage(t *testing.T) {
-	for _, n := range []int{50, 10000} {
-		if n > 50 && testing.Short() {
-			continue
+	for _, batch := range []bool{false, true} {
+		for _, n := range []int{50, 10000} {
+			if n > 50 && testing.Short() {
+				continue
+			}
+			if batch {
+				n = stressAttempts(n)
+			}
+			t.Run(fmt.Sprintf("%d/batches-%v", n, batch), func(t *testing.T) { testRenewalsHeld(t, n, batch) })
 		}
-		t.Run(fmt.Sprint(n), func(t *testing.T) { testRenewalsHeld(t, n) })
 	}
 }
 
-func testRenewalsHeld(t *testing.T, n int) {
+// countingBatchStore is countingStore renewing in batches: renews counts
+// the leases renewed, batches the RenewBatch calls (round trips).
+type countingBatchStore struct {
+	*countingStore
+	batches atomic.Int64
+}
+
+func (s *countingBatchStore) RenewsBatches() bool { return true }
+
+func (s *countingBatchStore) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]error, error) {
+	s.batches.Add(1)
+	s.renews.Add(int64(len(ps)))
+	return s.MemoryStore.RenewBatch(ctx, ps)
+}
+
+func testRenewalsHeld(t *testing.T, n int, batch bool) {
 	synctest.Test(t, func(t *testing.T) {
 		const lease = 3 * time.Second
-		store := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
+		counted := &countingStore{MemoryStore: idem.NewMemoryStore(nil)}
+		var store idemdriver.LeaseStore = counted
+		var batches *countingBatchStore
+		if batch {
+			batches = &countingBatchStore{countingStore: counted}
+			store = batches
+		}
 		c := leaseConsumer(t, store, lease)
 		before := bubbleGoroutines()
 		var ms runtime.MemStats
@@ -71,9 +107,19 @@ func testRenewalsHeld(t *testing.T, n int) {
 				t.Errorf("attempt %d: %v of lease left, want at least %v (renewed every Lease/3)", i, left, lease*2/3-time.Second)
 			}
 		}
-		if got, want := store.renews.Load(), int64(n*9); got < want-int64(n) || got > want+int64(n) {
+		if got, want := counted.renews.Load(), int64(n*9); got < want-int64(n) || got > want+int64(n) {
 			t.Errorf("%d renewals of %d attempts over 3 leases, want about %d", got, n, want)
 		}
+		roundTrips := counted.renews.Load()
+		if batch {
+			roundTrips = batches.batches.Load()
+			// 30 windows per lease, each at most ceil(n/500) batches.
+			if most := int64(3 * 30 * ((n + 499) / 500)); roundTrips > most {
+				t.Errorf("%d renewal round trips over 3 leases, want at most %d", roundTrips, most)
+			}
+		}
+		t.Logf("%d attempts held: %d renewals in %d store round trips over 3 leases (%.1f round trips per lease)",
+			n, counted.renews.Load(), roundTrips, float64(roundTrips)/3)
 		for _, a := range held {
 			if out, err := a.Complete(t.Context(), idem.Result{Body: []byte("ok")}); err != nil {
 				t.Fatalf("Complete: %v %v", out, err)
@@ -83,9 +129,9 @@ func testRenewalsHeld(t *testing.T, n int) {
 		if got := bubbleGoroutines() - before; got > 0 {
 			t.Errorf("after every attempt ended: %d more goroutines than before, want 0", got)
 		}
-		renews := store.renews.Load()
+		renews := counted.renews.Load()
 		time.Sleep(2 * lease)
-		if got := store.renews.Load(); got != renews {
+		if got := counted.renews.Load(); got != renews {
 			t.Errorf("%d renewals after every attempt ended, want none", got-renews)
 		}
 	})
@@ -106,6 +152,10 @@ func (s *slowRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParams) e
 	}
 	return s.MemoryStore.Renew(ctx, p)
 }
+
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *slowRenewStore) RenewsBatches() bool { return false }
 
 // A renewal slower than Lease/3 (a stalled store or machine) is followed
 // at once by the next, as a missed tick is: a lease of 6s renewed at 2s
@@ -174,6 +224,10 @@ func (s *blockingRenewStore) Renew(ctx context.Context, p *idemdriver.RenewParam
 	<-s.unblock
 	return s.MemoryStore.Renew(ctx, p)
 }
+
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *blockingRenewStore) RenewsBatches() bool { return false }
 
 // Many renewals due at once (attempts acquired in one burst) run on at
 // most MaxRenewers goroutines: with every renewal stuck in the store,

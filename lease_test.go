@@ -30,6 +30,10 @@ func (s *stallStore) Renew(ctx context.Context, p *idemdriver.RenewParams) error
 	return s.MemoryStore.Renew(ctx, p)
 }
 
+// RenewsBatches is false: the scheduler sends its renewals one by one,
+// through Renew above, not through the memory store's RenewBatch.
+func (s *stallStore) RenewsBatches() bool { return false }
+
 func leaseConsumer(t *testing.T, store idemdriver.LeaseStore, lease time.Duration) *idem.LeaseConsumer {
 	t.Helper()
 	c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: lease, PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler)})

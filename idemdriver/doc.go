@@ -26,7 +26,10 @@
 // same write) spares the at-most-once front ends a SaveStep per message
 // (the core saves the points with SaveStep where a store lacks it), and
 // [LeaseBatcher] (Acquire and Complete of many records in one commit or
-// one pipeline) lets idem consume group the messages it holds.
+// one pipeline) lets idem consume group the messages it holds, and
+// [LeaseBatchRenewer] (many leases renewed in one round trip, fenced per
+// lease) lets a LeaseConsumer's renewal scheduler renew thousands of held
+// attempts in a few store calls per tick.
 // [Migrator] and [Inspector] are for operators' tools, such as the
 // idem command's migrate, inspect and stats; [Operator], [OutboxOperator],
 // [ConsumerLister], [StepReader] and [Reopener] for its failed, retry,

@@ -32,8 +32,13 @@ type HeldAttempts struct {
 	// HeapBytes is the live heap (runtime.MemStats.HeapAlloc after a
 	// collection) with the attempts held, less the live heap before.
 	HeapBytes int64
-	// Renewals is the store's Renew calls while the attempts were held.
+	// Renewals is the leases the store renewed while the attempts were
+	// held (CallCounter.Renewed).
 	Renewals int64
+	// RenewRoundTrips is the store calls that renewed them meanwhile:
+	// Renew calls plus RenewBatch calls (a store that renews in batches,
+	// idemdriver.LeaseBatchRenewer, renews many leases in one).
+	RenewRoundTrips int64
 	// Lost is the attempts whose context ended while they were held
 	// (their lease was lost or ran out by the local clock).
 	Lost int
@@ -79,7 +84,7 @@ func MeasureHeldAttempts(ctx context.Context, store idemdriver.LeaseStore, consu
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	h.HeapBytes = int64(ms.HeapAlloc) - heap0
-	renews0 := cs.Calls().Renew
+	renews0, calls0 := cs.Renewed(), cs.Calls()
 	start := time.Now()
 	tick := time.NewTicker(min(lease/30, 50*time.Millisecond))
 	for time.Since(start) < hold {
@@ -88,7 +93,9 @@ func MeasureHeldAttempts(ctx context.Context, store idemdriver.LeaseStore, consu
 	}
 	tick.Stop()
 	h.Held = time.Since(start)
-	h.Renewals = cs.Calls().Renew - renews0
+	h.Renewals = cs.Renewed() - renews0
+	calls := cs.Calls().Sub(calls0)
+	h.RenewRoundTrips = calls.Renew + calls.RenewBatch
 	for _, a := range held {
 		if a.Context().Err() != nil {
 			h.Lost++
@@ -110,8 +117,9 @@ func MeasureHeldAttempts(ctx context.Context, store idemdriver.LeaseStore, consu
 // n attempts on store (consumer names made from prefix) with lease lease,
 // each held for hold after the last Acquire, and reports the last run's counts:
 // attempts, goroutines (once all are held), max-goroutines (while held),
-// left-goroutines (after they ended), heap-B/attempt, renewals/attempt
-// and lost. Call it from a store's benchmark:
+// left-goroutines (after they ended), heap-B/attempt, renewals/attempt,
+// renew-round-trips/lease (the store calls that renewed them, per lease
+// of holding) and lost. Call it from a store's benchmark:
 //
 //	func BenchmarkHeldAttempts(b *testing.B) {
 //		idemtest.BenchmarkHeldAttempts(b, store, "bench-held", 10000, 30*time.Second, 12*time.Second)
@@ -138,5 +146,6 @@ func BenchmarkHeldAttempts(b *testing.B, store idemdriver.LeaseStore, prefix str
 	b.ReportMetric(float64(h.LeftGoroutines), "left-goroutines")
 	b.ReportMetric(float64(h.HeapBytes)/float64(h.Attempts), "heap-B/attempt")
 	b.ReportMetric(float64(h.Renewals)/float64(h.Attempts), "renewals/attempt")
+	b.ReportMetric(float64(h.RenewRoundTrips)/(float64(h.Held)/float64(lease)), "renew-round-trips/lease")
 	b.ReportMetric(float64(h.Lost), "lost")
 }

@@ -63,6 +63,11 @@ type leaseCase struct {
 //     AcquireBatch and CompleteBatch as the single call would, in order, and
 //     reports the results in the order given (the Batch cases, skipped for
 //     a store without it).
+//   - A store that is an idemdriver.LeaseBatchRenewer judges every lease
+//     of RenewBatch as Renew would, fencing per lease, results in the
+//     order given, and a LeaseConsumer over it learns of a taken-over
+//     lease for that attempt only (the RenewBatch cases, skipped for a
+//     store without it).
 func RunLease(t *testing.T, h LeaseHarness) {
 	t.Helper()
 	if h.New == nil {
@@ -82,6 +87,7 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Store", leaseStoreCases()},
 		{"Steps", leaseStepCases()},
 		{"Batch", leaseBatchCases()},
+		{"RenewBatch", leaseRenewBatchCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

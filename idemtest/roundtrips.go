@@ -19,12 +19,14 @@ import (
 // as the core sees them (a store may send more than one statement in a
 // call: see each store's documentation). It forwards
 // idemdriver.StepRecorder unless built with hideSteps, which makes it a
-// store written before that capability. Safe for concurrent use.
+// store written before that capability, and idemdriver.LeaseBatchRenewer
+// (RenewBatch counts one call per batch, and its leases in Renewed).
+// Safe for concurrent use.
 type CallCounter struct {
 	idemdriver.LeaseStore
 	hideSteps bool
 
-	acquire, renew, complete, release, saveStep atomic.Int64
+	acquire, renew, complete, release, saveStep, renewBatch, renewed atomic.Int64
 }
 
 // CountCalls returns a CallCounter over s; with hideSteps the counter
@@ -33,22 +35,26 @@ func CountCalls(s idemdriver.LeaseStore, hideSteps bool) *CallCounter {
 	return &CallCounter{LeaseStore: s, hideSteps: hideSteps}
 }
 
-// Calls is a count of lease-store calls by method.
+// Calls is a count of lease-store calls by method. RenewBatch counts the
+// idemdriver.LeaseBatchRenewer calls (one round trip each, however many
+// leases they renew).
 type Calls struct {
-	Acquire, Renew, Complete, Release, SaveStep int64
+	Acquire, Renew, Complete, Release, SaveStep, RenewBatch int64
 }
 
 // Total is the sum of the calls.
-func (c Calls) Total() int64 { return c.Acquire + c.Renew + c.Complete + c.Release + c.SaveStep }
+func (c Calls) Total() int64 {
+	return c.Acquire + c.Renew + c.Complete + c.Release + c.SaveStep + c.RenewBatch
+}
 
 // Add returns c plus d, method by method.
 func (c Calls) Add(d Calls) Calls {
-	return Calls{c.Acquire + d.Acquire, c.Renew + d.Renew, c.Complete + d.Complete, c.Release + d.Release, c.SaveStep + d.SaveStep}
+	return Calls{c.Acquire + d.Acquire, c.Renew + d.Renew, c.Complete + d.Complete, c.Release + d.Release, c.SaveStep + d.SaveStep, c.RenewBatch + d.RenewBatch}
 }
 
 // Sub returns c minus d, method by method.
 func (c Calls) Sub(d Calls) Calls {
-	return Calls{c.Acquire - d.Acquire, c.Renew - d.Renew, c.Complete - d.Complete, c.Release - d.Release, c.SaveStep - d.SaveStep}
+	return Calls{c.Acquire - d.Acquire, c.Renew - d.Renew, c.Complete - d.Complete, c.Release - d.Release, c.SaveStep - d.SaveStep, c.RenewBatch - d.RenewBatch}
 }
 
 // PerMessage lists the non-zero counts divided by n, e.g. "Acquire 1 +
@@ -58,7 +64,7 @@ func (c Calls) PerMessage(n int) string {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"Acquire", c.Acquire}, {"Renew", c.Renew}, {"SaveStep", c.SaveStep}, {"Complete", c.Complete}, {"Release", c.Release}} {
+	}{{"Acquire", c.Acquire}, {"Renew", c.Renew}, {"RenewBatch", c.RenewBatch}, {"SaveStep", c.SaveStep}, {"Complete", c.Complete}, {"Release", c.Release}} {
 		if f.v == 0 {
 			continue
 		}
@@ -75,7 +81,41 @@ func (c Calls) PerMessage(n int) string {
 
 // Calls returns the counts so far.
 func (s *CallCounter) Calls() Calls {
-	return Calls{s.acquire.Load(), s.renew.Load(), s.complete.Load(), s.release.Load(), s.saveStep.Load()}
+	return Calls{s.acquire.Load(), s.renew.Load(), s.complete.Load(), s.release.Load(), s.saveStep.Load(), s.renewBatch.Load()}
+}
+
+// Renewed is the leases renewed so far: the Renew calls that succeeded
+// and the elements of RenewBatch calls that did.
+func (s *CallCounter) Renewed() int64 { return s.renewed.Load() }
+
+// RenewsBatches implements idemdriver.LeaseBatchRenewer: the wrapped
+// store's answer.
+func (s *CallCounter) RenewsBatches() bool {
+	_, ok := idemdriver.BatchRenewer(s.LeaseStore)
+	return ok
+}
+
+// RenewBatch counts one call and forwards it to the wrapped store's
+// RenewBatch; over a store that does not renew in batches it is Renew of
+// each element, in order (never called by a LeaseConsumer, which asks
+// RenewsBatches first).
+func (s *CallCounter) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]error, error) {
+	s.renewBatch.Add(1)
+	r, ok := idemdriver.BatchRenewer(s.LeaseStore)
+	if !ok {
+		errs := make([]error, len(ps))
+		for i := range ps {
+			errs[i] = s.Renew(ctx, &ps[i])
+		}
+		return errs, nil
+	}
+	errs, err := r.RenewBatch(ctx, ps)
+	for _, e := range errs {
+		if e == nil {
+			s.renewed.Add(1)
+		}
+	}
+	return errs, err
 }
 
 // RecordsSteps implements idemdriver.StepRecorder: the wrapped store's
@@ -93,7 +133,11 @@ func (s *CallCounter) Acquire(ctx context.Context, p *idemdriver.AcquireParams) 
 // Renew counts and forwards the call.
 func (s *CallCounter) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	s.renew.Add(1)
-	return s.LeaseStore.Renew(ctx, p)
+	err := s.LeaseStore.Renew(ctx, p)
+	if err == nil {
+		s.renewed.Add(1)
+	}
+	return err
 }
 
 // Complete counts and forwards the call.

@@ -91,8 +91,15 @@ func CompleteBatch(ctx context.Context, ps []*idemdriver.CompleteParams, complet
 	if err != nil {
 		return nil, err
 	}
+	return fencedBatch(ctx, ps, order, errs, complete)
+}
+
+// fencedBatch runs write (one fenced write on the batch's transaction)
+// for the elements order names, in that order, and sets each one's error
+// in errs: nil or ErrLeaseLost; any other error ends the batch.
+func fencedBatch[P any](ctx context.Context, ps []P, order []int, errs []error, write func(p P) error) ([]error, error) {
 	for _, i := range order {
-		err := complete(ps[i])
+		err := write(ps[i])
 		if err != nil && !errors.Is(err, idemdriver.ErrLeaseLost) {
 			return nil, err
 		}

@@ -46,7 +46,9 @@ func lockedClaimArgs(p *idemdriver.LockedRoundParams) [2]any {
 // idle outbox only). The connection is held for the whole round, the
 // publish included.
 //
-// The connection is acquired under ctx; the claim runs under ctx, the
+// The connection is acquired under ctx and within p.CallTimeout (an
+// exhausted pool fails the round with an error matching
+// idemdriver.ErrStoreTimeout); the claim runs under ctx, the
 // end under no context (a confirmed row left in place is published
 // again), each bounded by p.CallTimeout through a deadline on the
 // connection (a call cut short closes the connection and fails with an
@@ -59,7 +61,16 @@ func (s *Store) LockedRound(ctx context.Context, p *idemdriver.LockedRoundParams
 		return 0, err
 	}
 	o := s.outbox()
-	conn, err := s.pool.Acquire(ctx)
+	var conn *pgxpool.Conn
+	var err error
+	if p.CallTimeout > 0 {
+		// The acquisition counts towards the claim's bound, as a leased
+		// round's does: an exhausted pool fails the round with
+		// ErrStoreTimeout rather than hold it for as long as ctx lasts.
+		conn, err = s.acquireBy(ctx, time.Now().Add(p.CallTimeout), p.CallTimeout)
+	} else {
+		conn, err = s.pool.Acquire(ctx)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -67,7 +78,9 @@ func (s *Store) LockedRound(ctx context.Context, p *idemdriver.LockedRoundParams
 	rb := getRoundBatches()
 	defer rb.put()
 	c := conn.Conn()
-	bound(c, p.CallTimeout)
+	if p.CallTimeout <= 0 {
+		bound(c, p.CallTimeout)
+	}
 	recs, err := rb.lockedClaim(ctx, conn, o, p)
 	err = timedCallErr(ctx, p.CallTimeout, err)
 	setDeadline(c, time.Time{})

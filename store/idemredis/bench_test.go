@@ -15,13 +15,14 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemtest"
+	"github.com/idem-go/idem/store/idemredis"
 	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkLeaseVsTwoStepSET measures lease mode on Redis per message
 // against what a hand-written lease on Redis costs, with 1 and with 8
 // workers processing messages at once (workers=N), in interleaved rounds
-// of 20 messages per worker of each kind, so that all three see the same
+// of 20 messages per worker of each kind, so that all four see the same
 // machine load:
 //   - set: SET key NX PX (the claim, with an expiry) and then SET key
 //     value (the result), two round trips and no fencing token: the least
@@ -32,6 +33,12 @@ import (
 //     that holds the key), two round trips: the same guarantee as lease
 //     mode's core, without its fingerprint, recovery points, attempt count
 //     or retention index;
+//   - handidx: hand with what lease mode keeps beyond it that costs the
+//     server a command: the payload's fingerprint, stored by the acquire
+//     and compared when the key exists (handIdxAcquire), and the
+//     retention index, scored by the server's clock when the result is
+//     written (handIdxComplete): a hand-written fenced lease with the
+//     guarantee lease mode gives a message processed once;
 //   - lease: idem.LeaseConsumer.Process with a handler that does nothing.
 //
 // Reported per message, for each kind: ns/msg (wall time), allocs/msg
@@ -40,7 +47,8 @@ import (
 // server's time in its commands, INFO commandstats: EVALSHA and EVAL, or
 // SET) and server-cpu-us/msg (the server process's CPU, INFO cpu, network
 // included); and ratio (set-ns / lease-ns) and hand-ratio (hand-ns /
-// lease-ns), the lease's throughput as a fraction of each. The server
+// lease-ns) and handidx-ratio (handidx-ns / lease-ns), the lease's
+// throughput as a fraction of each. The server
 // figures count every client of the server: read them only when nothing
 // else uses it during the run.
 func BenchmarkLeaseVsTwoStepSET(b *testing.B) {
@@ -49,29 +57,13 @@ func BenchmarkLeaseVsTwoStepSET(b *testing.B) {
 	}
 }
 
-// handAcquire and handComplete are the hand-written fenced lease of
-// BenchmarkLeaseVsTwoStepSET. handAcquire: KEYS key; ARGV lease (ms).
-// Answers the key's next token when its lease is free (never taken, or
-// ended) and it has no result, -1 when another token holds it, and
-// {0, result} when it is done. handComplete: KEYS key; ARGV token,
-// result. Writes the result only when token still holds the key: 1;
-// otherwise 0.
+// The hand-written fenced leases (idemredis.HandAcquireLua and the
+// others: see there).
 var (
-	handAcquire = redis.NewScript(`
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local r = redis.call('HMGET', KEYS[1], 'token', 'until', 'result')
-if r[3] then return {0, r[3]} end
-if r[1] and tonumber(r[2]) > now then return -1 end
-local token = (tonumber(r[1]) or 0) + 1
-redis.call('HSET', KEYS[1], 'token', token, 'until', now + ARGV[1])
-return token
-`)
-	handComplete = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'result', ARGV[2], 'until', 0)
-return 1
-`)
+	handAcquire     = redis.NewScript(idemredis.HandAcquireLua)
+	handComplete    = redis.NewScript(idemredis.HandCompleteLua)
+	handIdxAcquire  = redis.NewScript(idemredis.HandIdxAcquireLua)
+	handIdxComplete = redis.NewScript(idemredis.HandIdxCompleteLua)
 )
 
 // leaseKind is one of BenchmarkLeaseVsTwoStepSET's contenders: its totals.
@@ -95,7 +87,7 @@ func benchLeaseVsSET(b *testing.B, workers int) {
 	handler := func(context.Context, *idem.Attempt) (idem.Result, error) { return idem.Result{Body: []byte("ok")}, nil }
 	// The plain and hand-written keys are under the store's prefix: the
 	// cleanup deletes them.
-	plainPrefix, handPrefix := tb.prefix+"plain:", tb.prefix+"hand:"
+	plainPrefix, handPrefix, handIdxPrefix := tb.prefix+"plain:", tb.prefix+"hand:", tb.prefix+"handidx:"
 	payload := []byte("payload")
 	id := func(w, i int) string { return strconv.Itoa(w) + "-" + strconv.Itoa(i) }
 	kinds := []*leaseKind{
@@ -122,6 +114,18 @@ func benchLeaseVsSET(b *testing.B, workers int) {
 			}
 			if n, err := handComplete.Run(ctx, tb.client, key, token, "ok").Int64(); err != nil || n != 1 {
 				return fmt.Errorf("hand complete: %d %v", n, err)
+			}
+			return nil
+		}},
+		{name: "handidx", run: func(w, i int) error {
+			keys := []string{handIdxPrefix + id(w, i), handIdxPrefix + "done"}
+			fp := "0123456789abcdef0123456789abcdef" // a SHA-256's length
+			token, err := handIdxAcquire.Run(ctx, tb.client, keys[:1], 30000, fp).Int64()
+			if err != nil || token < 1 {
+				return fmt.Errorf("handidx acquire: %d %v", token, err)
+			}
+			if n, err := handIdxComplete.Run(ctx, tb.client, keys, token, "ok", id(w, i)).Int64(); err != nil || n != 1 {
+				return fmt.Errorf("handidx complete: %d %v", n, err)
 			}
 			return nil
 		}},
@@ -176,6 +180,7 @@ func benchLeaseVsSET(b *testing.B, workers int) {
 	}
 	b.ReportMetric(float64(kinds[1].d)/float64(kinds[0].d), "ratio")
 	b.ReportMetric(float64(kinds[2].d)/float64(kinds[0].d), "hand-ratio")
+	b.ReportMetric(float64(kinds[3].d)/float64(kinds[0].d), "handidx-ratio")
 }
 
 // cpuStat is serverStats's key for the server process's CPU time.

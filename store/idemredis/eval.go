@@ -64,7 +64,12 @@ func (s *Store) evalCmd(ctx context.Context, nkeys int, args []any) *redis.Cmd {
 	// Config.WaitReplicas: WAIT in the same round trip, as Store.run sends it.
 	var key string
 	if nkeys > 0 {
-		key, _ = args[3].(string)
+		switch k := args[3].(type) {
+		case string:
+			key = k
+		case *evalArg:
+			key = k.String()
+		}
 	}
 	c, err := s.waitClient(ctx, key)
 	if err != nil {
@@ -81,4 +86,78 @@ func (s *Store) evalCmd(ctx context.Context, nkeys int, args []any) *redis.Cmd {
 		cmd.SetErr(err)
 	}
 	return cmd
+}
+
+// evalArg is a key or an argument of a hot-path script call held in an
+// evalFrame: go-redis writes its bytes as they are (MarshalBinary, without
+// a copy), routes a Cluster command by them and shows them in a command's
+// text (String). Passed as a pointer, it is boxed without an allocation,
+// where a string or a byte slice costs one each.
+type evalArg struct {
+	b        []byte
+	borrowed bool // b is a caller's (evalFrame.bytes), not the frame's buffer
+}
+
+// MarshalBinary returns the argument's bytes, not a copy: go-redis only
+// writes them to the connection.
+func (a *evalArg) MarshalBinary() ([]byte, error) { return a.b, nil }
+
+// String returns the argument as text (go-redis's command text and its
+// Cluster routing by a key that is not a string).
+func (a *evalArg) String() string { return string(a.b) }
+
+// evalFrame holds the keys and arguments of one call of Acquire or
+// Complete (evalArg), so that building and boxing them allocates nothing
+// once the pool is warm: keys and strings are written into buffers the
+// frame keeps from call to call, and a caller's byte slices are referred
+// to, not copied. Taken with getFrame, given back by release once the
+// reply was read.
+type evalFrame struct {
+	args [4]evalArg
+	n    int // args in use
+}
+
+var evalFrames = sync.Pool{New: func() any { return new(evalFrame) }}
+
+// maxFrameBuf is the largest buffer an evalFrame keeps for its next
+// call: a key of a long ID or a long content type is not held on to.
+const maxFrameBuf = 1 << 10
+
+func getFrame() *evalFrame { return evalFrames.Get().(*evalFrame) }
+
+// buf returns the frame's next argument, empty, to append to (its buffer
+// is kept from earlier calls).
+func (f *evalFrame) buf() *evalArg {
+	a := &f.args[f.n]
+	f.n++
+	a.b = a.b[:0]
+	return a
+}
+
+// str returns the frame's next argument holding a copy of s.
+func (f *evalFrame) str(s string) *evalArg {
+	a := f.buf()
+	a.b = append(a.b, s...)
+	return a
+}
+
+// bytes returns the frame's next argument holding b itself.
+func (f *evalFrame) bytes(b []byte) *evalArg {
+	a := &f.args[f.n]
+	f.n++
+	a.b, a.borrowed = b, true
+	return a
+}
+
+// release drops the frame's references to its callers' byte slices,
+// keeps its own buffers (those of up to maxFrameBuf bytes) and puts it
+// back in the pool.
+func (f *evalFrame) release() {
+	for i := range f.n {
+		if a := &f.args[i]; a.borrowed || cap(a.b) > maxFrameBuf {
+			a.b, a.borrowed = nil, false
+		}
+	}
+	f.n = 0
+	evalFrames.Put(f)
 }

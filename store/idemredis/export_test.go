@@ -155,9 +155,7 @@ func (s *Store) CountRecords(ctx context.Context, consumer string) (int, error) 
 // recordKeys returns the keys of consumer's record hashes, scanning every
 // primary for prefix{consumer␟*}.
 func (s *Store) recordKeys(ctx context.Context, consumer string) ([]string, error) {
-	var b strings.Builder
-	escape(&b, consumer)
-	pattern := globEscape(s.prefix+"{"+b.String()+string(idSeparator)) + "*}"
+	pattern := globEscape(s.prefix+"{"+string(appendEscaped(nil, consumer))+string(idSeparator)) + "*}"
 	var mu sync.Mutex
 	var keys []string
 	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {

@@ -44,8 +44,13 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
-	v, err := s.eval(ctx, acquireEval, 2, rk, sk, p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix)
+	f := getFrame()
+	rk := f.buf()
+	rk.b = s.appendRecordKey(rk.b, p.Consumer, p.MessageID, "")
+	sk := f.buf()
+	sk.b = append(append(sk.b, rk.b...), stepsSuffix...)
+	v, err := s.eval(ctx, acquireEval, 2, rk, sk, f.bytes(p.Fingerprint), s.leaseArg(p.Lease), p.StepPrefix)
+	f.release()
 	return s.acquired(ctx, p, v, err)
 }
 
@@ -155,11 +160,15 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rk := s.recordKey(p.Consumer, p.MessageID)
 	if s.single {
-		v, err := s.eval(ctx, completeIndexEval, 2, rk, s.doneKeyArg(p.Consumer), p.Token, p.Result, p.ContentType, p.MessageID)
+		f := getFrame()
+		rk := f.buf()
+		rk.b = s.appendRecordKey(rk.b, p.Consumer, p.MessageID, "")
+		v, err := s.eval(ctx, completeIndexEval, 2, rk, s.doneKeyArg(p.Consumer), p.Token, f.bytes(p.Result), f.str(p.ContentType), f.str(p.MessageID))
+		f.release()
 		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 	}
+	rk := s.recordKey(p.Consumer, p.MessageID)
 	if err := s.index(ctx, "complete", p.Consumer, p.MessageID); err != nil {
 		return err
 	}

@@ -184,49 +184,47 @@ func (s *Store) recordKey(consumer, id string) string { return s.recordKeySuffix
 
 // recordKeySuffixed is recordKey(consumer, id) + suffix.
 func (s *Store) recordKeySuffixed(consumer, id, suffix string) string {
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(consumer) + len(id) + 3 + len(suffix))
-	b.WriteString(s.prefix)
-	b.WriteByte('{')
-	escape(&b, consumer)
-	b.WriteByte(idSeparator)
-	escape(&b, id)
-	b.WriteByte('}')
-	b.WriteString(suffix)
-	return b.String()
+	var arr [128]byte // on the stack for keys of up to 128 bytes
+	return string(s.appendRecordKey(arr[:0], consumer, id, suffix))
+}
+
+// appendRecordKey appends recordKey(consumer, id) + suffix to b.
+func (s *Store) appendRecordKey(b []byte, consumer, id, suffix string) []byte {
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = appendEscaped(b, consumer)
+	b = append(b, idSeparator)
+	b = appendEscaped(b, id)
+	b = append(b, '}')
+	return append(b, suffix...)
 }
 
 // consumerKey returns prefix{consumer}suffix, a key of the consumer's own
 // hash slot: its retention index (doneSuffix), its runs (runsSuffix) and
 // its purge lock (purgeSuffix).
 func (s *Store) consumerKey(consumer, suffix string) string {
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(consumer) + len(suffix) + 2)
-	b.WriteString(s.prefix)
-	b.WriteByte('{')
-	escape(&b, consumer)
-	b.WriteByte('}')
-	b.WriteString(suffix)
-	return b.String()
+	var arr [128]byte
+	b := append(append(arr[:0], s.prefix...), '{')
+	b = append(appendEscaped(b, consumer), '}')
+	return string(append(b, suffix...))
 }
 
 const hexDigits = "0123456789ABCDEF"
 
-// escape writes s to b with '%', '{', '}', the C0 controls (the ID
-// separator among them) and DEL written as %XX. The result never holds a
-// brace, so a hash tag built from it is well-formed and is the whole
+// appendEscaped appends s to b with '%', '{', '}', the C0 controls (the
+// ID separator among them) and DEL written as %XX. The result never holds
+// a brace, so a hash tag built from it is well-formed and is the whole
 // escaped text, and since '%' is escaped too, distinct strings never
 // escape alike. Other bytes, UTF-8 included, are kept, so keys stay
 // readable in redis-cli.
-func escape(b *strings.Builder, s string) {
+func appendEscaped(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if c == '%' || c == '{' || c == '}' || c < 0x20 || c == 0x7f {
-			b.WriteByte('%')
-			b.WriteByte(hexDigits[c>>4])
-			b.WriteByte(hexDigits[c&0xf])
+			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xf])
 			continue
 		}
-		b.WriteByte(c)
+		b = append(b, c)
 	}
+	return b
 }

@@ -41,6 +41,11 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("idemsql: migrations: %w", err)
 	}
+	return s.migrate(ctx, migs)
+}
+
+// migrate applies migs as Migrate applies the embedded migrations.
+func (s *Store) migrate(ctx context.Context, migs []sqlschema.Migration) error {
 	switch s.dialect {
 	case Postgres:
 		return s.migratePostgres(ctx, migs)

@@ -6,7 +6,9 @@ import (
 	"context"
 	"database/sql"
 	"net/http"
+	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -170,7 +172,8 @@ func init() {
 					c.Close()
 				}
 			})
-			return testStoreEnv{store: s, second: second}
+			hand := func(upstream *url.URL) http.Handler { return newHandProxy(clients[0], prefix+"hand:", upstream) }
+			return testStoreEnv{store: s, second: second, handProxy: hand, serverCPU: func() time.Duration { return redisServerCPU(t, clients[0]) }}
 		}, false},
 	}...)
 }
@@ -199,4 +202,26 @@ func TestAdvRedisDown(t *testing.T) {
 			t.Fatalf("fail open: %d, n=%d", resp.StatusCode, n.Load())
 		}
 	}
+}
+
+// redisServerCPU returns the Redis server's CPU time so far: INFO cpu's
+// used_cpu_sys plus used_cpu_user.
+func redisServerCPU(t testing.TB, c *redis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		t.Fatalf("INFO cpu: %v", err)
+	}
+	var sec float64
+	for line := range strings.Lines(info) {
+		for _, k := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), k); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("INFO cpu: %q: %v", line, err)
+				}
+				sec += f
+			}
+		}
+	}
+	return time.Duration(sec * float64(time.Second))
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -53,6 +54,13 @@ func testRandName(prefix string) string {
 // client).
 type testStoreEnv struct {
 	store, second idemdriver.LeaseStore
+	// handProxy, when set (Redis), returns BenchmarkProxy's hand-written
+	// idempotent proxy to upstream on the same server (handProxy in
+	// proxy_hand_bench_test.go).
+	handProxy func(upstream *url.URL) http.Handler
+	// serverCPU, when set (Redis), returns the store server's CPU time so
+	// far (INFO cpu), for BenchmarkProxy's server-cpu-µs/req.
+	serverCPU func() time.Duration
 }
 
 // testStore opens a store kind. Each call gives fresh tables (or a fresh

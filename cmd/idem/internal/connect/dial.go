@@ -18,11 +18,18 @@ import (
 // The broker connections shared by the demo, `idem consume` and `idem
 // relay` (so not behind the nodemo build tag).
 
-// NATS connects to the NATS server at url with opts (a 5s timeout
-// and endless reconnects by default) and returns its JetStream context.
+// NATS connects to the NATS server at url with opts (by default a 5s
+// timeout, endless reconnects, and pings every 2s, two unanswered of
+// which end the connection) and returns its JetStream context.
 func NATS(url string, opts ...nats.Option) (jetstream.JetStream, error) {
 	if len(opts) == 0 {
-		opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+		// A connection that stops answering without closing (half-open
+		// TCP) is given up after two pings two seconds apart unanswered,
+		// as idem consume's is, not nats.go's default two minutes apart:
+		// meanwhile nothing is published or consumed (a black-holed
+		// connection held a consumer for 6 minutes with the defaults).
+		opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+			nats.PingInterval(2 * time.Second), nats.MaxPingsOutstanding(2)}
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
