@@ -63,8 +63,17 @@ func seedAndSize(ctx context.Context, pool *pgxpool.Pool, table string, parts *i
 	if err := store.Migrate(ctx); err != nil {
 		return 0, err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (consumer, message_id, fingerprint, processed_at)
-		SELECT 'orders', gen_random_uuid()::text, sha256(g::text::bytea), now() FROM generate_series(1, $1::int) g`, n); err != nil {
+	// The default layout refers to its consumer by key (schema v2), the
+	// partitioned one by name.
+	insert := `INSERT INTO ` + table + ` (consumer, message_id, fingerprint, processed_at)
+		SELECT 'orders', gen_random_uuid()::text, sha256(g::text::bytea), now() FROM generate_series(1, $1::int) g`
+	if parts == nil {
+		insert = `WITH k AS (INSERT INTO ` + table + `_consumers (key, name) SELECT COALESCE(max(key), 0) + 1, 'orders' FROM ` + table + `_consumers
+			ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
+		INSERT INTO ` + table + ` (consumer_key, message_id, fingerprint, processed_at)
+		SELECT (SELECT key FROM k), gen_random_uuid()::text, sha256(g::text::bytea), now() FROM generate_series(1, $1::int) g`
+	}
+	if _, err := pool.Exec(ctx, insert, n); err != nil {
 		return 0, err
 	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+table); err != nil {

@@ -195,7 +195,7 @@ func (b *bundle) checkLedger(t *testing.T) {
 	if err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id) FROM ledger`).Scan(&rows, &distinct); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE consumer = 'ledger'`).Scan(&records); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM idem_processed WHERE consumer_key = (SELECT key FROM idem_processed_consumers WHERE name = 'ledger')`).Scan(&records); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("ledger: %d jobs for %d payments, one killed mid-job: %d ledger rows, %d distinct payments, %d idem records",
@@ -222,7 +222,7 @@ func (b *bundle) checkCharges(t *testing.T) {
 	}
 	var completed int
 	if err := b.pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM idem_processed WHERE consumer = 'charges' AND state = 2` /* 2: completed */).Scan(&completed); err != nil {
+		`SELECT count(*) FROM idem_processed WHERE consumer_key = (SELECT key FROM idem_processed_consumers WHERE name = 'charges') AND state = 2` /* 2: completed */).Scan(&completed); err != nil {
 		t.Fatal(err)
 	}
 	if completed != payments {

@@ -9,3 +9,16 @@ import "github.com/idem-go/idem/internal/sqlstore"
 func Ops(t string) *sqlstore.Ops {
 	return sqlstore.NewOps(t, New(t).Inspect, Outbox(t+`_outbox`), TimeParam).WithFailedIndex()
 }
+
+// OpsV2 is Ops on a table of schema v2 (NewV2): records are found by
+// their consumer's key, looked up by name in the consumers table, and
+// the consumers listed are those of the consumers table that have a
+// record, each with its oldest and newest (two probes of the retention
+// index on (consumer_key, processed_at)).
+func OpsV2(t string) *sqlstore.Ops {
+	l := layout{t: t, v2: true}
+	consumers := `SELECT c.name, 0, ` + Micros(`(SELECT MIN(r.processed_at) FROM `+t+` r WHERE r.consumer_key = c.key)`) + `, ` +
+		Micros(`(SELECT MAX(r.processed_at) FROM `+t+` r WHERE r.consumer_key = c.key)`) + `
+FROM ` + t + `_consumers c WHERE EXISTS (SELECT FROM ` + t + ` r WHERE r.consumer_key = c.key) ORDER BY c.name`
+	return sqlstore.NewOpsKeyed(t, NewV2(t).Inspect, Outbox(t+`_outbox`), TimeParam, l.nameIs, consumers).WithFailedIndex()
+}

@@ -15,16 +15,33 @@ import (
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
-// ClaimArgs are the arguments of q.Claim for p. The consumer name and the
-// lock timeout are the same on every claim of a consumer: their boxed
-// values are kept (lastArg), so a claim boxes only the message ID and the
-// fingerprint.
-func ClaimArgs(p *idemdriver.ClaimParams) []any { return AppendClaimArgs(make([]any, 0, 4), p) }
+// ClaimArgs are the arguments of q.Claim for p. The consumer (its name,
+// or on schema v2 its key: ConsumerArg) and the lock timeout are the same
+// on every claim of a consumer: their boxed values are kept, so a claim
+// boxes only the message ID and the fingerprint.
+func (q *Queries) ClaimArgs(p *idemdriver.ClaimParams) []any {
+	return q.AppendClaimArgs(make([]any, 0, 4), p)
+}
 
 // AppendClaimArgs appends the arguments of q.Claim for p to dst (see
 // ClaimArgs), for a caller that holds them in an array of its own.
-func AppendClaimArgs(dst []any, p *idemdriver.ClaimParams) []any {
-	return append(dst, consumerArg(p.Consumer), p.MessageID, p.Fingerprint, LockTimeoutArg(p.LockTimeout))
+func (q *Queries) AppendClaimArgs(dst []any, p *idemdriver.ClaimParams) []any {
+	return append(dst, q.ConsumerArg(p.Consumer), p.MessageID, p.Fingerprint, LockTimeoutArg(p.LockTimeout))
+}
+
+// ConsumerArg is the consumer parameter of q's statements on the
+// processed table for the consumer named name: the name itself on schema
+// v1; on v2 its key (a boxed int16), which the Table that made q resolved
+// before handing q out (Table.Queries), or nil (SQL NULL, which no record
+// has and the claim's NOT NULL refuses) for a name it did not resolve.
+func (q *Queries) ConsumerArg(name string) any {
+	if !q.V2 {
+		return consumerArg(name)
+	}
+	if q.one != nil {
+		return q.one
+	}
+	return q.keys.get(name)
 }
 
 // LockTimeoutArg is the lock timeout parameter of the claims: d in whole
@@ -105,7 +122,7 @@ func Inserted(err error) (bool, error) {
 // ClaimTx claims p inside tx: q.Claim, and Settle when it conflicted. p
 // must have been validated.
 func (q *Queries) ClaimTx(ctx context.Context, tx sqlstore.Querier, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	args := ClaimArgs(p)
+	args := q.ClaimArgs(p)
 	var claimed bool
 	inserted, err := Inserted(tx.QueryRow(ctx, q.Claim, args...).Scan(&claimed))
 	switch {
@@ -240,7 +257,7 @@ func (q *Queries) claimBatchTx(ctx context.Context, tx sqlstore.Querier, p *idem
 		if len(waited) == 0 {
 			break
 		}
-		rows, err = tx.Query(ctx, q.fingerprints, p.Consumer, TextArray(sqlstore.IDs(waited)))
+		rows, err = tx.Query(ctx, q.fingerprints, q.ConsumerArg(p.Consumer), TextArray(sqlstore.IDs(waited)))
 		if err := sqlstore.ReadExisting(rows, err, got); err != nil {
 			return nil, err
 		}
@@ -259,13 +276,13 @@ func (q *Queries) claimBatchArgs(p *idemdriver.ClaimBatchParams, pending []idemd
 		for i, m := range pending {
 			ids[i], fps[i] = m.MessageID, m.Fingerprint
 		}
-		return q.claimBatchNative, []any{p.Consumer, ids, fps, lt}
+		return q.claimBatchNative, []any{q.ConsumerArg(p.Consumer), ids, fps, lt}
 	}
 	fps := make([]string, len(pending))
 	for i, m := range pending {
 		ids[i], fps[i] = m.MessageID, hex.EncodeToString(m.Fingerprint)
 	}
-	return q.claimBatch, []any{p.Consumer, TextArray(ids), TextArray(fps), lt}
+	return q.claimBatch, []any{q.ConsumerArg(p.Consumer), TextArray(ids), TextArray(fps), lt}
 }
 
 // Acquire runs the acquire statement until it settles (see Queries.acquire),
@@ -283,10 +300,14 @@ func (q *Queries) Acquire(ctx context.Context, db sqlstore.Querier, p *idemdrive
 // a caller that sends it itself (in a pipeline of many) and finishes
 // with AcquireFrom.
 func (q *Queries) AcquireQuery(p *idemdriver.AcquireParams) (string, []any) {
+	c := q.ConsumerArg(p.Consumer)
 	if p.StepPrefix == "" {
-		return q.acquire, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)}
+		return q.acquire, []any{c, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease)}
 	}
-	return q.acquireStep, []any{p.Consumer, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix}
+	if q.V2 { // the recovery point's consumer name last
+		return q.acquireStep, []any{c, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix, p.Consumer}
+	}
+	return q.acquireStep, []any{c, p.MessageID, p.Fingerprint, sqlstore.DurationMicros(p.Lease), p.StepPrefix}
 }
 
 // AcquireRow is the row of one acquire statement, as ScanAcquire read it.
@@ -356,13 +377,13 @@ func (q *Queries) AcquireFrom(ctx context.Context, db sqlstore.Querier, p *idemd
 // arguments (a statement whose rows affected are 0 when p.Token owns
 // nothing), for a caller that sends it itself.
 func (q *Queries) CompleteQuery(p *idemdriver.CompleteParams) (string, []any) {
-	return q.complete, []any{sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token}
+	return q.complete, []any{sqlstore.NonNil(p.Result), p.ContentType, q.ConsumerArg(p.Consumer), p.MessageID, p.Token}
 }
 
 // Renew extends the lease of p.Token to now plus p.Lease (validated).
 func (q *Queries) Renew(ctx context.Context, db sqlstore.Querier, p *idemdriver.RenewParams) error {
 	return sqlstore.Fenced(ctx, db, "renew", p.Consumer, p.MessageID, p.Token, q.renew,
-		sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
+		sqlstore.DurationMicros(p.Lease), q.ConsumerArg(p.Consumer), p.MessageID, p.Token)
 }
 
 // Complete completes the record of p.Token (p validated, content type
@@ -377,10 +398,18 @@ func (q *Queries) Complete(ctx context.Context, db sqlstore.Querier, p *idemdriv
 func (q *Queries) Release(ctx context.Context, db sqlstore.Querier, p *idemdriver.ReleaseParams) error {
 	if p.Step == "" {
 		return sqlstore.Fenced(ctx, db, "release", p.Consumer, p.MessageID, p.Token, q.release,
-			sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token)
+			sqlstore.ErrorText(p.Error), p.Terminal, q.ConsumerArg(p.Consumer), p.MessageID, p.Token)
 	}
-	var owned int64
-	if err := db.QueryRow(ctx, q.releaseStep, sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token, p.Step).Scan(&owned); err != nil {
+	var (
+		owned int64
+		row   sqlstore.Row
+	)
+	if q.V2 { // the key, and the recovery point's consumer name last
+		row = db.QueryRow(ctx, q.releaseStep, sqlstore.ErrorText(p.Error), p.Terminal, q.ConsumerArg(p.Consumer), p.MessageID, p.Token, p.Step, p.Consumer)
+	} else {
+		row = db.QueryRow(ctx, q.releaseStep, sqlstore.ErrorText(p.Error), p.Terminal, p.Consumer, p.MessageID, p.Token, p.Step)
+	}
+	if err := row.Scan(&owned); err != nil {
 		return err
 	}
 	if owned == 0 {
@@ -392,8 +421,16 @@ func (q *Queries) Release(ctx context.Context, db sqlstore.Querier, p *idemdrive
 // SaveStep saves the recovery point of p (validated) while p.Token owns
 // the record.
 func (q *Queries) SaveStep(ctx context.Context, db sqlstore.Querier, p *idemdriver.StepParams) error {
-	var owned int64
-	if err := db.QueryRow(ctx, q.saveStep, p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result)).Scan(&owned); err != nil {
+	var (
+		owned int64
+		row   sqlstore.Row
+	)
+	if q.V2 { // the key, and the recovery point's consumer name last
+		row = db.QueryRow(ctx, q.saveStep, q.ConsumerArg(p.Consumer), p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result), p.Consumer)
+	} else {
+		row = db.QueryRow(ctx, q.saveStep, p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result))
+	}
+	if err := row.Scan(&owned); err != nil {
 		return err
 	}
 	if owned == 0 {
@@ -455,7 +492,18 @@ type DeleteFunc func(ctx context.Context, consumer string, horizonUS int64, limi
 func (q *Queries) DeleteRows(db sqlstore.Querier) DeleteFunc {
 	return func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
 		var n int64
-		err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+		if !q.V2 {
+			err := db.QueryRow(ctx, q.purgeBatch, consumer, horizonUS, int64(limit)).Scan(&n)
+			return n, err
+		}
+		var key int32
+		switch err := db.QueryRow(ctx, q.consumerKey, consumer).Scan(&key); {
+		case errors.Is(err, sqlstore.ErrNoRows):
+			return 0, nil // a consumer that never wrote a record
+		case err != nil:
+			return 0, err
+		}
+		err := db.QueryRow(ctx, q.purgeBatch, key, horizonUS, int64(limit), consumer).Scan(&n)
 		return n, err
 	}
 }

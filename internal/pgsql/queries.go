@@ -165,6 +165,14 @@ const restoreClaimLockTimeout = `set_config('lock_timeout', current_setting(` + 
 type Queries struct {
 	// Table is the processed-messages table as written in SQL.
 	Table string
+	// V2 is set on the statements of schema v2 (NewV2).
+	V2 bool
+	// keys are the consumers' keys that the Table of q resolved (v2), and
+	// one, when set, the key of the one consumer of a Queries made for
+	// one call (Table.Queries in a transaction that added the name): see
+	// ConsumerArg.
+	keys *keyCache
+	one  any
 	// Claim: consumer, message ID, fingerprint, lock timeout (ms as text,
 	// or NULL) -> one row (true) when it inserted the record, with the
 	// transaction's lock_timeout put back; no row on a conflict, with the
@@ -221,8 +229,12 @@ type Queries struct {
 	// token owns the record (the step is then saved, or was already).
 	saveStep string
 
-	// purgeBatch: consumer, horizon (µs), limit -> records deleted.
+	// purgeBatch: consumer, horizon (µs), limit -> records deleted; on
+	// schema v2 the consumer's key, horizon, limit, the consumer's name
+	// (DeleteRows finds the key).
 	purgeBatch string
+	// consumerKey (v2): consumer name -> its key, no row when it has none.
+	consumerKey string
 	// Inspect and Stats: see sqlstore.Inspect and sqlstore.Stats.
 	Inspect, Stats string
 	// Runs are the retention statements (MarkRunning is one statement,
@@ -233,47 +245,67 @@ type Queries struct {
 }
 
 // New returns the statements of table t (validated by
-// sqlschema.ParseTable).
-func New(t string) *Queries {
+// sqlschema.ParseTable) in schema v1: the consumer name in each row.
+func New(t string) *Queries { return newQueries(layout{t: t}) }
+
+// NewV2 returns the statements of table t in schema v2 (migrations 014
+// and 015): each row holds its consumer's key, consumer_key (smallint).
+// The per-message statements take the key as their consumer parameter
+// (ConsumerArg); the operator's statements take the name and find its
+// key in t's consumers table (see layout).
+func NewV2(t string) *Queries { return newQueries(layout{t: t, v2: true}) }
+
+// newQueries returns the statements of l's table in l's shape.
+func newQueries(l layout) *Queries {
+	t := l.t
 	steps, runs := t+`_steps`, t+`_runs`
-	pk := byKey(`$1`, `$2::text`)
+	pk := l.byKey(`$1`, `$2::text`)
+	// The recovery points keep the consumer's name: on v2 the statements
+	// that write one take it as their last parameter.
+	stepName := func(v1, v2 string) string {
+		if l.v2 {
+			return v2
+		}
+		return v1
+	}
 	return &Queries{
 		Table: t,
-		Claim: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-SELECT $1::text, $2::text, $3::bytea WHERE ` + claimLockTimeout(`$4`) + `
-ON CONFLICT (consumer, message_id) DO NOTHING
+		V2:    l.v2,
+		Claim: `INSERT INTO ` + t + ` (` + l.col() + `, message_id, fingerprint)
+SELECT ` + l.val(`$1`) + `, $2::text, $3::bytea WHERE ` + claimLockTimeout(`$4`) + `
+ON CONFLICT (` + l.col() + `, message_id) DO NOTHING
 RETURNING ` + restoreClaimLockTimeout,
 		// The put-back runs first, on the one row of lt, whether or not a
 		// record is found.
 		fingerprint: `SELECT r.fingerprint, r.state FROM (SELECT ` + restoreClaimLockTimeout + `) AS lt
 LEFT JOIN ` + t + ` AS r ON ` + pk,
 		Record:           `SELECT fingerprint, state FROM ` + t + ` WHERE ` + pk,
-		claimBatch:       claimBatch(t, `decode(u.fp, 'hex')`, `$3::text[]`),
-		claimBatchNative: claimBatch(t, `u.fp`, `$3::bytea[]`),
-		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`),
+		claimBatch:       claimBatch(l, `decode(u.fp, 'hex')`, `$3::text[]`),
+		claimBatchNative: claimBatch(l, `u.fp`, `$3::bytea[]`),
+		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + l.recordsOf(`$2::text[]`),
 
-		acquire:     acquire(t, ""),
-		acquireStep: acquire(t, steps),
+		acquire:     acquire(l, ""),
+		acquireStep: acquire(l, steps),
 		// The steps table has no index but its key.
 		steps: `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()
-WHERE ` + byKey(`$2`, `$3::text`) + ` AND state = 1 AND token = $4::bigint`,
+WHERE ` + l.byKey(`$2`, `$3::text`) + ` AND state = 1 AND token = $4::bigint`,
 		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
 	lease_expires_at = now(), processed_at = now(), updated_at = NULL
-WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
+WHERE ` + l.byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 		release: `UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
 	lease_expires_at = now(), processed_at = now(), updated_at = NULL
-WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
+WHERE ` + l.byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint`,
 		// The release and its recovery point: the INSERT runs on the row
 		// the UPDATE changed (and locked), in the same statement.
 		releaseStep: `WITH rel AS (
 	UPDATE ` + t + ` SET state = CASE WHEN $2::boolean THEN 3 ELSE 1 END, token = token + 1, last_error = $1::text,
 		lease_expires_at = now(), processed_at = now(), updated_at = NULL
-	WHERE ` + byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint
+	WHERE ` + l.byKey(`$3`, `$4::text`) + ` AND state = 1 AND token = $5::bigint
 	RETURNING 1
 ), point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $3::text, $4::text, $6::text, ''::bytea, now() FROM rel
+	SELECT ` + stepName(`$3`, `$7`) + `::text, $4::text, $6::text, ''::bytea, now() FROM rel
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )
 SELECT count(*) FROM rel`,
@@ -288,37 +320,17 @@ SELECT count(*) FROM rel`,
 	FOR SHARE
 ), ins AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $4::text, $5::bytea, now() FROM owner
+	SELECT ` + stepName(`$1`, `$6`) + `::text, $2::text, $4::text, $5::bytea, now() FROM owner
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )
 SELECT count(*) FROM owner`,
 
-		// One statement per batch: the batch (oldest first, skipping rows
-		// locked by others, so claims and other cleaners are never
-		// waited for), the records, and their recovery points. Purges
-		// never touch in_progress (state 1) records; a NULL state (a
-		// transactional record) is a completed one. Both deletes compare
-		// the consumer as byKey does (consumerIs): for a
-		// consumer rare in the statistics, the delete of recovery points
-		// otherwise compared every step of the consumer with the whole
-		// batch (84 s per batch at 200,000 steps).
-		purgeBatch: `WITH batch AS (
-	SELECT message_id FROM ` + t + `
-	WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1
-	ORDER BY processed_at
-	LIMIT $3::bigint
-	FOR UPDATE SKIP LOCKED
-), del AS (
-	DELETE FROM ` + t + ` WHERE ` + consumerIs(`$1`) + ` AND message_id IN (SELECT message_id FROM batch)
-	RETURNING message_id
-), del_steps AS (
-	DELETE FROM ` + steps + ` WHERE ` + consumerIs(`$1`) + ` AND message_id IN (SELECT message_id FROM del)
-)
-SELECT count(*) FROM del`,
+		// See layout.purgeBatch.
+		purgeBatch:  l.purgeBatch(steps),
+		consumerKey: `SELECT key FROM ` + t + `_consumers WHERE name = $1::text`,
 		Inspect: `SELECT fingerprint, ` + Micros(`processed_at`) + `, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 1)::bigint, ` + Micros(`lease_expires_at`) + `, last_error, result, content_type
-FROM ` + t + ` WHERE ` + pk,
-		Stats: `SELECT consumer, count(*), ` + Micros(`min(processed_at)`) + `, ` + Micros(`max(processed_at)`) +
-			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
+FROM ` + t + ` WHERE ` + l.byName(`$1`, `$2::text`),
+		Stats: l.stats(),
 		Runs: sqlstore.RunQueries{
 			// One statement: extend the newest run to now when the gap
 			// ($2 µs) is positive and the run ended no more than the gap
@@ -338,7 +350,7 @@ INSERT INTO ` + runs + ` AS r (consumer, started_at, ended_at)
 SELECT $1::text, now(), now() WHERE NOT EXISTS (SELECT FROM ext)
 ON CONFLICT (consumer, started_at) DO UPDATE SET ended_at = GREATEST(r.ended_at, excluded.ended_at)`,
 			Runs:  `SELECT ` + Micros(`started_at`) + `, ` + Micros(`ended_at`) + ` FROM ` + runs + ` WHERE consumer = $1::text ORDER BY started_at`,
-			Count: `SELECT count(*) FROM ` + t + ` WHERE consumer = $1::text AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1`,
+			Count: `SELECT count(*) FROM ` + t + ` WHERE ` + l.plain(`$1`) + ` AND processed_at < ` + TimeParam(`$2`) + ` AND state IS DISTINCT FROM 1`,
 			Prune: `DELETE FROM ` + runs + ` WHERE consumer = $1::text AND ended_at < ` + TimeParam(`$2`),
 		},
 		Migrations: sqlstore.MigrationTable{
@@ -407,11 +419,11 @@ func recordsOf(t, ids string) string {
 // claimBatch is the batch claim statement on table t, whose fingerprints
 // parameter is fps (an array expression of $3) and each of whose
 // elements u.fp becomes a fingerprint through fp.
-func claimBatch(t, fp, fps string) string {
+func claimBatch(l layout, fp, fps string) string {
 	return `WITH ` + lockTimeoutCTE(`$4`) + `, ins AS (
-	INSERT INTO ` + t + ` (consumer, message_id, fingerprint)
-	SELECT $1::text, u.id, ` + fp + ` FROM lt, unnest($2::text[], ` + fps + `) AS u(id, fp)
-	ON CONFLICT (consumer, message_id) DO NOTHING
+	INSERT INTO ` + l.t + ` (` + l.col() + `, message_id, fingerprint)
+	SELECT ` + l.val(`$1`) + `, u.id, ` + fp + ` FROM lt, unnest($2::text[], ` + fps + `) AS u(id, fp)
+	ON CONFLICT (` + l.col() + `, message_id) DO NOTHING
 	RETURNING message_id
 ), n AS (
 	SELECT count(*) = cardinality($2::text[]) AS all_claimed FROM ins
@@ -420,7 +432,7 @@ SELECT NULL::text, NULL::bytea, NULL::smallint WHERE (SELECT all_claimed FROM n)
 UNION ALL
 SELECT message_id, NULL::bytea, NULL::smallint FROM ins WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
-SELECT r.message_id, r.fingerprint, r.state FROM ` + recordsOf(t, `$2::text[]`) + `
+SELECT r.message_id, r.fingerprint, r.state FROM ` + l.recordsOf(`$2::text[]`) + `
 WHERE NOT (SELECT all_claimed FROM n)
 UNION ALL
 ` + restoreLockTimeout(`NULL::text`)
@@ -455,20 +467,24 @@ UNION ALL
 // 8 bytes out of each row version they write and of its WAL. The
 // remaining lease's floor is therefore the later of the two (GREATEST
 // skips a NULL).
-func acquire(t, steps string) string {
+func acquire(l layout, steps string) string {
 	q := `WITH up AS (
-	INSERT INTO ` + t + ` AS r (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
-	VALUES ($1::text, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `)
-	ON CONFLICT (consumer, message_id) DO UPDATE
+	INSERT INTO ` + l.t + ` AS r (` + l.col() + `, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
+	VALUES (` + l.val(`$1`) + `, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `)
+	ON CONFLICT (` + l.col() + `, message_id) DO UPDATE
 	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
 		processed_at = excluded.processed_at, updated_at = NULL
 	WHERE r.state = 1 AND r.lease_expires_at <= now() AND r.fingerprint = excluded.fingerprint
 	RETURNING r.token, r.attempt
 )`
 	if steps != "" {
+		name := `$1` // the recovery point's consumer name (v2: the last parameter)
+		if l.v2 {
+			name = `$6`
+		}
 		q += `, point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT $1::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
+	SELECT ` + name + `::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )`
 	}
@@ -480,8 +496,8 @@ SELECT false, COALESCE(state, 2)::bigint, COALESCE(token, 0), COALESCE(attempt, 
 	THEN GREATEST(` + Micros(`lease_expires_at`) + ` - ` + Micros(`GREATEST(clock_timestamp(), updated_at, processed_at)`) + `, 0) ELSE 0 END,
 	result, content_type, last_error,
 	COALESCE(state = 1 AND lease_expires_at <= clock_timestamp() AND fingerprint = $3::bytea, false)
-FROM ` + t + `
-WHERE ` + byKey(`$1`, `$2::text`) + ` AND NOT EXISTS (SELECT FROM up)`
+FROM ` + l.t + `
+WHERE ` + l.byKey(`$1`, `$2::text`) + ` AND NOT EXISTS (SELECT FROM up)`
 }
 
 // Lock statements, all transaction-scoped so that they work behind a

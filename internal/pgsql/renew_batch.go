@@ -19,25 +19,56 @@ import (
 // The rows are locked in key order, and locked rows are skipped, so the
 // batch never waits for another transaction and never deadlocks with
 // another batch. Each lease is set from the server's now(), as Renew sets
-// it, and updated_at with it.
-func renewBatch(t string) string {
+// it, and updated_at with it. On schema v2 (v2 set) $1 holds the
+// consumers' keys (smallint[]) and the records are found by consumer_key.
+func renewBatch(t string, v2 bool) string {
+	col, cs := `consumer`, `$1::text[]`
+	if v2 {
+		col, cs = `consumer_key`, `$1::smallint[]`
+	}
 	return `WITH u AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(c, m, tok, lease, ord)
+	SELECT * FROM unnest(` + cs + `, $2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(c, m, tok, lease, ord)
 ), l AS (
-	SELECT r.consumer, r.message_id, r.token, u.lease FROM ` + t + ` AS r
-	JOIN u ON r.consumer = u.c AND r.message_id = u.m AND r.token = u.tok
+	SELECT r.` + col + `, r.message_id, r.token, u.lease FROM ` + t + ` AS r
+	JOIN u ON r.` + col + ` = u.c AND r.message_id = u.m AND r.token = u.tok
 	WHERE r.state = 1
-	ORDER BY r.consumer, r.message_id
+	ORDER BY r.` + col + `, r.message_id
 	FOR UPDATE OF r SKIP LOCKED
 ), upd AS (
 	UPDATE ` + t + ` AS r SET lease_expires_at = now() + l.lease * interval '1 microsecond', updated_at = now()
-	FROM l WHERE r.consumer = l.consumer AND r.message_id = l.message_id AND r.token = l.token
-	RETURNING r.consumer, r.message_id, r.token
+	FROM l WHERE r.` + col + ` = l.` + col + ` AND r.message_id = l.message_id AND r.token = l.token
+	RETURNING r.` + col + `, r.message_id, r.token
 )
 SELECT u.ord, CASE WHEN upd.message_id IS NOT NULL THEN 1
-	WHEN EXISTS (SELECT FROM ` + t + ` AS r WHERE r.consumer = u.c AND r.message_id = u.m AND r.state = 1 AND r.token = u.tok) THEN 2
+	WHEN EXISTS (SELECT FROM ` + t + ` AS r WHERE r.` + col + ` = u.c AND r.message_id = u.m AND r.state = 1 AND r.token = u.tok) THEN 2
 	ELSE 0 END
-FROM u LEFT JOIN upd ON upd.consumer = u.c AND upd.message_id = u.m AND upd.token = u.tok`
+FROM u LEFT JOIN upd ON upd.` + col + ` = u.c AND upd.message_id = u.m AND upd.token = u.tok`
+}
+
+// RenewBatch is Queries.RenewBatch in the table's shape (Shape, on db,
+// which runs each statement in a transaction of its own), the consumers'
+// keys resolved first on schema v2 (Ensure); when the statement fails
+// because the shape changed under it (ShapeChanged), once more in the new
+// shape.
+func (tb *Table) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idemdriver.RenewParams, order []int, errs []error) error {
+	for attempt := 0; ; attempt++ {
+		q, err := tb.Shape(ctx, db)
+		if err != nil {
+			return err
+		}
+		if q.V2 {
+			for _, i := range order {
+				if err := tb.Ensure(ctx, db, ps[i].Consumer, true); err != nil {
+					return err
+				}
+			}
+		}
+		err = q.RenewBatch(ctx, db, ps, order, errs)
+		if attempt == 0 && tb.Changed(err) {
+			continue
+		}
+		return err
+	}
 }
 
 // RenewBatch renews the elements order names of ps (validated; see
@@ -49,15 +80,33 @@ FROM u LEFT JOIN upd ON upd.consumer = u.c AND upd.message_id = u.m AND upd.toke
 func (q *Queries) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idemdriver.RenewParams, order []int, errs []error) error {
 	cs, ids := make([]string, len(order)), make([]string, len(order))
 	toks, leases := make([]int64, len(order)), make([]int64, len(order))
+	var keys []int64 // schema v2: the consumers' keys
+	if q.V2 {
+		keys = make([]int64, len(order))
+	}
 	for k, i := range order {
 		p := &ps[i]
 		cs[k], ids[k], toks[k], leases[k] = p.Consumer, p.MessageID, p.Token, sqlstore.DurationMicros(p.Lease)
+		if q.V2 {
+			key, ok := q.ConsumerArg(p.Consumer).(int16)
+			if !ok {
+				return fmt.Errorf("idem: renewal batch: consumer %q has no key", p.Consumer)
+			}
+			keys[k] = int64(key)
+		}
 	}
-	args := []any{cs, ids, toks, leases}
-	if !q.NativeArrays {
+	var args []any
+	switch {
+	case q.V2 && q.NativeArrays:
+		args = []any{keys, ids, toks, leases}
+	case q.V2:
+		args = []any{int64Array(keys), TextArray(ids), int64Array(toks), int64Array(leases)}
+	case q.NativeArrays:
+		args = []any{cs, ids, toks, leases}
+	default:
 		args = []any{TextArray(cs), TextArray(ids), int64Array(toks), int64Array(leases)}
 	}
-	rows, err := db.Query(ctx, renewBatch(q.Table), args...)
+	rows, err := db.Query(ctx, renewBatch(q.Table, q.V2), args...)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,9 @@ type Ops struct {
 	// steps: consumer, message ID -> step, result.
 	steps  string
 	outbox *Outbox
+	// is returns the condition on the processed table that selects the
+	// consumer named by a placeholder (see NewOpsKeyed).
+	is func(p string) string
 }
 
 // NewOps builds the operator statements of the processed table table
@@ -41,10 +44,23 @@ type Ops struct {
 // dialect's statement of Inspect; timeParam returns the time column value
 // of the bigint microseconds of placeholder p.
 func NewOps(table, inspect string, o *Outbox, timeParam func(p string) string) *Ops {
+	return NewOpsKeyed(table, inspect, o, timeParam, nil, "")
+}
+
+// NewOpsKeyed is NewOps for a processed table whose rows refer to their
+// consumer by something else than its name (PostgreSQL's schema v2: a
+// key): is returns the condition on the processed table that selects
+// the consumer named by placeholder p (nil: consumer = p), and consumers
+// is the statement of Consumers ("": a skip scan of the consumer
+// column). The recovery points table is found by name either way.
+func NewOpsKeyed(table, inspect string, o *Outbox, timeParam func(p string) string, is func(p string) string, consumers string) *Ops {
 	d := o.d
 	p := d.Param
 	x := d.TextOut
-	ops := &Ops{table: table, inspect: inspect, outbox: o}
+	if is == nil {
+		is = func(p string) string { return `consumer = ` + p }
+	}
+	ops := &Ops{table: table, inspect: inspect, outbox: o, is: is}
 	// The inner select walks the (consumer, processed_at) index backwards
 	// from the position and stops after scan rows; the outer keeps those
 	// in the state and the window's last row, which positions the next
@@ -54,7 +70,7 @@ func NewOps(table, inspect string, o *Outbox, timeParam func(p string) string) *
 	SELECT w.*, ROW_NUMBER() OVER (ORDER BY processed_at DESC, message_id DESC) AS n, COUNT(*) OVER () AS total FROM (
 		SELECT message_id, fingerprint, processed_at, COALESCE(state, 2) AS st, token, attempt, lease_expires_at, last_error
 		FROM ` + table + `
-		WHERE consumer = ` + p(1, "text") + ` AND processed_at <= ` + timeParam(p(2, "bigint")) + `
+		WHERE ` + is(p(1, "text")) + ` AND processed_at <= ` + timeParam(p(2, "bigint")) + `
 			AND (processed_at < ` + timeParam(p(3, "bigint")) + ` OR message_id < ` + p(4, "text") + `)
 		ORDER BY processed_at DESC, message_id DESC
 		LIMIT ` + p(5, "bigint") + `
@@ -70,11 +86,12 @@ LIMIT ` + p(7, "bigint")
 	ops.listFailed = `SELECT message_id` + x + `, fingerprint, ` + d.Micros(`processed_at`) + `, 3, COALESCE(token, 0), COALESCE(attempt, 1), ` +
 		d.Micros(`lease_expires_at`) + `, last_error, 0
 FROM ` + table + `
-WHERE consumer = ` + p(1, "text") + ` AND state = 3 AND processed_at <= ` + timeParam(p(2, "bigint")) + `
+WHERE ` + is(p(1, "text")) + ` AND state = 3 AND processed_at <= ` + timeParam(p(2, "bigint")) + `
 	AND (processed_at < ` + timeParam(p(3, "bigint")) + ` OR message_id < ` + p(4, "text") + `)
 ORDER BY processed_at DESC, message_id DESC
 LIMIT ` + p(5, "bigint")
-	key := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
+	key := ` WHERE ` + is(p(1, "text")) + ` AND message_id = ` + p(2, "text")
+	stepsKey := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
 	stamp := `lease_expires_at = ` + d.Now + `, processed_at = ` + d.Now + `, updated_at = ` + d.Now
 	ops.retry = `UPDATE ` + table + ` SET state = 1, token = COALESCE(token, 0) + 1, attempt = 0, ` + stamp + key + ` AND state = 3`
 	ops.release = `UPDATE ` + table + ` SET token = token + 1, ` + stamp + key + ` AND state = 1 AND token = ` + p(3, "bigint")
@@ -105,7 +122,10 @@ LIMIT ` + p(5, "bigint")
 SELECT c.consumer` + x + `, 0, ` + d.Micros(`(SELECT MIN(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `, ` +
 		d.Micros(`(SELECT MAX(t.processed_at) FROM `+table+` t WHERE t.consumer = c.consumer)`) + `
 FROM c WHERE c.consumer IS NOT NULL ORDER BY c.consumer`
-	ops.steps = `SELECT step` + x + `, result FROM ` + table + `_steps` + key + ` ORDER BY step`
+	if consumers != "" {
+		ops.consumers = consumers
+	}
+	ops.steps = `SELECT step` + x + `, result FROM ` + table + `_steps` + stepsKey + ` ORDER BY step`
 	ops.outState = `SELECT consumer` + x + `, CASE WHEN sent_at IS NOT NULL THEN 2 WHEN failed_at IS NOT NULL THEN 3 ELSE 1 END FROM ` + t + ` WHERE id = ` + p(1, "text")
 	return ops
 }

@@ -26,12 +26,13 @@ type Reopen struct {
 func NewReopen(ops *Ops, oneStatement bool) *Reopen {
 	d := ops.outbox.d
 	p := d.Param
-	key := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
+	key := ` WHERE ` + ops.is(p(1, "text")) + ` AND message_id = ` + p(2, "text")
+	stepsKey := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
 	r := &Reopen{table: ops.table, inspect: ops.inspect}
 	r.update = `UPDATE ` + ops.table + ` SET state = 1, token = token + 1, attempt = 0, result = NULL, content_type = NULL, ` +
 		`lease_expires_at = ` + d.Now + `, processed_at = ` + d.Now + `, updated_at = ` + d.Now +
 		key + ` AND state = 2 AND token = ` + p(3, "bigint")
-	r.steps = `DELETE FROM ` + ops.table + `_steps` + key
+	r.steps = `DELETE FROM ` + ops.table + `_steps` + stepsKey
 	if oneStatement {
 		r.counted = `WITH r AS (` + r.update + ` RETURNING 1), d AS (` + r.steps + ` AND EXISTS (SELECT FROM r))
 SELECT count(*) FROM r`

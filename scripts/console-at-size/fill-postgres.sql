@@ -27,10 +27,16 @@
 SET synchronous_commit = off;
 SET maintenance_work_mem = '512MB';
 TRUNCATE idem_processed, idem_processed_steps, idem_processed_outbox;
+-- Schema v2: each record refers to its consumer by key.
+-- Keys are smallint, given in order (the largest plus one).
+INSERT INTO idem_processed_consumers (key, name)
+SELECT (SELECT COALESCE(max(key), 0) FROM idem_processed_consumers) + row_number() OVER (), v.n
+FROM (VALUES ('payments'), ('mail'), ('receipts'), ('shipping'), ('audit'), ('webhooks')) AS v(n)
+WHERE NOT EXISTS (SELECT FROM idem_processed_consumers c WHERE c.name = v.n);
 ALTER TABLE idem_processed DROP CONSTRAINT IF EXISTS idem_processed_pkey;
 DROP INDEX IF EXISTS idem_processed_processed_at_idx;
-INSERT INTO idem_processed (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error, updated_at)
-SELECT c, gen_random_uuid()::text, decode(md5(i::text) || md5((-i)::text), 'hex'), at,
+INSERT INTO idem_processed (consumer_key, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error, updated_at)
+SELECT (SELECT key FROM idem_processed_consumers WHERE name = c), gen_random_uuid()::text, decode(md5(i::text) || md5((-i)::text), 'hex'), at,
        CASE WHEN NOT lease THEN NULL WHEN failed THEN 3 WHEN held THEN 1 ELSE 2 END,
        CASE WHEN lease THEN 1 + (i % 3) END,
        CASE WHEN NOT lease THEN NULL WHEN failed AND i % 2 = 0 THEN 5 ELSE 1 END,
@@ -47,16 +53,16 @@ FROM (
   FROM (SELECT i, (i * 7919) % 100 AS r, hashint8(i) AS h FROM generate_series(1::bigint, :rows) AS i) g
 ) s;
 -- Live leases: recent attempts still holding theirs.
-INSERT INTO idem_processed (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
-SELECT 'payments', gen_random_uuid()::text, decode(md5(i::text), 'hex'), now() - interval '1 second' * (i % 60), 1, 1, 1,
+INSERT INTO idem_processed (consumer_key, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+SELECT (SELECT key FROM idem_processed_consumers WHERE name = 'payments'), gen_random_uuid()::text, decode(md5(i::text), 'hex'), now() - interval '1 second' * (i % 60), 1, 1, 1,
        now() + interval '10 minutes', now()
 FROM generate_series(1, 500) AS i;
-ALTER TABLE idem_processed ADD CONSTRAINT idem_processed_pkey PRIMARY KEY (consumer, message_id);
-CREATE INDEX idem_processed_processed_at_idx ON idem_processed (consumer, processed_at);
+ALTER TABLE idem_processed ADD CONSTRAINT idem_processed_pkey PRIMARY KEY (consumer_key, message_id);
+CREATE INDEX idem_processed_processed_at_idx ON idem_processed (consumer_key, processed_at);
 INSERT INTO idem_processed_steps (consumer, message_id, step, result, created_at)
-SELECT p.consumer, p.message_id, s.step, decode(md5(p.message_id || s.step), 'hex'), p.processed_at
-FROM idem_processed p CROSS JOIN (VALUES ('charge'), ('receipt')) AS s (step)
-WHERE p.consumer = 'payments' AND hashtext(p.message_id) % 20 = 0;
+SELECT c.name, p.message_id, s.step, decode(md5(p.message_id || s.step), 'hex'), p.processed_at
+FROM idem_processed p JOIN idem_processed_consumers c ON c.key = p.consumer_key CROSS JOIN (VALUES ('charge'), ('receipt')) AS s (step)
+WHERE c.name = 'payments' AND hashtext(p.message_id) % 20 = 0;
 INSERT INTO idem_processed_outbox (id, consumer, source_id, destination, order_key, payload, headers, created_at, available_at, attempts, last_error, sent_at, failed_at)
 SELECT gen_random_uuid()::text, 'payments', gen_random_uuid()::text, 'payments.charged', CASE WHEN i % 3 = 0 THEN 'acct-' || (i % 1000) ELSE '' END,
        convert_to('{"amount":' || i || '}', 'UTF8'), '{"content-type":"application/json"}', at, at,

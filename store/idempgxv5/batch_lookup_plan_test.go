@@ -91,8 +91,8 @@ func fillConsumer(t *testing.T, b *bundle) *pgxpool.Conn {
 			t.Fatal(err)
 		}
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO `+b.table+` (consumer, message_id, fingerprint)
-		SELECT 'c', 'old-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
+	if _, err := conn.Exec(ctx, recordsInsert(b.table, b.part == nil, "'c'", "message_id, fingerprint")+
+		`'old-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
 	return conn
@@ -142,6 +142,10 @@ func probePlans(t *testing.T, b *bundle, conn *pgxpool.Conn, query string, args 
 				return
 			}
 			switch {
+			case n.RelationName == b.table+"_consumers" && strings.HasPrefix(n.IndexCond, "(name = "):
+				// The consumer's key found by name (schema v2, the
+				// operator's statements): one probe of the consumers
+				// table's unique index on name.
 			case strings.Contains(n.IndexCond, "message_id"):
 				probes++
 			case strings.Contains(n.IndexCond, "processed_at <"):
@@ -178,8 +182,8 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 	ctx := context.Background()
 	steps := b.table + "_steps"
 	for _, q := range []string{
-		`INSERT INTO ` + b.table + ` (consumer, message_id, fingerprint)
-			SELECT 'other', 'h-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`,
+		recordsInsert(b.table, true, "'other'", "message_id, fingerprint") +
+			`'h-' || g, '\x00'::bytea FROM generate_series(1, 20000) g`,
 		`INSERT INTO ` + steps + ` (consumer, message_id, step, result)
 			SELECT 'other', 'h-' || g, 'charge', '\x00'::bytea FROM generate_series(1, 20000) g`,
 		`ANALYZE ` + b.table + `, ` + steps,
@@ -196,21 +200,28 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 		SELECT 'c', 'old-' || g, 'charge', '\x00'::bytea FROM generate_series(1, 20000) g`); err != nil {
 		t.Fatal(err)
 	}
+	var key int32
+	if err := conn.QueryRow(ctx, `SELECT key FROM `+b.table+`_consumers WHERE name = 'c'`).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
 	ids, hexFps, fps := []string{"old-1", "old-2", "new-1"}, []string{"00", "00", "01"}, [][]byte{{0}, {0}, {1}}
+	// Schema v2: the per-message statements take the consumer's key; those
+	// that write a recovery point take its name too, last; the purge's
+	// batch takes the key, then the name; Inspect takes the name.
 	args := map[string][]any{
-		"fingerprint":      {"c", "old-1"},
-		"record":           {"c", "old-1"},
-		"fingerprints":     {"c", ids},
-		"claimBatch":       {"c", ids, hexFps, nil},
-		"claimBatchNative": {"c", ids, fps, nil},
-		"acquire":          {"c", "old-1", []byte{0}, int64(time.Minute / time.Microsecond)},
-		"acquireStep":      {"c", "old-1", []byte{0}, int64(time.Minute / time.Microsecond), "run:"},
-		"renew":            {int64(time.Minute / time.Microsecond), "c", "old-1", int64(1)},
-		"complete":         {[]byte("ok"), "text/plain", "c", "old-1", int64(1)},
-		"release":          {"failed", false, "c", "old-1", int64(1)},
-		"releaseStep":      {"failed", false, "c", "old-1", int64(1), "settled:1"},
-		"saveStep":         {"c", "old-1", int64(1), "charge", []byte("ok")},
-		"purgeBatch":       {"c", time.Now().UnixMicro(), int64(1000)},
+		"fingerprint":      {key, "old-1"},
+		"record":           {key, "old-1"},
+		"fingerprints":     {key, ids},
+		"claimBatch":       {key, ids, hexFps, nil},
+		"claimBatchNative": {key, ids, fps, nil},
+		"acquire":          {key, "old-1", []byte{0}, int64(time.Minute / time.Microsecond)},
+		"acquireStep":      {key, "old-1", []byte{0}, int64(time.Minute / time.Microsecond), "run:", "c"},
+		"renew":            {int64(time.Minute / time.Microsecond), key, "old-1", int64(1)},
+		"complete":         {[]byte("ok"), "text/plain", key, "old-1", int64(1)},
+		"release":          {"failed", false, key, "old-1", int64(1)},
+		"releaseStep":      {"failed", false, key, "old-1", int64(1), "settled:1", "c"},
+		"saveStep":         {key, "old-1", int64(1), "charge", []byte("ok"), "c"},
+		"purgeBatch":       {key, time.Now().UnixMicro(), int64(1000), "c"},
 		"inspect":          {"c", "old-1"},
 	}
 	statements := idempgxv5.KeyedStatements(b.store)

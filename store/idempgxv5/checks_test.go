@@ -63,7 +63,7 @@ func testProcessedChecksUpgrade(t *testing.T, v upgradeVariant) {
 		t.Helper()
 		var s string
 		if err := direct.QueryRow(ctx, `SELECT concat_ws('|', consumer, message_id, fingerprint, processed_at, state, token, attempt)
-			FROM `+table+` WHERE message_id = 'old'`).Scan(&s); err != nil {
+			FROM `+recordsFrom(t, direct, table)+` WHERE message_id = 'old'`).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
 		return s

@@ -53,7 +53,7 @@ func (b *bundle) queryEffects(ctx context.Context, key string) (n int, err error
 }
 
 func (b *bundle) queryRecords(ctx context.Context, consumer string) (n int, err error) {
-	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n)
+	err = b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE `+b.consumerIs(), consumer).Scan(&n)
 	return n, err
 }
 

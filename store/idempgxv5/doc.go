@@ -20,14 +20,63 @@
 // # Schema
 //
 // [Store.Migrate] (or `idem migrate`) creates the processed-messages table
-// from the migrations embedded in idem: one row per (consumer, message_id),
-// both text with the "C" collation (compared byte for byte, whatever the
-// database's collation), the payload fingerprint (bytea) and processed_at
-// (timestamptz, the server's now() when the claiming transaction began),
-// under a primary key on (consumer, message_id) and an index on
-// (consumer, processed_at) for retention. The table name is configurable
-// ([Config.Table]). Migration 002 adds the lease-mode columns and the
-// recovery points table Table + "_steps" (see "Lease mode").
+// from the migrations embedded in idem: one row per consumer and message
+// ID, the ID text with the "C" collation (compared byte for byte, whatever
+// the database's collation), the payload fingerprint (bytea) and
+// processed_at (timestamptz, the server's now() when the claiming
+// transaction began). The table name is configurable ([Config.Table]).
+// Migration 002 adds the lease-mode columns and the recovery points table
+// Table + "_steps" (see "Lease mode").
+//
+// Since migrations 014 and 015 (schema v2) each consumer name is stored
+// once, in the table Table + "_consumers" (key smallint, name text COLLATE
+// "C", unique), and a record refers to it by consumer_key: the primary key
+// is (consumer_key, message_id), the retention index (consumer_key,
+// processed_at), the failed records' index (consumer_key, processed_at,
+// message_id) WHERE state = 3. A 2-byte key instead of the name in every
+// row and index entry makes a primary key entry that of a hand-written
+// table keyed by the message ID alone (48 bytes with a 36-character ID,
+// against 56 with a name of 3 to 10 bytes, 64 with 11 to 18).
+//
+// A Store finds a consumer's key once (per name and Store) with one
+// statement that reads the consumers table and adds the name when it is
+// new, and from then on passes the key as a parameter of the claim, the
+// duplicate's read, the lease statements and the batches, which probe
+// nothing but the processed table. Keys are given in order (the largest
+// plus one); a committed key is never changed, reused or deleted (a
+// transaction that rolls back gives its new key back); a Store keeps a key only
+// once its row is committed (a name added in a transaction of the
+// caller's, [Store.ClaimTx], is looked up again until that transaction
+// has committed). Do not delete rows of the consumers table, nor drop and
+// re-create the table under running Stores. A table holds at most 32,767
+// consumer names: a statement of a name beyond
+// that fails with an error matching [ErrTooManyConsumers], and its
+// messages are not acknowledged. The recovery points, runs and outbox
+// tables keep the name. The partitioned layout keeps schema v1 (the name
+// in its rows and key). See docs/schema.md in idem's repository.
+//
+// # Upgrading to schema v2
+//
+// Migration 014 adds the consumers table and the column while consumers
+// of any version keep running (a trigger fills the key for rows written
+// by the name alone, a backfill in batches, NOT NULL through a validated
+// check, the new indexes built concurrently); migration 015 then swaps
+// the primary key and drops the consumer column, in one catalog-only
+// transaction. No statement holds the table's exclusive lock for longer
+// than a second (lock_timeout 1s, tried again after a pause); the
+// migration files say how each step is done. Deploy this version first,
+// then run `idem migrate`: a Store finds the table's shape when it first
+// uses it, and again when a statement fails because 015 changed it under
+// the Store (SQLSTATE 42703: the consumer column is gone). In a
+// transaction the Store began itself ([Store.BeginClaim],
+// [Store.BeginClaimBatch], lease mode and its batches, retention,
+// operator calls) the
+// statement is made again at once in the new shape; in a transaction of
+// the caller's ([Store.ClaimTx], [Store.ClaimBatchTx]) the error is
+// returned, the transaction is aborted, and the message is not
+// acknowledged: delivered again, it is processed once. A binary older
+// than this one fails its claims after 015 in the same way, for good,
+// until it is replaced.
 //
 // # Partitioned layout
 //

@@ -38,12 +38,21 @@ func PartitionedClaimBatchSQL(s *Store) string { return s.part.q.ClaimBatch }
 // ClaimBatchQuery is the batch claim statement of s (default layout) for
 // p, and its arguments.
 func ClaimBatchQuery(s *Store, p *idemdriver.ClaimBatchParams) (string, []any) {
-	return s.q.ClaimBatchQuery(p)
+	return shapeOf(s).ClaimBatchQuery(p)
 }
 
 // KeyedStatements are the statements of s (default layout) that find
 // records by key, by name (pgsql.Queries.Keyed).
-func KeyedStatements(s *Store) map[string]string { return s.q.Keyed() }
+func KeyedStatements(s *Store) map[string]string { return shapeOf(s).Keyed() }
+
+// shapeOf is the statements of s's table's shape (default layout).
+func shapeOf(s *Store) *pgsql.Queries {
+	q, err := s.tab.Shape(context.Background(), querier{s.pool})
+	if err != nil {
+		panic(err)
+	}
+	return q
+}
 
 // OutboxMarkFailedSQL is the relay's failure mark on s's outbox: IDs ($1),
 // attempts ($2), permanent ($3), retry delays in µs ($4), errors ($5),
@@ -63,10 +72,14 @@ func SetAfterConflict(f func()) func() {
 // what its snapshot may show), which it then rolls back; any statement
 // after it runs on the pool, as Acquire's do.
 func AcquireFirstOn(ctx context.Context, s *Store, first pgx.Tx, p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
-	query, args := s.q.AcquireQuery(p)
+	q, err := s.tab.Queries(ctx, querier{s.pool}, p.Consumer, true)
+	if err != nil {
+		return idemdriver.AcquireResult{}, err
+	}
+	query, args := q.AcquireQuery(p)
 	a := pgsql.ScanAcquire(row{first.QueryRow(ctx, query, args...)})
 	if err := first.Rollback(ctx); err != nil {
 		return idemdriver.AcquireResult{}, err
 	}
-	return s.q.AcquireFrom(ctx, querier{s.pool}, p, a)
+	return q.AcquireFrom(ctx, querier{s.pool}, p, a)
 }

@@ -206,7 +206,7 @@ func (b *bundle) countEffects(tb testing.TB, key string) int {
 func (b *bundle) countRecords(tb testing.TB, consumer string) int {
 	tb.Helper()
 	var n int
-	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&n); err != nil {
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.table+` WHERE `+b.consumerIs(), consumer).Scan(&n); err != nil {
 		tb.Fatalf("count records: %v", err)
 	}
 	return n
@@ -220,7 +220,7 @@ func (b *bundle) shift(ctx context.Context, consumer string, d time.Duration) er
 	if b.part != nil {
 		// The records move to older partitions: create them first.
 		var lo, hi *time.Time
-		if err := b.pool.QueryRow(ctx, `SELECT min(processed_at), max(processed_at) FROM `+b.table+` WHERE consumer = $1`, consumer).Scan(&lo, &hi); err != nil {
+		if err := b.pool.QueryRow(ctx, `SELECT min(processed_at), max(processed_at) FROM `+b.table+` WHERE `+b.consumerIs(), consumer).Scan(&lo, &hi); err != nil {
 			return err
 		}
 		if lo != nil {
@@ -237,7 +237,7 @@ func (b *bundle) shift(ctx context.Context, consumer string, d time.Duration) er
 	}
 	for _, q := range []string{
 		`UPDATE ` + b.table + ` SET processed_at = processed_at - ` + iv + `, lease_expires_at = lease_expires_at - ` + iv +
-			`, updated_at = updated_at - ` + iv + ` WHERE consumer = $1`,
+			`, updated_at = updated_at - ` + iv + ` WHERE ` + b.consumerIs(),
 		`UPDATE ` + b.table + `_runs SET started_at = started_at - ` + iv + `, ended_at = ended_at - ` + iv + ` WHERE consumer = $1`,
 	} {
 		if _, err := b.pool.Exec(ctx, q, consumer, d.Microseconds()); err != nil {
@@ -253,7 +253,7 @@ func (b *bundle) shift(ctx context.Context, consumer string, d time.Duration) er
 // when there is no in_progress record.
 func (b *bundle) expireLease(ctx context.Context, consumer, id string) error {
 	tag, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET lease_expires_at = LEAST(lease_expires_at, now())
-		WHERE consumer = $1 AND message_id = $2 AND state = 1`, consumer, id)
+		WHERE `+b.consumerIs()+` AND message_id = $2 AND state = 1`, consumer, id)
 	if err != nil {
 		return err
 	}
@@ -324,4 +324,49 @@ func waitForLockWaiters(tb testing.TB, pool *pgxpool.Pool, query string, n int) 
 		}
 		return got >= n
 	}, func() string { return fmt.Sprintf("%d waiting", got) })
+}
+
+// consumerIs is the condition on the bundle's processed table that
+// selects the consumer named by $1: by its key on the default layout
+// (schema v2), by name on the partitioned one.
+func (b *bundle) consumerIs() string {
+	if b.part != nil {
+		return `consumer = $1`
+	}
+	return keyOf(b.table, `$1`)
+}
+
+// keyOf is the condition on the processed table t of schema v2 that
+// selects the consumer named by p.
+func keyOf(t, p string) string {
+	return `consumer_key = (SELECT key FROM ` + t + `_consumers WHERE name = ` + p + `)`
+}
+
+// recordsInsert is the head of an INSERT ... SELECT of records of
+// consumer (an SQL literal) into the processed table t, of schema v2
+// (the consumer's key, the name added to the consumers table) or not:
+// the columns cols follow the consumer's, and the caller appends their
+// values, after the consumer's.
+func recordsInsert(t string, v2 bool, consumer, cols string) string {
+	if !v2 {
+		return `INSERT INTO ` + t + ` (consumer, ` + cols + `) SELECT ` + consumer + `, `
+	}
+	return `WITH k AS (INSERT INTO ` + t + `_consumers (key, name) SELECT COALESCE(max(key), 0) + 1, ` + consumer + ` FROM ` + t + `_consumers
+		ON CONFLICT (name) DO UPDATE SET name = excluded.name RETURNING key)
+	INSERT INTO ` + t + ` (consumer_key, ` + cols + `) SELECT (SELECT key FROM k), `
+}
+
+// recordsFrom is the processed table t as a FROM item whose column
+// consumer is the name, whichever its shape (schema v2: joined with the
+// consumers table).
+func recordsFrom(tb testing.TB, pool *pgxpool.Pool, t string) string {
+	tb.Helper()
+	var v1 bool
+	if err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'consumer' AND NOT attisdropped)`, t).Scan(&v1); err != nil {
+		tb.Fatal(err)
+	}
+	if v1 {
+		return t
+	}
+	return `(SELECT c.name AS consumer, r.* FROM ` + t + ` r JOIN ` + t + `_consumers c ON c.key = r.consumer_key) AS recs`
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -15,7 +16,9 @@ import (
 // ErrMissingMessageID for names that no record can have
 // (idemdriver.ValidateKey).
 func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (idemdriver.Record, error) {
-	return sqlstore.Inspect(ctx, querier{s.pool}, s.q.Inspect, s.table.Qualified, consumer, messageID)
+	return pgsql.Retry(ctx, s.tab, querier{s.pool}, "", func(q *pgsql.Queries) (idemdriver.Record, error) {
+		return sqlstore.Inspect(ctx, querier{s.pool}, q.Inspect, s.table.Qualified, consumer, messageID)
+	})
 }
 
 // Stats implements [idemdriver.Inspector]: one entry per consumer with
@@ -23,5 +26,7 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (idemdr
 // the whole table (one GROUP BY), so it is an operator's tool, not
 // something to call per message.
 func (s *Store) Stats(ctx context.Context) ([]idemdriver.ConsumerStats, error) {
-	return sqlstore.Stats(ctx, querier{s.pool}, s.q.Stats)
+	return pgsql.Retry(ctx, s.tab, querier{s.pool}, "", func(q *pgsql.Queries) ([]idemdriver.ConsumerStats, error) {
+		return sqlstore.Stats(ctx, querier{s.pool}, q.Stats)
+	})
 }

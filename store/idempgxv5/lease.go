@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -63,7 +64,18 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 	if err := idemdriver.ValidateAcquireParams(p); err != nil {
 		return idemdriver.AcquireResult{}, err
 	}
-	return s.q.Acquire(ctx, querier{s.pool}, p)
+	db := sqlstore.Querier(querier{s.pool})
+	for attempt := 0; ; attempt++ {
+		q, err := s.tab.Queries(ctx, db, p.Consumer, true)
+		if err != nil {
+			return idemdriver.AcquireResult{}, err
+		}
+		res, err := q.Acquire(ctx, db, p)
+		if attempt == 0 && s.tab.Changed(err) { // migration 015 ran: once more, in the new shape
+			continue
+		}
+		return res, err
+	}
 }
 
 // Renew implements [idemdriver.LeaseStore]: one UPDATE that sets the lease
@@ -86,7 +98,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if err := idemdriver.ValidateRenewParams(p); err != nil {
 		return err
 	}
-	return s.q.Renew(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, querier{s.pool}, p.Consumer, func(q *pgsql.Queries, db sqlstore.Querier) error { return q.Renew(ctx, db, p) })
 }
 
 // Complete implements [idemdriver.LeaseStore]: one UPDATE, fenced by
@@ -116,7 +128,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if err := sqlstore.CheckContentType(p.ContentType); err != nil {
 		return err
 	}
-	return s.q.Complete(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, querier{s.pool}, p.Consumer, func(q *pgsql.Queries, db sqlstore.Querier) error { return q.Complete(ctx, db, p) })
 }
 
 // Release implements [idemdriver.LeaseStore]: one UPDATE, fenced by
@@ -144,7 +156,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 	if err := idemdriver.ValidateReleaseParams(p); err != nil {
 		return err
 	}
-	return s.q.Release(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, querier{s.pool}, p.Consumer, func(q *pgsql.Queries, db sqlstore.Querier) error { return q.Release(ctx, db, p) })
 }
 
 // SaveStep implements [idemdriver.LeaseStore] with one statement: it locks
@@ -169,5 +181,21 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	if err := idemdriver.ValidateStepParams(p); err != nil {
 		return err
 	}
-	return s.q.SaveStep(ctx, querier{s.pool}, p)
+	return s.retryErr(ctx, querier{s.pool}, p.Consumer, func(q *pgsql.Queries, db sqlstore.Querier) error { return q.SaveStep(ctx, db, p) })
+}
+
+// retryErr runs f on db (the pool) with the statements of the table's
+// shape for consumer, again once when the shape changed under it
+// (migration 015 ran).
+func (s *Store) retryErr(ctx context.Context, db sqlstore.Querier, consumer string, f func(q *pgsql.Queries, db sqlstore.Querier) error) error {
+	for attempt := 0; ; attempt++ {
+		q, err := s.tab.Queries(ctx, db, consumer, true)
+		if err != nil {
+			return err
+		}
+		if err = f(q, db); attempt == 0 && s.tab.Changed(err) {
+			continue
+		}
+		return err
+	}
 }

@@ -3,6 +3,7 @@ package idempgxv5
 import (
 	"context"
 	"errors"
+	"iter"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,9 +46,36 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if len(order) == 0 {
 		return res, errs, nil
 	}
+	q, rows, err := s.acquireRows(ctx, ps, order)
+	if s.tab.Changed(err) { // migration 015 ran: the batch, rolled back, once more in the new shape
+		q, rows, err = s.acquireRows(ctx, ps, order)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	for k, i := range order {
+		res[i], errs[i] = q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
+	}
+	return res, errs, nil
+}
+
+// acquireRows sends the acquire statements of the elements order names
+// of ps, in the table's shape, as one batch, and returns their rows and
+// the statements used; a statement that fails fails the batch (err).
+func (s *Store) acquireRows(ctx context.Context, ps []*idemdriver.AcquireParams, order []int) (*pgsql.Queries, []pgsql.AcquireRow, error) {
+	q, err := s.batchShape(ctx, func(yield func(string) bool) {
+		for _, i := range order {
+			if !yield(ps[i].Consumer) {
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
 	b := &pgx.Batch{}
 	for _, i := range order {
-		query, args := s.q.AcquireQuery(ps[i])
+		query, args := q.AcquireQuery(ps[i])
 		b.Queue(query, args...)
 	}
 	br := s.pool.SendBatch(ctx, b)
@@ -62,10 +90,7 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if err := br.Close(); err != nil {
 		return nil, nil, err
 	}
-	for k, i := range order {
-		res[i], errs[i] = s.q.AcquireFrom(ctx, querier{s.pool}, ps[i], rows[k])
-	}
-	return res, errs, nil
+	return q, rows, nil
 }
 
 // CompleteBatch implements [idemdriver.LeaseBatcher]: the fenced UPDATE of
@@ -87,9 +112,38 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if err != nil || len(order) == 0 {
 		return errs, err
 	}
+	lost, err := s.completeRows(ctx, ps, order)
+	if s.tab.Changed(err) { // migration 015 ran: the batch, rolled back, once more in the new shape
+		lost, err = s.completeRows(ctx, ps, order)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range lost {
+		p := ps[i]
+		errs[i] = sqlstore.LeaseLost("complete", p.Consumer, p.MessageID, p.Token)
+	}
+	return errs, nil
+}
+
+// completeRows sends the complete statements of the elements order names
+// of ps, in the table's shape, as one batch, and returns the elements
+// whose token owned nothing; a statement that fails fails the batch
+// (err).
+func (s *Store) completeRows(ctx context.Context, ps []*idemdriver.CompleteParams, order []int) (lost []int, err error) {
+	q, err := s.batchShape(ctx, func(yield func(string) bool) {
+		for _, i := range order {
+			if !yield(ps[i].Consumer) {
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
 	b := &pgx.Batch{}
 	for _, i := range order {
-		query, args := s.q.CompleteQuery(ps[i])
+		query, args := q.CompleteQuery(ps[i])
 		b.Queue(query, args...)
 	}
 	br := s.pool.SendBatch(ctx, b)
@@ -100,12 +154,27 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 			return nil, err
 		}
 		if tag.RowsAffected() == 0 {
-			p := ps[i]
-			errs[i] = sqlstore.LeaseLost("complete", p.Consumer, p.MessageID, p.Token)
+			lost = append(lost, i)
 		}
 	}
 	if err := br.Close(); err != nil {
 		return nil, err
 	}
-	return errs, nil
+	return lost, nil
+}
+
+// batchShape returns the statements of the table's shape for a batch of
+// lease statements of the consumers named by consumers, each added to
+// the consumers table on v2 (pgsql.Table.Ensure) on the pool.
+func (s *Store) batchShape(ctx context.Context, consumers iter.Seq[string]) (*pgsql.Queries, error) {
+	q, err := s.tab.Shape(ctx, querier{s.pool})
+	if err != nil || !q.V2 {
+		return q, err
+	}
+	for c := range consumers {
+		if err := s.tab.Ensure(ctx, querier{s.pool}, c, true); err != nil {
+			return nil, err
+		}
+	}
+	return q, nil
 }

@@ -60,8 +60,10 @@ func TestLeaseBatchRoundTrips(t *testing.T) {
 		return errs
 	}
 	// Warm up: prepare the statements on the pool's one connection (the
-	// takeover's read of recovery points included).
-	w := acquire("warm-up", 2, params("warm-up")) // prepare, then the batch
+	// takeover's read of recovery points included). The first call also
+	// finds the table's shape and adds the consumer's name to the
+	// consumers table, each statement prepared then run.
+	w := acquire("warm-up", 6, params("warm-up")) // shape, name, prepare, then the batch
 	if err := s.Release(ctx, &idemdriver.ReleaseParams{Consumer: "c", MessageID: "warm-up", Token: w[0].Token, Error: "e"}); err != nil {
 		t.Fatal(err)
 	}

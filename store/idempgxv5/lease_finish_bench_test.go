@@ -118,8 +118,8 @@ WHERE consumer = $1 AND message_id = $2 AND state = 1 AND token = $5`
 func leasedRecords(b *testing.B, bb *bundle) string {
 	b.Helper()
 	prefix := benchPrefix()
-	execAll(b, bb, `INSERT INTO `+bb.table+` (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
-	SELECT 'bench', '`+prefix+`' || g, sha256(g::text::bytea), now(), 1, 1, 1, now() + interval '1 hour'
+	execAll(b, bb, recordsInsert(bb.table, true, "'bench'", "message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at")+
+		`'`+prefix+`' || g, sha256(g::text::bytea), now(), 1, 1, 1, now() + interval '1 hour'
 	FROM generate_series(0, `+strconv.Itoa(b.N-1)+`) g`)
 	return prefix
 }

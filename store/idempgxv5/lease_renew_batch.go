@@ -34,7 +34,7 @@ func (s *Store) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]
 	if err != nil || len(order) == 0 {
 		return errs, err
 	}
-	if err := s.q.RenewBatch(ctx, querier{s.pool}, ps, order, errs); err != nil {
+	if err := s.tab.RenewBatch(ctx, querier{s.pool}, ps, order, errs); err != nil {
 		return nil, err
 	}
 	return errs, nil

@@ -36,7 +36,7 @@ func TestRenewBatchSkipsLockedRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+bb.table+` WHERE consumer = $1 AND message_id = 'b' FOR UPDATE`, consumer); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+bb.table+` WHERE `+keyOf(bb.table, `$1`)+` AND message_id = 'b' FOR UPDATE`, consumer); err != nil {
 		t.Fatal(err)
 	}
 	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -78,7 +78,9 @@ func (s *Store) migrate(ctx context.Context, migs []sqlschema.Migration) error {
 		}
 		return pgxTx{querier{tx}, tx}, nil
 	}
-	if err := s.q.Migrate(ctx, begin, twoConns{querier{s.pool}, s.pool}, migs); err != nil {
+	err := s.tab.V1().Migrate(ctx, begin, twoConns{querier{s.pool}, s.pool}, migs)
+	s.tab.Reset() // the migrations may have changed the table's shape
+	if err != nil {
 		return fmt.Errorf("idempgxv5: %w", err)
 	}
 	return nil

@@ -238,8 +238,9 @@ func testNullableLeaseColumns(t *testing.T, mode pgx.QueryExecMode) {
 		t.Fatal(err)
 	}
 	const completed = 9 // v1 v5 old-done new b1 b2 b3, and two more below
-	exec(insert, "c", "x1", fp("x1"))
-	exec(`INSERT INTO `+table+` (consumer, message_id, fingerprint, state) VALUES ('c', 'x2', $1, 3)`, fp("x2"))
+	// Schema v2 since migration 015: the consumer's key.
+	exec(`INSERT INTO `+table+` (consumer_key, message_id, fingerprint) VALUES ((SELECT key FROM `+table+`_consumers WHERE name = $1), $2, $3)`, "c", "x1", fp("x1"))
+	exec(`INSERT INTO `+table+` (consumer_key, message_id, fingerprint, state) VALUES ((SELECT key FROM `+table+`_consumers WHERE name = 'c'), 'x2', $1, 3)`, fp("x2"))
 	if n, err := s.CountBefore(ctx, now); err != nil || n != completed {
 		t.Errorf("CountBefore: %d, %v; want %d (every record but the two in_progress)", n, err, completed)
 	}
@@ -308,7 +309,7 @@ func applier(t *testing.T, pool *pgxpool.Pool, table string) (apply func(sqlsche
 func readRaw(t *testing.T, pool *pgxpool.Pool, table, id string) rawLease {
 	t.Helper()
 	var r rawLease
-	if err := pool.QueryRow(t.Context(), `SELECT state::int4, token, attempt FROM `+table+` WHERE consumer = 'c' AND message_id = $1`, id).Scan(&r.state, &r.token, &r.attempt); err != nil {
+	if err := pool.QueryRow(t.Context(), `SELECT state::int4, token, attempt FROM `+recordsFrom(t, pool, table)+` WHERE consumer = 'c' AND message_id = $1`, id).Scan(&r.state, &r.token, &r.attempt); err != nil {
 		t.Fatalf("read %s: %v", id, err)
 	}
 	return r

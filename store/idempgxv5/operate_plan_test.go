@@ -27,11 +27,12 @@ func TestOperatorReadPlans(t *testing.T) {
 	ctx := context.Background()
 	t1, outbox := b.table, b.table+"_outbox"
 	for _, s := range []string{
-		`INSERT INTO ` + t1 + ` (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error)
-		SELECT 'c' || (g % 3), 'm-' || g, '\x01'::bytea, now() - g * interval '1 second',
+		`INSERT INTO ` + t1 + `_consumers (key, name) VALUES (1, 'c0'), (2, 'c1'), (3, 'c2')`,
+		`INSERT INTO ` + t1 + ` (consumer_key, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, last_error)
+		SELECT (SELECT key FROM ` + t1 + `_consumers WHERE name = 'c' || (g % 3)), 'm-' || g, '\x01'::bytea, now() - g * interval '1 second',
 			CASE WHEN g % 50 = 0 THEN 3 WHEN g % 70 = 0 THEN 1 ELSE 2 END, 1, 1, now(), CASE WHEN g % 50 = 0 THEN 'boom' END
 		FROM generate_series(1, 3000) g`,
-		`INSERT INTO ` + t1 + `_steps (consumer, message_id, step, result) SELECT consumer, message_id, 'charge', '\x01'::bytea FROM ` + t1 + ` WHERE state = 3`,
+		`INSERT INTO ` + t1 + `_steps (consumer, message_id, step, result) SELECT c.name, r.message_id, 'charge', '\x01'::bytea FROM ` + t1 + ` r JOIN ` + t1 + `_consumers c ON c.key = r.consumer_key WHERE r.state = 3`,
 		`INSERT INTO ` + outbox + ` (id, destination, payload, sent_at, failed_at, last_error)
 		SELECT 'o-' || g, 'receipts', '\x00'::bytea, CASE WHEN g % 10 < 8 THEN now() END,
 			CASE WHEN g % 10 = 9 THEN now() - g * interval '1 second' END, CASE WHEN g % 10 = 9 THEN 'e' || (g % 4) END
@@ -63,7 +64,7 @@ func TestOperatorReadPlans(t *testing.T) {
 	list := func(at int64, key string, state idemdriver.RecordState) []any {
 		return []any{"c1", at, at, key, int64(idemdriver.DefaultScanLimit), int64(state), int64(52)}
 	}
-	reads := pgsql.Ops(b.table).Reads()
+	reads := pgsql.OpsV2(b.table).Reads() // schema v2, as Migrate makes the table
 	cases := []struct {
 		name, read string
 		args       []any

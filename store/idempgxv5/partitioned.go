@@ -66,6 +66,13 @@ type Partitions struct {
 // Complete, Release, SaveStep) of a Store in the partitioned layout.
 var ErrLeaseUnsupported = errors.New("idempgxv5: lease mode is not offered on the partitioned layout")
 
+// ErrTooManyConsumers is returned (wrapped) by a claim, an Acquire or a
+// batch of a consumer new to a table of schema v2 (migrations 014 and
+// 015) that already holds 32,767 consumer names, the most its smallint
+// keys allow; the message is not claimed. Names that have a key are not
+// affected. See "Schema v2" in the package documentation.
+var ErrTooManyConsumers = pgsql.ErrTooManyConsumers
+
 // ErrIsolation is returned by a claim on the partitioned layout in a
 // transaction that is not READ COMMITTED; nothing was claimed.
 var ErrIsolation = pgsql.ErrIsolation

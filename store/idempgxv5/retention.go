@@ -18,7 +18,7 @@ import (
 // On the partitioned layout it then creates the partitions ahead
 // (EnsurePartitions) when the last one made ahead ends within a bucket.
 func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
-	if err := sqlstore.MarkRunning(ctx, querier{s.pool}, &s.q.Runs, p); err != nil {
+	if err := sqlstore.MarkRunning(ctx, querier{s.pool}, &s.tab.V1().Runs, p); err != nil {
 		return err
 	}
 	return s.ensureSoon(ctx)
@@ -69,11 +69,27 @@ func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) 
 		return nil, err
 	}
 	var del pgsql.DeleteFunc
+	q := s.tab.V1() // the partitioned layout's shape
 	if s.part != nil {
-		d := &dropper{s: s, rows: s.q.DeleteRows(querier{s.pool})}
+		d := &dropper{s: s, rows: q.DeleteRows(querier{s.pool})}
 		del = d.batch
+	} else {
+		// The shape found now serves the whole purge; a batch that fails
+		// because it changed makes the Store find it again.
+		var err error
+		if q, err = s.tab.Shape(ctx, querier{s.pool}); err != nil {
+			return nil, err
+		}
+		rows := q.DeleteRows(querier{s.pool})
+		del = func(ctx context.Context, consumer string, horizonUS int64, limit int) (int64, error) {
+			n, err := rows(ctx, consumer, horizonUS, limit)
+			if pgsql.ShapeChanged(err) {
+				s.tab.Reset()
+			}
+			return n, err
+		}
 	}
-	return s.q.BeginPurgeWith(ctx, querier{s.pool}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
+	return q.BeginPurgeWith(ctx, querier{s.pool}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
 		tx, err := s.pool.Begin(ctx)
 		if err != nil {
 			return nil, err

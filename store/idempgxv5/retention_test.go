@@ -131,7 +131,7 @@ func TestPurgeSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT FROM `+b.table+` WHERE consumer = 'c' AND message_id = 'm000' FOR UPDATE`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT FROM `+b.table+` WHERE `+keyOf(b.table, "'c'")+` AND message_id = 'm000' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 
@@ -240,7 +240,7 @@ func TestInspectAndStats(t *testing.T) {
 	b := setup(t, poolOpts{})
 	seed(t, b, "a", 3)
 	seed(t, b, "b", 2)
-	if _, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - interval '1 hour' WHERE consumer = 'a' AND message_id = 'm000'`); err != nil {
+	if _, err := b.pool.Exec(ctx, `UPDATE `+b.table+` SET processed_at = processed_at - interval '1 hour' WHERE `+keyOf(b.table, "'a'")+` AND message_id = 'm000'`); err != nil {
 		t.Fatal(err)
 	}
 

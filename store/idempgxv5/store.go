@@ -62,9 +62,11 @@ type Config struct {
 // A Store is safe for concurrent use. It owns no goroutine and nothing to
 // close: the caller owns the pool.
 type Store struct {
-	pool   *pgxpool.Pool
-	table  sqlschema.Table
-	q      *pgsql.Queries
+	pool  *pgxpool.Pool
+	table sqlschema.Table
+	// tab is the default layout's statements in both shapes (schema v1
+	// and v2) and the shape in use.
+	tab    *pgsql.Table
 	listen *pgx.ConnConfig
 	// part is the partitioned layout's state; nil for the default layout.
 	part *partitioned
@@ -109,9 +111,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: idempgxv5: %w", idemdriver.ErrInvalidConfig, err)
 	}
-	q := pgsql.New(table.Qualified)
-	q.NativeArrays = true // pgx encodes []string and [][]byte as arrays
-	st := &Store{pool: pool, table: table, q: q,
+	// pgx encodes []string and [][]byte as arrays: NativeArrays.
+	st := &Store{pool: pool, table: table, tab: pgsql.NewTable(table.Qualified, true),
 		cachesStatements: pool.Config().ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement}
 	if cfg.ListenConfig != nil {
 		st.listen = cfg.ListenConfig.Copy()
@@ -212,11 +213,23 @@ func (s *Store) BeginClaim(ctx context.Context, p *idemdriver.ClaimParams) (pgx.
 // beginClaimOn is BeginClaim on the default layout, on connection c: it
 // returns the open transaction of a new message, or the ended one (nil)
 // of a duplicate or an error; c is the caller's to give back.
+//
+// When the claim fails because the table's shape changed under the
+// Store (migration 015 ran: pgsql.ShapeChanged), the shape is found
+// again and the claim made once more, in a new transaction.
 func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver.ClaimParams) (pgx.Tx, idemdriver.ClaimResult, error) {
+	q := s.tab.Cached(p.Consumer) // no boxed querier on the hot path
+	if q == nil {
+		var err error
+		if q, err = s.tab.Queries(ctx, querier{c}, p.Consumer, true); err != nil {
+			return nil, idemdriver.ClaimResult{}, err
+		}
+	}
 	cb := &claimBatch{}
-	pgsql.AppendClaimArgs(cb.args[:0], p)
+	q.AppendClaimArgs(cb.args[:0], p)
+	reshaped := false
 	for range sqlstore.MaxClaimAttempts {
-		tx, inserted, err := cb.claim(ctx, c, s.q.Claim)
+		tx, inserted, err := cb.claim(ctx, c, q.Claim)
 		if err == nil && inserted {
 			return tx, sqlstore.Claimed, nil
 		}
@@ -228,10 +241,18 @@ func (s *Store) beginClaimOn(ctx context.Context, c *pgxpool.Conn, p *idemdriver
 			if afterConflict != nil {
 				afterConflict()
 			}
-			res, found, err = cb.readAndEnd(ctx, tx, s.q.Record)
+			res, found, err = cb.readAndEnd(ctx, tx, q.Record)
 		}
 		if err != nil {
 			abort(ctx, tx)
+			if !reshaped && pgsql.ShapeChanged(err) {
+				reshaped = true
+				s.tab.Reset()
+				if q, err = s.tab.Queries(ctx, querier{c}, p.Consumer, true); err == nil {
+					q.AppendClaimArgs(cb.args[:0], p) // the consumer parameter is the shape's
+					continue
+				}
+			}
 			return nil, idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 		}
 		if found {
@@ -351,7 +372,9 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, p *idemdriver.ClaimParam
 	if s.part != nil {
 		return s.part.q.ClaimTx(ctx, querier{tx}, p)
 	}
-	return s.q.ClaimTx(ctx, querier{tx}, p)
+	return pgsql.InTx(ctx, s.tab, querier{tx}, p.Consumer, func(q *pgsql.Queries) (idemdriver.ClaimResult, error) {
+		return q.ClaimTx(ctx, querier{tx}, p)
+	})
 }
 
 // ClaimBatchTx implements [idemdriver.BatchClaimer]: the messages are
@@ -374,7 +397,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, p *idemdriver.Claim
 	if s.part != nil {
 		return s.part.q.ClaimBatchTx(ctx, querier{tx}, p)
 	}
-	return s.q.ClaimBatchTx(ctx, querier{tx}, p)
+	return pgsql.InTx(ctx, s.tab, querier{tx}, p.Consumer, func(q *pgsql.Queries) ([]idemdriver.ClaimResult, error) {
+		return q.ClaimBatchTx(ctx, querier{tx}, p)
+	})
 }
 
 // BeginClaimBatch implements [idemdriver.BeginBatchClaimer]: it acquires a
@@ -398,21 +423,36 @@ func (s *Store) BeginClaimBatch(ctx context.Context, p *idemdriver.ClaimBatchPar
 	if s.part != nil {
 		return s.beginClaimBatchPart(ctx, p)
 	}
-	query, args := s.q.ClaimBatchQuery(p)
+	tx, res, err := s.beginClaimBatch(ctx, p)
+	if pgsql.ShapeChanged(err) { // migration 015 ran: once more, in the new shape
+		s.tab.Reset()
+		tx, res, err = s.beginClaimBatch(ctx, p)
+	}
+	return tx, res, err
+}
+
+// beginClaimBatch is BeginClaimBatch on the default layout, in the shape
+// the Store knows (or finds on the pool).
+func (s *Store) beginClaimBatch(ctx context.Context, p *idemdriver.ClaimBatchParams) (pgx.Tx, []idemdriver.ClaimResult, error) {
+	q, err := s.tab.Queries(ctx, querier{s.pool}, p.Consumer, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	query, args := q.ClaimBatchQuery(p)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(query, args...)
 	br := s.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	first := &batchRows{br: br}
-	_, err := br.Exec() // BEGIN
+	_, err = br.Exec() // BEGIN
 	if err == nil {
 		first.rows, err = br.Query()
 	}
 	if err != nil {
 		_ = first.closeBatch() // err is the batch's error
 	}
-	res, err := s.q.ClaimBatchFrom(ctx, querier{tx}, p, first, err)
+	res, err := q.ClaimBatchFrom(ctx, querier{tx}, p, first, err)
 	if cerr := first.closeBatch(); err == nil && cerr != nil {
 		err = pgsql.WrapLockTimeout(cerr)
 	}

@@ -236,7 +236,7 @@ func TestBeginClaimRecordGone(t *testing.T) {
 	deleted := 0
 	defer idempgxv5.SetAfterConflict(func() {
 		deleted++
-		if _, err := b.pool.Exec(ctx, `DELETE FROM `+b.store.Table()+` WHERE consumer = 'c' AND message_id = 'm'`); err != nil {
+		if _, err := b.pool.Exec(ctx, `DELETE FROM `+b.store.Table()+` WHERE `+keyOf(b.table, "'c'")+` AND message_id = 'm'`); err != nil {
 			t.Error(err)
 		}
 	})()
@@ -248,7 +248,7 @@ func TestBeginClaimRecordGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stored []byte
-	if err := b.pool.QueryRow(ctx, `SELECT fingerprint FROM `+b.store.Table()+` WHERE consumer = 'c' AND message_id = 'm'`).Scan(&stored); err != nil || !bytes.Equal(stored, fp("new")) {
+	if err := b.pool.QueryRow(ctx, `SELECT fingerprint FROM `+b.store.Table()+` WHERE `+keyOf(b.table, "'c'")+` AND message_id = 'm'`).Scan(&stored); err != nil || !bytes.Equal(stored, fp("new")) {
 		t.Errorf("stored fingerprint %x, %v; want the new claim's %x", stored, err, fp("new"))
 	}
 	checkPool(t, b.pool)
@@ -271,7 +271,7 @@ func TestHandlerTx(t *testing.T) {
 		}
 		// The claim is visible inside the transaction.
 		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE consumer = $1 AND message_id = $2`, "handler-tx", msg.ID).Scan(&n); err != nil || n != 1 {
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+b.table+` WHERE `+b.consumerIs()+` AND message_id = $2`, "handler-tx", msg.ID).Scan(&n); err != nil || n != 1 {
 			return fmt.Errorf("QueryRow: claim rows = %d, %v", n, err)
 		}
 		rows, err := tx.Query(ctx, `SELECT key FROM `+b.effects+` ORDER BY id`)

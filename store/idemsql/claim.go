@@ -49,9 +49,20 @@ func (s *Store) claimMySQL(ctx context.Context, tx preparedTx, p *idemdriver.Cla
 // returns when it inserted is all it says, and rows affected counts it
 // (database/sql and pgx's stdlib then build no *sql.Rows for it); a
 // conflict is settled as pgsql.Queries.ClaimTx does.
+//
+// The statements are those of the table's shape (pgsql.Table); one that
+// fails because the shape changed under the Store makes it find the
+// shape again, and the claim's error is returned (tx is the caller's).
 func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
-	args := pgsql.ClaimArgs(p)
-	r, err := tx.ExecContext(ctx, s.pg.Claim, args...)
+	return pgsql.InTx(ctx, s.pg, txQuerier{tx}, p.Consumer, func(q *pgsql.Queries) (idemdriver.ClaimResult, error) {
+		return claimPostgresIn(ctx, q, tx, p)
+	})
+}
+
+// claimPostgresIn is claimPostgres with the statements q.
+func claimPostgresIn(ctx context.Context, q *pgsql.Queries, tx *sql.Tx, p *idemdriver.ClaimParams) (idemdriver.ClaimResult, error) {
+	args := q.ClaimArgs(p)
+	r, err := tx.ExecContext(ctx, q.Claim, args...)
 	if err != nil {
 		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 	}
@@ -62,7 +73,7 @@ func (s *Store) claimPostgres(ctx context.Context, tx *sql.Tx, p *idemdriver.Cla
 	case n == 1:
 		return sqlstore.Claimed, nil
 	}
-	res, err := s.pg.Settle(ctx, txQuerier{tx}, p, args)
+	res, err := q.Settle(ctx, txQuerier{tx}, p, args)
 	if err != nil {
 		return idemdriver.ClaimResult{}, pgsql.WrapLockTimeout(err)
 	}

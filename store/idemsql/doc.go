@@ -28,7 +28,18 @@
 // see [Config]) with the primary key (consumer, message_id) and an index on
 // (consumer, processed_at), from the migrations embedded in idem; migration
 // 002 adds the lease-mode columns and the recovery points table Table +
-// "_steps" (see "Lease mode"). Message
+// "_steps" (see "Lease mode"). On PostgreSQL, migrations 014 and 015
+// (schema v2) store each consumer name once, in Table + "_consumers", and
+// key the records by (consumer_key smallint, message_id), upgrading a table in use
+// without blocking its writers; the Store finds the table's shape when it
+// first uses it, and again when 015 changes it under the Store (a claim in
+// the caller's transaction then fails with SQLSTATE 42703 and the message
+// is delivered again; a statement the Store runs on its own is made again
+// at once): see store/idempgxv5's package documentation, "Upgrading to
+// schema v2". The Store finds each consumer's key once and passes it as a
+// statement parameter; a table holds at most 32,767 consumer names, and a
+// new one beyond that fails with an error matching [ErrTooManyConsumers].
+// Deploy this version before running 015. Message
 // IDs and consumer names are compared byte for byte on every dialect,
 // whatever the server's default collation: text COLLATE "C" on PostgreSQL,
 // VARBINARY on MySQL (a utf8mb4_general_ci server would otherwise find
@@ -42,7 +53,7 @@
 // caller's transaction stays usable, and duplicates are
 // told from new rows by what the server reports, never by error text:
 //
-//   - PostgreSQL: INSERT ... ON CONFLICT (consumer, message_id) DO NOTHING
+//   - PostgreSQL: INSERT ... ON CONFLICT (consumer_key, message_id) DO NOTHING
 //     RETURNING. SQLSTATE 23505 is never raised, let alone caught: on
 //     PostgreSQL any error aborts the whole transaction.
 //   - SQLite: INSERT ... ON CONFLICT DO NOTHING, judged by rows affected

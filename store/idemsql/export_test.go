@@ -1,6 +1,11 @@
 package idemsql
 
-import "database/sql"
+import (
+	"context"
+	"database/sql"
+
+	"github.com/idem-go/idem/internal/sqlstore"
+)
 
 // OutboxClaimSQL is the relay's claim statement on s's outbox (on MySQL
 // the locking selection of its two statements), for tests of its plan.
@@ -8,7 +13,13 @@ func OutboxClaimSQL(s *Store) string { return s.outbox().ClaimSQL() }
 
 // OpsReads is the operator's read statements on s (sqlstore.Ops.Reads),
 // for tests of their plans.
-func OpsReads(s *Store) map[string]string { return s.ops().Reads() }
+func OpsReads(s *Store) map[string]string {
+	o, err := withOps(context.Background(), s, func(o *sqlstore.Ops) (*sqlstore.Ops, error) { return o, nil })
+	if err != nil {
+		panic(err)
+	}
+	return o.Reads()
+}
 
 // WithoutReturning makes the MySQL batch claims of stores over db take
 // the path of a server without INSERT ... RETURNING (MySQL's), for tests

@@ -147,7 +147,7 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 	}
 	ctx := context.Background()
 	t.Cleanup(func() {
-		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_runs", e.table + "_migrations", e.table + "_outbox", e.effects} {
+		for _, tb := range []string{e.table, e.table + "_steps", e.table + "_runs", e.table + "_migrations", e.table + "_outbox", e.table + "_consumers", e.effects} {
 			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
@@ -179,6 +179,16 @@ func newEnv(t testing.TB, d idemsql.Dialect, o envOptions) *env {
 		}
 	}
 	return e
+}
+
+// consumerIs is the condition on the processed table that selects the
+// consumer named by the placeholder ?: on PostgreSQL (schema v2) by its
+// key, elsewhere by name.
+func (e *env) consumerIs() string {
+	if e.dialect != idemsql.Postgres {
+		return `consumer = ?`
+	}
+	return `consumer_key = (SELECT key FROM ` + e.table + `_consumers WHERE name = ?)`
 }
 
 // q rewrites ?-placeholders as $n on PostgreSQL.
@@ -236,7 +246,7 @@ func (e *env) countEffects(ctx context.Context, key string) (int, error) {
 // countRecords counts the committed records of consumer.
 func (e *env) countRecords(ctx context.Context, consumer string) (int, error) {
 	var n int
-	err := e.db.QueryRowContext(ctx, e.q(`SELECT COUNT(*) FROM `+e.table+` WHERE consumer = ?`), consumer).Scan(&n)
+	err := e.db.QueryRowContext(ctx, e.q(`SELECT COUNT(*) FROM `+e.table+` WHERE `+e.consumerIs()), consumer).Scan(&n)
 	return n, err
 }
 
@@ -258,7 +268,7 @@ func (e *env) ageRecords(ctx context.Context, consumer string, ids []string, d t
 		for _, id := range part {
 			args = append(args, id)
 		}
-		if _, err := e.db.ExecContext(ctx, e.q(`UPDATE `+e.table+` SET `+set+` WHERE consumer = ? AND message_id IN (`+in+`)`), args...); err != nil {
+		if _, err := e.db.ExecContext(ctx, e.q(`UPDATE `+e.table+` SET `+set+` WHERE `+e.consumerIs()+` AND message_id IN (`+in+`)`), args...); err != nil {
 			return err
 		}
 	}
@@ -334,7 +344,11 @@ func (e *env) shift(ctx context.Context, consumer string, d time.Duration) error
 			set = append(set, fmt.Sprintf(minus, c))
 			args = append(args, us)
 		}
-		q := e.q(`UPDATE ` + table + ` SET ` + strings.Join(set, ", ") + ` WHERE consumer = ?`)
+		where := `consumer = ?`
+		if table == e.table {
+			where = e.consumerIs()
+		}
+		q := e.q(`UPDATE ` + table + ` SET ` + strings.Join(set, ", ") + ` WHERE ` + where)
 		if _, err := e.db.ExecContext(ctx, q, append(args, consumer)...); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -18,11 +19,12 @@ import (
 // ErrInvalidMessageID or ErrMissingMessageID for names that no record can
 // have (idemdriver.ValidateKey), and the driver's error otherwise.
 func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (idemdriver.Record, error) {
-	query := s.q.inspect
 	if s.dialect == Postgres {
-		query = s.pg.Inspect
+		return pgsql.Retry(ctx, s.pg, querier{s.db}, "", func(q *pgsql.Queries) (idemdriver.Record, error) {
+			return sqlstore.Inspect(ctx, querier{s.db}, q.Inspect, s.table.Qualified, consumer, messageID)
+		})
 	}
-	return sqlstore.Inspect(ctx, querier{s.db}, query, s.table.Qualified, consumer, messageID)
+	return sqlstore.Inspect(ctx, querier{s.db}, s.q.inspect, s.table.Qualified, consumer, messageID)
 }
 
 // Stats implements [idemdriver.Inspector]: one entry per consumer with
@@ -30,9 +32,10 @@ func (s *Store) Inspect(ctx context.Context, consumer, messageID string) (idemdr
 // the whole table (one GROUP BY over the (consumer, processed_at) index),
 // so it is an operator's tool, not something to call per message.
 func (s *Store) Stats(ctx context.Context) ([]idemdriver.ConsumerStats, error) {
-	query := s.q.stats
 	if s.dialect == Postgres {
-		query = s.pg.Stats
+		return pgsql.Retry(ctx, s.pg, querier{s.db}, "", func(q *pgsql.Queries) ([]idemdriver.ConsumerStats, error) {
+			return sqlstore.Stats(ctx, querier{s.db}, q.Stats)
+		})
 	}
-	return sqlstore.Stats(ctx, querier{s.db}, query)
+	return sqlstore.Stats(ctx, querier{s.db}, s.q.stats)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -67,7 +68,9 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 		return idemdriver.AcquireResult{}, err
 	}
 	if s.dialect == Postgres {
-		return s.pg.Acquire(ctx, querier{s.db}, p)
+		return pgsql.Retry(ctx, s.pg, querier{s.db}, p.Consumer, func(q *pgsql.Queries) (idemdriver.AcquireResult, error) {
+			return q.Acquire(ctx, querier{s.db}, p)
+		})
 	}
 	var last *sqlstore.LeaseRecord
 	for range maxClaimAttempts {
@@ -289,7 +292,7 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 		return err
 	}
 	if s.dialect == Postgres {
-		return s.pg.Renew(ctx, querier{s.db}, p)
+		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Renew(ctx, querier{s.db}, p) })
 	}
 	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew,
 		sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
@@ -315,7 +318,7 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 		return err
 	}
 	if s.dialect == Postgres {
-		return s.pg.Complete(ctx, querier{s.db}, p)
+		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Complete(ctx, querier{s.db}, p) })
 	}
 	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
 		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
@@ -344,7 +347,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 		return err
 	}
 	if s.dialect == Postgres {
-		return s.pg.Release(ctx, querier{s.db}, p)
+		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Release(ctx, querier{s.db}, p) })
 	}
 	terminal := 0
 	if p.Terminal {
@@ -387,7 +390,7 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	}
 	switch s.dialect {
 	case Postgres:
-		return s.pg.SaveStep(ctx, querier{s.db}, p)
+		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.SaveStep(ctx, querier{s.db}, p) })
 	case MySQL:
 		return s.saveStepMySQL(ctx, p, sqlstore.NonNil(p.Result))
 	}
@@ -519,4 +522,12 @@ func deleteIn(ctx context.Context, tx *sql.Tx, prefix, consumer string, ids []st
 		total += n
 	}
 	return total, nil
+}
+
+// pgRetry runs f on the pool with the statements of the PostgreSQL
+// table's shape for consumer, again once when the shape changed under it
+// (pgsql.Retry).
+func (s *Store) pgRetry(ctx context.Context, consumer string, f func(q *pgsql.Queries) error) error {
+	_, err := pgsql.Retry(ctx, s.pg, querier{s.db}, consumer, func(q *pgsql.Queries) (struct{}, error) { return struct{}{}, f(q) })
+	return err
 }

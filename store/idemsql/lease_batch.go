@@ -5,6 +5,7 @@ import (
 	"database/sql"
 
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
 
@@ -30,10 +31,12 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	if s.dialect == SQLite {
 		s.prepareSQLiteLease(ctx)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTxAgain(ctx, func(tx *sql.Tx) error {
 		if s.dialect == Postgres {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
-				return s.pg.Acquire(ctx, querier{tx}, p)
+				return pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) (idemdriver.AcquireResult, error) {
+					return q.Acquire(ctx, querier{tx}, p)
+				})
 			}
 		} else {
 			acquire = func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
@@ -71,11 +74,14 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if s.dialect == SQLite {
 		s.prepareSQLiteLease(ctx)
 	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTxAgain(ctx, func(tx *sql.Tx) error {
 		var err error
 		errs, err = sqlstore.CompleteBatch(ctx, ps, func(p *idemdriver.CompleteParams) error {
 			if s.dialect == Postgres {
-				return s.pg.Complete(ctx, querier{tx}, p)
+				_, err := pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) (struct{}, error) {
+					return struct{}{}, q.Complete(ctx, querier{tx}, p)
+				})
+				return err
 			}
 			return sqlstore.Fenced(ctx, querier{s.prepared(tx)}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
 				sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
@@ -86,4 +92,16 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		return nil, err
 	}
 	return errs, nil
+}
+
+// inTxAgain is inTx, run once more on PostgreSQL when a statement failed
+// because the table's shape changed under the Store (migration 015 ran;
+// pgsql.InTx made it find the shape again): the transaction, the
+// Store's own, rolled back, so the batch is made again in the new shape.
+func (s *Store) inTxAgain(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	err := s.inTx(ctx, fn)
+	if s.dialect == Postgres && pgsql.ShapeChanged(err) {
+		err = s.inTx(ctx, fn)
+	}
+	return err
 }

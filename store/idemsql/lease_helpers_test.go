@@ -21,13 +21,13 @@ func (e *env) expireLease(ctx context.Context, consumer, id string) error {
 	default:
 		set = `lease_expires_at = MIN(lease_expires_at, ` + sqliteNowMicros + `)`
 	}
-	if _, err := e.db.ExecContext(ctx, e.q(`UPDATE `+e.table+` SET `+set+` WHERE consumer = ? AND message_id = ? AND state = 1`), consumer, id); err != nil {
+	if _, err := e.db.ExecContext(ctx, e.q(`UPDATE `+e.table+` SET `+set+` WHERE `+e.consumerIs()+` AND message_id = ? AND state = 1`), consumer, id); err != nil {
 		return err
 	}
 	// Rows affected would not do: MySQL counts only changed rows unless
 	// clientFoundRows is set.
 	var n int
-	if err := e.db.QueryRowContext(ctx, e.q(`SELECT COUNT(*) FROM `+e.table+` WHERE consumer = ? AND message_id = ? AND state = 1`), consumer, id).Scan(&n); err != nil {
+	if err := e.db.QueryRowContext(ctx, e.q(`SELECT COUNT(*) FROM `+e.table+` WHERE `+e.consumerIs()+` AND message_id = ? AND state = 1`), consumer, id).Scan(&n); err != nil {
 		return err
 	}
 	if n != 1 {

@@ -64,7 +64,9 @@ func (s *Store) migratePostgres(ctx context.Context, migs []sqlschema.Migration)
 		}
 		return sqlTx{querier{tx}, tx}, nil
 	}
-	if err := s.pg.Migrate(ctx, begin, twoConns{querier{s.db}, s.db}, migs); err != nil {
+	err := s.pg.V1().Migrate(ctx, begin, twoConns{querier{s.db}, s.db}, migs)
+	s.pg.Reset() // the migrations may have changed the table's shape
+	if err != nil {
 		return fmt.Errorf("idemsql: %w", err)
 	}
 	return nil

@@ -20,12 +20,18 @@ var reopenCache sync.Map // dialect + " " + table -> *sqlstore.Reopen
 // UPDATE and the DELETE in one transaction. When it changed nothing, a
 // read of the record says why.
 func (s *Store) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordParams) (idemdriver.ActionResult, error) {
+	inTx := func(ctx context.Context, fn func(sqlstore.Querier) error) error {
+		return s.inTx(ctx, func(tx *sql.Tx) error { return fn(querier{tx}) })
+	}
+	if s.dialect == Postgres { // the statement of the table's shape
+		return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
+			return sqlstore.NewReopen(o, true).Run(ctx, querier{s.db}, inTx, p)
+		})
+	}
 	k := s.dialect.String() + " " + s.table.Qualified
 	r, ok := reopenCache.Load(k)
 	if !ok {
-		r, _ = reopenCache.LoadOrStore(k, sqlstore.NewReopen(s.ops(), s.dialect == Postgres))
+		r, _ = reopenCache.LoadOrStore(k, sqlstore.NewReopen(s.ops(), false))
 	}
-	return r.(*sqlstore.Reopen).Run(ctx, querier{s.db}, func(ctx context.Context, fn func(sqlstore.Querier) error) error {
-		return s.inTx(ctx, func(tx *sql.Tx) error { return fn(querier{tx}) })
-	}, p)
+	return r.(*sqlstore.Reopen).Run(ctx, querier{s.db}, inTx, p)
 }

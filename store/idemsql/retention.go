@@ -27,7 +27,7 @@ var sqlitePurging sync.Map
 func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams) error {
 	q := &s.q.runs
 	if s.dialect == Postgres {
-		q = &s.pg.Runs
+		q = &s.pg.V1().Runs // the runs table is the same in both shapes
 	}
 	return sqlstore.MarkRunning(ctx, querier{s.db}, q, p)
 }
@@ -68,7 +68,11 @@ func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) 
 	}
 	switch s.dialect {
 	case Postgres:
-		return s.pg.BeginPurge(ctx, querier{s.db}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
+		q, err := s.pg.Shape(ctx, querier{s.db})
+		if err != nil {
+			return nil, err
+		}
+		return q.BeginPurge(ctx, querier{s.db}, p.Consumer, func(ctx context.Context) (pgsql.LockTx, error) {
 			// Not ended with ctx (a call's context): the transaction
 			// holds the lock until the session's Close.
 			tx, err := s.db.BeginTx(context.WithoutCancel(ctx), nil)

@@ -74,7 +74,8 @@ type Store struct {
 	table   sqlschema.Table
 	// pg is the PostgreSQL dialect's statements and logic, shared with
 	// store/idempgxv5; q and lq are MySQL's or SQLite's.
-	pg *pgsql.Queries
+	// (both shapes of the table: schema v1 and v2, and the one in use).
+	pg *pgsql.Table
 	q  queries
 	lq leaseQueries
 	// lockScope names the database file for SQLite's in-process purge
@@ -95,6 +96,13 @@ var (
 	_ idemdriver.Migrator              = (*Store)(nil)
 	_ idemdriver.Inspector             = (*Store)(nil)
 )
+
+// ErrTooManyConsumers is returned (wrapped) on PostgreSQL by a claim, an
+// Acquire or a batch of a consumer new to a table of schema v2
+// (migrations 014 and 015) that already holds 32,767 consumer names, the
+// most its smallint keys allow; the message is not claimed. Names that
+// have a key are not affected.
+var ErrTooManyConsumers = pgsql.ErrTooManyConsumers
 
 // New returns a Store over db for the given dialect. cfg may be nil.
 //
@@ -119,7 +127,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 	s := &Store{db: db, dialect: dialect, table: table}
 	switch dialect {
 	case Postgres:
-		s.pg = pgsql.New(table.Qualified)
+		s.pg = pgsql.NewTable(table.Qualified, false)
 	case MySQL:
 		s.q = mysqlQueries(table.Qualified)
 		s.lq = mysqlLeaseQueries(table.Qualified)
@@ -276,7 +284,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx *sql.Tx, p *idemdriver.Clai
 		return nil, err
 	}
 	if s.dialect == Postgres {
-		return s.pg.ClaimBatchTx(ctx, querier{tx}, p)
+		return pgsql.InTx(ctx, s.pg, querier{tx}, p.Consumer, func(q *pgsql.Queries) ([]idemdriver.ClaimResult, error) {
+			return q.ClaimBatchTx(ctx, querier{tx}, p)
+		})
 	}
 	var (
 		msgs = sqlstore.Sorted(p)

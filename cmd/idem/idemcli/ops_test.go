@@ -86,7 +86,7 @@ func testOperatingCommands(t *testing.T, url string) {
 	}
 	// Age every record but m-9 by two hours, in the dialect's own terms.
 	age := map[idemsql.Dialect]string{
-		idemsql.Postgres: `UPDATE %s SET processed_at = processed_at - interval '2 hours' WHERE consumer = 'orders' AND message_id <> 'm-9'`,
+		idemsql.Postgres: `UPDATE %[1]s SET processed_at = processed_at - interval '2 hours' WHERE consumer_key = (SELECT key FROM %[1]s_consumers WHERE name = 'orders') AND message_id <> 'm-9'`,
 		idemsql.MySQL:    `UPDATE %s SET processed_at = processed_at - INTERVAL 2 HOUR WHERE consumer = 'orders' AND message_id <> 'm-9'`,
 		idemsql.SQLite:   `UPDATE %s SET processed_at = processed_at - 7200000000 WHERE consumer = 'orders' AND message_id <> 'm-9'`,
 	}[st.dialect]

@@ -97,7 +97,7 @@ func TestSQLPubSubSubscriberTransaction(t *testing.T) {
 	}
 	waitAcks(t, &acks, n+n/dupEvery, db, charges, n)
 	var claimed int
-	if err := db.QueryRow(`SELECT count(*) FROM idem_processed WHERE consumer = $1`, "wm-sql-"+id).Scan(&claimed); err != nil {
+	if err := db.QueryRow(`SELECT count(*) FROM idem_processed WHERE consumer_key = (SELECT key FROM idem_processed_consumers WHERE name = $1)`, "wm-sql-"+id).Scan(&claimed); err != nil {
 		t.Fatal(err)
 	}
 	if claimed != n {

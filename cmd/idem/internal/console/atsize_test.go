@@ -99,7 +99,7 @@ func TestPagesAtSize(t *testing.T) {
 		return cursor
 	}
 	var msgID, errText string
-	if err := st.DB.QueryRowContext(ctx, `SELECT s.message_id FROM `+table+`_steps s JOIN `+table+` p USING (consumer, message_id)
+	if err := st.DB.QueryRowContext(ctx, `SELECT s.message_id FROM `+table+`_steps s JOIN `+table+`_consumers c ON c.name = s.consumer JOIN `+table+` p ON p.consumer_key = c.key AND p.message_id = s.message_id
 		WHERE s.consumer = 'payments' AND p.state = 3 LIMIT 1`).Scan(&msgID); err != nil {
 		t.Fatal(err)
 	}

@@ -138,7 +138,7 @@ func TestPostgresFailedWorkRetriedOnce(t *testing.T) {
 		t.Errorf("published %v, want out-1 once and out-2 never", published)
 	}
 	var completed, failed int
-	if err := db.QueryRowContext(t.Context(), "SELECT count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3) FROM "+table+" WHERE consumer = 'payments'").Scan(&completed, &failed); err != nil {
+	if err := db.QueryRowContext(t.Context(), "SELECT count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3) FROM "+table+" WHERE consumer_key = (SELECT key FROM "+table+"_consumers WHERE name = 'payments')").Scan(&completed, &failed); err != nil {
 		t.Fatal(err)
 	}
 	if completed != 1 || failed != 1 {

@@ -511,17 +511,16 @@ func (r *demoRun) prepareLedger(ctx context.Context, fresh bool) error {
 	}
 	// No unique key on payment_id, on purpose: a double charge must show
 	// up as a second row, not be hidden by a constraint.
-	for _, q := range []string{`DELETE FROM idem_demo_ledger`, connect.Rebind(r.st.Dialect, `DELETE FROM `+demoTable+` WHERE consumer = ?`)} {
-		if _, err := r.st.DB.ExecContext(ctx, q, argsFor(q)...); err != nil {
+	for _, d := range []struct {
+		q    string
+		args []any
+	}{
+		{`DELETE FROM idem_demo_ledger`, nil},
+		{connect.Rebind(r.st.Dialect, `DELETE FROM `+demoTable+` WHERE `+consumerIs(r.st.Dialect)), []any{demoConsumer}},
+	} {
+		if _, err := r.st.DB.ExecContext(ctx, d.q, d.args...); err != nil {
 			return fmt.Errorf("reset the demo tables on %s: %w", r.st.Where, err)
 		}
-	}
-	return nil
-}
-
-func argsFor(q string) []any {
-	if strings.Contains(q, "consumer =") {
-		return []any{demoConsumer}
 	}
 	return nil
 }

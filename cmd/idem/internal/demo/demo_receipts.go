@@ -128,7 +128,7 @@ func (r *demoRun) openReceipts(ctx context.Context, dir string, fresh bool, hook
 			st       *connect.SQLStore
 			q, value string
 		}{
-			{r.receiptsSt, `DELETE FROM ` + demoTable + ` WHERE consumer = ?`, receiptsConsumer},
+			{r.receiptsSt, `DELETE FROM ` + demoTable + ` WHERE ` + consumerIs(r.receiptsSt.Dialect), receiptsConsumer},
 			{r.st, `DELETE FROM ` + demoOutboxTable + ` WHERE consumer = ?`, demoConsumer},
 		} {
 			if _, err := d.st.DB.ExecContext(ctx, connect.Rebind(d.st.Dialect, d.q), d.value); err != nil {
@@ -403,4 +403,15 @@ func printReceiptRows(row func(k string, v any, why string), rep report) {
 	row("receipt replays (same key)", rep.ReceiptReplays, "receipt requests answered with the earlier receipt, because the redelivered event carried the same ID and so the same derived key")
 	row("double receipts", rep.DoubleReceipts, "receipts beyond the first for one payment")
 	row("lost receipts", rep.LostReceipts, "payments without a receipt")
+}
+
+// consumerIs is the condition on the demo's processed table that selects
+// the records of the consumer named by the placeholder ?: on PostgreSQL
+// the table refers to its consumer by key (schema v2, migrations 014
+// and 015), elsewhere by name.
+func consumerIs(d idemsql.Dialect) string {
+	if d == idemsql.Postgres {
+		return `consumer_key IN (SELECT key FROM ` + demoTable + `_consumers WHERE name = ?)`
+	}
+	return `consumer = ?`
 }

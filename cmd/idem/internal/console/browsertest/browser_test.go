@@ -139,7 +139,7 @@ func (w *world) deliver(id string, ok bool) idem.Outcome {
 // row returns the record's state, token and attempt, as stored.
 func (w *world) row(id string) (state, token, attempt int64) {
 	w.t.Helper()
-	err := w.db.QueryRowContext(w.t.Context(), "SELECT state, token, attempt FROM "+w.table+" WHERE consumer = 'payments' AND message_id = $1", id).
+	err := w.db.QueryRowContext(w.t.Context(), "SELECT state, token, attempt FROM "+w.table+" WHERE consumer_key = (SELECT key FROM "+w.table+"_consumers WHERE name = 'payments') AND message_id = $1", id).
 		Scan(&state, &token, &attempt)
 	if err != nil {
 		w.t.Fatal(err)

@@ -77,7 +77,7 @@ func (w *world) inSource() int64 { return w.rdb.XLen(w.t.Context(), w.src).Val()
 // completed, 3 failed).
 func (w *world) records(consumer string) map[int64]int {
 	w.t.Helper()
-	rows, err := w.db.QueryContext(w.t.Context(), "SELECT state, count(*) FROM "+w.table+" WHERE consumer = $1 GROUP BY state", consumer)
+	rows, err := w.db.QueryContext(w.t.Context(), "SELECT state, count(*) FROM "+w.table+" WHERE consumer_key = (SELECT key FROM "+w.table+"_consumers WHERE name = $1) GROUP BY state", consumer)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func (w *world) backdate(consumer string) {
 		w.t.Fatal(err)
 	}
 	for _, q := range []string{
-		"UPDATE " + w.table + " SET processed_at = processed_at - interval '2 hours' WHERE consumer = $1",
+		"UPDATE " + w.table + " SET processed_at = processed_at - interval '2 hours' WHERE consumer_key = (SELECT key FROM " + w.table + "_consumers WHERE name = $1)",
 		"UPDATE " + w.table + "_runs SET started_at = started_at - interval '3 hours' WHERE consumer = $1",
 	} {
 		if _, err := w.db.ExecContext(ctx, q, consumer); err != nil {

@@ -1,0 +1,25 @@
+-- idem:no-transaction unless-small {{.Table}}
+-- Schema v2, second half (contract): the indexes 014 built take over and
+-- the consumer name leaves the processed table. In one transaction, with
+-- a lock_timeout of one second (again after a pause while it times out):
+-- the primary key becomes (consumer_key, message_id), adopting the unique
+-- index 014 built (USING INDEX: no scan); the consumer column is dropped,
+-- and with it the old primary key, retention index and failed-records
+-- index; the new ones take the old names; the trigger, its function and
+-- the check 014 used for NOT NULL go. Every step changes the catalog
+-- only: the exclusive lock is held for milliseconds. The dropped column's
+-- bytes stay in the rows written before, until they are rewritten; new
+-- rows do not have them.
+--
+-- Upgrade order: deploy the version of idem that knows this shape first,
+-- then run `idem migrate`. Such a store finds the shape when it first
+-- uses the table, and again when a statement fails because the shape
+-- changed under it (SQLSTATE 42703, the consumer column is gone): a claim
+-- in a transaction the store began itself is made again at once; a claim
+-- in the caller's transaction fails, and the message is redelivered. An
+-- older binary's claims fail from now on in the same way (nothing is
+-- acknowledged that was not recorded) until it is replaced.
+--
+-- The statement does nothing when the column is already gone, so the
+-- migration can run again.
+DO $$ BEGIN IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = '{{.Table}}'::regclass AND attname = 'consumer' AND NOT attisdropped) THEN DROP TRIGGER IF EXISTS {{.Name}}_consumer_key ON {{.Table}}; ALTER TABLE {{.Table}} DROP CONSTRAINT {{.Name}}_pkey, ADD CONSTRAINT {{.Name}}_pkey PRIMARY KEY USING INDEX {{.Name}}_by_key, DROP CONSTRAINT {{.Name}}_consumer_key_set, DROP COLUMN consumer; ALTER INDEX {{.Table}}_processed_at_key_idx RENAME TO {{.Name}}_processed_at_idx; ALTER INDEX {{.Table}}_failed_key_idx RENAME TO {{.Name}}_failed_idx; DROP FUNCTION IF EXISTS {{.Table}}_consumer_key(); END IF; END $$;
