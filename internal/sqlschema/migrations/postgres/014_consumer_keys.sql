@@ -29,9 +29,11 @@
 -- 5. the unique index (consumer_key, message_id) and the retention and
 --    failed-records indexes on consumer_key, built concurrently.
 --
--- A table of more than 32,767 consumer names fails at step 3 ("smallint
--- out of range"), having changed nothing its writers see but the trigger,
--- whose new names fail the same way.
+-- A table of more than 32,767 consumer names is refused by the first
+-- statement, before anything is changed (SQLSTATE 22003, "more than
+-- 32767 consumer names"): its consumers keep running on schema v1. The
+-- count reads the primary key's index in order and stops at the 32,768th
+-- name.
 --
 -- Every statement that takes the table's exclusive lock (ADD COLUMN, the
 -- trigger, ADD CONSTRAINT, SET NOT NULL) changes the catalog only and runs
@@ -41,6 +43,7 @@
 -- 10,000 records (a new one) the statements run in the migration's
 -- transaction instead, without CONCURRENTLY. Each statement can run again:
 -- a migration that failed part way is run again from its start.
+DO $$ BEGIN IF to_regclass('{{.Table}}_consumers') IS NULL AND (SELECT count(*) FROM (SELECT DISTINCT consumer FROM {{.Table}} LIMIT 32768) AS d) > 32767 THEN RAISE EXCEPTION 'idem: {{.Table}} holds more than 32767 consumer names; schema v2 keys them by a smallint and cannot take them' USING ERRCODE = '22003'; END IF; END $$;
 CREATE TABLE IF NOT EXISTS {{.Table}}_consumers (key smallint NOT NULL, name text COLLATE "C" NOT NULL, CONSTRAINT {{.Name}}_consumers_pkey PRIMARY KEY (key), CONSTRAINT {{.Name}}_consumers_name_key UNIQUE (name));
 ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS consumer_key smallint;
 CREATE OR REPLACE FUNCTION {{.Table}}_consumer_key() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.consumer_key IS NULL THEN FOR i IN 1..3 LOOP SELECT key INTO NEW.consumer_key FROM {{.Table}}_consumers WHERE name = NEW.consumer; EXIT WHEN FOUND; BEGIN INSERT INTO {{.Table}}_consumers (key, name) SELECT COALESCE(max(key), 0) + 1, NEW.consumer FROM {{.Table}}_consumers RETURNING key INTO NEW.consumer_key; EXIT; EXCEPTION WHEN unique_violation THEN NULL; END; END LOOP; IF NEW.consumer_key IS NULL THEN RAISE EXCEPTION 'consumer key of % not settled', NEW.consumer USING ERRCODE = '40001'; END IF; END IF; RETURN NEW; END $$;
