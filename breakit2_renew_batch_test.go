@@ -12,6 +12,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // gateBatchStore renews in batches. While gate is set, each RenewBatch
@@ -303,4 +304,17 @@ func TestBreakit2CloseWithBatchesInFlight(t *testing.T) {
 			t.Errorf("%d renewal goroutines left after Close and every attempt's end", left)
 		}
 	})
+}
+
+// The memory store's RenewBatch racing Completes of its records
+// (idemtest.RenewBatchRacingCompletes).
+func TestBreakit2MemoryRenewBatchRacingCompletes(t *testing.T) {
+	t.Parallel()
+	mem := idem.NewMemoryStore(nil)
+	idemtest.RenewBatchRacingCompletes(t, &idemtest.LeaseSetup{Store: mem, ExpireLease: func(_ context.Context, consumer, id string) error {
+		if !idem.ExpireLease(mem, consumer, id) {
+			return fmt.Errorf("no record %q", id)
+		}
+		return nil
+	}})
 }

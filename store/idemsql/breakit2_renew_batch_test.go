@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemtest"
 	"github.com/idem-go/idem/store/idemsql"
 )
 
@@ -62,5 +63,16 @@ func TestBreakit2RenewBatchOneLockedRow(t *testing.T) {
 		if errs[0] != nil || errs[2] != nil || errors.Is(errs[1], idem.ErrLeaseLost) {
 			t.Fatalf("RenewBatch with b locked: %v; want a and c renewed, b not lost", errs)
 		}
+	})
+}
+
+// Renewal batches racing the Completes of their own records on each
+// dialect: PostgreSQL's statement over arrays (database/sql, arrays as
+// text), MySQL/MariaDB's and SQLite's transaction of fenced UPDATEs
+// (idemtest.RenewBatchRacingCompletes).
+func TestBreakit2RenewBatchRacingCompletes(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, d idemsql.Dialect) {
+		e := newEnv(t, d, envOptions{})
+		idemtest.RenewBatchRacingCompletes(t, e.leaseSetup())
 	})
 }
