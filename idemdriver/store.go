@@ -30,6 +30,10 @@ import (
 //   - Errors other than a duplicate or invalid input are returned as they
 //     are; the core wraps them with idem.ErrStore.
 //   - Methods are safe for concurrent use; a TTx is used by one goroutine.
+//   - Nothing derived from the contexts of a transaction's calls (Begin's,
+//     ClaimTx's, Commit's, Rollback's) is kept once Commit or Rollback has
+//     returned, as database/sql cancels its transaction's context in both:
+//     the core reuses those contexts for its next transactions.
 type TxStore[TTx any] interface {
 	Retainer
 	// Begin starts a transaction for claims and side effects.
