@@ -98,7 +98,14 @@
 // out, so that consuming resumes within about two seconds of the new
 // leader's election. (With nats.go's default for a 30-second request,
 // 5-second heartbeats, each lost request cost 10 seconds, and one sent
-// during an election that outlasted them, 10 more.) The
+// during an election that outlasted them, 10 more.) A connection that
+// stops answering without closing (half-open TCP, a dropped route) is
+// the caller's to detect: the heartbeats end each request, but the next
+// ones go into the same connection until nats.go's pings give it up,
+// two minutes apart by default. Connect with nats.PingInterval (idem
+// consume and idem relay use 2s with nats.MaxPingsOutstanding(2)):
+// consuming on a black-holed connection resumed after 6 minutes with the
+// defaults, after 5 seconds with 1-second pings. The
 // Consumer holds up to
 // Config.MaxMessages (twice Concurrency by default): a message's ack wait
 // runs from its delivery, so the ones waiting for a free handler are
