@@ -7,7 +7,11 @@
 // result only while the token still owns the record.
 //
 // It takes the caller's client, a *redis.Client or a *redis.ClusterClient
-// (any redis.UniversalClient), and owns nothing else:
+// (any redis.UniversalClient), and owns nothing else. Hooks added to that
+// client (redis.Hook) see the store's commands while they run; a hook that
+// keeps a command to read after the call has returned (to log it later,
+// say) finds its arguments reused by the next call, since the store hands
+// go-redis pooled argument frames: copy what you keep.
 //
 //	store, err := idemredis.New(client, nil) // keys start with "idem:"
 //	if err != nil { ... }
