@@ -163,6 +163,7 @@ func cli(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&batches, "batch-sizes", "", "batch sizes of the idem-batch contenders (default 10,100; 10 with --quick)")
 	fs.StringVar(&brokers, "brokers", "nats,kafka", "brokers: nats (in-process JetStream), kafka (kfake)")
 	fs.StringVar(&stores, "stores", "", "stores: sqlite, postgres, mysql (default sqlite, and postgres when "+envPostgresDurable+" (preferred) or "+envPostgres+" is set)")
+	fs.StringVar(&stores, "store", "", "the same as --stores")
 	fs.BoolVar(&o.verbose, "v", true, "progress on stderr")
 	var roundTrips int
 	fs.IntVar(&roundTrips, "round-trips", 0, "only print lease mode's store calls per message (new, duplicate, release; now and before the acquire recorded the run point), over this many messages per case, for memory, sqlite, postgres (pgx and database/sql, when "+envPostgresDurable+" or "+envPostgres+" is set), mariadb ("+envMySQL+") and redis ("+envRedis+"), and exit")

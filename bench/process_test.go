@@ -116,6 +116,7 @@ func TestProcessModeUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--process", "1s", "--contenders", "idem,naive"},
 		{"--process", "1s", "--stores", "oracle"},
+		{"--process", "1s", "--store", "oracle"},
 		{"--process", "1s", "--workers", "-1"},
 	} {
 		var stdout, stderr bytes.Buffer
