@@ -36,7 +36,7 @@ func TestProcessMode(t *testing.T) {
 	} else if requireAll {
 		t.Fatalf("missing environment variable %s (required: IDEM_TEST_REQUIRE_ALL=1)", envMySQL)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := testContext(t)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--process", "50ms", "--rounds", "2", "--workers", "2", "--stores", strings.Join(stores, ",")}
