@@ -30,7 +30,10 @@ type poolOpts struct {
 	// countWrites, if set, counts every Write on the pool's network
 	// connections: each is one flush of pgx's send buffer.
 	countWrites *atomic.Int64
-	noPing      bool
+	// messages, if set, counts the protocol messages pgx sends on the
+	// pool's network connections, by type (see frontendMessages).
+	messages *frontendMessages
+	noPing   bool
 	// mode, if set, is the connections' DefaultQueryExecMode.
 	mode pgx.QueryExecMode
 	// url, if set, replaces the test database URL (PgBouncer's).
@@ -54,16 +57,11 @@ func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
 	if o.maxConns > 0 {
 		cfg.MaxConns = o.maxConns
 	}
-	if o.countWrites != nil {
-		dial := cfg.ConnConfig.DialFunc
-		n := o.countWrites
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countingConn{Conn: c, writes: n}, nil
-		}
+	if n := o.countWrites; n != nil {
+		wrapConns(cfg, func(c net.Conn) net.Conn { return &countingConn{Conn: c, writes: n} })
+	}
+	if m := o.messages; m != nil {
+		wrapConns(cfg, func(c net.Conn) net.Conn { return &messageConn{Conn: c, m: m} })
 	}
 	if o.mode != 0 {
 		cfg.ConnConfig.DefaultQueryExecMode = o.mode
@@ -77,6 +75,19 @@ func newPool(tb testing.TB, o poolOpts) *pgxpool.Pool {
 	}
 	tb.Cleanup(pool.Close)
 	return pool
+}
+
+// wrapConns makes each network connection of cfg's pool wrap(c) of the
+// connection c it dials.
+func wrapConns(cfg *pgxpool.Config, wrap func(net.Conn) net.Conn) {
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(c), nil
+	}
 }
 
 type countingConn struct {
