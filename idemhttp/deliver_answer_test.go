@@ -1,6 +1,8 @@
 package idemhttp
 
 import (
+	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -37,5 +39,42 @@ func TestReadAnswer(t *testing.T) {
 	// truncated answer.
 	if _, err := readAnswer(&http.Response{Body: io.NopCloser(strings.NewReader("hi")), ContentLength: 5}, 10); err == nil {
 		t.Error("short body: no error")
+	}
+}
+
+// TestEncodeAnswer checks that an answer's record is what json.Marshal
+// makes of it, byte for byte, on the hand-written path (plain strings)
+// and the fallback (strings json escapes), and that it decodes back.
+func TestEncodeAnswer(t *testing.T) {
+	t.Parallel()
+	for _, a := range []answer{
+		{},
+		{Status: 200},
+		{Status: 204, ContentType: "application/json"},
+		{Status: 201, ContentType: "application/json; charset=utf-8", Body: []byte(`{"id":1}`)},
+		{Status: 500, Body: []byte{0, 1, 2, 0xff, 0xfe}},
+		{Status: 400, ContentType: "text/plain", Body: []byte("a")},
+		{Unknown: "sent, and no complete answer came back: EOF"},
+		{Unknown: `quoted "x" and \\ back`},
+		{Unknown: "<html> & more"},
+		{Status: 200, ContentType: "text/plain; é"},
+		{Unknown: "line\nbreak\ttab"},
+		{Status: -1, retryAfter: "5"},
+	} {
+		got := encodeAnswer(&a)
+		want, err := json.Marshal(&a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Body, want) || got.ContentType != answerContentType {
+			t.Errorf("%+v: %s (%s); want %s (%s)", a, got.Body, got.ContentType, want, answerContentType)
+		}
+		if a.Status == 0 && a.Unknown == "" {
+			continue // no delivery answer: decodeAnswer refuses it
+		}
+		back, err := decodeAnswer(got.ContentType, got.Body)
+		if err != nil || back.Status != a.Status || back.ContentType != a.ContentType || !bytes.Equal(back.Body, a.Body) || back.Unknown != a.Unknown {
+			t.Errorf("%+v: decoded %+v, %v", a, back, err)
+		}
 	}
 }
