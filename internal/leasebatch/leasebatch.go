@@ -74,11 +74,14 @@ func (s *Store) Counts() (calls, trips uint64) {
 
 // call is one caller's call in a group.
 type call[P, R any] struct {
-	p    P
-	res  R
-	err  error
-	done chan struct{} // closed when res and err are set
-	lead chan struct{} // closed when the caller is to run the next batch
+	p   P
+	res R
+	err error
+	// wake gets one value: true when res and err are set, false when
+	// the caller is to run the next batch (one channel, not two: a call
+	// is either sent in a batch or handed the next one, never both
+	// before it returns).
+	wake chan bool
 }
 
 // group batches the calls of one method. The caller that finds no batch
@@ -103,7 +106,7 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 		var zero R
 		return zero, err // as the store would: nothing is sent
 	}
-	c := &call[P, R]{p: p, done: make(chan struct{}), lead: make(chan struct{})}
+	c := &call[P, R]{p: p, wake: make(chan bool, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	if !g.busy {
@@ -115,12 +118,10 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 	// A waiting call is bounded by the batches ahead of it, each by the
 	// context of the caller that runs it: it does not leave early, since
 	// its call may already be in the store.
-	select {
-	case <-c.done:
+	if <-c.wake {
 		return c.res, c.err
-	case <-c.lead:
-		return g.run(ctx, c)
 	}
+	return g.run(ctx, c)
 }
 
 // run sends the waiting calls (c first among them) as one batch on ctx,
@@ -145,7 +146,7 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	if len(g.queue) == 0 {
 		g.busy = false
 	} else {
-		close(g.queue[0].lead)
+		g.queue[0].wake <- false // never blocks: its only value
 	}
 	g.mu.Unlock()
 	return c.res, c.err
@@ -158,7 +159,7 @@ func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
 	g.batches.Add(1)
 	defer func() {
 		for _, c := range batch {
-			close(c.done)
+			c.wake <- true // never blocks: its only value
 		}
 	}()
 	if len(batch) == 1 {
