@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -216,6 +217,10 @@ type Deliverer struct {
 	req *http.Request
 	// runPrefix is fin.RunPrefix(), made once.
 	runPrefix string
+	// keys maps the broker header names seen to their request header
+	// names (headerKey), at most maxHeaderKeys of them; replaced, never
+	// changed, when a name is added.
+	keys atomic.Pointer[map[string]string]
 	// auth is the Authorization value of o.Target's user information
 	// (basic authentication, as http.Client sets it), or empty; errURL
 	// is target with its password replaced by "***", as http.Client
@@ -586,7 +591,7 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 		if !validHeaderName(name) {
 			continue
 		}
-		key := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
+		key := d.headerKey(name)
 		for _, v := range vs {
 			if !validHeaderValue(v) {
 				continue
@@ -612,6 +617,40 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	if d.auth != "" {
 		h["Authorization"] = []string{d.auth}
 	}
+}
+
+// maxHeaderKeys is how many broker header names a Deliverer keeps the
+// request header name of (headerKey): a broker's messages carry a few
+// names again and again; past this many, a name's is made each time.
+const maxHeaderKeys = 256
+
+// headerKey is the request header of the broker header name:
+// HeaderBrokerPrefix and name in canonical form (as Header.Set makes
+// it), kept for the next message with the same name (d.keys).
+func (d *Deliverer) headerKey(name string) string {
+	keys := d.keys.Load()
+	if keys != nil {
+		if k, ok := (*keys)[name]; ok {
+			return k
+		}
+	}
+	k := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
+	if keys == nil || len(*keys) < maxHeaderKeys {
+		next := make(map[string]string, 1+len(ptrMap(keys)))
+		maps.Copy(next, ptrMap(keys))
+		next[strings.Clone(name)] = k
+		// A lost race drops one name: made again on its next message.
+		d.keys.CompareAndSwap(keys, &next)
+	}
+	return k
+}
+
+// ptrMap is *m, or nil when m is nil.
+func ptrMap(m *map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // validHeaderValue reports whether s can be sent as a field value: no

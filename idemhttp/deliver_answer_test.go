@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/textproto"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -76,5 +78,28 @@ func TestEncodeAnswer(t *testing.T) {
 		if err != nil || back.Status != a.Status || back.ContentType != a.ContentType || !bytes.Equal(back.Body, a.Body) || back.Unknown != a.Unknown {
 			t.Errorf("%+v: decoded %+v, %v", a, back, err)
 		}
+	}
+}
+
+// TestHeaderKey checks the request header name of a broker header: the
+// canonical form of the prefixed name, the same from the cache, and
+// right past the cache's size (which stays at maxHeaderKeys).
+func TestHeaderKey(t *testing.T) {
+	t.Parallel()
+	d := &Deliverer{}
+	for i := range maxHeaderKeys + 10 {
+		name := "trace-id-" + strconv.Itoa(i)
+		want := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
+		for range 2 {
+			if got := d.headerKey(name); got != want {
+				t.Fatalf("%s: %q; want %q", name, got, want)
+			}
+		}
+	}
+	if n := len(*d.keys.Load()); n != maxHeaderKeys {
+		t.Errorf("cache holds %d names; want %d", n, maxHeaderKeys)
+	}
+	if _, ok := (*d.keys.Load())["trace-id-0"]; !ok {
+		t.Error("the first name seen is not cached")
 	}
 }
