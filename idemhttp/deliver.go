@@ -22,6 +22,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/keyed"
+	"github.com/idem-go/idem/internal/lastval"
 )
 
 // The request headers a [Deliverer] sends with each message, beside
@@ -217,6 +218,9 @@ type Deliverer struct {
 	req *http.Request
 	// runPrefix is fin.RunPrefix(), made once.
 	runPrefix string
+	// deadlines is the last Idem-Deadline value made, by its instant
+	// in Unix milliseconds: the calls sent in one millisecond share it.
+	deadlines lastval.Cache[int64, string]
 	// keys maps the broker header names seen to their request header
 	// names (headerKey), at most maxHeaderKeys of them; replaced, never
 	// changed, when a name is added.
@@ -610,13 +614,19 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	// The names are in canonical form already (what Header.Set makes).
 	k := len(vals)
 	vals = append(vals, ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
-		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+		d.deadlines.Get(time.Now().Add(d.o.Timeout).UnixMilli(), formatDeadline))
 	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
 		h[name] = vals[k+i : k+i+1 : k+i+1]
 	}
 	if d.auth != "" {
 		h["Authorization"] = []string{d.auth}
 	}
+}
+
+// formatDeadline is the Idem-Deadline value of the instant ms (Unix
+// milliseconds): RFC 3339 in UTC with milliseconds.
+func formatDeadline(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z07:00")
 }
 
 // maxHeaderKeys is how many broker header names a Deliverer keeps the

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestReadAnswer checks how much of an answer the Deliverer reads: none
@@ -101,5 +102,22 @@ func TestHeaderKey(t *testing.T) {
 	}
 	if _, ok := (*d.keys.Load())["trace-id-0"]; !ok {
 		t.Error("the first name seen is not cached")
+	}
+}
+
+// TestFormatDeadline checks the Idem-Deadline value made from an
+// instant's Unix milliseconds: what formatting the instant itself gives
+// (RFC 3339, UTC, milliseconds, truncated).
+func TestFormatDeadline(t *testing.T) {
+	t.Parallel()
+	for _, at := range []time.Time{
+		time.Date(2026, 12, 6, 21, 3, 4, 999_999_999, time.UTC),
+		time.Date(2026, 12, 6, 21, 3, 4, 1_000_000, time.FixedZone("X", 3600)),
+		time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
+	} {
+		want := at.UTC().Format("2006-01-02T15:04:05.000Z07:00")
+		if got := formatDeadline(at.UnixMilli()); got != want {
+			t.Errorf("%v: %q; want %q", at, got, want)
+		}
 	}
 }
