@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -507,11 +508,16 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Timeout)
 	defer cancel()
-	cs := &callState{payload: a.Message.Payload}
+	cs := &callState{}
 	cs.trace.WroteHeaders = func() { cs.wrote.Store(true) }
 	req := d.req.WithContext(httptrace.WithClientTrace(ctx, &cs.trace))
-	if len(cs.payload) > 0 {
-		req.Body, req.ContentLength = cs, int64(len(cs.payload))
+	if n := len(a.Message.Payload); n > 0 {
+		cs.body.Reset(a.Message.Payload)
+		// A *bytes.Reader in io.NopCloser, as http.NewRequest makes it:
+		// the transport knows it is in memory and writes the headers
+		// and the body together (another reader's headers are flushed
+		// alone first: one more write, and one more packet, per call).
+		req.Body, req.ContentLength = io.NopCloser(&cs.body), int64(n)
 	} else {
 		req.Body = http.NoBody // as http.NewRequest makes an empty body
 	}
@@ -538,29 +544,16 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 }
 
 // callState is what one call needs beside its request, in one
-// allocation: the request body (the payload; no GetBody, so the
-// transport never sends it again on its own, which noInternalRetry
-// ensures anyway) and the trace that tells whether the request may have
-// reached the service (its headers were written to a connection).
+// allocation: the reader of the request body (the payload; no GetBody,
+// so the transport never sends it again on its own, which
+// noInternalRetry ensures anyway) and the trace that tells whether the
+// request may have reached the service (its headers were written to a
+// connection).
 type callState struct {
-	payload []byte
-	off     int
-	wrote   atomic.Bool
-	trace   httptrace.ClientTrace
+	body  bytes.Reader
+	wrote atomic.Bool
+	trace httptrace.ClientTrace
 }
-
-// Read implements io.Reader over the payload.
-func (c *callState) Read(p []byte) (int, error) {
-	if c.off >= len(c.payload) {
-		return 0, io.EOF
-	}
-	n := copy(p, c.payload[c.off:])
-	c.off += n
-	return n, nil
-}
-
-// Close implements io.Closer: nothing to release.
-func (c *callState) Close() error { return nil }
 
 // readAnswer reads the start of resp's body, at most limit bytes: none for
 // an empty answer (net/http's NoBody), into a buffer of its Content-Length

@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/textproto"
+	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idem-go/idem"
 )
 
 // TestReadAnswer checks how much of an answer the Deliverer reads: none
@@ -119,5 +124,41 @@ func TestFormatDeadline(t *testing.T) {
 		if got := formatDeadline(at.UnixMilli()); got != want {
 			t.Errorf("%v: %q; want %q", at, got, want)
 		}
+	}
+}
+
+// bodyType is a RoundTripper that records the type of each request's
+// body and answers 204.
+type bodyType struct{ got chan reflect.Type }
+
+func (b bodyType) RoundTrip(r *http.Request) (*http.Response, error) {
+	b.got <- reflect.TypeOf(r.Body)
+	_, _ = io.Copy(io.Discard, r.Body)
+	return &http.Response{StatusCode: http.StatusNoContent, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+}
+
+// TestCallBodyInMemory checks that a call's body is a *bytes.Reader in
+// io.NopCloser, as http.NewRequest makes it: net/http writes the headers
+// and such a body together, while it flushes the headers alone before
+// any other reader (one more write and packet per call).
+func TestCallBodyInMemory(t *testing.T) {
+	t.Parallel()
+	lc, err := idem.NewLeaseConsumer(idem.NewMemoryStore(nil), idem.Config{Name: "body", Lease: time.Minute, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	target, _ := url.Parse("http://service.test/messages")
+	rt := bodyType{got: make(chan reflect.Type, 1)}
+	d, err := NewDeliverer(lc, DelivererOptions{Target: target, Transport: rt, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.Process(t.Context(), idem.Message{ID: "m-1", Payload: []byte(`{"n":1}`)})
+	if err != nil || out.Status != idem.Processed {
+		t.Fatalf("Process: %v %v", out.Status, err)
+	}
+	if got, want := <-rt.got, reflect.TypeOf(io.NopCloser(&bytes.Reader{})); got != want {
+		t.Errorf("request body %v; want %v", got, want)
 	}
 }
