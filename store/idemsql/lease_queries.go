@@ -59,10 +59,23 @@ type leaseQueries struct {
 	purgeRecords string
 }
 
+// leaseCols reads a record's state, token and attempt. A transactional
+// record holds them as NULL where the columns are nullable without a
+// default (PostgreSQL's since its migration 006); they read as the values
+// of one: completed (2), token 0, attempt 1. Where they are NOT NULL with
+// those defaults (SQLite, and MySQL so far) the expressions read them as
+// they are.
+const leaseCols = `COALESCE(state, 2), COALESCE(token, 0), COALESCE(attempt, 1)`
+
+// mysqlNotInProgress selects the records a purge may delete: every one
+// but the in_progress ones, a NULL state (a transactional record) among
+// them, which "state <> 1" would skip.
+const mysqlNotInProgress = `COALESCE(state, 2) <> 1`
+
 // recordCols is the list of columns every record read returns, with the
 // dialect's expressions for now and for the remaining lease filled in.
 func recordCols(remaining, expired string) string {
-	return `state, token, attempt, fingerprint, ` + remaining + `, result, content_type, last_error, ` + expired
+	return leaseCols + `, fingerprint, ` + remaining + `, result, content_type, last_error, ` + expired
 }
 
 // mysqlNewerUpdatedAt is the updated_at of every fenced MySQL UPDATE: the
@@ -109,8 +122,8 @@ WHERE ` + pk + ` AND state = 1 AND token = ?`,
 		ownStep:  `SELECT 1 FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ? LOCK IN SHARE MODE`,
 		saveStep: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?, ?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE step = step`,
 		point:    `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?, ?, ?, X'', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE step = step`,
-		purgeBatch: `SELECT message_id, token FROM ` + t + `
-WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1
+		purgeBatch: `SELECT message_id, COALESCE(token, 0) FROM ` + t + `
+WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND ` + mysqlNotInProgress + `
 ORDER BY processed_at LIMIT ? FOR UPDATE`,
 		purgeSteps:   `DELETE FROM ` + steps + ` WHERE consumer = ? AND message_id IN (`,
 		purgeRecords: `DELETE FROM ` + t + ` WHERE consumer = ? AND message_id IN (`,

@@ -129,10 +129,10 @@ WHERE consumer = ? AND started_at = ` + mysqlTimeParam + ` AND ended_at >= UTC_T
 			Insert: `INSERT INTO ` + runs + ` (consumer, started_at, ended_at) VALUES (?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE ended_at = GREATEST(ended_at, UTC_TIMESTAMP(6))`,
 			Runs:  `SELECT ` + mysqlMicros(`started_at`) + `, ` + mysqlMicros(`ended_at`) + ` FROM ` + runs + ` WHERE consumer = ? ORDER BY started_at`,
-			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND state <> 1`,
+			Count: `SELECT COUNT(*) FROM ` + t + ` WHERE consumer = ? AND processed_at < ` + mysqlTimeParam + ` AND ` + mysqlNotInProgress,
 			Prune: `DELETE FROM ` + runs + ` WHERE consumer = ? AND ended_at < ` + mysqlTimeParam,
 		},
-		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, state, token, attempt, ` + mysqlMicros(`lease_expires_at`) + `, last_error, result, content_type
+		inspect: `SELECT fingerprint, ` + mysqlMicros(`processed_at`) + `, ` + leaseCols + `, ` + mysqlMicros(`lease_expires_at`) + `, last_error, result, content_type
 FROM ` + t + ` WHERE consumer = ? AND message_id = ?`,
 		stats: `SELECT consumer, COUNT(*), ` + mysqlMicros(`MIN(processed_at)`) + `, ` + mysqlMicros(`MAX(processed_at)`) +
 			` FROM ` + t + ` GROUP BY consumer ORDER BY consumer`,
