@@ -29,8 +29,9 @@ import (
 //     database and table names), released with RELEASE_LOCK. MySQL commits
 //     DDL implicitly, so each statement stands alone; the migrations are
 //     written to be re-run safely after a failure halfway (IF NOT EXISTS,
-//     and 002's ALTER TABLE runs only if information_schema shows the
-//     table without its columns).
+//     002's ALTER TABLE runs only if information_schema shows the table
+//     without its columns, 006's only while it shows one of the columns
+//     it makes nullable NOT NULL).
 //   - SQLite: one BEGIN IMMEDIATE transaction on one connection, which
 //     holds the write lock; DDL is transactional.
 //
