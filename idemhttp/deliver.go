@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -22,6 +23,7 @@ import (
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/keyed"
+	"github.com/idem-go/idem/internal/lastval"
 )
 
 // The request headers a [Deliverer] sends with each message, beside
@@ -211,6 +213,19 @@ type Deliverer struct {
 	// whose Do copies each request's headers and URL for redirects the
 	// Deliverer does not follow (a redirect is an answer).
 	rt http.RoundTripper
+	// req is the request every call copies (Request.WithContext): the
+	// method, the target parsed once and its Host; each copy gets its
+	// own headers and body. The transport only reads req.URL.
+	req *http.Request
+	// runPrefix is fin.RunPrefix(), made once.
+	runPrefix string
+	// deadlines is the last Idem-Deadline value made, by its instant
+	// in Unix milliseconds: the calls sent in one millisecond share it.
+	deadlines lastval.Cache[int64, string]
+	// keys maps the broker header names seen to their request header
+	// names (headerKey), at most maxHeaderKeys of them; replaced, never
+	// changed, when a name is added.
+	keys atomic.Pointer[map[string]string]
 	// auth is the Authorization value of o.Target's user information
 	// (basic authentication, as http.Client sets it), or empty; errURL
 	// is target with its password replaced by "***", as http.Client
@@ -277,6 +292,11 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
 	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	req, err := http.NewRequest(http.MethodPost, d.target, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: target %v: %v", idem.ErrInvalidConfig, o.Target, err)
+	}
+	d.req = req
 	d.errURL = d.target
 	if u := o.Target.User; u != nil {
 		pw, set := u.Password()
@@ -292,6 +312,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	// all of its retries within o.Timeout.
 	d.fin = keyed.Finisher{Name: deliverPoints, Lease: o.Timeout, StoreTimeout: o.Timeout, AtMostOnce: !o.AtLeastOnce,
 		Logger: o.Logger, StoreErrors: &d.stats.storeErrors, Released: &d.stats.released}
+	d.runPrefix = d.fin.RunPrefix()
 	return d, nil
 }
 
@@ -319,7 +340,7 @@ func (d *Deliverer) Process(ctx context.Context, msg idem.Message) (idem.Outcome
 			// acquisition, before the request leaves: if this process
 			// dies while the service works, the attempt that takes the
 			// message over finds it and does not send the message again.
-			opt.StepPrefix = d.fin.RunPrefix()
+			opt.StepPrefix = d.runPrefix
 		} else {
 			// The message waits for a call: its point is saved when
 			// the call is taken (call), so that a crash while it
@@ -481,24 +502,31 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 		}
 	}
 	if slot.late {
-		if err := a.SaveStep(ctx, idemdriver.PrefixStep(d.fin.RunPrefix(), a.Token), nil); err != nil {
+		if err := a.SaveStep(ctx, idemdriver.PrefixStep(d.runPrefix, a.Token), nil); err != nil {
 			return nil, false, fmt.Errorf("recording the recovery point before the call: %w", err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.Timeout)
 	defer cancel()
-	var wrote atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.target, bytes.NewReader(a.Message.Payload))
-	if err != nil {
-		return nil, false, err
+	cs := &callState{}
+	cs.trace.WroteHeaders = func() { cs.wrote.Store(true) }
+	req := d.req.WithContext(httptrace.WithClientTrace(ctx, &cs.trace))
+	if n := len(a.Message.Payload); n > 0 {
+		cs.body.Reset(a.Message.Payload)
+		// A *bytes.Reader in io.NopCloser, as http.NewRequest makes it:
+		// the transport knows it is in memory and writes the headers
+		// and the body together (another reader's headers are flushed
+		// alone first: one more write, and one more packet, per call).
+		req.Body, req.ContentLength = io.NopCloser(&cs.body), int64(n)
+	} else {
+		req.Body = http.NoBody // as http.NewRequest makes an empty body
 	}
 	d.headers(req, a)
 	d.stats.calls.Add(1)
 	resp, err := d.rt.RoundTrip(req)
 	if err != nil {
 		// As http.Client reports it.
-		return nil, wrote.Load(), &url.Error{Op: "Post", URL: d.errURL, Err: err}
+		return nil, cs.wrote.Load(), &url.Error{Op: "Post", URL: d.errURL, Err: err}
 	}
 	if resp.Body == nil {
 		resp.Body = http.NoBody
@@ -513,6 +541,18 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	}
 	return &answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
 		retryAfter: resp.Header.Get("Retry-After")}, true, nil
+}
+
+// callState is what one call needs beside its request, in one
+// allocation: the reader of the request body (the payload; no GetBody,
+// so the transport never sends it again on its own, which
+// noInternalRetry ensures anyway) and the trace that tells whether the
+// request may have reached the service (its headers were written to a
+// connection).
+type callState struct {
+	body  bytes.Reader
+	wrote atomic.Bool
+	trace httptrace.ClientTrace
 }
 
 // readAnswer reads the start of resp's body, at most limit bytes: none for
@@ -548,7 +588,7 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 		if !validHeaderName(name) {
 			continue
 		}
-		key := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
+		key := d.headerKey(name)
 		for _, v := range vs {
 			if !validHeaderValue(v) {
 				continue
@@ -567,13 +607,53 @@ func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
 	// The names are in canonical form already (what Header.Set makes).
 	k := len(vals)
 	vals = append(vals, ct, a.Message.ID, a.Message.ID, strconv.Itoa(a.Number),
-		time.Now().Add(d.o.Timeout).UTC().Format("2006-01-02T15:04:05.000Z07:00"))
+		d.deadlines.Get(time.Now().Add(d.o.Timeout).UnixMilli(), formatDeadline))
 	for i, name := range [...]string{"Content-Type", HeaderIdempotencyKey, HeaderMessageID, HeaderAttempt, HeaderDeadline} {
 		h[name] = vals[k+i : k+i+1 : k+i+1]
 	}
 	if d.auth != "" {
 		h["Authorization"] = []string{d.auth}
 	}
+}
+
+// formatDeadline is the Idem-Deadline value of the instant ms (Unix
+// milliseconds): RFC 3339 in UTC with milliseconds.
+func formatDeadline(ms int64) string {
+	return time.UnixMilli(ms).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+}
+
+// maxHeaderKeys is how many broker header names a Deliverer keeps the
+// request header name of (headerKey): a broker's messages carry a few
+// names again and again; past this many, a name's is made each time.
+const maxHeaderKeys = 256
+
+// headerKey is the request header of the broker header name:
+// HeaderBrokerPrefix and name in canonical form (as Header.Set makes
+// it), kept for the next message with the same name (d.keys).
+func (d *Deliverer) headerKey(name string) string {
+	keys := d.keys.Load()
+	if keys != nil {
+		if k, ok := (*keys)[name]; ok {
+			return k
+		}
+	}
+	k := textproto.CanonicalMIMEHeaderKey(HeaderBrokerPrefix + name)
+	if keys == nil || len(*keys) < maxHeaderKeys {
+		next := make(map[string]string, 1+len(ptrMap(keys)))
+		maps.Copy(next, ptrMap(keys))
+		next[strings.Clone(name)] = k
+		// A lost race drops one name: made again on its next message.
+		d.keys.CompareAndSwap(keys, &next)
+	}
+	return k
+}
+
+// ptrMap is *m, or nil when m is nil.
+func ptrMap(m *map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // validHeaderValue reports whether s can be sent as a field value: no
@@ -654,9 +734,70 @@ func DeadLetterAnswer(contentType string, result []byte) (reason string, ok bool
 	return reason, reason != ""
 }
 
+// encodeAnswer is the record of a: what json.Marshal makes of it, byte
+// for byte, written by hand when its strings need no escaping (the
+// usual answer: a status, maybe a plain content type and a body), else
+// by json.Marshal.
 func encodeAnswer(a *answer) idem.Result {
-	b, _ := json.Marshal(a) // cannot fail: plain fields
+	if !plainJSON(a.ContentType) || !plainJSON(a.Unknown) {
+		b, _ := json.Marshal(a) // cannot fail: plain fields
+		return idem.Result{Body: b, ContentType: answerContentType}
+	}
+	n := 2 // the braces
+	if a.Status != 0 {
+		n += len(`"status":,`) + 20
+	}
+	if a.ContentType != "" {
+		n += len(`"content_type":"",`) + len(a.ContentType)
+	}
+	if len(a.Body) > 0 {
+		n += len(`"body":"",`) + base64.StdEncoding.EncodedLen(len(a.Body))
+	}
+	if a.Unknown != "" {
+		n += len(`"unknown":"",`) + len(a.Unknown)
+	}
+	b := make([]byte, 0, n)
+	sep := byte('{')
+	field := func(name string) {
+		b = append(b, sep, '"')
+		b = append(b, name...)
+		b = append(b, '"', ':')
+		sep = ','
+	}
+	if a.Status != 0 {
+		field("status")
+		b = strconv.AppendInt(b, int64(a.Status), 10)
+	}
+	if a.ContentType != "" {
+		field("content_type")
+		b = append(append(append(b, '"'), a.ContentType...), '"')
+	}
+	if len(a.Body) > 0 {
+		field("body")
+		b = append(base64.StdEncoding.AppendEncode(append(b, '"'), a.Body), '"')
+	}
+	if a.Unknown != "" {
+		field("unknown")
+		b = append(append(append(b, '"'), a.Unknown...), '"')
+	}
+	if sep == '{' {
+		b = append(b, '{')
+	}
+	b = append(b, '}')
 	return idem.Result{Body: b, ContentType: answerContentType}
+}
+
+// plainJSON reports whether json.Marshal writes s as it is between its
+// quotes: printable ASCII without a quote, a backslash or the characters
+// it escapes for HTML (<, >, &).
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }
 
 func decodeAnswer(contentType string, b []byte) (*answer, error) {

@@ -137,6 +137,9 @@ type Consumer struct {
 	stopCh   chan struct{} // closed by Stop
 	done     chan struct{} // closed when Run returns
 	cancel   atomic.Pointer[context.CancelCauseFunc]
+	// names is the consumer group and destination template of the last
+	// ConsumerInfo seen (withDelivery).
+	names atomic.Pointer[consumerNames]
 }
 
 // errStopTimeout is the cause given to handlers cancelled because Stop's
@@ -334,7 +337,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for range c.cfg.Concurrency {
 		wg.Go(func() {
 			for msg := range queue {
-				progress.remove(msg)
+				if hold > c.cfg.Concurrency {
+					progress.remove(msg) // reported while it waited (take)
+				}
 				if (c.stopping.Load() || ended.Load()) && !c.lastDelivery(msg) {
 					c.nakBuffered(msg)
 				} else {

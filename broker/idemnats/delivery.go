@@ -19,12 +19,27 @@ const System = "nats"
 func (c *Consumer) withDelivery(ctx context.Context, m jetstream.Msg) context.Context {
 	d := idem.Delivery{System: System, Destination: m.Subject(), Header: idem.Headers(m.Headers())}
 	if info := c.cons.CachedInfo(); info != nil {
-		d.ConsumerGroup, d.DestinationTemplate = info.Name, info.Stream
-		if f := consumerFilters(info); len(f) == 1 {
-			d.DestinationTemplate = f[0]
+		names := c.names.Load()
+		if names == nil || names.info != info {
+			// The consumer's info was fetched again: its names, once
+			// for every message until the next time.
+			names = &consumerNames{info: info, group: info.Name, template: info.Stream}
+			if f := consumerFilters(info); len(f) == 1 {
+				names.template = f[0]
+			}
+			c.names.Store(names)
 		}
+		d.ConsumerGroup, d.DestinationTemplate = names.group, names.template
 	}
 	return idem.WithDelivery(ctx, d)
+}
+
+// consumerNames is what withDelivery takes from one ConsumerInfo of the
+// JetStream consumer (the one CachedInfo returned): the consumer group
+// and the destination template.
+type consumerNames struct {
+	info            *jetstream.ConsumerInfo
+	group, template string
 }
 
 // WithHeaderInjector makes the Producer call inject on every Publish, to

@@ -2,8 +2,10 @@ package leasebatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -13,7 +15,7 @@ import (
 // TestCounts: calls made one after another go alone, one store call
 // each; Counts reports the claims and completions and the store calls.
 func TestCounts(t *testing.T) {
-	s := New(idem.NewMemoryStore(nil), 64)
+	s := New(idem.NewMemoryStore(nil), 64, idem.DefaultStoreTimeout)
 	ctx := context.Background()
 	for i := range 3 {
 		id := fmt.Sprint("m", i)
@@ -28,4 +30,40 @@ func TestCounts(t *testing.T) {
 	if calls, trips := s.Counts(); calls != 6 || trips != 6 {
 		t.Fatalf("Counts() = %d calls, %d store calls; want 6, 6", calls, trips)
 	}
+}
+
+// stallStore is a LeaseBatcher whose calls wait for their context to end
+// (a store that stalls but honours its context), recording whether that
+// context had a deadline.
+type stallStore struct {
+	*idem.MemoryStore
+	deadlines chan bool
+}
+
+func (s stallStore) Acquire(ctx context.Context, _ *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) {
+	_, ok := ctx.Deadline()
+	s.deadlines <- ok
+	<-ctx.Done()
+	return idemdriver.AcquireResult{}, ctx.Err()
+}
+
+// TestTimeoutBoundsABatch: a call whose context is bounded only by its
+// cancellation (as the lease engine bounds its store calls) still has
+// the batch it runs bounded by the Store's timeout, from the batch's
+// start: the store call ends then, with the deadline's error.
+func TestTimeoutBoundsABatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := stallStore{MemoryStore: idem.NewMemoryStore(nil), deadlines: make(chan bool, 1)}
+		s := New(st, 8, 3*time.Second)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		start := time.Now()
+		_, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: []byte("f"), Lease: time.Minute})
+		if !<-st.deadlines {
+			t.Error("the store call had no deadline")
+		}
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 3*time.Second {
+			t.Errorf("Acquire: %v after %v; want context.DeadlineExceeded after 3s", err, time.Since(start))
+		}
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -31,13 +32,19 @@ type Store struct {
 var _ idemdriver.StepRecorder = (*Store)(nil)
 
 // New returns a Store over b whose batches hold at most size calls (at
-// least 1, at most idemdriver.MaxLeaseBatch).
-func New(b idemdriver.LeaseBatcher, size int) *Store {
+// least 1, at most idemdriver.MaxLeaseBatch), each batch bounded by
+// timeout from its start (none when not positive) as well as by the
+// deadline of the context of the call that runs it. The lease engine
+// bounds its store calls by cancelling their contexts, without a
+// deadline, which a batch does not take (a caller that leaves does not
+// cancel the others' calls): timeout is what bounds a batch then, so
+// pass the consumer's Config.StoreTimeout.
+func New(b idemdriver.LeaseBatcher, size int, timeout time.Duration) *Store {
 	size = min(max(size, 1), idemdriver.MaxLeaseBatch)
 	s := &Store{LeaseBatcher: b}
-	s.acquire = group[*idemdriver.AcquireParams, idemdriver.AcquireResult]{max: size,
+	s.acquire = group[*idemdriver.AcquireParams, idemdriver.AcquireResult]{max: size, timeout: timeout,
 		one: b.Acquire, many: b.AcquireBatch}
-	s.complete = group[*idemdriver.CompleteParams, struct{}]{max: size,
+	s.complete = group[*idemdriver.CompleteParams, struct{}]{max: size, timeout: timeout,
 		one: func(ctx context.Context, p *idemdriver.CompleteParams) (struct{}, error) {
 			return struct{}{}, b.Complete(ctx, p)
 		},
@@ -74,20 +81,24 @@ func (s *Store) Counts() (calls, trips uint64) {
 
 // call is one caller's call in a group.
 type call[P, R any] struct {
-	p    P
-	res  R
-	err  error
-	done chan struct{} // closed when res and err are set
-	lead chan struct{} // closed when the caller is to run the next batch
+	p   P
+	res R
+	err error
+	// wake gets one value: true when res and err are set, false when
+	// the caller is to run the next batch (one channel, not two: a call
+	// is either sent in a batch or handed the next one, never both
+	// before it returns).
+	wake chan bool
 }
 
 // group batches the calls of one method. The caller that finds no batch
 // running runs one with what waits (up to max calls, its own among them),
 // then, if more wait, makes the first of them run the next.
 type group[P, R any] struct {
-	max  int
-	one  func(ctx context.Context, p P) (R, error)
-	many func(ctx context.Context, ps []P) ([]R, []error, error)
+	max     int
+	timeout time.Duration // bounds each batch; none when not positive
+	one     func(ctx context.Context, p P) (R, error)
+	many    func(ctx context.Context, ps []P) ([]R, []error, error)
 
 	mu    sync.Mutex
 	queue []*call[P, R]
@@ -103,7 +114,7 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 		var zero R
 		return zero, err // as the store would: nothing is sent
 	}
-	c := &call[P, R]{p: p, done: make(chan struct{}), lead: make(chan struct{})}
+	c := &call[P, R]{p: p, wake: make(chan bool, 1)}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	if !g.busy {
@@ -115,16 +126,15 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 	// A waiting call is bounded by the batches ahead of it, each by the
 	// context of the caller that runs it: it does not leave early, since
 	// its call may already be in the store.
-	select {
-	case <-c.done:
+	if <-c.wake {
 		return c.res, c.err
-	case <-c.lead:
-		return g.run(ctx, c)
 	}
+	return g.run(ctx, c)
 }
 
 // run sends the waiting calls (c first among them) as one batch on ctx,
-// without its cancellation but with its deadline, then hands over.
+// without its cancellation but with its deadline, or g.timeout from now
+// when that is sooner, then hands over.
 func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	g.mu.Lock()
 	n := min(len(g.queue), g.max)
@@ -134,7 +144,13 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	g.mu.Unlock()
 
 	bctx := context.WithoutCancel(ctx)
-	if dl, ok := ctx.Deadline(); ok {
+	dl, ok := ctx.Deadline()
+	if g.timeout > 0 {
+		if t := time.Now().Add(g.timeout); !ok || t.Before(dl) {
+			dl, ok = t, true
+		}
+	}
+	if ok {
 		var cancel context.CancelFunc
 		bctx, cancel = context.WithDeadline(bctx, dl)
 		defer cancel()
@@ -145,7 +161,7 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	if len(g.queue) == 0 {
 		g.busy = false
 	} else {
-		close(g.queue[0].lead)
+		g.queue[0].wake <- false // never blocks: its only value
 	}
 	g.mu.Unlock()
 	return c.res, c.err
@@ -158,7 +174,7 @@ func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
 	g.batches.Add(1)
 	defer func() {
 		for _, c := range batch {
-			close(c.done)
+			c.wake <- true // never blocks: its only value
 		}
 	}()
 	if len(batch) == 1 {
