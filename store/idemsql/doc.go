@@ -42,10 +42,23 @@
 // Deploy this version before running 015. On MySQL, migration 006 makes
 // the lease-mode columns state, token and attempt nullable (see "Lease
 // mode"), rebuilding the table online (ALGORITHM=INPLACE, LOCK=NONE:
-// writers go on); deploy this version before running it too, since older
-// binaries cannot read the NULLs of the transactional records written
-// after it (Inspect, a lease-mode Acquire of such a record) and their
-// purge skips those records. Message
+// writers go on). Upgrade in this order: deploy a version that reads
+// these NULLs (this one) first, then migrate; older binaries cannot read
+// the NULLs of the transactional records written after it (Inspect, a
+// lease-mode Acquire of such a record) and their purge skips those
+// records. The rebuild takes the table's metadata lock exclusively for a
+// moment at its start and at its end, which a transaction that has used
+// the table (a handler still running) holds off, while every new
+// statement on the table queues behind the waiting ALTER. So Migrate runs
+// MySQL migrations with the session's lock_wait_timeout at 1 second (put
+// back afterwards): past it a statement gives way (error 1205, MariaDB's
+// too) and runs again after a pause (100 ms, doubling up to 5 s) until it
+// gets the lock or ctx ends; a claim then waits about a second at most
+// for each try. When ctx ends first, Migrate returns an error matching
+// idemdriver.ErrLockTimeout and ctx's error, the table as it was. A try
+// that gives way at the end of the rebuild throws the rebuild away (the
+// next one starts over): on a large table, migrate while no transaction
+// on it runs for long. Message
 // IDs and consumer names are compared byte for byte on every dialect,
 // whatever the server's default collation: text COLLATE "C" on PostgreSQL,
 // VARBINARY on MySQL (a utf8mb4_general_ci server would otherwise find
