@@ -46,7 +46,10 @@ var (
 	// and the database ended the wait (PostgreSQL SQLSTATE 55P03, MySQL
 	// error 1205). Nothing was claimed; the transaction must be rolled
 	// back. Retryable: redeliver later. Stores wrap the driver's error
-	// with it, so both stay reachable.
+	// with it, so both stay reachable. A Migrate whose context ended
+	// while a statement of a migration kept giving way after its own
+	// bound on a table lock (the SQL stores' online migrations) returns
+	// an error matching it and the context's error.
 	ErrLockTimeout = errors.New("idem: lock timeout")
 
 	// ErrStoreTimeout means a store call ran past its bound (idem's

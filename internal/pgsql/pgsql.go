@@ -757,7 +757,9 @@ const OnlineLockTimeout = "1s"
 // lock_timeout is OnlineLockTimeout: an ALTER TABLE waiting for the
 // table's exclusive lock queues every later statement on the table
 // behind it, so after a second it gives way (SQLSTATE 55P03) and runs
-// again after a pause (100 ms, doubling up to 5 s, until ctx ends).
+// again after a pause (sqlstore.RetryLockTimeout: 100 ms, doubling up to
+// 5 s, until ctx ends; the error then matches idemdriver.ErrLockTimeout
+// and ctx.Err()).
 // One marked sqlschema.RepeatMark runs until it changes no row, each run
 // committed on its own, so that no run holds its row locks for long.
 func runOnline(ctx context.Context, begin func(context.Context) (sqlstore.Tx, error), db sqlstore.Querier, st string) error {
@@ -765,24 +767,14 @@ func runOnline(ctx context.Context, begin func(context.Context) (sqlstore.Tx, er
 		_, err := db.Exec(ctx, st)
 		return err
 	}
-	pause := 100 * time.Millisecond
 	for {
-		n, err := runLockBounded(ctx, begin, st)
-		if err != nil && errors.Is(WrapLockTimeout(err), idemdriver.ErrLockTimeout) {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return errors.Join(err, ctx.Err())
-			case <-t.C:
-			}
-			pause = min(2*pause, 5*time.Second)
-			continue
-		}
+		n, err := sqlstore.RetryLockTimeout(ctx, func() (int64, error) {
+			n, err := runLockBounded(ctx, begin, st)
+			return n, WrapLockTimeout(err)
+		})
 		if err != nil || n == 0 || !sqlschema.Repeats(st) {
 			return err
 		}
-		pause = 100 * time.Millisecond
 	}
 }
 

@@ -2,8 +2,11 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
 )
 
@@ -87,4 +90,40 @@ func Run(ctx context.Context, db, rec Querier, m sqlschema.Migration, mt Migrati
 		return fmt.Errorf("record migration %s: %w", m.Name, err)
 	}
 	return nil
+}
+
+// RetryLockTimeout runs run, a statement of a migration on a live table
+// whose wait for a table lock the database bounds (PostgreSQL's
+// lock_timeout, MySQL's lock_wait_timeout), until it returns anything but
+// an error matching idemdriver.ErrLockTimeout, and returns that. A
+// statement waiting for a table's exclusive lock queues every later
+// statement on the table behind it, so it gives way when its bound passes
+// and runs again after a pause: 100 ms, doubling up to 5 s, until ctx
+// ends. When ctx ends in a pause, or run fails after ctx ended, once a
+// run timed out, the error matches both idemdriver.ErrLockTimeout (the
+// last timeout) and ctx.Err().
+func RetryLockTimeout(ctx context.Context, run func() (int64, error)) (int64, error) {
+	pause := 100 * time.Millisecond
+	var timedOut error
+	for {
+		n, err := run()
+		if err == nil {
+			return n, nil
+		}
+		if !errors.Is(err, idemdriver.ErrLockTimeout) {
+			if timedOut != nil && ctx.Err() != nil {
+				return 0, errors.Join(timedOut, err, ctx.Err())
+			}
+			return 0, err
+		}
+		timedOut = err
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		pause = min(2*pause, 5*time.Second)
+	}
 }

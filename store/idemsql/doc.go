@@ -39,7 +39,26 @@
 // schema v2". The Store finds each consumer's key once and passes it as a
 // statement parameter; a table holds at most 32,767 consumer names, and a
 // new one beyond that fails with an error matching [ErrTooManyConsumers].
-// Deploy this version before running 015. Message
+// Deploy this version before running 015. On MySQL, migration 006 makes
+// the lease-mode columns state, token and attempt nullable (see "Lease
+// mode"), rebuilding the table online (ALGORITHM=INPLACE, LOCK=NONE:
+// writers go on). Upgrade in this order: deploy a version that reads
+// these NULLs (this one) first, then migrate; older binaries cannot read
+// the NULLs of the transactional records written after it (Inspect, a
+// lease-mode Acquire of such a record) and their purge skips those
+// records. The rebuild takes the table's metadata lock exclusively for a
+// moment at its start and at its end, which a transaction that has used
+// the table (a handler still running) holds off, while every new
+// statement on the table queues behind the waiting ALTER. So Migrate runs
+// MySQL migrations with the session's lock_wait_timeout at 1 second (put
+// back afterwards): past it a statement gives way (error 1205, MariaDB's
+// too) and runs again after a pause (100 ms, doubling up to 5 s) until it
+// gets the lock or ctx ends; a claim then waits about a second at most
+// for each try. When ctx ends first, Migrate returns an error matching
+// idemdriver.ErrLockTimeout and ctx's error, the table as it was. A try
+// that gives way at the end of the rebuild throws the rebuild away (the
+// next one starts over): on a large table, migrate while no transaction
+// on it runs for long. Message
 // IDs and consumer names are compared byte for byte on every dialect,
 // whatever the server's default collation: text COLLATE "C" on PostgreSQL,
 // VARBINARY on MySQL (a utf8mb4_general_ci server would otherwise find
@@ -174,17 +193,17 @@
 // with more columns (migration 002):
 //
 //   - state: 1 in_progress, 2 completed, 3 failed (the values of
-//     [idemdriver.RecordState]). On MySQL and SQLite its default is 2, so
-//     the records of transactional mode, whose claims write only the
-//     columns of migration 001, are completed records, and tables from
-//     before the migration keep their meaning. On PostgreSQL, since
+//     [idemdriver.RecordState]). On SQLite its default is 2, so the records
+//     of transactional mode, whose claims write only the columns of
+//     migration 001, are completed records, and tables from before the
+//     migration keep their meaning. On PostgreSQL and MySQL, since their
 //     migration 006, it has no default and is NULL in the records of
 //     transactional mode (a narrower row), which every statement reads as
 //     completed; the records written before keep their 2;
-//   - token (bigint, default 0; NULL and read as 0 in PostgreSQL's
-//     transactional records since migration 006), the fencing token of the
-//     attempt that owns an in_progress record, and attempt (default 1;
-//     NULL and read as 1 likewise), the attempts made;
+//   - token (bigint, default 0; NULL and read as 0 in the transactional
+//     records of PostgreSQL and MySQL since migration 006), the fencing
+//     token of the attempt that owns an in_progress record, and attempt
+//     (default 1; NULL and read as 1 likewise), the attempts made;
 //   - lease_expires_at, when the lease ends (timestamptz on PostgreSQL, a UTC
 //     DATETIME(6) on MySQL, Unix microseconds on SQLite, like processed_at);
 //   - result (bytea, LONGBLOB, BLOB; NULL for transactional records),

@@ -59,12 +59,11 @@ type leaseQueries struct {
 	purgeRecords string
 }
 
-// leaseCols reads a record's state, token and attempt. A transactional
-// record holds them as NULL where the columns are nullable without a
-// default (PostgreSQL's since its migration 006); they read as the values
-// of one: completed (2), token 0, attempt 1. Where they are NOT NULL with
-// those defaults (SQLite, and MySQL so far) the expressions read them as
-// they are.
+// leaseCols reads a record's state, token and attempt. Since MySQL's
+// migration 006 a transactional record holds them as NULL, read as the
+// values of one: completed (2), token 0, attempt 1. SQLite's columns are
+// NOT NULL with those defaults, which the same expressions read as they
+// are.
 const leaseCols = `COALESCE(state, 2), COALESCE(token, 0), COALESCE(attempt, 1)`
 
 // mysqlNotInProgress selects the records a purge may delete: every one

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlschema"
@@ -29,8 +30,14 @@ import (
 //     database and table names), released with RELEASE_LOCK. MySQL commits
 //     DDL implicitly, so each statement stands alone; the migrations are
 //     written to be re-run safely after a failure halfway (IF NOT EXISTS,
-//     and 002's ALTER TABLE runs only if information_schema shows the
-//     table without its columns).
+//     002's ALTER TABLE runs only if information_schema shows the table
+//     without its columns, 006's only while it shows one of the columns
+//     it makes nullable NOT NULL). The session's lock_wait_timeout is 1
+//     second meanwhile (put back after): a statement that waits longer
+//     for a table's metadata lock (006's ALTER TABLE behind a transaction
+//     that used the table) gives way, so that the statements queued behind
+//     it go on, and runs again after a pause, until ctx ends (the error
+//     then matches idemdriver.ErrLockTimeout and ctx's).
 //   - SQLite: one BEGIN IMMEDIATE transaction on one connection, which
 //     holds the write lock; DDL is transactional.
 //
@@ -123,10 +130,58 @@ func (s *Store) migrateMySQL(ctx context.Context, migs []sqlschema.Migration) er
 		}
 	}
 	defer func() { _ = releaseMySQLLock(ctx, conn, name, s.table.Qualified) }()
-	if err := sqlstore.Apply(ctx, querier{conn}, migs, s.q.migrations); err != nil {
+	restore, err := boundMySQLLockWait(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("idemsql: migrate: %w", err)
+	}
+	defer restore()
+	if err := sqlstore.Apply(ctx, mysqlMigrator{querier{conn}}, migs, s.q.migrations); err != nil {
 		return fmt.Errorf("idemsql: %w", err)
 	}
 	return nil
+}
+
+// mysqlMigrateLockWait is the session's lock_wait_timeout, in seconds,
+// while Migrate runs MySQL migrations: the longest a statement of theirs
+// waits for a table's metadata lock (an ALTER TABLE behind a transaction
+// that has used the table, however long that transaction runs), and so
+// the longest the statements on that table queued behind it wait, before
+// it gives way (error 1205) and runs again after a pause.
+const mysqlMigrateLockWait = 1
+
+// boundMySQLLockWait sets conn's session lock_wait_timeout to
+// mysqlMigrateLockWait (MySQL 8 has no SET STATEMENT for DDL) and returns
+// the function that puts the session's value back; a connection whose
+// value could not be put back is closed rather than pooled.
+func boundMySQLLockWait(ctx context.Context, conn *sql.Conn) (restore func(), err error) {
+	var saved int64
+	if err := conn.QueryRowContext(ctx, `SELECT @@SESSION.lock_wait_timeout`).Scan(&saved); err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, `SET SESSION lock_wait_timeout = `+strconv.Itoa(mysqlMigrateLockWait)); err != nil {
+		return nil, err
+	}
+	return func() {
+		rctx, cancel := sqlstore.Detached(ctx)
+		defer cancel()
+		if _, err := conn.ExecContext(rctx, `SET SESSION lock_wait_timeout = `+strconv.FormatInt(saved, 10)); err != nil {
+			discard(conn)
+		}
+	}, nil
+}
+
+// mysqlMigrator runs the statements of MySQL migrations, each committed
+// on its own (DDL commits implicitly), running one again after a pause
+// while it fails with error 1205 (sqlstore.RetryLockTimeout): a wait for
+// a metadata lock past mysqlMigrateLockWait. Such a statement changed
+// nothing, and the migrations are written to be re-run.
+type mysqlMigrator struct{ querier }
+
+func (m mysqlMigrator) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	return sqlstore.RetryLockTimeout(ctx, func() (int64, error) {
+		n, err := m.querier.Exec(ctx, query, args...)
+		return n, mysqlWrapLockTimeout(err)
+	})
 }
 
 // releaseMySQLLock releases a GET_LOCK lock held by conn. A connection

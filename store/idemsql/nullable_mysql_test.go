@@ -60,14 +60,13 @@ func readMySQLRaw(t *testing.T, ctx context.Context, db *sql.DB, table string) m
 	return out
 }
 
-// TestMySQLNullableLeaseColumns makes the lease columns of a MySQL table
-// made by migrations 001 to 005 nullable without a default (as
-// PostgreSQL's are since its migration 006) while it holds records of
-// every kind (one from before migration 002, whose lease columns were
-// added with their defaults; transactional ones; in_progress, completed
-// and failed lease-mode ones): every record and every stored value is
-// kept (and what Inspect reads of it), new transactional claims (single
-// and batch) store NULL lease columns, and
+// TestMySQLNullableLeaseColumns upgrades a MySQL table made by migrations
+// 001 to 005 that holds records of every kind (one from before migration
+// 002, whose lease columns were added with their defaults; transactional
+// ones; in_progress, completed and failed lease-mode ones): migration 006
+// keeps every record and every stored value (and what Inspect reads of
+// it), runs again without error when its version was not recorded, new
+// transactional claims (single and batch) store NULL lease columns, and
 // every statement reads NULL as completed, token 0 and attempt 1: claims
 // and batch claims report duplicates, Acquire neither takes over nor
 // miscounts them, fenced writes with token 0 own nothing, Inspect reports
@@ -84,8 +83,8 @@ func TestMySQLNullableLeaseColumns(t *testing.T) {
 		}
 	}
 	migs := migrationsOf(t, idemsql.MySQL, e.table)
-	if len(migs) < 5 || migs[4].Version != 5 {
-		t.Fatalf("migrations: %d, want 005 fifth", len(migs))
+	if len(migs) < 6 || migs[5].Version != 6 {
+		t.Fatalf("migrations: %d, want 006 sixth", len(migs))
 	}
 	if err := idemsql.MigrateWith(ctx, e.store, migs[:1]); err != nil {
 		t.Fatal(err)
@@ -136,10 +135,25 @@ func TestMySQLNullableLeaseColumns(t *testing.T) {
 		}
 	}
 
-	// The columns made nullable without a default, as on PostgreSQL
-	// since its migration 006: an online rebuild on MariaDB.
-	exec(`ALTER TABLE ` + e.table + ` MODIFY COLUMN state TINYINT UNSIGNED NULL DEFAULT NULL,
-	MODIFY COLUMN token BIGINT NULL DEFAULT NULL, MODIFY COLUMN attempt INT NULL DEFAULT NULL, ALGORITHM=INPLACE, LOCK=NONE`)
+	if err := e.store.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate to 006: %v", err)
+	}
+	// MySQL commits DDL statement by statement: 006 applied and its
+	// version not recorded (a connection lost in between) runs again.
+	exec(`DELETE FROM ` + e.table + `_migrations WHERE version = 6`)
+	if err := e.store.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate with 006 applied but not recorded: %v", err)
+	}
+	var versions, maxVersion int
+	if err := e.db.QueryRowContext(ctx, `SELECT COUNT(*), MAX(version) FROM `+e.table+`_migrations`).Scan(&versions, &maxVersion); err != nil ||
+		versions != len(migs) || maxVersion != migs[len(migs)-1].Version {
+		t.Fatalf("versions: %d up to %d, %v; want %d", versions, maxVersion, err, len(migs))
+	}
+	var nullable, noDefault int
+	if err := e.db.QueryRowContext(ctx, `SELECT SUM(IS_NULLABLE = 'YES'), SUM(COLUMN_DEFAULT IS NULL OR COLUMN_DEFAULT = 'NULL') FROM information_schema.COLUMNS
+		WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME IN ('state', 'token', 'attempt')`, e.table).Scan(&nullable, &noDefault); err != nil || nullable != 3 || noDefault != 3 {
+		t.Fatalf("state, token, attempt: %d nullable, %d without a default, %v; want 3, 3", nullable, noDefault, err)
+	}
 
 	// Every record and every value kept, and read the same.
 	if got := readMySQLRaw(t, ctx, e.db, e.table); !reflect.DeepEqual(got, rawBefore) {
