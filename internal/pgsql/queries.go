@@ -215,6 +215,11 @@ type Queries struct {
 	acquireStep string
 	// steps: consumer, message ID -> step, result.
 	steps string
+	// acquireBatchTexts, and acquireBatchStepTexts when an element has a
+	// step prefix: see the function acquireBatch.
+	acquireBatchTexts, acquireBatchStepTexts batchTexts
+	// completeBatchTexts: see the function completeBatch.
+	completeBatchTexts batchTexts
 	// renew: lease (µs), consumer, message ID, token.
 	renew string
 	// complete: result, content type, consumer, message ID, token.
@@ -284,8 +289,11 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		claimBatchNative: claimBatch(l, `u.fp`, `$3::bytea[]`),
 		fingerprints:     `SELECT r.message_id, r.fingerprint, r.state FROM ` + l.recordsOf(`$2::text[]`),
 
-		acquire:     acquire(l, ""),
-		acquireStep: acquire(l, steps),
+		acquire:               acquire(l, ""),
+		acquireStep:           acquire(l, steps),
+		acquireBatchTexts:     batchTexts{acquireBatch(l, "", false), acquireBatch(l, "", true)},
+		acquireBatchStepTexts: batchTexts{acquireBatch(l, steps, false), acquireBatch(l, steps, true)},
+		completeBatchTexts:    batchTexts{completeBatch(l, false), completeBatch(l, true)},
 		// The steps table has no index but its key.
 		steps: `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()

@@ -162,27 +162,12 @@ func TestClaimServerInstructions(t *testing.T) {
 	// difference between the two backends' totals (written when they
 	// exit) is the cost of the operations the second ran in addition.
 	run := func(c kase, n int) (pid string) {
-		cfg, err := pgxpool.ParseConfig(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.MaxConns = 1
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		st, err := idempgxv5.New(pool, &idempgxv5.Config{Table: b.table})
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid = backendPID(t, pool)
-		for i := range n {
+		return callgrindBackend(t, url, b.table, n, func(pool *pgxpool.Pool, st *idempgxv5.Store, i int) error {
 			if err := c.op(ctx, pool, st, i); err != nil {
-				t.Fatal(c.name, err)
+				return fmt.Errorf("%s: %w", c.name, err)
 			}
-		}
-		return pid
+			return nil
+		})
 	}
 	for _, c := range cases {
 		few, many := 21, 221
@@ -225,6 +210,35 @@ func handDuplicate(ctx context.Context, pool *pgxpool.Pool, claim string, args [
 		return fmt.Errorf("read fingerprint %x, want %x", got, fp)
 	}
 	return nil
+}
+
+// callgrindBackend runs op n times (i from 0) on a store on table of a
+// pool of one connection of its own to url, closed after, and returns
+// that connection's backend PID, whose instruction total callgrind writes
+// when it exits (exitInstructions).
+func callgrindBackend(t *testing.T, url, table string, n int, op func(pool *pgxpool.Pool, st *idempgxv5.Store, i int) error) (pid string) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := idempgxv5.New(pool, &idempgxv5.Config{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid = backendPID(t, pool)
+	for i := range n {
+		if err := op(pool, st, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pid
 }
 
 // backendPID is the process ID of the backend of pool's one connection.
