@@ -19,6 +19,16 @@ const leaseBatchSize = 64
 // each acquired, then CompleteBatch of them with a result, each
 // completed.
 func leaseBatchOp(ctx context.Context, s idemdriver.LeaseBatcher, prefix string, i int64) error {
+	cps, err := leaseBatchAcquire(ctx, s, prefix, i)
+	if err != nil {
+		return err
+	}
+	return leaseBatchComplete(ctx, s, cps)
+}
+
+// leaseBatchAcquire is the AcquireBatch of leaseBatchOp; it returns the
+// completions of the messages it acquired.
+func leaseBatchAcquire(ctx context.Context, s idemdriver.LeaseBatcher, prefix string, i int64) ([]*idemdriver.CompleteParams, error) {
 	ps := make([]*idemdriver.AcquireParams, leaseBatchSize)
 	sum := fp("payload")
 	for k := range ps {
@@ -26,15 +36,20 @@ func leaseBatchOp(ctx context.Context, s idemdriver.LeaseBatcher, prefix string,
 	}
 	res, errs, err := s.AcquireBatch(ctx, ps)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cps := make([]*idemdriver.CompleteParams, leaseBatchSize)
 	for k, r := range res {
 		if errs[k] != nil || !r.Acquired {
-			return fmt.Errorf("acquire %s: %+v, %v", ps[k].MessageID, r, errs[k])
+			return nil, fmt.Errorf("acquire %s: %+v, %v", ps[k].MessageID, r, errs[k])
 		}
 		cps[k] = &idemdriver.CompleteParams{Consumer: "bench", MessageID: ps[k].MessageID, Token: r.Token, Result: []byte(`{"status":200}`), ContentType: "application/json"}
 	}
+	return cps, nil
+}
+
+// leaseBatchComplete is the CompleteBatch of leaseBatchOp.
+func leaseBatchComplete(ctx context.Context, s idemdriver.LeaseBatcher, cps []*idemdriver.CompleteParams) error {
 	cerrs, err := s.CompleteBatch(ctx, cps)
 	if err != nil {
 		return err

@@ -13,8 +13,8 @@ import (
 // TestLeaseBatchServerInstructions counts a PostgreSQL backend's
 // user-space instructions per message of idem consume's store work:
 // AcquireBatch of 64 new messages, then CompleteBatch of them
-// (leaseBatchOp), on a table of 10,000 completed records of the
-// consumer. It needs a PostgreSQL of its own run under valgrind's
+// (leaseBatchOp), and each alone, on a table of 10,000 completed records
+// of the consumer. It needs a PostgreSQL of its own run under valgrind's
 // callgrind, as TestClaimServerInstructions does, and skips without one.
 // The operations run twice, each time on a new connection: 4 and 14
 // batches; the difference of the two backends' totals over the 640
@@ -38,13 +38,36 @@ func TestLeaseBatchServerInstructions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	run := func(tag string, n int) (pid string) {
-		return callgrindBackend(t, url, b.table, n, func(_ *pgxpool.Pool, st *idempgxv5.Store, i int) error {
+	// Each case: the operations measured (on the measured backend, st)
+	// and those before them (on the test's own pool, not measured).
+	cases := []struct {
+		name string
+		op   func(st *idempgxv5.Store, tag string, i int) error
+	}{
+		{fmt.Sprintf("acquire %d + complete %d", leaseBatchSize, leaseBatchSize), func(st *idempgxv5.Store, tag string, i int) error {
 			return leaseBatchOp(ctx, st, tag, int64(i))
-		})
+		}},
+		{fmt.Sprintf("acquire %d", leaseBatchSize), func(st *idempgxv5.Store, tag string, i int) error {
+			_, err := leaseBatchAcquire(ctx, st, tag, int64(i))
+			return err
+		}},
+		{fmt.Sprintf("complete %d", leaseBatchSize), func(st *idempgxv5.Store, tag string, i int) error {
+			cps, err := leaseBatchAcquire(ctx, b.store, tag, int64(i))
+			if err == nil {
+				err = leaseBatchComplete(ctx, st, cps)
+			}
+			return err
+		}},
 	}
 	const few, many = 4, 14
-	short, long := run("short-", few), run("long-", many)
-	per := (exitInstructions(t, dir, long) - exitInstructions(t, dir, short)) / float64((many-few)*leaseBatchSize)
-	t.Logf("%-40s %6.1fk instructions per message", fmt.Sprintf("acquire %d + complete %d", leaseBatchSize, leaseBatchSize), per/1000)
+	for k, c := range cases {
+		run := func(tag string, n int) (pid string) {
+			return callgrindBackend(t, url, b.table, n, func(_ *pgxpool.Pool, st *idempgxv5.Store, i int) error {
+				return c.op(st, fmt.Sprintf("%s%d-", tag, k), i)
+			})
+		}
+		short, long := run("short-", few), run("long-", many)
+		per := (exitInstructions(t, dir, long) - exitInstructions(t, dir, short)) / float64((many-few)*leaseBatchSize)
+		t.Logf("%-28s %6.1fk instructions per message", c.name, per/1000)
+	}
 }
