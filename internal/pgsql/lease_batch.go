@@ -19,8 +19,9 @@ import (
 // element of the same record must see what the earlier one wrote, so a
 // repeat runs after the batch, alone (see firsts).
 
-// batchArrays are the parameter types of a batch statement's arrays: the
-// consumer column's (v1 names, v2 keys) and a bytea array's, either
+// batchArrays are the parameters of a batch statement's arrays: the
+// consumers' expression (v1 names, v2 keys; hidden) and a bytea array's
+// type, either
 // native (bytea[], for NativeArrays) or hex text in a text[] literal,
 // which dec turns into bytea.
 func batchArrays(l layout, native bool) (cs, bytea string, dec func(string) string) {
