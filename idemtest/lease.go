@@ -96,6 +96,7 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Batch", leaseBatchCases()},
 		{"RenewBatch", leaseRenewBatchCases()},
 		{"StoreTimeout", leaseDeadlineCases()},
+		{"Locked", leaseLockedCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
