@@ -38,8 +38,9 @@ var _ idemdriver.StepRecorder = (*Store)(nil)
 // deadline is Config.StoreTimeout from the call's start, so a batch ends
 // by the store timeout of the call that runs it: the first to arrive of
 // the batch, whose deadline is the earliest when the calls have one store
-// timeout. A call without a deadline
-// (a consumer whose StoreTimeout is negative) runs an unbounded batch.
+// timeout. A call without a deadline (a consumer whose StoreTimeout is
+// negative, under a caller's context without one) runs an unbounded
+// batch.
 func New(b idemdriver.LeaseBatcher, size int) *Store {
 	size = min(max(size, 1), idemdriver.MaxLeaseBatch)
 	s := &Store{LeaseBatcher: b}
