@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -222,8 +223,8 @@ func TestLeaseBatchLateCaller(t *testing.T) {
 					t.Errorf("first: %v, %v; want processed", first.out.Status, first.err)
 				}
 				r, l := tc.runner, tc.late
-				if r.out.Status != idem.Failed || !errors.Is(r.err, idem.ErrStore) || !errors.Is(r.err, tc.runnerErr) {
-					t.Errorf("runner: %v, %v; want failed, ErrStore and %v", r.out.Status, r.err, tc.runnerErr)
+				if r.out.Status != idem.Failed || !errors.Is(r.err, idem.ErrStore) || !errors.Is(r.err, tc.runnerErr) || !errors.Is(r.err, context.DeadlineExceeded) {
+					t.Errorf("runner: %v, %v; want failed, ErrStore, context.DeadlineExceeded and %v", r.out.Status, r.err, tc.runnerErr)
 				}
 				if l.out.Status != idem.Failed || !errors.Is(l.err, idem.ErrStore) || !errors.Is(l.err, context.DeadlineExceeded) {
 					t.Errorf("late: %v, %v; want failed, ErrStore and context.DeadlineExceeded", l.out.Status, l.err)
@@ -409,6 +410,55 @@ func TestLeaseDerivedContexts(t *testing.T) {
 		}
 		if idem.CountRecords(s.MemoryStore, "c") != 2 {
 			t.Errorf("%d records, want 2", idem.CountRecords(s.MemoryStore, "c"))
+		}
+	})
+}
+
+// TestLeaseBatchManyStalled: 16 deliveries arriving every 250ms through
+// leasebatch (batches of at most 4) while the store stalls every Acquire:
+// none outlasts its store timeout (no second of timedOut's wait for a
+// context to end: each ends at a deadline, its own or its batch's
+// runner's), each fails with ErrStore and context.DeadlineExceeded, and
+// with ErrStoreTimeout exactly when it ended at its own store timeout;
+// no handler ran and no record was made.
+func TestLeaseBatchManyStalled(t *testing.T) {
+	const T, n = 2 * time.Second, 16
+	synctest.Test(t, func(t *testing.T) {
+		delays := make([]time.Duration, 2*n)
+		for i := range delays {
+			delays[i] = time.Hour // a stall: each call ends with its context
+		}
+		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: delays}
+		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 4), idem.Config{Name: "c", Lease: time.Minute,
+			StoreTimeout: T, PurgeInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }()
+		ds := make([]*delivery, n)
+		for i := range ds {
+			ds[i] = &delivery{id: fmt.Sprint("m", i), at: time.Duration(i) * 250 * time.Millisecond}
+		}
+		ran := map[string]int{}
+		runDeliveries(c, ds, ran)
+		early := 0
+		for _, d := range ds {
+			if d.out.Status != idem.Failed || !errors.Is(d.err, idem.ErrStore) || !errors.Is(d.err, context.DeadlineExceeded) {
+				t.Errorf("%s: %v, %v; want failed, ErrStore and context.DeadlineExceeded", d.id, d.out.Status, d.err)
+			}
+			if d.took > T {
+				t.Errorf("%s: failed after %v, past its store timeout (%v)", d.id, d.took, T)
+			}
+			if own := d.took == T; errors.Is(d.err, idem.ErrStoreTimeout) != own {
+				t.Errorf("%s: after %v: %v; want ErrStoreTimeout exactly when it ended at its store timeout", d.id, d.took, d.err)
+			}
+			if d.took < T {
+				early++
+			}
+		}
+		t.Logf("%d of %d deliveries ended before their own store timeout, at their batch's", early, n)
+		if len(ran) != 0 || idem.CountRecords(s.MemoryStore, "c") != 0 {
+			t.Errorf("handler ran %v, %d records; want none", ran, idem.CountRecords(s.MemoryStore, "c"))
 		}
 	})
 }
