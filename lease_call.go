@@ -3,6 +3,7 @@ package idem
 import (
 	"container/heap"
 	"context"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +72,13 @@ func (b *callBound) Err() error { return b.ctx.Err() }
 // cause.
 func (b *callBound) Value(key any) any { return b.ctx.Value(key) }
 
+// maxCallDeadline is the latest deadline callDeadline holds (UnixNano's
+// range ends in 2262): a call whose store timeout ends later (one of
+// centuries, as a StoreTimeout of math.MaxInt64 for "no practical bound")
+// reports it, instead of a time wrapped into the past that would end the
+// store's own derived contexts at once.
+var maxCallDeadline = time.Unix(0, math.MaxInt64)
+
 // startCall starts a call on b's context, bounded by b.d from now, and
 // reports whether it did: not when b was never made, when another call
 // uses it or when an earlier call timed out (the caller then uses
@@ -85,7 +93,11 @@ func (r *renewals) startCall(b *callBound) bool {
 	}
 	r.mu.Lock()
 	b.deadline = time.Now().Add(b.d)
-	b.callDeadline.Store(b.deadline.UnixNano())
+	n := int64(math.MaxInt64) // past what UnixNano holds: the latest it does
+	if b.deadline.Before(maxCallDeadline) {
+		n = b.deadline.UnixNano()
+	}
+	b.callDeadline.Store(n)
 	heap.Push(&r.calls, b)
 	r.arm()
 	r.mu.Unlock()

@@ -90,14 +90,7 @@ func (s *enteringStore) Complete(ctx context.Context, p *idemdriver.CompletePara
 func TestLeaseBatchStalledConnection(t *testing.T) {
 	t.Parallel()
 	const n, storeTimeout = 8, 2 * time.Second
-	direct := setup(t, poolOpts{})
-	proxy, url := faultproxy.URL(t, testURL(t))
-	pool := newPool(t, poolOpts{url: url, maxConns: 4})
-	t.Cleanup(proxy.Close) // before pool.Close: no connection left stalled
-	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: direct.table})
-	if err != nil {
-		t.Fatal(err)
-	}
+	direct, proxy, store := proxiedStore(t)
 	all := make(chan struct{})
 	sb := &stallingBatcher{LeaseBatcher: store, proxy: proxy, all: all}
 	lb := &enteringStore{Store: leasebatch.New(sb, 64), n: n, all: all}
@@ -172,23 +165,52 @@ func TestLeaseBatchStalledConnection(t *testing.T) {
 		t.Fatalf("%d deliveries failed at the store timeout, want at least the %d of the stalled batch", len(failed), len(stalled))
 	}
 
-	// Read past the proxy: the stalled batch never reached the server.
-	state := func(id string) idemdriver.AcquireResult {
-		t.Helper()
-		r, err := direct.store.Acquire(ctx, &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprintOf(t, "p"), Lease: time.Minute})
-		if err != nil || r.Acquired {
-			t.Fatalf("Acquire %s past the proxy: %+v, %v; want its record as it is", id, r, err)
-		}
-		return r
+	redeliverAfterStall(t, c, direct, proxy, consumer, ms, failed, &calls)
+	t.Logf("%d messages, %d in the stalled batch, %d failed at the store timeout and were redelivered", n, len(stalled), len(failed))
+}
+
+// proxiedStore returns fresh tables (direct, on a pool of its own) and a
+// store over them whose pool (4 connections) goes through proxy.
+func proxiedStore(t *testing.T) (*bundle, *faultproxy.Proxy, *idempgxv5.Store) {
+	t.Helper()
+	direct := setup(t, poolOpts{})
+	proxy, url := faultproxy.URL(t, testURL(t))
+	pool := newPool(t, poolOpts{url: url, maxConns: 4})
+	t.Cleanup(proxy.Close) // before pool.Close: no connection left stalled
+	store, err := idempgxv5.New(pool, &idempgxv5.Config{Table: direct.table})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return direct, proxy, store
+}
+
+// recordState reads the record of id past the proxy (on direct's pool).
+func recordState(t *testing.T, direct *bundle, consumer, id string) idemdriver.AcquireResult {
+	t.Helper()
+	r, err := direct.store.Acquire(t.Context(), &idemdriver.AcquireParams{Consumer: consumer, MessageID: id, Fingerprint: fingerprintOf(t, "p"), Lease: time.Minute})
+	if err != nil || r.Acquired {
+		t.Fatalf("Acquire %s past the proxy: %+v, %v; want its record as it is", id, r, err)
+	}
+	return r
+}
+
+// redeliverAfterStall checks the deliveries of ms that failed at a stall
+// through proxy (held, payload "p", result "r-" and the message's ID):
+// their records are in progress, not completed (read past the proxy);
+// once their abandoned leases end, their redeliveries are processed by
+// attempt 2 on a new connection (one that takes a stalled idle
+// connection fails at the store timeout and is redelivered again); then
+// every record of ms is completed, and the handlers ran once per message
+// and once more per failed one (calls, which counts them, counts the
+// redeliveries' too).
+func redeliverAfterStall(t *testing.T, c *idem.LeaseConsumer, direct *bundle, proxy *faultproxy.Proxy, consumer string, ms, failed []idem.Message, calls *atomic.Int64) {
+	t.Helper()
+	ctx := t.Context()
 	for _, m := range failed {
-		if r := state(m.ID); r.State != idemdriver.StateInProgress {
+		if r := recordState(t, direct, consumer, m.ID); r.State != idemdriver.StateInProgress {
 			t.Errorf("%s, failed at the stall: record %v, want in_progress (not completed)", m.ID, r.State)
 		}
 	}
-
-	// On a new connection, the redeliveries are processed once their
-	// abandoned leases end.
 	ok := func(_ context.Context, a *idem.Attempt) (idem.Result, error) {
 		calls.Add(1)
 		return idem.Result{Body: []byte("r-" + a.Message.ID)}, nil
@@ -212,17 +234,16 @@ func TestLeaseBatchStalledConnection(t *testing.T) {
 		}
 	}
 	for _, m := range ms {
-		if r := state(m.ID); r.State != idemdriver.StateCompleted || string(r.Result) != "r-"+m.ID {
+		if r := recordState(t, direct, consumer, m.ID); r.State != idemdriver.StateCompleted || string(r.Result) != "r-"+m.ID {
 			t.Errorf("%s: record %v with result %q, want completed with %q", m.ID, r.State, r.Result, "r-"+m.ID)
 		}
 	}
-	if got := direct.countRecords(t, consumer); got != n {
-		t.Errorf("%d records, want %d", got, n)
+	if got := direct.countRecords(t, consumer); got != len(ms) {
+		t.Errorf("%d records, want %d", got, len(ms))
 	}
-	if got, want := calls.Load(), int64(n+len(failed)); got != want {
+	if got, want := calls.Load(), int64(len(ms)+len(failed)); got != want {
 		t.Errorf("handlers ran %d times, want %d (once per message, once more per redelivery)", got, want)
 	}
-	t.Logf("%d messages, %d in the stalled batch, %d failed at the store timeout and were redelivered", n, len(stalled), len(failed))
 }
 
 // fingerprintOf is the LeaseConsumer's default fingerprint of payload.
