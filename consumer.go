@@ -91,6 +91,10 @@ type Config struct {
 	// and the delivery fails with an error matching ErrStore and
 	// ErrStoreTimeout (never an ack), so a stalled connection holds a
 	// delivery for StoreTimeout, not for the broker's handler timeout.
+	// In lease mode the context of each call has that bound as its
+	// deadline (StoreTimeout from the call's start, or the caller's
+	// deadline when sooner), so a store, or a layer of its that batches
+	// calls and keeps only their deadlines, ends the call by it too.
 	// Claims also wait at most StoreTimeout/2 on another transaction
 	// holding the same record (the database's lock timeout; see
 	// ErrLockTimeout). Keep it well below the broker's ack deadline and,

@@ -103,14 +103,36 @@ func timeoutCause(d time.Duration) error {
 	return timeoutCauses.Get(d, func(d time.Duration) error { return fmt.Errorf("%w (after %v)", ErrStoreTimeout, d) })
 }
 
+// deadlineLag bounds how long timedOut waits for a context whose
+// deadline passed to end: its timer is due, so it ends at once unless
+// the machine is starved, or the context is not one that ends at its
+// deadline (the error is then returned unmarked).
+const deadlineLag = time.Second
+
 // timeoutCauses is the last cause timeoutCause built.
 var timeoutCauses lastval.Cache[time.Duration, error]
 
 // timedOut returns err marked with the store timeout's cause when ctx
-// ended because of it, and err otherwise.
+// ended because of it, and err otherwise. A call that failed with
+// context.DeadlineExceeded once ctx's deadline passed, ctx not yet ended,
+// was ended by a context the store derived from ctx's deadline alone (a
+// layer that batches calls keeps their deadlines, not their
+// cancellation): timedOut then waits, at most deadlineLag, for ctx's own
+// timer, which is due, to say whether that deadline was the store
+// timeout's.
 func timedOut(ctx context.Context, err error) error {
 	if err == nil || errors.Is(err, ErrStoreTimeout) {
 		return err
+	}
+	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			t := time.NewTimer(deadlineLag)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
 	}
 	if cause := context.Cause(ctx); ctx.Err() != nil && errors.Is(cause, ErrStoreTimeout) {
 		return fmt.Errorf("%w: %w", cause, err)

@@ -132,8 +132,8 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		var acq idemdriver.AcquireResult
 		var err error
 		if c.renewals.startCall(&ap.bound) {
-			acq, err = c.store.Acquire(ap.bound.ctx, &ap.p)
-			err = timedOut(ap.bound.ctx, err)
+			acq, err = c.store.Acquire(&ap.bound, &ap.p)
+			err = timedOut(&ap.bound, err)
 			c.renewals.endCall(&ap.bound)
 		} else {
 			actx, cancel := callCtx(ctx, c.storeTimeout())
@@ -203,13 +203,14 @@ func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Mess
 	if b := &a.acq.bound; b.ctx != nil && b.ctx.Err() == nil {
 		// The Acquire's context, derived from ctx and no longer in the
 		// scheduler (its call ended): the attempt's, one context fewer.
+		// Handed over: acquire's deferred cancel leaves it.
 		a.ctx, a.cancelCtx = b.ctx, b.cancel
+		b.cancel = nil
 	} else {
 		// No store timeout, or the caller's context ended, or the store
 		// timeout fired as the Acquire returned.
 		a.ctx, a.cancelCtx = context.WithCancelCause(ctx)
 	}
-	a.acq.bound = callBound{}
 	c.renewals.add(a, time.Now())
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
@@ -260,7 +261,7 @@ type Attempt struct {
 	cancelCtx context.CancelCauseFunc // cancels ctx
 	rs        renewalState            // guarded by c.renewals.mu
 	// acq is the acquisition's parameters and its callBound (acq.bound,
-	// cleared once its context is ctx).
+	// whose cancellable context becomes ctx, and its cancel cancelCtx).
 	acq acquireParams
 	// fin is the context of the final write Process makes (callBound;
 	// its ctx is nil when Process made none).
@@ -710,7 +711,7 @@ func (a *Attempt) complete(ctx context.Context, res Result, bound *callBound) (O
 	var err error
 	if a.c.renewals.startCall(bound) {
 		bound.cp = cp // no allocation of its own
-		err = timedOut(bound.ctx, a.c.store.Complete(bound.ctx, &bound.cp))
+		err = timedOut(bound, a.c.store.Complete(bound, &bound.cp))
 		bound.cp = idemdriver.CompleteParams{}
 		a.c.renewals.endCall(bound)
 	} else {

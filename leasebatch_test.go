@@ -22,7 +22,7 @@ func TestLeaseBatchStoreConformance(t *testing.T) {
 	t.Parallel()
 	idemtest.RunLease(t, idemtest.LeaseHarness{New: func(t *testing.T) *idemtest.LeaseSetup {
 		s := newMemoryLeaseSetup(time.Now)
-		s.Store = leasebatch.New(s.Store.(*idem.MemoryStore), 8, idem.DefaultStoreTimeout)
+		s.Store = leasebatch.New(s.Store.(*idem.MemoryStore), 8)
 		return s
 	}})
 }
@@ -67,7 +67,7 @@ func (g *gatedBatcher) CompleteBatch(ctx context.Context, ps []*idemdriver.Compl
 func TestLeaseBatchGroupsWaitingCalls(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := &gatedBatcher{MemoryStore: idem.NewMemoryStore(nil), gate: make(chan struct{})}
-		s := leasebatch.New(g, 4, idem.DefaultStoreTimeout)
+		s := leasebatch.New(g, 4)
 		if !s.RecordsSteps() {
 			t.Error("RecordsSteps = false over the memory store, want true")
 		}

@@ -70,6 +70,13 @@ type LeaseSetup struct {
 	CountRecords func(ctx context.Context, consumer string) (int, error)
 	// Shift is Setup.Shift, for the lease store.
 	Shift func(ctx context.Context, consumer string, d time.Duration) error
+	// LockRecord, optional, locks consumer's record messageID from
+	// another session, as an operator's open transaction does (SQL stores:
+	// SELECT ... FOR UPDATE in a transaction of their own), until unlock
+	// is called (SQL stores roll the transaction back). The RenewBatch
+	// case OneLockedRecord, which checks that a renewal batch does not
+	// wait for such a lock, runs only when it is set.
+	LockRecord func(ctx context.Context, consumer, messageID string) (unlock func() error, err error)
 }
 
 // LeaseHarness tells [RunLease] how to build LeaseSetups for one store.

@@ -68,6 +68,13 @@ type leaseCase struct {
 //     order given, and a LeaseConsumer over it learns of a taken-over
 //     lease for that attempt only (the RenewBatch cases, skipped for a
 //     store without it).
+//
+// What the LeaseConsumer must do over any store, as the StoreTimeout
+// cases check it (the calls that stall stop short of the store): a store
+// call that stalls, batched (internal/leasebatch) or not, ends at
+// Config.StoreTimeout from its start, its context's deadline, with an
+// error matching idem.ErrStoreTimeout, and the delivery is not
+// acknowledged; the message is processed when redelivered.
 func RunLease(t *testing.T, h LeaseHarness) {
 	t.Helper()
 	if h.New == nil {
@@ -88,6 +95,8 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Steps", leaseStepCases()},
 		{"Batch", leaseBatchCases()},
 		{"RenewBatch", leaseRenewBatchCases()},
+		{"StoreTimeout", leaseDeadlineCases()},
+		{"Locked", leaseLockedCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

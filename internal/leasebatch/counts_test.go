@@ -15,7 +15,7 @@ import (
 // TestCounts: calls made one after another go alone, one store call
 // each; Counts reports the claims and completions and the store calls.
 func TestCounts(t *testing.T) {
-	s := New(idem.NewMemoryStore(nil), 64, idem.DefaultStoreTimeout)
+	s := New(idem.NewMemoryStore(nil), 64)
 	ctx := context.Background()
 	for i := range 3 {
 		id := fmt.Sprint("m", i)
@@ -47,18 +47,20 @@ func (s stallStore) Acquire(ctx context.Context, _ *idemdriver.AcquireParams) (i
 	return idemdriver.AcquireResult{}, ctx.Err()
 }
 
-// TestTimeoutBoundsABatch: a call whose context is bounded only by its
-// cancellation (as the lease engine bounds its store calls) still has
-// the batch it runs bounded by the Store's timeout, from the batch's
-// start: the store call ends then, with the deadline's error.
-func TestTimeoutBoundsABatch(t *testing.T) {
+// TestBatchKeepsTheDeadline: a batch runs on the deadline of the context
+// of the call that runs it, without its cancellation: a store that
+// stalls ends the call at that deadline, with the deadline's error, and
+// a cancellation of the caller does not end it earlier.
+func TestBatchKeepsTheDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := stallStore{MemoryStore: idem.NewMemoryStore(nil), deadlines: make(chan bool, 1)}
-		s := New(st, 8, 3*time.Second)
-		ctx, cancel := context.WithCancelCause(context.Background())
-		defer cancel(nil)
+		s := New(st, 8)
 		start := time.Now()
-		_, err := s.Acquire(ctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: []byte("f"), Lease: time.Minute})
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(3*time.Second))
+		defer cancel()
+		cctx, ccancel := context.WithCancel(ctx)
+		time.AfterFunc(time.Second, ccancel) // the caller leaves; its call stays in the store
+		_, err := s.Acquire(cctx, &idemdriver.AcquireParams{Consumer: "c", MessageID: "m", Fingerprint: []byte("f"), Lease: time.Minute})
 		if !<-st.deadlines {
 			t.Error("the store call had no deadline")
 		}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -32,19 +31,22 @@ type Store struct {
 var _ idemdriver.StepRecorder = (*Store)(nil)
 
 // New returns a Store over b whose batches hold at most size calls (at
-// least 1, at most idemdriver.MaxLeaseBatch), each batch bounded by
-// timeout from its start (none when not positive) as well as by the
-// deadline of the context of the call that runs it. The lease engine
-// bounds its store calls by cancelling their contexts, without a
-// deadline, which a batch does not take (a caller that leaves does not
-// cancel the others' calls): timeout is what bounds a batch then, so
-// pass the consumer's Config.StoreTimeout.
-func New(b idemdriver.LeaseBatcher, size int, timeout time.Duration) *Store {
+// least 1, at most idemdriver.MaxLeaseBatch). A batch is bounded by the
+// deadline of the context of the call that runs it, not by that
+// context's cancellation (a caller that leaves does not cancel the
+// others' calls): the lease engine gives each store call a context whose
+// deadline is Config.StoreTimeout from the call's start, so a batch ends
+// by the store timeout of the call that runs it: the first to arrive of
+// the batch, whose deadline is the earliest when the calls have one store
+// timeout. A call without a deadline (a consumer whose StoreTimeout is
+// negative, under a caller's context without one) runs an unbounded
+// batch.
+func New(b idemdriver.LeaseBatcher, size int) *Store {
 	size = min(max(size, 1), idemdriver.MaxLeaseBatch)
 	s := &Store{LeaseBatcher: b}
-	s.acquire = group[*idemdriver.AcquireParams, idemdriver.AcquireResult]{max: size, timeout: timeout,
+	s.acquire = group[*idemdriver.AcquireParams, idemdriver.AcquireResult]{max: size,
 		one: b.Acquire, many: b.AcquireBatch}
-	s.complete = group[*idemdriver.CompleteParams, struct{}]{max: size, timeout: timeout,
+	s.complete = group[*idemdriver.CompleteParams, struct{}]{max: size,
 		one: func(ctx context.Context, p *idemdriver.CompleteParams) (struct{}, error) {
 			return struct{}{}, b.Complete(ctx, p)
 		},
@@ -95,10 +97,9 @@ type call[P, R any] struct {
 // running runs one with what waits (up to max calls, its own among them),
 // then, if more wait, makes the first of them run the next.
 type group[P, R any] struct {
-	max     int
-	timeout time.Duration // bounds each batch; none when not positive
-	one     func(ctx context.Context, p P) (R, error)
-	many    func(ctx context.Context, ps []P) ([]R, []error, error)
+	max  int
+	one  func(ctx context.Context, p P) (R, error)
+	many func(ctx context.Context, ps []P) ([]R, []error, error)
 
 	mu    sync.Mutex
 	queue []*call[P, R]
@@ -133,8 +134,7 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 }
 
 // run sends the waiting calls (c first among them) as one batch on ctx,
-// without its cancellation but with its deadline, or g.timeout from now
-// when that is sooner, then hands over.
+// without its cancellation but with its deadline, then hands over.
 func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	g.mu.Lock()
 	n := min(len(g.queue), g.max)
@@ -144,13 +144,7 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 	g.mu.Unlock()
 
 	bctx := context.WithoutCancel(ctx)
-	dl, ok := ctx.Deadline()
-	if g.timeout > 0 {
-		if t := time.Now().Add(g.timeout); !ok || t.Before(dl) {
-			dl, ok = t, true
-		}
-	}
-	if ok {
+	if dl, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
 		bctx, cancel = context.WithDeadline(bctx, dl)
 		defer cancel()

@@ -2,6 +2,7 @@ package idempgxv5_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/idem-go/idem/idemtest"
@@ -44,7 +45,25 @@ func (b *bundle) setup() *idemtest.Setup[pgx.Tx] {
 
 // leaseSetup returns the bundle as an idemtest.LeaseSetup.
 func (b *bundle) leaseSetup() *idemtest.LeaseSetup {
-	return &idemtest.LeaseSetup{Store: b.store, ExpireLease: b.expireLease, CountRecords: b.queryRecords, Shift: b.shift}
+	return &idemtest.LeaseSetup{Store: b.store, ExpireLease: b.expireLease, CountRecords: b.queryRecords, Shift: b.shift, LockRecord: b.lockRecord}
+}
+
+// lockRecord locks consumer's record id in a transaction of its own
+// (SELECT ... FOR UPDATE) until unlock rolls it back.
+func (b *bundle) lockRecord(ctx context.Context, consumer, id string) (unlock func() error, err error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM `+b.table+` WHERE `+b.consumerIs()+` AND message_id = $2 FOR UPDATE`, consumer, id)
+	if err == nil && tag.RowsAffected() != 1 {
+		err = fmt.Errorf("no record %q of consumer %q", id, consumer)
+	}
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return func() error { return tx.Rollback(context.Background()) }, nil
 }
 
 func (b *bundle) queryEffects(ctx context.Context, key string) (n int, err error) {

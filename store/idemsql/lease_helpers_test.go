@@ -7,6 +7,22 @@ import (
 	"github.com/idem-go/idem/store/idemsql"
 )
 
+// lockRecord locks consumer's record id in a transaction of its own
+// (SELECT ... FOR UPDATE, by the whole key on MySQL so that it locks
+// that row only) until unlock rolls it back.
+func (e *env) lockRecord(ctx context.Context, consumer, id string) (unlock func() error, err error) {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	var one int
+	if err := tx.QueryRowContext(ctx, e.q(`SELECT 1 FROM `+e.table+` WHERE `+e.consumerIs()+` AND message_id = ? FOR UPDATE`), consumer, id).Scan(&one); err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("locking record %q of consumer %q: %w", id, consumer, err)
+	}
+	return tx.Rollback, nil
+}
+
 // expireLease ends the live lease of consumer's in_progress record id at
 // the server's now (expiry is inclusive: a lease ending at now has run
 // out), changing nothing else. An expired lease stays as it is. It fails

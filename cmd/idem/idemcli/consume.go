@@ -314,7 +314,7 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if b, ok := store.(idemdriver.LeaseBatcher); ok && f.storeBatch > 1 {
 		// The claims and completions of the messages held go to the
 		// store together: one commit per batch, not per message.
-		lb := leasebatch.New(b, f.storeBatch, idem.DefaultStoreTimeout) // the consumer's StoreTimeout (its default)
+		lb := leasebatch.New(b, f.storeBatch)
 		f.profile.storeCounts = lb.Counts
 		store = lb
 		if f.atLeastOnce {
