@@ -126,7 +126,7 @@ func testRenewBatchPerLease(t *testing.T, b *leaseBundle) {
 // complete, and the new owner's result is the one stored.
 func testRenewBatchConsumer(t *testing.T, b *leaseBundle) {
 	b.batchRenewer()
-	const lease, n, over = 900 * time.Millisecond, 20, 7
+	const lease, n, over = 2 * time.Second, 20, 7
 	c := b.consumer("c", idem.Config{Lease: lease})
 	consumer := c.Name()
 	held := make([]*idem.Attempt, n)
