@@ -51,24 +51,10 @@ FROM u LEFT JOIN upd ON upd.` + col + ` = u.c AND upd.message_id = u.m AND upd.t
 // because the shape changed under it (ShapeChanged), once more in the new
 // shape.
 func (tb *Table) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idemdriver.RenewParams, order []int, errs []error) error {
-	for attempt := 0; ; attempt++ {
-		q, err := tb.Shape(ctx, db)
-		if err != nil {
-			return err
-		}
-		if q.V2 {
-			for _, i := range order {
-				if err := tb.Ensure(ctx, db, ps[i].Consumer, true); err != nil {
-					return err
-				}
-			}
-		}
-		err = q.RenewBatch(ctx, db, ps, order, errs)
-		if attempt == 0 && tb.Changed(err) {
-			continue
-		}
-		return err
-	}
+	_, err := tb.batchRun(ctx, db, order, func(i int) string { return ps[i].Consumer }, func(q *Queries) error {
+		return q.RenewBatch(ctx, db, ps, order, errs)
+	})
+	return err
 }
 
 // RenewBatch renews the elements order names of ps (validated; see
@@ -78,34 +64,17 @@ func (tb *Table) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idemd
 // transaction (skipped, not waited for). An error of the statement is
 // returned and errs is then not to be used.
 func (q *Queries) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idemdriver.RenewParams, order []int, errs []error) error {
-	cs, ids := make([]string, len(order)), make([]string, len(order))
-	toks, leases := make([]int64, len(order)), make([]int64, len(order))
-	var keys []int64 // schema v2: the consumers' keys
-	if q.V2 {
-		keys = make([]int64, len(order))
+	cs, err := q.consumerArray(order, func(i int) string { return ps[i].Consumer }, "renewal batch")
+	if err != nil {
+		return err
 	}
+	ids := make([]string, len(order))
+	toks, leases := make([]int64, len(order)), make([]int64, len(order))
 	for k, i := range order {
 		p := &ps[i]
-		cs[k], ids[k], toks[k], leases[k] = p.Consumer, p.MessageID, p.Token, sqlstore.DurationMicros(p.Lease)
-		if q.V2 {
-			key, ok := q.ConsumerArg(p.Consumer).(int16)
-			if !ok {
-				return fmt.Errorf("idem: renewal batch: consumer %q has no key", p.Consumer)
-			}
-			keys[k] = int64(key)
-		}
+		ids[k], toks[k], leases[k] = p.MessageID, p.Token, sqlstore.DurationMicros(p.Lease)
 	}
-	var args []any
-	switch {
-	case q.V2 && q.NativeArrays:
-		args = []any{keys, ids, toks, leases}
-	case q.V2:
-		args = []any{int64Array(keys), TextArray(ids), int64Array(toks), int64Array(leases)}
-	case q.NativeArrays:
-		args = []any{cs, ids, toks, leases}
-	default:
-		args = []any{TextArray(cs), TextArray(ids), int64Array(toks), int64Array(leases)}
-	}
+	args := []any{cs, q.textArray(ids), q.int64Param(toks), q.int64Param(leases)}
 	rows, err := db.Query(ctx, renewBatch(q.Table, q.V2), args...)
 	if err != nil {
 		return err
