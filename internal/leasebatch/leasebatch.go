@@ -40,7 +40,12 @@ var _ idemdriver.StepRecorder = (*Store)(nil)
 // the batch, whose deadline is the earliest when the calls have one store
 // timeout. A call without a deadline (a consumer whose StoreTimeout is
 // negative, under a caller's context without one) runs an unbounded
-// batch.
+// batch. A call that joins a batch run on an earlier deadline than its
+// own fails at that deadline (an error matching context.DeadlineExceeded,
+// which the lease engine reports with ErrStore): nothing is acknowledged
+// and the redelivery tries again. Running a batch on the latest deadline
+// of its calls instead would let its first calls outlast their own store
+// timeout, which the lease's renewal period is reckoned from.
 func New(b idemdriver.LeaseBatcher, size int) *Store {
 	size = min(max(size, 1), idemdriver.MaxLeaseBatch)
 	s := &Store{LeaseBatcher: b}
