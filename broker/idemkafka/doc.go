@@ -127,6 +127,31 @@
 // per-partition order Kafka gives is kept. Records wait in a per-partition
 // queue; a partition whose queue is long is paused until it drains.
 //
+// # Key order
+//
+// With Config.Order set to OrderKey, records of one partition whose keys
+// differ run concurrently, Config.Concurrency records at once over all
+// partitions; records with byte-equal keys run one at a time, in offset
+// order, each after the one before it is done. Records without a key (nil
+// or empty) are one key among themselves. This is a weaker order than
+// the partition's: an entity whose events share a key sees them in order,
+// but events of different keys are processed, and may finish, in any
+// order. Offsets are committed as above, through the longest run of done
+// records: a record that is slow, or waiting to be retried, holds the
+// committed offset behind it while later records of other keys finish,
+// and after a crash those are replayed as Duplicates. A record retried in
+// place (InProgress, Failed, a dead letter not produced) holds only its
+// key: the later records of that key wait, the others go on. A partition
+// is paused while its records not yet committed (queued, in flight,
+// waiting to retry, or done behind one that is not) reach max(64,
+// 2×Concurrency), so a key that keeps failing does not let the others
+// fill memory. Revocation, lost partitions and Stop are as in partition
+// order: the queued records not started are dropped, the ones in flight
+// (records of several keys) are waited for, a retry wait is cut short
+// (that record stays uncommitted), and what is done is committed. Batch
+// mode (BatchProcessor) keeps partition order; OrderKey with it is a
+// configuration error.
+//
 // # Fetching ahead
 //
 // Kafka has no per-record ack deadline: a record polled ahead of the
