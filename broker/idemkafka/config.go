@@ -116,7 +116,9 @@ type Config struct {
 	MaxPollRecords int
 	// RetryDelay is the wait before a Failed (retryable) record is processed
 	// again, and before an InProgress record whose Outcome gives no
-	// RetryAfter. The partition is paused meanwhile; later records wait.
+	// RetryAfter. The partition is paused meanwhile; later records wait
+	// (under OrderKey only the later records of its key wait, and the
+	// partition is not paused for it).
 	// Defaults to DefaultRetryDelay (1s).
 	RetryDelay time.Duration
 	// RevokeTimeout bounds how long a partition revocation (a rebalance,

@@ -49,11 +49,12 @@
 //
 // # Offsets
 //
-// Each partition's records are processed in offset order. A record is done
+// Each partition's records are processed in offset order (by default; see
+// "Key order" for the order by record key). A record is done
 // when its Outcome is acknowledged (Processed, Duplicate) or when it was
 // written to the dead letter. The offset committed for a partition is the
 // one after the longest run of done records from the last commit: a later
-// record done before an earlier one (batch mode) never commits past the
+// record done before an earlier one (batch mode, key order) never commits past the
 // earlier, so a record that is not done is never skipped by a commit. Gaps
 // in offset numbers (compaction, transaction markers) do not matter; the run
 // is counted in records received. Offsets are committed right after records
@@ -81,7 +82,8 @@
 // holds the lease; lease mode) pauses the partition's fetching and retries
 // the same record after Outcome.RetryAfter; a Failed one (the handler or the
 // store failed, everything rolled back) after Config.RetryDelay. Later
-// records of that partition wait; other partitions go on. A record that can
+// records of that partition wait (under OrderKey only those of its key: see
+// "Key order"); other partitions go on. A record that can
 // never succeed (idem.Outcome.Settle says DeadLetter: missing or invalid
 // ID, fingerprint mismatch, poison, or a Failed outcome whose error matches
 // idem.ErrPermanent) is produced to Config.DeadLetter with the original key,

@@ -337,3 +337,57 @@ func TestKeyOrderConfig(t *testing.T) {
 		t.Errorf("Order strings %q", s)
 	}
 }
+
+// TestKeyOrderPausesBehindStuckKey: under OrderKey a record that keeps
+// failing lets the records of other keys behind it run, but not without
+// bound: once the partition holds max(64, 2×Concurrency) records not
+// committed, its fetching pauses, so at most that many plus one poll
+// (MaxPollRecords) are taken while the stuck record fails, however long
+// the partition. Once it succeeds, the rest are processed and committed.
+func TestKeyOrderPausesBehindStuckKey(t *testing.T) {
+	t.Parallel()
+	topic, dead, group := uniqueName("keypause"), uniqueName("keypause-dead"), uniqueName("keypause-group")
+	seeds := newCluster(t, topic, dead).ListenAddrs()
+	const n, highWater, maxPoll = 300, 64, 10
+	recs, _ := withOwnKeys([]keyedRecord{{"stuck", "stuck"}}, "k", n)
+	produceToPartition0(t, seeds, topic, recs)
+
+	var fixed atomic.Bool
+	d := newDedupLog()
+	d.before = func(_ context.Context, _, id string, attempt int) error {
+		if id == "stuck" && !fixed.Load() {
+			return fmt.Errorf("%w: attempt %d", errHeld, attempt)
+		}
+		return nil
+	}
+	m := startMember(t, seeds, group, topic, idemkafka.Config{Processor: d.processor("A"), DeadLetter: dead,
+		Concurrency: 4, MaxPollRecords: maxPoll, RetryDelay: 20 * time.Millisecond, Order: idemkafka.OrderKey})
+	processed := func() int {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.processed)
+	}
+	testenv.Eventually(t, waitFor, "the records behind the stuck one up to the pause", func() bool {
+		return processed() >= highWater-maxPoll
+	}, d.String)
+	// The assertion is that nothing more comes: several fetch waits
+	// (groupOpts: 250ms) of a paused partition.
+	time.Sleep(time.Second)
+	if got := processed(); got > highWater+maxPoll {
+		t.Errorf("%d records processed behind a stuck one, want at most %d: the partition was not paused", got, highWater+maxPoll)
+	}
+	if got := committedOffset(t, seeds, group, topic); got > 0 {
+		t.Errorf("committed offset %d while the record at offset 0 fails, want none", got)
+	}
+
+	fixed.Store(true)
+	testenv.Eventually(t, waitFor, "every record processed", func() bool { return processed() == n }, d.String)
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	if err := m.stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lag := groupLag(t, seeds, group, topic); lag != 0 {
+		t.Errorf("group lag %d after Stop, want 0", lag)
+	}
+}
