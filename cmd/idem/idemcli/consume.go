@@ -174,8 +174,8 @@ first record not done, so a slow or retried record holds back the commit
 (after a crash the records done behind it come back as duplicates, which are
 not sent again) and only the later records of its own key. The other brokers
 keep no order under --concurrency or --hold above 1: JetStream, RabbitMQ, Redis
-Streams and the Go CDK's subscriptions hand up to --hold messages over at once, in
-no particular order.
+Streams and the Go CDK's subscriptions hand up to --hold messages over at once,
+in no particular order.
 The price of the short defaults: a message held for longer than a second
 costs a lease renewal (a store write of its own) and an in-progress ack each
 second (one done sooner costs neither); and a store that stalls for more than
