@@ -186,6 +186,10 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	_, _ = rand.Read(rb[:])
 	runID := hex.EncodeToString(rb[:])
 	contenders := []sidecarContender{{"bare relay", bus.bareRelay(concurrency)}}
+	kb, onKafka := bus.(*kafkaBus)
+	if onKafka {
+		contenders = append(contenders, sidecarContender{"bare relay, key order", kb.bareRelayByKey(concurrency)})
+	}
 	stores := []struct{ name, url string }{{"sqlite", "sqlite:" + filepath.Join(dir, "STORE.db")}}
 	if u := postgresURL(); u != "" {
 		stores = append(stores, struct{ name, url string }{"postgres", u})
@@ -224,6 +228,13 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
 				idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, v.extra...),
 			})
+			if onKafka && len(v.extra) == 2 { // --hold 64: the records in flight under key order
+				keyed := append(slices.Clone(v.extra), "--kafka-order", "key")
+				contenders = append(contenders, sidecarContender{
+					fmt.Sprintf("idem consume, %s, %s --kafka-order key", st.name, flags),
+					idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, keyed...),
+				})
+			}
 			if base != "" && v.batch > 1 {
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
@@ -238,7 +249,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			return fmt.Errorf("%s: %w", envOnly, err)
 		}
 		contenders = slices.DeleteFunc(contenders, func(c sidecarContender) bool {
-			return c.name != "bare relay" && !strings.HasPrefix(c.name, "direct Go consumer") && !re.MatchString(c.name)
+			return !strings.HasPrefix(c.name, "bare relay") && !strings.HasPrefix(c.name, "direct Go consumer") && !re.MatchString(c.name)
 		})
 	}
 	results := map[string][]sidecarResult{}

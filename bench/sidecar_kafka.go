@@ -19,7 +19,8 @@ import (
 const envSidecarBroker = "IDEM_BENCH_SIDECAR_BROKER"
 
 // sidecarPartitions is the number of partitions of a --sidecar Kafka
-// topic: the Kafka adapter runs one record per partition at a time, so
+// topic: the Kafka adapter runs one record per partition at a time in
+// partition order (the default; --kafka-order key runs up to --hold), so
 // at least the concurrency (8 by default) lets it run as many calls at
 // once as on JetStream.
 const sidecarPartitions = 8
@@ -74,6 +75,23 @@ func (b *kafkaBus) publish(ctx context.Context, tag string, n int, payload []byt
 // commits the offsets of each polled batch once its calls have answered
 // 2xx.
 func (b *kafkaBus) bareRelay(concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
+	return b.relay(concurrency, func(fs kgo.Fetches, post func(*kgo.Record), sem chan struct{}, wg *sync.WaitGroup) {
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				for _, r := range p.Records {
+					post(r)
+				}
+			})
+		})
+	})
+}
+
+// relay is a bare relay that hands each polled batch to spread (which
+// starts its POSTs on wg, each goroutine holding a slot of sem, of
+// concurrency slots) and commits the batch's offsets once wg is done.
+func (b *kafkaBus) relay(concurrency int, spread func(fs kgo.Fetches, post func(*kgo.Record), sem chan struct{}, wg *sync.WaitGroup)) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
 	return func(ctx context.Context, topic, _, url, tag string) (func() usage, error) {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(b.fake.ListenAddrs()...), kgo.ConsumerGroup("bare-"+tag),
 			kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -111,15 +129,7 @@ func (b *kafkaBus) bareRelay(concurrency int) func(ctx context.Context, stream, 
 			for ctx.Err() == nil {
 				fs := cl.PollFetches(ctx)
 				var pw sync.WaitGroup
-				fs.EachPartition(func(p kgo.FetchTopicPartition) {
-					sem <- struct{}{}
-					pw.Go(func() {
-						defer func() { <-sem }()
-						for _, r := range p.Records {
-							post(r)
-						}
-					})
-				})
+				spread(fs, post, sem, &pw)
 				pw.Wait()
 				if ctx.Err() == nil {
 					_ = cl.CommitUncommittedOffsets(ctx)
@@ -128,6 +138,35 @@ func (b *kafkaBus) bareRelay(concurrency int) func(ctx context.Context, stream, 
 		})
 		return func() usage { cancel(); wg.Wait(); cl.Close(); client.CloseIdleConnections(); return usage{} }, nil
 	}
+}
+
+// bareRelayByKey is bareRelay keeping only the order idem consume keeps
+// under --kafka-order key: the records of each polled batch with the same
+// key one after another, in offset order, records with different keys at
+// once (up to concurrency calls over all partitions), and the batch's
+// offsets committed once all its calls have answered 2xx. It is the fair
+// comparison for key order, a weaker order than the partition's.
+func (b *kafkaBus) bareRelayByKey(concurrency int) func(ctx context.Context, stream, subject, url, tag string) (func() usage, error) {
+	return b.relay(concurrency, func(fs kgo.Fetches, post func(*kgo.Record), sem chan struct{}, wg *sync.WaitGroup) {
+		chains := map[string][]*kgo.Record{}
+		var keys []string
+		fs.EachRecord(func(r *kgo.Record) {
+			k := string(r.Key)
+			if _, ok := chains[k]; !ok {
+				keys = append(keys, k)
+			}
+			chains[k] = append(chains[k], r)
+		})
+		for _, k := range keys {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				for _, r := range chains[k] {
+					post(r)
+				}
+			})
+		}
+	})
 }
 
 // sidecarBus is the broker of --sidecar: JetStream (natsBus) or kfake

@@ -29,28 +29,34 @@ type sidecarBroker struct {
 	open func(t *testing.T) (url, from string)
 	// ackWait is --ack-wait: how soon a killed sidecar's deliveries come back.
 	ackWait string
+	// extra are flags of the main sidecar only.
+	extra []string
 }
 
 func sidecarBrokers() []sidecarBroker {
+	openKafka := func(t *testing.T) (string, string) {
+		from := "sidecar-" + uniq()
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, from, from+"-dead", from+"-dead-dead"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return "kafka://" + strings.Join(c.ListenAddrs(), ","), from
+	}
 	return []sidecarBroker{
 		{"nats", func(t *testing.T) (string, string) {
 			return testenv.URL(t, testenv.NATSEnv, "nats://127.0.0.1:4222"), "sidecar." + uniq() + ".in"
-		}, "3s"},
-		{"kafka", func(t *testing.T) (string, string) {
-			from := "sidecar-" + uniq()
-			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, from, from+"-dead", from+"-dead-dead"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			return "kafka://" + strings.Join(c.ListenAddrs(), ","), from
-		}, "6s"},
+		}, "3s", nil},
+		{"kafka", openKafka, "6s", nil},
+		// Records of one partition with different keys at once (idem
+		// publish keys each record by its ID), up to --hold.
+		{"kafka-key-order", openKafka, "6s", []string{"--kafka-order", "key", "--hold", "32"}},
 		{"rabbitmq", func(t *testing.T) (string, string) {
 			return testenv.URL(t, testenv.AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"), "sidecar-" + uniq()
-		}, "3s"},
+		}, "3s", nil},
 		{"redis", func(t *testing.T) (string, string) {
 			return testenv.URL(t, testenv.RedisEnv, "redis://127.0.0.1:6379/0"), "idem-sidecar:" + uniq()
-		}, "3s"},
+		}, "3s", nil},
 	}
 }
 
@@ -205,7 +211,7 @@ func TestSidecarKill(t *testing.T) {
 			common := []string{"--broker", brokerURL, "--lease", "2s", "--ack-wait", bc.ackWait,
 				"--retry-base", "100ms", "--retry-delay", "200ms", "--nats-duplicates", "100ms", "--concurrency", "8"}
 			mainArgs := append([]string{"--from", from, "--to", svc.url + "/in", "--store", "sqlite:" + mainStore,
-				"--consumer", "main", "--group", "main"}, common...)
+				"--consumer", "main", "--group", "main"}, append(common, bc.extra...)...)
 			logPath := filepath.Join(dir, "consume.log")
 			t.Cleanup(func() {
 				if t.Failed() {

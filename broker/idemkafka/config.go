@@ -45,6 +45,34 @@ const (
 	HeaderOriginalOffset    = "Idem-Original-Offset"
 )
 
+// Order is the order a Consumer keeps among the records of one partition
+// (Config.Order).
+type Order int
+
+const (
+	// OrderPartition processes the records of one partition one at a
+	// time, in offset order: the order Kafka gives. The default.
+	OrderPartition Order = iota
+	// OrderKey processes records of one partition whose keys differ
+	// concurrently; records with byte-equal keys one at a time, in offset
+	// order. Records without a key (a nil or empty key) count as one key:
+	// they keep offset order among themselves. Offsets are still committed
+	// only up to the first record not done.
+	OrderKey
+)
+
+// String returns "partition" or "key" (the words `idem consume
+// --kafka-order` takes), or "Order(N)" for a value out of range.
+func (o Order) String() string {
+	switch o {
+	case OrderPartition:
+		return "partition"
+	case OrderKey:
+		return "key"
+	}
+	return fmt.Sprintf("Order(%d)", int(o))
+}
+
 // Config configures a Consumer. Zero values take the documented defaults;
 // NewConsumer rejects out-of-range values with an error matching
 // idem.ErrInvalidConfig.
@@ -70,16 +98,27 @@ type Config struct {
 	// must not be a topic the client consumes (NewConsumer checks).
 	DeadLetter string
 
-	// Concurrency is how many partitions are processed at once. Records of
-	// one partition are always processed one after the other, in offset
-	// order. Defaults to DefaultConcurrency (1).
+	// Concurrency is how many partitions are processed at once; records of
+	// one partition are then processed one after the other, in offset
+	// order. Under OrderKey it is instead how many records are processed at
+	// once, over all partitions. Defaults to DefaultConcurrency (1).
 	Concurrency int
+	// Order is the order in which the records of one partition are
+	// processed: OrderPartition (the zero value, the default) one at a
+	// time in offset order, or OrderKey, where records whose keys differ
+	// run concurrently (Concurrency records at once over all partitions)
+	// and only records with the same key wait for each other. OrderKey
+	// needs Processor (not BatchProcessor). See the package documentation,
+	// "Key order".
+	Order Order
 	// MaxPollRecords is the most records taken from the client per poll.
 	// Defaults to DefaultMaxPollRecords (500).
 	MaxPollRecords int
 	// RetryDelay is the wait before a Failed (retryable) record is processed
 	// again, and before an InProgress record whose Outcome gives no
-	// RetryAfter. The partition is paused meanwhile; later records wait.
+	// RetryAfter. The partition is paused meanwhile; later records wait
+	// (under OrderKey only the later records of its key wait, and the
+	// partition is not paused for it).
 	// Defaults to DefaultRetryDelay (1s).
 	RetryDelay time.Duration
 	// RevokeTimeout bounds how long a partition revocation (a rebalance,
@@ -160,6 +199,10 @@ func (cfg Config) validate() error {
 		return invalid("Processor and BatchProcessor are exclusive; set one")
 	case cfg.DeadLetter == "":
 		return invalid("DeadLetter topic is required (records are never dropped silently)")
+	case cfg.Order != OrderPartition && cfg.Order != OrderKey:
+		return invalid(fmt.Sprintf("Order %d is neither OrderPartition nor OrderKey", cfg.Order))
+	case cfg.Order == OrderKey && cfg.BatchProcessor != nil:
+		return invalid("Order OrderKey needs Processor; BatchProcessor hands over consecutive records of a partition")
 	case cfg.Concurrency < 0:
 		return invalid(fmt.Sprintf("Concurrency %d is negative", cfg.Concurrency))
 	case cfg.BatchSize < 0:

@@ -67,6 +67,11 @@ type partition struct {
 	stop    chan struct{} // closed when stopped; ends retry waits
 	ctx     context.Context
 	cancel  context.CancelFunc // cancels the handlers in flight
+
+	// OrderKey only.
+	busy     map[string]struct{} // keys with a record in flight or waiting to retry
+	inflight int                 // records taken off the queue, not yet finished
+	wake     chan struct{}       // wakes the worker (a record finished, records queued); buffered 1
 }
 
 // NewConsumer returns a Consumer of cl, a consumer group client built with
@@ -287,7 +292,12 @@ func (c *Consumer) poll(pollCtx, workCtx context.Context) error {
 
 // highWater is the queue length at which a partition's fetching pauses;
 // it resumes below half of it.
-func (c *Consumer) highWater() int { return max(4*c.chunk, 64) }
+func (c *Consumer) highWater() int {
+	if c.cfg.Order == OrderKey {
+		return max(64, 2*c.cfg.Concurrency)
+	}
+	return max(4*c.chunk, 64)
+}
 
 func (c *Consumer) dispatchLocked(workCtx context.Context, topic string, part int32, recs []*kgo.Record) {
 	tp := topicPartition{topic, part}
@@ -295,6 +305,10 @@ func (c *Consumer) dispatchLocked(workCtx context.Context, topic string, part in
 	if p == nil {
 		ctx, cancel := context.WithCancel(workCtx)
 		p = &partition{tp: tp, tracker: newOffsetTracker(), committed: -1, stop: make(chan struct{}), ctx: ctx, cancel: cancel}
+		if c.cfg.Order == OrderKey {
+			p.busy = make(map[string]struct{})
+			p.wake = make(chan struct{}, 1)
+		}
 		c.parts[tp] = p
 	}
 	if p.stopped {
@@ -307,14 +321,40 @@ func (c *Consumer) dispatchLocked(workCtx context.Context, topic string, part in
 		p.queue = append(p.queue, r)
 		p.next = r.Offset + 1
 	}
-	if len(p.queue) >= c.highWater() {
+	if c.backlog(p) >= c.highWater() {
 		c.pauseLocked(p)
 	}
-	if !p.running && len(p.queue) > 0 {
+	switch {
+	case p.running && p.wake != nil:
+		wake(p)
+	case !p.running && len(p.queue) > 0:
 		p.running = true
 		p.exited = make(chan struct{})
 		c.workers.Add(1)
-		go c.work(p, p.exited)
+		if p.wake != nil {
+			go c.workKeys(p, p.exited)
+		} else {
+			go c.work(p, p.exited)
+		}
+	}
+}
+
+// backlog is what the partition's pause threshold counts: its queue in
+// partition order; under OrderKey every record received and not yet in the
+// done prefix (queued, in flight, waiting to retry, or done behind one that
+// is not), since a key that keeps failing lets the others run ahead of
+// the commit point and their records must not pile up without bound.
+func (c *Consumer) backlog(p *partition) int {
+	if p.wake != nil {
+		return p.tracker.outstanding()
+	}
+	return len(p.queue)
+}
+
+func wake(p *partition) {
+	select {
+	case p.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -390,6 +430,118 @@ func (c *Consumer) work(p *partition, exited chan struct{}) {
 				t.Stop()
 			}
 		}
+	}
+}
+
+// workKeys is work under OrderKey: it starts the records of p's queue
+// whose key has no record in flight, each on its own goroutine holding one
+// of the Concurrency slots, until the queue is empty and nothing is in
+// flight, or p is stopped and nothing is in flight. The first queued record
+// whose key is not busy is the oldest record of its key (an older one of
+// the same key would be queued before it, with the same key not busy), so
+// records of one key start in offset order, each after the previous one
+// finished.
+func (c *Consumer) workKeys(p *partition, exited chan struct{}) {
+	defer c.workers.Done()
+	defer close(exited)
+	for {
+		c.mu.Lock()
+		if p.inflight == 0 && (p.stopped || len(p.queue) == 0) {
+			p.running = false
+			if !p.stopped {
+				c.resumeLocked(p)
+			}
+			c.mu.Unlock()
+			return
+		}
+		i := -1
+		if !p.stopped {
+			i = slices.IndexFunc(p.queue, func(r *kgo.Record) bool {
+				_, busy := p.busy[string(r.Key)]
+				return !busy
+			})
+		}
+		stopped := p.stopped
+		c.mu.Unlock()
+		if i < 0 {
+			if stopped {
+				<-p.wake // the records in flight finish
+			} else {
+				select {
+				case <-p.wake:
+				case <-p.stop:
+				}
+			}
+			continue
+		}
+
+		if !c.acquire(p) {
+			continue
+		}
+		c.mu.Lock()
+		if p.stopped {
+			c.mu.Unlock()
+			<-c.sem
+			continue
+		}
+		// Only this goroutine takes records off the queue; the poller
+		// appends. So the record is still at i.
+		r := p.queue[i]
+		p.queue = slices.Delete(p.queue, i, i+1)
+		p.busy[string(r.Key)] = struct{}{}
+		p.inflight++
+		c.mu.Unlock()
+		go c.runKeyed(p, r)
+	}
+}
+
+// runKeyed processes r, holding the Concurrency slot workKeys took for it,
+// and retries it in place until it is done or p is stopped: only its key
+// waits meanwhile (the slot is given back during the wait), and the commit
+// point stays before it. It then frees the key and wakes the worker.
+func (c *Consumer) runKeyed(p *partition, r *kgo.Record) {
+	recs := []*kgo.Record{r}
+	for {
+		outs := c.process(p.ctx, recs)
+		<-c.sem
+		retry, delay := c.settle(p, recs, outs)
+		c.signalCommit()
+		if len(retry) == 0 {
+			break
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-p.stop:
+			t.Stop()
+		}
+		if !c.acquire(p) {
+			break // stopped: left undone, the next owner reads it again
+		}
+	}
+	c.mu.Lock()
+	delete(p.busy, string(r.Key))
+	p.inflight--
+	if !p.stopped && p.tracker.outstanding() < c.highWater()/2 {
+		c.resumeLocked(p)
+	}
+	c.mu.Unlock()
+	wake(p)
+}
+
+// acquire takes a Concurrency slot for p, reporting false (no slot taken)
+// when p is stopped first.
+func (c *Consumer) acquire(p *partition) bool {
+	select {
+	case <-p.stop:
+		return false
+	default:
+	}
+	select {
+	case c.sem <- struct{}{}:
+		return true
+	case <-p.stop:
+		return false
 	}
 }
 

@@ -49,11 +49,12 @@
 //
 // # Offsets
 //
-// Each partition's records are processed in offset order. A record is done
+// Each partition's records are processed in offset order (by default; see
+// "Key order" for the order by record key). A record is done
 // when its Outcome is acknowledged (Processed, Duplicate) or when it was
 // written to the dead letter. The offset committed for a partition is the
 // one after the longest run of done records from the last commit: a later
-// record done before an earlier one (batch mode) never commits past the
+// record done before an earlier one (batch mode, key order) never commits past the
 // earlier, so a record that is not done is never skipped by a commit. Gaps
 // in offset numbers (compaction, transaction markers) do not matter; the run
 // is counted in records received. Offsets are committed right after records
@@ -81,7 +82,8 @@
 // holds the lease; lease mode) pauses the partition's fetching and retries
 // the same record after Outcome.RetryAfter; a Failed one (the handler or the
 // store failed, everything rolled back) after Config.RetryDelay. Later
-// records of that partition wait; other partitions go on. A record that can
+// records of that partition wait (under OrderKey only those of its key: see
+// "Key order"); other partitions go on. A record that can
 // never succeed (idem.Outcome.Settle says DeadLetter: missing or invalid
 // ID, fingerprint mismatch, poison, or a Failed outcome whose error matches
 // idem.ErrPermanent) is produced to Config.DeadLetter with the original key,
@@ -126,6 +128,31 @@
 // goroutine; records of one partition never run concurrently, so the
 // per-partition order Kafka gives is kept. Records wait in a per-partition
 // queue; a partition whose queue is long is paused until it drains.
+//
+// # Key order
+//
+// With Config.Order set to OrderKey, records of one partition whose keys
+// differ run concurrently, Config.Concurrency records at once over all
+// partitions; records with byte-equal keys run one at a time, in offset
+// order, each after the one before it is done. Records without a key (nil
+// or empty) are one key among themselves. This is a weaker order than
+// the partition's: an entity whose events share a key sees them in order,
+// but events of different keys are processed, and may finish, in any
+// order. Offsets are committed as above, through the longest run of done
+// records: a record that is slow, or waiting to be retried, holds the
+// committed offset behind it while later records of other keys finish,
+// and after a crash those are replayed as Duplicates. A record retried in
+// place (InProgress, Failed, a dead letter not produced) holds only its
+// key: the later records of that key wait, the others go on. A partition
+// is paused while its records not yet committed (queued, in flight,
+// waiting to retry, or done behind one that is not) reach max(64,
+// 2×Concurrency), so a key that keeps failing does not let the others
+// fill memory. Revocation, lost partitions and Stop are as in partition
+// order: the queued records not started are dropped, the ones in flight
+// (records of several keys) are waited for, a retry wait is cut short
+// (that record stays uncommitted), and what is done is committed. Batch
+// mode (BatchProcessor) keeps partition order; OrderKey with it is a
+// configuration error.
 //
 // # Fetching ahead
 //

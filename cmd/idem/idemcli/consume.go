@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/broker/idemkafka"
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/internal/leasebatch"
@@ -35,7 +36,7 @@ type consumeFlags struct {
 	lease, timeout, retryBase, retryMax  time.Duration
 	retryDelay, ackWait, natsDuplicates  time.Duration
 	shutdownTimeout                      time.Duration
-	kafkaInstanceID                      string
+	kafkaInstanceID, kafkaOrder          string
 	log                                  logFlags
 	profile                              profileFlags
 }
@@ -161,6 +162,20 @@ rebalance. Give each sidecar of a group its own stable name, such as its pod
 name: two live members with one name fence each other. A static member does
 not leave the group when it stops, even on SIGTERM: its partitions wait for
 its return, or its session timeout, before another member gets them.
+On Kafka the records of one partition go one at a time, in offset order, by
+default (--kafka-order partition): --hold then bounds the partitions served at
+once, and a topic of 8 partitions has at most 8 messages in flight, whatever
+--hold says. --kafka-order key runs records of one partition whose keys differ
+at once, up to --hold messages in flight over all partitions, and records with
+the same key (byte for byte; records without a key count as one key) one at a
+time, in offset order: each entity's events keep their order, events of
+different entities do not. A partition's offset is committed only up to its
+first record not done, so a slow or retried record holds back the commit
+(after a crash the records done behind it come back as duplicates, which are
+not sent again) and only the later records of its own key. The other brokers
+keep no order under --concurrency or --hold above 1: JetStream, RabbitMQ, Redis
+Streams and the Go CDK's subscriptions hand up to --hold messages over at once,
+in no particular order.
 The price of the short defaults: a message held for longer than a second
 costs a lease renewal (a store write of its own) and an in-progress ack each
 second (one done sooner costs neither); and a store that stalls for more than
@@ -210,6 +225,7 @@ times the live data instead of twice.`,
 	fl.DurationVar(&f.retryMax, "retry-max", idemhttp.DefaultDeliveryRetryMax, "longest backoff (a longer Retry-After is honoured)")
 	fl.DurationVar(&f.retryDelay, "retry-delay", time.Second, "redelivery delay after a failure of the store")
 	fl.DurationVar(&f.ackWait, "ack-wait", defaultConsumeAckWait, "how long a delivery of a dead sidecar waits before the broker gives it again (NATS AckWait and Redis Streams idle time, both kept alive every third of it while the message is held; Kafka session timeout, at least 6s)")
+	fl.StringVar(&f.kafkaOrder, "kafka-order", "partition", "order kept among the records of a Kafka partition: partition (one at a time, in offset order) or key (records with different keys at once, up to --hold; the same key in offset order)")
 	fl.StringVar(&f.kafkaInstanceID, "kafka-instance-id", "", "Kafka static member name (group.instance.id), stable across restarts and unique in the group: a restarted sidecar takes its partitions back at once (default: a dynamic member)")
 	fl.DurationVar(&f.natsDuplicates, "nats-duplicates", 2*time.Minute, "JetStream's duplicate window of a stream this command creates")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
@@ -259,6 +275,12 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	}
 	if f.kafkaInstanceID != "" && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
 		return nil, usageError{errors.New("--kafka-instance-id is for a kafka:// broker")}
+	}
+	if f.kafkaOrder != idemkafka.OrderPartition.String() && f.kafkaOrder != idemkafka.OrderKey.String() {
+		return nil, usageError{fmt.Errorf("--kafka-order %q: want partition or key", f.kafkaOrder)}
+	}
+	if f.kafkaOrder != idemkafka.OrderPartition.String() && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
+		return nil, usageError{errors.New("--kafka-order is for a kafka:// broker")}
 	}
 	return u, nil
 }
@@ -343,7 +365,8 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		return usageError{err}
 	}
 	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), consumeConfig{group: f.group, deadLetter: f.deadLetter,
-		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID, logger: logger})
+		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID,
+		kafkaKeyOrder: f.kafkaOrder == idemkafka.OrderKey.String(), logger: logger})
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,8 @@ func TestConsumeUsageErrors(t *testing.T) {
 		{"no attempts", "--max-attempts", "0", "--max-attempts"},
 		{"short ack wait", "--ack-wait", "10ms", "--ack-wait"},
 		{"Kafka instance ID on NATS", "--kafka-instance-id", "sidecar-1", "--kafka-instance-id"},
+		{"Kafka order on NATS", "--kafka-order", "key", "--kafka-order is for a kafka"},
+		{"bad Kafka order", "--kafka-order", "offset", "want partition or key"},
 		{"point at call at least once", "--point-at-call=true", "--at-least-once=true", "--point-at-call"},
 		{"bad health address", "--health-addr", "nohost", "--health-addr"},
 		{"bad log format", "--log-format", "xml", "--log-format"},

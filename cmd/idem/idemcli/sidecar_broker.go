@@ -48,6 +48,7 @@ type consumeConfig struct {
 	ackWait           time.Duration // NATS AckWait, Redis Streams MinIdle, Kafka session timeout (at least minKafkaSessionTimeout)
 	natsDuplicates    time.Duration
 	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
+	kafkaKeyOrder     bool   // Kafka: idemkafka.OrderKey, concurrency records in flight; else one partition per slot
 	logger            *slog.Logger
 }
 
@@ -213,8 +214,12 @@ func (b *kafkaSidecar) consume(_ context.Context, src string, p idem.Processor, 
 	if err != nil {
 		return nil, nil, err
 	}
+	order := idemkafka.OrderPartition
+	if o.kafkaKeyOrder {
+		order = idemkafka.OrderKey
+	}
 	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: p, DeadLetter: o.deadLetter,
-		Concurrency: o.concurrency, RetryDelay: o.retryDelay, Logger: o.logger})
+		Concurrency: o.concurrency, Order: order, RetryDelay: o.retryDelay, Logger: o.logger})
 	if err != nil {
 		cl.Close()
 		return nil, nil, err

@@ -25,6 +25,20 @@ func TestConformance(t *testing.T) {
 	brokertest.RunOutbox(t, h)
 }
 
+// TestConformanceKeyOrder runs the shared broker suite with
+// idemkafka.OrderKey: every record keyed by its ID, so the records of a
+// partition run concurrently, crashes, rebalances, retries and dead
+// letters included. The batch case keeps partition order (OrderKey needs a
+// Processor).
+func TestConformanceKeyOrder(t *testing.T) {
+	t.Parallel()
+	brokertest.Run(t, brokertest.Harness{New: func(t *testing.T) brokertest.Broker {
+		b := newTestBroker(t)
+		b.order = idemkafka.OrderKey
+		return b
+	}})
+}
+
 // TestConformanceKafka011 runs the suite on a kfake cluster that answers
 // as Kafka 0.11.0 (kfake.MaxVersions): the oldest release the package
 // supports, the first with record headers, which carry the message ID.
@@ -44,6 +58,7 @@ type testBroker struct {
 	topic, dead, grp string
 	raw              *kgo.Client
 	prod             *idemkafka.Producer
+	order            idemkafka.Order // of the Processor's members; batch members keep partition order
 }
 
 var (
@@ -97,6 +112,9 @@ func (b *testBroker) config(cfg idemkafka.Config, opts brokertest.StartOptions) 
 	cfg.MaxPollRecords = opts.Prefetch
 	cfg.HandlerTimeout = opts.HandlerTimeout
 	cfg.RetryDelay = max(opts.Redelivery/4, 50*time.Millisecond)
+	if cfg.Processor != nil {
+		cfg.Order = b.order
+	}
 	return cfg
 }
 
