@@ -40,7 +40,15 @@ import "github.com/redis/go-redis/v9"
 // would have. string.format('%d') of the whole time would be a little
 // cheaper, but it formats a C long, 32 bits on some platforms. The two
 // scripts of a message went from 163k to 147k server instructions
-// (callgrind, docs/benchmarks.md, stop 42).
+// (callgrind, docs/benchmarks.md, stop 42). Reading numbers costs too: Lua
+// turns a string into a number with the C library's strtod, and each
+// conversion is hundreds of instructions, so the scripts convert TIME's
+// microseconds once, and the complete scripts test ownership by comparing
+// the stored state and token with '1' and the caller's token as strings
+// (the token is written in decimal, as the caller sends it), converting
+// them to numbers only when the strings differ: an equal string settles
+// it, and a different one is compared as a number as before. That took
+// another 5k of the 135k of a new message (docs/benchmarks.md, stop 45).
 
 // stepField starts the field of a recovery point in a record hash of
 // layout 2 (v = 2); no other record field starts with it.
@@ -91,9 +99,10 @@ var acquireScript = redis.NewScript(acquireLua)
 
 const acquireLua = `
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local ms = math.floor(t[2] / 1000)
+local now = t[1] * 1000 + ms
 if redis.call('EXISTS', KEYS[1]) == 0 then
-	local now_ms = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+	local now_ms = t[1] .. string.format('%03d', ms)
 	if ARGV[3] == '' then
 		redis.call('HSET', KEYS[1], 'state', '1', 'fingerprint', ARGV[1], 'token', '1', 'attempt', '1',
 			'lease_until_ms', now + ARGV[2], 'created_ms', now_ms, 'v', '2')
@@ -199,7 +208,8 @@ var (
 // completeLua is the body of the complete scripts: also runs index (Lua,
 // with now set: the server's time in milliseconds, as a string) when the
 // token owns the record, before completing it.
-// The ownership test is owns's, written out; a record that is completed
+// The ownership test is owns's, written out, with the strings compared
+// first (see the top of this file); a record that is completed
 // by this token with this very result and content type is a Complete
 // repeated because the reply of the one that landed was lost (a cut
 // connection), and answers 1. Only state, result, content_type and
@@ -207,16 +217,18 @@ var (
 // is finished_ms.
 func completeLua(index string) string {
 	return `
-local token = tonumber(ARGV[1])
 local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'released')
-local state, tok = tonumber(r[1]), tonumber(r[2])
-if state ~= 1 or tok ~= token or r[3] then
-	if not r[1] then return {0, 0, 0, 0} end
-	if state == 2 and tok == token then
-		local d = redis.call('HMGET', KEYS[1], 'result', 'content_type')
-		if d[1] == ARGV[2] and d[2] == ARGV[3] then return 1 end
+if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] then
+	local token = tonumber(ARGV[1])
+	local state, tok = tonumber(r[1]), tonumber(r[2])
+	if state ~= 1 or tok ~= token or r[3] then
+		if not r[1] then return {0, 0, 0, 0} end
+		if state == 2 and tok == token then
+			local d = redis.call('HMGET', KEYS[1], 'result', 'content_type')
+			if d[1] == ARGV[2] and d[2] == ARGV[3] then return 1 end
+		end
+		return {0, state, tok, r[3] and 1 or 0}
 	end
-	return {0, state, tok, r[3] and 1 or 0}
 end
 local t = redis.call('TIME')
 local now = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
