@@ -42,13 +42,18 @@ import "github.com/redis/go-redis/v9"
 // scripts of a message went from 163k to 147k server instructions
 // (callgrind, docs/benchmarks.md, stop 42). Reading numbers costs too: Lua
 // turns a string into a number with the C library's strtod, and each
-// conversion is hundreds of instructions, so the scripts convert TIME's
-// microseconds once, and the complete scripts test ownership by comparing
-// the stored state and token with '1' and the caller's token as strings
-// (the token is written in decimal, as the caller sends it), converting
-// them to numbers only when the strings differ: an equal string settles
-// it, and a different one is compared as a number as before. That took
-// another 5k of the 135k of a new message (docs/benchmarks.md, stop 45).
+// conversion is hundreds of instructions, so acquireScript converts
+// TIME's microseconds once, and the complete scripts convert nothing on
+// the way to a completion: their time is TIME's seconds followed by the
+// thousands digits of its microseconds (TIME writes them in decimal
+// without leading zeros, below 1,000,000, so the three digits before the
+// last three of the microseconds padded to six are the milliseconds
+// '%03d' would write), and they test ownership by comparing the stored
+// state and token with '1' and the caller's token as strings (a token is
+// written in decimal, as the caller sends it), converting them to numbers
+// only when the strings differ: an equal string settles it, and a
+// different one is compared as a number as before. That took 6.5k of the
+// 135k server instructions of a new message (docs/benchmarks.md, stop 45).
 
 // stepField starts the field of a recovery point in a record hash of
 // layout 2 (v = 2); no other record field starts with it.
@@ -205,6 +210,12 @@ var (
 	completeIndexEval = newEvalScript(completeIndexScript, completeIndexLua)
 )
 
+// millisDigitsLua is Lua for the three digits of the milliseconds of t,
+// a reply of TIME: the thousands digits of its microseconds, t[2], which
+// TIME writes in decimal without leading zeros and below 1,000,000
+// ("5023" is "005"), without converting them to a number.
+const millisDigitsLua = `string.sub('00000' .. t[2], -6, -4)`
+
 // completeLua is the body of the complete scripts: also runs index (Lua,
 // with now set: the server's time in milliseconds, as a string) when the
 // token owns the record, before completing it.
@@ -231,7 +242,7 @@ if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] then
 	end
 end
 local t = redis.call('TIME')
-local now = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+local now = t[1] .. ` + millisDigitsLua + `
 ` + index + `
 redis.call('HSET', KEYS[1], 'state', '2', 'result', ARGV[2], 'content_type', ARGV[3], 'finished_ms', now)
 return 1
