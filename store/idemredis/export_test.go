@@ -26,6 +26,9 @@ const (
 	PurgeSuffix = purgeSuffix
 )
 
+// MillisDigitsLua exposes the complete scripts' milliseconds of a TIME reply.
+const MillisDigitsLua = millisDigitsLua
+
 // CeilMillis exposes the rounding of leases.
 func CeilMillis(d time.Duration) int64 { return ceilMillis(d) }
 

@@ -3,6 +3,7 @@ package idemredis_test
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -195,4 +196,43 @@ func stringSteps(m map[string][]byte) map[string]string {
 		out[k] = string(v)
 	}
 	return out
+}
+
+// TestCompleteOwnershipByNumber checks that Complete's ownership test,
+// which compares the stored state and token with the caller's as strings
+// first, still compares them as numbers when the strings differ: a record
+// whose state and token were written as "1.0" and "2.0" (numerically the
+// caller's, textually not) is completed by token 2, and the one whose
+// token is 3 is not (ErrLeaseLost), whatever the text.
+func TestCompleteOwnershipByNumber(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	now := b.serverMillis(t)
+	f := fp("p")
+	for _, id := range []string{"same", "other"} {
+		tok := "2.0"
+		if id == "other" {
+			tok = "3"
+		}
+		if err := b.client.HSet(b.ctx, b.store.RecordKey("c", id), map[string]any{
+			"state": "1.0", "fingerprint": string(f), "token": tok, "attempt": 2, "v": 2,
+			"lease_until_ms": now + 60000, "created_ms": now,
+		}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "same", Token: 2, Result: []byte("ok")}); err != nil {
+		t.Fatalf("Complete of a record whose token is 2.0 by token 2: %v", err)
+	}
+	h := b.client.HGetAll(b.ctx, b.store.RecordKey("c", "same")).Val()
+	if h["state"] != "2" || h["result"] != "ok" || h["finished_ms"] == "" {
+		t.Errorf("record after Complete: %q, want state 2, result ok and finished_ms", h)
+	}
+	err := b.store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: "c", MessageID: "other", Token: 2, Result: []byte("ok")})
+	if !errors.Is(err, idemdriver.ErrLeaseLost) || !strings.Contains(err.Error(), "token 3 took over") {
+		t.Errorf("Complete by token 2 of a record held by token 3: %v, want ErrLeaseLost (token 3 took over)", err)
+	}
+	if got := b.client.HGet(b.ctx, b.store.RecordKey("c", "other"), "state").Val(); got != "1.0" {
+		t.Errorf("state of the record not owned after the refused Complete: %q, want 1.0 (unchanged)", got)
+	}
 }

@@ -1,6 +1,7 @@
 package idemredis_test
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 
@@ -53,5 +54,20 @@ func TestStoredNumbers(t *testing.T) {
 	score, err := b.client.ZScore(b.ctx, b.store.ConsumerKey("c", idemredis.DoneSuffix), "m").Result()
 	if err != nil || int64(score) != finished {
 		t.Errorf("retention index score %v (%v), want finished_ms %d", score, err, finished)
+	}
+}
+
+// TestMillisDigits runs the complete scripts' milliseconds of a TIME reply
+// (millisDigitsLua) on the server for microseconds across their range and
+// compares them with the three digits of the whole milliseconds.
+func TestMillisDigits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	script := "local t = {ARGV[1], ARGV[2]}\nreturn " + idemredis.MillisDigitsLua
+	for _, us := range []int64{0, 5, 999, 1000, 5023, 12345, 99999, 100000, 123456, 999000, 999999} {
+		got, err := b.client.Eval(b.ctx, script, nil, "1765000000", us).Text()
+		if want := fmt.Sprintf("%03d", us/1000); err != nil || got != want {
+			t.Errorf("milliseconds of %d µs: %q, %v; want %q", us, got, err, want)
+		}
 	}
 }

@@ -40,7 +40,20 @@ import "github.com/redis/go-redis/v9"
 // would have. string.format('%d') of the whole time would be a little
 // cheaper, but it formats a C long, 32 bits on some platforms. The two
 // scripts of a message went from 163k to 147k server instructions
-// (callgrind, docs/benchmarks.md, stop 42).
+// (callgrind, docs/benchmarks.md, stop 42). Reading numbers costs too: Lua
+// turns a string into a number with the C library's strtod, and each
+// conversion is hundreds of instructions, so acquireScript converts
+// TIME's microseconds once, and the complete scripts convert nothing on
+// the way to a completion: their time is TIME's seconds followed by the
+// thousands digits of its microseconds (TIME writes them in decimal
+// without leading zeros, below 1,000,000, so the three digits before the
+// last three of the microseconds padded to six are the milliseconds
+// '%03d' would write), and they test ownership by comparing the stored
+// state and token with '1' and the caller's token as strings (a token is
+// written in decimal, as the caller sends it), converting them to numbers
+// only when the strings differ: an equal string settles it, and a
+// different one is compared as a number as before. That took 6.5k of the
+// 135k server instructions of a new message (docs/benchmarks.md, stop 45).
 
 // stepField starts the field of a recovery point in a record hash of
 // layout 2 (v = 2); no other record field starts with it.
@@ -91,9 +104,10 @@ var acquireScript = redis.NewScript(acquireLua)
 
 const acquireLua = `
 local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local ms = math.floor(t[2] / 1000)
+local now = t[1] * 1000 + ms
 if redis.call('EXISTS', KEYS[1]) == 0 then
-	local now_ms = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+	local now_ms = t[1] .. string.format('%03d', ms)
 	if ARGV[3] == '' then
 		redis.call('HSET', KEYS[1], 'state', '1', 'fingerprint', ARGV[1], 'token', '1', 'attempt', '1',
 			'lease_until_ms', now + ARGV[2], 'created_ms', now_ms, 'v', '2')
@@ -196,10 +210,17 @@ var (
 	completeIndexEval = newEvalScript(completeIndexScript, completeIndexLua)
 )
 
+// millisDigitsLua is Lua for the three digits of the milliseconds of t,
+// a reply of TIME: the thousands digits of its microseconds, t[2], which
+// TIME writes in decimal without leading zeros and below 1,000,000
+// ("5023" is "005"), without converting them to a number.
+const millisDigitsLua = `string.sub('00000' .. t[2], -6, -4)`
+
 // completeLua is the body of the complete scripts: also runs index (Lua,
 // with now set: the server's time in milliseconds, as a string) when the
 // token owns the record, before completing it.
-// The ownership test is owns's, written out; a record that is completed
+// The ownership test is owns's, written out, with the strings compared
+// first (see the top of this file); a record that is completed
 // by this token with this very result and content type is a Complete
 // repeated because the reply of the one that landed was lost (a cut
 // connection), and answers 1. Only state, result, content_type and
@@ -207,19 +228,21 @@ var (
 // is finished_ms.
 func completeLua(index string) string {
 	return `
-local token = tonumber(ARGV[1])
 local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'released')
-local state, tok = tonumber(r[1]), tonumber(r[2])
-if state ~= 1 or tok ~= token or r[3] then
-	if not r[1] then return {0, 0, 0, 0} end
-	if state == 2 and tok == token then
-		local d = redis.call('HMGET', KEYS[1], 'result', 'content_type')
-		if d[1] == ARGV[2] and d[2] == ARGV[3] then return 1 end
+if r[1] ~= '1' or r[2] ~= ARGV[1] or r[3] then
+	local token = tonumber(ARGV[1])
+	local state, tok = tonumber(r[1]), tonumber(r[2])
+	if state ~= 1 or tok ~= token or r[3] then
+		if not r[1] then return {0, 0, 0, 0} end
+		if state == 2 and tok == token then
+			local d = redis.call('HMGET', KEYS[1], 'result', 'content_type')
+			if d[1] == ARGV[2] and d[2] == ARGV[3] then return 1 end
+		end
+		return {0, state, tok, r[3] and 1 or 0}
 	end
-	return {0, state, tok, r[3] and 1 or 0}
 end
 local t = redis.call('TIME')
-local now = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+local now = t[1] .. ` + millisDigitsLua + `
 ` + index + `
 redis.call('HSET', KEYS[1], 'state', '2', 'result', ARGV[2], 'content_type', ARGV[3], 'finished_ms', now)
 return 1
