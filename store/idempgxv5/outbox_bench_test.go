@@ -42,6 +42,9 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //   - best_checked_outbox1_hashid: the same with idem's derived outgoing
 //     ID (idem.OutgoingID, 69 bytes) instead of the hand-written one
 //     ("bench/<message ID>/charged");
+//   - best_checked_outbox1_locked: best_checked_outbox1 whose relay rounds
+//     each hold their rows' locks through the publish in one transaction
+//     (checkedOutbox.lockedRound), the reference of idem_outbox1_locked;
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message, and
@@ -79,7 +82,7 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 // best_checked_outbox1 x-outbox_best_checked (its outbox's cost) and
 // x-best_outbox1 (what the guarantees cost by hand), and idem_outbox1
 // x-best_checked_outbox1: idem against the same guarantee written by
-// hand. They also report the CPU (client, and server: the backends of both
+// hand (idem_outbox1_locked: x-best_checked_outbox1_locked). They also report the CPU (client, and server: the backends of both
 // pools) and WAL per message. They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL). The WAL and server
 // CPU figures are the server's and its backends': on a shared machine
@@ -118,11 +121,15 @@ func benchOutboxRound(b *testing.B) {
 	})
 	b.Run("best_checked_outbox1", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "best_checked_outbox1", processCheckedRelayed(b, bb, payload, false), "outbox_best_checked", "best_outbox1")
+		reportRatios(b, "best_checked_outbox1", processCheckedRelayed(b, bb, payload, checkedVariant{}), "outbox_best_checked", "best_outbox1")
 	})
 	b.Run("best_checked_outbox1_hashid", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "best_checked_outbox1_hashid", processCheckedRelayed(b, bb, payload, true), "outbox_best_checked", "best_checked_outbox1")
+		reportRatios(b, "best_checked_outbox1_hashid", processCheckedRelayed(b, bb, payload, checkedVariant{hashedID: true}), "outbox_best_checked", "best_checked_outbox1")
+	})
+	b.Run("best_checked_outbox1_locked", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "best_checked_outbox1_locked", processCheckedRelayed(b, bb, payload, checkedVariant{locked: true}), "outbox_best_checked", "best_checked_outbox1")
 	})
 	b.Run("idem", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -138,7 +145,7 @@ func benchOutboxRound(b *testing.B) {
 	})
 	b.Run("idem_outbox1_locked", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1_locked", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLocked), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1_locked", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLocked), "outbox_idem", "best_outbox1", "best_checked_outbox1_locked")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -399,6 +406,13 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 	})
 }
 
+// checkedVariant is a variant of best_checked_outbox1 (see
+// processCheckedRelayed).
+type checkedVariant struct {
+	hashedID bool // idem's derived outgoing ID instead of checkedID's own
+	locked   bool // rounds that hold their rows by lock through the publish
+}
+
 // timeRelayed is the timed section of a hand-written outbox case: process
 // of b.N new message IDs across the workers, each followed by a wake-up
 // of the relay loops (wake), until every message was published (sent
@@ -456,14 +470,17 @@ func timeRelayed(b *testing.B, bb *bundle, rpool *pgxpool.Pool, outbox string, w
 // go in one round trip before the COMMIT, and two relay loops on a pool of
 // two connections of their own, woken after each commit, claim (a lease),
 // publish (a publisher that confirms at once) and delete each round's rows
-// with their next claim. The outgoing ID is checkedID's (hashed: idem's
-// derived one). The timed section ends when every message was published
-// and its row's delete committed. It returns the throughput.
-func processCheckedRelayed(b *testing.B, bb *bundle, payload []byte, hashed bool) float64 {
+// with their next claim (v.locked: each round holds its rows' locks
+// through the publish, checkedOutbox.lockedRound). The outgoing ID is
+// checkedID's (v.hashedID: idem's derived one). The timed section ends
+// when every message was published and its row's delete committed. It
+// returns the throughput.
+func processCheckedRelayed(b *testing.B, bb *bundle, payload []byte, v checkedVariant) float64 {
 	b.Helper()
 	ctx := context.Background()
 	checkedSetup(b, bb)
 	ob := newCheckedOutbox(bb.effects + "_cob")
+	ob.locked = v.locked
 	if err := ob.create(ctx, bb.pool); err != nil {
 		b.Fatal(err)
 	}
@@ -488,7 +505,7 @@ func processCheckedRelayed(b *testing.B, bb *bundle, payload []byte, hashed bool
 	defer func() { cancel(); relays.Wait() }()
 	return timeRelayed(b, bb, rpool, ob.table, wake, &sent, &rounds, func(ctx context.Context, id string) error {
 		claimed, err := bb.checkedProcessEmit(ctx, id, payload, func(batch *pgx.Batch) {
-			ob.emit(batch, checkedID("bench", id, hashed), "orders.charged", id, payload)
+			ob.emit(batch, checkedID("bench", id, v.hashedID), "orders.charged", id, payload)
 		})
 		if err == nil && !claimed {
 			err = errors.New("not claimed")

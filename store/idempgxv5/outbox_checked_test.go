@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,6 +56,10 @@ type checkedOutbox struct {
 	claimSQL, emitSQL  string
 	deleteSQL          string
 	retrySQL, deadSQL  string
+	// locked makes each relay round one transaction that holds its rows'
+	// locks through the publish instead of leasing them (lockedRound).
+	locked                              bool
+	lockSQL, lockedRetrySQL, lockedDead string
 }
 
 // newCheckedOutbox returns the hand-written outbox on table (and
@@ -62,26 +67,37 @@ type checkedOutbox struct {
 // 30 s lease, retries after 1 s doubling to 5 min.
 func newCheckedOutbox(table string) *checkedOutbox {
 	t := table
-	return &checkedOutbox{
-		table: t, limit: idem.DefaultRelayBatchSize, lease: idem.DefaultRelayLease,
-		minRetry: idem.DefaultRelayMinRetry, maxRetry: idem.DefaultRelayMaxRetry,
-		emitSQL: `INSERT INTO ` + t + ` (id, destination, order_key, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING`,
-		claimSQL: `UPDATE ` + t + ` SET lease_until = clock_timestamp() + $2::bigint * interval '1 microsecond', attempts = attempts + 1
-WHERE id IN (SELECT o.id FROM ` + t + ` o
-	WHERE (o.lease_until IS NULL OR o.lease_until <= now())
+	// The rows a claim may take: under no lease (or retry wait), and the
+	// first of their destination and key.
+	claimable := `(o.lease_until IS NULL OR o.lease_until <= now())
 	AND (o.order_key = '' OR NOT EXISTS (SELECT FROM ` + t + ` p
 		WHERE hashtextextended(p.order_key, 0) = hashtextextended(o.order_key, 0) AND p.order_key <> ''
 		AND p.destination = o.destination AND p.order_key = o.order_key AND p.seq < o.seq))
-	ORDER BY o.seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED)
+	ORDER BY o.seq LIMIT $1::bigint FOR UPDATE SKIP LOCKED`
+	dead := func(fence string) string {
+		return `WITH d AS (DELETE FROM ` + t + ` AS o USING unnest($1::text[], $2::bigint[], $3::int[], $4::text[]) AS v(id, seq, attempt, err)
+	WHERE o.id = v.id AND o.seq = v.seq AND ` + fence + `
+	RETURNING o.id, o.seq, o.destination, o.order_key, o.payload, v.attempt, v.err)
+INSERT INTO ` + t + `_dead (id, seq, destination, order_key, payload, attempts, last_error) SELECT * FROM d`
+	}
+	return &checkedOutbox{
+		lockSQL: `SELECT o.id, o.seq, o.destination, o.order_key, o.payload, o.attempts + 1 FROM ` + t + ` o
+WHERE (SELECT set_config('idle_in_transaction_session_timeout', $2::text, true)) IS NOT NULL AND ` + claimable,
+		lockedRetrySQL: `UPDATE ` + t + ` AS o SET lease_until = clock_timestamp() + v.delay * interval '1 microsecond', attempts = v.attempt
+FROM unnest($1::text[], $2::bigint[], $3::int[], $4::bigint[]) AS v(id, seq, attempt, delay)
+WHERE o.id = v.id AND o.seq = v.seq`,
+		lockedDead: dead(`o.attempts = v.attempt - 1`),
+		table:      t, limit: idem.DefaultRelayBatchSize, lease: idem.DefaultRelayLease,
+		minRetry: idem.DefaultRelayMinRetry, maxRetry: idem.DefaultRelayMaxRetry,
+		emitSQL: `INSERT INTO ` + t + ` (id, destination, order_key, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING`,
+		claimSQL: `UPDATE ` + t + ` SET lease_until = clock_timestamp() + $2::bigint * interval '1 microsecond', attempts = attempts + 1
+WHERE id IN (SELECT o.id FROM ` + t + ` o WHERE ` + claimable + `)
 RETURNING id, seq, destination, order_key, payload, attempts`,
 		deleteSQL: `DELETE FROM ` + t + ` WHERE (id, seq) IN (SELECT * FROM unnest($1::text[], $2::bigint[]))`,
 		retrySQL: `UPDATE ` + t + ` AS o SET lease_until = now() + v.delay * interval '1 microsecond'
 FROM unnest($1::text[], $2::bigint[], $3::int[], $4::bigint[]) AS v(id, seq, attempt, delay)
 WHERE o.id = v.id AND o.seq = v.seq AND o.attempts = v.attempt`,
-		deadSQL: `WITH d AS (DELETE FROM ` + t + ` AS o USING unnest($1::text[], $2::bigint[], $3::int[], $4::text[]) AS v(id, seq, attempt, err)
-	WHERE o.id = v.id AND o.seq = v.seq AND o.attempts = v.attempt
-	RETURNING o.id, o.seq, o.destination, o.order_key, o.payload, o.attempts, v.err)
-INSERT INTO ` + t + `_dead (id, seq, destination, order_key, payload, attempts, last_error) SELECT * FROM d`,
+		deadSQL: dead(`o.attempts = v.attempt`),
 	}
 }
 
@@ -145,25 +161,43 @@ func (f *checkedFailures) add(r idem.Outgoing, attempt int32) {
 // each claim counted.
 func (o *checkedOutbox) round(ctx context.Context, pool *pgxpool.Pool, out *checkedOutcomes, claim bool) ([]idem.Outgoing, []int32, error) {
 	batch := &pgx.Batch{}
-	if len(out.sentIDs) > 0 {
-		batch.Queue(o.deleteSQL, out.sentIDs, out.sentSeqs)
-	}
-	if r := &out.retry; len(r.ids) > 0 {
-		batch.Queue(o.retrySQL, r.ids, r.seqs, r.attempts, r.delays)
-	}
-	if d := &out.dead; len(d.ids) > 0 {
-		batch.Queue(o.deadSQL, d.ids, d.seqs, d.attempts, d.errs)
-	}
-	settles := batch.Len()
+	o.queueOutcomes(batch, out, false)
 	if claim {
 		batch.Queue(o.claimSQL, int64(o.limit), o.lease.Microseconds())
 	}
 	if batch.Len() == 0 {
 		return nil, nil, nil
 	}
-	br := pool.SendBatch(ctx, batch)
+	return sendClaim(pool.SendBatch(ctx, batch), batch.Len(), claim)
+}
+
+// queueOutcomes queues the statements that write out on batch: the
+// deletes, retries and dead letters, each one statement for all its rows;
+// with locked, those of a round that holds the rows' locks (the claim
+// wrote no attempt: the retry sets it, the dead letter fences on the one
+// before).
+func (o *checkedOutbox) queueOutcomes(batch *pgx.Batch, out *checkedOutcomes, locked bool) {
+	retry, dead := o.retrySQL, o.deadSQL
+	if locked {
+		retry, dead = o.lockedRetrySQL, o.lockedDead
+	}
+	if len(out.sentIDs) > 0 {
+		batch.Queue(o.deleteSQL, out.sentIDs, out.sentSeqs)
+	}
+	if r := &out.retry; len(r.ids) > 0 {
+		batch.Queue(retry, r.ids, r.seqs, r.attempts, r.delays)
+	}
+	if d := &out.dead; len(d.ids) > 0 {
+		batch.Queue(dead, d.ids, d.seqs, d.attempts, d.errs)
+	}
+}
+
+// sendClaim reads the n results of a batch whose last statement is a
+// claim when claim is set (the claimed rows and their attempts), closes it,
+// and returns the first error.
+func sendClaim(br pgx.BatchResults, n int, claim bool) ([]idem.Outgoing, []int32, error) {
 	var err error
-	for range settles {
+	for range n - 1 {
 		if _, err = br.Exec(); err != nil {
 			break
 		}
@@ -187,6 +221,8 @@ func (o *checkedOutbox) round(ctx context.Context, pool *pgxpool.Pool, out *chec
 				err = rows.Err()
 			}
 		}
+	} else if err == nil {
+		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -195,6 +231,47 @@ func (o *checkedOutbox) round(ctx context.Context, pool *pgxpool.Pool, out *chec
 		return nil, nil, err
 	}
 	return recs, attempts, nil
+}
+
+// lockedRound is one relay round that holds its rows by their row locks
+// through the publish, in one transaction on one connection: BEGIN and
+// the claim (a SELECT ... FOR UPDATE SKIP LOCKED of the same rows as the
+// leasing claim's, writing nothing, which bounds the transaction's idle
+// time on the server by the lease) in one round trip, the publish, then
+// the outcomes and COMMIT in one more. A row whose lock another round
+// holds is still in the table, so the order check holds as with leases.
+// It returns the number of rows claimed.
+func (o *checkedOutbox) lockedRound(ctx context.Context, pool *pgxpool.Pool, pub idem.Publisher) (n int, err error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			_ = c.Conn().Close(ctx) // in an unknown transaction state: the pool drops it
+		}
+		c.Release()
+	}()
+	batch := &pgx.Batch{}
+	batch.Queue(`BEGIN`)
+	batch.Queue(o.lockSQL, int64(o.limit), strconv.FormatInt(o.lease.Milliseconds(), 10))
+	recs, attempts, err := sendClaim(c.SendBatch(ctx, batch), 2, true)
+	if err != nil {
+		return 0, err
+	}
+	var out checkedOutcomes
+	if len(recs) > 0 {
+		out = o.publish(ctx, pub, recs, attempts)
+	}
+	// The outcomes of what was published are written even when ctx ended
+	// meanwhile (a relay that stops ends the rows it holds).
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	batch = &pgx.Batch{}
+	o.queueOutcomes(batch, &out, true)
+	batch.Queue(`COMMIT`)
+	_, _, err = sendClaim(c.SendBatch(ectx, batch), batch.Len(), false)
+	return len(recs), err
 }
 
 // publish publishes recs (claimed at attempts) through pub within half
@@ -235,23 +312,36 @@ func (o *checkedOutbox) backoff(attempt int32) time.Duration {
 }
 
 // run is one relay loop on pool until ctx ends: claim, publish, and write
-// the outcomes with the next claim; a claim of no row waits for wake, or
+// the outcomes with the next claim (with locked, lockedRound after
+// lockedRound); a claim of no row waits for wake, or
 // for 50 ms. When ctx ends it writes the outcomes of its last publish on
 // a context of its own and returns. It returns the first error of the
 // database otherwise.
 func (o *checkedOutbox) run(ctx context.Context, pool *pgxpool.Pool, pub idem.Publisher, wake <-chan struct{}) error {
 	var out checkedOutcomes
 	for ctx.Err() == nil {
-		recs, attempts, err := o.round(ctx, pool, &out, true)
+		var n int
+		var err error
+		if o.locked {
+			n, err = o.lockedRound(ctx, pool, pub)
+		} else {
+			var recs []idem.Outgoing
+			var attempts []int32
+			recs, attempts, err = o.round(ctx, pool, &out, true)
+			if err == nil {
+				out, n = checkedOutcomes{}, len(recs)
+				if n > 0 {
+					out = o.publish(ctx, pub, recs, attempts)
+				}
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			return err
 		}
-		out = checkedOutcomes{}
-		if len(recs) > 0 {
-			out = o.publish(ctx, pub, recs, attempts)
+		if n > 0 {
 			continue
 		}
 		t := time.NewTimer(50 * time.Millisecond)
@@ -349,19 +439,41 @@ func tableCount(t *testing.T, pool *pgxpool.Pool, table string) int {
 }
 
 // recorder is a publisher that confirms every message, records the IDs
-// it published, and closes done once it published want messages.
+// it published, and closes done once it published want messages. With
+// overlap set, its first call returns only once a second call has begun
+// (or after a minute, an error), so that two relay rounds are in flight at
+// once at least once.
 type recorder struct {
-	mu    sync.Mutex
-	ids   []string
-	want  int
-	done  chan struct{}
-	check func(ctx context.Context, m idem.Outgoing) error // nil: none
-	errs  []error
+	mu      sync.Mutex
+	ids     []string
+	want    int
+	done    chan struct{}
+	check   func(ctx context.Context, m idem.Outgoing) error // nil: none
+	errs    []error
+	overlap bool
+	calls   atomic.Int64
+	second  chan struct{}
 }
 
-func newRecorder(want int) *recorder { return &recorder{want: want, done: make(chan struct{})} }
+func newRecorder(want int) *recorder {
+	return &recorder{want: want, done: make(chan struct{}), second: make(chan struct{})}
+}
 
 func (r *recorder) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
+	if r.overlap {
+		switch r.calls.Add(1) {
+		case 1:
+			select {
+			case <-r.second:
+			case <-time.After(time.Minute):
+				r.mu.Lock()
+				r.errs = append(r.errs, errors.New("no second round in flight within a minute of the first"))
+				r.mu.Unlock()
+			}
+		case 2:
+			close(r.second)
+		}
+	}
 	var bad []error
 	if r.check != nil {
 		for _, m := range msgs {
@@ -403,12 +515,28 @@ func TestCheckedOutboxUniqueID(t *testing.T) {
 }
 
 // TestCheckedOutboxOrderPerKey: two relay loops, each claim of at most 4
-// rows, send every row once and each key's rows in the order they were
+// rows, the first publish held until a second round publishes too, send
+// every row once and each key's rows in the order they were
 // emitted, each only once the previous row of its destination and key was
 // deleted (checked in the database as it is published); rows without a
 // key go out too.
 func TestCheckedOutboxOrderPerKey(t *testing.T) {
-	ob, pool := checkedFixture(t)
+	forCheckedModes(t, testCheckedOrderPerKey)
+}
+
+// forCheckedModes runs test on a fresh hand-written outbox with leased
+// rounds, then with locked ones.
+func forCheckedModes(t *testing.T, test func(t *testing.T, ob *checkedOutbox, pool *pgxpool.Pool)) {
+	for _, locked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "leased", true: "locked"}[locked], func(t *testing.T) {
+			ob, pool := checkedFixture(t)
+			ob.locked = locked
+			test(t, ob, pool)
+		})
+	}
+}
+
+func testCheckedOrderPerKey(t *testing.T, ob *checkedOutbox, pool *pgxpool.Pool) {
 	ob.limit = 4
 	var want []string
 	emitted := map[string][]string{} // destination/key: IDs in emission order
@@ -428,6 +556,7 @@ func TestCheckedOutboxOrderPerKey(t *testing.T) {
 		emitChecked(t, ob, pool, msgs...)
 	}
 	r := newRecorder(len(want))
+	r.overlap = true
 	r.check = func(ctx context.Context, m idem.Outgoing) error {
 		if m.Key == "" {
 			return nil
@@ -469,7 +598,10 @@ func TestCheckedOutboxOrderPerKey(t *testing.T) {
 // later rows until the row is sent; a permanent one moves the row to the
 // dead-letter table and lets its key's next row go.
 func TestCheckedOutboxFailures(t *testing.T) {
-	ob, pool := checkedFixture(t)
+	forCheckedModes(t, testCheckedFailures)
+}
+
+func testCheckedFailures(t *testing.T, ob *checkedOutbox, pool *pgxpool.Pool) {
 	ob.minRetry, ob.maxRetry = 0, 0 // retried at the next claim
 	emitChecked(t, ob, pool, [3]string{"a1", "d", "a"}, [3]string{"b1", "d", "b"}, [3]string{"c1", "d", "c"})
 	emitChecked(t, ob, pool, [3]string{"a2", "d", "a"}, [3]string{"c2", "d", "c"})
