@@ -372,16 +372,9 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 					b.Error(err)
 					return
 				}
-				if n == 1000 {
-					continue
+				if n < 1000 {
+					idleWait(rctx, wake)
 				}
-				t := time.NewTimer(50 * time.Millisecond)
-				select {
-				case <-rctx.Done():
-				case <-wake:
-				case <-t.C:
-				}
-				t.Stop()
 			}
 		})
 	}

@@ -341,16 +341,9 @@ func (o *checkedOutbox) run(ctx context.Context, pool *pgxpool.Pool, pub idem.Pu
 			}
 			return err
 		}
-		if n > 0 {
-			continue
+		if n == 0 {
+			idleWait(ctx, wake)
 		}
-		t := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
 	}
 	// The outcomes of the last publish (written again if the round that
 	// ctx's end interrupted wrote them: each statement is idempotent).
@@ -358,6 +351,18 @@ func (o *checkedOutbox) run(ctx context.Context, pool *pgxpool.Pool, pub idem.Pu
 	defer cancel()
 	_, _, err := o.round(sctx, pool, &out, false)
 	return err
+}
+
+// idleWait is a relay loop's pause after a round that found nothing: it
+// returns on wake, after 50 ms, or at ctx's end, whichever comes first.
+func idleWait(ctx context.Context, wake <-chan struct{}) {
+	t := time.NewTimer(50 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-wake:
+	case <-t.C:
+	}
 }
 
 // checkedID is the hand-written outgoing ID of the message the consumer
