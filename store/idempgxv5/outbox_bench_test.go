@@ -2,6 +2,7 @@ package idempgxv5_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/store/idempgxv5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // confirmAll is a publisher that confirms every message at once.
@@ -26,6 +28,23 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 //     outbox costs on this server: what every outbox pays, without what
 //     idem's adds (order per key, an outgoing ID that is unique, leases
 //     instead of a transaction held open through the publish, retries);
+//   - best_checked: the hand-written consumer with idem's guarantee
+//     (BenchmarkProcess's best_checked: the payload's fingerprint kept,
+//     the purge index);
+//   - best_checked_outbox1: the hand-written outbox with idem's outbox
+//     guarantees (checkedOutbox, processCheckedRelayed) on best_checked:
+//     a unique outgoing ID (the primary key; emitting an ID again does
+//     nothing), order per destination and key under two relay loops (an
+//     index on a hash of the key and seq), leases instead of a
+//     transaction held through the publish, retries and fenced marks;
+//     each round's confirmed rows deleted with its next claim. The
+//     reference idem_outbox1 is judged against;
+//   - best_checked_outbox1_hashid: the same with idem's derived outgoing
+//     ID (idem.OutgoingID, 69 bytes) instead of the hand-written one
+//     ("bench/<message ID>/charged");
+//   - best_checked_outbox1_locked: best_checked_outbox1 whose relay rounds
+//     each hold their rows' locks through the publish in one transaction
+//     (checkedOutbox.lockedRound), the reference of idem_outbox1_locked;
 //   - idem: Consumer.Process of a new message whose handler writes one
 //     effect row (BenchmarkProcess's idem);
 //   - idem_outbox1: the same handler also emits one outgoing message, and
@@ -58,13 +77,18 @@ var confirmAll = idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) [
 // case K, where outbox_best names best and outbox_idem names idem. So
 // best_outbox1's and idem_outbox1's x-outbox_best and x-outbox_idem are the
 // outbox's cost, idem's x-outbox_best is idem against best, and
-// idem_outbox1 (and idem_outbox1_keepsent) also report x-best_outbox1. They also report the CPU (client, and server: the backends of both
+// idem_outbox1 (and idem_outbox1_keepsent) also report x-best_outbox1;
+// best_checked (outbox_best_checked) reports x-outbox_best,
+// best_checked_outbox1 x-outbox_best_checked (its outbox's cost) and
+// x-best_outbox1 (what the guarantees cost by hand), and idem_outbox1
+// x-best_checked_outbox1: idem against the same guarantee written by
+// hand (idem_outbox1_locked: x-best_checked_outbox1_locked). They also report the CPU (client, and server: the backends of both
 // pools) and WAL per message. They run on the durable PostgreSQL when
 // IDEM_TEST_POSTGRES_DURABLE_URL is set (see benchURL). The WAL and server
 // CPU figures are the server's and its backends': on a shared machine
 // they move much less than throughput does.
 //
-// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=6 go test -run '^$' -bench 'BenchmarkOutbox/^(best|best_outbox1|idem|idem_outbox1|idem_outbox1_keepsent)(#[0-9]+)?$' -benchtime 10000x
+// Run: cat /proc/loadavg; IDEM_BENCH_ROUNDS=6 go test -run '^$' -bench 'BenchmarkOutbox/^(best|best_checked|best_outbox1|best_checked_outbox1|idem|idem_outbox1)(#[0-9]+)?$' -benchtime 10000x -benchmem
 func BenchmarkOutbox(b *testing.B) {
 	for range benchRounds {
 		benchOutboxRound(b)
@@ -91,13 +115,29 @@ func benchOutboxRound(b *testing.B) {
 		bb := benchSetup(b)
 		reportRatios(b, "best_outbox1", processBestRelayed(b, bb, payload), "outbox_best")
 	})
+	b.Run("best_checked", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "outbox_best_checked", checkedNew(b, bb, payload), "outbox_best")
+	})
+	b.Run("best_checked_outbox1", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "best_checked_outbox1", processCheckedRelayed(b, bb, payload, checkedVariant{}), "outbox_best_checked", "best_outbox1")
+	})
+	b.Run("best_checked_outbox1_hashid", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "best_checked_outbox1_hashid", processCheckedRelayed(b, bb, payload, checkedVariant{hashedID: true}), "outbox_best_checked", "best_checked_outbox1")
+	})
+	b.Run("best_checked_outbox1_locked", func(b *testing.B) {
+		bb := benchSetup(b)
+		reportRatios(b, "best_checked_outbox1_locked", processCheckedRelayed(b, bb, payload, checkedVariant{locked: true}), "outbox_best_checked", "best_checked_outbox1")
+	})
 	b.Run("idem", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "outbox_idem", processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload), "outbox_best")
+		reportRatios(b, "outbox_idem", processNew(b, bb, bb.consumer(b, "bench"), bb.effectHandler(), payload), "outbox_best", "outbox_best_checked")
 	})
 	b.Run("idem_outbox1", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayDelete), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayDelete), "outbox_idem", "best_outbox1", "best_checked_outbox1")
 	})
 	b.Run("idem_outbox1_keepsent", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -105,7 +145,7 @@ func benchOutboxRound(b *testing.B) {
 	})
 	b.Run("idem_outbox1_locked", func(b *testing.B) {
 		bb := benchSetup(b)
-		reportRatios(b, "idem_outbox1_locked", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLocked), "outbox_idem", "best_outbox1")
+		reportRatios(b, "idem_outbox1_locked", processRelayed(b, bb, emitting(bb.effectHandler()), payload, relayLocked), "outbox_idem", "best_outbox1", "best_checked_outbox1_locked")
 	})
 	b.Run("idem_outbox1_norelay", func(b *testing.B) {
 		bb := benchSetup(b)
@@ -332,34 +372,21 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 					b.Error(err)
 					return
 				}
-				if n == 1000 {
-					continue
+				if n < 1000 {
+					idleWait(rctx, wake)
 				}
-				t := time.NewTimer(50 * time.Millisecond)
-				select {
-				case <-rctx.Done():
-				case <-wake:
-				case <-t.C:
-				}
-				t.Stop()
 			}
 		})
 	}
 	defer func() { cancel(); relays.Wait() }()
-	m := startCPUs(b, bb.pool, rpool)
-	w := startWAL(b, bb)
-	prefix := benchPrefix()
-	b.ResetTimer()
-	start := time.Now()
-	if err := runOps(ctx, b, func(ctx context.Context, i int64) error {
-		id := prefix + strconv.FormatInt(i, 10)
+	return timeRelayed(b, bb, rpool, outbox, wake, &sent, &rounds, func(ctx context.Context, id string) error {
 		tx, claimed, err := bb.bestClaim(ctx, id)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		if !claimed {
-			return fmt.Errorf("message %d not claimed", i)
+			return errors.New("not claimed")
 		}
 		batch := &pgx.Batch{}
 		batch.Queue(`INSERT INTO `+bb.effects+` (key) VALUES ($1)`, id)
@@ -368,8 +395,36 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 			return err
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
+		return tx.Commit(ctx)
+	})
+}
+
+// checkedVariant is a variant of best_checked_outbox1 (see
+// processCheckedRelayed).
+type checkedVariant struct {
+	hashedID bool // idem's derived outgoing ID instead of checkedID's own
+	locked   bool // rounds that hold their rows by lock through the publish
+}
+
+// timeRelayed is the timed section of a hand-written outbox case: process
+// of b.N new message IDs across the workers, each followed by a wake-up
+// of the relay loops (wake), until every message was published (sent
+// counts them, rounds the publishes) and outbox is empty. It reports the
+// throughput, the messages per publish, the CPU per message (the backends
+// of bb's pool and of the relay's rpool) and the WAL per message, and
+// returns the throughput.
+func timeRelayed(b *testing.B, bb *bundle, rpool *pgxpool.Pool, outbox string, wake chan<- struct{}, sent, rounds *atomic.Int64,
+	process func(ctx context.Context, id string) error) float64 {
+	b.Helper()
+	ctx := context.Background()
+	m := startCPUs(b, bb.pool, rpool)
+	w := startWAL(b, bb)
+	prefix := benchPrefix()
+	b.ResetTimer()
+	start := time.Now()
+	if err := runOps(ctx, b, func(ctx context.Context, i int64) error {
+		if err := process(ctx, prefix+strconv.FormatInt(i, 10)); err != nil {
+			return fmt.Errorf("message %d: %w", i, err)
 		}
 		select {
 		case wake <- struct{}{}:
@@ -399,4 +454,55 @@ func processBestRelayed(b *testing.B, bb *bundle, payload []byte) float64 {
 	m.report(b, b.N)
 	w.report(b, b.N)
 	return rate
+}
+
+// processCheckedRelayed is the hand-written outbox with idem's outbox
+// guarantees (checkedOutbox, on best_checked's consumer: the processed
+// table with the payload's fingerprint and the purge index,
+// bundle.checkedProcessEmit): each new message's effect and outbox INSERT
+// go in one round trip before the COMMIT, and two relay loops on a pool of
+// two connections of their own, woken after each commit, claim (a lease),
+// publish (a publisher that confirms at once) and delete each round's rows
+// with their next claim (v.locked: each round holds its rows' locks
+// through the publish, checkedOutbox.lockedRound). The outgoing ID is
+// checkedID's (v.hashedID: idem's derived one). The timed section ends
+// when every message was published and its row's delete committed. It
+// returns the throughput.
+func processCheckedRelayed(b *testing.B, bb *bundle, payload []byte, v checkedVariant) float64 {
+	b.Helper()
+	ctx := context.Background()
+	checkedSetup(b, bb)
+	ob := newCheckedOutbox(bb.effects + "_cob")
+	ob.locked = v.locked
+	if err := ob.create(ctx, bb.pool); err != nil {
+		b.Fatal(err)
+	}
+	steady(b, bb)
+	rpool := newPool(b, poolOpts{maxConns: 2, url: benchURL()})
+	var sent, rounds atomic.Int64
+	pub := idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {
+		rounds.Add(1)
+		sent.Add(int64(len(m)))
+		return make([]error, len(m))
+	})
+	wake := make(chan struct{}, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	var relays sync.WaitGroup
+	for range 2 {
+		relays.Go(func() {
+			if err := ob.run(rctx, rpool, pub, wake); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	defer func() { cancel(); relays.Wait() }()
+	return timeRelayed(b, bb, rpool, ob.table, wake, &sent, &rounds, func(ctx context.Context, id string) error {
+		claimed, err := bb.checkedProcessEmit(ctx, id, payload, func(batch *pgx.Batch) {
+			ob.emit(batch, checkedID("bench", id, v.hashedID), "orders.charged", id, payload)
+		})
+		if err == nil && !claimed {
+			err = errors.New("not claimed")
+		}
+		return err
+	})
 }
