@@ -193,7 +193,7 @@ func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Mess
 	a.Message, a.Consumer, a.Number, a.Token = msg, c.cfg.Name, acq.Attempt, acq.Token
 	a.c, a.t, a.steps, a.validUntil = c, t, acq.Steps, leaseFrom.Add(c.cfg.Lease)
 	if prefix != "" && saved {
-		a.keepStep(idemdriver.PrefixStep(prefix, acq.Token), nil)
+		a.point = prefix // in steps once they are read (stepsLocked)
 	}
 	t.claim(ctx, -1, msg.ID, acq.Attempt, acq.Token, since)
 	if h := c.hooks; h != nil && acq.Attempt > 1 && len(h.takeover) > 0 {
@@ -280,6 +280,12 @@ type Attempt struct {
 	lost        bool              // the store said another attempt owns the record
 	ended       bool
 	releaseStep string // saved with the release (SaveStepOnRelease)
+	// point is the prefix of the recovery point the Acquire saved with
+	// the claim (AcquireOptions.StepPrefix; the step is
+	// idemdriver.PrefixStep(point, Token)), not yet in steps: put there
+	// when they are first read (stepsLocked), as most attempts never do,
+	// so that the point costs no map and no name of its own.
+	point string
 }
 
 // Context returns the attempt's context: derived from the context given
@@ -482,7 +488,7 @@ func (a *Attempt) Step(ctx context.Context, name string, fn func(ctx context.Con
 		return nil, err
 	}
 	a.mu.Lock()
-	res, done := a.steps[name]
+	res, done := a.stepsLocked()[name]
 	a.mu.Unlock()
 	if done {
 		return res, nil
@@ -585,12 +591,27 @@ func (a *Attempt) saveStep(ctx context.Context, name string, result []byte, made
 func (a *Attempt) keepStep(name string, result []byte) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, done := a.steps[name]; !done {
+	a.keepStepLocked(name, result)
+}
+
+// keepStepLocked is keepStep with a.mu held.
+func (a *Attempt) keepStepLocked(name string, result []byte) {
+	if _, done := a.stepsLocked()[name]; !done {
 		if a.steps == nil {
 			a.steps = map[string][]byte{}
 		}
 		a.steps[name] = slices.Clone(result)
 	}
+}
+
+// stepsLocked returns a.steps with the recovery point the Acquire saved
+// (a.point) in it; a.mu is held.
+func (a *Attempt) stepsLocked() map[string][]byte {
+	if p := a.point; p != "" {
+		a.point = ""
+		a.keepStepLocked(idemdriver.PrefixStep(p, a.Token), nil)
+	}
+	return a.steps
 }
 
 // SaveStepOnRelease names a recovery point, with an empty result, that
@@ -620,7 +641,7 @@ func (a *Attempt) SaveStepOnRelease(name string) error {
 func (a *Attempt) Completed(name string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	_, ok := a.steps[name]
+	_, ok := a.stepsLocked()[name]
 	return ok
 }
 
@@ -629,7 +650,7 @@ func (a *Attempt) Completed(name string) bool {
 func (a *Attempt) Steps() map[string][]byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := maps.Clone(a.steps)
+	out := maps.Clone(a.stepsLocked())
 	if out == nil {
 		out = map[string][]byte{}
 	}

@@ -2,7 +2,6 @@ package idemdriver
 
 import (
 	"fmt"
-	"math"
 	"time"
 	"unicode/utf8"
 )
@@ -165,11 +164,30 @@ func ValidateAcquireParams(p *AcquireParams) error {
 		return err
 	}
 	if p.StepPrefix != "" {
-		if err := ValidateStepName(PrefixStep(p.StepPrefix, math.MaxInt64)); err != nil {
+		if err := validateStepPrefix(p.StepPrefix); err != nil {
 			return fmt.Errorf("StepPrefix: %w", err)
 		}
 	}
 	return ValidateFingerprint(p.Fingerprint)
+}
+
+// maxTokenDigits is the length of math.MaxInt64 in decimal, the longest
+// token PrefixStep appends.
+const maxTokenDigits = len("9223372036854775807")
+
+// validateStepPrefix is ValidateStepName(PrefixStep(prefix,
+// math.MaxInt64)), the longest step the prefix makes, with the same
+// verdict and error text, without building that name: the digits a
+// token adds are valid text, so only the prefix's bytes and the name's
+// length can fail.
+func validateStepPrefix(prefix string) error {
+	if n := len(prefix) + maxTokenDigits; n > MaxStepNameLength {
+		return fmt.Errorf("%w: step name: %d bytes, over the maximum of %d", ErrInvalidConfig, n, MaxStepNameLength)
+	}
+	if reason := checkText(prefix, MaxStepNameLength); reason != "" {
+		return fmt.Errorf("%w: step name: %s", ErrInvalidConfig, reason)
+	}
+	return nil
 }
 
 // ValidateRenewParams checks p as every Renew does.

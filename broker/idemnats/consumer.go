@@ -888,7 +888,9 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 		c.log.Warn("idemnats: settle delivery", "message_id", msg.ID, "status", out.Status.String(), "err", err)
 		return
 	}
-	st.Log(ctx, c.log, "idemnats", "subject", m.Subject(), "dead_letter", c.cfg.DeadLetter)
+	if c.log.Enabled(ctx, st.Level()) { // the attributes cost allocations even when nothing is logged
+		st.Log(ctx, c.log, "idemnats", "subject", m.Subject(), "dead_letter", c.cfg.DeadLetter)
+	}
 }
 
 // deadLetter publishes m's payload and headers to the dead-letter subject,

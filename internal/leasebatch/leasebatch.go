@@ -86,15 +86,18 @@ func (s *Store) Counts() (calls, trips uint64) {
 	return s.acquire.calls.Load() + s.complete.calls.Load(), s.acquire.batches.Load() + s.complete.batches.Load()
 }
 
-// call is one caller's call in a group.
+// call is one caller's call in a group, taken from the group's pool and
+// given back to it when the caller returns (its wake channel with it).
 type call[P, R any] struct {
 	p   P
 	res R
 	err error
-	// wake gets one value: true when res and err are set, false when
-	// the caller is to run the next batch (one channel, not two: a call
-	// is either sent in a batch or handed the next one, never both
-	// before it returns).
+	// wake gets one value per send or hand-over: true when res and err
+	// are set, false when the caller is to run the next batch; the
+	// caller that runs a batch gets its own true too, which it takes
+	// before giving the call back (one channel, not two: a call is
+	// either sent in a batch or handed the next one, never both before
+	// it returns).
 	wake chan bool
 }
 
@@ -109,6 +112,13 @@ type group[P, R any] struct {
 	mu    sync.Mutex
 	queue []*call[P, R]
 	busy  bool
+	// batch and ps are the slices of the batch running, kept for the
+	// next one: one batch runs at a time (busy), and the next runner
+	// starts once send is done with them.
+	batch []*call[P, R]
+	ps    []P
+	// pool holds the calls whose callers returned.
+	pool sync.Pool
 
 	// calls and batches count what send sent: calls, and the batches
 	// (store round trips) they went in.
@@ -120,31 +130,50 @@ func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
 		var zero R
 		return zero, err // as the store would: nothing is sent
 	}
-	c := &call[P, R]{p: p, wake: make(chan bool, 1)}
+	c, _ := g.pool.Get().(*call[P, R])
+	if c == nil {
+		c = &call[P, R]{wake: make(chan bool, 1)}
+	}
+	c.p = p
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	if !g.busy {
 		g.busy = true
 		g.mu.Unlock()
-		return g.run(ctx, c)
+		g.run(ctx, c)
+		<-c.wake // its own true, from send
+		return g.release(c)
 	}
 	g.mu.Unlock()
 	// A waiting call is bounded by the batches ahead of it, each by the
 	// context of the caller that runs it: it does not leave early, since
 	// its call may already be in the store.
-	if <-c.wake {
-		return c.res, c.err
+	if !<-c.wake {
+		g.run(ctx, c)
+		<-c.wake
 	}
-	return g.run(ctx, c)
+	return g.release(c)
+}
+
+// release returns c's result and gives c back to the pool, without its
+// references to the caller's parameters and result.
+func (g *group[P, R]) release(c *call[P, R]) (R, error) {
+	res, err := c.res, c.err
+	var zp P
+	var zr R
+	c.p, c.res, c.err = zp, zr, nil
+	g.pool.Put(c)
+	return res, err
 }
 
 // run sends the waiting calls (c first among them) as one batch on ctx,
-// without its cancellation but with its deadline, then hands over.
-func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
+// without its cancellation but with its deadline, then hands over; c's
+// result is in c when it returns.
+func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) {
 	g.mu.Lock()
 	n := min(len(g.queue), g.max)
-	batch := make([]*call[P, R], n)
-	copy(batch, g.queue)
+	batch := append(g.batch[:0], g.queue[:n]...)
+	clear(g.queue[:n]) // no reference to a call given back to the pool
 	g.queue = g.queue[n:]
 	g.mu.Unlock()
 
@@ -155,6 +184,8 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 		defer cancel()
 	}
 	g.send(bctx, batch)
+	clear(batch)
+	g.batch = batch[:0] // before the hand-over: the next runner takes it
 
 	g.mu.Lock()
 	if len(g.queue) == 0 {
@@ -163,7 +194,6 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) (R, error) {
 		g.queue[0].wake <- false // never blocks: its only value
 	}
 	g.mu.Unlock()
-	return c.res, c.err
 }
 
 // send runs batch and settles its calls: one call alone as the single
@@ -180,11 +210,13 @@ func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
 		batch[0].res, batch[0].err = g.one(ctx, batch[0].p)
 		return
 	}
-	ps := make([]P, len(batch))
-	for i, c := range batch {
-		ps[i] = c.p
+	ps := g.ps[:0]
+	for _, c := range batch {
+		ps = append(ps, c.p)
 	}
 	res, errs, err := g.many(ctx, ps)
+	clear(ps)
+	g.ps = ps[:0]
 	for i, c := range batch {
 		switch {
 		case err != nil:
