@@ -401,10 +401,8 @@ func (c *Consumer) work(p *partition, exited chan struct{}) {
 		recs := slices.Clone(p.queue[:n])
 		c.mu.Unlock()
 
-		select {
-		case c.sem <- struct{}{}:
-		case <-p.stop:
-			continue
+		if !c.acquire(p) {
+			continue // stopped: the loop ends
 		}
 		outs := c.process(p.ctx, recs)
 		<-c.sem
@@ -423,13 +421,19 @@ func (c *Consumer) work(p *partition, exited chan struct{}) {
 		c.signalCommit()
 
 		if len(retry) > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-p.stop:
-				t.Stop()
-			}
+			waitRetry(p, delay)
 		}
+	}
+}
+
+// waitRetry waits delay before a record of p is retried in place, or
+// until p is stopped.
+func waitRetry(p *partition, delay time.Duration) {
+	t := time.NewTimer(delay)
+	select {
+	case <-t.C:
+	case <-p.stop:
+		t.Stop()
 	}
 }
 
@@ -509,12 +513,7 @@ func (c *Consumer) runKeyed(p *partition, r *kgo.Record) {
 		if len(retry) == 0 {
 			break
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-p.stop:
-			t.Stop()
-		}
+		waitRetry(p, delay)
 		if !c.acquire(p) {
 			break // stopped: left undone, the next owner reads it again
 		}
