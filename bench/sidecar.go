@@ -269,7 +269,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios; key-order contenders × the key-order relay) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
@@ -285,10 +285,16 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		if parts := strings.Split(c.name, ", "); len(parts) > 1 && !strings.HasPrefix(c.name, "direct") {
 			direct = results["direct Go consumer, "+parts[1]]
 		}
+		// A key-order contender is measured against the relay with the
+		// same order, when that relay ran.
+		relay := bare
+		if keyed := results["bare relay, key order"]; keyed != nil && strings.HasSuffix(c.name, "--kafka-order key") {
+			relay = keyed
+		}
 		var toDirect []float64
 		calls := 0
 		for i, r := range rs {
-			rates[i], ratios[i] = r.rate, r.rate/bare[i].rate
+			rates[i], ratios[i] = r.rate, r.rate/relay[i].rate
 			cpus[i] = float64(r.used.cpu.Microseconds()) / float64(n)
 			mallocs[i], bytes[i] = float64(r.used.mallocs)/float64(n), float64(r.used.bytes)/float64(n)
 			rss[i] = float64(r.used.maxRSS) / 1024
