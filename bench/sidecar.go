@@ -136,8 +136,11 @@ type sidecarResult struct {
 // consume (--store-batch 64: with --hold 64, with --hold 64
 // --point-at-call, and by default) and without (--store-batch 1), and,
 // on SQLite and PostgreSQL, a direct Go consumer on the same store
-// (directConsumer) that each idem consume run is also compared with. The
-// idem binary is built from ./cmd/idem unless envBin names one.
+// (directConsumer) that each idem consume run is also compared with, and
+// on PostgreSQL the hand-written sidecar (handContender: the same
+// guarantees, two store round trips per fetched batch), the reference
+// each idem consume run is compared with too. The idem binary is built
+// from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
 	procs, err := watchedProcs()
 	if err != nil {
@@ -213,6 +216,18 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 				directConsumer(js, dir, direct, concurrency),
 			})
 		}
+		if st.name == "postgres" && js != nil {
+			// One batch loop of 64, and two of 32: the same hold as
+			// --hold 64, with one loop's store round trips while the
+			// other's calls run.
+			contenders = append(contenders, sidecarContender{
+				"hand-written sidecar, postgres",
+				handContender(js, st.url, 1, 64, concurrency),
+			}, sidecarContender{
+				"hand-written sidecar, postgres, 2 loops of 32",
+				handContender(js, st.url, 2, 32, concurrency),
+			})
+		}
 		// Store batches of the messages claimed ahead (--hold 64: more
 		// outcome-unknown dead letters after a crash, at most once), and
 		// the same with --point-at-call (no more of them, a write of its
@@ -249,7 +264,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			return fmt.Errorf("%s: %w", envOnly, err)
 		}
 		contenders = slices.DeleteFunc(contenders, func(c sidecarContender) bool {
-			return !strings.HasPrefix(c.name, "bare relay") && !strings.HasPrefix(c.name, "direct Go consumer") && !re.MatchString(c.name)
+			return !strings.HasPrefix(c.name, "bare relay") && !isReference(c.name) && !re.MatchString(c.name)
 		})
 	}
 	results := map[string][]sidecarResult{}
@@ -269,7 +284,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios; key-order contenders × the key-order relay) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
+	fmt.Fprintf(&b, "| contender | msgs/s median (min–max), %d runs | × bare relay (median of per-round ratios; key-order contenders × the key-order relay) | service calls / messages | CPU µs / message (idem consume's process, median) | × direct Go consumer, same store (median of per-round ratios) | × hand-written sidecar, same store (median of per-round ratios) | allocations / message (median) | allocated bytes / message (median) | max RSS MiB (median) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds)
 	bare := results["bare relay"]
 	for _, c := range contenders {
 		rs := results[c.name]
@@ -281,9 +296,10 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		rss := make([]float64, len(rs))
 		// The direct Go consumer of the same store (the second
 		// comma-separated part of the name), when there is one.
-		var direct []sidecarResult
-		if parts := strings.Split(c.name, ", "); len(parts) > 1 && !strings.HasPrefix(c.name, "direct") {
+		var direct, hand []sidecarResult
+		if parts := strings.Split(c.name, ", "); len(parts) > 1 && !isReference(c.name) {
 			direct = results["direct Go consumer, "+parts[1]]
+			hand = results["hand-written sidecar, "+parts[1]]
 		}
 		// A key-order contender is measured against the relay with the
 		// same order, when that relay ran.
@@ -291,7 +307,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		if keyed := results["bare relay, key order"]; keyed != nil && strings.HasSuffix(c.name, "--kafka-order key") {
 			relay = keyed
 		}
-		var toDirect []float64
+		var toDirect, toHand []float64
 		calls := 0
 		for i, r := range rs {
 			rates[i], ratios[i] = r.rate, r.rate/relay[i].rate
@@ -301,18 +317,33 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			if i < len(direct) {
 				toDirect = append(toDirect, r.rate/direct[i].rate)
 			}
+			if i < len(hand) {
+				toHand = append(toHand, r.rate/hand[i].rate)
+			}
 			calls += r.calls
 		}
-		vsDirect := "–"
-		if len(toDirect) > 0 {
-			vsDirect = fmt.Sprintf("%.2f", median(toDirect))
-		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
-			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), vsDirect, orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.2f | %.3f | %s | %s | %s | %s | %s | %s |\n", c.name, median(rates), slices.Min(rates), slices.Max(rates),
+			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), medianOrDash(toDirect), medianOrDash(toHand), orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
 	writeSidecarCPU(&b, contenders, results, procs, n)
 	_, err = io.WriteString(w, b.String())
 	return err
+}
+
+// isReference reports whether the contender named name is one idem
+// consume is compared with on its store (a direct Go consumer, the
+// hand-written sidecar): those run whatever envOnly says.
+func isReference(name string) bool {
+	return strings.HasPrefix(name, "direct Go consumer") || strings.HasPrefix(name, "hand-written sidecar")
+}
+
+// medianOrDash formats the median of ratios with two decimals, or "–"
+// when there are none.
+func medianOrDash(ratios []float64) string {
+	if len(ratios) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", median(ratios))
 }
 
 // orDash formats a per-message figure, or "–" when it was not measured.
