@@ -137,9 +137,9 @@ type sidecarResult struct {
 // --point-at-call, and by default) and without (--store-batch 1), and,
 // on SQLite and PostgreSQL, a direct Go consumer on the same store
 // (directConsumer) that each idem consume run is also compared with, and
-// on PostgreSQL the hand-written sidecar (handContender: the same
-// guarantees, two store round trips per fetched batch), the reference
-// each idem consume run is compared with too. The idem binary is built
+// on PostgreSQL and Redis the hand-written sidecar (handContender: the
+// same guarantees, two store round trips per fetched batch), the
+// reference each idem consume run is compared with too. The idem binary is built
 // from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
 	procs, err := watchedProcs()
@@ -216,16 +216,16 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 				directConsumer(js, dir, direct, concurrency),
 			})
 		}
-		if st.name == "postgres" && js != nil {
+		if open := handOpener(st.name, st.url); open != nil && js != nil {
 			// One batch loop of 64, and two of 32: the same hold as
 			// --hold 64, with one loop's store round trips while the
 			// other's calls run.
 			contenders = append(contenders, sidecarContender{
-				"hand-written sidecar, postgres",
-				handContender(js, st.url, 1, 64, concurrency),
+				"hand-written sidecar, " + st.name,
+				handContender(js, open, 1, 64, concurrency),
 			}, sidecarContender{
-				"hand-written sidecar, postgres, 2 loops of 32",
-				handContender(js, st.url, 2, 32, concurrency),
+				"hand-written sidecar, " + st.name + ", 2 loops of 32",
+				handContender(js, open, 2, 32, concurrency),
 			})
 		}
 		// Store batches of the messages claimed ahead (--hold 64: more

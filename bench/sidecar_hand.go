@@ -218,12 +218,12 @@ type handSidecar struct {
 }
 
 // handContender is the --sidecar contender of the hand-written sidecar on
-// the PostgreSQL at url, in a table named after the run: loops batch
+// the store open returns for a run (given the run's tag): loops batch
 // loops of up to fetch messages each (at most loops × fetch held), with
 // concurrency calls in flight over all of them.
-func handContender(js jetstream.JetStream, url string, loops, fetch, concurrency int) func(ctx context.Context, stream, subject, target, tag string) (func() usage, error) {
+func handContender(js jetstream.JetStream, open func(ctx context.Context, tag string) (handStore, error), loops, fetch, concurrency int) func(ctx context.Context, stream, subject, target, tag string) (func() usage, error) {
 	return func(ctx context.Context, stream, subject, target, tag string) (func() usage, error) {
-		st, err := newHandPG(ctx, url, tag)
+		st, err := open(ctx, tag)
 		if err != nil {
 			return nil, err
 		}

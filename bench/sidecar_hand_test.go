@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,27 +18,69 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// handTestStore is the hand-written sidecar's PostgreSQL store on a table
-// of the test's own, dropped at its end; the test is skipped without a
-// PostgreSQL URL.
-func handTestStore(t *testing.T) (*handPG, string) {
+// handTestStore is a hand-written sidecar's store for a test, with a
+// way to read a record's state and token.
+type handTestStore struct {
+	name  string
+	st    handStore
+	state func(t *testing.T, id string) (state int16, token int64)
+}
+
+// handTestStores opens the hand-written sidecar's stores whose URLs are
+// set: PostgreSQL on a table of the test's own, dropped at its end, and
+// Redis under a key prefix of its own, deleted at its end. The test is
+// skipped when neither is set.
+func handTestStores(t *testing.T) []handTestStore {
 	t.Helper()
-	url := postgresURL()
-	if url == "" {
-		t.Skipf("%s or %s not set", envPostgresDurable, envPostgres)
-	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	table := "hand_test_" + hex.EncodeToString(b[:])
-	st, err := newHandPG(t.Context(), url, table)
-	if err != nil {
-		t.Fatal(err)
+	name := "hand_test_" + hex.EncodeToString(b[:])
+	var out []handTestStore
+	if url := postgresURL(); url != "" {
+		st, err := newHandPG(t.Context(), url, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := pgx.Identifier{name}.Sanitize()
+		t.Cleanup(func() {
+			_, _ = st.pool.Exec(context.Background(), `DROP TABLE `+table)
+			st.close()
+		})
+		out = append(out, handTestStore{"postgres", st, func(t *testing.T, id string) (state int16, token int64) {
+			t.Helper()
+			if err := st.pool.QueryRow(t.Context(), `SELECT state, token FROM `+table+` WHERE message_id = $1`, id).Scan(&state, &token); err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return state, token
+		}})
 	}
-	t.Cleanup(func() {
-		_, _ = st.pool.Exec(context.Background(), `DROP TABLE `+pgx.Identifier{table}.Sanitize())
-		st.close()
-	})
-	return st, table
+	if url := os.Getenv(envRedis); url != "" {
+		st, err := newHandRedis(url, name+":")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			keys, _ := st.rdb.Keys(context.Background(), name+":*").Result()
+			if len(keys) > 0 {
+				st.rdb.Del(context.Background(), keys...)
+			}
+			st.close()
+		})
+		out = append(out, handTestStore{"redis", st, func(t *testing.T, id string) (state int16, token int64) {
+			t.Helper()
+			if err := st.rdb.HMGet(t.Context(), name+":"+id, "state", "token").Scan(&struct {
+				State *int16 `redis:"state"`
+				Token *int64 `redis:"token"`
+			}{&state, &token}); err != nil {
+				t.Fatalf("%s: %v", id, err)
+			}
+			return state, token
+		}})
+	}
+	if len(out) == 0 {
+		t.Skipf("none of %s, %s, %s set", envPostgresDurable, envPostgres, envRedis)
+	}
+	return out
 }
 
 // fakeMsg is a JetStream delivery that records what was done with it;
@@ -76,27 +119,23 @@ func (s *countingService) count(id string) int {
 	return s.calls[id]
 }
 
-// handState reads a record's state and token.
-func handState(t *testing.T, st *handPG, table, id string) (state int16, token int64) {
-	t.Helper()
-	err := st.pool.QueryRow(t.Context(), `SELECT state, token FROM `+pgx.Identifier{table}.Sanitize()+` WHERE message_id = $1`, id).Scan(&state, &token)
-	if err != nil {
-		t.Fatalf("%s: %v", id, err)
-	}
-	return state, token
-}
-
 func handFP(payload string) []byte {
 	fp := sha256.Sum256([]byte(payload))
 	return fp[:]
 }
 
-// TestHandSidecarDuplicateNotCalledAgain: a message completed in one
+// TestHandSidecarDuplicateNotCalledAgain, on each store: a message completed in one
 // batch and delivered again in a later one is acked without a call; one
 // another claim holds is left to be redelivered, without a call or an
 // ack; each batch is two store round trips.
 func TestHandSidecarDuplicateNotCalledAgain(t *testing.T) {
-	st, table := handTestStore(t)
+	for _, ts := range handTestStores(t) {
+		t.Run(ts.name, func(t *testing.T) { testHandDuplicate(t, ts) })
+	}
+}
+
+func testHandDuplicate(t *testing.T, ts handTestStore) {
+	st := ts.st
 	svc := &countingService{calls: map[string]int{}}
 	srv := httptest.NewServer(svc)
 	defer srv.Close()
@@ -109,7 +148,7 @@ func TestHandSidecarDuplicateNotCalledAgain(t *testing.T) {
 	if svc.count("a") != 1 || svc.count("b") != 1 || a.acks.Load() != 1 || b.acks.Load() != 1 {
 		t.Fatalf("first batch: calls a %d b %d, acks a %d b %d; want 1 each", svc.count("a"), svc.count("b"), a.acks.Load(), b.acks.Load())
 	}
-	if s, tok := handState(t, st, table, "a"); s != handCompleted || tok != 1 {
+	if s, tok := ts.state(t, "a"); s != handCompleted || tok != 1 {
 		t.Fatalf("a: state %d token %d, want %d 1", s, tok, handCompleted)
 	}
 
@@ -136,12 +175,18 @@ func TestHandSidecarDuplicateNotCalledAgain(t *testing.T) {
 	}
 }
 
-// TestHandPGFencing: an outcome recorded with a token that no longer owns
+// TestHandStoreFencing, on each store: an outcome recorded with a token that no longer owns
 // the record changes nothing; a record whose lease ran out after its
 // claim recorded the call's start is failed (outcome unknown), not
 // acquired again; a message ID with another payload is a conflict.
-func TestHandPGFencing(t *testing.T) {
-	st, table := handTestStore(t)
+func TestHandStoreFencing(t *testing.T) {
+	for _, ts := range handTestStores(t) {
+		t.Run(ts.name, func(t *testing.T) { testHandFencing(t, ts) })
+	}
+}
+
+func testHandFencing(t *testing.T, ts handTestStore) {
+	st := ts.st
 	ctx := t.Context()
 	claim := func(id, payload string, lease time.Duration) handClaim {
 		t.Helper()
@@ -178,7 +223,7 @@ func TestHandPGFencing(t *testing.T) {
 	if finish(handOutcome{"x", 1, handCompleted}) {
 		t.Fatal("the stale token 1 completed x")
 	}
-	if s, tok := handState(t, st, table, "x"); s != handHeld || tok != 2 {
+	if s, tok := ts.state(t, "x"); s != handHeld || tok != 2 {
 		t.Fatalf("after the stale completion: state %d token %d, want %d 2", s, tok, handHeld)
 	}
 	if !finish(handOutcome{"x", 2, handCompleted}) {
@@ -194,7 +239,7 @@ func TestHandPGFencing(t *testing.T) {
 	if c := claim("y", "q", time.Hour); c.acquired || c.state != handFailed {
 		t.Fatalf("takeover after a started call: %+v, want failed, not acquired", c)
 	}
-	if s, _ := handState(t, st, table, "y"); s != handFailed {
+	if s, _ := ts.state(t, "y"); s != handFailed {
 		t.Fatalf("y: state %d, want %d", s, handFailed)
 	}
 
