@@ -137,9 +137,10 @@ type sidecarResult struct {
 // --point-at-call, and by default) and without (--store-batch 1), and,
 // on SQLite and PostgreSQL, a direct Go consumer on the same store
 // (directConsumer) that each idem consume run is also compared with, and
-// on PostgreSQL and Redis the hand-written sidecar (handContender: the
-// same guarantees, two store round trips per fetched batch), the
-// reference each idem consume run is compared with too. The idem binary is built
+// on every store the hand-written sidecar (handContender: the same
+// guarantees, two store round trips, or on SQLite two transactions, per
+// fetched batch), the reference each idem consume run is compared with
+// too. The idem binary is built
 // from ./cmd/idem unless envBin names one.
 func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency int) error {
 	procs, err := watchedProcs()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,13 +12,19 @@ import (
 
 // handOpener returns how the hand-written sidecar opens its store for a
 // run on the store named name at url: PostgreSQL in a table named after
-// the run, Redis under a key prefix of the run's; nil on another store.
+// the run, Redis under a key prefix of the run's, SQLite in a file of the
+// run's (STORE in url's path replaced by the run's tag); nil on another
+// store.
 func handOpener(name, url string) func(ctx context.Context, tag string) (handStore, error) {
 	switch name {
 	case "postgres":
 		return func(ctx context.Context, tag string) (handStore, error) { return newHandPG(ctx, url, tag) }
 	case "redis":
 		return func(ctx context.Context, tag string) (handStore, error) { return newHandRedis(url, tag+":") }
+	case "sqlite":
+		return func(ctx context.Context, tag string) (handStore, error) {
+			return newHandSQLite(ctx, strings.TrimPrefix(strings.ReplaceAll(url, "STORE", tag), "sqlite:"))
+		}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,16 +27,27 @@ type handTestStore struct {
 	state func(t *testing.T, id string) (state int16, token int64)
 }
 
-// handTestStores opens the hand-written sidecar's stores whose URLs are
-// set: PostgreSQL on a table of the test's own, dropped at its end, and
-// Redis under a key prefix of its own, deleted at its end. The test is
-// skipped when neither is set.
+// handTestStores opens the hand-written sidecar's stores: SQLite in the
+// test's directory, and those whose URLs are set: PostgreSQL on a table
+// of the test's own, dropped at its end, and Redis under a key prefix of
+// its own, deleted at its end.
 func handTestStores(t *testing.T) []handTestStore {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	name := "hand_test_" + hex.EncodeToString(b[:])
-	var out []handTestStore
+	lite, err := newHandSQLite(t.Context(), filepath.Join(t.TempDir(), "hand.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lite.close)
+	out := []handTestStore{{"sqlite", lite, func(t *testing.T, id string) (state int16, token int64) {
+		t.Helper()
+		if err := lite.db.QueryRowContext(t.Context(), `SELECT state, token FROM hand WHERE message_id = ?`, id).Scan(&state, &token); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		return state, token
+	}}}
 	if url := postgresURL(); url != "" {
 		st, err := newHandPG(t.Context(), url, name)
 		if err != nil {
@@ -76,9 +88,6 @@ func handTestStores(t *testing.T) []handTestStore {
 			}
 			return state, token
 		}})
-	}
-	if len(out) == 0 {
-		t.Skipf("none of %s, %s, %s set", envPostgresDurable, envPostgres, envRedis)
 	}
 	return out
 }
