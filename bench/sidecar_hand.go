@@ -91,8 +91,9 @@ type handStore interface {
 
 // handPG is handStore on PostgreSQL (pgx) in a table of its own: only
 // the columns the guarantees need, the message ID the primary key (one
-// consumer per table), fill factor 50 as idem's table so that a claim's
-// or an outcome's update stays on its page (heap-only).
+// consumer per table), fill factor 50 (as idem's outbox; its processed
+// table keeps the default) so that an outcome's update finds room on its
+// row's page and stays heap-only.
 type handPG struct {
 	pool                *pgxpool.Pool
 	claimSQL, finishSQL string
@@ -295,7 +296,11 @@ func (h *handSidecar) handle(ctx context.Context, batch []jetstream.Msg) {
 	var todo []jetstream.Msg // the messages claimed, in msgs' order
 	for _, m := range batch {
 		id := m.Headers().Get(nats.MsgIdHdr)
-		if id == "" || seen[id] { // a second delivery of an ID in the batch waits for the first
+		switch {
+		case id == "":
+			h.deadLetter(ctx, m, "no message ID", false)
+			continue
+		case seen[id]: // a second delivery of an ID in the batch waits for the first
 			_ = m.NakWithDelay(time.Second)
 			continue
 		}
@@ -303,6 +308,9 @@ func (h *handSidecar) handle(ctx context.Context, batch []jetstream.Msg) {
 		fp := sha256.Sum256(m.Data())
 		msgs = append(msgs, handMsg{id: id, fingerprint: fp[:]})
 		todo = append(todo, m)
+	}
+	if len(msgs) == 0 {
+		return
 	}
 	start := time.Now()
 	claims, err := h.store.claim(ctx, msgs, h.lease)
