@@ -62,6 +62,7 @@ func outboxDialect(table string) sqlstore.OutboxDialect {
 		HeadersOut:      `headers::text`,
 		TextOut:         `::text`,
 		IgnoreDuplicate: ` ON CONFLICT (id) DO NOTHING`,
+		HeadersDefault:  true, // jsonb NOT NULL DEFAULT '{}' (migration 004)
 		SkipLocked:      ` FOR UPDATE SKIP LOCKED`,
 		// The outbox trigger stays silent in a transaction that set
 		// idem.outbox_quiet (migration 005); set_config returns the
