@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -111,6 +112,51 @@ type usage struct {
 	// consume sent to its store and the batches they went in (store
 	// round trips, one commit each); zero when unknown.
 	storeCalls, storeTrips uint64
+	// The same for claims and completions apart, and the completion
+	// batches and the completions in them by size class (1, 2-3, 4-7,
+	// ..., 64 and more); zero when unknown (a binary that does not
+	// write them).
+	acquireCalls, acquireTrips   uint64
+	completeCalls, completeTrips uint64
+	completeBatches, completeIn  [sizeClasses]uint64
+}
+
+// sizeClasses is the number of batch size classes idem consume's
+// --memstats reports (leasebatch.SizeClasses).
+const sizeClasses = 7
+
+// parseMemStats reads idem consume's --memstats file into u: lines of a
+// name and numbers; names it does not know are skipped.
+func parseMemStats(b []byte, u *usage) {
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		nums := make([]uint64, 0, len(f)-1)
+		for _, w := range f[1:] {
+			x, err := strconv.ParseUint(w, 10, 64)
+			if err != nil {
+				break
+			}
+			nums = append(nums, x)
+		}
+		if len(nums) == 0 {
+			continue
+		}
+		one := map[string]*uint64{"mallocs": &u.mallocs, "bytes": &u.bytes, "store_calls": &u.storeCalls,
+			"store_round_trips": &u.storeTrips, "acquire_calls": &u.acquireCalls, "acquire_round_trips": &u.acquireTrips,
+			"complete_calls": &u.completeCalls, "complete_round_trips": &u.completeTrips}
+		if p, ok := one[f[0]]; ok {
+			*p = nums[0]
+		}
+		switch f[0] {
+		case "complete_batches":
+			copy(u.completeBatches[:], nums)
+		case "complete_calls_in":
+			copy(u.completeIn[:], nums)
+		}
+	}
 }
 
 // sidecarResult is one run's figures.
@@ -327,6 +373,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			median(ratios), float64(calls)/float64(n*len(rs)), orDash(median(cpus)), medianOrDash(toDirect), medianOrDash(toHand), orDash(median(mallocs)), orDash(median(bytes)), orDash(median(rss)))
 	}
 	writeSidecarCPU(&b, contenders, results, procs, n)
+	writeSidecarBatches(&b, contenders, results)
 	_, err = io.WriteString(w, b.String())
 	return err
 }
@@ -506,7 +553,7 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string,
 			}
 			if stats != "" {
 				if b, err := os.ReadFile(stats); err == nil {
-					_, _ = fmt.Sscanf(string(b), "mallocs %d\nbytes %d\nstore_calls %d\nstore_round_trips %d\n", &u.mallocs, &u.bytes, &u.storeCalls, &u.storeTrips)
+					parseMemStats(b, &u)
 				}
 			}
 			return u

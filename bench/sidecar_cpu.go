@@ -176,6 +176,44 @@ func writeSidecarCPU(b *strings.Builder, contenders []sidecarContender, results 
 	}
 }
 
+// writeSidecarBatches appends the table of idem consume's store batches to
+// b: claims and completions per round trip (medians of the runs), and the
+// share of the completions that went in batches of each size class, over
+// all runs. Contenders without the figures are left out.
+func writeSidecarBatches(b *strings.Builder, contenders []sidecarContender, results map[string][]sidecarResult) {
+	head := false
+	for _, c := range contenders {
+		rs := results[c.name]
+		var acq, comp []float64
+		var in [sizeClasses]uint64
+		var total uint64
+		for _, r := range rs {
+			u := r.used
+			if u.acquireTrips == 0 || u.completeTrips == 0 {
+				continue
+			}
+			acq = append(acq, float64(u.acquireCalls)/float64(u.acquireTrips))
+			comp = append(comp, float64(u.completeCalls)/float64(u.completeTrips))
+			for i, x := range u.completeIn {
+				in[i] += x
+				total += x
+			}
+		}
+		if len(comp) == 0 || total == 0 {
+			continue
+		}
+		if !head {
+			b.WriteString("\n| contender | claims / claim round trip | completions / completion round trip | completions in batches of 1 | 2–3 | 4–7 | 8–15 | 16–31 | 32–63 | 64+ |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+			head = true
+		}
+		fmt.Fprintf(b, "| %s | %.1f | %.1f |", c.name, median(acq), median(comp))
+		for _, x := range in {
+			fmt.Fprintf(b, " %.0f %% |", 100*float64(x)/float64(total))
+		}
+		b.WriteString("\n")
+	}
+}
+
 // orDash2 formats a per-message ratio with two decimals, or "–".
 func orDash2(x float64) string {
 	if x <= 0 {

@@ -13,7 +13,8 @@ import (
 )
 
 // TestCounts: calls made one after another go alone, one store call
-// each; Counts reports the claims and completions and the store calls.
+// each; Counts reports the claims and completions and the store calls,
+// Stats the same by method and batch size.
 func TestCounts(t *testing.T) {
 	s := New(idem.NewMemoryStore(nil), 64)
 	ctx := context.Background()
@@ -29,6 +30,11 @@ func TestCounts(t *testing.T) {
 	}
 	if calls, trips := s.Counts(); calls != 6 || trips != 6 {
 		t.Fatalf("Counts() = %d calls, %d store calls; want 6, 6", calls, trips)
+	}
+	alone := GroupStats{Calls: 3, Trips: 3}
+	alone.Batches[0], alone.CallsIn[0] = 3, 3
+	if st := s.Stats(); st.Acquire != alone || st.Complete != alone {
+		t.Fatalf("Stats() = %+v; want each method's 3 calls alone: %+v", st, alone)
 	}
 }
 

@@ -11,6 +11,7 @@ package leasebatch
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -86,6 +87,37 @@ func (s *Store) Counts() (calls, trips uint64) {
 	return s.acquire.calls.Load() + s.complete.calls.Load(), s.acquire.batches.Load() + s.complete.batches.Load()
 }
 
+// SizeClasses is the number of batch size classes of GroupStats: class i
+// holds the batches of 2^i to 2^(i+1)-1 calls (class 0: a call alone),
+// the last one every batch of 2^(SizeClasses-1) calls or more.
+const SizeClasses = 7
+
+// GroupStats is what one method (Acquire or Complete) has sent so far:
+// its calls, the store calls (round trips) they went in, and, by size
+// class (SizeClasses), the batches of that size and the calls in them.
+type GroupStats struct {
+	Calls, Trips uint64
+	Batches      [SizeClasses]uint64
+	CallsIn      [SizeClasses]uint64
+}
+
+// Stats is what a Store has sent so far, by method.
+type Stats struct {
+	Acquire, Complete GroupStats
+}
+
+// Stats reports the calls and batches sent so far, by method and by
+// batch size. Safe to call while the store is in use; the figures are
+// read one at a time, not as one snapshot.
+func (s *Store) Stats() Stats {
+	return Stats{Acquire: s.acquire.stats(), Complete: s.complete.stats()}
+}
+
+// sizeClass is the GroupStats size class of a batch of n calls (n ≥ 1).
+func sizeClass(n int) int {
+	return min(bits.Len(uint(n))-1, SizeClasses-1)
+}
+
 // call is one caller's call in a group, taken from the group's pool and
 // given back to it when the caller returns (its wake channel with it).
 type call[P, R any] struct {
@@ -121,8 +153,18 @@ type group[P, R any] struct {
 	pool sync.Pool
 
 	// calls and batches count what send sent: calls, and the batches
-	// (store round trips) they went in.
-	calls, batches atomic.Uint64
+	// (store round trips) they went in; bySize and callsBySize count
+	// the batches and their calls by size class (sizeClass).
+	calls, batches      atomic.Uint64
+	bySize, callsBySize [SizeClasses]atomic.Uint64
+}
+
+func (g *group[P, R]) stats() GroupStats {
+	s := GroupStats{Calls: g.calls.Load(), Trips: g.batches.Load()}
+	for i := range SizeClasses {
+		s.Batches[i], s.CallsIn[i] = g.bySize[i].Load(), g.callsBySize[i].Load()
+	}
+	return s
 }
 
 func (g *group[P, R]) do(ctx context.Context, p P) (R, error) {
@@ -201,6 +243,8 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) {
 func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
 	g.calls.Add(uint64(len(batch)))
 	g.batches.Add(1)
+	g.bySize[sizeClass(len(batch))].Add(1)
+	g.callsBySize[sizeClass(len(batch))].Add(uint64(len(batch)))
 	defer func() {
 		for _, c := range batch {
 			c.wake <- true // never blocks: its only value

@@ -337,7 +337,7 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 		// The claims and completions of the messages held go to the
 		// store together: one commit per batch, not per message.
 		lb := leasebatch.New(b, f.storeBatch)
-		f.profile.storeCounts = lb.Counts
+		f.profile.storeStats = lb.Stats
 		store = lb
 		if f.atLeastOnce {
 			// At least once, a held message that was never called is

@@ -7,8 +7,11 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/idem-go/idem/internal/leasebatch"
 )
 
 // profileFlags are the hidden profiling flags of a long-running command
@@ -17,15 +20,15 @@ import (
 // benchmark harness (go run ./bench --sidecar) and for `go tool pprof`.
 type profileFlags struct {
 	cpu, mem, memStats string
-	// storeCounts, when set, reports the store calls the process sent and
+	// storeStats, when set, reports the store calls the process sent and
 	// the round trips they went in, for --memstats.
-	storeCounts func() (calls, trips uint64)
+	storeStats func() leasebatch.Stats
 }
 
 func (f *profileFlags) register(fl *pflag.FlagSet) {
 	fl.StringVar(&f.cpu, "cpuprofile", "", "write a CPU profile of the whole run to FILE (runtime/pprof)")
 	fl.StringVar(&f.mem, "memprofile", "", "write an allocation profile (the allocs profile) to FILE at exit")
-	fl.StringVar(&f.memStats, "memstats", "", "write the process's allocation counters at exit to FILE: lines \"mallocs N\" and \"bytes N\" (runtime.MemStats Mallocs and TotalAlloc), then \"store_calls N\" and \"store_round_trips N\" (the batched claims and completions, and the store calls they went in)")
+	fl.StringVar(&f.memStats, "memstats", "", "write the process's allocation counters at exit to FILE: lines \"mallocs N\" and \"bytes N\" (runtime.MemStats Mallocs and TotalAlloc), then \"store_calls N\" and \"store_round_trips N\" (the batched claims and completions, and the store calls they went in), then the same for claims and completions apart (\"acquire_calls N\", \"acquire_round_trips N\", \"complete_calls N\", \"complete_round_trips N\") and, by batch size 1, 2-3, 4-7, ... 64+, the completion batches (\"complete_batches N N ...\") and the completions in them (\"complete_calls_in N N ...\")")
 	for _, name := range []string{"cpuprofile", "memprofile", "memstats"} {
 		_ = fl.MarkHidden(name)
 	}
@@ -61,11 +64,14 @@ func (f *profileFlags) start() (stop func() error, err error) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			if err := writeFile(f.memStats, func(fh *os.File) error {
-				var calls, trips uint64
-				if f.storeCounts != nil {
-					calls, trips = f.storeCounts()
+				var st leasebatch.Stats
+				if f.storeStats != nil {
+					st = f.storeStats()
 				}
-				_, err := fmt.Fprintf(fh, "mallocs %d\nbytes %d\nstore_calls %d\nstore_round_trips %d\n", ms.Mallocs, ms.TotalAlloc, calls, trips)
+				a, c := st.Acquire, st.Complete
+				_, err := fmt.Fprintf(fh, "mallocs %d\nbytes %d\nstore_calls %d\nstore_round_trips %d\n"+
+					"acquire_calls %d\nacquire_round_trips %d\ncomplete_calls %d\ncomplete_round_trips %d\ncomplete_batches%s\ncomplete_calls_in%s\n",
+					ms.Mallocs, ms.TotalAlloc, a.Calls+c.Calls, a.Trips+c.Trips, a.Calls, a.Trips, c.Calls, c.Trips, words(c.Batches[:]), words(c.CallsIn[:]))
 				return err
 			}); err != nil {
 				errs = append(errs, fmt.Errorf("--memstats: %w", err))
@@ -73,6 +79,15 @@ func (f *profileFlags) start() (stop func() error, err error) {
 		}
 		return errors.Join(errs...)
 	}, nil
+}
+
+// words formats xs as " x1 x2 ...", each after a space.
+func words(xs []uint64) string {
+	var b strings.Builder
+	for _, x := range xs {
+		fmt.Fprintf(&b, " %d", x)
+	}
+	return b.String()
 }
 
 // startFor is start for the command name: the returned stop reports its
