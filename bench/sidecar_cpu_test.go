@@ -32,3 +32,22 @@ func TestStatCPU(t *testing.T) {
 		t.Fatalf("statCPU(-1) = %v, %d", d, ppid)
 	}
 }
+
+// TestParseMemStats: idem consume's --memstats file parses whole (the
+// claims and completions apart, the completions by batch size), and an
+// older binary's four lines leave the rest zero.
+func TestParseMemStats(t *testing.T) {
+	var u usage
+	parseMemStats([]byte("mallocs 10\nbytes 20\nstore_calls 6\nstore_round_trips 3\nacquire_calls 3\nacquire_round_trips 1\n"+
+		"complete_calls 3\ncomplete_round_trips 2\ncomplete_batches 1 1 0 0 0 0 0\ncomplete_calls_in 1 2 0 0 0 0 0\n"), &u)
+	want := usage{mallocs: 10, bytes: 20, storeCalls: 6, storeTrips: 3, acquireCalls: 3, acquireTrips: 1, completeCalls: 3, completeTrips: 2,
+		completeBatches: [sizeClasses]uint64{1, 1}, completeIn: [sizeClasses]uint64{1, 2}}
+	if u != want {
+		t.Errorf("new format: %+v, want %+v", u, want)
+	}
+	u = usage{}
+	parseMemStats([]byte("mallocs 10\nbytes 20\nstore_calls 6\nstore_round_trips 3\n"), &u)
+	if want := (usage{mallocs: 10, bytes: 20, storeCalls: 6, storeTrips: 3}); u != want {
+		t.Errorf("old format: %+v, want %+v", u, want)
+	}
+}
