@@ -105,7 +105,9 @@
 //     it can start in time, or keeps the waiting deliveries in progress.
 //   - HugePayload (once): a 1 MiB payload (or the [PayloadLimiter]'s
 //     limit) is processed, its row byte for byte, and an ID-less one is
-//     dead-lettered byte for byte.
+//     dead-lettered byte for byte (more than once if its ack deadline ran
+//     out while it was being dead-lettered: nothing tells an ID-less
+//     message's redelivery from the first delivery).
 //
 // # What an adapter must do to pass
 //
