@@ -730,6 +730,7 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 		stop := make(chan struct{})
 		var mu sync.Mutex
 		var processed int
+		progress := make(chan struct{}, 1) // a worker finished a message
 		for w := range 8 {
 			wg.Go(func() {
 				for i := 0; ; i++ {
@@ -772,14 +773,29 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 					mu.Lock()
 					processed++
 					mu.Unlock()
+					select {
+					case progress <- struct{}{}:
+					default:
+					}
 				}
 			})
 		}
 		// Batches of 2, one purge after another, until the old records are
-		// gone and the workers have done some work alongside.
+		// gone and the workers have done some work alongside. Once they are
+		// gone, each further purge waits for a worker to finish a message:
+		// purges back to back would keep SQLite's one write lock from the
+		// workers, whose busy wait (polling, not queued) could then run out.
 		var purged int64
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
+		timeout := time.NewTimer(30 * time.Second)
+		defer timeout.Stop()
+	purging:
+		for {
+			select {
+			case <-timeout.C:
+				t.Errorf("purged %d of %d old records in 30s", purged, len(old))
+				break purging
+			default:
+			}
 			res, err := purge(ctx, s, &idem.PurgeParams{Consumer: "c", RetentionWindow: 7 * 24 * time.Hour, BatchSize: 2})
 			if err != nil {
 				t.Errorf("Purge: %v", err)
@@ -791,6 +807,14 @@ func TestLeasePurgeWhileBusy(t *testing.T) {
 			mu.Unlock()
 			if purged >= int64(len(old)) && n >= 20 {
 				break
+			}
+			if purged >= int64(len(old)) {
+				select {
+				case <-progress:
+				case <-timeout.C:
+					t.Errorf("the workers processed %d messages in 30s alongside the purges", n)
+					break purging
+				}
 			}
 		}
 		close(stop)
