@@ -80,13 +80,6 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	return err
 }
 
-// Counts reports the Acquire and Complete calls the store has been sent
-// so far and the store calls (round trips; a batch or a single call)
-// they went in.
-func (s *Store) Counts() (calls, trips uint64) {
-	return s.acquire.calls.Load() + s.complete.calls.Load(), s.acquire.batches.Load() + s.complete.batches.Load()
-}
-
 // SizeClasses is the number of batch size classes of GroupStats: class i
 // holds the batches of 2^i to 2^(i+1)-1 calls (class 0: a call alone),
 // the last one every batch of 2^(SizeClasses-1) calls or more.
