@@ -45,6 +45,10 @@ const (
 	handLeaseMargin = time.Second
 )
 
+// handRetention is how long the hand-written sidecar keeps a finished
+// record (idem's default retention window): on Redis its expiry.
+const handRetention = 7 * 24 * time.Hour
+
 // handMsg is one message of a batch as the store sees it.
 type handMsg struct {
 	id          string
@@ -91,9 +95,10 @@ type handStore interface {
 
 // handPG is handStore on PostgreSQL (pgx) in a table of its own: only
 // the columns the guarantees need, the message ID the primary key (one
-// consumer per table), fill factor 50 (as idem's outbox; its processed
-// table keeps the default) so that an outcome's update finds room on its
-// row's page and stays heap-only.
+// consumer per table), an index on the time retention counts from (the
+// purge of expired records), fill factor 50 (as idem's outbox; its
+// processed table keeps the default) so that an outcome's update finds
+// room on its row's page.
 type handPG struct {
 	pool                *pgxpool.Pool
 	claimSQL, finishSQL string
@@ -122,6 +127,15 @@ func newHandPG(ctx context.Context, url, table string) (*handPG, error) {
 	lease_until timestamptz NOT NULL,
 	call_started bigint
 ) WITH (fillfactor = 50)`); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	// The retention index: a finished record's lease_until is the time
+	// of its outcome, from which the retention window counts, so that a
+	// purge (DELETE ... WHERE state <> 1 AND lease_until < the cutoff)
+	// reads only the expired records. It keeps an outcome's update from
+	// being heap-only, as idem's retention index does.
+	if _, err := pool.Exec(ctx, `CREATE INDEX IF NOT EXISTS `+pgx.Identifier{table + "_retention"}.Sanitize()+` ON `+t+` (lease_until)`); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
 	}

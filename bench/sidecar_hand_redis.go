@@ -82,8 +82,10 @@ end
 return out`)
 
 // handRedisFinish is finish's script: KEYS the records, ARGV[2i-1] and
-// ARGV[2i] the token and the outcome's state of KEYS[i]; 1 per key
-// recorded (its token owns it, held), 0 per key refused.
+// ARGV[2i] the token and the outcome's state of KEYS[i], the last ARGV
+// the retention window (ms): a record finished for good expires after it
+// (Redis's own purge); 1 per key recorded (its token owns it, held), 0
+// per key refused.
 var handRedisFinish = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -95,6 +97,7 @@ for i, k in ipairs(KEYS) do
 			redis.call('HSET', k, 'lease', now, 'started', '')
 		else
 			redis.call('HSET', k, 'state', ARGV[2 * i], 'lease', now)
+			redis.call('PEXPIRE', k, ARGV[2 * #KEYS + 1])
 		end
 		out[i] = 1
 	else
@@ -136,6 +139,7 @@ func (s *handRedis) finish(ctx context.Context, outs []handOutcome) (map[string]
 		keys[i] = s.prefix + o.id
 		args = append(args, strconv.FormatInt(o.token, 10), strconv.Itoa(int(o.state)))
 	}
+	args = append(args, handRetention.Milliseconds())
 	v, err := handRedisFinish.Run(ctx, s.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return nil, err

@@ -45,6 +45,11 @@ func (s *handSQLite) prepare(ctx context.Context) (err error) {
 )`); err != nil {
 		return err
 	}
+	// The retention index, as handPG's: a finished record's lease_until
+	// is its outcome's time, from which the retention window counts.
+	if _, err = s.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS hand_retention ON hand (lease_until)`); err != nil {
+		return err
+	}
 	// As handPG's claim, for one message: $1 ID, $2 fingerprint, $3 the
 	// lease's end, $4 now.
 	if s.claimSQL, err = s.db.PrepareContext(ctx, `INSERT INTO hand AS r (message_id, fingerprint, state, token, lease_until, call_started)
