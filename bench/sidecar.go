@@ -100,6 +100,9 @@ type sidecarContender struct {
 	// and returns what its process used (zero when it runs in this
 	// process).
 	start func(ctx context.Context, stream, subject, url, tag string) (stop func() usage, err error)
+	// prepare, when set, readies the contender's store for a run of n
+	// messages (see prefillRows) before the run's CPU is first sampled.
+	prepare func(ctx context.Context, tag string, n int) error
 }
 
 // usage is what a contender's process used in a run: CPU time, user and
@@ -235,10 +238,10 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	var rb [3]byte
 	_, _ = rand.Read(rb[:])
 	runID := hex.EncodeToString(rb[:])
-	contenders := []sidecarContender{{"bare relay", bus.bareRelay(concurrency)}}
+	contenders := []sidecarContender{{name: "bare relay", start: bus.bareRelay(concurrency)}}
 	kb, onKafka := bus.(*kafkaBus)
 	if onKafka {
-		contenders = append(contenders, sidecarContender{"bare relay, key order", kb.bareRelayByKey(concurrency)})
+		contenders = append(contenders, sidecarContender{name: "bare relay, key order", start: kb.bareRelayByKey(concurrency)})
 	}
 	stores := []struct{ name, url string }{{"sqlite", "sqlite:" + filepath.Join(dir, "STORE.db")}}
 	if u := postgresURL(); u != "" {
@@ -260,8 +263,19 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			}
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("direct Go consumer, %s", st.name),
-				directConsumer(js, dir, direct, concurrency),
+				directConsumer(js, dir, direct, concurrency), nil,
 			})
+		}
+		// On PostgreSQL each run's table is made and filled beforehand
+		// (see prefillRows).
+		var prepHand func(ctx context.Context, tag string, n int) error
+		prepIdem := func(string) func(ctx context.Context, tag string, n int) error { return nil }
+		if st.name == "postgres" {
+			url := st.url
+			prepHand = func(ctx context.Context, tag string, n int) error { return prefillHandPG(ctx, url, tag, n) }
+			prepIdem = func(bin string) func(ctx context.Context, tag string, n int) error {
+				return func(ctx context.Context, tag string, n int) error { return prefillIdemPG(ctx, bin, url, tag, n) }
+			}
 		}
 		if open := handOpener(st.name, st.url); open != nil && js != nil {
 			// One batch loop of 64, and two of 32: the same hold as
@@ -269,10 +283,10 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			// other's calls run.
 			contenders = append(contenders, sidecarContender{
 				"hand-written sidecar, " + st.name,
-				handContender(js, open, 1, 64, concurrency),
+				handContender(js, open, 1, 64, concurrency), prepHand,
 			}, sidecarContender{
 				"hand-written sidecar, " + st.name + ", 2 loops of 32",
-				handContender(js, open, 2, 32, concurrency),
+				handContender(js, open, 2, 32, concurrency), prepHand,
 			})
 		}
 		// Store batches of the messages claimed ahead (--hold 64: more
@@ -288,19 +302,19 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
-				idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, v.extra...),
+				idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, v.extra...), prepIdem(bin),
 			})
 			if onKafka && len(v.extra) == 2 { // --hold 64: the records in flight under key order
 				keyed := append(slices.Clone(v.extra), "--kafka-order", "key")
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume, %s, %s --kafka-order key", st.name, flags),
-					idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, keyed...),
+					idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, keyed...), prepIdem(bin),
 				})
 			}
 			if base != "" && v.batch > 1 {
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
-					idemConsume(base, bus.url(), st.url, v.batch, concurrency, baseDir, v.extra...),
+					idemConsume(base, bus.url(), st.url, v.batch, concurrency, baseDir, v.extra...), prepIdem(base),
 				})
 			}
 		}
@@ -422,6 +436,11 @@ func sidecarRun(ctx context.Context, bus sidecarBus, svc *sidecarService, base s
 	defer cleanup()
 	path := "/" + tag
 	run := svc.expect(path, n)
+	if c.prepare != nil {
+		if err := c.prepare(ctx, tag, n*prefillRows); err != nil {
+			return sidecarResult{}, err
+		}
+	}
 	cpu0 := sampleCPU(procs)
 	stop, err := c.start(ctx, stream, subject, base+path, tag)
 	if err != nil {
