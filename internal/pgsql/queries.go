@@ -91,6 +91,7 @@ package pgsql
 
 import (
 	"strings"
+	"sync/atomic"
 
 	"github.com/idem-go/idem/internal/sqlstore"
 )
@@ -220,6 +221,9 @@ type Queries struct {
 	acquireBatchTexts, acquireBatchStepTexts batchTexts
 	// completeBatchTexts: see the function completeBatch.
 	completeBatchTexts batchTexts
+	// batchWrites counts the records acquired through the batch acquire
+	// statement (planGeneration); shared by copies of the Queries.
+	batchWrites *atomic.Uint64
 	// renew: lease (µs), consumer, message ID, token.
 	renew string
 	// complete: result, content type, consumer, message ID, token.
@@ -291,9 +295,10 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 
 		acquire:               acquire(l, ""),
 		acquireStep:           acquire(l, steps),
-		acquireBatchTexts:     batchTexts{acquireBatch(l, "", false), acquireBatch(l, "", true)},
-		acquireBatchStepTexts: batchTexts{acquireBatch(l, steps, false), acquireBatch(l, steps, true)},
-		completeBatchTexts:    batchTexts{completeBatch(l, false), completeBatch(l, true)},
+		acquireBatchTexts:     newBatchTexts(acquireBatch(l, "", false), acquireBatch(l, "", true)),
+		acquireBatchStepTexts: newBatchTexts(acquireBatch(l, steps, false), acquireBatch(l, steps, true)),
+		batchWrites:           new(atomic.Uint64),
+		completeBatchTexts:    newBatchTexts(completeBatch(l, false), completeBatch(l, true)),
 		// The steps table has no index but its key.
 		steps: `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`,
 		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()

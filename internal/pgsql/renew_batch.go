@@ -75,7 +75,7 @@ func (q *Queries) RenewBatch(ctx context.Context, db sqlstore.Querier, ps []idem
 		ids[k], toks[k], leases[k] = p.MessageID, p.Token, sqlstore.DurationMicros(p.Lease)
 	}
 	args := []any{cs, q.textArray(ids), q.int64Param(toks), q.int64Param(leases)}
-	rows, err := db.Query(ctx, renewBatch(q.Table, q.V2), args...)
+	rows, err := db.Query(ctx, renewBatch(q.Table, q.V2)+planComment(q.planGeneration()), args...)
 	if err != nil {
 		return err
 	}
