@@ -337,7 +337,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			if log != nil {
-				fmt.Fprintf(log, "sidecar round %d: %s: %.0f msgs/s (%d calls)\n", round, c.name, r.rate, r.calls)
+				fmt.Fprintf(log, "sidecar round %d: %s: %.0f msgs/s (%d calls)%s\n", round, c.name, r.rate, r.calls, roundCPU(r, procs, n))
 			}
 			if round > 0 {
 				results[c.name] = append(results[c.name], r)

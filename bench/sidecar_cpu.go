@@ -221,3 +221,22 @@ func orDash2(x float64) string {
 	}
 	return fmt.Sprintf("%.2f", x)
 }
+
+// roundCPU is the CPU of one run r of n messages, for its line in the
+// log: "; CPU µs/msg" followed by the contender's process (when it ran
+// apart) and each watched server, so that a report can give each
+// figure's spread over the rounds, not only the table's median.
+func roundCPU(r sidecarResult, procs []watchedProc, n int) string {
+	perMsg := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(n) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "; CPU µs/msg: harness %.0f", perMsg(r.cpu.self))
+	if r.used.cpu > 0 {
+		fmt.Fprintf(&b, ", idem consume %.0f", perMsg(r.used.cpu))
+	}
+	for j, p := range procs {
+		if j < len(r.cpu.procs) {
+			fmt.Fprintf(&b, ", %s %.0f", p.name, perMsg(r.cpu.procs[j]))
+		}
+	}
+	return b.String()
+}

@@ -69,7 +69,9 @@ func hidden(p string) string {
 // inserted by a transaction the INSERT waited for) has no row; its
 // Acquire runs again (AcquireFrom), as does one reported acquirable.
 // With a step prefix, the element's recovery point prefix || token is
-// saved when it is acquired, in the same statement.
+// saved when it is acquired, in the same statement: in the record's point
+// column when the statement inserts it on a table with that column
+// (l.point), else in the steps table.
 func acquireBatch(l layout, steps string, native bool) string {
 	cs, bytea, dec := batchArrays(l, native)
 	arrays, cols, pick := cs+`, `+hidden(`$2::text[]`)+`, `+hidden(`$3::`+bytea)+`, `+hidden(`$4::bigint[]`), `c, m, fp, lease, ord`, `a.c, a.m, `+dec(`a.fp`)+` AS fp, a.lease`
@@ -82,11 +84,17 @@ func acquireBatch(l layout, steps string, native bool) string {
 		}
 	}
 	col := l.col()
+	// With a point column, a new record's recovery point (token 1) is
+	// kept in the record; a takeover's goes to the steps table.
+	pointCol, pointVal, taken := "", "", ""
+	if steps != "" && l.point {
+		pointCol, pointVal, taken = `, point`, `, NULLIF(u.pre, '') || '1'`, ` AND won.token > 1`
+	}
 	q := `WITH u AS (
 	SELECT ` + pick + `, a.ord FROM unnest(` + arrays + `) WITH ORDINALITY AS a(` + cols + `)
 ), up AS (
-	INSERT INTO ` + l.t + ` AS r (` + col + `, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
-	SELECT u.c, u.m, u.fp, now(), 1, 1, 1, now() + u.lease * interval '1 microsecond' FROM u ORDER BY u.ord
+	INSERT INTO ` + l.t + ` AS r (` + col + `, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at` + pointCol + `)
+	SELECT u.c, u.m, u.fp, now(), 1, 1, 1, now() + u.lease * interval '1 microsecond'` + pointVal + ` FROM u ORDER BY u.ord
 	ON CONFLICT (` + col + `, message_id) DO UPDATE
 	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
 		processed_at = excluded.processed_at, updated_at = NULL
@@ -98,7 +106,7 @@ func acquireBatch(l layout, steps string, native bool) string {
 	if steps != "" {
 		q += `, point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT won.name::text, won.m, won.pre || won.token::text, ''::bytea, now() FROM won WHERE won.pre <> ''
+	SELECT won.name::text, won.m, won.pre || won.token::text, ''::bytea, now() FROM won WHERE won.pre <> ''` + taken + `
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )`
 	}

@@ -258,11 +258,16 @@ type Queries struct {
 func New(t string) *Queries { return newQueries(layout{t: t}) }
 
 // NewV2 returns the statements of table t in schema v2 (migrations 014
-// and 015): each row holds its consumer's key, consumer_key (smallint).
-// The per-message statements take the key as their consumer parameter
-// (ConsumerArg); the operator's statements take the name and find its
-// key in t's consumers table (see layout).
-func NewV2(t string) *Queries { return newQueries(layout{t: t, v2: true}) }
+// and 015) with the point column (migration 016): each row holds its
+// consumer's key, consumer_key (smallint). The per-message statements
+// take the key as their consumer parameter (ConsumerArg); the operator's
+// statements take the name and find its key in t's consumers table (see
+// layout).
+func NewV2(t string) *Queries { return newQueries(layout{t: t, v2: true, point: true}) }
+
+// newV2NoPoint returns the statements of table t in schema v2 before
+// migration 016: every recovery point written to the steps table.
+func newV2NoPoint(t string) *Queries { return newQueries(layout{t: t, v2: true}) }
 
 // newQueries returns the statements of l's table in l's shape.
 func newQueries(l layout) *Queries {
@@ -300,7 +305,7 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		batchWrites:           new(atomic.Uint64),
 		completeBatchTexts:    newBatchTexts(completeBatch(l, false), completeBatch(l, true)),
 		// The steps table has no index but its key.
-		steps: `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`,
+		steps: l.stepsRead(steps),
 		renew: `UPDATE ` + t + ` SET lease_expires_at = now() + ` + durationParam(`$1`) + `, updated_at = now()
 WHERE ` + l.byKey(`$2`, `$3::text`) + ` AND state = 1 AND token = $4::bigint`,
 		complete: `UPDATE ` + t + ` SET state = 2, result = $1::bytea, content_type = $2::text,
@@ -453,10 +458,11 @@ UNION ALL
 
 // acquire is the acquire statement on table t, which saves the recovery
 // point of its step prefix ($5) on the steps table steps when it
-// acquires; steps is "" for the statement without a prefix, which a
-// lease-mode claim without a recovery point runs (the common case): a
-// plan without the steps table, which every execution would otherwise
-// lock and set up.
+// acquires (on a table with the point column, l.point, that of a new
+// record in the record itself: one row written instead of two); steps is
+// "" for the statement without a prefix, which a lease-mode claim
+// without a recovery point runs (the common case): a plan without the
+// steps table, which every execution would otherwise lock and set up.
 //
 // One statement inserts a new record, or takes over an expired one (the
 // DO UPDATE runs only when its WHERE holds, judged on the latest
@@ -481,9 +487,15 @@ UNION ALL
 // remaining lease's floor is therefore the later of the two (GREATEST
 // skips a NULL).
 func acquire(l layout, steps string) string {
+	// With a point column, a new record's recovery point (token 1) is
+	// kept in the record; a takeover's goes to the steps table.
+	pointCol, pointVal, taken := "", "", ""
+	if steps != "" && l.point {
+		pointCol, pointVal, taken = `, point`, `, $5::text || '1'`, ` WHERE up.token > 1`
+	}
 	q := `WITH up AS (
-	INSERT INTO ` + l.t + ` AS r (` + l.col() + `, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at)
-	VALUES (` + l.val(`$1`) + `, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + `)
+	INSERT INTO ` + l.t + ` AS r (` + l.col() + `, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at` + pointCol + `)
+	VALUES (` + l.val(`$1`) + `, $2::text, $3::bytea, now(), 1, 1, 1, now() + ` + durationParam(`$4`) + pointVal + `)
 	ON CONFLICT (` + l.col() + `, message_id) DO UPDATE
 	SET token = COALESCE(r.token, 0) + 1, attempt = COALESCE(r.attempt, 1) + 1, lease_expires_at = excluded.lease_expires_at,
 		processed_at = excluded.processed_at, updated_at = NULL
@@ -497,7 +509,7 @@ func acquire(l layout, steps string) string {
 		}
 		q += `, point AS (
 	INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
-	SELECT ` + name + `::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up
+	SELECT ` + name + `::text, $2::text, $5::text || up.token::text, ''::bytea, now() FROM up` + taken + `
 	ON CONFLICT (consumer, message_id, step) DO NOTHING
 )`
 	}

@@ -38,6 +38,9 @@ import (
 type layout struct {
 	t  string
 	v2 bool
+	// point: the table has the column point (migration 016), where the
+	// recovery point that a new record's acquisition saves is kept.
+	point bool
 }
 
 // col is the consumer column.
@@ -147,6 +150,34 @@ func (l layout) purgeBatch(steps string) string {
 SELECT count(*) FROM del`
 }
 
+// stepsRead is the statement that reads the recovery points of a record
+// (consumer name $1, message ID $2): the rows of the steps table steps
+// and, on v2, the point kept in the record (migration 016), which wins
+// over a row of the same name. That point is the first write of the
+// record's life (its insertion; Reopen clears it), so a step of its name
+// saved later, which the steps table holds because no statement checks
+// the column before it writes there, would have kept the point's empty
+// result. Without the column (l.point false) the record's point is read
+// from its row as JSON, NULL when there is none: a store that found the
+// table before migration 016 and keeps those statements then still reads
+// the points written by stores that found it after. On v1, which
+// migration 016 never sees, only the steps table.
+func (l layout) stepsRead(steps string) string {
+	q := `SELECT step, result FROM ` + steps + ` WHERE consumer = $1::text AND message_id = $2::text`
+	if !l.v2 {
+		return q
+	}
+	point := `p.point`
+	if !l.point {
+		point = `to_jsonb(p) ->> 'point'`
+	}
+	rec := `(SELECT ` + point + ` AS point FROM ` + l.t + ` AS p WHERE ` + l.byName(`$1`, `$2::text`) + `)`
+	return `SELECT s.step, s.result FROM ` + steps + ` AS s LEFT JOIN ` + rec + ` AS r ON r.point = s.step
+WHERE s.consumer = $1::text AND s.message_id = $2::text AND r.point IS NULL
+UNION ALL
+SELECT r.point, ''::bytea FROM ` + rec + ` AS r WHERE r.point IS NOT NULL`
+}
+
 // stats is the statement of Queries.Stats.
 func (l layout) stats() string {
 	if !l.v2 {
@@ -208,15 +239,17 @@ func (c *keyCache) put(name string, key any) {
 	c.m.Store(&next)
 }
 
-// Table is the statements of a processed table in both shapes, and which
+// Table is the statements of a processed table in each shape, and which
 // shape the table has: found when a store first uses it (one catalog
 // read), and again after Reset. A store keeps one Table for its life.
 type Table struct {
-	v1, v2 *Queries
-	// cur is the shape found (v1 or v2), nil until found.
+	// v2 is schema v2 before migration 016, v2p after it (the point
+	// column).
+	v1, v2, v2p *Queries
+	// cur is the shape found (v1, v2 or v2p), nil until found.
 	cur atomic.Pointer[Queries]
 	// ops are the operator statements of each shape, built on first use.
-	ops1, ops2 func() *sqlstore.Ops
+	ops1, ops2, ops2p func() *sqlstore.Ops
 	// keys are the consumers' keys resolved (v2), those of committed
 	// rows only.
 	keys                  keyCache
@@ -224,18 +257,19 @@ type Table struct {
 }
 
 // NewTable returns the statements of table t (validated by
-// sqlschema.ParseTable) in both shapes; native sets NativeArrays on
-// both.
+// sqlschema.ParseTable) in each shape; native sets NativeArrays on
+// each.
 func NewTable(t string, native bool) *Table {
-	tb := &Table{v1: New(t), v2: NewV2(t), name: t}
-	tb.v1.NativeArrays, tb.v2.NativeArrays = native, native
-	tb.v2.keys = &tb.keys
+	tb := &Table{v1: New(t), v2: newV2NoPoint(t), v2p: NewV2(t), name: t}
+	tb.v1.NativeArrays, tb.v2.NativeArrays, tb.v2p.NativeArrays = native, native, native
+	tb.v2.keys, tb.v2p.keys = &tb.keys, &tb.keys
 	tb.ops1 = sync.OnceValue(func() *sqlstore.Ops { return Ops(t) })
-	tb.ops2 = sync.OnceValue(func() *sqlstore.Ops { return OpsV2(t) })
-	// Whether the table has each of the two columns; a table that does
-	// not exist has neither.
-	tb.detect = `SELECT count(*) FILTER (WHERE attname = 'consumer'), count(*) FILTER (WHERE attname = 'consumer_key')
-FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consumer', 'consumer_key') AND NOT attisdropped`
+	tb.ops2 = sync.OnceValue(func() *sqlstore.Ops { return opsV2(layout{t: t, v2: true}) })
+	tb.ops2p = sync.OnceValue(func() *sqlstore.Ops { return OpsV2(t) })
+	// Whether the table has each of the three columns; a table that does
+	// not exist has none.
+	tb.detect = `SELECT count(*) FILTER (WHERE attname = 'consumer'), count(*) FILTER (WHERE attname = 'consumer_key'), count(*) FILTER (WHERE attname = 'point')
+FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consumer', 'consumer_key', 'point') AND NOT attisdropped`
 	// name -> (key, committed): the name's row, or a new one whose key
 	// is the largest plus one (no sequence, so a transaction that rolls
 	// back gives no key away: the next name takes it), committed false.
@@ -287,11 +321,14 @@ func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, erro
 	if q := tb.cur.Load(); q != nil {
 		return q, nil
 	}
-	var name, key int64
-	if err := db.QueryRow(ctx, tb.detect, tb.name).Scan(&name, &key); err != nil {
+	var name, key, point int64
+	if err := db.QueryRow(ctx, tb.detect, tb.name).Scan(&name, &key, &point); err != nil {
 		return nil, fmt.Errorf("table shape: %w", err)
 	}
 	switch {
+	case name == 0 && key == 1 && point == 1:
+		tb.cur.Store(tb.v2p)
+		return tb.v2p, nil
 	case name == 0 && key == 1:
 		tb.cur.Store(tb.v2)
 		return tb.v2, nil
@@ -299,6 +336,17 @@ func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, erro
 		tb.cur.Store(tb.v1)
 	}
 	return tb.v1, nil
+}
+
+// Refresh finds the table's shape again with one catalog read on db,
+// keeping the consumers' keys: for a statement that must not run in a
+// shape found before a migration that added a column (Reopen, which
+// clears the point column of migration 016; a store that found the
+// table before it keeps its statements, which still work).
+func (tb *Table) Refresh(ctx context.Context, db sqlstore.Querier) error {
+	tb.cur.Store(nil)
+	_, err := tb.Shape(ctx, db)
+	return err
 }
 
 // Cached returns the statements of the table's shape for a statement of
@@ -399,7 +447,10 @@ func (tb *Table) Ops(ctx context.Context, db sqlstore.Querier) (*sqlstore.Ops, e
 	if err != nil {
 		return nil, err
 	}
-	if q.V2 {
+	switch q {
+	case tb.v2p:
+		return tb.ops2p(), nil
+	case tb.v2:
 		return tb.ops2(), nil
 	}
 	return tb.ops1(), nil

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/idem-go/idem/idemdriver"
 )
@@ -32,8 +34,13 @@ type Ops struct {
 	// consumers -> consumer, 0, oldest (µs), newest (µs), as Stats.
 	consumers string
 	// steps: consumer, message ID -> step, result.
-	steps  string
-	outbox *Outbox
+	steps string
+	// reopenSet is more of Reopen's SET clause (", col = value"), for a
+	// processed table that keeps a recovery point in the record.
+	reopenSet string
+	// sortSteps: Steps sorts the rows of steps by name (WithRecordPoint).
+	sortSteps bool
+	outbox    *Outbox
 	// is returns the condition on the processed table that selects the
 	// consumer named by a placeholder (see NewOpsKeyed).
 	is func(p string) string
@@ -142,6 +149,20 @@ func (ops *Ops) WithFailedIndex() *Ops {
 	return ops
 }
 
+// WithRecordPoint makes Steps run steps (consumer, message ID -> step,
+// result, in any order), which reads a recovery point kept in the record
+// beside those of the recovery points table, and sort its rows by step,
+// byte for byte (the "C" collation of the steps table), in Go: a Sort in
+// the statement would sort rows read from two tables, where the steps
+// table's rows alone come in order from its primary key. The Reopen
+// built from ops (NewReopen) also sets set, more of its SET clause
+// (", point = NULL", or "" to set nothing more), which clears that
+// point. It returns ops.
+func (ops *Ops) WithRecordPoint(steps, set string) *Ops {
+	ops.steps, ops.reopenSet, ops.sortSteps = steps, set, true
+	return ops
+}
+
 // Consumers runs the list of idemdriver.ConsumerLister (Count 0).
 func (ops *Ops) Consumers(ctx context.Context, db Querier) ([]idemdriver.ConsumerStats, error) {
 	return Stats(ctx, db, ops.consumers)
@@ -165,6 +186,9 @@ func (ops *Ops) Steps(ctx context.Context, db Querier, consumer, messageID strin
 		out = append(out, st)
 		return nil
 	})
+	if ops.sortSteps {
+		slices.SortFunc(out, func(a, b idemdriver.Step) int { return strings.Compare(a.Name, b.Name) })
+	}
 	return out, err
 }
 

@@ -30,7 +30,7 @@ func NewReopen(ops *Ops, oneStatement bool) *Reopen {
 	stepsKey := ` WHERE consumer = ` + p(1, "text") + ` AND message_id = ` + p(2, "text")
 	r := &Reopen{table: ops.table, inspect: ops.inspect}
 	r.update = `UPDATE ` + ops.table + ` SET state = 1, token = token + 1, attempt = 0, result = NULL, content_type = NULL, ` +
-		`lease_expires_at = ` + d.Now + `, processed_at = ` + d.Now + `, updated_at = ` + d.Now +
+		`lease_expires_at = ` + d.Now + `, processed_at = ` + d.Now + `, updated_at = ` + d.Now + ops.reopenSet +
 		key + ` AND state = 2 AND token = ` + p(3, "bigint")
 	r.steps = `DELETE FROM ` + ops.table + `_steps` + stepsKey
 	if oneStatement {

@@ -14,6 +14,11 @@ var _ idemdriver.Reopener = (*Store)(nil)
 // deletes the record's recovery points; when it changed nothing, a read
 // of the record says why.
 func (s *Store) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordParams) (idemdriver.ActionResult, error) {
+	// The shape found now: one found before migration 016 would not
+	// clear the point column.
+	if err := s.tab.Refresh(ctx, querier{s.pool}); err != nil {
+		return idemdriver.ActionResult{}, err
+	}
 	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
 		return sqlstore.NewReopen(o, true).Run(ctx, querier{s.pool}, nil, p)
 	})

@@ -212,6 +212,11 @@
 //
 // and the table Table + "_steps" keeps the recovery points of multi-step
 // handlers ([idem.Attempt.Step]), keyed by (consumer, message_id, step).
+// On PostgreSQL since migration 016 the point that the acquisition of a
+// new record saves ([idemdriver.AcquireParams.StepPrefix], token 1) is
+// kept in the record's nullable column point instead, one row written
+// instead of two (store/idempgxv5's package documentation, "Lease
+// mode"); on MySQL and SQLite it is a row of Table + "_steps".
 //
 // The clock: lease expiry is judged by the database server's clock only.
 // Acquire writes lease_expires_at as the server's now plus the lease

@@ -24,6 +24,11 @@ func (s *Store) ReopenRecord(ctx context.Context, p *idemdriver.ReopenRecordPara
 		return s.inTx(ctx, func(tx *sql.Tx) error { return fn(querier{tx}) })
 	}
 	if s.dialect == Postgres { // the statement of the table's shape
+		// Found now: one found before migration 016 would not clear
+		// the point column.
+		if err := s.pg.Refresh(ctx, querier{s.db}); err != nil {
+			return idemdriver.ActionResult{}, err
+		}
 		return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
 			return sqlstore.NewReopen(o, true).Run(ctx, querier{s.db}, inTx, p)
 		})

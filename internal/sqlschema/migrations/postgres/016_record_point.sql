@@ -1,0 +1,13 @@
+-- The recovery point that a new record's acquisition saves (an
+-- AcquireParams.StepPrefix followed by token 1) is kept in the record,
+-- in the nullable column point, instead of a row of {{.Table}}_steps: the
+-- acquisition then writes one row and its index entries, not two. The
+-- points of later attempts, and every step saved with SaveStep or with
+-- a release, stay in {{.Table}}_steps; readers of the recovery points
+-- read both. NULL for records acquired without a prefix and for those
+-- written before this migration.
+--
+-- ADD COLUMN without a default changes the catalog only: no row is
+-- rewritten or scanned. On the partitioned layout it reaches every
+-- partition.
+ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS point text;
