@@ -539,20 +539,22 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	if err != nil {
 		return nil, true, fmt.Errorf("reading the answer: %w", err)
 	}
-	return &answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
-		retryAfter: resp.Header.Get("Retry-After")}, true, nil
+	cs.ans = answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
+		retryAfter: resp.Header.Get("Retry-After")}
+	return &cs.ans, true, nil
 }
 
 // callState is what one call needs beside its request, in one
 // allocation: the reader of the request body (the payload; no GetBody,
 // so the transport never sends it again on its own, which
-// noInternalRetry ensures anyway) and the trace that tells whether the
+// noInternalRetry ensures anyway), the trace that tells whether the
 // request may have reached the service (its headers were written to a
-// connection).
+// connection) and the service's answer.
 type callState struct {
 	body  bytes.Reader
 	wrote atomic.Bool
 	trace httptrace.ClientTrace
+	ans   answer
 }
 
 // readAnswer reads the start of resp's body, at most limit bytes: none for
