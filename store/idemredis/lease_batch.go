@@ -146,7 +146,8 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n, nkeys, na
 			continue
 		}
 		v, err := c.Result()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// HasErrorPrefix allocates even for a nil error: ask only on an error.
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			v, err = runAlone(i, words[i*m:(i+1)*m])
 		} else if err == nil && waitErr != nil {
 			err = waitErr
