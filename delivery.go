@@ -1,6 +1,9 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // Delivery is what a broker adapter knows about a delivery that the core
 // does not: the broker, where the message came from, and the message's
@@ -81,12 +84,41 @@ type deliveryKey struct{}
 // WithDelivery returns a copy of ctx carrying d, for the hooks of the
 // Process call made with it.
 func WithDelivery(ctx context.Context, d Delivery) context.Context {
-	return context.WithValue(ctx, deliveryKey{}, d)
+	return &deliveryCtx{Context: ctx, d: d}
 }
 
 // DeliveryFromContext returns the Delivery an adapter put in ctx with
 // WithDelivery, and whether there was one (a direct Process call has none).
 func DeliveryFromContext(ctx context.Context) (Delivery, bool) {
-	d, ok := ctx.Value(deliveryKey{}).(Delivery)
-	return d, ok
+	if d, ok := ctx.Value(deliveryKey{}).(*Delivery); ok {
+		return *d, true
+	}
+	return Delivery{}, false
+}
+
+// deliveryCtx is the context WithDelivery makes: ctx's, and d under
+// deliveryKey, in one allocation (context.WithValue would box d in a
+// second one). Value gives a pointer to d, which DeliveryFromContext
+// copies: nothing else can ask for deliveryKey. A context derived from it
+// registers with ctx's cancellation as through context.WithValue's
+// (Done and the context package's own keys are ctx's).
+type deliveryCtx struct {
+	context.Context
+	d Delivery
+}
+
+// Value implements context.Context.
+func (c *deliveryCtx) Value(key any) any {
+	if _, ok := key.(deliveryKey); ok {
+		return &c.d
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's do.
+func (c *deliveryCtx) String() string {
+	if s, ok := c.Context.(fmt.Stringer); ok {
+		return s.String() + ".WithDelivery"
+	}
+	return "context.WithDelivery"
 }

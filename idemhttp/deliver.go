@@ -521,7 +521,7 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	} else {
 		req.Body = http.NoBody // as http.NewRequest makes an empty body
 	}
-	d.headers(req, a)
+	d.headers(req, a, cs.vals[:0])
 	d.stats.calls.Add(1)
 	resp, err := d.rt.RoundTrip(req)
 	if err != nil {
@@ -539,20 +539,25 @@ func (d *Deliverer) call(ctx context.Context, a *idem.Attempt, slot *callSlot) (
 	if err != nil {
 		return nil, true, fmt.Errorf("reading the answer: %w", err)
 	}
-	return &answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
-		retryAfter: resp.Header.Get("Retry-After")}, true, nil
+	cs.ans = answer{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Body: body,
+		retryAfter: resp.Header.Get("Retry-After")}
+	return &cs.ans, true, nil
 }
 
 // callState is what one call needs beside its request, in one
 // allocation: the reader of the request body (the payload; no GetBody,
 // so the transport never sends it again on its own, which
-// noInternalRetry ensures anyway) and the trace that tells whether the
+// noInternalRetry ensures anyway), the trace that tells whether the
 // request may have reached the service (its headers were written to a
-// connection).
+// connection), the service's answer and the request's header values.
 type callState struct {
 	body  bytes.Reader
 	wrote atomic.Bool
 	trace httptrace.ClientTrace
+	ans   answer
+	// vals holds the request's header values (headers) when they fit:
+	// the five of every call and up to three of the broker's.
+	vals [8]string
 }
 
 // readAnswer reads the start of resp's body, at most limit bytes: none for
@@ -573,16 +578,19 @@ func readAnswer(resp *http.Response, limit int64) ([]byte, error) {
 }
 
 // headers sets the request headers of the delivery, in a map sized for
-// them whose values share one slice (one allocation, not one per value;
-// a second value of a name gets its own).
-func (d *Deliverer) headers(req *http.Request, a *idem.Attempt) {
+// them whose values share one slice: vals when it has room for them (the
+// call's own, in its one allocation), else one made here (a second value
+// of a name gets its own).
+func (d *Deliverer) headers(req *http.Request, a *idem.Attempt, vals []string) {
 	n := 0
 	for _, vs := range a.Message.Headers {
 		n += len(vs)
 	}
 	h := make(http.Header, n+6)
 	req.Header = h
-	vals := make([]string, 0, n+5)
+	if cap(vals) < n+5 {
+		vals = make([]string, 0, n+5)
+	}
 	ct := d.o.ContentType
 	for name, vs := range a.Message.Headers {
 		if !validHeaderName(name) {

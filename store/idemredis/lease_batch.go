@@ -28,13 +28,14 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		return nil, nil, err
 	}
 	res := make([]idemdriver.AcquireResult, len(ps))
-	errs := s.pipeline(ctx, acquireScript, len(ps), func(i int) ([]string, []any, error) {
+	errs := s.pipeline(ctx, acquireScript, len(ps), 2, 3, func(i int, w []any) error {
 		p := ps[i]
 		if err := idemdriver.ValidateAcquireParams(p); err != nil {
-			return nil, nil, err
+			return err
 		}
 		rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
-		return []string{rk, sk}, []any{p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix}, nil
+		w[0], w[1], w[2], w[3], w[4] = rk, sk, p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix
+		return nil
 	}, func(i int, v any, err error) error {
 		res[i], err = s.acquired(ctx, ps[i], v, err)
 		return err
@@ -61,31 +62,58 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		}
 		return errs, nil
 	}
-	return s.pipeline(ctx, completeIndexScript, len(ps), func(i int) ([]string, []any, error) {
+	return s.pipeline(ctx, completeIndexScript, len(ps), 2, 4, func(i int, w []any) error {
 		p := ps[i]
 		if err := idemdriver.ValidateCompleteParams(p); err != nil {
-			return nil, nil, err
+			return err
 		}
-		return []string{s.recordKey(p.Consumer, p.MessageID), s.consumerKey(p.Consumer, doneSuffix)},
-			[]any{p.Token, p.Result, p.ContentType, p.MessageID}, nil
+		w[0], w[1] = s.recordKey(p.Consumer, p.MessageID), s.consumerKey(p.Consumer, doneSuffix)
+		w[2], w[3], w[4], w[5] = p.Token, p.Result, p.ContentType, p.MessageID
+		return nil
 	}, func(i int, v any, err error) error {
 		p := ps[i]
 		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
 	}), nil
 }
 
-// pipeline runs script for elements 0..n-1 in one pipeline: args gives an
-// element's keys and arguments (or its error, and the element is left
-// out), and read turns its reply into its error. An element whose script
-// the server did not know is run again on its own.
-func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
-	args func(i int) ([]string, []any, error), read func(i int, v any, err error) error) []error {
+// pipeline runs script for elements 0..n-1 in one pipeline: args writes
+// an element's nkeys keys (strings) then its nargs arguments into w, or
+// returns its error (and the element is left out), and read turns its
+// reply into its error. An element whose script the server did not know
+// is run again on its own.
+//
+// The commands' words are written into one slice for the whole batch,
+// not each into slices of its own (Script.EvalSha copies its keys and
+// arguments into a new one, and boxes the hash again, per element):
+// go-redis keeps no reference to a command's arguments once the
+// pipeline's replies were read.
+func (s *Store) pipeline(ctx context.Context, script *redis.Script, n, nkeys, nargs int,
+	args func(i int, w []any) error, read func(i int, v any, err error) error) []error {
 	errs := make([]error, n)
+	m := 3 + nkeys + nargs
+	words := make([]any, n*m)
+	// element is element i's command words (EVALSHA, the hash, nkeys,
+	// the keys, the arguments), keys and arguments written by args.
+	sha := any(script.Hash())
+	element := func(i int) ([]any, error) {
+		w := words[i*m : (i+1)*m : (i+1)*m]
+		w[0], w[1], w[2] = "evalsha", sha, nkeys
+		return w, args(i, w[3:])
+	}
+	// runAlone runs element i's script on its own (Store.run: EVALSHA,
+	// EVAL when the server does not know it).
+	runAlone := func(i int, w []any) (any, error) {
+		keys := make([]string, nkeys)
+		for j := range keys {
+			keys[j], _ = w[3+j].(string)
+		}
+		return s.run(ctx, script, keys, w[3+nkeys:]...).Result()
+	}
 	if s.cluster != nil && s.wait > 0 {
 		for i := range n {
-			keys, a, err := args(i)
+			w, err := element(i)
 			if errs[i] = err; err == nil {
-				v, err := s.run(ctx, script, keys, a...).Result()
+				v, err := runAlone(i, w)
 				errs[i] = read(i, v, err)
 			}
 		}
@@ -95,9 +123,12 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 	var wait *redis.Cmd
 	_, _ = s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for i := range n {
-			keys, a, err := args(i)
+			w, err := element(i)
 			if errs[i] = err; err == nil {
-				cmds[i] = script.EvalSha(ctx, pl, keys, a...)
+				// What Script.EvalSha queues: the keys from word 3 on.
+				cmds[i] = redis.NewCmd(ctx, w...)
+				cmds[i].SetFirstKeyPos(3)
+				_ = pl.Process(ctx, cmds[i])
 			}
 		}
 		if s.wait > 0 {
@@ -115,9 +146,9 @@ func (s *Store) pipeline(ctx context.Context, script *redis.Script, n int,
 			continue
 		}
 		v, err := c.Result()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			keys, a, _ := args(i)
-			v, err = s.run(ctx, script, keys, a...).Result()
+		// HasErrorPrefix allocates even for a nil error: ask only on an error.
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			v, err = runAlone(i, words[i*m:(i+1)*m])
 		} else if err == nil && waitErr != nil {
 			err = waitErr
 		}

@@ -26,12 +26,13 @@ func (s *Store) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]
 	if err := ctx.Err(); err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return s.pipeline(ctx, renewScript, len(ps), func(i int) ([]string, []any, error) {
+	return s.pipeline(ctx, renewScript, len(ps), 1, 2, func(i int, w []any) error {
 		p := &ps[i]
 		if err := idemdriver.ValidateRenewParams(p); err != nil {
-			return nil, nil, err
+			return err
 		}
-		return []string{s.recordKey(p.Consumer, p.MessageID)}, []any{p.Token, s.leaseArg(p.Lease)}, nil
+		w[0], w[1], w[2] = s.recordKey(p.Consumer, p.MessageID), p.Token, s.leaseArg(p.Lease)
+		return nil
 	}, func(i int, v any, err error) error {
 		p := &ps[i]
 		return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
