@@ -53,11 +53,12 @@ type Config struct {
 	// idem.Processor. One of Processor and BatchProcessor is required,
 	// and it is safe for concurrent use when Concurrency > 1.
 	Processor idem.Processor
-	// BatchProcessor selects batch mode: the messages of one pull request
-	// that reach the Consumer together (every one the client has received
-	// when the Consumer takes one, at most MaxMessages) are handed to it
-	// in one call (idem.GuardBatch), and each is then settled by its own
-	// Outcome, as in the default mode. Concurrency is then how many
+	// BatchProcessor selects batch mode: the messages that reach the
+	// Consumer together (every one the client has received when the
+	// Consumer takes one, and the batches still waiting for a handler)
+	// are handed to it in one call (idem.GuardBatch), at most
+	// MaxMessages/Concurrency of them, and each is then settled by its
+	// own Outcome, as in the default mode. Concurrency is then how many
 	// batches are processed at once. An idemhttp.Deliverer is one
 	// (claims and completions of a batch in one store call each), as is
 	// idem.BindBatch (one transaction per batch). Exclusive with
@@ -345,6 +346,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// took together (take, then flush).
 	batchMode := c.cfg.BatchProcessor != nil
 	var batches chan []jetstream.Msg
+	// batchCap is the most messages of one batch: the messages held
+	// shared by the batches processed at once, so that while one batch's
+	// results are written the next one is claimed and called.
+	batchCap := max(1, hold/c.cfg.Concurrency)
 	if batchMode {
 		batches = make(chan []jetstream.Msg, hold) // a batch holds one message or more
 	}
@@ -358,7 +363,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for range c.cfg.Concurrency {
 		if batchMode {
 			wg.Go(func() {
-				for batch := range batches {
+				var carry []jetstream.Msg
+				for {
+					batch := nextBatch(batches, &carry, batchCap)
+					if batch == nil {
+						return
+					}
 					if hold > c.cfg.Concurrency {
 						for _, m := range batch {
 							progress.remove(m) // reported while it waited (take)
@@ -476,6 +486,40 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return runErr
+}
+
+// nextBatch returns the next batch a batch handler processes, nil when
+// batches is closed and nothing is left: what *carry holds (the rest of a
+// batch taken before), else the next batch of batches, joined with the
+// batches already waiting, up to limit messages; what is past limit is
+// left in *carry for the handler's next batch.
+func nextBatch(batches <-chan []jetstream.Msg, carry *[]jetstream.Msg, limit int) []jetstream.Msg {
+	batch := *carry
+	*carry = nil
+	if batch == nil {
+		b, ok := <-batches
+		if !ok {
+			return nil
+		}
+		batch = b
+	}
+join:
+	for len(batch) < limit {
+		select {
+		case b, ok := <-batches:
+			if !ok {
+				break join
+			}
+			batch = append(batch, b...)
+		default:
+			break join
+		}
+	}
+	if len(batch) > limit {
+		*carry = batch[limit:]
+		batch = batch[:limit:limit]
+	}
+	return batch
 }
 
 // fetchExpiry is how long one pull request waits at the server for
