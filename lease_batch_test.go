@@ -1,7 +1,9 @@
 package idem_test
 
 import (
+	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,4 +78,63 @@ func TestLeaseBatchOneStoreCall(t *testing.T) {
 			t.Errorf("store calls: %+v; want 16 Acquire, 8 Complete, 8 SaveStep", c)
 		}
 	})
+}
+
+// endCounter counts the outcomes and ends the hooks see.
+type endCounter struct{ outcomes, ends atomic.Int64 }
+
+func (e *endCounter) OnOutcome(context.Context, idem.OutcomeEvent)       { e.outcomes.Add(1) }
+func (e *endCounter) OnProcessEnd(context.Context, idem.ProcessEndEvent) { e.ends.Add(1) }
+
+// TestLeaseCrashLoopEndsOnce: a message whose earlier attempts died
+// without a result (over MaxAttempts) is made poison by the acquisition
+// that finds it, through Acquire or AcquireBatch, and the hooks see one
+// outcome and one end for that delivery, not one for the attempt's end
+// and another for the acquisition's.
+func TestLeaseCrashLoopEndsOnce(t *testing.T) {
+	ctx := t.Context()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			store := idem.NewMemoryStore(nil)
+			h := &endCounter{}
+			c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: time.Minute, MaxAttempts: 2, PurgeInterval: -1, Hooks: []idem.Hook{h}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			msg := idem.Message{ID: "m", Payload: []byte("p")}
+			for range 2 {
+				a, _, err := c.Acquire(ctx, msg, idem.AcquireOptions{})
+				if a == nil {
+					t.Fatal(err)
+				}
+				_, _ = a.Abandon(ctx, nil)
+				if !idem.ExpireLease(store, "c", "m") {
+					t.Fatal("no lease to expire")
+				}
+			}
+			h.outcomes.Store(0)
+			h.ends.Store(0)
+			var out idem.Outcome
+			if batch {
+				atts, outs, err := c.AcquireBatch(ctx, []idem.Message{msg}, idem.AcquireOptions{})
+				if err != nil || atts[0] != nil {
+					t.Fatalf("AcquireBatch: held %v, %v", atts[0] != nil, err)
+				}
+				out = outs[0]
+			} else {
+				var a *idem.Attempt
+				a, out, _ = c.Acquire(ctx, msg, idem.AcquireOptions{})
+				if a != nil {
+					t.Fatal("Acquire held a crash-looping message")
+				}
+			}
+			if out.Status != idem.Failed || !out.Poison {
+				t.Fatalf("outcome %v (poison %v), %v; want a poison Failed", out.Status, out.Poison, out.Err)
+			}
+			if o, e := h.outcomes.Load(), h.ends.Load(); o != 1 || e != 1 {
+				t.Errorf("hooks saw %d outcomes and %d ends; want 1 and 1", o, e)
+			}
+		})
+	}
 }
