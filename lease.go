@@ -93,22 +93,12 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 	// parameters (one allocation for a new message).
 	a := &Attempt{}
 	ap := &a.acq
-	out, fp := c.prepareInto(msg, &ap.fp)
+	fp, prefix, atomicStep, out, err := c.prepAcquire(msg, opt, a)
 	if out.Status != 0 {
-		return nil, out, out.Err
+		return nil, out, err
 	}
 	var waitUntil time.Time
 	delay := 20 * time.Millisecond
-	atomicStep := opt.StepPrefix != "" && idemdriver.RecordsSteps(c.store)
-	prefix := ""
-	if atomicStep {
-		prefix = opt.StepPrefix
-	} else if opt.StepPrefix != "" {
-		if err := idemdriver.ValidateStepName(idemdriver.PrefixStep(opt.StepPrefix, math.MaxInt64)); err != nil {
-			out, err := c.failed(msg.ID, err)
-			return nil, out, err
-		}
-	}
 	if d := c.storeTimeout(); d > 0 {
 		// The attempt's context, made now: the Acquire runs on it, its
 		// store timeout kept by the renewal scheduler (no timer nor
@@ -141,16 +131,9 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 			err = timedOut(actx, err)
 			cancel()
 		}
-		if err != nil {
-			out, err := c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
-			return nil, out, err
-		}
-		if acq.Acquired {
-			return c.held(ctx, a, t, msg, acq, leaseFrom, since, opt.StepPrefix, atomicStep)
-		}
-		out, err := c.existing(msg.ID, fp, acq)
-		if out.Status != InProgress || opt.Wait <= 0 {
-			return nil, out, err
+		held, out, err := c.judgeAcquire(ctx, t, a, msg, fp, acq, err, leaseFrom, since, opt.StepPrefix, atomicStep)
+		if held != nil || out.Status != InProgress || opt.Wait <= 0 {
+			return held, out, err
 		}
 		if waitUntil.IsZero() {
 			waitUntil = leaseFrom.Add(opt.Wait)
@@ -173,6 +156,46 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		}
 		delay = min(delay*3/2, 250*time.Millisecond)
 	}
+}
+
+// prepAcquire checks msg and opt before an acquisition: it returns msg's
+// fingerprint (summed into a's acquisition parameters), the prefix of
+// the recovery point the store saves with the acquisition (prefix, with
+// atomicStep, on an idemdriver.StepRecorder; empty otherwise) and, when
+// msg cannot be acquired (a Rejected message, an invalid StepPrefix), its
+// outcome (a Status other than zero) and error.
+func (c *LeaseConsumer) prepAcquire(msg Message, opt AcquireOptions, a *Attempt) (fp []byte, prefix string, atomicStep bool, out Outcome, err error) {
+	out, fp = c.prepareInto(msg, &a.acq.fp)
+	if out.Status != 0 {
+		return nil, "", false, out, out.Err
+	}
+	atomicStep = opt.StepPrefix != "" && idemdriver.RecordsSteps(c.store)
+	if atomicStep {
+		prefix = opt.StepPrefix
+	} else if opt.StepPrefix != "" {
+		if err := idemdriver.ValidateStepName(idemdriver.PrefixStep(opt.StepPrefix, math.MaxInt64)); err != nil {
+			out, err := c.failed(msg.ID, err)
+			return nil, "", false, out, err
+		}
+	}
+	return fp, prefix, atomicStep, Outcome{}, nil
+}
+
+// judgeAcquire settles the store's answer to the acquisition of msg
+// (acq, or the store's error err), made at leaseFrom: the attempt a,
+// started (held), when msg was acquired; else nil and the outcome of a
+// record that another attempt holds or finished (existing), or Failed
+// with ErrStore.
+func (c *LeaseConsumer) judgeAcquire(ctx context.Context, t *track, a *Attempt, msg Message, fp []byte, acq idemdriver.AcquireResult, err error, leaseFrom, since time.Time, stepPrefix string, atomicStep bool) (*Attempt, Outcome, error) {
+	if err != nil {
+		out, err := c.failed(msg.ID, c.storeErr(ctx, "acquire", msg.ID, err))
+		return nil, out, err
+	}
+	if acq.Acquired {
+		return c.held(ctx, a, t, msg, acq, leaseFrom, since, stepPrefix, atomicStep)
+	}
+	out, err := c.existing(msg.ID, fp, acq)
+	return nil, out, err
 }
 
 // acquireParams is an acquisition's parameters, the array its default
@@ -726,21 +749,34 @@ func (a *Attempt) complete(ctx context.Context, res Result, bound *callBound) (O
 	defer a.endOnPanic()
 	a.c.renewals.ending(a)
 	since := time.Now()
-	cp := idemdriver.CompleteParams{
-		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
-	}
 	var err error
 	if a.c.renewals.startCall(bound) {
-		bound.cp = cp // no allocation of its own
+		bound.cp = a.completeParams(res) // no allocation of its own
 		err = timedOut(bound, a.c.store.Complete(bound, &bound.cp))
 		bound.cp = idemdriver.CompleteParams{}
 		a.c.renewals.endCall(bound)
 	} else {
-		p := cp
+		p := a.completeParams(res)
 		cctx, cancel := callCtx(ctx, a.c.storeTimeout())
 		err = timedOut(cctx, a.c.store.Complete(cctx, &p))
 		cancel()
 	}
+	return a.completed(ctx, res, since, err)
+}
+
+// completeParams is the store's parameters of the completion of a with
+// res.
+func (a *Attempt) completeParams(res Result) idemdriver.CompleteParams {
+	return idemdriver.CompleteParams{
+		Consumer: a.Consumer, MessageID: a.Message.ID, Token: a.Token, Result: res.Body, ContentType: res.ContentType,
+	}
+}
+
+// completed settles the store's answer (err) to the completion of a with
+// res, sent at since: Processed and the attempt ended; Failed and ended
+// when another attempt took over (ErrLeaseLost); Failed with ErrStore and
+// still held when the store failed.
+func (a *Attempt) completed(ctx context.Context, res Result, since time.Time, err error) (Outcome, error) {
 	if errors.Is(err, ErrLeaseLost) {
 		err = fmt.Errorf("%w: attempt %d (token %d) of message %q finished after another attempt took over; its result was not stored", err, a.Number, a.Token, a.Message.ID)
 		a.markLost(ctx, "complete", since, err)

@@ -450,6 +450,7 @@ type track struct {
 	start    time.Time
 	claimed  bool   // single delivery: the message was claimed
 	released bool   // lease mode: the claim was released for a retry
+	ended    bool   // single delivery: its outcome and end were reported (end)
 	claims   []bool // batch: claims[i] when msgs[i] was claimed
 }
 
@@ -523,11 +524,16 @@ func (t *track) outcome(ctx context.Context, out Outcome, claimed bool, lat time
 	}
 }
 
-// end reports the outcome of a single delivery and the end of its call.
+// end reports the outcome of a single delivery and the end of its call,
+// once: a lease-mode delivery whose attempt ended while it was being
+// acquired (the crash-loop check of held, a recovery point that could not
+// be saved) was reported by the attempt's end, and Acquire's own report
+// that follows is dropped.
 func (t *track) end(ctx context.Context, out Outcome, err error) {
-	if t == nil {
+	if t == nil || t.ended {
 		return
 	}
+	t.ended = true
 	lat := time.Since(t.start)
 	t.outcome(ctx, out, t.claimed, lat)
 	t.finish(ctx, err, lat)

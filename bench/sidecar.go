@@ -294,11 +294,20 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		// the same with --point-at-call (no more of them, a write of its
 		// own per message that waits for a call); the defaults at most
 		// once: store batches of the messages in flight only (--hold is
-		// --concurrency); and no batches at all.
-		for _, v := range []struct {
+		// --concurrency); no batches at all; and, on NATS, the fetched
+		// batch claimed and completed in one store call each
+		// (--batch-claim, 64 held in two batches at a time).
+		variants := []struct {
 			batch int
 			extra []string
-		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}} {
+		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}}
+		if js != nil {
+			variants = append(variants, struct {
+				batch int
+				extra []string
+			}{64, []string{"--hold", "64", "--batch-claim"}})
+		}
+		for _, v := range variants {
 			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")
 			contenders = append(contenders, sidecarContender{
 				fmt.Sprintf("idem consume, %s, %s", st.name, flags),
@@ -311,7 +320,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 					idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, keyed...), prepIdem(bin),
 				})
 			}
-			if base != "" && v.batch > 1 {
+			if base != "" && v.batch > 1 && !slices.Contains(v.extra, "--batch-claim") { // an earlier build may not have it
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
 					idemConsume(base, bus.url(), st.url, v.batch, concurrency, baseDir, v.extra...), prepIdem(base),

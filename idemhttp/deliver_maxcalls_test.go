@@ -17,6 +17,45 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 )
 
+// gatedCalls is a service whose calls each wait for a value on release
+// before answering 200; it counts the calls running and the most that
+// ran at once.
+type gatedCalls struct {
+	release       chan struct{}
+	mu            sync.Mutex
+	running, most int
+}
+
+func newGatedCalls() *gatedCalls { return &gatedCalls{release: make(chan struct{})} }
+
+func (g *gatedCalls) answer(int, *http.Request) (*http.Response, error) {
+	g.mu.Lock()
+	g.running++
+	g.most = max(g.most, g.running)
+	g.mu.Unlock()
+	<-g.release
+	g.mu.Lock()
+	g.running--
+	g.mu.Unlock()
+	return response(200, nil, ""), nil
+}
+
+// counts returns the calls running and the most that ran at once.
+func (g *gatedCalls) counts() (running, most int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.running, g.most
+}
+
+// numbered is n messages m-0, m-1, ... with payload "p".
+func numbered(n int) []idem.Message {
+	msgs := make([]idem.Message, n)
+	for i := range msgs {
+		msgs[i] = idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}
+	}
+	return msgs
+}
+
 // With MaxCalls 2, five deliveries at once make two calls at a time: the
 // other three wait with their messages claimed (in progress in the store),
 // and each is called once a call ends. A waiting delivery whose context
@@ -25,24 +64,10 @@ import (
 func TestDeliverMaxCalls(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
-		var mu sync.Mutex
-		running, most := 0, 0
-		b := setupDeliver(t, idem.Config{}, DelivererOptions{MaxCalls: 2}, func(int, *http.Request) (*http.Response, error) {
-			mu.Lock()
-			running++
-			most = max(most, running)
-			mu.Unlock()
-			<-release
-			mu.Lock()
-			running--
-			mu.Unlock()
-			return response(200, nil, ""), nil
-		})
-		msgs := make([]idem.Message, 6)
-		for i := range msgs {
-			msgs[i] = idem.Message{ID: fmt.Sprintf("m-%d", i), Payload: []byte("p")}
-		}
+		g := newGatedCalls()
+		release := g.release
+		b := setupDeliver(t, idem.Config{}, DelivererOptions{MaxCalls: 2}, g.answer)
+		msgs := numbered(6)
 		settled := make([]idem.Settlement, len(msgs))
 		var wg sync.WaitGroup
 		for i := range 5 {
@@ -82,7 +107,7 @@ func TestDeliverMaxCalls(t *testing.T) {
 				t.Errorf("%s: %v (%v), %d calls; want Ack after one call", msgs[i].ID, s.Action, s.Err, b.svc.count(msgs[i].ID))
 			}
 		}
-		if most != 2 {
+		if _, most := g.counts(); most != 2 {
 			t.Errorf("at most %d calls ran at once, want 2", most)
 		}
 		if s := b.settle(msgs[5]); s.Action != idem.Ack || b.svc.count(msgs[5].ID) != 1 {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idem-go/idem"
+	"github.com/idem-go/idem/idemdriver"
 )
 
 // fakeService answers deliveries in process (no network, so the tests run
@@ -69,13 +70,20 @@ type deliverBundle struct {
 // whose service answers with answer.
 func setupDeliver(t *testing.T, cfg idem.Config, o DelivererOptions, answer func(n int, r *http.Request) (*http.Response, error)) *deliverBundle {
 	t.Helper()
+	return setupDeliverOn(t, func(s *idem.MemoryStore) idemdriver.LeaseStore { return s }, cfg, o, answer)
+}
+
+// setupDeliverOn is setupDeliver with the lease consumer over wrap(the
+// memory store).
+func setupDeliverOn(t *testing.T, wrap func(*idem.MemoryStore) idemdriver.LeaseStore, cfg idem.Config, o DelivererOptions, answer func(n int, r *http.Request) (*http.Response, error)) *deliverBundle {
+	t.Helper()
 	cfg.Name = "deliver-test"
 	if cfg.Lease == 0 {
 		cfg.Lease = time.Second
 	}
 	cfg.PurgeInterval = -1
 	store := idem.NewMemoryStore(nil)
-	lc, err := idem.NewLeaseConsumer(store, cfg)
+	lc, err := idem.NewLeaseConsumer(wrap(store), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,6 +103,9 @@
 // died) is dead-lettered with reason outcome-unknown (idem.ErrOutcomeUnknown)
 // instead of being sent again. Its type documentation has the table of
 // answers and what each does to the message.
+// It is also an idem.BatchProcessor (ProcessBatch): a broker's fetched
+// batch is claimed in one store call and its answers recorded in one more,
+// each message settled as Process would settle it.
 //
 // # Errors
 //

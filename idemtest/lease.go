@@ -94,6 +94,7 @@ func RunLease(t *testing.T, h LeaseHarness) {
 		{"Store", leaseStoreCases()},
 		{"Steps", leaseStepCases()},
 		{"Batch", leaseBatchCases()},
+		{"ConsumerBatch", leaseConsumerBatchCases()},
 		{"RenewBatch", leaseRenewBatchCases()},
 		{"StoreTimeout", leaseDeadlineCases()},
 		{"Locked", leaseLockedCases()},

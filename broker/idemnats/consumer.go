@@ -50,9 +50,21 @@ const (
 type Config struct {
 	// Processor runs each delivery through an Idempotent Consumer:
 	// idem.Bind (transactional mode), idem.BindLease (lease mode) or any
-	// idem.Processor. Required, and safe for concurrent use when
-	// Concurrency > 1.
+	// idem.Processor. One of Processor and BatchProcessor is required,
+	// and it is safe for concurrent use when Concurrency > 1.
 	Processor idem.Processor
+	// BatchProcessor selects batch mode: the messages that reach the
+	// Consumer together (every one the client has received when the
+	// Consumer takes one, and the batches still waiting for a handler)
+	// are handed to it in one call (idem.GuardBatch), at most
+	// MaxMessages/Concurrency of them, and each is then settled by its
+	// own Outcome, as in the default mode. Concurrency is then how many
+	// batches are processed at once. An idemhttp.Deliverer is one
+	// (claims and completions of a batch in one store call each), as is
+	// idem.BindBatch (one transaction per batch). Exclusive with
+	// Processor. A message with two different IDs is dead-lettered
+	// without being handed over, as in the default mode.
+	BatchProcessor idem.BatchProcessor
 	// IDHeader is the header holding the message ID. Defaults to
 	// DefaultIDHeader (Nats-Msg-Id, JetStream's own place for it). Header names
 	// are case-sensitive in NATS. A message without the header is passed
@@ -165,8 +177,10 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 		return nil, fmt.Errorf("%w: idemnats: nil JetStream", idem.ErrInvalidConfig)
 	case cons == nil:
 		return nil, fmt.Errorf("%w: idemnats: nil jetstream.Consumer", idem.ErrInvalidConfig)
-	case cfg.Processor == nil:
-		return nil, fmt.Errorf("%w: idemnats: Config.Processor is required", idem.ErrInvalidConfig)
+	case cfg.Processor == nil && cfg.BatchProcessor == nil:
+		return nil, fmt.Errorf("%w: idemnats: Config.Processor (or BatchProcessor) is required", idem.ErrInvalidConfig)
+	case cfg.Processor != nil && cfg.BatchProcessor != nil:
+		return nil, fmt.Errorf("%w: idemnats: Config.Processor and BatchProcessor are exclusive; set one", idem.ErrInvalidConfig)
 	case cfg.DeadLetter == "":
 		return nil, fmt.Errorf("%w: idemnats: Config.DeadLetter is required (a subject a stream captures)", idem.ErrInvalidConfig)
 	case !validSubject(cfg.DeadLetter):
@@ -327,6 +341,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hold := max(c.cfg.MaxMessages, c.cfg.Concurrency)
 	held := make(chan struct{}, hold)
 	queue := make(chan jetstream.Msg, hold)
+	// In batch mode (BatchProcessor) the messages go to the handlers in
+	// batches (batches), not one by one (queue): those the fetch loop
+	// took together (take, then flush).
+	batchMode := c.cfg.BatchProcessor != nil
+	var batches chan []jetstream.Msg
+	// batchCap is the most messages of one batch: the messages held
+	// shared by the batches processed at once, so that while one batch's
+	// results are written the next one is claimed and called.
+	batchCap := max(1, hold/c.cfg.Concurrency)
+	if batchMode {
+		batches = make(chan []jetstream.Msg, hold) // a batch holds one message or more
+	}
 	// progress holds the messages reported in progress: those waiting
 	// for a handler, and those whose handler runs (when c.progress > 0).
 	progress := newProgressSet()
@@ -335,6 +361,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var ended atomic.Bool
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
+		if batchMode {
+			wg.Go(func() {
+				var carry []jetstream.Msg
+				for {
+					batch := nextBatch(batches, &carry, batchCap)
+					if batch == nil {
+						return
+					}
+					if hold > c.cfg.Concurrency {
+						for _, m := range batch {
+							progress.remove(m) // reported while it waited (take)
+						}
+					}
+					c.handleBatch(work, batch, progress, c.stopping.Load() || ended.Load())
+					for range batch {
+						<-held
+					}
+				}
+			})
+			continue
+		}
 		wg.Go(func() {
 			for msg := range queue {
 				if hold > c.cfg.Concurrency {
@@ -373,6 +420,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	var pending []jetstream.Msg // batch mode: taken, not yet flushed (the fetch loop's own)
 	take := func(msg jetstream.Msg) {
 		select {
 		case <-quit:
@@ -386,12 +434,29 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if hold > c.cfg.Concurrency {
 			progress.add(msg, c.timeout)
 		}
+		if batchMode {
+			pending = append(pending, msg)
+			return
+		}
 		queue <- msg // never blocks: queue has a place for every held one
 	}
+	// flush hands the messages taken since the last flush to the batch
+	// handlers as one batch (batch mode; called by the fetch loop when it
+	// has no more received messages at hand).
+	var flush func()
+	if batchMode {
+		flush = func() {
+			if len(pending) > 0 {
+				batches <- pending // never blocks: a place for every held message
+				pending = nil
+			}
+		}
+	}
+	waiting := func() bool { return len(queue) > 0 || len(batches) > 0 }
 	fetching := make(chan struct{})
 	go func() {
 		defer close(fetching)
-		c.fetchLoop(work, consuming, held, func() bool { return len(queue) > 0 }, take, fail)
+		c.fetchLoop(work, consuming, held, waiting, take, flush, fail)
 	}()
 	var runErr error
 	select {
@@ -404,6 +469,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	endConsuming()
 	<-fetching
 	close(queue)
+	if batchMode {
+		close(batches)
+	}
 	wg.Wait()
 	// The acks are written to the connection's buffer; flush them so that
 	// the server has them when Run returns.
@@ -418,6 +486,40 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return runErr
+}
+
+// nextBatch returns the next batch a batch handler processes, nil when
+// batches is closed and nothing is left: what *carry holds (the rest of a
+// batch taken before), else the next batch of batches, joined with the
+// batches already waiting, up to limit messages; what is past limit is
+// left in *carry for the handler's next batch.
+func nextBatch(batches <-chan []jetstream.Msg, carry *[]jetstream.Msg, limit int) []jetstream.Msg {
+	batch := *carry
+	*carry = nil
+	if batch == nil {
+		b, ok := <-batches
+		if !ok {
+			return nil
+		}
+		batch = b
+	}
+join:
+	for len(batch) < limit {
+		select {
+		case b, ok := <-batches:
+			if !ok {
+				break join
+			}
+			batch = append(batch, b...)
+		default:
+			break join
+		}
+	}
+	if len(batch) > limit {
+		*carry = batch[limit:]
+		batch = batch[:limit:limit]
+	}
+	return batch
 }
 
 // fetchExpiry is how long one pull request waits at the server for
@@ -454,7 +556,9 @@ const quitGrace = 100 * time.Millisecond
 // (jetstream.Consumer.Fetch) at a time, and hands each message, its place
 // taken, to take. Its requests run under ctx; it returns when consuming
 // ends, or after passing to fail
-// an error that ends consuming: the consumer deleted, the connection
+// an error that ends consuming. In batch mode flush (nil otherwise) is
+// called whenever no received message is at hand after take, and when
+// the request ends: the messages taken since then go as one batch: the consumer deleted, the connection
 // closed, a pull request the server refused as bad.
 //
 // A pull request asks for every place free when it is sent, and the next
@@ -470,7 +574,7 @@ const quitGrace = 100 * time.Millisecond
 // request out, so consuming stalled until a missing heartbeat, 30s later;
 // Messages' channel, sized to the pull, also dropped deliveries after a
 // reconnect.)
-func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{}, waiting func() bool, take func(jetstream.Msg), fail func(error)) {
+func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{}, waiting func() bool, take func(jetstream.Msg), flush func(), fail func(error)) {
 	quit := consuming.Done()
 	nc := c.js.Conn()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
@@ -582,10 +686,16 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 			case m, ok := <-msgs:
 				if !ok {
 					msgs = nil
+					if flush != nil {
+						flush()
+					}
 					continue
 				}
 				got++
 				take(m)
+				if flush != nil && len(msgs) == 0 {
+					flush()
+				}
 				if grace != nil {
 					grace.Reset(quitGrace)
 				}
@@ -801,37 +911,92 @@ func (p *progressSet) report(done <-chan struct{}, period time.Duration, log *sl
 	}
 }
 
-// handle processes one delivery and settles it.
-func (c *Consumer) handle(ctx context.Context, m jetstream.Msg, progress *progressSet) {
+// message is m as an idem.Message, its ID from the IDHeader; ok is false,
+// with the Rejected outcome to settle it with, when the header has two
+// different values: no single identity to deduplicate by, so it is
+// refused without calling the Processor, and dead-lettered.
+func (c *Consumer) message(m jetstream.Msg) (msg idem.Message, out idem.Outcome, ok bool) {
 	ids := m.Headers().Values(c.cfg.IDHeader)
-	msg := idem.Message{Payload: m.Data(), Headers: idem.Headers(m.Headers())}
+	msg = idem.Message{Payload: m.Data(), Headers: idem.Headers(m.Headers())}
 	if len(ids) > 0 {
 		msg.ID = ids[0]
 	}
 	for _, id := range ids[min(1, len(ids)):] {
 		if id != msg.ID {
-			// Two IDs: no single identity to deduplicate by. Refused
-			// without calling the Processor, and dead-lettered.
 			err := fmt.Errorf("%w: header %s has %d different values", idem.ErrInvalidMessageID, c.cfg.IDHeader, len(ids))
-			c.settle(ctx, m, msg, idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: err})
-			return
+			return msg, idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: err}, false
 		}
 	}
-	pctx := ctx
+	return msg, idem.Outcome{}, true
+}
+
+// handlerContext is the context of one Processor (or BatchProcessor)
+// call: ctx, ended after HandlerTimeout when that is on.
+func (c *Consumer) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		pctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
+		return context.WithTimeout(ctx, c.timeout)
 	}
+	return ctx, func() {}
+}
+
+// handle processes one delivery and settles it.
+func (c *Consumer) handle(ctx context.Context, m jetstream.Msg, progress *progressSet) {
+	msg, out, ok := c.message(m)
+	if !ok {
+		c.settle(ctx, m, msg, out)
+		return
+	}
+	pctx, cancel := c.handlerContext(ctx)
+	defer cancel()
 	if c.progress > 0 {
 		// Reported in progress while the handler runs, for at most
 		// HandlerTimeout (pctx's deadline), by the Consumer's one
 		// reporter.
 		progress.add(m, c.timeout)
 	}
-	out := idem.Guard(c.withDelivery(pctx, m), c.cfg.Processor, msg)
+	out = idem.Guard(c.withDelivery(pctx, m), c.cfg.Processor, msg)
 	progress.remove(m)
 	c.settle(ctx, m, msg, out)
+}
+
+// handleBatch processes a batch of deliveries with the BatchProcessor and
+// settles each. A message with two different IDs is dead-lettered without
+// being handed over (as handle does). With nak (Stop came, or consuming
+// ended, before the batch started) the messages are Nak'ed for
+// redelivery, those on their last delivery processed anyway. The batch is
+// reported in progress while it runs (ProgressInterval), for at most
+// HandlerTimeout, which bounds the whole call.
+func (c *Consumer) handleBatch(ctx context.Context, batch []jetstream.Msg, progress *progressSet, nak bool) {
+	ms := make([]jetstream.Msg, 0, len(batch))
+	msgs := make([]idem.Message, 0, len(batch))
+	for _, m := range batch {
+		if nak && !c.lastDelivery(m) {
+			c.nakBuffered(m)
+			continue
+		}
+		msg, out, ok := c.message(m)
+		if !ok {
+			c.settle(ctx, m, msg, out)
+			continue
+		}
+		ms = append(ms, m)
+		msgs = append(msgs, msg)
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	pctx, cancel := c.handlerContext(ctx)
+	defer cancel()
+	if c.progress > 0 {
+		for _, m := range ms {
+			progress.add(m, c.timeout)
+		}
+	}
+	outs := idem.GuardBatch(c.withDelivery(pctx, ms[0]), c.cfg.BatchProcessor, msgs)
+	for i, m := range ms {
+		progress.remove(m)
+		c.settle(ctx, m, msgs[i], outs[i])
+	}
 }
 
 // lastDelivery reports whether m is on its last delivery: the JetStream

@@ -131,6 +131,20 @@
 // instead, Run returns ctx.Err(). Stop's context bounds the wait; when it
 // ends, the handlers still running are cancelled.
 //
+// # Batch mode
+//
+// With Config.BatchProcessor instead of Processor, the messages of one
+// pull request that reach the Consumer together (every one the client
+// has received when it takes one) go to one ProcessBatch call, through
+// idem.GuardBatch, and each is settled by its own Outcome. Concurrency is
+// then the number of batches processed at once, and a batch holds at most
+// MaxMessages/Concurrency messages (batches waiting for a handler are
+// joined up to that many). A batch is reported in progress while it
+// runs, as a message is, and HandlerTimeout bounds the whole call. An
+// idemhttp.Deliverer is such a processor in lease mode (a batch's claims
+// in one store call, its results in another), idem.BindBatch in
+// transactional mode (one transaction per batch).
+//
 // Retention: keep idem's RetentionWindow longer than the stream's MaxAge
 // (or the longest time a message can wait for redelivery); idemnats does
 // not check this, since the Processor hides the idem.Config.

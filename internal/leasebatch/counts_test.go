@@ -76,3 +76,42 @@ func TestBatchKeepsTheDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestStatsCountCallersBatches: a batch the caller made
+// (idem.LeaseConsumer.AcquireBatch and CompleteBatch) goes to the store
+// in one call and counts as one store call of that size.
+func TestStatsCountCallersBatches(t *testing.T) {
+	s := New(idem.NewMemoryStore(nil), 64)
+	c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msgs := make([]idem.Message, 5)
+	for i := range msgs {
+		msgs[i] = idem.Message{ID: fmt.Sprint("m", i), Payload: []byte("p")}
+	}
+	atts, outs, err := c.AcquireBatch(t.Context(), msgs, idem.AcquireOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range atts {
+		if a == nil {
+			t.Fatalf("message %d not held: %v", i, outs[i].Err)
+		}
+	}
+	couts, err := c.CompleteBatch(t.Context(), atts, make([]idem.Result, len(atts)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range couts {
+		if o.Status != idem.Processed {
+			t.Fatalf("message %d: %v %v", i, o.Status, o.Err)
+		}
+	}
+	want := GroupStats{Calls: 5, Trips: 1}
+	want.Batches[sizeClass(5)], want.CallsIn[sizeClass(5)] = 1, 5
+	if st := s.Stats(); st.Acquire != want || st.Complete != want {
+		t.Fatalf("Stats() = %+v; want one store call of 5 each: %+v", st, want)
+	}
+}

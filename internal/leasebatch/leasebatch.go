@@ -80,6 +80,21 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	return err
 }
 
+// AcquireBatch implements idemdriver.LeaseBatcher: a batch made by the
+// caller (idem.LeaseConsumer.AcquireBatch) goes to the store as it is, in
+// one call, counted in Stats as one batch of Acquire.
+func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams) ([]idemdriver.AcquireResult, []error, error) {
+	s.acquire.count(len(ps))
+	return s.LeaseBatcher.AcquireBatch(ctx, ps)
+}
+
+// CompleteBatch implements idemdriver.LeaseBatcher: as AcquireBatch, for
+// Complete.
+func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompleteParams) ([]error, error) {
+	s.complete.count(len(ps))
+	return s.LeaseBatcher.CompleteBatch(ctx, ps)
+}
+
 // SizeClasses is the number of batch size classes of GroupStats: class i
 // holds the batches of 2^i to 2^(i+1)-1 calls (class 0: a call alone),
 // the last one every batch of 2^(SizeClasses-1) calls or more.
@@ -150,6 +165,17 @@ type group[P, R any] struct {
 	// the batches and their calls by size class (sizeClass).
 	calls, batches      atomic.Uint64
 	bySize, callsBySize [SizeClasses]atomic.Uint64
+}
+
+// count records one store call of n calls (n ≥ 1) in the stats.
+func (g *group[P, R]) count(n int) {
+	if n < 1 {
+		return
+	}
+	g.calls.Add(uint64(n))
+	g.batches.Add(1)
+	g.bySize[sizeClass(n)].Add(1)
+	g.callsBySize[sizeClass(n)].Add(uint64(n))
 }
 
 func (g *group[P, R]) stats() GroupStats {
@@ -234,10 +260,7 @@ func (g *group[P, R]) run(ctx context.Context, c *call[P, R]) {
 // send runs batch and settles its calls: one call alone as the single
 // method, more as one batch.
 func (g *group[P, R]) send(ctx context.Context, batch []*call[P, R]) {
-	g.calls.Add(uint64(len(batch)))
-	g.batches.Add(1)
-	g.bySize[sizeClass(len(batch))].Add(1)
-	g.callsBySize[sizeClass(len(batch))].Add(uint64(len(batch)))
+	g.count(len(batch))
 	defer func() {
 		for _, c := range batch {
 			c.wake <- true // never blocks: its only value

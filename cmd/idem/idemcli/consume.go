@@ -33,6 +33,7 @@ type consumeFlags struct {
 	concurrency, maxAttempts, storeBatch int
 	hold                                 int
 	atLeastOnce, pointAtCall             bool
+	batchClaim                           bool
 	lease, timeout, retryBase, retryMax  time.Duration
 	retryDelay, ackWait, natsDuplicates  time.Duration
 	shutdownTimeout                      time.Duration
@@ -231,6 +232,8 @@ times the live data instead of twice.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
+	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS only, experimental: each batch of messages a pull request hands over is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch), --hold messages held in two batches at a time, --concurrency calls at once")
+	_ = fl.MarkHidden("batch-claim")
 	f.log.register(fl, "message")
 	f.profile.register(fl)
 	return cmd
@@ -281,6 +284,9 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	}
 	if f.kafkaOrder != idemkafka.OrderPartition.String() && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
 		return nil, usageError{errors.New("--kafka-order is for a kafka:// broker")}
+	}
+	if f.batchClaim && !strings.HasPrefix(strings.ToLower(f.broker), "nats:") {
+		return nil, usageError{errors.New("--batch-claim is for a nats:// broker")}
 	}
 	return u, nil
 }
@@ -364,9 +370,13 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if err != nil {
 		return usageError{err}
 	}
-	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), consumeConfig{group: f.group, deadLetter: f.deadLetter,
+	cc := consumeConfig{group: f.group, deadLetter: f.deadLetter,
 		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID,
-		kafkaKeyOrder: f.kafkaOrder == idemkafka.OrderKey.String(), logger: logger})
+		kafkaKeyOrder: f.kafkaOrder == idemkafka.OrderKey.String(), logger: logger}
+	if f.batchClaim {
+		cc.batch = logBatches(logger, f.retryDelay, d)
+	}
+	run, stop, err := b.consume(ctx, f.from, logMessages(logger, f.retryDelay, d), cc)
 	if err != nil {
 		return err
 	}
@@ -502,26 +512,56 @@ func logMessages(logger *slog.Logger, retryDelay time.Duration, p idem.Processor
 		}
 		start := time.Now()
 		out, err := p.Process(ctx, msg)
-		s := out.Settle(retryDelay)
-		attrs := []slog.Attr{slog.String("message_id", msg.ID)}
-		if d, ok := idem.DeliveryFromContext(ctx); ok {
-			attrs = append(attrs, slog.String("system", d.System), slog.String("destination", d.Destination))
-		}
-		attrs = append(attrs, slog.String("outcome", out.Status.String()), slog.String("action", s.Action.String()),
-			slog.String("reason", s.Reason), slog.Int("attempt", out.Attempt))
-		if s.Action == idem.Redeliver {
-			attrs = append(attrs, slog.Int64("delay_ms", s.Delay.Milliseconds()))
-		}
-		attrs = append(attrs, slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
-		if s.Action != idem.Ack {
-			var answer *idemhttp.ServiceAnswerError
-			if errors.As(s.Err, &answer) {
-				attrs = append(attrs, slog.Int("service_status", answer.Status))
-			} else {
-				attrs = append(attrs, slog.String("error", s.Err.Error()))
-			}
-		}
-		logger.LogAttrs(ctx, slog.LevelInfo, "message", attrs...)
+		logMessage(ctx, logger, retryDelay, msg, out, start)
 		return out, err
 	})
+}
+
+// logBatches is logMessages for a BatchProcessor: one line for each
+// message of a batch, its duration the batch's.
+func logBatches(logger *slog.Logger, retryDelay time.Duration, p idem.BatchProcessor) idem.BatchProcessor {
+	return batchFunc(func(ctx context.Context, msgs []idem.Message) ([]idem.Outcome, error) {
+		if !logger.Enabled(ctx, slog.LevelInfo) {
+			return p.ProcessBatch(ctx, msgs)
+		}
+		start := time.Now()
+		outs, err := p.ProcessBatch(ctx, msgs)
+		for i := range min(len(msgs), len(outs)) {
+			logMessage(ctx, logger, retryDelay, msgs[i], outs[i], start)
+		}
+		return outs, err
+	})
+}
+
+// batchFunc adapts a function to idem.BatchProcessor.
+type batchFunc func(ctx context.Context, msgs []idem.Message) ([]idem.Outcome, error)
+
+// ProcessBatch calls f(ctx, msgs).
+func (f batchFunc) ProcessBatch(ctx context.Context, msgs []idem.Message) ([]idem.Outcome, error) {
+	return f(ctx, msgs)
+}
+
+// logMessage logs the line of msg, whose processing started at start and
+// ended with out.
+func logMessage(ctx context.Context, logger *slog.Logger, retryDelay time.Duration, msg idem.Message, out idem.Outcome, start time.Time) {
+	s := out.Settle(retryDelay)
+	attrs := []slog.Attr{slog.String("message_id", msg.ID)}
+	if d, ok := idem.DeliveryFromContext(ctx); ok {
+		attrs = append(attrs, slog.String("system", d.System), slog.String("destination", d.Destination))
+	}
+	attrs = append(attrs, slog.String("outcome", out.Status.String()), slog.String("action", s.Action.String()),
+		slog.String("reason", s.Reason), slog.Int("attempt", out.Attempt))
+	if s.Action == idem.Redeliver {
+		attrs = append(attrs, slog.Int64("delay_ms", s.Delay.Milliseconds()))
+	}
+	attrs = append(attrs, slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+	if s.Action != idem.Ack {
+		var answer *idemhttp.ServiceAnswerError
+		if errors.As(s.Err, &answer) {
+			attrs = append(attrs, slog.Int("service_status", answer.Status))
+		} else {
+			attrs = append(attrs, slog.String("error", s.Err.Error()))
+		}
+	}
+	logger.LogAttrs(ctx, slog.LevelInfo, "message", attrs...)
 }

@@ -30,29 +30,13 @@ func TestConsumeHoldClaimsAhead(t *testing.T) {
 	brokerURL := "nats://idem:pw@" + startNATS(t, "idem", "pw")
 	js := newStream(t, brokerURL, "HOLD", "hold.in")
 	ctx := context.Background()
-	for i := range n {
-		m := nats.NewMsg("hold.in")
-		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m-%02d", i))
-		m.Data = []byte("p")
-		if _, err := js.PublishMsg(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publishNumbered(t, js, "hold.in", n)
 
 	release := make(chan struct{})
-	var mu sync.Mutex
-	calls := map[string]int{}
-	running, most := 0, 0
+	calls := &callLog{}
 	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		calls[r.Header.Get("Idempotency-Key")]++
-		running++
-		most = max(most, running)
-		mu.Unlock()
+		defer calls.call(r)()
 		<-release
-		mu.Lock()
-		running--
-		mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 	}))
 	defer svc.Close()
@@ -63,27 +47,14 @@ func TestConsumeHoldClaimsAhead(t *testing.T) {
 			close(release)
 		}
 	}()
-	snapshot := func() (distinct, total int) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range calls {
-			total += c
-		}
-		return len(calls), total
-	}
+	snapshot := calls.snapshot
 
 	storePath := filepath.Join(t.TempDir(), "c.db")
-	var out, errOut strings.Builder
-	ow, ew := &lockedWriter{w: &out}, &lockedWriter{w: &errOut}
-	stderr := func() string { ew.mu.Lock(); defer ew.mu.Unlock(); return errOut.String() }
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan int, 1)
-	go func() {
-		done <- mainContext(rctx, []string{"consume", "--broker", brokerURL, "--from", "hold.in", "--to", svc.URL + "/in",
-			"--store", "sqlite:" + storePath, "--log-level", "warn",
-			"--concurrency", fmt.Sprint(concurrency), "--hold", fmt.Sprint(hold)}, ow, ew)
-	}()
+	stderr, done := startConsume(rctx, "--broker", brokerURL, "--from", "hold.in", "--to", svc.URL+"/in",
+		"--store", "sqlite:"+storePath, "--log-level", "warn",
+		"--concurrency", fmt.Sprint(concurrency), "--hold", fmt.Sprint(hold))
 
 	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(storePath))
 	if err != nil {
@@ -109,17 +80,92 @@ func TestConsumeHoldClaimsAhead(t *testing.T) {
 			d, c := snapshot()
 			return fmt.Sprintf("%d messages called, %d calls\n%s", d, c, stderr())
 		})
+	stopConsume(t, cancel, done, stderr, calls, n, concurrency)
+	if k := records(); k != n {
+		t.Errorf("%d records at the end; want %d", k, n)
+	}
+}
+
+// publishNumbered publishes n messages with IDs m-00, m-01, ... and
+// payload "p" to subject.
+func publishNumbered(t *testing.T, js jetstream.JetStream, subject string, n int) {
+	t.Helper()
+	for i := range n {
+		m := nats.NewMsg(subject)
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("m-%02d", i))
+		m.Data = []byte("p")
+		if _, err := js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// callLog records a test service's calls by Idempotency-Key, and the
+// most that ran at once.
+type callLog struct {
+	mu            sync.Mutex
+	calls         map[string]int
+	running, most int
+}
+
+// call records the start of the call r; the function it returns records
+// its end.
+func (l *callLog) call(r *http.Request) (end func()) {
+	l.mu.Lock()
+	if l.calls == nil {
+		l.calls = map[string]int{}
+	}
+	l.calls[r.Header.Get("Idempotency-Key")]++
+	l.running++
+	l.most = max(l.most, l.running)
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		l.running--
+		l.mu.Unlock()
+	}
+}
+
+// snapshot returns the messages called and the calls so far.
+func (l *callLog) snapshot() (distinct, total int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.calls {
+		total += c
+	}
+	return len(l.calls), total
+}
+
+// peak is the most calls that ran at once.
+func (l *callLog) peak() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.most
+}
+
+// startConsume runs `idem consume` with args until ctx ends: stderr
+// returns what it wrote so far, done gets its exit code.
+func startConsume(ctx context.Context, args ...string) (stderr func() string, done <-chan int) {
+	var out, errOut strings.Builder
+	ow, ew := &lockedWriter{w: &out}, &lockedWriter{w: &errOut}
+	code := make(chan int, 1)
+	go func() { code <- mainContext(ctx, append([]string{"consume"}, args...), ow, ew) }()
+	return func() string { ew.mu.Lock(); defer ew.mu.Unlock(); return errOut.String() }, code
+}
+
+// stopConsume ends the command started by startConsume (cancel), wants
+// exit status 0, and each of the n messages called once, never more than
+// concurrency calls at a time.
+func stopConsume(t *testing.T, cancel context.CancelFunc, done <-chan int, stderr func() string, calls *callLog, n, concurrency int) {
+	t.Helper()
 	cancel()
 	if code := <-done; code != 0 {
 		t.Fatalf("consume exit %d:\n%s", code, stderr())
 	}
-	if d, c := snapshot(); d != n || c != n {
+	if d, c := calls.snapshot(); d != n || c != n {
 		t.Errorf("%d messages called in %d calls; want %d once each", d, c, n)
 	}
-	if most > concurrency {
+	if most := calls.peak(); most > concurrency {
 		t.Errorf("%d calls ran at once; want at most --concurrency %d", most, concurrency)
-	}
-	if k := records(); k != n {
-		t.Errorf("%d records at the end; want %d", k, n)
 	}
 }

@@ -49,8 +49,15 @@ type consumeConfig struct {
 	natsDuplicates    time.Duration
 	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
 	kafkaKeyOrder     bool   // Kafka: idemkafka.OrderKey, concurrency records in flight; else one partition per slot
-	logger            *slog.Logger
+	// batch, when set (NATS only: --batch-claim), takes the batches of
+	// messages a pull request hands over instead of p: concurrency
+	// messages held, in batchesAtOnce batches at a time.
+	batch  idem.BatchProcessor
+	logger *slog.Logger
 }
+
+// batchesAtOnce is how many batches --batch-claim processes at once.
+const batchesAtOnce = 2
 
 // openSidecarBroker connects to the broker named by rawURL:
 //
@@ -161,8 +168,16 @@ func (b *natsSidecar) consume(ctx context.Context, src string, p idem.Processor,
 	if err != nil {
 		return nil, nil, fmt.Errorf("NATS: create the durable consumer %s: %w", o.group, err)
 	}
-	c, err := idemnats.NewConsumer(b.js, cons, idemnats.Config{Processor: p, DeadLetter: o.deadLetter,
-		Concurrency: o.concurrency, RetryDelay: o.retryDelay, Logger: o.logger})
+	cfg := idemnats.Config{Processor: p, DeadLetter: o.deadLetter,
+		Concurrency: o.concurrency, RetryDelay: o.retryDelay, Logger: o.logger}
+	if o.batch != nil {
+		// The messages held go in batches, batchesAtOnce at a time:
+		// while one batch's answers are recorded the next one's are
+		// claimed and called.
+		cfg.Processor, cfg.BatchProcessor = nil, o.batch
+		cfg.Concurrency, cfg.MaxMessages = min(batchesAtOnce, o.concurrency), o.concurrency
+	}
+	c, err := idemnats.NewConsumer(b.js, cons, cfg)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -35,6 +35,9 @@ func TestNewConsumerConfigErrors(t *testing.T) {
 		{"nil JetStream", nil, cons, nil},
 		{"nil consumer", js, nil, nil},
 		{"no processor", js, cons, func(c *idemnats.Config) { c.Processor = nil }},
+		{"processor and batch processor", js, cons, func(c *idemnats.Config) {
+			c.BatchProcessor = idem.BindBatch[*idem.MemoryTx](nil, nil)
+		}},
 		{"no dead letter", js, cons, func(c *idemnats.Config) { c.DeadLetter = "" }},
 		{"wildcard dead letter", js, cons, func(c *idemnats.Config) { c.DeadLetter = "dead.>" }},
 		{"empty token dead letter", js, cons, func(c *idemnats.Config) { c.DeadLetter = "dead..letter" }},

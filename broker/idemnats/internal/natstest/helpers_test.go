@@ -221,6 +221,7 @@ type natsBroker struct {
 
 var (
 	_ brokertest.Broker         = (*natsBroker)(nil)
+	_ brokertest.BatchBroker    = (*natsBroker)(nil)
 	_ brokertest.PublishDeduper = (*natsBroker)(nil)
 	_ brokertest.PayloadLimiter = (*natsBroker)(nil)
 )
@@ -323,13 +324,23 @@ func (b *natsBroker) consumer(ctx context.Context, js jetstream.JetStream, ackWa
 // newConsumer returns a Consumer of the durable consumer on a connection of
 // its own, closed at cleanup.
 func (b *natsBroker) newConsumer(ctx context.Context, p idem.Processor, opts brokertest.StartOptions) (*nats.Conn, *idemnats.Consumer, error) {
+	return b.newConsumerOf(ctx, p, nil, opts)
+}
+
+// newConsumerOf is newConsumer with p or, in batch mode, bp (batches of at
+// most opts.BatchSize: the messages held).
+func (b *natsBroker) newConsumerOf(ctx context.Context, p idem.Processor, bp idem.BatchProcessor, opts brokertest.StartOptions) (*nats.Conn, *idemnats.Consumer, error) {
 	nc, js := newJS(b.t, b.conn)
 	cons, err := b.consumer(ctx, js, opts.Redelivery)
 	if err != nil {
 		return nil, nil, err
 	}
+	maxMessages := opts.Prefetch
+	if bp != nil {
+		maxMessages = opts.BatchSize
+	}
 	c, err := idemnats.NewConsumer(js, cons, idemnats.Config{
-		Processor: p, Concurrency: opts.Concurrency, MaxMessages: opts.Prefetch, HandlerTimeout: opts.HandlerTimeout,
+		Processor: p, BatchProcessor: bp, Concurrency: opts.Concurrency, MaxMessages: maxMessages, HandlerTimeout: opts.HandlerTimeout,
 		DeadLetter: b.streams.dlSubject, RetryDelay: opts.Redelivery / 5,
 		// No progress reports: the suite's ack-timeout case wants the
 		// broker to redeliver a message still in flight.
@@ -350,9 +361,25 @@ func (b *natsBroker) Start(ctx context.Context, p idem.Processor, opts brokertes
 	if err != nil {
 		return nil, err
 	}
+	return startMember(nc, c), nil
+}
+
+// StartBatch implements brokertest.BatchBroker: the Consumer in batch mode
+// (Config.BatchProcessor), holding at most opts.BatchSize messages, so
+// that no batch is larger.
+func (b *natsBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	nc, c, err := b.newConsumerOf(ctx, nil, p, opts)
+	if err != nil {
+		return nil, err
+	}
+	return startMember(nc, c), nil
+}
+
+// startMember runs c (on connection nc) as a member.
+func startMember(nc *nats.Conn, c *idemnats.Consumer) *natsMember {
 	m := &natsMember{c: c, nc: nc, done: make(chan error, 1)}
 	go func() { m.done <- c.Run(context.Background()) }()
-	return m, nil
+	return m
 }
 
 type natsMember struct {

@@ -1,0 +1,85 @@
+package idemcli
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idem-go/idem/internal/testenv"
+	"github.com/idem-go/idem/store/idemsql"
+)
+
+// TestConsumeBatchClaimNATSOnly: --batch-claim on another broker is a
+// usage error.
+func TestConsumeBatchClaimNATSOnly(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := run(t, "consume", "--broker", "kafka://127.0.0.1:1", "--from", "x", "--to", "http://127.0.0.1:1/in",
+		"--store", "sqlite:"+t.TempDir()+"/x.db", "--batch-claim")
+	if code != 2 || !strings.Contains(errOut, "--batch-claim") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming --batch-claim", code, errOut)
+	}
+}
+
+// TestConsumeBatchClaim: `idem consume --batch-claim --concurrency 3
+// --hold 12` on NATS delivers every message once, never more than three
+// calls at a time, with a record per message; a message the service
+// refuses is dead-lettered, not retried.
+func TestConsumeBatchClaim(t *testing.T) {
+	t.Parallel()
+	const n, concurrency, hold = 40, 3, 12
+	brokerURL := "nats://idem:pw@" + startNATS(t, "idem", "pw")
+	js := newStream(t, brokerURL, "BATCH", "batch.in", "batch.in.dead")
+	ctx := context.Background()
+	publishNumbered(t, js, "batch.in", n)
+
+	calls := &callLog{}
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer calls.call(r)()
+		if r.Header.Get("Idempotency-Key") == "m-07" {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer svc.Close()
+	snapshot := calls.snapshot
+
+	storePath := filepath.Join(t.TempDir(), "c.db")
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stderr, done := startConsume(rctx, "--broker", brokerURL, "--from", "batch.in", "--to", svc.URL+"/in",
+		"--store", "sqlite:"+storePath, "--log-level", "warn", "--batch-claim",
+		"--concurrency", fmt.Sprint(concurrency), "--hold", fmt.Sprint(hold))
+	sub, err := js.CreateOrUpdateConsumer(ctx, "BATCH", jetstream.ConsumerConfig{Durable: "dead", FilterSubject: "batch.in.dead"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "every message called, the refused one dead-lettered",
+		func() bool {
+			d, _ := snapshot()
+			info, err := sub.Info(ctx)
+			return d == n && err == nil && info.NumPending == 1
+		},
+		func() string {
+			d, c := snapshot()
+			return fmt.Sprintf("%d messages called, %d calls\n%s", d, c, stderr())
+		})
+	stopConsume(t, cancel, done, stderr, calls, n, concurrency)
+	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(storePath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var k int
+	if err := db.QueryRow(`SELECT count(*) FROM idem_processed`).Scan(&k); err != nil || k != n {
+		t.Errorf("%d records at the end (%v); want %d", k, err, n)
+	}
+}
