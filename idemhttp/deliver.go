@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -173,7 +174,9 @@ type DelivererOptions struct {
 	// mismatch) does not stop the ones after it, which are called before
 	// the adapter produces its dead letter. With PointAtCall (and
 	// MaxCalls, at most once) each message is processed by Process in
-	// turn instead, claimed on its own. Process is unaffected.
+	// turn instead, claimed on its own. Process is unaffected. An adapter
+	// that stops gracefully (its handlers in flight finish) calls
+	// EndRetries first, so that a retry in place does not hold its stop.
 	InOrder bool
 	// AtLeastOnce turns the at-most-once protection off: a call whose
 	// outcome is unknown (the connection broke after the request was
@@ -258,6 +261,10 @@ type Deliverer struct {
 	auth, errURL string
 	fin          keyed.Finisher // the recovery points
 	calls        chan struct{}  // one place per call running; nil: no MaxCalls
+	// retriesEnded is closed by EndRetries: InOrder retries in place
+	// stop waiting.
+	retriesEnded chan struct{}
+	endRetries   sync.Once
 	stats        struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
@@ -316,7 +323,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}, retriesEnded: make(chan struct{})}
 	req, err := http.NewRequest(http.MethodPost, d.target, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: target %v: %v", idem.ErrInvalidConfig, o.Target, err)

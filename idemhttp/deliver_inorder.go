@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -12,15 +13,15 @@ import (
 
 // processInOrder is ProcessBatch with InOrder: parts of at most
 // idemdriver.MaxLeaseBatch messages, one after the other, each in order;
-// once ctx has ended in one part, the messages of the later parts are not
-// claimed and are returned to be redelivered.
+// once one part stopped (ctx ended, or EndRetries), the messages of the
+// later parts are not claimed and are returned to be redelivered.
 func (d *Deliverer) processInOrder(ctx context.Context, msgs []idem.Message) []idem.Outcome {
 	outs := make([]idem.Outcome, len(msgs))
 	for start := 0; start < len(msgs); {
 		end := start + min(len(msgs)-start, idemdriver.MaxLeaseBatch)
 		if !d.inOrderPart(ctx, msgs[start:end], outs[start:end]) {
 			for i := end; i < len(msgs); i++ {
-				outs[i] = d.settle(notSentOutcome(ctx, msgs[i]), nil)
+				outs[i] = d.settle(notSentOutcome(msgs[i], d.stopCause(ctx)), nil)
 			}
 			break
 		}
@@ -34,7 +35,8 @@ func (d *Deliverer) processInOrder(ctx context.Context, msgs []idem.Message) []i
 // Process in turn), called one at a time, a message to be redelivered
 // retried in place (retryInPlace) after the answers of the calls before
 // it are recorded, and the answers recorded in one store call at the end.
-// It reports false when ctx ended before every message was done: the
+// It reports false when ctx ended (or EndRetries was called) before every
+// message was done: the
 // message retried and the ones after it are then released without a call
 // and returned to be redelivered.
 func (d *Deliverer) inOrderPart(ctx context.Context, msgs []idem.Message, outs []idem.Outcome) bool {
@@ -96,15 +98,37 @@ func (d *Deliverer) inOrderPart(ctx context.Context, msgs []idem.Message, outs [
 		for j := i + 1; j < len(msgs); j++ {
 			// Not settled ahead of it, whatever their claim found.
 			if a := atts[j]; a != nil {
-				outs[j] = d.releaseUnsent(fctx, a, context.Cause(ctx))
+				outs[j] = d.releaseUnsent(fctx, a, d.stopCause(ctx))
 			} else {
-				outs[j] = d.settle(notSentOutcome(ctx, msgs[j]), nil)
+				outs[j] = d.settle(notSentOutcome(msgs[j], d.stopCause(ctx)), nil)
 			}
 		}
 		return false
 	}
 	record()
 	return true
+}
+
+// errRetriesEnded is the cause of the messages of an InOrder batch left
+// to be redelivered because EndRetries was called.
+var errRetriesEnded = errors.New("idemhttp: retries in place ended (the adapter is stopping)")
+
+// EndRetries ends the retries in place of InOrder batches, now and from
+// now on: a message waiting for its retry, and the ones after it in its
+// batch, are released without a call (the ones held) and returned
+// Failed, to be redelivered, as when the batch's context ends; calls
+// already running finish. For an adapter's graceful stop, which lets the
+// handlers in flight finish: call it when the stop begins. It does
+// nothing without InOrder, and nothing more when called again.
+func (d *Deliverer) EndRetries() { d.endRetries.Do(func() { close(d.retriesEnded) }) }
+
+// stopCause is why an InOrder batch stops retrying in place: ctx's end,
+// or EndRetries.
+func (d *Deliverer) stopCause(ctx context.Context) error {
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	return errRetriesEnded
 }
 
 // redelivered reports whether an adapter would redeliver the message of
@@ -115,7 +139,7 @@ func redelivered(out idem.Outcome) bool { return out.Settle(0).Action == idem.Re
 // asks for (its RetryAfter, else the backoff of the tries so far), until
 // its outcome is no longer to be redelivered, which it stores in *out.
 // With now, the first try does not wait. It reports false, *out still to
-// be redelivered, when ctx ends first.
+// be redelivered, when ctx ends first or EndRetries ends the wait.
 func (d *Deliverer) retryInPlace(ctx context.Context, m idem.Message, out *idem.Outcome, now bool) bool {
 	for tries := 1; redelivered(*out); tries++ {
 		wait := out.RetryAfter
@@ -128,6 +152,9 @@ func (d *Deliverer) retryInPlace(ctx context.Context, m idem.Message, out *idem.
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-d.retriesEnded:
 			t.Stop()
 			return false
 		case <-t.C:
@@ -146,9 +173,10 @@ func (d *Deliverer) releaseUnsent(ctx context.Context, a *idem.Attempt, cause er
 	return d.settle(abandonHeld(ctx, a, out, rerr), nil)
 }
 
-// notSentOutcome is the outcome of m, not claimed, when ctx ended first:
+// notSentOutcome is the outcome of m, not called because an earlier
+// message of its batch was not done when cause stopped the batch:
 // Failed, to be redelivered.
-func notSentOutcome(ctx context.Context, m idem.Message) idem.Outcome {
+func notSentOutcome(m idem.Message, cause error) idem.Outcome {
 	return idem.Outcome{Status: idem.Failed, MessageID: m.ID,
-		Err: fmt.Errorf("idemhttp: the message was not sent, an earlier message of its batch was not done: %w", context.Cause(ctx))}
+		Err: fmt.Errorf("idemhttp: the message was not sent, an earlier message of its batch was not done: %w", cause)}
 }

@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -121,51 +122,68 @@ func TestDeliverBatchInOrderSameID(t *testing.T) {
 	})
 }
 
-// With InOrder, when the batch's context ends while a message waits to
-// be retried in place, the message after it, held and never called, is
-// released without a call, and both are redelivered: nothing after the
-// failed message is recorded ahead of it. The redelivery calls them in
-// order, each once more in all, the one never called sent (not
-// dead-lettered as outcome-unknown), as its second attempt.
+// With InOrder, when the batch's context ends, or EndRetries is called,
+// while a message waits to be retried in place, the message after it,
+// held and never called, is released without a call, and both are
+// redelivered: nothing after the failed message is recorded ahead of it.
+// The redelivery calls them in order, each once more in all, the one
+// never called sent (not dead-lettered as outcome-unknown), as its
+// second attempt.
 func TestDeliverBatchInOrderStops(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		down := true
-		calls := &orderedCalls{fail: func(id string, _ int) int {
-			if id == "m-1" && down {
-				cancel() // the adapter stops while m-1 waits for its retry
-				return 503
-			}
-			return 0
-		}}
-		b := setupDeliver(t, idem.Config{Lease: time.Minute}, DelivererOptions{InOrder: true}, calls.answer)
-		msgs := numbered(3)
-		outs := idem.GuardBatch(ctx, b.d, msgs)
-		acts := make([]idem.Action, len(outs))
-		for i, o := range outs {
-			acts[i] = o.Settle(0).Action
-		}
-		if want := []idem.Action{idem.Ack, idem.Redeliver, idem.Redeliver}; !slices.Equal(acts, want) {
-			t.Fatalf("actions %v, want %v", acts, want)
-		}
-		if want := []string{"m-0", "m-1"}; !slices.Equal(calls.order, want) {
-			t.Fatalf("calls %v, want %v", calls.order, want)
-		}
+	for _, viaCtx := range []bool{true, false} {
+		t.Run("ctx="+strconv.FormatBool(viaCtx), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) { testInOrderStops(t, viaCtx) })
+		})
+	}
+}
 
-		down = false
-		ss := b.settleBatch(msgs[1:])
-		for i, s := range ss {
-			if s.Action != idem.Ack || s.Reason != idem.ReasonProcessed {
-				t.Errorf("redelivered %s: %v %s (%v), want Ack processed", msgs[i+1].ID, s.Action, s.Reason, s.Err)
+func testInOrderStops(t *testing.T, viaCtx bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	down := true
+	var b *deliverBundle
+	calls := &orderedCalls{fail: func(id string, _ int) int {
+		if id == "m-1" && down {
+			// The adapter stops while m-1 waits for its retry.
+			if viaCtx {
+				cancel()
+			} else {
+				b.d.EndRetries()
 			}
+			return 503
 		}
-		if want := []string{"m-0", "m-1", "m-1", "m-2"}; !slices.Equal(calls.order, want) {
-			t.Errorf("calls %v, want %v", calls.order, want)
+		return 0
+	}}
+	b = setupDeliver(t, idem.Config{Lease: time.Minute}, DelivererOptions{InOrder: true}, calls.answer)
+	msgs := numbered(3)
+	outs := idem.GuardBatch(ctx, b.d, msgs)
+	acts := make([]idem.Action, len(outs))
+	for i, o := range outs {
+		acts[i] = o.Settle(0).Action
+	}
+	if want := []idem.Action{idem.Ack, idem.Redeliver, idem.Redeliver}; !slices.Equal(acts, want) {
+		t.Fatalf("actions %v, want %v", acts, want)
+	}
+	if !viaCtx && !errors.Is(outs[2].Err, errRetriesEnded) {
+		t.Errorf("m-2's error %v, want errRetriesEnded", outs[2].Err)
+	}
+	if want := []string{"m-0", "m-1"}; !slices.Equal(calls.order, want) {
+		t.Fatalf("calls %v, want %v", calls.order, want)
+	}
+
+	down = false
+	ss := b.settleBatch(msgs[1:])
+	for i, s := range ss {
+		if s.Action != idem.Ack || s.Reason != idem.ReasonProcessed {
+			t.Errorf("redelivered %s: %v %s (%v), want Ack processed", msgs[i+1].ID, s.Action, s.Reason, s.Err)
 		}
-		if got := calls.attempts["m-2"]; !slices.Equal(got, []string{"2"}) {
-			t.Errorf("m-2 called as attempts %v, want [2] (its first claim released unsent)", got)
-		}
-	})
+	}
+	if want := []string{"m-0", "m-1", "m-1", "m-2"}; !slices.Equal(calls.order, want) {
+		t.Errorf("calls %v, want %v", calls.order, want)
+	}
+	if got := calls.attempts["m-2"]; !slices.Equal(got, []string{"2"}) {
+		t.Errorf("m-2 called as attempts %v, want [2] (its first claim released unsent)", got)
+	}
 }
