@@ -419,6 +419,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), f.shutdownTimeout)
 	defer scancel()
+	// A record retried in place (--batch-claim on Kafka) is left to the
+	// next run, as a retry wait is, instead of holding the stop.
+	d.EndRetries()
 	serr := stop(sctx)
 	cancel()
 	<-errc

@@ -49,6 +49,33 @@ func (l *partitionLog) done() int {
 	return len(l.ok)
 }
 
+// kafkaNumbered starts a kfake cluster with topic (of partitions
+// partitions) and its dead letter topic, and produces n records to topic,
+// message IDs m-00, m-01, ..., record i keyed key(i); it returns the
+// cluster and the records as produced (partitions and offsets set).
+func kafkaNumbered(t *testing.T, partitions int32, topic string, n int, key func(i int) []byte) (*kfake.Cluster, []*kgo.Record) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic, topic+"-dead"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	prod, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	rs := make([]*kgo.Record, n)
+	for i := range rs {
+		rs[i] = &kgo.Record{Topic: topic, Key: key(i), Value: []byte("p"),
+			Headers: []kgo.RecordHeader{{Key: idemkafka.DefaultIDHeader, Value: fmt.Appendf(nil, "m-%02d", i)}}}
+	}
+	if err := prod.ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return c, rs
+}
+
 // TestConsumeBatchClaimKafka: `idem consume --batch-claim --concurrency 2
 // --hold 16` on Kafka (kfake, 3 partitions) calls the records of each
 // partition in offset order, one at a time: a record answered 503 twice
@@ -60,27 +87,9 @@ func TestConsumeBatchClaimKafka(t *testing.T) {
 	t.Parallel()
 	const n, concurrency, hold = 90, 2, 16
 	topic := "batch-in"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic, topic+"-dead"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	// Nine keys: the records of a key go to one partition, in order.
+	c, rs := kafkaNumbered(t, 3, topic, n, func(i int) []byte { return fmt.Appendf(nil, "k%d", i%9) })
 	ctx := context.Background()
-	prod, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ProducerLinger(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	rs := make([]*kgo.Record, n)
-	for i := range rs {
-		id := fmt.Sprintf("m-%02d", i)
-		// Nine keys: the records of a key go to one partition, in order.
-		rs[i] = &kgo.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%9), Value: []byte("p"),
-			Headers: []kgo.RecordHeader{{Key: idemkafka.DefaultIDHeader, Value: []byte(id)}}}
-	}
-	if err := prod.ProduceSync(ctx, rs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
 	log := &partitionLog{where: map[string][2]int64{}, offsets: map[int64][]int64{}, ok: map[string]bool{}}
 	for _, r := range rs {
 		log.where[string(r.Headers[0].Value)] = [2]int64{int64(r.Partition), r.Offset}
@@ -180,5 +189,56 @@ func TestConsumeBatchClaimKafka(t *testing.T) {
 	}
 	if len(dead) != 1 || dead[0] != "m-07" {
 		t.Errorf("dead letters %v, want [m-07]", dead)
+	}
+}
+
+// TestConsumeBatchClaimKafkaStop: a graceful stop of `idem consume
+// --batch-claim` on Kafka while a record is being retried in place (its
+// service answers 503 each time) ends at once, with exit status 0, not
+// after --shutdown-timeout with an error: the retry and the records after
+// it are left to the next run, never called, and the records before it
+// were called once each.
+func TestConsumeBatchClaimKafkaStop(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	topic := "batch-stop"
+	c, _ := kafkaNumbered(t, 1, topic, n, func(int) []byte { return nil })
+	ctx := context.Background()
+	calls := &callLog{}
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer calls.call(r)()
+		if r.Header.Get("Idempotency-Key") == "m-03" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer svc.Close()
+	count := func(id string) int {
+		calls.mu.Lock()
+		defer calls.mu.Unlock()
+		return calls.calls[id]
+	}
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stderr, done := startConsume(rctx, "--broker", "kafka://"+strings.Join(c.ListenAddrs(), ","), "--from", topic,
+		"--to", svc.URL+"/in", "--store", "sqlite:"+filepath.Join(t.TempDir(), "c.db"), "--log-level", "warn",
+		"--batch-claim", "--retry-base", "20ms", "--retry-max", "40ms", "--max-attempts", "1000",
+		"--concurrency", "1", "--hold", "10", "--shutdown-timeout", "60s")
+	testenv.Eventually(t, 60*time.Second, "m-03 retried in place", func() bool { return count("m-03") >= 3 },
+		func() string { return stderr() })
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("consume exit %d:\n%s", code, stderr())
+	}
+	for i := range n {
+		id := fmt.Sprintf("m-%02d", i)
+		switch got := count(id); {
+		case i < 3 && got != 1:
+			t.Errorf("%s called %d times, want 1", id, got)
+		case i > 3 && got != 0:
+			t.Errorf("%s called %d times, want 0 (after the record retried)", id, got)
+		}
 	}
 }
