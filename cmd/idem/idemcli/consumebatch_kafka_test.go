@@ -224,7 +224,7 @@ func TestConsumeBatchClaimKafkaStop(t *testing.T) {
 	defer cancel()
 	stderr, done := startConsume(rctx, "--broker", "kafka://"+strings.Join(c.ListenAddrs(), ","), "--from", topic,
 		"--to", svc.URL+"/in", "--store", "sqlite:"+filepath.Join(t.TempDir(), "c.db"), "--log-level", "warn",
-		"--batch-claim", "--retry-base", "20ms", "--retry-max", "40ms", "--max-attempts", "1000",
+		"--batch-claim", "--retry-base", "20ms", "--retry-max", "100ms", "--max-attempts", "1000",
 		"--concurrency", "1", "--hold", "10", "--shutdown-timeout", "60s")
 	testenv.Eventually(t, 60*time.Second, "m-03 retried in place", func() bool { return count("m-03") >= 3 },
 		func() string { return stderr() })
