@@ -294,18 +294,21 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		// the same with --point-at-call (no more of them, a write of its
 		// own per message that waits for a call); the defaults at most
 		// once: store batches of the messages in flight only (--hold is
-		// --concurrency); no batches at all; and, on NATS, the fetched
-		// batch claimed and completed in one store call each
-		// (--batch-claim, 64 held in two batches at a time).
+		// --concurrency); no batches at all; and the fetched batch
+		// claimed and completed in one store call each (--batch-claim:
+		// on NATS 64 held in two batches at a time; on Kafka a batch of
+		// 64/concurrency records per partition, concurrency partitions
+		// at once, and, with --hold 256, batches four times larger).
 		variants := []struct {
 			batch int
 			extra []string
-		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}}
-		if js != nil {
+		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil},
+			{64, []string{"--hold", "64", "--batch-claim"}}}
+		if onKafka {
 			variants = append(variants, struct {
 				batch int
 				extra []string
-			}{64, []string{"--hold", "64", "--batch-claim"}})
+			}{64, []string{"--hold", "256", "--batch-claim"}})
 		}
 		for _, v := range variants {
 			flags := strings.Join(append([]string{fmt.Sprintf("--store-batch %d", v.batch)}, v.extra...), " ")

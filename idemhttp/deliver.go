@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -150,6 +151,33 @@ type DelivererOptions struct {
 	// in the call's place: with many more deliveries than calls and a
 	// fast service, it can cost more than half the throughput.
 	PointAtCall bool
+	// InOrder makes ProcessBatch keep the order of the messages it is
+	// given, for an adapter whose batches are consecutive messages of one
+	// ordered stream (idemkafka's batch mode: records of one partition in
+	// offset order). The batch is still claimed in one store call and
+	// its answers recorded in one more, but its calls are made one after
+	// the other, in the order given, each once the one before it ended
+	// (through one of the MaxCalls calls). A message that would be
+	// redelivered (its call ended retryable or was not sent, it is in
+	// progress elsewhere, or the store failed) is retried in place
+	// before the next message is called: the answers of the messages
+	// before it are recorded first (one CompleteBatch), then, after the
+	// backoff (or its Retry-After), it is processed again as Process
+	// does, until it ends otherwise; the later messages stay held
+	// meanwhile, their leases renewed, and are not claimed again, so
+	// they use no attempt of their MaxAttempts. If ctx ends first,
+	// the messages not yet ended (the one retried and those after it)
+	// are released without a call (one store call each) and returned
+	// Failed, to be redelivered: so no message's answer is recorded
+	// ahead of an earlier message that is redelivered. A message
+	// dead-lettered (a refusal, outcome-unknown, poison, a fingerprint
+	// mismatch) does not stop the ones after it, which are called before
+	// the adapter produces its dead letter. With PointAtCall (and
+	// MaxCalls, at most once) each message is processed by Process in
+	// turn instead, claimed on its own. Process is unaffected. An adapter
+	// that stops gracefully (its handlers in flight finish) calls
+	// EndRetries first, so that a retry in place does not hold its stop.
+	InOrder bool
 	// AtLeastOnce turns the at-most-once protection off: a call whose
 	// outcome is unknown (the connection broke after the request was
 	// sent, or the process died and a later attempt takes the message
@@ -233,6 +261,10 @@ type Deliverer struct {
 	auth, errURL string
 	fin          keyed.Finisher // the recovery points
 	calls        chan struct{}  // one place per call running; nil: no MaxCalls
+	// retriesEnded is closed by EndRetries: InOrder retries in place
+	// stop waiting.
+	retriesEnded chan struct{}
+	endRetries   sync.Once
 	stats        struct {
 		calls, delivered, replayed, retried, refused, unknown atomic.Int64
 		storeErrors, released                                 atomic.Int64
@@ -291,7 +323,7 @@ func NewDeliverer(lc *idem.LeaseConsumer, opts DelivererOptions) (*Deliverer, er
 	if tr == nil {
 		tr = newUpstreamTransport(DefaultUpstreamDialTimeout, DefaultUpstreamIdleTimeout)
 	}
-	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}}
+	d := &Deliverer{lc: lc, o: o, target: o.Target.String(), rt: noInternalRetry{tr}, retriesEnded: make(chan struct{})}
 	req, err := http.NewRequest(http.MethodPost, d.target, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: target %v: %v", idem.ErrInvalidConfig, o.Target, err)

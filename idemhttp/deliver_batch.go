@@ -44,10 +44,16 @@ var _ idem.BatchProcessor = (*Deliverer)(nil)
 // point is then saved when it gets its call, which a claim of the whole
 // batch cannot do. A batch of more than idemdriver.MaxLeaseBatch
 // messages is processed in parts of that many, one after the other.
+// With InOrder the calls are made one at a time, in the order given, and
+// a message to be redelivered is retried in place before the next one is
+// called (see DelivererOptions.InOrder).
 //
 // err is always nil: each Outcome says what happened to its message.
 func (d *Deliverer) ProcessBatch(ctx context.Context, msgs []idem.Message) ([]idem.Outcome, error) {
-	if d.o.PointAtCall && d.calls != nil && !d.o.AtLeastOnce {
+	if d.o.InOrder {
+		return d.processInOrder(ctx, msgs), nil
+	}
+	if d.pointLate() {
 		return d.processEach(ctx, msgs), nil
 	}
 	outs := make([]idem.Outcome, 0, len(msgs))
@@ -57,6 +63,13 @@ func (d *Deliverer) ProcessBatch(ctx context.Context, msgs []idem.Message) ([]id
 		msgs = msgs[n:]
 	}
 	return outs, nil
+}
+
+// pointLate reports whether a message that waits for a call saves its
+// recovery point when it gets the call (PointAtCall, with MaxCalls, at
+// most once): a claim of the whole batch cannot.
+func (d *Deliverer) pointLate() bool {
+	return d.o.PointAtCall && d.calls != nil && !d.o.AtLeastOnce
 }
 
 // processEach runs Process for each of msgs at once.
@@ -80,20 +93,7 @@ type batchCall struct {
 // processPart is ProcessBatch for at most idemdriver.MaxLeaseBatch
 // messages.
 func (d *Deliverer) processPart(ctx context.Context, msgs []idem.Message) []idem.Outcome {
-	var opt idem.AcquireOptions
-	if !d.o.AtLeastOnce {
-		opt.StepPrefix = d.runPrefix
-	}
-	atts, outs, err := d.lc.AcquireBatch(ctx, msgs, opt)
-	if err != nil {
-		// Not reached with a part of at most MaxLeaseBatch messages
-		// and no Wait; every message is redelivered if it is.
-		outs = make([]idem.Outcome, len(msgs))
-		for i, m := range msgs {
-			outs[i] = d.settle(idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: err}, nil)
-		}
-		return outs
-	}
+	atts, outs := d.claimBatch(ctx, msgs)
 	held := make([]int, 0, len(atts))
 	for i, a := range atts {
 		if a != nil {
@@ -105,8 +105,8 @@ func (d *Deliverer) processPart(ctx context.Context, msgs []idem.Message) []idem
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchFinishTimeout)
 	defer cancel()
 	var done []*idem.Attempt
-	var results []idem.Result
-	var doneIdx []int // doneIdx[k] is the place of done[k] in held
+	var answers []*answer
+	var doneIdx []int // doneIdx[k] is the message of done[k]
 	for j, i := range held {
 		a, c := atts[i], calls[j]
 		if c.err != nil {
@@ -115,29 +115,66 @@ func (d *Deliverer) processPart(ctx context.Context, msgs []idem.Message) []idem
 			continue
 		}
 		done = append(done, a)
-		results = append(results, encodeAnswer(c.ans))
-		doneIdx = append(doneIdx, j)
+		answers = append(answers, c.ans)
+		doneIdx = append(doneIdx, i)
 	}
-	if len(done) > 0 {
-		couts, err := d.lc.CompleteBatch(fctx, done, results)
-		for k, j := range doneIdx {
-			i := held[j]
-			out := idem.Outcome{Status: idem.Failed, MessageID: msgs[i].ID, Err: err, Attempt: done[k].Number}
-			if err == nil {
-				out = couts[k]
-			}
-			out = abandonHeld(fctx, done[k], out, out.Err)
-			var mine *answer
-			if out.Status == idem.Processed {
-				mine = calls[j].ans
-			}
-			outs[i] = d.settle(out, mine)
-		}
+	for k, out := range d.recordAnswers(fctx, done, answers) {
+		outs[doneIdx[k]] = out
 	}
 	for i := range outs {
 		if atts[i] == nil {
 			outs[i] = d.settle(outs[i], nil)
 		}
+	}
+	return outs
+}
+
+// claimBatch claims msgs, at most idemdriver.MaxLeaseBatch of them, in
+// one store call (idem.LeaseConsumer.AcquireBatch; at most once with the
+// recovery point of each claim): atts[i] is msgs[i]'s attempt when it is
+// held, else nil and outs[i] its outcome, not yet settled.
+func (d *Deliverer) claimBatch(ctx context.Context, msgs []idem.Message) ([]*idem.Attempt, []idem.Outcome) {
+	var opt idem.AcquireOptions
+	if !d.o.AtLeastOnce {
+		opt.StepPrefix = d.runPrefix
+	}
+	atts, outs, err := d.lc.AcquireBatch(ctx, msgs, opt)
+	if err != nil {
+		// Not reached with a part of at most MaxLeaseBatch messages
+		// and no Wait; every message is redelivered if it is.
+		atts, outs = make([]*idem.Attempt, len(msgs)), make([]idem.Outcome, len(msgs))
+		for i, m := range msgs {
+			outs[i] = idem.Outcome{Status: idem.Failed, MessageID: m.ID, Err: err}
+		}
+	}
+	return atts, outs
+}
+
+// recordAnswers records answers[k] as the answer of done[k], for each
+// k, in one store call (idem.LeaseConsumer.CompleteBatch), and returns
+// their settled outcomes in the same order: an attempt whose completion
+// failed and left it held is abandoned (abandonHeld).
+func (d *Deliverer) recordAnswers(ctx context.Context, done []*idem.Attempt, answers []*answer) []idem.Outcome {
+	if len(done) == 0 {
+		return nil
+	}
+	results := make([]idem.Result, len(done))
+	for k, ans := range answers {
+		results[k] = encodeAnswer(ans)
+	}
+	couts, err := d.lc.CompleteBatch(ctx, done, results)
+	outs := make([]idem.Outcome, len(done))
+	for k, a := range done {
+		out := idem.Outcome{Status: idem.Failed, MessageID: a.Message.ID, Err: err, Attempt: a.Number}
+		if err == nil {
+			out = couts[k]
+		}
+		out = abandonHeld(ctx, a, out, out.Err)
+		var mine *answer
+		if out.Status == idem.Processed {
+			mine = answers[k]
+		}
+		outs[k] = d.settle(out, mine)
 	}
 	return outs
 }

@@ -51,6 +51,9 @@ func sidecarBrokers() []sidecarBroker {
 		// Records of one partition with different keys at once (idem
 		// publish keys each record by its ID), up to --hold.
 		{"kafka-key-order", openKafka, "6s", []string{"--kafka-order", "key", "--hold", "32"}},
+		// Each polled batch of a partition claimed in one store call
+		// and completed in one, its records called in offset order.
+		{"kafka-batch-claim", openKafka, "6s", []string{"--batch-claim", "--hold", "32"}},
 		{"rabbitmq", func(t *testing.T) (string, string) {
 			return testenv.URL(t, testenv.AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"), "sidecar-" + uniq()
 		}, "3s", nil},

@@ -232,7 +232,7 @@ times the live data instead of twice.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
-	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS only, experimental: each batch of messages a pull request hands over is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch), --hold messages held in two batches at a time, --concurrency calls at once")
+	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS and Kafka, experimental: each batch of messages the broker hands over is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch). NATS: --hold messages held in two batches at a time, --concurrency calls at once. Kafka (partition order only): --concurrency partitions at once, each a batch of --hold/--concurrency records called one at a time in offset order, a retried record retried in place before the next")
 	_ = fl.MarkHidden("batch-claim")
 	f.log.register(fl, "message")
 	f.profile.register(fl)
@@ -276,17 +276,22 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	if f.pointAtCall && f.atLeastOnce {
 		return nil, usageError{errors.New("--point-at-call is for at most once: --at-least-once records no recovery point")}
 	}
-	if f.kafkaInstanceID != "" && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
+	if f.kafkaInstanceID != "" && !isKafkaURL(f.broker) {
 		return nil, usageError{errors.New("--kafka-instance-id is for a kafka:// broker")}
 	}
 	if f.kafkaOrder != idemkafka.OrderPartition.String() && f.kafkaOrder != idemkafka.OrderKey.String() {
 		return nil, usageError{fmt.Errorf("--kafka-order %q: want partition or key", f.kafkaOrder)}
 	}
-	if f.kafkaOrder != idemkafka.OrderPartition.String() && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
+	if f.kafkaOrder != idemkafka.OrderPartition.String() && !isKafkaURL(f.broker) {
 		return nil, usageError{errors.New("--kafka-order is for a kafka:// broker")}
 	}
-	if f.batchClaim && !strings.HasPrefix(strings.ToLower(f.broker), "nats:") {
-		return nil, usageError{errors.New("--batch-claim is for a nats:// broker")}
+	if f.batchClaim && !strings.HasPrefix(strings.ToLower(f.broker), "nats:") && !isKafkaURL(f.broker) {
+		return nil, usageError{errors.New("--batch-claim is for a nats:// or kafka:// broker")}
+	}
+	if f.batchClaim && f.kafkaOrder == idemkafka.OrderKey.String() {
+		// A batch is consecutive records of one partition, called in
+		// offset order; the records' keys do not reach the Deliverer.
+		return nil, usageError{errors.New("--batch-claim keeps partition order on Kafka: it does not take --kafka-order key")}
 	}
 	return u, nil
 }
@@ -366,12 +371,14 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	// The adapter runs hold deliveries at once, each claimed as it
 	// arrives; the Deliverer lets --concurrency of them call the service.
 	d, err := idemhttp.NewDeliverer(lc, idemhttp.DelivererOptions{Target: target, Timeout: f.timeout, AtLeastOnce: f.atLeastOnce,
-		MaxCalls: f.concurrency, PointAtCall: f.pointAtCall, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger})
+		MaxCalls: f.concurrency, PointAtCall: f.pointAtCall, RetryBase: f.retryBase, RetryMax: f.retryMax, Logger: logger,
+		// A Kafka batch is consecutive records of one partition.
+		InOrder: f.batchClaim && isKafkaURL(f.broker)})
 	if err != nil {
 		return usageError{err}
 	}
 	cc := consumeConfig{group: f.group, deadLetter: f.deadLetter,
-		concurrency: hold, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID,
+		concurrency: hold, calls: f.concurrency, retryDelay: f.retryDelay, ackWait: f.ackWait, kafkaInstanceID: f.kafkaInstanceID,
 		kafkaKeyOrder: f.kafkaOrder == idemkafka.OrderKey.String(), logger: logger}
 	if f.batchClaim {
 		cc.batch = logBatches(logger, f.retryDelay, d)
@@ -412,6 +419,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	}
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), f.shutdownTimeout)
 	defer scancel()
+	// A record retried in place (--batch-claim on Kafka) is left to the
+	// next run, as a retry wait is, instead of holding the stop.
+	d.EndRetries()
 	serr := stop(sctx)
 	cancel()
 	<-errc

@@ -17,14 +17,23 @@ import (
 	"github.com/idem-go/idem/store/idemsql"
 )
 
-// TestConsumeBatchClaimNATSOnly: --batch-claim on another broker is a
-// usage error.
-func TestConsumeBatchClaimNATSOnly(t *testing.T) {
+// TestConsumeBatchClaimBrokers: --batch-claim on a broker other than
+// NATS and Kafka, or with --kafka-order key, is a usage error.
+func TestConsumeBatchClaimBrokers(t *testing.T) {
 	t.Parallel()
-	code, _, errOut := run(t, "consume", "--broker", "kafka://127.0.0.1:1", "--from", "x", "--to", "http://127.0.0.1:1/in",
-		"--store", "sqlite:"+t.TempDir()+"/x.db", "--batch-claim")
-	if code != 2 || !strings.Contains(errOut, "--batch-claim") {
-		t.Fatalf("exit %d, stderr %q; want 2 naming --batch-claim", code, errOut)
+	for _, tt := range []struct {
+		broker string
+		extra  []string
+		want   string
+	}{
+		{"amqp://guest:guest@127.0.0.1:1/", nil, "--batch-claim is for a nats:// or kafka://"},
+		{"kafka://127.0.0.1:1", []string{"--kafka-order", "key"}, "does not take --kafka-order key"},
+	} {
+		code, _, errOut := run(t, append([]string{"consume", "--broker", tt.broker, "--from", "x", "--to", "http://127.0.0.1:1/in",
+			"--store", "sqlite:" + t.TempDir() + "/x.db", "--batch-claim"}, tt.extra...)...)
+		if code != 2 || !strings.Contains(errOut, tt.want) {
+			t.Errorf("%s %v: exit %d, stderr %q; want 2 and %q", tt.broker, tt.extra, code, errOut, tt.want)
+		}
 	}
 }
 

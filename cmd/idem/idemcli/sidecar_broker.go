@@ -44,14 +44,17 @@ type sidecarBroker interface {
 type consumeConfig struct {
 	group, deadLetter string
 	concurrency       int // deliveries the adapter runs at once (the messages held)
+	calls             int // calls to the service at once (--concurrency)
 	retryDelay        time.Duration
 	ackWait           time.Duration // NATS AckWait, Redis Streams MinIdle, Kafka session timeout (at least minKafkaSessionTimeout)
 	natsDuplicates    time.Duration
 	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
 	kafkaKeyOrder     bool   // Kafka: idemkafka.OrderKey, concurrency records in flight; else one partition per slot
-	// batch, when set (NATS only: --batch-claim), takes the batches of
-	// messages a pull request hands over instead of p: concurrency
-	// messages held, in batchesAtOnce batches at a time.
+	// batch, when set (--batch-claim), takes the batches of messages
+	// the broker hands over instead of p. NATS: concurrency messages
+	// held, in batchesAtOnce batches at a time. Kafka: calls partitions
+	// at once, each a batch of concurrency/calls consecutive records
+	// (its Deliverer keeps their order: idemhttp.DelivererOptions.InOrder).
 	batch  idem.BatchProcessor
 	logger *slog.Logger
 }
@@ -110,6 +113,9 @@ func openSidecarBroker(ctx context.Context, rawURL string, natsDuplicates time.D
 	}
 	return nil, usageError{fmt.Errorf("%w: broker %q: want nats://, kafka://, amqp://, redis://, gcppubsub://, awssqs:// or mem://", errBadURL, redact(rawURL))}
 }
+
+// isKafkaURL reports whether rawURL names a Kafka broker (kafka://).
+func isKafkaURL(rawURL string) bool { return strings.HasPrefix(strings.ToLower(rawURL), "kafka:") }
 
 // defaultDeadLetter names the dead letter of src when --dead-letter is not
 // given: SUBJECT.dead on NATS (a subject token), SRC-dead elsewhere.
@@ -233,8 +239,17 @@ func (b *kafkaSidecar) consume(_ context.Context, src string, p idem.Processor, 
 	if o.kafkaKeyOrder {
 		order = idemkafka.OrderKey
 	}
-	c, err := idemkafka.NewConsumer(cl, idemkafka.Config{Processor: p, DeadLetter: o.deadLetter,
-		Concurrency: o.concurrency, Order: order, RetryDelay: o.retryDelay, Logger: o.logger})
+	cfg := idemkafka.Config{Processor: p, DeadLetter: o.deadLetter,
+		Concurrency: o.concurrency, Order: order, RetryDelay: o.retryDelay, Logger: o.logger}
+	if o.batch != nil {
+		// The records of a partition are called one at a time, so
+		// more partitions at once than calls would only wait; the
+		// messages held are split among them.
+		cfg.Processor, cfg.BatchProcessor = nil, o.batch
+		cfg.Concurrency = o.calls
+		cfg.BatchSize = max(1, o.concurrency/o.calls)
+	}
+	c, err := idemkafka.NewConsumer(cl, cfg)
 	if err != nil {
 		cl.Close()
 		return nil, nil, err
