@@ -55,8 +55,10 @@ type Config struct {
 	Processor idem.Processor
 	// BatchProcessor selects batch mode: the messages that reach the
 	// Consumer together (every one the client has received when the
-	// Consumer takes one, and the batches still waiting for a handler)
-	// are handed to it in one call (idem.GuardBatch), at most
+	// Consumer takes one, those of the same pull request still on their
+	// way while the stream has more pending for it, waited for at most
+	// 2ms, and the batches still waiting for a handler) are handed to it
+	// in one call (idem.GuardBatch), at most
 	// MaxMessages/Concurrency of them, and each is then settled by its
 	// own Outcome, as in the default mode. Concurrency is then how many
 	// batches are processed at once. An idemhttp.Deliverer is one
