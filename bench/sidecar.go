@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,6 +41,9 @@ const (
 	// envOnly, when set, is a regular expression: only the contenders
 	// whose name matches it run beside the bare relay.
 	envOnly = "IDEM_BENCH_SIDECAR_ONLY"
+	// envNoDirect, when set to 1, leaves out the direct Go consumers (a
+	// few hundred messages a second on SQLite: the longest runs).
+	envNoDirect = "IDEM_BENCH_SIDECAR_NO_DIRECT"
 	// envBin, when set, names the idem binary to measure instead of one
 	// built from ./cmd/idem (which must have the hidden --memstats flag).
 	envBin = "IDEM_BENCH_IDEM"
@@ -255,8 +259,11 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	if base != "" && exec.CommandContext(ctx, base, "consume", "--memstats", os.DevNull, "--help").Run() == nil {
 		baseDir = dir // an earlier build with --memstats
 	}
+	// An earlier build may not have --batch-claim: its contender then
+	// runs only in this build.
+	baseBatchClaim := base != "" && exec.CommandContext(ctx, base, "consume", "--batch-claim", "--help").Run() == nil
 	for _, st := range stores {
-		if st.name != "redis" && js != nil { // the bench module has no Redis store; the direct consumer is on JetStream
+		if st.name != "redis" && js != nil && os.Getenv(envNoDirect) != "1" { // the bench module has no Redis store; the direct consumer is on JetStream
 			direct := st.url
 			if st.name == "sqlite" {
 				direct = "sqlite"
@@ -323,7 +330,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 					idemConsume(bin, bus.url(), st.url, v.batch, concurrency, dir, keyed...), prepIdem(bin),
 				})
 			}
-			if base != "" && v.batch > 1 && !slices.Contains(v.extra, "--batch-claim") { // an earlier build may not have it
+			if base != "" && v.batch > 1 && (baseBatchClaim || !slices.Contains(v.extra, "--batch-claim")) {
 				contenders = append(contenders, sidecarContender{
 					fmt.Sprintf("idem consume (%s), %s, %s", filepath.Base(base), st.name, flags),
 					idemConsume(base, bus.url(), st.url, v.batch, concurrency, baseDir, v.extra...), prepIdem(base),
@@ -454,6 +461,8 @@ func sidecarRun(ctx context.Context, bus sidecarBus, svc *sidecarService, base s
 		}
 	}
 	cpu0 := sampleCPU(procs)
+	endProfile := profileSelf(c.name, tag)
+	defer endProfile()
 	stop, err := c.start(ctx, stream, subject, base+path, tag)
 	if err != nil {
 		return sidecarResult{}, err
@@ -468,6 +477,7 @@ func sidecarRun(ctx context.Context, bus sidecarBus, svc *sidecarService, base s
 		return sidecarResult{}, ctx.Err()
 	}
 	used := stop()
+	endProfile()
 	cpu := sampleCPU(procs).sub(cpu0)
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
@@ -589,5 +599,32 @@ func idemConsume(bin, natsURL, store string, batch, concurrency int, dir string,
 			}
 			return u
 		}, nil
+	}
+}
+
+// profileSelf starts a CPU profile of this process, TAG-hand.cpu in
+// envProfileDir, when that is set and the contender named name runs
+// here (the hand-written sidecar), and returns what ends it (safe to
+// call twice). The profile has the do-nothing service's work too: its
+// goroutines are net/http's server's ((*conn).serve).
+func profileSelf(name, tag string) func() {
+	dir := os.Getenv(envProfileDir)
+	if dir == "" || !strings.HasPrefix(name, "hand-written sidecar") {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, tag+"-hand.cpu"))
+	if err != nil {
+		return func() {}
+	}
+	if pprof.StartCPUProfile(f) != nil {
+		f.Close()
+		return func() {}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
 	}
 }

@@ -224,6 +224,9 @@ func (d *Deliverer) deliverGuarded(a *idem.Attempt) (ans *answer, err error) {
 // and a later attempt takes over, as Process does. out and err are
 // returned as they are when a had ended.
 func abandonHeld(ctx context.Context, a *idem.Attempt, out idem.Outcome, err error) idem.Outcome {
+	if err == nil {
+		return out // recorded: the attempt ended (and an Abandon would only build its ErrAttemptEnded)
+	}
 	if aout, aerr := a.Abandon(ctx, err); !errors.Is(aerr, idem.ErrAttemptEnded) {
 		return aout
 	}

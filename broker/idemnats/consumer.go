@@ -55,8 +55,10 @@ type Config struct {
 	Processor idem.Processor
 	// BatchProcessor selects batch mode: the messages that reach the
 	// Consumer together (every one the client has received when the
-	// Consumer takes one, and the batches still waiting for a handler)
-	// are handed to it in one call (idem.GuardBatch), at most
+	// Consumer takes one, those of the same pull request still on their
+	// way while the stream has more pending for it, waited for at most
+	// 2ms, and the batches still waiting for a handler) are handed to it
+	// in one call (idem.GuardBatch), at most
 	// MaxMessages/Concurrency of them, and each is then settled by its
 	// own Outcome, as in the default mode. Concurrency is then how many
 	// batches are processed at once. An idemhttp.Deliverer is one
@@ -142,6 +144,8 @@ type Consumer struct {
 	// maxDeliver is the JetStream consumer's MaxDeliver when it is
 	// positive (from its cached info at NewConsumer), 0 when unlimited.
 	maxDeliver int
+	// joinWait is batchJoinWait (a test's own when it sets one).
+	joinWait time.Duration
 
 	ran      atomic.Bool
 	stopping atomic.Bool
@@ -211,7 +215,7 @@ func NewConsumer(js jetstream.JetStream, cons jetstream.Consumer, cfg Config) (*
 	}
 	c := &Consumer{
 		js: js, cons: cons, cfg: cfg, log: cfg.Logger,
-		stopCh: make(chan struct{}), done: make(chan struct{}),
+		stopCh: make(chan struct{}), done: make(chan struct{}), joinWait: batchJoinWait,
 	}
 	info := cons.CachedInfo()
 	if info != nil {
@@ -522,6 +526,39 @@ join:
 	return batch
 }
 
+// batchJoinWait is the longest the messages a pull request delivered so
+// far wait, in batch mode, for more of its messages that the stream has
+// pending (morePending) before they go to a batch handler as they are:
+// the server sends a request's messages one after the other, and a batch
+// handed over at the first pause in them would be a fraction of the
+// request (a claim and a completion, two store round trips, for a few
+// messages). The wait only runs out when the pending messages do not come
+// (the consumer's MaxAckPending reached, another client's request served
+// first).
+const batchJoinWait = 2 * time.Millisecond
+
+// morePending reports whether the stream had messages pending for the
+// consumer after m (its metadata's NumPending): the pull request that
+// delivered m, not yet fulfilled, is then being sent more of them.
+func morePending(m jetstream.Msg) bool {
+	md, err := m.Metadata()
+	return err == nil && md.NumPending > 0
+}
+
+// quitting reports whether q, the fetch loop's quit channel (nil once
+// seen closed), is closed or nil.
+func quitting(q <-chan struct{}) bool {
+	if q == nil {
+		return true
+	}
+	select {
+	case <-q:
+		return true
+	default:
+		return false
+	}
+}
+
 // fetchExpiry is how long one pull request waits at the server for
 // messages (less when the consumer's MaxRequestExpires is lower).
 const fetchExpiry = 30 * time.Second
@@ -604,6 +641,11 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 		}
 	}
 	pause := newPause()
+	// join bounds how long the messages taken in batch mode wait for the
+	// rest of their pull request's (see morePending).
+	join := time.NewTimer(time.Hour)
+	join.Stop()
+	defer join.Stop()
 	for {
 		// Wait for a free place, then take every other free one.
 		select {
@@ -681,6 +723,7 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 		msgs, q := batch.Messages(), quit
 		var grace *time.Timer
 		var graceC <-chan time.Time
+		var joinC <-chan time.Time // set while taken messages wait for the rest of the request's
 		for msgs != nil {
 			select {
 			case m, ok := <-msgs:
@@ -688,17 +731,32 @@ func (c *Consumer) fetchLoop(ctx, consuming context.Context, held chan struct{},
 					msgs = nil
 					if flush != nil {
 						flush()
+						joinC = nil
 					}
 					continue
 				}
 				got++
 				take(m)
 				if flush != nil && len(msgs) == 0 {
-					flush()
+					if got < n && morePending(m) && !quitting(q) {
+						// More of this request's messages are on their
+						// way: they join the batch, unless they take
+						// longer than batchJoinWait.
+						if joinC == nil {
+							join.Reset(c.joinWait)
+							joinC = join.C
+						}
+					} else {
+						flush()
+						joinC = nil
+					}
 				}
 				if grace != nil {
 					grace.Reset(quitGrace)
 				}
+			case <-joinC:
+				joinC = nil
+				flush()
 			case st := <-status:
 				if st == nats.CLOSED {
 					fail(nats.ErrConnectionClosed)

@@ -55,12 +55,23 @@ type consumeConfig struct {
 	// held, in batchesAtOnce batches at a time. Kafka: calls partitions
 	// at once, each a batch of concurrency/calls consecutive records
 	// (its Deliverer keeps their order: idemhttp.DelivererOptions.InOrder).
-	batch  idem.BatchProcessor
-	logger *slog.Logger
+	batch         idem.BatchProcessor
+	batchesAtOnce int
+	logger        *slog.Logger
 }
 
-// batchesAtOnce is how many batches --batch-claim processes at once.
-const batchesAtOnce = 2
+// batchesAtOnce is how many batches --batch-claim processes at once on
+// store: two, so that while one batch's answers are recorded the next
+// one's are claimed and called; one on SQLite, which admits one writing
+// transaction at a time (a second batch's claim would wait for the
+// first's write anyway), so that a batch holds every message held and
+// its two commits serve twice as many.
+func batchesAtOnce(store string) int {
+	if strings.HasPrefix(strings.ToLower(store), "sqlite:") {
+		return 1
+	}
+	return 2
+}
 
 // openSidecarBroker connects to the broker named by rawURL:
 //
@@ -177,11 +188,10 @@ func (b *natsSidecar) consume(ctx context.Context, src string, p idem.Processor,
 	cfg := idemnats.Config{Processor: p, DeadLetter: o.deadLetter,
 		Concurrency: o.concurrency, RetryDelay: o.retryDelay, Logger: o.logger}
 	if o.batch != nil {
-		// The messages held go in batches, batchesAtOnce at a time:
-		// while one batch's answers are recorded the next one's are
-		// claimed and called.
+		// The messages held go in batches, o.batchesAtOnce at a time
+		// (see batchesAtOnce).
 		cfg.Processor, cfg.BatchProcessor = nil, o.batch
-		cfg.Concurrency, cfg.MaxMessages = min(batchesAtOnce, o.concurrency), o.concurrency
+		cfg.Concurrency, cfg.MaxMessages = max(1, min(o.batchesAtOnce, o.concurrency)), o.concurrency
 	}
 	c, err := idemnats.NewConsumer(b.js, cons, cfg)
 	if err != nil {
