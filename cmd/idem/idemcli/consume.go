@@ -232,7 +232,7 @@ times the live data instead of twice.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
-	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS only, experimental: each batch of messages a pull request hands over is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch), --hold messages held in two batches at a time, --concurrency calls at once")
+	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS and Redis Streams only, experimental: each batch of messages the broker hands over (a pull request's; one XREADGROUP's or XAUTOCLAIM's) is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch), --hold messages held in two batches at a time, --concurrency calls at once")
 	_ = fl.MarkHidden("batch-claim")
 	f.log.register(fl, "message")
 	f.profile.register(fl)
@@ -285,8 +285,8 @@ func (f *consumeFlags) check() (*url.URL, error) {
 	if f.kafkaOrder != idemkafka.OrderPartition.String() && !strings.HasPrefix(strings.ToLower(f.broker), "kafka:") {
 		return nil, usageError{errors.New("--kafka-order is for a kafka:// broker")}
 	}
-	if f.batchClaim && !strings.HasPrefix(strings.ToLower(f.broker), "nats:") {
-		return nil, usageError{errors.New("--batch-claim is for a nats:// broker")}
+	if f.batchClaim && !batchClaimBroker(f.broker) {
+		return nil, usageError{errors.New("--batch-claim is for a nats:// or redis:// (Redis Streams) broker")}
 	}
 	return u, nil
 }

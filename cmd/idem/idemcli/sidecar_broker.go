@@ -49,15 +49,24 @@ type consumeConfig struct {
 	natsDuplicates    time.Duration
 	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
 	kafkaKeyOrder     bool   // Kafka: idemkafka.OrderKey, concurrency records in flight; else one partition per slot
-	// batch, when set (NATS only: --batch-claim), takes the batches of
-	// messages a pull request hands over instead of p: concurrency
-	// messages held, in batchesAtOnce batches at a time.
+	// batch, when set (NATS and Redis Streams only: --batch-claim),
+	// takes the batches of messages the broker hands over (a pull
+	// request's, an XREADGROUP's or XAUTOCLAIM's) instead of p:
+	// concurrency messages held, in batchesAtOnce batches at a time.
 	batch  idem.BatchProcessor
 	logger *slog.Logger
 }
 
 // batchesAtOnce is how many batches --batch-claim processes at once.
 const batchesAtOnce = 2
+
+// batchClaimBroker reports whether the broker URL rawURL names a broker
+// whose adapter has a batch mode for --batch-claim: NATS (nats://, tls://) or
+// Redis Streams (redis://, rediss://).
+func batchClaimBroker(rawURL string) bool {
+	scheme, _, _ := strings.Cut(strings.ToLower(rawURL), ":")
+	return scheme == "nats" || scheme == "tls" || scheme == "redis" || scheme == "rediss"
+}
 
 // openSidecarBroker connects to the broker named by rawURL:
 //
@@ -325,12 +334,21 @@ type redisSidecar struct {
 
 func (b *redisSidecar) consume(_ context.Context, src string, p idem.Processor, o consumeConfig) (run, stop func(context.Context) error, err error) {
 	host, _ := os.Hostname()
-	c, err := idemredisstream.NewConsumer(b.rdb, idemredisstream.Config{
+	cfg := idemredisstream.Config{
 		Processor: p, Stream: src, Group: o.group, DeadLetter: o.deadLetter,
 		Consumer:    fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()),
 		Concurrency: o.concurrency, MinIdle: o.ackWait, RetryDelay: o.retryDelay,
 		Block: 250 * time.Millisecond, Logger: o.logger,
-	})
+	}
+	if o.batch != nil {
+		// The messages held go in batches (one XREADGROUP or XAUTOCLAIM
+		// each), batchesAtOnce at a time: while one batch's answers are
+		// recorded the next one's are claimed and called.
+		cfg.Processor, cfg.BatchProcessor = nil, o.batch
+		cfg.Concurrency = min(batchesAtOnce, o.concurrency)
+		cfg.BatchSize = max(1, o.concurrency/cfg.Concurrency)
+	}
+	c, err := idemredisstream.NewConsumer(b.rdb, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
