@@ -177,7 +177,8 @@ type sidecarResult struct {
 // runSidecar measures `idem consume` against a bare Go relay that only
 // fetches from JetStream, POSTs and acks (nats.go's Fetch, the same
 // concurrency), or, with envSidecarBroker=kafka, polls kfake, POSTs and
-// commits (kafkaBus), with a do-nothing HTTP service in this process: n messages
+// commits (kafkaBus), or, with envSidecarBroker=redis, reads a Redis
+// stream, POSTs and XACKs (redisStreamBus), with a do-nothing HTTP service in this process: n messages
 // per run, rounds rounds with the contenders interleaved; throughput is
 // distinct messages the service received per second, from its first call
 // to the call that completed the set. Stores: SQLite, and PostgreSQL and
@@ -215,8 +216,18 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			return err
 		}
 		bus = kb
+	case "redis":
+		redisURL := os.Getenv(envRedis)
+		if redisURL == "" {
+			return fmt.Errorf("%s=redis needs a Redis: set %s (scripts/services prints it)", envSidecarBroker, envRedis)
+		}
+		rb, err := newRedisStreamBus(redisURL)
+		if err != nil {
+			return err
+		}
+		bus = rb
 	default:
-		return fmt.Errorf("%s: %q: want nats or kafka", envSidecarBroker, b)
+		return fmt.Errorf("%s: %q: want nats, kafka or redis", envSidecarBroker, b)
 	}
 	defer bus.close()
 	dir, err := os.MkdirTemp("", "idem-bench-sidecar-")
@@ -240,6 +251,7 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 	runID := hex.EncodeToString(rb[:])
 	contenders := []sidecarContender{{name: "bare relay", start: bus.bareRelay(concurrency)}}
 	kb, onKafka := bus.(*kafkaBus)
+	_, onRedis := bus.(*redisStreamBus)
 	if onKafka {
 		contenders = append(contenders, sidecarContender{name: "bare relay, key order", start: kb.bareRelayByKey(concurrency)})
 	}
@@ -296,12 +308,13 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		// once: store batches of the messages in flight only (--hold is
 		// --concurrency); no batches at all; and, on NATS, the fetched
 		// batch claimed and completed in one store call each
-		// (--batch-claim, 64 held in two batches at a time).
+		// (--batch-claim, 64 held in two batches at a time), and so on
+		// Redis Streams (one XREADGROUP's entries a batch).
 		variants := []struct {
 			batch int
 			extra []string
 		}{{64, []string{"--hold", "64"}}, {64, []string{"--hold", "64", "--point-at-call"}}, {64, nil}, {1, nil}}
-		if js != nil {
+		if js != nil || onRedis {
 			variants = append(variants, struct {
 				batch int
 				extra []string
