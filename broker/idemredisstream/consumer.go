@@ -39,7 +39,9 @@ const (
 	DefaultRetryDelay = time.Second
 	// DefaultBlock is how long one XREADGROUP waits for new entries.
 	DefaultBlock = 2 * time.Second
-	// DefaultSettleTimeout bounds one XACK or dead letter.
+	// DefaultSettleTimeout bounds the settling of one entry (its XACK,
+	// dead letter or delayed redelivery), in batch mode of one batch's
+	// entries together.
 	DefaultSettleTimeout = 30 * time.Second
 	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
 	DefaultHandlerTimeout = 5 * time.Minute
@@ -686,7 +688,7 @@ func (c *Consumer) handleBatch(ctx context.Context, ms []redis.XMessage, fs []*f
 // decides (see the package doc): the entries to ack in one XACK, each dead
 // letter with its own script, each redelivery with its own XCLAIM; each
 // settlement is logged once done. It settles even when ctx has ended (the
-// handlers' effects may have committed), each command bounded by
+// handlers' effects may have committed), all of its commands within
 // DefaultSettleTimeout. What fails to settle stays pending, reclaimed
 // later, and is logged at warn.
 func (c *Consumer) settle(ctx context.Context, ms []redis.XMessage, fs []*flight, outs []idem.Outcome) {
@@ -696,7 +698,11 @@ func (c *Consumer) settle(ctx context.Context, ms []redis.XMessage, fs []*flight
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
 	defer cancel()
-	sts := make([]idem.Settlement, len(ms))
+	var one [1]idem.Settlement // a single entry's, not allocated
+	sts := one[:]
+	if len(ms) > 1 {
+		sts = make([]idem.Settlement, len(ms))
+	}
 	var acks []string
 	for i, out := range outs {
 		sts[i] = out.Settle(c.cfg.RetryDelay)
