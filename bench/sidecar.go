@@ -181,7 +181,8 @@ type sidecarResult struct {
 // runSidecar measures `idem consume` against a bare Go relay that only
 // fetches from JetStream, POSTs and acks (nats.go's Fetch, the same
 // concurrency), or, with envSidecarBroker=kafka, polls kfake, POSTs and
-// commits (kafkaBus), with a do-nothing HTTP service in this process: n messages
+// commits (kafkaBus), or, with envSidecarBroker=redis, reads a Redis
+// stream, POSTs and XACKs (redisStreamBus), with a do-nothing HTTP service in this process: n messages
 // per run, rounds rounds with the contenders interleaved; throughput is
 // distinct messages the service received per second, from its first call
 // to the call that completed the set. Stores: SQLite, and PostgreSQL and
@@ -219,8 +220,18 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 			return err
 		}
 		bus = kb
+	case "redis":
+		redisURL := os.Getenv(envRedis)
+		if redisURL == "" {
+			return fmt.Errorf("%s=redis needs a Redis: set %s (scripts/services prints it)", envSidecarBroker, envRedis)
+		}
+		rb, err := newRedisStreamBus(redisURL)
+		if err != nil {
+			return err
+		}
+		bus = rb
 	default:
-		return fmt.Errorf("%s: %q: want nats or kafka", envSidecarBroker, b)
+		return fmt.Errorf("%s: %q: want nats, kafka or redis", envSidecarBroker, b)
 	}
 	defer bus.close()
 	dir, err := os.MkdirTemp("", "idem-bench-sidecar-")
@@ -303,7 +314,8 @@ func runSidecar(ctx context.Context, w, log io.Writer, n, rounds, concurrency in
 		// once: store batches of the messages in flight only (--hold is
 		// --concurrency); no batches at all; and the fetched batch
 		// claimed and completed in one store call each (--batch-claim:
-		// on NATS 64 held in two batches at a time; on Kafka a batch of
+		// on NATS 64 held in two batches at a time, and so on Redis
+		// Streams, one XREADGROUP's entries a batch; on Kafka a batch of
 		// 64/concurrency records per partition, concurrency partitions
 		// at once, and, with --hold 256, batches four times larger).
 		variants := []struct {

@@ -14,8 +14,9 @@ import (
 )
 
 // envSidecarBroker chooses the broker of --sidecar: "nats" (JetStream,
-// the default: envNATS names the server) or "kafka" (franz-go's
-// in-process kfake cluster, sidecarPartitions partitions per run).
+// the default: envNATS names the server), "kafka" (franz-go's
+// in-process kfake cluster, sidecarPartitions partitions per run) or
+// "redis" (Redis Streams on the Redis envRedis names).
 const envSidecarBroker = "IDEM_BENCH_SIDECAR_BROKER"
 
 // sidecarPartitions is the number of partitions of a --sidecar Kafka
@@ -169,8 +170,8 @@ func (b *kafkaBus) bareRelayByKey(concurrency int) func(ctx context.Context, str
 	})
 }
 
-// sidecarBus is the broker of --sidecar: JetStream (natsBus) or kfake
-// (kafkaBus).
+// sidecarBus is the broker of --sidecar: JetStream (natsBus), kfake
+// (kafkaBus) or Redis Streams (redisStreamBus).
 type sidecarBus interface {
 	// url is idem consume's --broker.
 	url() string

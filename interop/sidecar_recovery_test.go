@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -59,6 +60,12 @@ func TestSidecarRecovery(t *testing.T) {
 				args := []string{"--broker", brokerURL, "--from", from, "--to", svc.url + "/in", "--store", "sqlite:" + store,
 					"--consumer", "main", "--group", "main", "--concurrency", fmt.Sprint(concurrency), "--retry-base", "100ms",
 					"--retry-delay", "200ms", "--nats-duplicates", "100ms"}
+				if slices.Contains(bc.extra, "--batch-claim") {
+					// The broker's batch mode is recovered from too; its
+					// other flags (Kafka key order, --hold) are the kill
+					// test's only.
+					args = append(args, "--batch-claim")
+				}
 				args = append(args, m.args...)
 				if bc.name == "kafka" {
 					args = append(args, "--kafka-instance-id", "recovery-"+uniq())

@@ -57,10 +57,17 @@ func sidecarBrokers() []sidecarBroker {
 		{"rabbitmq", func(t *testing.T) (string, string) {
 			return testenv.URL(t, testenv.AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"), "sidecar-" + uniq()
 		}, "3s", nil},
-		{"redis", func(t *testing.T) (string, string) {
-			return testenv.URL(t, testenv.RedisEnv, "redis://127.0.0.1:6379/0"), "idem-sidecar:" + uniq()
-		}, "3s", nil},
+		{"redis", openRedis, "3s", nil},
+		// Each XREADGROUP's (or XAUTOCLAIM's) entries claimed in one
+		// store call and completed in one more (Redis Streams batch
+		// mode).
+		{"redis-batch-claim", openRedis, "3s", []string{"--batch-claim"}},
 	}
+}
+
+// openRedis returns the --broker URL of the test Redis and a new stream.
+func openRedis(t *testing.T) (string, string) {
+	return testenv.URL(t, testenv.RedisEnv, "redis://127.0.0.1:6379/0"), "idem-sidecar:" + uniq()
 }
 
 // pyService is the Python service of testdata/sidecar_service.py.

@@ -39,18 +39,41 @@ const (
 	DefaultRetryDelay = time.Second
 	// DefaultBlock is how long one XREADGROUP waits for new entries.
 	DefaultBlock = 2 * time.Second
-	// DefaultSettleTimeout bounds one XACK or dead letter.
+	// DefaultSettleTimeout bounds the settling of one entry (its XACK,
+	// dead letter or delayed redelivery), in batch mode of one batch's
+	// entries together.
 	DefaultSettleTimeout = 30 * time.Second
 	// DefaultHandlerTimeout is Config.HandlerTimeout's default.
 	DefaultHandlerTimeout = 5 * time.Minute
+	// DefaultBatchSize is Config.BatchSize's default: the most entries in
+	// one batch (batch mode).
+	DefaultBatchSize = 32
 )
 
 // Config configures a Consumer. Zero values take the documented defaults.
 type Config struct {
 	// Processor runs each entry through an Idempotent Consumer (idem.Bind,
-	// idem.BindLease, or an idem.ProcessorFunc). Required. It must be safe
-	// for concurrent use when Concurrency > 1.
+	// idem.BindLease, or an idem.ProcessorFunc). One of Processor and
+	// BatchProcessor is required, and it must be safe for concurrent use
+	// when Concurrency > 1.
 	Processor idem.Processor
+	// BatchProcessor selects batch mode: the entries one XREADGROUP
+	// returns, and those one XAUTOCLAIM reclaims, at most BatchSize of
+	// them, are handed to it in one call (idem.GuardBatch), and each is
+	// then settled by its own Outcome, as in the default mode (the acks
+	// of a batch go in one XACK). Concurrency is then how many batches
+	// are processed at once. An idemhttp.Deliverer is one (a batch's
+	// claims and completions in one store call each), as is
+	// idem.BindBatch (one transaction per batch). Exclusive with
+	// Processor. An entry without the payload field is dead-lettered
+	// without being handed over, as in the default mode.
+	BatchProcessor idem.BatchProcessor
+	// BatchSize is, in batch mode, the most entries one XREADGROUP or
+	// XAUTOCLAIM asks for (COUNT): the most in one batch. Defaults to
+	// DefaultBatchSize (32); ignored without BatchProcessor. An
+	// idemhttp.Deliverer takes at most idemdriver.MaxLeaseBatch (1000)
+	// messages in a batch.
+	BatchSize int
 	// Stream is the stream to consume. Required.
 	Stream string
 	// Group is the consumer group. Required. Run creates it (and the
@@ -74,7 +97,9 @@ type Config struct {
 	// "0" (the default) for the whole stream, "$" for new entries only.
 	GroupStart string
 	// Concurrency is how many entries are processed at once; XREADGROUP
-	// and XAUTOCLAIM fetch no more than the free workers. Defaults to 1.
+	// and XAUTOCLAIM fetch no more than the free workers. In batch mode
+	// it is how many batches are processed at once, each fetched by one
+	// XREADGROUP or XAUTOCLAIM when a worker is free. Defaults to 1.
 	Concurrency int
 	// MinIdle is the XAUTOCLAIM min-idle time: an entry pending that long,
 	// not acknowledged and not kept alive by a running member, is claimed
@@ -91,7 +116,8 @@ type Config struct {
 	// for the read in progress, so it bounds Stop's latency. Defaults to
 	// DefaultBlock (2s).
 	Block time.Duration
-	// HandlerTimeout bounds one entry's processing: the context the
+	// HandlerTimeout bounds one entry's processing (in batch mode one
+	// batch's: the whole BatchProcessor call): the context the
 	// Processor gets ends HandlerTimeout after the entry started, so a
 	// handler blocked on a stalled connection (a database call with no
 	// deadline of its own) gives up, its transaction rolls back, and the
@@ -159,8 +185,12 @@ func (cfg *Config) withDefaults() error {
 		return fmt.Errorf("%w: idemredisstream: "+format, append([]any{idem.ErrInvalidConfig}, args...)...)
 	}
 	switch {
-	case cfg.Processor == nil:
-		return bad("Processor is required")
+	case cfg.Processor == nil && cfg.BatchProcessor == nil:
+		return bad("Processor (or BatchProcessor) is required")
+	case cfg.Processor != nil && cfg.BatchProcessor != nil:
+		return bad("Processor and BatchProcessor are exclusive; set one")
+	case cfg.BatchSize < 0:
+		return bad("BatchSize %d is negative", cfg.BatchSize)
 	case cfg.Stream == "":
 		return bad("Stream is required")
 	case cfg.Group == "":
@@ -198,6 +228,9 @@ func (cfg *Config) withDefaults() error {
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MinIdle == 0 {
 		cfg.MinIdle = DefaultMinIdle
@@ -245,15 +278,29 @@ func (c *Consumer) run(runCtx context.Context) error {
 	}
 	c.readyOnce.Do(func() { close(c.ready) })
 
-	slots := make(chan struct{}, c.cfg.Concurrency) // one token per busy worker
 	var workers sync.WaitGroup
-	dispatch := func(msgs []redis.XMessage) {
-		for _, m := range msgs {
-			f := c.track(m.ID)
+	in := &intake{slots: make(chan struct{}, c.cfg.Concurrency)} // one token per busy worker
+	if c.cfg.BatchProcessor != nil {
+		in.batch = c.cfg.BatchSize
+		in.dispatch = func(msgs []redis.XMessage) {
+			fs := make([]*flight, len(msgs))
+			for i, m := range msgs {
+				fs[i] = c.track(m.ID)
+			}
 			workers.Go(func() {
-				defer func() { <-slots }()
-				c.handle(runCtx, m, f)
+				defer func() { <-in.slots }()
+				c.handleBatch(runCtx, msgs, fs)
 			})
+		}
+	} else {
+		in.dispatch = func(msgs []redis.XMessage) {
+			for _, m := range msgs {
+				f := c.track(m.ID)
+				workers.Go(func() {
+					defer func() { <-in.slots }()
+					c.handle(runCtx, m, f)
+				})
+			}
 		}
 	}
 	var loops sync.WaitGroup
@@ -272,8 +319,8 @@ func (c *Consumer) run(runCtx context.Context) error {
 		fatalOnce.Do(func() { fatal = err })
 		stopLoops()
 	}
-	loops.Go(func() { c.readLoop(loopCtx, slots, dispatch, fail) })
-	loops.Go(func() { c.claimLoop(loopCtx, slots, dispatch, fail) })
+	loops.Go(func() { c.readLoop(loopCtx, in, fail) })
+	loops.Go(func() { c.claimLoop(loopCtx, in, fail) })
 	// The keep-alive outlives the loops: entries still in flight during a
 	// graceful Stop stay this member's until their handlers finish.
 	aliveCtx, stopAlive := context.WithCancel(runCtx)
@@ -298,18 +345,34 @@ func (c *Consumer) createGroup(ctx context.Context) error {
 	return nil
 }
 
-// acquire waits for one free worker, then takes as many more as are free;
-// it returns how many it took, or 0 when ctx ended.
-func acquire(ctx context.Context, slots chan struct{}) int {
+// intake is how the read and claim loops take free workers and hand them
+// the entries they fetched.
+type intake struct {
+	slots chan struct{} // one token per busy worker
+	// batch is 0 in the default mode (a worker per entry), else the most
+	// entries of a batch (batch mode: a worker per batch).
+	batch int
+	// dispatch starts the workers of msgs (at least one entry), whose
+	// slots are taken; each worker frees its slot when it is done.
+	dispatch func(msgs []redis.XMessage)
+}
+
+// take waits for one free worker and returns how many entries to fetch:
+// in the default mode one per free worker (it takes them all), in batch
+// mode the batch size (for that one worker); 0 when ctx ended.
+func (in *intake) take(ctx context.Context) int {
 	select {
-	case slots <- struct{}{}:
+	case in.slots <- struct{}{}:
 	case <-ctx.Done():
 		return 0
 	}
+	if in.batch > 0 {
+		return in.batch
+	}
 	n := 1
-	for n < cap(slots) {
+	for n < cap(in.slots) {
 		select {
-		case slots <- struct{}{}:
+		case in.slots <- struct{}{}:
 			n++
 		default:
 			return n
@@ -318,17 +381,29 @@ func acquire(ctx context.Context, slots chan struct{}) int {
 	return n
 }
 
-func release(slots chan struct{}, n int) {
-	for range n {
-		<-slots
+// hand dispatches msgs, fetched for a take that returned n, and frees the
+// workers taken that they do not use (all of them when msgs is empty).
+func (in *intake) hand(msgs []redis.XMessage, n int) {
+	free := n - len(msgs)
+	if in.batch > 0 {
+		free = 0
+		if len(msgs) == 0 {
+			free = 1
+		}
+	}
+	for range free {
+		<-in.slots
+	}
+	if len(msgs) > 0 {
+		in.dispatch(msgs)
 	}
 }
 
 // readLoop reads new entries with XREADGROUP, no more than the free
-// workers at a time.
-func (c *Consumer) readLoop(ctx context.Context, slots chan struct{}, dispatch func([]redis.XMessage), fail func(error)) {
+// workers at a time (in batch mode, one batch when a worker is free).
+func (c *Consumer) readLoop(ctx context.Context, in *intake, fail func(error)) {
 	for {
-		n := acquire(ctx, slots)
+		n := in.take(ctx)
 		if n == 0 {
 			return
 		}
@@ -340,8 +415,7 @@ func (c *Consumer) readLoop(ctx context.Context, slots chan struct{}, dispatch f
 		for _, s := range streams {
 			msgs = append(msgs, s.Messages...)
 		}
-		release(slots, n-len(msgs))
-		dispatch(msgs)
+		in.hand(msgs, n)
 		if err == nil || errors.Is(err, redis.Nil) {
 			continue
 		}
@@ -366,15 +440,17 @@ func (c *Consumer) readLoop(ctx context.Context, slots chan struct{}, dispatch f
 }
 
 // claimLoop reclaims entries idle longer than MinIdle with XAUTOCLAIM,
-// walking the pending entries list with its cursor.
-func (c *Consumer) claimLoop(ctx context.Context, slots chan struct{}, dispatch func([]redis.XMessage), fail func(error)) {
+// walking the pending entries list with its cursor; an XAUTOCLAIM asks
+// for no more than the free workers (in batch mode, one batch when a
+// worker is free).
+func (c *Consumer) claimLoop(ctx context.Context, in *intake, fail func(error)) {
 	cursor := "0-0"
 	for {
 		if !sleep(ctx, c.cfg.ClaimInterval) {
 			return
 		}
 		for {
-			n := acquire(ctx, slots)
+			n := in.take(ctx)
 			if n == 0 {
 				return
 			}
@@ -383,7 +459,7 @@ func (c *Consumer) claimLoop(ctx context.Context, slots chan struct{}, dispatch 
 				MinIdle: c.cfg.MinIdle, Start: cursor, Count: int64(n),
 			}).Result()
 			if err != nil {
-				release(slots, n)
+				in.hand(nil, n)
 				if ctx.Err() != nil {
 					return
 				}
@@ -397,9 +473,8 @@ func (c *Consumer) claimLoop(ctx context.Context, slots chan struct{}, dispatch 
 				cursor = "0-0"
 				break
 			}
-			msgs = c.overLimit(ctx, msgs, slots)
-			release(slots, n-len(msgs))
-			dispatch(msgs)
+			msgs = c.overLimit(ctx, msgs)
+			in.hand(msgs, n)
 			cursor = next
 			if cursor == "0-0" || cursor == "" || len(msgs) == 0 {
 				cursor = "0-0"
@@ -411,7 +486,7 @@ func (c *Consumer) claimLoop(ctx context.Context, slots chan struct{}, dispatch 
 
 // overLimit dead-letters the reclaimed entries delivered more than
 // MaxDeliveries times, and returns the others.
-func (c *Consumer) overLimit(ctx context.Context, msgs []redis.XMessage, slots chan struct{}) []redis.XMessage {
+func (c *Consumer) overLimit(ctx context.Context, msgs []redis.XMessage) []redis.XMessage {
 	if c.cfg.MaxDeliveries <= 0 || len(msgs) == 0 {
 		return msgs
 	}
@@ -544,44 +619,118 @@ func (c *Consumer) headers(m redis.XMessage) idem.Headers {
 	return h
 }
 
-func (c *Consumer) handle(ctx context.Context, m redis.XMessage, f *flight) {
-	id := c.field(m, c.cfg.IDField)
-	var out idem.Outcome
+// message is entry m as an idem.Message (its ID, payload and other fields
+// as headers); ok is false, with the Rejected outcome to settle it with,
+// when m has no payload field: not an empty payload but a producer that
+// writes it under another field, and processing it would run the handler
+// on nothing.
+func (c *Consumer) message(m redis.XMessage) (msg idem.Message, out idem.Outcome, ok bool) {
+	msg.ID = c.field(m, c.cfg.IDField)
 	if _, ok := m.Values[c.cfg.PayloadField]; !ok {
-		// Not an empty payload: a producer that writes the payload under
-		// another field. Processing it would run the handler on nothing.
 		err := fmt.Errorf("%w: idemredisstream: the entry has no %q field", idem.ErrInvalidPayload, c.cfg.PayloadField)
-		out = idem.Outcome{Status: idem.Rejected, MessageID: id, Err: err}
-	} else {
-		h := c.headers(m)
-		pctx := ctx
-		if c.cfg.HandlerTimeout > 0 {
-			var cancel context.CancelFunc
-			pctx, cancel = context.WithTimeout(ctx, c.cfg.HandlerTimeout)
-			defer cancel()
-		}
-		out = idem.Guard(c.withDelivery(pctx, h), c.cfg.Processor, idem.Message{ID: id, Payload: []byte(c.field(m, c.cfg.PayloadField)), Headers: h})
+		return msg, idem.Outcome{Status: idem.Rejected, MessageID: msg.ID, Err: err}, false
 	}
+	msg.Payload = []byte(c.field(m, c.cfg.PayloadField))
+	msg.Headers = c.headers(m)
+	return msg, idem.Outcome{}, true
+}
+
+// handlerContext is the context of one Processor (or BatchProcessor)
+// call: ctx, ended after HandlerTimeout when that is on.
+func (c *Consumer) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.HandlerTimeout > 0 {
+		return context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+	}
+	return ctx, func() {}
+}
+
+// handle processes entry m, delivered as f, with the Processor and settles
+// it.
+func (c *Consumer) handle(ctx context.Context, m redis.XMessage, f *flight) {
+	msg, out, ok := c.message(m)
+	if ok {
+		pctx, cancel := c.handlerContext(ctx)
+		out = idem.Guard(c.withDelivery(pctx, msg.Headers), c.cfg.Processor, msg)
+		cancel()
+	}
+	c.settle(ctx, []redis.XMessage{m}, []*flight{f}, []idem.Outcome{out})
+}
+
+// handleBatch processes the entries ms, delivered as fs, with the
+// BatchProcessor in one call and settles each by its own Outcome. An
+// entry without the payload field is dead-lettered without being handed
+// over (as handle does); HandlerTimeout bounds the whole call.
+func (c *Consumer) handleBatch(ctx context.Context, ms []redis.XMessage, fs []*flight) {
+	outs := make([]idem.Outcome, len(ms))
+	msgs := make([]idem.Message, 0, len(ms))
+	idx := make([]int, 0, len(ms)) // msgs[j] is the entry ms[idx[j]]
+	for i, m := range ms {
+		msg, out, ok := c.message(m)
+		if !ok {
+			outs[i] = out
+			continue
+		}
+		msgs = append(msgs, msg)
+		idx = append(idx, i)
+	}
+	if len(msgs) > 0 {
+		pctx, cancel := c.handlerContext(ctx)
+		got := idem.GuardBatch(c.withBatchDelivery(pctx, msgs), c.cfg.BatchProcessor, msgs)
+		cancel()
+		for j, i := range idx {
+			outs[i] = got[j]
+		}
+	}
+	c.settle(ctx, ms, fs, outs)
+}
+
+// settle settles each entry ms[i], delivered as fs[i], as outs[i].Settle
+// decides (see the package doc): the entries to ack in one XACK, each dead
+// letter with its own script, each redelivery with its own XCLAIM; each
+// settlement is logged once done. It settles even when ctx has ended (the
+// handlers' effects may have committed), all of its commands within
+// DefaultSettleTimeout. What fails to settle stays pending, reclaimed
+// later, and is logged at warn.
+func (c *Consumer) settle(ctx context.Context, ms []redis.XMessage, fs []*flight, outs []idem.Outcome) {
 	// No more keep-alive: a retry delay set below must not be undone.
-	c.untrack(m.ID, f)
-	// Settle even when ctx ended: the handler's effects may have committed.
+	for i, m := range ms {
+		c.untrack(m.ID, fs[i])
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultSettleTimeout)
 	defer cancel()
-	st := out.Settle(c.cfg.RetryDelay)
-	switch st.Action {
-	case idem.Ack:
-		if err := c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, m.ID).Err(); err != nil {
-			c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", id, "err", err)
-			return
-		}
-	case idem.DeadLetter:
-		if !c.settleDeadLetter(sctx, m, st) {
-			return
-		}
-	default: // Redeliver: left pending, reclaimable after the delay
-		c.retryAfter(sctx, m, st.Delay)
+	var one [1]idem.Settlement // a single entry's, not allocated
+	sts := one[:]
+	if len(ms) > 1 {
+		sts = make([]idem.Settlement, len(ms))
 	}
-	st.Log(sctx, c.log, "idemredisstream", "entry", m.ID, "dead_letter", c.cfg.DeadLetter)
+	var acks []string
+	for i, out := range outs {
+		sts[i] = out.Settle(c.cfg.RetryDelay)
+		if sts[i].Action == idem.Ack {
+			acks = append(acks, ms[i].ID)
+		}
+	}
+	var ackErr error
+	if len(acks) > 0 {
+		ackErr = c.rdb.XAck(sctx, c.cfg.Stream, c.cfg.Group, acks...).Err()
+	}
+	for i, m := range ms {
+		st := sts[i]
+		switch st.Action {
+		case idem.Ack:
+			if ackErr != nil {
+				c.log.Warn("idemredisstream: XACK failed; the entry stays pending and will be reclaimed", "entry", m.ID, "message_id", st.MessageID, "err", ackErr)
+				continue
+			}
+		case idem.DeadLetter:
+			if !c.settleDeadLetter(sctx, m, st) {
+				continue
+			}
+		default: // Redeliver: left pending, reclaimable after the delay
+			c.retryAfter(sctx, m, st.Delay)
+		}
+		st.Log(sctx, c.log, "idemredisstream", "entry", m.ID, "dead_letter", c.cfg.DeadLetter)
+	}
 }
 
 // retryAfter leaves m pending and makes it claimable by XAUTOCLAIM after

@@ -125,6 +125,12 @@ func TestConfigErrors(t *testing.T) {
 		"negative retry delay":      func(c *idemredisstream.Config) { c.RetryDelay = -1 },
 		"negative block":            func(c *idemredisstream.Config) { c.Block = -1 },
 		"negative max deliveries":   func(c *idemredisstream.Config) { c.MaxDeliveries = -1 },
+		"processor and batch processor": func(c *idemredisstream.Config) {
+			c.BatchProcessor = idem.BindBatch[*idem.MemoryTx](nil, nil)
+		},
+		"negative batch size": func(c *idemredisstream.Config) {
+			c.Processor, c.BatchProcessor, c.BatchSize = nil, idem.BindBatch[*idem.MemoryTx](nil, nil), -1
+		},
 	} {
 		cfg := ok
 		mutate(&cfg)

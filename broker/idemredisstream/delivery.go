@@ -22,6 +22,17 @@ func (c *Consumer) withDelivery(ctx context.Context, h idem.Headers) context.Con
 	return idem.WithDelivery(ctx, d)
 }
 
+// withBatchDelivery is withDelivery for a batch: the idem.Delivery of
+// msgs, each message's headers in BatchHeaders, in order.
+func (c *Consumer) withBatchDelivery(ctx context.Context, msgs []idem.Message) context.Context {
+	d := idem.Delivery{System: System, Destination: c.cfg.Stream, ConsumerGroup: c.cfg.Group,
+		BatchHeaders: make([]idem.HeaderCarrier, len(msgs))}
+	for i, m := range msgs {
+		d.BatchHeaders[i] = m.Headers
+	}
+	return idem.WithDelivery(ctx, d)
+}
+
 // injectFields returns fields with those ProducerConfig.InjectHeaders
 // writes added (a copy when it writes any), never the ID or payload field.
 func (p *Producer) injectFields(ctx context.Context, fields map[string]string) map[string]string {

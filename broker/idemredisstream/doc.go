@@ -69,6 +69,25 @@
 // delay of MinIdle or more is redelivered after MinIdle. The delay is
 // therefore precise to about ClaimInterval.
 //
+// # Batch mode
+//
+// With Config.BatchProcessor instead of Processor, the entries one
+// XREADGROUP returns, and those one XAUTOCLAIM reclaims, at most
+// Config.BatchSize of them (COUNT), go to one ProcessBatch call through
+// idem.GuardBatch, with each entry's fields in the idem.Delivery's
+// BatchHeaders; each entry is then settled by its own Outcome exactly as
+// above (the acks of a batch in one XACK, each dead letter and delayed
+// redelivery on its own). Concurrency is then the number of batches
+// processed at once: a batch is read when a worker is free, so at most
+// Concurrency*BatchSize entries are held, and nothing is read ahead.
+// The entries of a batch are kept alive while the call runs, and
+// HandlerTimeout bounds the whole call. An idemhttp.Deliverer is such a
+// processor in lease mode (a batch's claims in one store call, its
+// results in another), idem.BindBatch in transactional mode (one
+// transaction per batch). Two entries of one batch with the same message
+// ID are judged in order: in lease mode the second finds the first's
+// lease and is InProgress, redelivered later as a Duplicate.
+//
 // # Delivery limit
 //
 // In transactional mode a handler that always fails would be retried for

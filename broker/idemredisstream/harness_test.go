@@ -48,12 +48,22 @@ func (b *streamBroker) Publish(ctx context.Context, id string, payload []byte) e
 	return err
 }
 
+var _ brokertest.BatchBroker = (*streamBroker)(nil)
+
 // newConsumer returns a new member of the group on a client of its own.
 func (b *streamBroker) newConsumer(p idem.Processor, opts brokertest.StartOptions) (*redis.Client, *idemredisstream.Consumer, error) {
+	return b.newConsumerOf(p, nil, opts)
+}
+
+// newConsumerOf is newConsumer with p or, in batch mode, bp (batches of at
+// most opts.BatchSize entries).
+func (b *streamBroker) newConsumerOf(p idem.Processor, bp idem.BatchProcessor, opts brokertest.StartOptions) (*redis.Client, *idemredisstream.Consumer, error) {
 	rdb := newClient(b.t)
 	redelivery := max(opts.Redelivery, 100*time.Millisecond)
 	c, err := idemredisstream.NewConsumer(rdb, idemredisstream.Config{
 		Processor:      p,
+		BatchProcessor: bp,
+		BatchSize:      opts.BatchSize,
 		Stream:         b.stream,
 		Group:          testGroup,
 		Consumer:       fmt.Sprint("member-", b.members.Add(1)),
@@ -88,6 +98,21 @@ func (b *streamBroker) Start(ctx context.Context, p idem.Processor, opts brokert
 	if err != nil {
 		return nil, err
 	}
+	return b.start(ctx, rdb, c)
+}
+
+// StartBatch implements brokertest.BatchBroker: the Consumer in batch mode
+// (Config.BatchProcessor), at most opts.BatchSize entries a batch.
+func (b *streamBroker) StartBatch(ctx context.Context, p idem.BatchProcessor, opts brokertest.StartOptions) (brokertest.Member, error) {
+	rdb, c, err := b.newConsumerOf(nil, p, opts)
+	if err != nil {
+		return nil, err
+	}
+	return b.start(ctx, rdb, c)
+}
+
+// start runs c (on client rdb) as a member, once it reads.
+func (b *streamBroker) start(ctx context.Context, rdb *redis.Client, c *idemredisstream.Consumer) (brokertest.Member, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m := &streamMember{rdb: rdb, c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- c.Run(runCtx) }()

@@ -18,7 +18,8 @@ import (
 )
 
 // TestConsumeBatchClaimBrokers: --batch-claim on a broker other than
-// NATS and Kafka, or with --kafka-order key, is a usage error.
+// NATS, Redis Streams and Kafka, or with --kafka-order key, is a usage
+// error.
 func TestConsumeBatchClaimBrokers(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -26,13 +27,19 @@ func TestConsumeBatchClaimBrokers(t *testing.T) {
 		extra  []string
 		want   string
 	}{
-		{"amqp://guest:guest@127.0.0.1:1/", nil, "--batch-claim is for a nats:// or kafka://"},
+		{"amqp://guest:guest@127.0.0.1:1/", nil, "--batch-claim is for a nats://, redis://"},
 		{"kafka://127.0.0.1:1", []string{"--kafka-order", "key"}, "does not take --kafka-order key"},
 	} {
 		code, _, errOut := run(t, append([]string{"consume", "--broker", tt.broker, "--from", "x", "--to", "http://127.0.0.1:1/in",
 			"--store", "sqlite:" + t.TempDir() + "/x.db", "--batch-claim"}, tt.extra...)...)
 		if code != 2 || !strings.Contains(errOut, tt.want) {
 			t.Errorf("%s %v: exit %d, stderr %q; want 2 and %q", tt.broker, tt.extra, code, errOut, tt.want)
+		}
+	}
+	for broker, want := range map[string]bool{"nats://h:1": true, "tls://h:1": true, "redis://h:1/0": true, "REDISS://h:1/0": true,
+		"kafka://h:1": true, "amqp://h:1": false, "mem://x": false} {
+		if got := batchClaimBroker(broker); got != want {
+			t.Errorf("batchClaimBroker(%q) = %v, want %v", broker, got, want)
 		}
 	}
 }
@@ -50,15 +57,7 @@ func TestConsumeBatchClaim(t *testing.T) {
 	publishNumbered(t, js, "batch.in", n)
 
 	calls := &callLog{}
-	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer calls.call(r)()
-		if r.Header.Get("Idempotency-Key") == "m-07" {
-			w.WriteHeader(http.StatusUnprocessableEntity)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	defer svc.Close()
+	svc := refusingService(t, calls, "m-07")
 	snapshot := calls.snapshot
 
 	storePath := filepath.Join(t.TempDir(), "c.db")
@@ -82,6 +81,29 @@ func TestConsumeBatchClaim(t *testing.T) {
 			return fmt.Sprintf("%d messages called, %d calls\n%s", d, c, stderr())
 		})
 	stopConsume(t, cancel, done, stderr, calls, n, concurrency)
+	wantRecords(t, storePath, n)
+}
+
+// refusingService is a test service, closed at cleanup, that logs its
+// calls to calls and answers 200, or 422 (a refusal, dead-lettered) to the
+// message refused.
+func refusingService(t *testing.T, calls *callLog, refused string) *httptest.Server {
+	t.Helper()
+	svc := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer calls.call(r)()
+		if r.Header.Get("Idempotency-Key") == refused {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(svc.Close)
+	return svc
+}
+
+// wantRecords checks that the SQLite store at storePath holds n records.
+func wantRecords(t *testing.T, storePath string, n int) {
+	t.Helper()
 	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(storePath))
 	if err != nil {
 		t.Fatal(err)

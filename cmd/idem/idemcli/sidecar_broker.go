@@ -51,7 +51,8 @@ type consumeConfig struct {
 	kafkaInstanceID   string // Kafka static member name; "" for a dynamic member
 	kafkaKeyOrder     bool   // Kafka: idemkafka.OrderKey, concurrency records in flight; else one partition per slot
 	// batch, when set (--batch-claim), takes the batches of messages
-	// the broker hands over instead of p. NATS: concurrency messages
+	// the broker hands over instead of p. NATS and Redis Streams (a pull
+	// request's, an XREADGROUP's or XAUTOCLAIM's): concurrency messages
 	// held, in batchesAtOnce batches at a time. Kafka: calls partitions
 	// at once, each a batch of concurrency/calls consecutive records
 	// (its Deliverer keeps their order: idemhttp.DelivererOptions.InOrder).
@@ -71,6 +72,14 @@ func batchesAtOnce(store string) int {
 		return 1
 	}
 	return 2
+}
+
+// batchClaimBroker reports whether the broker URL rawURL names a broker
+// whose adapter has a batch mode for --batch-claim: NATS (nats://, tls://),
+// Redis Streams (redis://, rediss://) or Kafka (kafka://).
+func batchClaimBroker(rawURL string) bool {
+	scheme, _, _ := strings.Cut(strings.ToLower(rawURL), ":")
+	return scheme == "nats" || scheme == "tls" || scheme == "redis" || scheme == "rediss" || isKafkaURL(rawURL)
 }
 
 // openSidecarBroker connects to the broker named by rawURL:
@@ -350,12 +359,22 @@ type redisSidecar struct {
 
 func (b *redisSidecar) consume(_ context.Context, src string, p idem.Processor, o consumeConfig) (run, stop func(context.Context) error, err error) {
 	host, _ := os.Hostname()
-	c, err := idemredisstream.NewConsumer(b.rdb, idemredisstream.Config{
+	cfg := idemredisstream.Config{
 		Processor: p, Stream: src, Group: o.group, DeadLetter: o.deadLetter,
 		Consumer:    fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()),
 		Concurrency: o.concurrency, MinIdle: o.ackWait, RetryDelay: o.retryDelay,
 		Block: 250 * time.Millisecond, Logger: o.logger,
-	})
+	}
+	if o.batch != nil {
+		// The messages held go in batches (one XREADGROUP or XAUTOCLAIM
+		// each), o.batchesAtOnce at a time (see batchesAtOnce): while
+		// one batch's answers are recorded the next one's are claimed
+		// and called.
+		cfg.Processor, cfg.BatchProcessor = nil, o.batch
+		cfg.Concurrency = max(1, min(o.batchesAtOnce, o.concurrency))
+		cfg.BatchSize = max(1, o.concurrency/cfg.Concurrency)
+	}
+	c, err := idemredisstream.NewConsumer(b.rdb, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
