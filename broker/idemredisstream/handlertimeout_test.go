@@ -57,6 +57,14 @@ func TestHandlerTimeout(t *testing.T) {
 				}
 				if tc.ignoresCtx {
 					<-release // stuck until the second attempt came
+					// Then its context's end, which the deadline makes
+					// (its timer may fire later than the second attempt
+					// on a loaded machine: the attempt's keep-alive
+					// counts from its read, the deadline from its start).
+					select {
+					case <-ctx.Done():
+					case <-time.After(30 * time.Second):
+					}
 				} else {
 					<-ctx.Done() // stalled until the handler's context ends
 				}
