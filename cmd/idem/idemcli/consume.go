@@ -231,8 +231,7 @@ times the live data instead of twice.`,
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long deliveries in flight may take to finish at shutdown")
 	fl.StringVar(&f.healthAddr, "health-addr", "", "serve GET /healthz on ADDR, e.g. 127.0.0.1:8081 (default: off)")
 	fl.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: off)")
-	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS, Redis Streams and Kafka, experimental: each batch of messages the broker hands over (a pull request's; one XREADGROUP's or XAUTOCLAIM's; a partition's poll) is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch). NATS and Redis Streams: --hold messages held in two batches at a time (one on SQLite, which writes one transaction at a time), --concurrency calls at once. Kafka (partition order only): --concurrency partitions at once, each a batch of --hold/--concurrency records called one at a time in offset order, a retried record retried in place before the next")
-	_ = fl.MarkHidden("batch-claim")
+	fl.BoolVar(&f.batchClaim, "batch-claim", false, "NATS, Redis Streams and Kafka (new, not yet the default): each batch of messages the broker hands over (a pull request's; one XREADGROUP's or XAUTOCLAIM's; a partition's poll) is claimed in one store call and its answers recorded in one more (idemhttp.Deliverer.ProcessBatch). NATS and Redis Streams: --hold messages held in two batches at a time (one on SQLite, which writes one transaction at a time), --concurrency calls at once. Kafka (partition order only): --concurrency partitions at once, each a batch of --hold/--concurrency records called one at a time in offset order, a retried record retried in place before the next")
 	f.log.register(fl, "message")
 	f.profile.register(fl)
 	return cmd
