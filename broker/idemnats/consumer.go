@@ -345,13 +345,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// batches (batches), not one by one (queue): those the fetch loop
 	// took together (take, then flush).
 	batchMode := c.cfg.BatchProcessor != nil
-	var batches chan []jetstream.Msg
+	var batches, rests chan []jetstream.Msg
 	// batchCap is the most messages of one batch: the messages held
 	// shared by the batches processed at once, so that while one batch's
 	// results are written the next one is claimed and called.
 	batchCap := max(1, hold/c.cfg.Concurrency)
 	if batchMode {
 		batches = make(chan []jetstream.Msg, hold) // a batch holds one message or more
+		rests = make(chan []jetstream.Msg, hold)   // the rests of batches past batchCap (nextBatch)
 	}
 	// progress holds the messages reported in progress: those waiting
 	// for a handler, and those whose handler runs (when c.progress > 0).
@@ -363,9 +364,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for range c.cfg.Concurrency {
 		if batchMode {
 			wg.Go(func() {
-				var carry []jetstream.Msg
 				for {
-					batch := nextBatch(batches, &carry, batchCap)
+					batch := nextBatch(batches, rests, batchCap)
 					if batch == nil {
 						return
 					}
@@ -452,7 +452,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}
 	}
-	waiting := func() bool { return len(queue) > 0 || len(batches) > 0 }
+	waiting := func() bool { return len(queue) > 0 || len(batches) > 0 || len(rests) > 0 }
 	fetching := make(chan struct{})
 	go func() {
 		defer close(fetching)
@@ -489,23 +489,40 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // nextBatch returns the next batch a batch handler processes, nil when
-// batches is closed and nothing is left: what *carry holds (the rest of a
-// batch taken before), else the next batch of batches, joined with the
-// batches already waiting, up to limit messages; what is past limit is
-// left in *carry for the handler's next batch.
-func nextBatch(batches <-chan []jetstream.Msg, carry *[]jetstream.Msg, limit int) []jetstream.Msg {
-	batch := *carry
-	*carry = nil
-	if batch == nil {
-		b, ok := <-batches
-		if !ok {
-			return nil
+// batches is closed and nothing is left: the rest of a batch taken before
+// (rests: what was past the limit of a batch, its own or another
+// handler's), else the next batch of batches, joined with the batches and
+// rests already waiting, up to limit messages. What is past limit goes to
+// rests, for the next handler that asks: with every held message fetched
+// at once, the handlers share them rather than one handler taking its
+// limit and keeping the rest until its batch ends. rests is never closed
+// and has a place for every held message (a batch holds one or more), so
+// the put never blocks; a rest put after another handler found nothing
+// left is taken by the handler that put it, which asks again.
+func nextBatch(batches <-chan []jetstream.Msg, rests chan []jetstream.Msg, limit int) []jetstream.Msg {
+	var batch []jetstream.Msg
+	select {
+	case batch = <-rests:
+	default:
+		select {
+		case batch = <-rests:
+		case b, ok := <-batches:
+			if ok {
+				batch = b
+				break
+			}
+			select {
+			case batch = <-rests:
+			default:
+				return nil
+			}
 		}
-		batch = b
 	}
 join:
 	for len(batch) < limit {
 		select {
+		case b := <-rests:
+			batch = append(batch, b...)
 		case b, ok := <-batches:
 			if !ok {
 				break join
@@ -516,7 +533,7 @@ join:
 		}
 	}
 	if len(batch) > limit {
-		*carry = batch[limit:]
+		rests <- batch[limit:]
 		batch = batch[:limit:limit]
 	}
 	return batch
