@@ -1049,7 +1049,12 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 		if err := m.InProgress(); err != nil {
 			c.log.Debug("idemnats: in-progress report before the dead letter", "err", err)
 		}
-		if dlErr := c.deadLetter(ctx, m, msg, st); dlErr != nil {
+		// Detached from ctx: a handler that ended because Run's
+		// context ended or Stop gave up waiting has its outcome
+		// recorded, and its dead letter goes out (bounded by
+		// JetStream's publish timeout) rather than failing at once
+		// and leaving the message to a redelivery.
+		if dlErr := c.deadLetter(context.WithoutCancel(ctx), m, msg, st); dlErr != nil {
 			what := "idemnats: dead letter publish failed; the message will be redelivered"
 			if c.lastDelivery(m) {
 				what = "idemnats: dead letter publish failed on the last delivery (MaxDeliver): JetStream will not redeliver the message; it stays in its stream"
