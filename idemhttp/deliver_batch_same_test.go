@@ -13,6 +13,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/idemtest"
 )
 
 // behaviourService answers each message by its ID's first word (the
@@ -232,4 +233,35 @@ func TestDeliverBatchSettlesAsProcess(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A batch of more than idemdriver.MaxLeaseBatch messages is processed in
+// parts of at most that many: two AcquireBatch and two CompleteBatch
+// calls for MaxLeaseBatch+3 messages, each message called once and acked;
+// the lease engine refuses such a batch itself (ErrInvalidConfig).
+func TestDeliverBatchOverMaxLeaseBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var trips *idemtest.BatchCounter
+		wrap := func(s *idem.MemoryStore) idemdriver.LeaseStore {
+			trips = idemtest.CountBatches(s, false)
+			return trips
+		}
+		b := setupDeliverOn(t, wrap, idem.Config{}, DelivererOptions{MaxCalls: 8}, func(int, *http.Request) (*http.Response, error) {
+			return response(200, nil, "ok"), nil
+		})
+		msgs := numbered(idemdriver.MaxLeaseBatch + 3)
+		if _, _, err := b.lc.AcquireBatch(context.Background(), msgs, idem.AcquireOptions{}); !errors.Is(err, idem.ErrInvalidConfig) {
+			t.Fatalf("AcquireBatch of %d: %v, want ErrInvalidConfig", len(msgs), err)
+		}
+		ss := b.settleBatch(msgs)
+		for i, s := range ss {
+			if s.Action != idem.Ack || b.svc.count(msgs[i].ID) != 1 {
+				t.Fatalf("%s: %v (%v), %d calls; want Ack after 1 call", msgs[i].ID, s.Action, s.Err, b.svc.count(msgs[i].ID))
+			}
+		}
+		if ab, cb := trips.Batches(); ab != 2 || cb != 2 {
+			t.Errorf("AcquireBatch %d, CompleteBatch %d; want 2 and 2", ab, cb)
+		}
+	})
 }

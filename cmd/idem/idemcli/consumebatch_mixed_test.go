@@ -203,3 +203,14 @@ func TestConsumeBatchClaimMixedBatch(t *testing.T) {
 		t.Errorf("dead letters: %+v, %v; want 2", info, err)
 	}
 }
+
+// TestConsumeBatchClaimHoldBelowConcurrency: --hold below --concurrency
+// is a usage error with --batch-claim too, before anything is opened.
+func TestConsumeBatchClaimHoldBelowConcurrency(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := run(t, "consume", "--broker", "nats://127.0.0.1:1", "--from", "x", "--to", "http://127.0.0.1:1/in",
+		"--store", "sqlite:"+t.TempDir()+"/x.db", "--batch-claim", "--concurrency", "4", "--hold", "2")
+	if code != 2 || !strings.Contains(errOut, "--hold") {
+		t.Fatalf("exit %d, stderr %q; want 2 naming --hold", code, errOut)
+	}
+}
