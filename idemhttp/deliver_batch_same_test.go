@@ -13,7 +13,6 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
-	"github.com/idem-go/idem/idemtest"
 )
 
 // behaviourService answers each message by its ID's first word (the
@@ -242,12 +241,7 @@ func TestDeliverBatchSettlesAsProcess(t *testing.T) {
 func TestDeliverBatchOverMaxLeaseBatch(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		var trips *idemtest.BatchCounter
-		wrap := func(s *idem.MemoryStore) idemdriver.LeaseStore {
-			trips = idemtest.CountBatches(s, false)
-			return trips
-		}
-		b := setupDeliverOn(t, wrap, idem.Config{}, DelivererOptions{MaxCalls: 8}, func(int, *http.Request) (*http.Response, error) {
+		b, trips := setupCountedDeliver(t, DelivererOptions{MaxCalls: 8}, func(int, *http.Request) (*http.Response, error) {
 			return response(200, nil, "ok"), nil
 		})
 		msgs := numbered(idemdriver.MaxLeaseBatch + 3)
