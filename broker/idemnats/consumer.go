@@ -1009,7 +1009,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []jetstream.Msg, progr
 			progress.add(m, c.timeout)
 		}
 	}
-	outs := idem.GuardBatch(c.withDelivery(pctx, ms[0]), c.cfg.BatchProcessor, msgs)
+	outs := idem.GuardBatch(c.withBatchDelivery(pctx, ms, msgs), c.cfg.BatchProcessor, msgs)
 	for i, m := range ms {
 		progress.remove(m)
 		c.settle(ctx, m, msgs[i], outs[i])
