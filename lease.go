@@ -235,6 +235,7 @@ func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Mess
 		a.ctx, a.cancelCtx = context.WithCancelCause(ctx)
 	}
 	c.renewals.add(a, time.Now())
+	defer a.dropOnPanic()
 	if acq.Attempt > c.cfg.MaxAttempts {
 		// Earlier attempts died without releasing (their leases expired):
 		// a crash loop. Stop it here.
@@ -257,6 +258,28 @@ func (c *LeaseConsumer) held(ctx context.Context, a *Attempt, t *track, msg Mess
 		}
 	}
 	return a, Outcome{}, nil
+}
+
+// dropOnPanic is deferred by held once the attempt is started: a store
+// that panics before the attempt is handed to the caller (while its
+// recovery point is saved, or the crash-loop check releases it) ends it
+// without a store write, as Abandon does (its renewals stop, its lease
+// runs out and a later attempt takes over), and the panic goes on; the
+// caller's own recovery reports the delivery to the hooks, once.
+func (a *Attempt) dropOnPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	a.mu.Lock()
+	ended := a.ended
+	a.ended = true
+	a.mu.Unlock()
+	if !ended {
+		a.c.renewals.remove(a)
+		a.cancel(fmt.Errorf("idem: panic while acquiring message %q: %v", a.Message.ID, r))
+	}
+	panic(r)
 }
 
 // Attempt is one lease-mode attempt at a message: the lease it holds,

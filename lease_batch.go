@@ -41,7 +41,10 @@ import (
 //
 // The store call is bounded by Config.StoreTimeout from its start (one
 // bound for the batch) and by ctx. Each attempt's Context derives from
-// ctx, as the HookProcessStart hooks returned it for its message.
+// ctx, as the HookProcessStart hooks returned it for its message. With
+// hooks, a Delivery in ctx (an adapter's, of the whole batch) becomes
+// each message's own for its hooks and its attempt's Context: Header is
+// the message's Headers, BatchHeaders nil.
 func (c *LeaseConsumer) AcquireBatch(ctx context.Context, msgs []Message, opt AcquireOptions) ([]*Attempt, []Outcome, error) {
 	if opt.Wait > 0 {
 		return nil, nil, fmt.Errorf("%w: AcquireBatch does not wait for a live lease (AcquireOptions.Wait %v)", ErrInvalidConfig, opt.Wait)
@@ -85,9 +88,25 @@ func (c *LeaseConsumer) AcquireBatch(ctx context.Context, msgs []Message, opt Ac
 	}()
 	ps := make([]*idemdriver.AcquireParams, 0, len(msgs))
 	idx := make([]int, 0, len(msgs)) // idx[j] is the message of ps[j]
+	// An adapter's Delivery of the whole batch (BatchHeaders): for the
+	// hooks each message is a delivery of its own, with its own headers
+	// (the ones a tracing hook continues the producer's trace from).
+	d, perMessage := Delivery{}, false
+	if c.hooks != nil {
+		d, perMessage = DeliveryFromContext(ctx)
+	}
 	for i, m := range msgs {
 		cl := &cs[i]
-		cl.hctx, cl.t = c.begin(ctx, m.ID, 0)
+		mctx := ctx
+		if perMessage {
+			md := d
+			md.Header, md.BatchHeaders = nil, nil
+			if m.Headers != nil {
+				md.Header = m.Headers
+			}
+			mctx = WithDelivery(ctx, md)
+		}
+		cl.hctx, cl.t = c.begin(mctx, m.ID, 0)
 		cl.a = &Attempt{}
 		var out Outcome
 		var err error

@@ -90,14 +90,21 @@ func (e *endCounter) OnProcessEnd(context.Context, idem.ProcessEndEvent) { e.end
 // without a result (over MaxAttempts) is made poison by the acquisition
 // that finds it, through Acquire or AcquireBatch, and the hooks see one
 // outcome and one end for that delivery, not one for the attempt's end
-// and another for the acquisition's.
+// and another for the acquisition's; also when the store's Release
+// panics as it makes the message poison (Acquire and AcquireBatch then
+// panic).
 func TestLeaseCrashLoopEndsOnce(t *testing.T) {
 	ctx := t.Context()
-	for _, batch := range []bool{false, true} {
-		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+	for _, tc := range []struct{ batch, panics bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		batch := tc.batch
+		t.Run(fmt.Sprintf("batch=%v/panics=%v", tc.batch, tc.panics), func(t *testing.T) {
 			store := idem.NewMemoryStore(nil)
+			var ls idemdriver.LeaseStore = store
+			if tc.panics {
+				ls = releasePanicStore{store}
+			}
 			h := &endCounter{}
-			c, err := idem.NewLeaseConsumer(store, idem.Config{Name: "c", Lease: time.Minute, MaxAttempts: 2, PurgeInterval: -1, Hooks: []idem.Hook{h}})
+			c, err := idem.NewLeaseConsumer(ls, idem.Config{Name: "c", Lease: time.Minute, MaxAttempts: 2, PurgeInterval: -1, Hooks: []idem.Hook{h}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,6 +122,21 @@ func TestLeaseCrashLoopEndsOnce(t *testing.T) {
 			}
 			h.outcomes.Store(0)
 			h.ends.Store(0)
+			if tc.panics {
+				if r := panicOf(func() {
+					if batch {
+						_, _, _ = c.AcquireBatch(ctx, []idem.Message{msg}, idem.AcquireOptions{})
+					} else {
+						_, _, _ = c.Acquire(ctx, msg, idem.AcquireOptions{})
+					}
+				}); r == nil {
+					t.Fatal("no panic")
+				}
+				if o, e := h.outcomes.Load(), h.ends.Load(); o != 1 || e != 1 {
+					t.Errorf("hooks saw %d outcomes and %d ends; want 1 and 1", o, e)
+				}
+				return
+			}
 			var out idem.Outcome
 			if batch {
 				atts, outs, err := c.AcquireBatch(ctx, []idem.Message{msg}, idem.AcquireOptions{})

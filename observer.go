@@ -563,6 +563,11 @@ func (t *track) endPanic(ctx context.Context, id string, msgs []Message) {
 	if r == nil {
 		return
 	}
+	if t.batch == 0 && t.ended {
+		// The attempt's end reported it (a store that panicked in the
+		// write that ended it): once.
+		panic(r)
+	}
 	err := fmt.Errorf("idem: panic while processing: %v", r)
 	lat := time.Since(t.start)
 	if t.batch > 0 {

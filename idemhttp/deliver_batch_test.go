@@ -24,6 +24,18 @@ func (b *deliverBundle) settleBatch(msgs []idem.Message) []idem.Settlement {
 	return ss
 }
 
+// setupCountedDeliver is setupDeliver whose store counts its batch
+// round trips.
+func setupCountedDeliver(t *testing.T, o DelivererOptions, answer func(n int, r *http.Request) (*http.Response, error)) (*deliverBundle, *idemtest.BatchCounter) {
+	t.Helper()
+	var trips *idemtest.BatchCounter
+	wrap := func(s *idem.MemoryStore) idemdriver.LeaseStore {
+		trips = idemtest.CountBatches(s, false)
+		return trips
+	}
+	return setupDeliverOn(t, wrap, idem.Config{}, o, answer), trips
+}
+
 // One ProcessBatch of a fetched batch claims it in one store call and
 // records the answers that complete messages in one more: 2xx acked, the
 // same ID twice in the batch called once (the second in progress,
@@ -34,12 +46,7 @@ func (b *deliverBundle) settleBatch(msgs []idem.Message) []idem.Settlement {
 func TestDeliverBatch(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		var trips *idemtest.BatchCounter
-		wrap := func(s *idem.MemoryStore) idemdriver.LeaseStore {
-			trips = idemtest.CountBatches(s, false)
-			return trips
-		}
-		b := setupDeliverOn(t, wrap, idem.Config{}, DelivererOptions{}, func(n int, r *http.Request) (*http.Response, error) {
+		b, trips := setupCountedDeliver(t, DelivererOptions{}, func(n int, r *http.Request) (*http.Response, error) {
 			switch r.Header.Get(HeaderMessageID) {
 			case "refused":
 				return response(404, nil, "no such order"), nil

@@ -40,15 +40,24 @@ func TestSidecarRecovery(t *testing.T) {
 		name        string
 		args        []string
 		atLeastOnce bool
+		natsOnly    bool // --batch-claim is for a nats:// broker
 	}{
-		{"at-most-once", nil, false},
+		{"at-most-once", nil, false, false},
 		// Claimed ahead: 8 calls run, 16 messages wait claimed, without
 		// a recovery point until their call (--point-at-call).
-		{"at-most-once-hold", []string{"--hold", fmt.Sprint(n), "--point-at-call"}, false},
-		{"at-least-once", []string{"--at-least-once"}, true},
+		{"at-most-once-hold", []string{"--hold", fmt.Sprint(n), "--point-at-call"}, false, false},
+		{"at-least-once", []string{"--at-least-once"}, true, false},
+		// The batches a pull request hands over, claimed in one store
+		// call and completed in one (--batch-claim): the same outcomes.
+		{"batch-claim", []string{"--batch-claim"}, false, true},
+		{"batch-claim-hold", []string{"--batch-claim", "--hold", fmt.Sprint(n), "--point-at-call"}, false, true},
+		{"batch-claim-at-least-once", []string{"--batch-claim", "--at-least-once"}, true, true},
 	}
 	for _, bc := range sidecarBrokers() {
 		for _, m := range modes {
+			if m.natsOnly && bc.name != "nats" {
+				continue
+			}
 			atLeastOnce, mode := m.atLeastOnce, m.name
 			t.Run(bc.name+"/"+mode, func(t *testing.T) {
 				dir := t.TempDir()

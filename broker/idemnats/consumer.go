@@ -349,13 +349,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// batches (batches), not one by one (queue): those the fetch loop
 	// took together (take, then flush).
 	batchMode := c.cfg.BatchProcessor != nil
-	var batches chan []jetstream.Msg
+	var batches, rests chan []jetstream.Msg
 	// batchCap is the most messages of one batch: the messages held
 	// shared by the batches processed at once, so that while one batch's
 	// results are written the next one is claimed and called.
 	batchCap := max(1, hold/c.cfg.Concurrency)
 	if batchMode {
 		batches = make(chan []jetstream.Msg, hold) // a batch holds one message or more
+		rests = make(chan []jetstream.Msg, hold)   // the rests of batches past batchCap (nextBatch)
 	}
 	// progress holds the messages reported in progress: those waiting
 	// for a handler, and those whose handler runs (when c.progress > 0).
@@ -367,9 +368,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for range c.cfg.Concurrency {
 		if batchMode {
 			wg.Go(func() {
-				var carry []jetstream.Msg
 				for {
-					batch := nextBatch(batches, &carry, batchCap)
+					batch := nextBatch(batches, rests, batchCap)
 					if batch == nil {
 						return
 					}
@@ -456,7 +456,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}
 	}
-	waiting := func() bool { return len(queue) > 0 || len(batches) > 0 }
+	waiting := func() bool { return len(queue) > 0 || len(batches) > 0 || len(rests) > 0 }
 	fetching := make(chan struct{})
 	go func() {
 		defer close(fetching)
@@ -493,23 +493,40 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // nextBatch returns the next batch a batch handler processes, nil when
-// batches is closed and nothing is left: what *carry holds (the rest of a
-// batch taken before), else the next batch of batches, joined with the
-// batches already waiting, up to limit messages; what is past limit is
-// left in *carry for the handler's next batch.
-func nextBatch(batches <-chan []jetstream.Msg, carry *[]jetstream.Msg, limit int) []jetstream.Msg {
-	batch := *carry
-	*carry = nil
-	if batch == nil {
-		b, ok := <-batches
-		if !ok {
-			return nil
+// batches is closed and nothing is left: the rest of a batch taken before
+// (rests: what was past the limit of a batch, its own or another
+// handler's), else the next batch of batches, joined with the batches and
+// rests already waiting, up to limit messages. What is past limit goes to
+// rests, for the next handler that asks: with every held message fetched
+// at once, the handlers share them rather than one handler taking its
+// limit and keeping the rest until its batch ends. rests is never closed
+// and has a place for every held message (a batch holds one or more), so
+// the put never blocks; a rest put after another handler found nothing
+// left is taken by the handler that put it, which asks again.
+func nextBatch(batches <-chan []jetstream.Msg, rests chan []jetstream.Msg, limit int) []jetstream.Msg {
+	var batch []jetstream.Msg
+	select {
+	case batch = <-rests:
+	default:
+		select {
+		case batch = <-rests:
+		case b, ok := <-batches:
+			if ok {
+				batch = b
+				break
+			}
+			select {
+			case batch = <-rests:
+			default:
+				return nil
+			}
 		}
-		batch = b
 	}
 join:
 	for len(batch) < limit {
 		select {
+		case b := <-rests:
+			batch = append(batch, b...)
 		case b, ok := <-batches:
 			if !ok {
 				break join
@@ -520,7 +537,7 @@ join:
 		}
 	}
 	if len(batch) > limit {
-		*carry = batch[limit:]
+		rests <- batch[limit:]
 		batch = batch[:limit:limit]
 	}
 	return batch
@@ -1050,7 +1067,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []jetstream.Msg, progr
 			progress.add(m, c.timeout)
 		}
 	}
-	outs := idem.GuardBatch(c.withDelivery(pctx, ms[0]), c.cfg.BatchProcessor, msgs)
+	outs := idem.GuardBatch(c.withBatchDelivery(pctx, ms, msgs), c.cfg.BatchProcessor, msgs)
 	for i, m := range ms {
 		progress.remove(m)
 		c.settle(ctx, m, msgs[i], outs[i])
@@ -1090,7 +1107,12 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 		if err := m.InProgress(); err != nil {
 			c.log.Debug("idemnats: in-progress report before the dead letter", "err", err)
 		}
-		if dlErr := c.deadLetter(ctx, m, msg, st); dlErr != nil {
+		// Detached from ctx: a handler that ended because Run's
+		// context ended or Stop gave up waiting has its outcome
+		// recorded, and its dead letter goes out (bounded by
+		// JetStream's publish timeout) rather than failing at once
+		// and leaving the message to a redelivery.
+		if dlErr := c.deadLetter(context.WithoutCancel(ctx), m, msg, st); dlErr != nil {
 			what := "idemnats: dead letter publish failed; the message will be redelivered"
 			if c.lastDelivery(m) {
 				what = "idemnats: dead letter publish failed on the last delivery (MaxDeliver): JetStream will not redeliver the message; it stays in its stream"

@@ -17,7 +17,34 @@ const System = "nats"
 // subject when it has exactly one (else its stream's name), the JetStream
 // consumer's name as the consumer group, and the headers.
 func (c *Consumer) withDelivery(ctx context.Context, m jetstream.Msg) context.Context {
-	d := idem.Delivery{System: System, Destination: m.Subject(), Header: idem.Headers(m.Headers())}
+	return idem.WithDelivery(ctx, c.delivery(m, idem.Headers(m.Headers())))
+}
+
+// withBatchDelivery returns ctx carrying the idem.Delivery of the batch
+// ms (msgs, their idem.Messages, in the same order): as withDelivery's
+// of its first message, but with the headers of each message in
+// BatchHeaders and no Header, as idem.Delivery describes a batch (one
+// message: withDelivery's).
+func (c *Consumer) withBatchDelivery(ctx context.Context, ms []jetstream.Msg, msgs []idem.Message) context.Context {
+	if len(ms) == 1 {
+		return c.withDelivery(ctx, ms[0])
+	}
+	d := c.delivery(ms[0], nil)
+	d.BatchHeaders = make([]idem.HeaderCarrier, len(msgs))
+	for i, m := range msgs {
+		if m.Headers != nil {
+			d.BatchHeaders[i] = m.Headers
+		}
+	}
+	return idem.WithDelivery(ctx, d)
+}
+
+// delivery is the idem.Delivery of m with header h (a nil h: none).
+func (c *Consumer) delivery(m jetstream.Msg, h idem.Headers) idem.Delivery {
+	d := idem.Delivery{System: System, Destination: m.Subject()}
+	if h != nil {
+		d.Header = h
+	}
 	if info := c.cons.CachedInfo(); info != nil {
 		names := c.names.Load()
 		if names == nil || names.info != info {
@@ -31,7 +58,7 @@ func (c *Consumer) withDelivery(ctx context.Context, m jetstream.Msg) context.Co
 		}
 		d.ConsumerGroup, d.DestinationTemplate = names.group, names.template
 	}
-	return idem.WithDelivery(ctx, d)
+	return d
 }
 
 // consumerNames is what withDelivery takes from one ConsumerInfo of the

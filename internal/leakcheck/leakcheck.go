@@ -69,6 +69,10 @@ stack:
 	return out
 }
 
+// Goroutines returns the IDs of the goroutines running now, for a test
+// that checks with Leaked what it left running itself.
+func Goroutines() map[string]bool { return goroutines() }
+
 // goroutines returns the IDs of the goroutines running now.
 func goroutines() map[string]bool {
 	ids := map[string]bool{}
