@@ -2,7 +2,6 @@ package idemcli
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/idem-go/idem/broker/idemkafka"
 	"github.com/idem-go/idem/internal/testenv"
-	"github.com/idem-go/idem/store/idemsql"
 )
 
 // partitionLog is a service's log of the calls it received, by the Kafka
@@ -159,15 +157,7 @@ func TestConsumeBatchClaimKafka(t *testing.T) {
 		t.Errorf("%d calls ran at once; want at most --concurrency %d", most, concurrency)
 	}
 
-	db, err := sql.Open("sqlite", idemsql.SQLiteDSN(storePath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	var k int
-	if err := db.QueryRow(`SELECT count(*) FROM idem_processed`).Scan(&k); err != nil || k != n {
-		t.Errorf("%d records at the end (%v); want %d", k, err, n)
-	}
+	wantRecords(t, storePath, n)
 
 	dl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics(topic+"-dead"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
