@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -56,7 +57,14 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 			}
 			return last.NotAcquired(), nil
 		}
-		var err error
+		many, err := s.sqliteBatchStatement(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !many {
+			res, errs, err = sqlstore.AcquireBatch(ctx, ps, acquire)
+			return err
+		}
 		res, errs, err = s.acquireManySQLite(ctx, s.prepared(tx), ps, acquire)
 		return err
 	})
@@ -97,6 +105,30 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		return nil, err
 	}
 	return errs, nil
+}
+
+// sqliteBatchStatements records, per *sql.DB of the SQLite dialect,
+// whether its SQLite has what the batch claim's statement (acquireMany)
+// uses: the ->> operator (3.38) and unhex (3.41), asked once. modernc.org/
+// sqlite has both; another driver's older SQLite claims a batch with the
+// single claim's statements, element by element.
+var sqliteBatchStatements sync.Map // *sql.DB -> bool
+
+// sqliteBatchStatement reports whether s's SQLite runs the batch claim's
+// statement, asking it in tx the first time (a statement that fails to
+// prepare changes nothing in the transaction). An error is ctx's.
+func (s *Store) sqliteBatchStatement(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if v, ok := sqliteBatchStatements.Load(s.db); ok {
+		return v.(bool), nil
+	}
+	var ok bool
+	err := tx.QueryRowContext(ctx, `SELECT unhex('00') = X'00' AND ('["x"]' ->> 0) = 'x'`).Scan(&ok)
+	if err != nil && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	ok = ok && err == nil
+	sqliteBatchStatements.Store(s.db, ok)
+	return ok, nil
 }
 
 // manyEligible reports whether p's claim can go in SQLite's statement

@@ -72,10 +72,23 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 // record taken over after its lease ran out is claimed as single
 // Acquires claim; each claim saved the recovery point of its token, which
 // a later takeover of each record reads back, and the takeover's own
-// recovery points are read back by the next one.
+// recovery points are read back by the next one; so too on the path of
+// an SQLite without that statement (element by element).
 func TestSQLiteBatchClaimRecoveryPoints(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, idemsql.SQLite, envOptions{})
+	for _, path := range []string{"one statement", "element by element"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, idemsql.SQLite, envOptions{})
+			if path == "element by element" {
+				idemsql.WithoutSQLiteBatchStatement(e.db)
+			}
+			testSQLiteBatchClaimRecoveryPoints(t, e)
+		})
+	}
+}
+
+func testSQLiteBatchClaimRecoveryPoints(t *testing.T, e *env) {
 	ctx, s := context.Background(), e.store
 	ids := []string{"a", "b", "a", `q"<&\\é`, "d", "c"}
 	claim := func() ([]idemdriver.AcquireResult, []error) {
