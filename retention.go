@@ -64,7 +64,11 @@ type PurgeParams struct {
 	// No pause follows the last batch, and DryRun never pauses. Zero
 	// means DefaultPurgeDutyCycle; a negative value, NaN or one above 1
 	// returns an error matching ErrInvalidConfig. A consumer's own purges
-	// use its Config.PurgeDutyCycle.
+	// use its Config.PurgeDutyCycle. The purge lock is held through the
+	// pauses: on PostgreSQL its transaction sits idle for about d/DutyCycle
+	// between batches, which idle_in_transaction_session_timeout must
+	// exceed (past it the server ends the lock and the purge stops with
+	// ErrStore, the batches run so far deleted).
 	DutyCycle float64
 }
 
