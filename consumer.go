@@ -24,12 +24,14 @@ const (
 	DefaultPurgeBatchSize = 1000
 	// DefaultPurgeDutyCycle is the share of its elapsed time a purge's
 	// batches take by default (see PurgeParams.DutyCycle): a purge keeps
-	// at most a fifth of one connection busy. Measured on a 2-core
-	// PostgreSQL server with Debian's settings, where a purge run flat out
-	// took a third of the concurrent processing throughput, a purge paced
-	// at 0.2 deleted about 1,500 records/s, far above the inflow of most
-	// consumers (130M messages a day); one that falls behind says so (see
-	// PurgeEvent.Span).
+	// at most a fifth of one connection busy, so that a purge of a large
+	// backlog does not take the server from the processing for its whole
+	// duration. It deletes about a fifth as fast as a purge flat out (0.09–0.26 of it per round, measured under load)
+	// (BenchmarkPurgeCost in store/idempgxv5): enough for a steady inflow
+	// of hundreds to thousands of messages a second, depending on the
+	// server; a purge that does not keep up says so (PurgeEvent.Span, and
+	// a warning in the consumer's log), and a larger Config.PurgeDutyCycle
+	// or the partitioned layout is then the fix.
 	DefaultPurgeDutyCycle = 0.2
 	// DefaultLease is the lease of a lease-mode attempt.
 	DefaultLease = 30 * time.Second
