@@ -90,3 +90,52 @@ func reportCPU(b *testing.B, start time.Duration) {
 		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/op")
 	}
 }
+
+// BenchmarkClaimBatchTx measures the store's PostgreSQL batch claim alone,
+// one goroutine: Begin, ClaimBatchTx of 100 new messages and Commit per
+// op, through pgx's stdlib ("native": the arrays as text[] and bytea[]
+// parameters) and through the same driver unrecognised ("text": array
+// literals with hex fingerprints, the path of any other driver). Run
+// with -count to alternate the two:
+//
+//	go test -run '^$' -bench BenchmarkClaimBatchTx -benchmem -benchtime 300x -count 5
+func BenchmarkClaimBatchTx(b *testing.B) {
+	const size = 100
+	for _, tg := range []struct {
+		name string
+		o    envOptions
+	}{{"native", envOptions{}}, {"text", envOptions{pgWrapped: true}}} {
+		b.Run(tg.name, func(b *testing.B) {
+			e := newEnv(b, idemsql.Postgres, tg.o)
+			ctx := context.Background()
+			batches := make([]*idemdriver.ClaimBatchParams, b.N)
+			for i := range batches {
+				p := &idemdriver.ClaimBatchParams{Consumer: "bench", Messages: make([]idemdriver.ClaimMessage, size)}
+				for j := range p.Messages {
+					p.Messages[j] = idemdriver.ClaimMessage{MessageID: fmt.Sprintf("b-%06d-%03d", i, j), Fingerprint: []byte("0123456789abcdef0123456789abcdef")}
+				}
+				batches[i] = p
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := processCPU()
+			for _, p := range batches {
+				tx, err := e.store.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := e.store.ClaimBatchTx(ctx, tx, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(res) != size || !res[0].Claimed || !res[size-1].Claimed {
+					b.Fatalf("batch of %d new messages: %d results, first claimed %v", size, len(res), len(res) > 0 && res[0].Claimed)
+				}
+				if err := e.store.Commit(ctx, tx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu)
+		})
+	}
+}

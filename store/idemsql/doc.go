@@ -115,7 +115,9 @@
 // order and do not deadlock. On PostgreSQL the INSERT takes the IDs and
 // fingerprints as two arrays (INSERT ... SELECT FROM unnest(...) ON
 // CONFLICT DO NOTHING RETURNING message_id), sent as text literals so that
-// any driver works. On SQLite it is an INSERT ... SELECT of a VALUES list
+// any driver works, or, with pgx's stdlib, as native text[] and bytea[]
+// parameters (no hex fingerprints to encode and decode; see [Postgres]).
+// On SQLite it is an INSERT ... SELECT of a VALUES list
 // ... ON CONFLICT DO NOTHING RETURNING, split past 400 rows. On MariaDB
 // 10.5 and later it is a multi-row INSERT IGNORE ... RETURNING message_id
 // (IGNORE can only skip a taken key here: every value fits its column,

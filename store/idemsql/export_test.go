@@ -30,3 +30,7 @@ func WithoutReturning(db *sql.DB) { returningServers.Store(db, false) }
 // db take the path of an SQLite without the batch claim's statement (the
 // single claim's statements, element by element).
 func WithoutSQLiteBatchStatement(db *sql.DB) { sqliteBatchStatements.Store(db, false) }
+
+// NativeArrays reports whether s's PostgreSQL batch statements send
+// native arrays (the driver is pgx's stdlib).
+func NativeArrays(s *Store) bool { return nativeArrays(s.db) }

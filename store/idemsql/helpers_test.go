@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
@@ -13,8 +14,9 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
-	_ "modernc.org/sqlite"             // the "sqlite" database/sql driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib" // also the "pgx" database/sql driver
+	_ "modernc.org/sqlite"           // the "sqlite" database/sql driver
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
@@ -66,7 +68,21 @@ type envOptions struct {
 	// pgURL, if set, replaces the PostgreSQL URL (PgBouncer's), and the
 	// handle keeps at most 8 connections open.
 	pgURL string
+	// pgWrapped opens PostgreSQL through pgx's stdlib behind a connector
+	// whose driver is not stdlib's (wrappedDriver), as another
+	// database/sql driver would be: the store then sends array literals.
+	pgWrapped bool
 }
+
+// wrappedDriver is pgx's stdlib driver under a type of this package, so
+// that a store over it does not recognise pgx's stdlib.
+type wrappedDriver struct{ driver.Driver }
+
+// wrappedConnector is a connector whose Driver is a wrappedDriver; its
+// connections are stdlib's.
+type wrappedConnector struct{ driver.Connector }
+
+func (c wrappedConnector) Driver() driver.Driver { return wrappedDriver{c.Connector.Driver()} }
 
 // openDB opens the test database of dialect d; for SQLite a new file in a
 // temporary directory, opened with idemsql.SQLiteDSN.
@@ -85,6 +101,13 @@ func openDB(t testing.TB, d idemsql.Dialect, o envOptions) *sql.DB {
 			u = serverURL(t, envPostgres)
 		}
 		db, err = sql.Open("pgx", u)
+		if err == nil && o.pgWrapped {
+			var cfg *pgx.ConnConfig
+			if cfg, err = pgx.ParseConfig(u); err == nil {
+				db.Close()
+				db = sql.OpenDB(wrappedConnector{stdlib.GetConnector(*cfg)})
+			}
+		}
 	case idemsql.MySQL:
 		cfg, perr := mysql.ParseDSN(serverURL(t, envMySQL))
 		if perr != nil {
