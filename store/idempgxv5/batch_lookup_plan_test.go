@@ -211,6 +211,7 @@ func TestKeyedStatementsOfAConsumerRareInStatisticsProbeByMessageID(t *testing.T
 	args := map[string][]any{
 		"fingerprint":      {key, "old-1"},
 		"record":           {key, "old-1"},
+		"claimRead":        {key, "old-1", []byte{0}, nil},
 		"fingerprints":     {key, ids},
 		"claimBatch":       {key, ids, hexFps, nil},
 		"claimBatchNative": {key, ids, fps, nil},

@@ -34,3 +34,14 @@ func WithoutSQLiteBatchStatement(db *sql.DB) { sqliteBatchStatements.Store(db, f
 // NativeArrays reports whether s's PostgreSQL batch statements send
 // native arrays (the driver is pgx's stdlib).
 func NativeArrays(s *Store) bool { return nativeArrays(s.db) }
+
+// ClaimPlain and ClaimRead make s's PostgreSQL claims always run the plain
+// claim, or always the claim that reads the record in the same statement.
+func ClaimPlain(s *Store) { s.claimMode = claimPlain }
+
+// ClaimRead: see ClaimPlain.
+func ClaimRead(s *Store) { s.claimMode = claimRead; s.pgClaimRead.Store(true) }
+
+// NextClaimReads reports whether s's next PostgreSQL claim runs the
+// claim that reads the record in the same statement.
+func NextClaimReads(s *Store) bool { return s.pgClaimRead.Load() }

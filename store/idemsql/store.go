@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -91,6 +92,11 @@ type Store struct {
 	stmts stmtCache
 	// mysqlClaim is the last MySQL claim text built, by lock timeout.
 	mysqlClaim lastval.Cache[time.Duration, string]
+	// claimMode chooses PostgreSQL's claim statement (claimAdaptive;
+	// tests force one), and pgClaimRead is set while the last claim of an
+	// adaptive Store found a duplicate: the next runs ClaimRead.
+	claimMode   uint8
+	pgClaimRead atomic.Bool
 }
 
 // Interface checks.
@@ -225,7 +231,13 @@ func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
 //     (rows affected is 1 when it inserted the record); on a conflict a
 //     second statement, with a READ COMMITTED snapshot of its own, reads
 //     the stored fingerprint and state, so a record committed by a
-//     transaction the claim waited for is seen too.
+//     transaction the claim waited for is seen too. After a claim that
+//     found a duplicate, the Store's next claims run the claim that also
+//     reads the record in the same statement (pgsql.Queries.ClaimRead,
+//     a round trip less for a duplicate, some server CPU more for a new
+//     message), until one inserts; a record that statement's snapshot
+//     does not show (committed by a transaction it waited for) is read
+//     by the second statement as above. The results are the same.
 //   - MySQL: INSERT ... ON DUPLICATE KEY UPDATE whose update clause, which
 //     runs only for a duplicate, leaves the row as it is and sets
 //     LAST_INSERT_ID: the insert ID the server reports tells a duplicate
