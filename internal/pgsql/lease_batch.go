@@ -129,10 +129,6 @@ WHERE (SELECT count(*) FROM up) < cardinality($2::text[]) AND NOT EXISTS (SELECT
 // the order of the elements (FOR UPDATE after ORDER BY), each judged
 // again on its latest committed version when it waits for another
 // transaction (READ COMMITTED), then updated as Complete updates one.
-// The update finds each locked row by the ctid the lock returned (a TID
-// scan), not by a second probe of the primary key: the lock is held to
-// the end of the transaction, so that version is the row's latest, and
-// the update judges the same conditions again on it.
 func completeBatch(l layout, native bool) string {
 	cs, bytea, dec := batchArrays(l, native)
 	col := l.col()
@@ -140,7 +136,7 @@ func completeBatch(l layout, native bool) string {
 	SELECT a.c, a.m, a.tok, ` + dec(`a.res`) + ` AS res, a.ct, a.ord
 	FROM unnest(` + cs + `, ` + hidden(`$2::text[]`) + `, ` + hidden(`$3::bigint[]`) + `, ` + hidden(`$4::`+bytea) + `, ` + hidden(`$5::text[]`) + `) WITH ORDINALITY AS a(c, m, tok, res, ct, ord)
 ), l AS (
-	SELECT r.ctid AS id, u.tok, u.res, u.ct, u.ord FROM ` + l.t + ` AS r
+	SELECT r.` + col + ` AS c, r.message_id AS m, u.tok, u.res, u.ct, u.ord FROM ` + l.t + ` AS r
 	JOIN u ON r.` + col + ` = u.c AND r.message_id = u.m
 	WHERE r.state = 1 AND r.token = u.tok
 	ORDER BY u.ord
@@ -148,7 +144,7 @@ func completeBatch(l layout, native bool) string {
 )
 UPDATE ` + l.t + ` AS r SET state = 2, result = l.res, content_type = l.ct,
 	lease_expires_at = now(), processed_at = now(), updated_at = NULL
-FROM l WHERE r.ctid = l.id AND r.state = 1 AND r.token = l.tok
+FROM l WHERE r.` + col + ` = l.c AND r.message_id = l.m AND r.state = 1 AND r.token = l.tok
 RETURNING l.ord`
 }
 
