@@ -34,6 +34,10 @@ const (
 	MaxRetentionWindow = 100 * 365 * 24 * time.Hour
 	// DefaultMaxAttempts is the number of lease-mode attempts a message gets.
 	DefaultMaxAttempts = 5
+	// DefaultCoalesce is Config.Coalesce's default: the most concurrent
+	// Acquire (or Complete) calls of a LeaseConsumer sent in one batch
+	// call of an idemdriver.LeaseBatcher.
+	DefaultCoalesce = 64
 )
 
 // MismatchPolicy says what to do with a message whose ID was processed with
@@ -149,6 +153,27 @@ type Config struct {
 	// message at once. Defaults to every error but those matching
 	// ErrPermanent (see Permanent).
 	Retryable func(error) bool
+
+	// Coalesce, in lease mode over a store that is an
+	// idemdriver.LeaseBatcher, is the most Acquire (or Complete) calls
+	// of the LeaseConsumer that go to the store together, in one
+	// AcquireBatch (or CompleteBatch) call: the calls made while one is
+	// in flight are gathered and sent when it returns (a group commit);
+	// a call made when none is in flight goes out at once, alone, so
+	// an idle consumer waits for nothing more. Each call gets its own
+	// outcome; a store error of a batch call fails only its calls,
+	// typed as for a single call (ErrStore, ErrStoreTimeout); the batch
+	// call's deadline is the earliest of its calls' (Config.StoreTimeout
+	// from each call's start, or its caller's deadline). A call whose
+	// context ends while it waits is not sent and fails with the
+	// context's error (ErrStore); an Acquire whose context ends after
+	// its call was sent in a batch gets the store's answer and, when the
+	// message was acquired, releases it at once (Failed, with the
+	// context's cause). 1 sends every call alone, as a store without
+	// batches does; 0 means DefaultCoalesce. At most
+	// idemdriver.MaxLeaseBatch; negative is an error matching
+	// ErrInvalidConfig.
+	Coalesce int
 }
 
 func (c Config) withDefaults() Config {
@@ -182,6 +207,9 @@ func (c Config) withDefaults() Config {
 	if c.Retryable == nil {
 		c.Retryable = func(err error) bool { return !errors.Is(err, ErrPermanent) }
 	}
+	if c.Coalesce == 0 {
+		c.Coalesce = DefaultCoalesce
+	}
 	return c
 }
 
@@ -204,6 +232,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: negative MaxAttempts %d", ErrInvalidConfig, c.MaxAttempts)
 	case c.MismatchPolicy > AcceptMismatchAsDuplicate:
 		return fmt.Errorf("%w: unknown MismatchPolicy %d", ErrInvalidConfig, c.MismatchPolicy)
+	case c.Coalesce < 0 || c.Coalesce > idemdriver.MaxLeaseBatch:
+		return fmt.Errorf("%w: Coalesce %d not in 0..%d", ErrInvalidConfig, c.Coalesce, idemdriver.MaxLeaseBatch)
 	}
 	_, err := newHooks(c.Hooks, c, 0)
 	return err
