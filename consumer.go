@@ -169,7 +169,10 @@ type Config struct {
 	// context's error (ErrStore); an Acquire whose context ends after
 	// its call was sent in a batch gets the store's answer and, when the
 	// message was acquired, releases it at once (Failed, with the
-	// context's cause). 1 sends every call alone, as a store without
+	// context's cause). One batch is in flight at a time: a call that
+	// waits in the store (a lock wait, a stalled connection) delays the
+	// calls queued behind it, each up to its own store timeout (then
+	// ErrStoreTimeout, unsent). 1 sends every call alone, as a store without
 	// batches does; 0 means DefaultCoalesce. At most
 	// idemdriver.MaxLeaseBatch; negative is an error matching
 	// ErrInvalidConfig.
