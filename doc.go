@@ -50,16 +50,16 @@
 // # Coalesced store calls
 //
 // A LeaseConsumer over a store with batches (idemdriver.LeaseBatcher:
-// MemoryStore, store/idemredis, store/idempgxv5, store/idemsql) coalesces
-// the Acquire and Complete calls of its concurrent deliveries, as a group
-// commit does: a call made while another is in the store waits for it to
+// MemoryStore, store/idemredis, store/idempgxv5, store/idemsql) can
+// coalesce the Acquire and Complete calls of its concurrent deliveries,
+// as a group commit does: a call made while another is in the store waits for it to
 // return and then goes with the others that waited, up to
-// [Config.Coalesce] (default [DefaultCoalesce]), in one AcquireBatch or
-// CompleteBatch: one round trip instead of one each. A call made when
-// none is in flight goes out at once, alone, as without coalescing. Each
-// delivery keeps its own outcome, fencing token and recovery point; see
-// Config.Coalesce for errors, deadlines and cancellation. Coalesce 1
-// turns it off.
+// [Config.Coalesce], in one AcquireBatch or CompleteBatch: one round
+// trip instead of one each. A call made when none is in flight goes out
+// at once, alone, as without coalescing. Each delivery keeps its own
+// outcome, fencing token and recovery point; see Config.Coalesce for
+// errors, deadlines, cancellation and why it is off by default
+// ([DefaultCoalesce] 1).
 //
 // # Deadlines
 //

@@ -19,11 +19,17 @@ type (
 	completeGroup = coalesce.Group[*idemdriver.CompleteParams, struct{}]
 )
 
+// selfCoalescing is a store that batches concurrent calls itself (the
+// batching layer of idem consume): its calls are sent alone, one layer
+// of batching being enough, and the layer's own.
+type selfCoalescing interface{ CoalescesCalls() bool }
+
 // initCoalesce makes c's coalescing groups when its store is an
-// idemdriver.LeaseBatcher and Config.Coalesce is over 1.
+// idemdriver.LeaseBatcher that does not coalesce calls itself and
+// Config.Coalesce is over 1.
 func (c *LeaseConsumer) initCoalesce() {
 	b, ok := c.store.(idemdriver.LeaseBatcher)
-	if !ok || c.cfg.Coalesce <= 1 {
+	if sc, self := c.store.(selfCoalescing); !ok || c.cfg.Coalesce <= 1 || (self && sc.CoalescesCalls()) {
 		return
 	}
 	c.coAcquire = &acquireGroup{Max: c.cfg.Coalesce, One: b.Acquire, Many: b.AcquireBatch}

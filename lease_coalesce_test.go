@@ -9,6 +9,7 @@ import (
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
+	"github.com/idem-go/idem/internal/leasebatch"
 )
 
 // cancelAt is a delivery's context, cancelled d after the bubble's start
@@ -21,11 +22,11 @@ func cancelAt(start time.Time, d time.Duration) func() (context.Context, context
 	}
 }
 
-// newCoalescing returns a LeaseConsumer over s with the default
-// Config.Coalesce and the store timeout st.
+// newCoalescing returns a LeaseConsumer over s that coalesces (Config.
+// Coalesce 64) with the store timeout st.
 func newCoalescing(t *testing.T, s *slowBatcher, st time.Duration) *idem.LeaseConsumer {
 	t.Helper()
-	c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, StoreTimeout: st, PurgeInterval: -1})
+	c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, StoreTimeout: st, PurgeInterval: -1, Coalesce: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,12 +191,13 @@ func TestCoalesceBatchTimeout(t *testing.T) {
 	})
 }
 
-// TestCoalesceOff: Config.Coalesce 1 sends every call alone, at once;
-// out of 0..MaxLeaseBatch it is an error matching ErrInvalidConfig.
+// TestCoalesceOff: by default (Config.Coalesce 0, DefaultCoalesce 1)
+// every call goes alone, at once; out of 0..MaxLeaseBatch Coalesce is an
+// error matching ErrInvalidConfig.
 func TestCoalesceOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: []time.Duration{time.Second, time.Second, time.Second}}
-		c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1, Coalesce: 1})
+		c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,4 +218,27 @@ func TestCoalesceOff(t *testing.T) {
 			t.Errorf("Coalesce %d: %v; want ErrInvalidConfig", n, err)
 		}
 	}
+}
+
+// TestCoalesceNotOverSelfCoalescing: over a store that batches concurrent
+// calls itself (leasebatch, idem consume's layer), the consumer sends
+// each call alone, whatever Config.Coalesce, and the layer's rules hold:
+// a call queued there is sent although its caller left (the consumer's
+// coalescing would have answered it unsent).
+func TestCoalesceNotOverSelfCoalescing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: []time.Duration{time.Second, time.Second}}
+		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1, Coalesce: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }()
+		a := &delivery{id: "a"}
+		b := &delivery{id: "b", at: 100 * time.Millisecond, ctx: cancelAt(time.Now(), 500*time.Millisecond)}
+		runDeliveries(c, []*delivery{a, b}, map[string]int{})
+		if a.out.Status != idem.Processed || len(s.deadlines) != 2 || b.ended < time.Second {
+			t.Errorf("a: %v, %v; %d Acquire store calls, b ended at %v; want a processed, 2 store calls (b's sent by leasebatch), b after 1s",
+				a.out.Status, a.err, len(s.deadlines), b.ended)
+		}
+	})
 }

@@ -49,8 +49,8 @@ type Result struct {
 //
 // A LeaseConsumer is safe for concurrent use; over an
 // idemdriver.LeaseBatcher the Acquire and Complete calls its goroutines
-// make at the same time go to the store together (Config.Coalesce). Close
-// it to stop its purge loop.
+// make at the same time can go to the store together (Config.Coalesce,
+// off by default). Close it to stop its purge loop.
 type LeaseConsumer struct {
 	core
 	store    idemdriver.LeaseStore

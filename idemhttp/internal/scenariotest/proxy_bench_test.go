@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -105,6 +107,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 		Namespace:     testRandName("bench-"),
 		PurgeInterval: -1,
 		Logger:        scQuietLogger(),
+		Coalesce:      benchCoalesce(),
 	}})
 	if err != nil {
 		b.Fatal(err)
@@ -231,4 +234,11 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchCoalesce is the lease consumer's Config.Coalesce in the benchmark:
+// IDEM_BENCH_COALESCE (e.g. 64), 0 (the default, off) when unset.
+func benchCoalesce() int {
+	n, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_COALESCE"))
+	return n
 }
