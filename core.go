@@ -34,6 +34,11 @@ type core struct {
 	// txFree holds the contexts of ended transactions for the next ones
 	// (txbound.go).
 	txFree txFreeList
+
+	// purgeMu guards lastHorizon, the horizon of this process's previous
+	// purge that had one (retention.go, purgeNow).
+	purgeMu     sync.Mutex
+	lastHorizon time.Time
 }
 
 // start sets cfg (validated, with defaults applied) and the hooks, and

@@ -390,6 +390,20 @@ func (a *Attempt) leaseLost() bool {
 	return errors.Is(a.cause, ErrLeaseLost)
 }
 
+// Lost reports whether the store said that this attempt no longer owns
+// its record: a renewal or a write of it was refused with ErrLeaseLost
+// (another attempt took the message over, or the store judged the lease
+// over). A lease that only ran out by the local clock (Deadline passed)
+// is not lost until the store says so: the fenced final write decides.
+// Process abandons a lost attempt after its handler rather than write its
+// result or release it; code that ends its attempts itself (a batch's
+// CompleteBatch) does the same.
+func (a *Attempt) Lost() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lost
+}
+
 // Deadline returns the instant, by the local clock, until which the lease
 // is known to be held: the start of the last successful renewal (or of
 // the Acquire) plus Config.Lease. The store's own expiry (by its clock) is

@@ -88,7 +88,10 @@ func (c *LeaseConsumer) Close() error { return c.close() }
 
 // Purge deletes completed and failed records outside the retention window;
 // see Consumer.Purge.
-func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) { return c.purgeNow(ctx) }
+func (c *LeaseConsumer) Purge(ctx context.Context) (PurgeResult, error) {
+	res, _, err := c.purgeNow(ctx)
+	return res, err
+}
 
 // Process runs one delivery of msg in lease mode: it acquires the message
 // (or finds its record), runs handler while renewing the lease every

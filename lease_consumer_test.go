@@ -6,6 +6,7 @@ import (
 	"github.com/idem-go/idem/idemdriver"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -38,81 +39,87 @@ func newLeaseConsumer(t *testing.T, store idemdriver.LeaseStore, lease time.Dura
 // A handler still running after the caller's context ended (finishing an
 // external call it must not abandon) keeps its lease: the renewals go on
 // until it returns, so no other attempt takes over meanwhile, and its
-// result is stored.
+// result is stored. In a synctest bubble: a loaded machine cannot let the
+// 150ms lease run out between two renewals.
 func TestLeaseConsumerRenewsAfterCallerCancel(t *testing.T) {
 	t.Parallel()
-	store := idem.NewMemoryStore(nil)
-	var renewals atomic.Int64
-	renewed := make(chan struct{}, 100)
-	hook := &renewHook{MemoryStore: store}
-	hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
-		err := store.Renew(ctx, p)
-		if err == nil {
-			renewals.Add(1)
-			select {
-			case renewed <- struct{}{}:
-			default:
+	synctest.Test(t, func(t *testing.T) {
+		store := idem.NewMemoryStore(nil)
+		var renewals atomic.Int64
+		renewed := make(chan struct{}, 100)
+		hook := &renewHook{MemoryStore: store}
+		hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
+			err := store.Renew(ctx, p)
+			if err == nil {
+				renewals.Add(1)
+				select {
+				case renewed <- struct{}{}:
+				default:
+				}
 			}
+			return err
 		}
-		return err
-	}
-	c := newLeaseConsumer(t, hook, 150*time.Millisecond)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
-	out, err := c.Process(ctx, msg, func(hctx context.Context, a *idem.Attempt) (idem.Result, error) {
-		cancel()
-		<-hctx.Done()
-		before := renewals.Load()
-		timeout := time.After(10 * time.Second)
-		for renewals.Load() < before+2 {
-			select {
-			case <-renewed:
-			case <-timeout:
-				t.Errorf("renewals after the caller's context ended: %d in 10s, want at least 2", renewals.Load()-before)
-				return idem.Result{}, errors.New("not renewed")
+		c := newLeaseConsumer(t, hook, 150*time.Millisecond)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+		out, err := c.Process(ctx, msg, func(hctx context.Context, a *idem.Attempt) (idem.Result, error) {
+			cancel()
+			<-hctx.Done()
+			before := renewals.Load()
+			timeout := time.After(10 * time.Second)
+			for renewals.Load() < before+2 {
+				select {
+				case <-renewed:
+				case <-timeout:
+					t.Errorf("renewals after the caller's context ended: %d in 10s, want at least 2", renewals.Load()-before)
+					return idem.Result{}, errors.New("not renewed")
+				}
 			}
+			return idem.Result{Body: []byte("finished")}, nil
+		})
+		if out.Status != idem.Processed || err != nil {
+			t.Errorf("Process whose caller gave up while the handler finished: %v, %v; want Processed and nil", out.Status, err)
 		}
-		return idem.Result{Body: []byte("finished")}, nil
 	})
-	if out.Status != idem.Processed || err != nil {
-		t.Errorf("Process whose caller gave up while the handler finished: %v, %v; want Processed and nil", out.Status, err)
-	}
 }
 
 // A renewal call that hangs (a dead connection) is cancelled when the
-// handler returns: Process does not wait for it.
+// handler returns: Process does not wait for it. In a synctest bubble,
+// so the 10s bound is the bubble's, not a loaded machine's.
 func TestLeaseConsumerHungRenewalDoesNotBlock(t *testing.T) {
 	t.Parallel()
-	store := idem.NewMemoryStore(nil)
-	inRenew := make(chan struct{})
-	var once atomic.Bool
-	hook := &renewHook{MemoryStore: store}
-	hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
-		if once.CompareAndSwap(false, true) {
-			close(inRenew)
+	synctest.Test(t, func(t *testing.T) {
+		store := idem.NewMemoryStore(nil)
+		inRenew := make(chan struct{})
+		var once atomic.Bool
+		hook := &renewHook{MemoryStore: store}
+		hook.renew = func(ctx context.Context, p *idemdriver.RenewParams) error {
+			if once.CompareAndSwap(false, true) {
+				close(inRenew)
+			}
+			<-ctx.Done() // hangs until cancelled
+			return ctx.Err()
 		}
-		<-ctx.Done() // hangs until cancelled
-		return ctx.Err()
-	}
-	c := newLeaseConsumer(t, hook, idem.MinLease)
-	msg := idem.Message{ID: "m-1", Payload: []byte("p")}
-	done := make(chan idem.Outcome, 1)
-	go func() {
-		out, _ := c.Process(t.Context(), msg, func(context.Context, *idem.Attempt) (idem.Result, error) {
-			<-inRenew
-			return idem.Result{Body: []byte("ok")}, nil
-		})
-		done <- out
-	}()
-	select {
-	case out := <-done:
-		if out.Status != idem.Processed {
-			t.Errorf("Process with a hung renewal: %v (%v), want Processed", out.Status, out.Err)
+		c := newLeaseConsumer(t, hook, idem.MinLease)
+		msg := idem.Message{ID: "m-1", Payload: []byte("p")}
+		done := make(chan idem.Outcome, 1)
+		go func() {
+			out, _ := c.Process(t.Context(), msg, func(context.Context, *idem.Attempt) (idem.Result, error) {
+				<-inRenew
+				return idem.Result{Body: []byte("ok")}, nil
+			})
+			done <- out
+		}()
+		select {
+		case out := <-done:
+			if out.Status != idem.Processed {
+				t.Errorf("Process with a hung renewal: %v (%v), want Processed", out.Status, out.Err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Process did not return within 10s of its handler: it waits for a hung renewal")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Process did not return within 10s of its handler: it waits for a hung renewal")
-	}
+	})
 }
 
 // When renewals keep failing (the store is unreachable), the handler is

@@ -83,6 +83,7 @@ func testRenewalsHeld(t *testing.T, n int, batch bool) {
 			store = batches
 		}
 		c := leaseConsumer(t, store, lease)
+		synctest.Wait() // the consumer's loop settled (see bubbleGoroutines)
 		before := bubbleGoroutines()
 		var ms runtime.MemStats
 		runtime.GC()
@@ -199,7 +200,12 @@ func TestRenewalAfterASlowOneGoesAtOnce(t *testing.T) {
 // (durable), synctest bubble 1]"); the calling goroutine, which is
 // running, is not counted. runtime.NumGoroutine would also count the
 // goroutines of other tests: a timer of an earlier test that fires
-// starts one, and made this test fail once.
+// starts one, and made this test fail once. Count after synctest.Wait,
+// when every other goroutine of the bubble is durably blocked: one that
+// is allocating may be starting a garbage collection or assisting one,
+// and the runtime takes it out of its bubble meanwhile (its header then
+// names none), so a count taken while the consumer's loop was starting
+// came out one short, and a later one "1 more goroutine".
 func bubbleGoroutines() int {
 	buf := make([]byte, 1<<16)
 	for {
@@ -239,6 +245,7 @@ func TestRenewalsBoundedGoroutines(t *testing.T) {
 		const lease, n = 3 * time.Second, 500
 		store := &blockingRenewStore{MemoryStore: idem.NewMemoryStore(nil), unblock: make(chan struct{})}
 		c := leaseConsumer(t, store, lease)
+		synctest.Wait() // the consumer's loop settled (see bubbleGoroutines)
 		before := bubbleGoroutines()
 		held := acquireMany(t, c, n, 0)
 		time.Sleep(lease/3 + time.Millisecond) // every first renewal is due

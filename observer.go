@@ -291,8 +291,21 @@ type PurgeEvent struct {
 	// consumer that never stopped has Lag near zero. Zero when nothing may
 	// be purged yet or the purge failed.
 	Lag time.Duration
-	// Latency is how long the purge took.
+	// Latency is how long the purge took, its pauses between batches
+	// included (Result.Paused).
 	Latency time.Duration
+	// Span is how far this purge moved the horizon since the previous
+	// purge of this process that had one: the records written in that
+	// span of the store's clock were this purge's work. Zero on the
+	// process's first purge, when nothing may be purged yet, or when the
+	// purge failed. A purge whose Latency reaches its Span deletes more
+	// slowly than records become purgeable (Latency/Span is the inflow
+	// over the purge's paced rate): the next purge has more to do, and the
+	// table grows. The background loop logs it at warn; raise
+	// Config.PurgeDutyCycle or PurgeBatchSize. Several processes purging
+	// one consumer share the work, so each one's Span also covers the
+	// others' purges in between.
+	Span time.Duration
 	// Err is nil, an error matching ErrPurgeInProgress (another cleaner
 	// runs; nothing was done), or the store's error wrapped with ErrStore.
 	Err error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -54,6 +55,21 @@ type PurgeParams struct {
 	// negative value leaves the calls bounded by ctx alone. A consumer's
 	// own purges use its Config.StoreTimeout.
 	StoreTimeout time.Duration
+	// DutyCycle is the most of the purge's elapsed time its batches may
+	// take, a fraction in (0, 1]: after a batch that took d (the store
+	// call's round trip), the purge pauses d×(1−DutyCycle)/DutyCycle
+	// before the next one, so it keeps at most that share of one
+	// connection busy, and slows down by itself when the server is busy
+	// or slow (its batches take longer). 1 runs the batches back to back.
+	// No pause follows the last batch, and DryRun never pauses. Zero
+	// means DefaultPurgeDutyCycle; a negative value, NaN or one above 1
+	// returns an error matching ErrInvalidConfig. A consumer's own purges
+	// use its Config.PurgeDutyCycle. The purge lock is held through the
+	// pauses: on PostgreSQL its transaction sits idle for about d/DutyCycle
+	// between batches, which idle_in_transaction_session_timeout must
+	// exceed (past it the server ends the lock and the purge stops with
+	// ErrStore, the batches run so far deleted).
+	DutyCycle float64
 }
 
 // PurgeResult reports one purge.
@@ -68,6 +84,10 @@ type PurgeResult struct {
 	// before it were deleted. Zero when the consumer has not yet run for
 	// the window, so nothing may go.
 	Horizon time.Time
+	// Paused is the time the purge spent pausing between batches to keep
+	// to its DutyCycle (a pause cut short by ctx counted as far as it
+	// went); the rest of its duration is the store's.
+	Paused time.Duration
 }
 
 // Purge deletes consumer p.Consumer's completed and failed records that
@@ -78,7 +98,9 @@ type PurgeResult struct {
 // One cleaner runs at a time per consumer: Purge returns an error matching
 // [ErrPurgeInProgress] at once when another holds the store's purge lock.
 // Cancelling ctx stops it between or during batches; the batches already
-// run stay deleted and are counted in the result. Invalid parameters
+// run stay deleted and are counted in the result; a cancellation during a
+// pause between batches (see PurgeParams.DutyCycle) ends it at once.
+// Invalid parameters
 // return an error matching [ErrInvalidConsumerName] or [ErrInvalidConfig];
 // a failure of the store one matching [ErrStore].
 //
@@ -140,12 +162,23 @@ func Purge(ctx context.Context, store idemdriver.Retainer, p PurgeParams) (Purge
 		return res, nil
 	}
 	batch := &idemdriver.PurgeBatchParams{Horizon: res.Horizon, Limit: p.BatchSize}
+	var pause time.Duration // owed by the previous batch
 	for {
+		if pause > 0 {
+			t0 := time.Now()
+			err := sleepCtx(ctx, pause)
+			res.Paused += time.Since(t0)
+			if err != nil {
+				return res, err
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
 		var n int64
+		start := time.Now()
 		err := call(func(ctx context.Context) (err error) { n, err = s.DeleteBatch(ctx, batch); return err })
+		pause = dutyPause(time.Since(start), p.DutyCycle)
 		if err != nil {
 			if ctx.Err() != nil {
 				return res, ctx.Err()
@@ -203,7 +236,29 @@ func RetentionHorizon(runs []idemdriver.Run, window time.Duration) time.Time {
 	return time.Time{}
 }
 
-// validatePurge checks p's consumer name, window and batch size.
+// dutyPause is the pause owed after a batch that took took, so that the
+// batches take at most share of the purge's time.
+func dutyPause(took time.Duration, share float64) time.Duration {
+	if share >= 1 || took <= 0 {
+		return 0
+	}
+	return time.Duration(math.Round(float64(took) * (1 - share) / share))
+}
+
+// sleepCtx waits d, or until ctx ends, when it returns ctx's error.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// validatePurge checks p's consumer name, window, batch size and duty
+// cycle, and sets a zero duty cycle to the default.
 func validatePurge(p *PurgeParams) error {
 	if err := ValidateConsumerName(p.Consumer); err != nil {
 		return err
@@ -213,6 +268,17 @@ func validatePurge(p *PurgeParams) error {
 	}
 	if p.BatchSize <= 0 {
 		return fmt.Errorf("%w: purge BatchSize %d, want a positive number", ErrInvalidConfig, p.BatchSize)
+	}
+	if p.DutyCycle == 0 {
+		p.DutyCycle = DefaultPurgeDutyCycle
+	}
+	return validDutyCycle(p.DutyCycle)
+}
+
+// validDutyCycle refuses a purge duty cycle outside (0, 1].
+func validDutyCycle(share float64) error {
+	if math.IsNaN(share) || share <= 0 || share > 1 {
+		return fmt.Errorf("%w: purge duty cycle %v not in (0, 1]", ErrInvalidConfig, share)
 	}
 	return nil
 }
@@ -266,20 +332,35 @@ func (c *core) runLoop(ctx context.Context) {
 	}
 }
 
-// purgeNow runs one purge of this consumer with the configured window.
-func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
+// purgeNow runs one purge of this consumer with the configured window and
+// pacing, and returns with its result the span by which it moved the
+// horizon since this process's previous purge (PurgeEvent.Span).
+func (c *core) purgeNow(ctx context.Context) (PurgeResult, time.Duration, error) {
 	start := time.Now()
 	res, err := Purge(ctx, c.store, PurgeParams{
 		Consumer:        c.cfg.Name,
 		RetentionWindow: c.cfg.RetentionWindow,
 		BatchSize:       c.cfg.PurgeBatchSize,
 		StoreTimeout:    c.cfg.StoreTimeout,
+		DutyCycle:       c.cfg.PurgeDutyCycle,
 	})
+	took := time.Since(start)
 	if err != nil && !errors.Is(err, ErrPurgeInProgress) {
 		err = c.storeErr(ctx, "purge", "", err)
 	}
+	var span time.Duration
+	if err == nil && !res.Horizon.IsZero() {
+		c.purgeMu.Lock()
+		if !c.lastHorizon.IsZero() {
+			span = max(0, res.Horizon.Sub(c.lastHorizon))
+		}
+		if res.Horizon.After(c.lastHorizon) {
+			c.lastHorizon = res.Horizon
+		}
+		c.purgeMu.Unlock()
+	}
 	if h := c.hooks; h != nil && len(h.purge) > 0 {
-		e := PurgeEvent{Consumer: c.cfg.Name, Result: res, RetentionWindow: c.cfg.RetentionWindow, Latency: time.Since(start), Err: err}
+		e := PurgeEvent{Consumer: c.cfg.Name, Result: res, RetentionWindow: c.cfg.RetentionWindow, Latency: took, Span: span, Err: err}
 		if err == nil && !res.Horizon.IsZero() {
 			e.Lag = max(0, time.Since(res.Horizon)-c.cfg.RetentionWindow)
 		}
@@ -287,11 +368,13 @@ func (c *core) purgeNow(ctx context.Context) (PurgeResult, error) {
 			h.safe(x, func() { x.OnPurge(ctx, e) })
 		}
 	}
-	return res, err
+	return res, span, err
 }
 
 // purgeLoop purges every PurgeInterval, with ±10% jitter so a fleet of
-// consumers does not purge in step.
+// consumers does not purge in step. A purge that took as long as the span
+// of records it deleted (PurgeEvent.Span) is logged at warn: it deletes
+// more slowly than records become purgeable.
 func (c *core) purgeLoop(ctx context.Context) {
 	defer c.loops.Done()
 	log := c.cfg.Logger.With("consumer", c.cfg.Name)
@@ -305,7 +388,8 @@ func (c *core) purgeLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		start := time.Now()
-		res, err := c.purgeNow(ctx)
+		res, span, err := c.purgeNow(ctx)
+		took := time.Since(start)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -313,9 +397,13 @@ func (c *core) purgeLoop(ctx context.Context) {
 			log.Debug("idem: purge skipped, another cleaner is running")
 		case err != nil:
 			log.Warn("idem: purge failed", "err", err)
+		case span > 0 && res.Deleted > 0 && took >= span:
+			log.Warn("idem: purge is falling behind: it took longer than the span of records it deleted; raise PurgeDutyCycle",
+				"deleted", res.Deleted, "batches", res.Batches, "horizon", res.Horizon, "span", span,
+				"duration", took, "paused", res.Paused, "duty_cycle", c.cfg.PurgeDutyCycle)
 		default:
 			log.Info("idem: purge done", "deleted", res.Deleted, "batches", res.Batches,
-				"horizon", res.Horizon, "duration", time.Since(start))
+				"horizon", res.Horizon, "duration", took, "paused", res.Paused)
 		}
 	}
 }

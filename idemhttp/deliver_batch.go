@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -34,7 +35,9 @@ var _ idem.BatchProcessor = (*Deliverer)(nil)
 // (idem.LeaseConsumer.CompleteBatch). A call that ended retryable, was
 // not sent or was refused by the service's fencing releases its attempt
 // as Process does (one store call each), and an attempt whose final
-// write failed is abandoned (its lease runs out). A message that is not
+// write failed, or whose lease the store said lost while its call ran
+// (idem.Attempt.Lost), is abandoned (its lease runs out), as Process
+// abandons it. A message that is not
 // held (a duplicate, in progress elsewhere, rejected) gets its outcome
 // without a call, as from Process. The ending writes run on a context
 // detached from ctx, bounded by 10 seconds.
@@ -109,6 +112,18 @@ func (d *Deliverer) processPart(ctx context.Context, msgs []idem.Message) []idem
 	var doneIdx []int // doneIdx[k] is the message of done[k]
 	for j, i := range held {
 		a, c := atts[i], calls[j]
+		if a.Lost() {
+			// As Process: the store said the lease lost while the call
+			// ran, so its answer is not recorded (nor the attempt
+			// released); a later attempt takes the message over.
+			err := fmt.Errorf("%w: attempt %d (token %d) of message %q lost its lease while its call ran", idem.ErrLeaseLost, a.Number, a.Token, a.Message.ID)
+			if c.err != nil {
+				err = errors.Join(err, c.err)
+			}
+			out, _ := a.Abandon(fctx, err)
+			outs[i] = d.settle(out, nil)
+			continue
+		}
 		if c.err != nil {
 			out, err := a.Release(fctx, c.err)
 			outs[i] = d.settle(abandonHeld(fctx, a, out, err), nil)

@@ -67,6 +67,10 @@
 //	                                                                                                   horizon trails now minus the retention
 //	                                                                                                   window (the newest record's age); grows
 //	                                                                                                   while the consumer is idle
+//	idem.purge.load             Float64Gauge        1                                                  after each successful purge that has a span
+//	                                                                                                   (idem.PurgeEvent.Span): its duration over
+//	                                                                                                   that span; at or above 1 the purge deletes
+//	                                                                                                   more slowly than records become purgeable
 //	idem.store.errors           Int64Counter        {error}     idem.mode, idem.store.operation        failed store calls (connection, timeout)
 //
 // Attribute values:
@@ -167,6 +171,7 @@
 //	idem.purge.rows                 metric     idem
 //	idem.purge.duration             metric     idem
 //	idem.purge.lag                  metric     idem
+//	idem.purge.load                 metric     idem
 //	idem.store.errors               metric     idem
 //	messaging.system                attribute  messaging v1.43.0
 //	messaging.operation.name        attribute  messaging v1.43.0

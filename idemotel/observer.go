@@ -143,6 +143,7 @@ type Observer struct {
 	purgeRows      metric.Int64Counter
 	purgeDur       metric.Float64Histogram
 	purgeLag       metric.Float64Gauge
+	purgeLoad      metric.Float64Gauge
 	storeErrors    metric.Int64Counter
 }
 
@@ -217,6 +218,9 @@ func NewObserver(opts ...Option) (*Observer, error) {
 	obs.purgeDur = hist("idem.purge.duration", "Duration of a purge.", 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 	obs.purgeLag, err = m.Float64Gauge("idem.purge.lag", metric.WithUnit("s"),
 		metric.WithDescription("How far the purge horizon trails now minus the retention window: the newest record's age."))
+	errs = append(errs, err)
+	obs.purgeLoad, err = m.Float64Gauge("idem.purge.load", metric.WithUnit("1"),
+		metric.WithDescription("A purge's duration over the span of records it deleted: at or above 1 the purge deletes more slowly than records become purgeable."))
 	errs = append(errs, err)
 	obs.storeErrors = ic("idem.store.errors", "{error}", "Store calls that failed.")
 	if err := errors.Join(errs...); err != nil {
@@ -534,6 +538,9 @@ func (o *Observer) OnPurge(ctx context.Context, e idem.PurgeEvent) {
 		o.purgeRows.Add(ctx, e.Result.Deleted, o.attrs(ctx, e.Consumer))
 		if !e.Result.Horizon.IsZero() {
 			o.purgeLag.Record(ctx, e.Lag.Seconds(), o.attrs(ctx, e.Consumer))
+		}
+		if e.Span > 0 {
+			o.purgeLoad.Record(ctx, e.Latency.Seconds()/e.Span.Seconds(), o.attrs(ctx, e.Consumer))
 		}
 	}
 	end := time.Now()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -141,41 +143,198 @@ func (r *renewCounter) OnLeaseRenewed(_ context.Context, e idem.LeaseEvent) {
 // while another session holds the first one's record locked, until each
 // of the other 39 has been renewed four times since the lock was taken
 // (more than a lease: without those renewals their leases would have run
-// out). The locked record's renewals wait on the lock, or are left
-// unjudged by a batch and renewed alone; the others keep landing: none of
-// their contexts ends, and each Complete succeeds. A renewal batch that
-// waited on the one locked row would cost every lease in it.
+// out). The others keep landing: none of their contexts ends, and each
+// Complete succeeds. A renewal batch that waited on the one locked row
+// would cost every lease in it.
+//
+// The consumer runs in a testing/synctest bubble (lockedStore): its
+// clock, which runs the renewal ticks and the local deadlines, stands
+// still while a store call is in flight, so a machine too loaded to
+// answer within the lease cannot end a lease here; the store's own
+// clock, which runs on, judges a renewal by its token, not by time. The
+// store calls go to the Setup's store from outside the bubble, the
+// renewal batches with the record really locked. The locked record's
+// renewal alone, which the store makes wait for the lock, waits in the
+// bubble instead until the lock ends, then goes to the store: a call
+// held outside the bubble would stop its clock. A batch that waited for
+// the lock fails at batchGuard (real time), and the leases with it.
 func testRenewalsBesideLocked(t *testing.T, b *leaseBundle) {
 	b.needLock()
 	const n, lease = 40, 1500 * time.Millisecond
-	counter := &renewCounter{}
-	c := b.consumer("c", idem.Config{Lease: lease, Hooks: []idem.Hook{counter}})
-	attempts := make([]*idem.Attempt, n)
+	name := b.name("c")
+	w := &lockedStore{LeaseStore: b.s.Store, out: newOutside(t), ctx: b.ctx}
+	lock := &heldLock{}
+	t.Cleanup(func() { _ = lock.end() })
 	ids := make([]string, n)
-	for i := range attempts {
+	for i := range ids {
 		ids[i] = fmt.Sprintf("m-%02d", i)
-		a, out, err := c.Acquire(b.ctx, idem.Message{ID: ids[i], Payload: []byte("p")}, idem.AcquireOptions{})
-		if a == nil {
-			t.Fatalf("Acquire %s: %v %v", ids[i], out, err)
-		}
-		attempts[i] = a
 	}
-	unlock := b.lock(c.Name(), ids[0])
-	counter.start(ids, ids[0], 4)
-	select {
-	case <-counter.done:
-	case <-time.After(20 * lease):
-		t.Errorf("the attempts beside the locked record were not renewed 4 times each in %v", 20*lease)
-	}
-	unlock()
-	t.Logf("the locked record's attempt: context cause %v", context.Cause(attempts[0].Context()))
-	_, _ = attempts[0].Complete(b.ctx, idem.Result{})
-	for _, a := range attempts[1:] {
-		if err := a.Context().Err(); err != nil {
-			t.Errorf("%s: context ended (%v) while another record was locked", a.Message.ID, context.Cause(a.Context()))
+	synctest.Test(t, func(t *testing.T) {
+		counter := &renewCounter{}
+		c, err := idem.NewLeaseConsumer(w, idem.Config{Name: name, Lease: lease, PurgeInterval: -1, Hooks: []idem.Hook{counter}})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if out, err := a.Complete(b.ctx, idem.Result{}); err != nil || out.Status != idem.Processed {
-			t.Errorf("%s: Complete = %v, %v; want processed", a.Message.ID, out.Status, err)
+		defer func() { _ = c.Close() }()
+		attempts := make([]*idem.Attempt, n)
+		for i := range attempts {
+			a, out, err := c.Acquire(context.Background(), idem.Message{ID: ids[i], Payload: []byte("p")}, idem.AcquireOptions{})
+			if a == nil {
+				t.Fatalf("Acquire %s: %v %v", ids[i], out, err)
+			}
+			attempts[i] = a
 		}
+		var lockErr error
+		w.out.do(func() { lockErr = lock.take(b.ctx, b.s.LockRecord, name, ids[0]) })
+		if lockErr != nil {
+			t.Fatalf("LockRecord(%q, %q): %v", name, ids[0], lockErr)
+		}
+		w.hold(ids[0])
+		counter.start(ids, ids[0], 4)
+		select {
+		case <-counter.done:
+		case <-time.After(20 * lease):
+			t.Errorf("the attempts beside the locked record were not renewed 4 times each in %v", 20*lease)
+		}
+		for _, a := range attempts[1:] {
+			if err := a.Context().Err(); err != nil {
+				t.Errorf("%s: context ended (%v) while another record was locked", a.Message.ID, context.Cause(a.Context()))
+			}
+		}
+		w.out.do(func() { lockErr = lock.end() })
+		if lockErr != nil {
+			t.Errorf("ending the lock of %q: %v", ids[0], lockErr)
+		}
+		w.release()
+		for _, a := range attempts[1:] {
+			if out, err := a.Complete(context.Background(), idem.Result{}); err != nil || out.Status != idem.Processed {
+				t.Errorf("%s: Complete = %v, %v; want processed", a.Message.ID, out.Status, err)
+			}
+		}
+		t.Logf("the locked record's attempt: context cause %v", context.Cause(attempts[0].Context()))
+		_, _ = attempts[0].Complete(context.Background(), idem.Result{})
+	})
+	if got := w.batchFailures.Load(); got > 0 {
+		t.Errorf("%d renewal batches failed with one record locked (a batch waited for the lock?)", got)
 	}
+}
+
+// heldLock is a record lock taken through LeaseSetup.LockRecord, ended
+// once.
+type heldLock struct {
+	mu     sync.Mutex
+	unlock func() error
+}
+
+func (l *heldLock) take(ctx context.Context, lock func(context.Context, string, string) (func() error, error), consumer, id string) (err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.unlock, err = lock(ctx, consumer, id)
+	return err
+}
+
+// end ends the lock if it is held.
+func (l *heldLock) end() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	unlock := l.unlock
+	l.unlock = nil
+	if unlock == nil {
+		return nil
+	}
+	return unlock()
+}
+
+// batchGuard bounds, in real time, a store call that lockedStore sends
+// from outside its bubble: a call that waited for the locked record
+// (which it must not) fails then instead of hanging the case.
+const batchGuard = 30 * time.Second
+
+// lockedStore is the Setup's store for a LeaseConsumer in a synctest
+// bubble: Acquire, Renew, RenewBatch, Complete and Release (Close after a
+// failure) go to it from outside the bubble (w.out), each bounded by
+// batchGuard, under ctx; MarkRunning does nothing. A Renew of the held
+// record (hold) waits in the bubble until release, as the store would
+// wait for its lock. The other methods are never called (no purge, no
+// step).
+type lockedStore struct {
+	idemdriver.LeaseStore
+	out *outside
+	ctx context.Context
+
+	mu       sync.Mutex
+	held     string
+	released chan struct{} // made in the bubble, by hold
+
+	batchFailures atomic.Int64
+}
+
+// hold makes the Renew calls of record id wait until release; called in
+// the bubble.
+func (s *lockedStore) hold(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held, s.released = id, make(chan struct{})
+}
+
+// release lets the held record's Renew calls go on.
+func (s *lockedStore) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held = ""
+	close(s.released)
+}
+
+// call runs f outside the bubble on a context bounded by batchGuard.
+func (s *lockedStore) call(f func(ctx context.Context)) {
+	s.out.do(func() {
+		ctx, cancel := context.WithTimeout(s.ctx, batchGuard)
+		defer cancel()
+		f(ctx)
+	})
+}
+
+func (s *lockedStore) Acquire(_ context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, err error) {
+	s.call(func(ctx context.Context) { res, err = s.LeaseStore.Acquire(ctx, p) })
+	return res, err
+}
+
+func (s *lockedStore) Complete(_ context.Context, p *idemdriver.CompleteParams) (err error) {
+	s.call(func(ctx context.Context) { err = s.LeaseStore.Complete(ctx, p) })
+	return err
+}
+
+// MarkRunning does nothing: retention is not under test here.
+func (s *lockedStore) MarkRunning(context.Context, *idemdriver.MarkRunningParams) error { return nil }
+
+func (s *lockedStore) Release(_ context.Context, p *idemdriver.ReleaseParams) (err error) {
+	s.call(func(ctx context.Context) { err = s.LeaseStore.Release(ctx, p) })
+	return err
+}
+
+func (s *lockedStore) Renew(_ context.Context, p *idemdriver.RenewParams) (err error) {
+	s.mu.Lock()
+	held, released := s.held, s.released
+	s.mu.Unlock()
+	if held == p.MessageID {
+		<-released
+	}
+	s.call(func(ctx context.Context) { err = s.LeaseStore.Renew(ctx, p) })
+	return err
+}
+
+// RenewsBatches is the Setup's store's.
+func (s *lockedStore) RenewsBatches() bool {
+	r, ok := s.LeaseStore.(idemdriver.LeaseBatchRenewer)
+	return ok && r.RenewsBatches()
+}
+
+func (s *lockedStore) RenewBatch(_ context.Context, ps []idemdriver.RenewParams) (errs []error, err error) {
+	s.call(func(ctx context.Context) {
+		errs, err = s.LeaseStore.(idemdriver.LeaseBatchRenewer).RenewBatch(ctx, ps)
+	})
+	if err != nil {
+		s.batchFailures.Add(1)
+	}
+	return errs, err
 }

@@ -133,20 +133,67 @@ type layoutInputs struct {
 	WALCase   string  `json:"wal_case,omitempty"`
 	WALPerMsg float64 `json:"wal_per_msg,omitempty"`
 	// WALPerMsgLarge is the WAL per new message on a table of 10M
-	// records of random IDs (full-page images after checkpoints).
-	WALPerMsgLarge float64 `json:"wal_per_msg_large"`
+	// records of random IDs (full-page images after checkpoints): the
+	// median wal-B/msg of WALLarge when set, else this recorded value.
+	WALPerMsgLarge float64  `json:"wal_per_msg_large,omitempty"`
+	WALLarge       *caseRef `json:"wal_large,omitempty"`
 	// CPUCase and CPUBatchCase are the cases of Bench whose cpu-us/msg
 	// (server and client) give the CPU per message; "" when not measured.
 	CPUCase      string `json:"cpu_case,omitempty"`
 	CPUBatchCase string `json:"cpu_batch_case,omitempty"`
 	// PurgePerSec is records purged per second while processing runs
-	// (BenchmarkPurgeCost).
-	PurgePerSec float64 `json:"purge_per_sec"`
+	// (BenchmarkPurgeCost): from Purge when set (the median purge-rec/s,
+	// or, in output that has none, the median deleted over the median
+	// purge-s), else this recorded value.
+	PurgePerSec float64  `json:"purge_per_sec,omitempty"`
+	Purge       *caseRef `json:"purge,omitempty"`
 	// PurgeUnit says what a purge does: DELETE batches, or DROP of
 	// partitions.
 	PurgeUnit string `json:"purge_unit"`
 	// Source says where the recorded values come from.
 	Source string `json:"source"`
+}
+
+// caseRef names a benchmark case in a file of benchmark output (relative
+// to inputs.json).
+type caseRef struct {
+	File string `json:"file"`
+	Case string `json:"case"`
+}
+
+// resolve reads the figures that l takes from recorded benchmark output
+// (WALLarge, Purge) into WALPerMsgLarge and PurgePerSec; open returns the
+// parsed output of a file named relative to inputs.json.
+func (l *layoutInputs) resolve(open func(name string) (*benchFile, error)) error {
+	if r := l.WALLarge; r != nil {
+		bf, err := open(r.File)
+		if err != nil {
+			return err
+		}
+		if l.WALPerMsgLarge, err = bf.must(r.Case, "wal-B/msg"); err != nil {
+			return fmt.Errorf("%s: %w", r.File, err)
+		}
+	}
+	if r := l.Purge; r != nil {
+		bf, err := open(r.File)
+		if err != nil {
+			return err
+		}
+		if st, ok := bf.get(r.Case, "purge-rec/s"); ok {
+			l.PurgePerSec = st.Median
+			return nil
+		}
+		n, err := bf.must(r.Case, "deleted")
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.File, err)
+		}
+		sec, err := bf.must(r.Case, "purge-s")
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.File, err)
+		}
+		l.PurgePerSec = n / sec
+	}
+	return nil
 }
 
 // storeInputs are the cases of Bench that give another store's cost per
@@ -219,13 +266,30 @@ func loadInputs(path string) (*inputs, error) {
 	if err := json.Unmarshal(b, in); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	f, err := os.Open(filepath.Join(filepath.Dir(path), in.Bench))
-	if err != nil {
+	files := map[string]*benchFile{}
+	open := func(name string) (*benchFile, error) {
+		if bf, ok := files[name]; ok {
+			return bf, nil
+		}
+		f, err := os.Open(filepath.Join(filepath.Dir(path), name))
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		bf, err := parseBench(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		files[name] = bf
+		return bf, nil
+	}
+	if in.bench, err = open(in.Bench); err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	if in.bench, err = parseBench(f); err != nil {
-		return nil, err
+	for i := range in.Layouts {
+		if err := in.Layouts[i].resolve(open); err != nil {
+			return nil, err
+		}
 	}
 	return in, nil
 }

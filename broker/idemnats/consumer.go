@@ -1086,7 +1086,9 @@ func (c *Consumer) lastDelivery(m jetstream.Msg) bool {
 }
 
 // settle tells JetStream what became of m, as out.Settle decides: Ack,
-// NakWithDelay, or a publish to the dead letter followed by Term.
+// NakWithDelay, or a publish to the dead letter followed by Term. A dead
+// letter whose publish failed is logged as that error, and m is Nak'ed
+// (redelivered, not dropped), never logged as dead-lettered.
 func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message, out idem.Outcome) {
 	st := out.Settle(c.cfg.RetryDelay)
 	if st.Action == idem.Redeliver && c.lastDelivery(m) {
@@ -1097,6 +1099,7 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 		}.Settle(c.cfg.RetryDelay)
 	}
 	var err error
+	logged := false // the settlement was logged as it happened, not as decided
 	switch st.Action {
 	case idem.Ack:
 		err = m.Ack()
@@ -1119,6 +1122,7 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 			}
 			c.log.Error(what, "message_id", msg.ID, "subject", c.cfg.DeadLetter, "reason", st.Reason, "err", dlErr)
 			err = m.NakWithDelay(c.cfg.RetryDelay)
+			logged = true
 			break
 		}
 		// Plain Term, not TermWithReason: nats-server before 2.10 takes
@@ -1133,7 +1137,7 @@ func (c *Consumer) settle(ctx context.Context, m jetstream.Msg, msg idem.Message
 		c.log.Warn("idemnats: settle delivery", "message_id", msg.ID, "status", out.Status.String(), "err", err)
 		return
 	}
-	if c.log.Enabled(ctx, st.Level()) { // the attributes cost allocations even when nothing is logged
+	if !logged && c.log.Enabled(ctx, st.Level()) { // the attributes cost allocations even when nothing is logged
 		st.Log(ctx, c.log, "idemnats", "subject", m.Subject(), "dead_letter", c.cfg.DeadLetter)
 	}
 }

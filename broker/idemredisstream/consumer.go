@@ -118,13 +118,15 @@ type Config struct {
 	Block time.Duration
 	// HandlerTimeout bounds one entry's processing (in batch mode one
 	// batch's: the whole BatchProcessor call): the context the
-	// Processor gets ends HandlerTimeout after the entry started, so a
-	// handler blocked on a stalled connection (a database call with no
-	// deadline of its own) gives up, its transaction rolls back, and the
-	// entry is left pending for redelivery (after RetryDelay). Its
-	// keep-alive stops then too, so even a handler that ignores its
-	// context no longer holds the entry past MinIdle: XAUTOCLAIM gives it
-	// to a member again. Defaults to DefaultHandlerTimeout (5 minutes);
+	// Processor gets ends HandlerTimeout after the entry was read (or
+	// reclaimed), so a handler blocked on a stalled connection (a
+	// database call with no deadline of its own) gives up, its
+	// transaction rolls back, and the entry is left pending for
+	// redelivery (after RetryDelay). Its keep-alive ends at that same
+	// instant, never before it, so the entry stays this member's while
+	// its handler may run, and even a handler that ignores its context
+	// no longer holds the entry past MinIdle after it: XAUTOCLAIM gives
+	// it to a member again. Defaults to DefaultHandlerTimeout (5 minutes);
 	// negative disables it (a stuck handler then holds its entry for
 	// ever).
 	HandlerTimeout time.Duration
@@ -284,8 +286,9 @@ func (c *Consumer) run(runCtx context.Context) error {
 		in.batch = c.cfg.BatchSize
 		in.dispatch = func(msgs []redis.XMessage) {
 			fs := make([]*flight, len(msgs))
+			until := c.handlerDeadline()
 			for i, m := range msgs {
-				fs[i] = c.track(m.ID)
+				fs[i] = c.track(m.ID, until)
 			}
 			workers.Go(func() {
 				defer func() { <-in.slots }()
@@ -295,7 +298,7 @@ func (c *Consumer) run(runCtx context.Context) error {
 	} else {
 		in.dispatch = func(msgs []redis.XMessage) {
 			for _, m := range msgs {
-				f := c.track(m.ID)
+				f := c.track(m.ID, c.handlerDeadline())
 				workers.Go(func() {
 					defer func() { <-in.slots }()
 					c.handle(runCtx, m, f)
@@ -548,14 +551,23 @@ func (c *Consumer) keepAlive(ctx context.Context) {
 	}
 }
 
-// track records a delivery of entry id as in flight, kept alive for at
-// most HandlerTimeout from now (its handler starts at once: a worker slot
-// is free), and returns its record for untrack.
-func (c *Consumer) track(id string) *flight {
-	f := &flight{}
-	if c.cfg.HandlerTimeout > 0 {
-		f.until = time.Now().Add(c.cfg.HandlerTimeout)
+// handlerDeadline is the deadline of a handler of entries read now:
+// HandlerTimeout from now, or zero when HandlerTimeout is off. It is also
+// when the entries' keep-alive ends (track): one instant for both, so an
+// entry's claim does not lapse while its handler may still run on its
+// context, however late the handler starts.
+func (c *Consumer) handlerDeadline() time.Time {
+	if c.cfg.HandlerTimeout <= 0 {
+		return time.Time{}
 	}
+	return time.Now().Add(c.cfg.HandlerTimeout)
+}
+
+// track records a delivery of entry id as in flight, kept alive until
+// until (its handler's deadline; zero: while it runs), and returns its
+// record for untrack.
+func (c *Consumer) track(id string, until time.Time) *flight {
+	f := &flight{until: until}
 	c.flightMu.Lock()
 	defer c.flightMu.Unlock()
 	c.inFlight[id] = f
@@ -636,10 +648,12 @@ func (c *Consumer) message(m redis.XMessage) (msg idem.Message, out idem.Outcome
 }
 
 // handlerContext is the context of one Processor (or BatchProcessor)
-// call: ctx, ended after HandlerTimeout when that is on.
-func (c *Consumer) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.cfg.HandlerTimeout > 0 {
-		return context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+// call of the entries delivered as f: ctx, ended at f's keep-alive end
+// (handlerDeadline: HandlerTimeout after the entries were read) when
+// HandlerTimeout is on.
+func (c *Consumer) handlerContext(ctx context.Context, f *flight) (context.Context, context.CancelFunc) {
+	if !f.until.IsZero() {
+		return context.WithDeadline(ctx, f.until)
 	}
 	return ctx, func() {}
 }
@@ -649,7 +663,7 @@ func (c *Consumer) handlerContext(ctx context.Context) (context.Context, context
 func (c *Consumer) handle(ctx context.Context, m redis.XMessage, f *flight) {
 	msg, out, ok := c.message(m)
 	if ok {
-		pctx, cancel := c.handlerContext(ctx)
+		pctx, cancel := c.handlerContext(ctx, f)
 		out = idem.Guard(c.withDelivery(pctx, msg.Headers), c.cfg.Processor, msg)
 		cancel()
 	}
@@ -674,7 +688,7 @@ func (c *Consumer) handleBatch(ctx context.Context, ms []redis.XMessage, fs []*f
 		idx = append(idx, i)
 	}
 	if len(msgs) > 0 {
-		pctx, cancel := c.handlerContext(ctx)
+		pctx, cancel := c.handlerContext(ctx, fs[0])
 		got := idem.GuardBatch(c.withBatchDelivery(pctx, msgs), c.cfg.BatchProcessor, msgs)
 		cancel()
 		for j, i := range idx {

@@ -58,9 +58,8 @@ func TestHandlerTimeout(t *testing.T) {
 				if tc.ignoresCtx {
 					<-release // stuck until the second attempt came
 					// Then its context's end, which the deadline makes
-					// (its timer may fire later than the second attempt
-					// on a loaded machine: the attempt's keep-alive
-					// counts from its read, the deadline from its start).
+					// (its timer, due when the keep-alive ended, may fire
+					// later than the second attempt on a loaded machine).
 					select {
 					case <-ctx.Done():
 					case <-time.After(30 * time.Second):

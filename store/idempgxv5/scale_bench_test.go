@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -576,34 +577,43 @@ const expiredRecords = 1_000_000
 // concurrent processing: ProcessBatch of 100 UUIDv4 messages at
 // benchWorkers workers on a table that also holds 1M records of the same
 // consumer written 30 days ago (its runs make its 7-day horizon pass
-// them), without a purge (baseline, for 10s) and while idem.Purge
-// (BatchSize 1000) removes them (for as long as the purge takes, at
-// least 10s): in the default layout by DELETE batches, in the
-// partitioned layout (1-hour buckets, the expired records in 4 buckets)
-// by dropping partitions. Cases run in this order per round:
-// default/baseline, default/purge, partitioned/baseline,
-// partitioned/purge. Each reports msgs/s, and per message processed CPU
-// (of the client and of every backend of the pool, the purge's included),
-// WAL and buffer traffic (measure, bufMeter); the purge cases also their
-// ratio to the baseline before them, the purge's seconds, the records it
-// deleted and the table's size before and after (MB-before, MB-after).
+// them), without a purge (baseline, for 10s), while idem.Purge
+// (BatchSize 1000) paced at idem.DefaultPurgeDutyCycle deletes them (paced,
+// for 30s, then cancelled: the steady cost of a purge that runs for
+// hours), and while idem.Purge flat out (DutyCycle 1) removes them all
+// (purge, for as long as the purge takes, at least 10s): in the default
+// layout by DELETE batches, in the partitioned layout (1-hour buckets, the
+// expired records in 4 buckets) by dropping partitions (no paced case:
+// each partition goes in one statement). Cases run in this order per
+// round: default/baseline, default/paced, default/purge,
+// partitioned/baseline, partitioned/purge. Each reports msgs/s, and per
+// message processed CPU (of the client and of every backend of the pool,
+// the purge's included), WAL and buffer traffic (measure, bufMeter); the
+// paced and purge cases also their ratio to the baseline before them, the
+// purge's seconds, the records it deleted, its rate (purge-rec/s) and the
+// table's size before and after (MB-before, MB-after).
 //
 //	cat /proc/loadavg; IDEM_BENCH_ROUNDS=3 go test -run '^$' -bench BenchmarkPurgeCost -benchtime 1x -timeout 1h; cat /proc/loadavg
 func BenchmarkPurgeCost(b *testing.B) {
 	for range benchRounds {
 		for _, layout := range []struct {
-			name string
-			part *idempgxv5.Partitions
-		}{{"default", nil}, {"partitioned", &idempgxv5.Partitions{Bucket: time.Hour}}} {
-			for _, purge := range []bool{false, true} {
-				name := layout.name + map[bool]string{false: "/baseline", true: "/purge"}[purge]
+			name  string
+			part  *idempgxv5.Partitions
+			paces []float64
+		}{
+			{"default", nil, []float64{0, idem.DefaultPurgeDutyCycle, 1}},
+			{"partitioned", &idempgxv5.Partitions{Bucket: time.Hour}, []float64{0, 1}},
+		} {
+			for _, pace := range layout.paces {
+				purge := pace > 0
+				name := layout.name + map[float64]string{0: "/baseline", idem.DefaultPurgeDutyCycle: "/paced", 1: "/purge"}[pace]
 				b.Run(name, func(b *testing.B) {
 					bb := setup(b, poolOpts{maxConns: int32(benchWorkers) + 2, url: benchURL(), part: layout.part})
 					seedExpired(b, bb)
 					c := bb.consumer(b, "bench")
 					before := tableSize(b, bb)
 					cpu, wal, buf := startCPU(b, bb.pool), startWAL(b, bb), startBuf(b, bb.pool)
-					rate, msgs, res, took := processDuring(b, bb, batchUUID(bb, c), purge)
+					rate, msgs, res, took := processDuring(b, bb, batchUUID(bb, c), pace)
 					b.ReportMetric(rate, "msgs/s")
 					cpu.report(b, msgs)
 					wal.report(b, msgs)
@@ -612,9 +622,11 @@ func BenchmarkPurgeCost(b *testing.B) {
 						reportRatios(b, name, rate, layout.name+"/baseline")
 						b.ReportMetric(took.Seconds(), "purge-s")
 						b.ReportMetric(float64(res.Deleted), "deleted")
+						b.ReportMetric(float64(res.Deleted)/took.Seconds(), "purge-rec/s")
+						b.ReportMetric(res.Paused.Seconds(), "paused-s")
 						b.ReportMetric(float64(before)/1e6, "MB-before")
 						b.ReportMetric(float64(tableSize(b, bb))/1e6, "MB-after")
-						if res.Deleted < expiredRecords {
+						if pace == 1 && res.Deleted < expiredRecords {
 							b.Errorf("purge deleted %d, want %d", res.Deleted, expiredRecords)
 						}
 					} else {
@@ -676,15 +688,25 @@ func tableSize(b *testing.B, bb *bundle) (n int64) {
 	return n
 }
 
-// processDuring runs op across benchWorkers workers for 10s, or, with
-// purge, while idem.Purge of consumer "bench" (7-day window) runs and at
-// least 10s, and returns the throughput of op (100 messages each), the
-// messages processed, the purge's result and how long it took.
-func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int64) error, purge bool) (float64, int, idem.PurgeResult, time.Duration) {
+// processDuring runs op across benchWorkers workers for 10s; with pace 1,
+// while idem.Purge of consumer "bench" (7-day window) runs flat out and at
+// least 10s; with a pace below 1, for 30s while idem.Purge runs at that
+// duty cycle, cancelled at the end. It returns the throughput of op (100
+// messages each), the messages processed, the purge's result and how long
+// it ran.
+func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int64) error, pace float64) (float64, int, idem.PurgeResult, time.Duration) {
 	b.Helper()
-	const minWindow = 10 * time.Second
+	minWindow := 10 * time.Second
+	if pace > 0 && pace < 1 {
+		minWindow = 30 * time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	pctx, pcancel := context.WithTimeout(ctx, minWindow)
+	defer pcancel()
+	if pace == 1 {
+		pctx = ctx
+	}
 	var (
 		res     idem.PurgeResult
 		purgeEr error
@@ -692,11 +714,14 @@ func processDuring(b *testing.B, bb *bundle, op func(ctx context.Context, i int6
 		done    = make(chan struct{})
 	)
 	start := time.Now()
-	if purge {
+	if pace > 0 {
 		go func() {
 			defer close(done)
-			res, purgeEr = idem.Purge(ctx, bb.store, idem.PurgeParams{Consumer: "bench", RetentionWindow: 7 * 24 * time.Hour, BatchSize: idem.DefaultPurgeBatchSize})
+			res, purgeEr = idem.Purge(pctx, bb.store, idem.PurgeParams{Consumer: "bench", RetentionWindow: 7 * 24 * time.Hour, BatchSize: idem.DefaultPurgeBatchSize, DutyCycle: pace})
 			took = time.Since(start)
+			if pace < 1 && errors.Is(purgeEr, context.DeadlineExceeded) {
+				purgeEr = nil // the paced window's end
+			}
 		}()
 	} else {
 		close(done)

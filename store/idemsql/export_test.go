@@ -25,3 +25,8 @@ func OpsReads(s *Store) map[string]string {
 // the path of a server without INSERT ... RETURNING (MySQL's), for tests
 // on MariaDB.
 func WithoutReturning(db *sql.DB) { returningServers.Store(db, false) }
+
+// WithoutSQLiteBatchStatement makes the SQLite batch claims of stores over
+// db take the path of an SQLite without the batch claim's statement (the
+// single claim's statements, element by element).
+func WithoutSQLiteBatchStatement(db *sql.DB) { sqliteBatchStatements.Store(db, false) }

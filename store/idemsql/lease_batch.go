@@ -3,6 +3,13 @@ package idemsql
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"unicode/utf8"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/sqlstore"
@@ -16,9 +23,12 @@ var _ idemdriver.LeaseBatcher = (*Store)(nil)
 // Acquire judges it, what a single Acquire does after its statement (a
 // takeover's recovery points, the statement again) runs after it element
 // by element, as does an element whose record an earlier one names. On
-// SQLite the statements of Acquire for each element run in key order in
-// one BEGIN IMMEDIATE transaction, so the batch costs one commit instead
-// of one per message, and its leases start at the transaction's clock.
+// SQLite the batch is one BEGIN IMMEDIATE transaction (one commit instead
+// of one per message; its leases start at the transaction's clock): one
+// statement claims the batch's records as Acquire's statement claims
+// each, one more saves their recovery points, and what a single Acquire
+// does after its statement runs element by element after them, as do the
+// elements the statement could not take (acquireManySQLite).
 // An element that fails validation has its error in errs; a statement
 // that fails rolls the whole batch back (err). On MySQL, whose Acquire
 // runs its own short transactions, the batch is one Acquire per element,
@@ -47,8 +57,15 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 			}
 			return last.NotAcquired(), nil
 		}
-		var err error
-		res, errs, err = sqlstore.AcquireBatch(ctx, ps, acquire)
+		many, err := s.sqliteBatchStatement(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if !many {
+			res, errs, err = sqlstore.AcquireBatch(ctx, ps, acquire)
+			return err
+		}
+		res, errs, err = s.acquireManySQLite(ctx, s.prepared(tx), ps, acquire)
 		return err
 	})
 	if err != nil {
@@ -88,4 +105,136 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 		return nil, err
 	}
 	return errs, nil
+}
+
+// sqliteBatchStatements records, per *sql.DB of the SQLite dialect,
+// whether its SQLite has what the batch claim's statement (acquireMany)
+// uses: the ->> operator (3.38) and unhex (3.41), asked once. modernc.org/
+// sqlite has both; another driver's older SQLite claims a batch with the
+// single claim's statements, element by element.
+var sqliteBatchStatements sync.Map // *sql.DB -> bool
+
+// sqliteBatchStatement reports whether s's SQLite runs the batch claim's
+// statement, asking it in tx the first time (a statement that fails to
+// prepare changes nothing in the transaction). An error is ctx's.
+func (s *Store) sqliteBatchStatement(ctx context.Context, tx *sql.Tx) (bool, error) {
+	if v, ok := sqliteBatchStatements.Load(s.db); ok {
+		return v.(bool), nil
+	}
+	var ok bool
+	err := tx.QueryRowContext(ctx, `SELECT unhex('00') = X'00' AND ('["x"]' ->> 0) = 'x'`).Scan(&ok)
+	if err != nil && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	ok = ok && err == nil
+	sqliteBatchStatements.Store(s.db, ok)
+	return ok, nil
+}
+
+// manyEligible reports whether p's claim can go in SQLite's statement
+// for a batch (acquireMany), whose elements travel as JSON text: a
+// fingerprint to compare (an empty one binds differently), and a
+// consumer, message ID and step prefix that JSON carries unchanged
+// (valid UTF-8, no NUL byte).
+func manyEligible(p *idemdriver.AcquireParams) bool {
+	for _, v := range []string{p.Consumer, p.MessageID, p.StepPrefix} {
+		if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+			return false
+		}
+	}
+	return len(p.Fingerprint) > 0
+}
+
+// acquireManySQLite is AcquireBatch on SQLite, inside the batch's
+// transaction tx: the first element of each record (in key order) that
+// manyEligible admits is claimed by one statement (acquireMany), as
+// acquire would claim it alone; a takeover among them then reads its
+// recovery points, and the recovery points of those acquired with a step
+// prefix are saved by one more statement (pointMany), as acquire saves
+// each. Every other element (not acquired by the statement: held,
+// finished, another fingerprint; a second element of a record; one not
+// eligible) then runs acquire, in key order, which judges it as a
+// single Acquire does.
+func (s *Store) acquireManySQLite(ctx context.Context, tx preparedTx, ps []*idemdriver.AcquireParams, acquire func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error)) ([]idemdriver.AcquireResult, []error, error) {
+	order, errs, err := sqlstore.AcquireOrder(ps)
+	if err != nil {
+		return nil, nil, err
+	}
+	type key struct{ consumer, id string }
+	pending := make(map[key]int, len(order)) // the element of each record in the statement
+	elems := make([][4]any, 0, len(order))
+	for _, i := range order {
+		p := ps[i]
+		k := key{p.Consumer, p.MessageID}
+		if _, seen := pending[k]; seen || !manyEligible(p) {
+			continue
+		}
+		pending[k] = i
+		elems = append(elems, [4]any{p.Consumer, p.MessageID, hex.EncodeToString(p.Fingerprint), sqlstore.DurationMicros(p.Lease)})
+	}
+	res := make([]idemdriver.AcquireResult, len(ps))
+	done := make([]bool, len(ps))
+	if len(elems) > 0 {
+		arg, err := json.Marshal(elems)
+		if err != nil {
+			return nil, nil, err
+		}
+		rows, err := tx.QueryContext(ctx, s.lq.acquireMany, string(arg))
+		if err != nil {
+			return nil, nil, err
+		}
+		var got []int
+		for rows.Next() {
+			var (
+				k              key
+				token, attempt int64
+			)
+			if err := rows.Scan(&k.consumer, &k.id, &token, &attempt); err != nil {
+				rows.Close()
+				return nil, nil, err
+			}
+			i, ok := pending[k]
+			if !ok {
+				rows.Close()
+				return nil, nil, fmt.Errorf("idem: the batch claim returned a record it was not given (consumer %q, message ID %q)", k.consumer, k.id)
+			}
+			res[i], done[i] = sqlstore.Acquired(token, attempt, nil), true
+			got = append(got, i)
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			return nil, nil, err
+		}
+		var points [][3]string
+		for _, i := range got {
+			p := ps[i]
+			if res[i].Token > 1 {
+				if res[i].Steps, err = sqlstore.ReadSteps(ctx, querier{tx}, s.lq.steps, p.Consumer, p.MessageID); err != nil {
+					return nil, nil, err
+				}
+			}
+			if p.StepPrefix != "" {
+				points = append(points, [3]string{p.Consumer, p.MessageID, idemdriver.PrefixStep(p.StepPrefix, res[i].Token)})
+			}
+		}
+		if len(points) > 0 {
+			arg, err := json.Marshal(points)
+			if err != nil {
+				return nil, nil, err
+			}
+			if _, err := tx.ExecContext(ctx, s.lq.pointMany, string(arg)); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	for _, i := range order {
+		if done[i] {
+			continue
+		}
+		r, err := acquire(ps[i])
+		if err != nil {
+			return nil, nil, err
+		}
+		res[i] = r
+	}
+	return res, errs, ctx.Err()
 }

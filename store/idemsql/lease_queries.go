@@ -46,6 +46,12 @@ type leaseQueries struct {
 	// an empty result (kept when it exists), inside the transaction of
 	// an Acquire or a Release that holds the record.
 	point string
+	// acquireMany (SQLite): acquire for a batch in one statement: a JSON
+	// array of [consumer, message ID, fingerprint in hex, lease (µs)]
+	// -> consumer, message ID, token, attempt of each one acquired.
+	// pointMany (SQLite): point for a batch: a JSON array of [consumer,
+	// message ID, step].
+	acquireMany, pointMany string
 
 	// purgeBatch: MySQL: the locking SELECT of a batch: consumer,
 	// horizon (µs), batch size -> message ID, token. SQLite: DELETE ...
@@ -164,6 +170,20 @@ WHERE consumer = ?3 AND message_id = ?4 AND state = 1 AND token = ?5`,
 SELECT ?1, ?2, ?4, ?5, ` + sqliteNow + ` FROM ` + t + ` WHERE ` + pk + ` AND state = 1 AND token = ?3
 ON CONFLICT (consumer, message_id, step) DO UPDATE SET created_at = created_at`,
 		point: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at) VALUES (?1, ?2, ?3, X'', ` + sqliteNow + `)
+ON CONFLICT (consumer, message_id, step) DO NOTHING`,
+		// The batch's acquire: its elements' rows (json_each; WHERE true
+		// tells SQLite's parser the ON CONFLICT is the upsert's), each
+		// judged as acquire judges one.
+		acquireMany: `INSERT INTO ` + t + ` (consumer, message_id, fingerprint, processed_at, state, token, attempt, lease_expires_at, updated_at)
+SELECT j.value ->> 0, j.value ->> 1, unhex(j.value ->> 2), ` + sqliteNow + `, 1, 1, 1, ` + sqliteNow + ` + (j.value ->> 3), ` + sqliteNow + `
+FROM json_each(?1) AS j WHERE true
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET token = token + 1, attempt = attempt + 1, lease_expires_at = excluded.lease_expires_at,
+	processed_at = excluded.processed_at, updated_at = excluded.updated_at
+WHERE state = 1 AND lease_expires_at <= excluded.processed_at AND fingerprint = excluded.fingerprint
+RETURNING consumer, message_id, token, attempt`,
+		pointMany: `INSERT INTO ` + steps + ` (consumer, message_id, step, result, created_at)
+SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, X'', ` + sqliteNow + ` FROM json_each(?1) AS j WHERE true
 ON CONFLICT (consumer, message_id, step) DO NOTHING`,
 		purgeBatch: `DELETE FROM ` + t + ` WHERE rowid IN (
 	SELECT rowid FROM ` + t + ` WHERE consumer = ?1 AND processed_at < ?2 AND state <> 1 ORDER BY processed_at LIMIT ?3)

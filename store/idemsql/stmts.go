@@ -291,10 +291,10 @@ func (p preparedDB) QueryRowContext(ctx context.Context, query string, args ...a
 
 // prepareSQLiteLease prepares SQLite's lease statements (the claim, its
 // recovery point, the record read of a refused claim, the steps read of a
-// takeover, complete) that are not prepared yet. Call it before the
+// takeover, complete, a batch's claim and recovery points) that are not prepared yet. Call it before the
 // transaction that runs them (through prepared) begins.
 func (s *Store) prepareSQLiteLease(ctx context.Context) {
-	s.stmts.prepare(ctx, s.db, s.lq.acquire, s.lq.point, s.lq.record, s.lq.steps, s.lq.complete)
+	s.stmts.prepare(ctx, s.db, s.lq.acquire, s.lq.point, s.lq.record, s.lq.steps, s.lq.complete, s.lq.acquireMany, s.lq.pointMany)
 }
 
 // prepared is tx running the prepared statements of s.

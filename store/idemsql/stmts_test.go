@@ -50,8 +50,8 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 				t.Fatalf("round %d, completion of %s: %v", round, ids[i], e)
 			}
 		}
-		if n := idemsql.PreparedStatements(s); n != 5 {
-			t.Fatalf("round %d: %d lease statements prepared, want 5", round, n)
+		if n := idemsql.PreparedStatements(s); n != 7 {
+			t.Fatalf("round %d: %d lease statements prepared, want 7", round, n)
 		}
 		again, errs, err := s.AcquireBatch(ctx, claim(ids...))
 		if err != nil {
@@ -62,6 +62,90 @@ func TestSQLiteLeaseBatchesRunPreparedStatements(t *testing.T) {
 				t.Fatalf("round %d, second claim of %s: %+v, %v; want completed with its result", round, ids[i], r, errs[i])
 			}
 		}
+	}
+}
+
+// TestSQLiteBatchClaimRecoveryPoints checks SQLite's batch claim (one
+// statement for the batch's records, one for their recovery points, the
+// rest element by element): a batch of new messages, one message twice,
+// an ID that JSON escapes and a
+// record taken over after its lease ran out is claimed as single
+// Acquires claim; each claim saved the recovery point of its token, which
+// a later takeover of each record reads back, and the takeover's own
+// recovery points are read back by the next one; so too on the path of
+// an SQLite without that statement (element by element).
+func TestSQLiteBatchClaimRecoveryPoints(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"one statement", "element by element"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, idemsql.SQLite, envOptions{})
+			if path == "element by element" {
+				idemsql.WithoutSQLiteBatchStatement(e.db)
+			}
+			testSQLiteBatchClaimRecoveryPoints(t, e)
+		})
+	}
+}
+
+func testSQLiteBatchClaimRecoveryPoints(t *testing.T, e *env) {
+	ctx, s := context.Background(), e.store
+	ids := []string{"a", "b", "a", `q"<&\\é`, "d", "c"}
+	claim := func() ([]idemdriver.AcquireResult, []error) {
+		ps := make([]*idemdriver.AcquireParams, len(ids))
+		for i, id := range ids {
+			ps[i] = &idemdriver.AcquireParams{Consumer: "c", MessageID: id, Fingerprint: []byte("f"), Lease: time.Hour, StepPrefix: "run:"}
+		}
+		res, errs, err := s.AcquireBatch(ctx, ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, errs
+	}
+	expireAll := func() {
+		if _, err := e.db.ExecContext(ctx, "UPDATE "+e.table+" SET lease_expires_at = 0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := int64(1); round <= 3; round++ {
+		res, errs := claim()
+		for i, id := range ids {
+			r := res[i]
+			if errs[i] != nil {
+				t.Fatalf("round %d, %q: error %v", round, id, errs[i])
+			}
+			if i == 2 { // the second "a": held by the first
+				if r.Acquired || r.State != idemdriver.StateInProgress {
+					t.Fatalf("round %d, second %q: %+v; want not acquired, in progress", round, id, r)
+				}
+				continue
+			}
+			if !r.Acquired || r.Token != round || r.Attempt != int(round) {
+				t.Fatalf("round %d, %q: %+v; want acquired, token and attempt %d", round, id, r, round)
+			}
+			// Each earlier claim saved its recovery point, with an empty
+			// result; the takeover reads them all.
+			want := map[string]string{}
+			for tok := int64(1); tok < round; tok++ {
+				want[idemdriver.PrefixStep("run:", tok)] = ""
+			}
+			if len(r.Steps) != len(want) {
+				t.Fatalf("round %d, %q: steps %q; want %q", round, id, r.Steps, want)
+			}
+			for name, v := range want {
+				if got, ok := r.Steps[name]; !ok || string(got) != v {
+					t.Fatalf("round %d, %q: steps %q; want %q", round, id, r.Steps, want)
+				}
+			}
+		}
+		expireAll()
+	}
+	var n int
+	if err := e.db.QueryRowContext(ctx, "SELECT count(*) FROM "+e.table+"_steps").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if want := 3 * (len(ids) - 1); n != want {
+		t.Errorf("%d recovery points stored, want %d (one a claim)", n, want)
 	}
 }
 

@@ -97,6 +97,7 @@ func newPurgeCmd() *cobra.Command {
 		olderThan time.Duration
 		batch     int
 		dryRun    bool
+		duty      float64
 	)
 	cmd := &cobra.Command{
 		Use:   "purge",
@@ -105,7 +106,12 @@ func newPurgeCmd() *cobra.Command {
 has outrun by --older-than of running time: time in which the consumer was
 not running does not count, so a consumer that was down keeps the history
 its redeliveries need. Deletes in batches, one cleaner at a time; the
-consumer need not be running. A second purge deletes nothing and says so.`,
+consumer need not be running. A second purge deletes nothing and says so.
+
+--duty-cycle paces the batches: after a batch that took d, purge pauses
+d*(1-share)/share, so it keeps at most that share of one connection busy
+(0.2 by default, as a consumer's own purge; 1 runs flat out). It prints its
+rate in records/s and the time it paused.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := sf.check(); err != nil {
@@ -123,14 +129,18 @@ consumer need not be running. A second purge deletes nothing and says so.`,
 			if batch <= 0 {
 				return usageError{errors.New("--batch-size must be positive")}
 			}
+			if !(duty > 0 && duty <= 1) {
+				return usageError{errors.New("--duty-cycle must be in (0, 1], as in 0.2; 1 purges flat out")}
+			}
 			st, err := openSQLStore(cmd.Context(), sf.store, sf.table)
 			if err != nil {
 				return err
 			}
 			defer st.db.Close()
 			out := cmd.OutOrStdout()
+			start := time.Now()
 			res, err := idem.Purge(cmd.Context(), st.store, idem.PurgeParams{
-				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun,
+				Consumer: consumer, RetentionWindow: olderThan, BatchSize: batch, DryRun: dryRun, DutyCycle: duty,
 				OnBatch: func(n int64) {
 					if !dryRun {
 						fmt.Fprintf(cmd.ErrOrStderr(), "purge: %d records deleted so far\n", n)
@@ -146,8 +156,12 @@ consumer need not be running. A second purge deletes nothing and says so.`,
 			}
 			fmt.Fprintf(out, "%s %d records of consumer %q outrun by %s of running time (horizon %s)",
 				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon))
-			if !dryRun {
+			if took := time.Since(start); !dryRun {
 				fmt.Fprintf(out, " in %d batch(es)", res.Batches)
+				if res.Deleted > 0 {
+					fmt.Fprintf(out, ", %s (%.0f records/s, paused %s)", took.Round(time.Millisecond),
+						float64(res.Deleted)/took.Seconds(), res.Paused.Round(time.Millisecond))
+				}
 			}
 			fmt.Fprintln(out)
 			if res.Deleted == 0 {
@@ -164,6 +178,7 @@ consumer need not be running. A second purge deletes nothing and says so.`,
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "retention window, as in 168h (required)")
 	cmd.Flags().IntVar(&batch, "batch-size", idem.DefaultPurgeBatchSize, "rows per DELETE")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "count, delete nothing")
+	cmd.Flags().Float64Var(&duty, "duty-cycle", idem.DefaultPurgeDutyCycle, "most of the purge's time its batches take, in (0, 1]; 1 purges flat out")
 	return cmd
 }
 

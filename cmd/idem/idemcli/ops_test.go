@@ -132,8 +132,13 @@ func testOperatingCommands(t *testing.T, url string) {
 	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") || strings.Contains(errOut, "deleted so far") {
 		t.Errorf("purge --dry-run: exit %d, %q %q", code, out, errOut)
 	}
-	code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--batch-size", "4")
-	if code != 0 || !strings.Contains(out, "deleted 9 records") || !strings.Contains(errOut, "deleted so far") {
+	for _, bad := range []string{"0", "-0.5", "1.5", "NaN"} {
+		if code, _, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--duty-cycle", bad); code != 2 || !strings.Contains(errOut, "--duty-cycle must be in (0, 1]") {
+			t.Errorf("purge --duty-cycle %s: exit %d, %q", bad, code, errOut)
+		}
+	}
+	code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--batch-size", "4", "--duty-cycle", "0.5")
+	if code != 0 || !strings.Contains(out, "deleted 9 records") || !strings.Contains(out, "in 3 batch(es)") || !strings.Contains(out, "records/s, paused ") || !strings.Contains(errOut, "deleted so far") {
 		t.Errorf("purge: exit %d, %q %q", code, out, errOut)
 	}
 	if code, out, _ = cmd("stats"); code != 0 || !strings.Contains(out, " 1 ") {

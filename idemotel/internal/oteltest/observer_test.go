@@ -430,6 +430,22 @@ func TestStoreErrorsAndPurge(t *testing.T) {
 	if lag := g.DataPoints[0].Value; lag < 7100 || lag > 7300 {
 		t.Errorf("purge lag %vs, want about 7200 (the two hours down)", lag)
 	}
+	if _, ok := ms["idem.purge.load"]; ok {
+		t.Errorf("idem.purge.load after the process's first purge, which has no span: %+v", ms["idem.purge.load"].Data)
+	}
+	// A second purge, the consumer having run an hour more: its span is
+	// that hour, and the load its duration over it.
+	mark(4 * time.Hour)
+	b.clock.Advance(time.Hour)
+	mark(4 * time.Hour)
+	if _, err := c.Purge(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ms = b.collect(t)
+	load, ok := ms["idem.purge.load"].Data.(metricdata.Gauge[float64])
+	if !ok || len(load.DataPoints) != 1 || load.DataPoints[0].Value <= 0 || load.DataPoints[0].Value >= 0.01 {
+		t.Errorf("idem.purge.load after a purge of an hour's span: %+v, want one point in (0, 0.01)", ms["idem.purge.load"].Data)
+	}
 	var purgeSpan bool
 	for _, s := range b.spans.GetSpans() {
 		if s.Name == "purge good" && spanAttr(s, "idem.purge.rows") == "2" {

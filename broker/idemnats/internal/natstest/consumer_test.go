@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,7 +102,9 @@ func newMappingEnv(t *testing.T, conn connector, cfg idemnats.Config, outFor fun
 	if cfg.DeadLetter == "" {
 		cfg.DeadLetter = e.s.dlSubject
 	}
-	cfg.Logger = testLogger()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
 	e.c, err = idemnats.NewConsumer(js, e.cons, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -296,7 +299,8 @@ func TestOutcomeMapping(t *testing.T) {
 		// No stream captures this subject: the dead-letter publish fails,
 		// and the message must not be acknowledged.
 		var calls atomic.Int32
-		e := newMappingEnv(t, conn, idemnats.Config{DeadLetter: "idemnats.nowhere." + unique(), RetryDelay: 300 * time.Millisecond},
+		logged := &logMessages{}
+		e := newMappingEnv(t, conn, idemnats.Config{DeadLetter: "idemnats.nowhere." + unique(), RetryDelay: 300 * time.Millisecond, Logger: slog.New(logged)},
 			func(call int, msg idem.Message) (idem.Outcome, error) {
 				calls.Add(1)
 				return idem.Outcome{Status: idem.Rejected, Err: idem.ErrMissingMessageID}, idem.ErrMissingMessageID
@@ -310,7 +314,48 @@ func TestOutcomeMapping(t *testing.T) {
 		if info.AckFloor.Stream != 0 {
 			t.Errorf("ack floor %d: the message was acknowledged although its dead letter was not stored", info.AckFloor.Stream)
 		}
+		// The log says what happened: the publish failed, and the message
+		// was not dead-lettered. The first delivery's records were written
+		// before its Nak, so before the second delivery.
+		if n := logged.count("idemnats: message dead-lettered"); n != 0 {
+			t.Errorf("%d %q records although no dead letter was published", n, "idemnats: message dead-lettered")
+		}
+		if n := logged.count("idemnats: dead letter publish failed; the message will be redelivered"); n < 1 {
+			t.Errorf("%d records of the failed dead-letter publish, want one per delivery", n)
+		}
 	})
+}
+
+// logMessages is a slog.Handler that keeps the messages of the records
+// it is given, every level.
+type logMessages struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *logMessages) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *logMessages) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+
+func (h *logMessages) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logMessages) WithGroup(string) slog.Handler      { return h }
+
+// count is how many records had message msg.
+func (h *logMessages) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
 }
 
 // TestCustomIDHeader: the ID is read from the configured header, and the
