@@ -45,9 +45,9 @@ const (
 	MaxRetentionWindow = 100 * 365 * 24 * time.Hour
 	// DefaultMaxAttempts is the number of lease-mode attempts a message gets.
 	DefaultMaxAttempts = 5
-	// DefaultCoalesce is Config.Coalesce's default: 1, every store call
-	// alone (coalescing off; see Config.Coalesce for why).
-	DefaultCoalesce = 1
+	// DefaultCoalesce is Config.Coalesce's default: at most 64 Acquire
+	// (or Complete) calls in one store call.
+	DefaultCoalesce = 64
 )
 
 // MismatchPolicy says what to do with a message whose ID was processed with
@@ -188,16 +188,12 @@ type Config struct {
 	// calls queued behind it, each up to its own store timeout (then
 	// ErrStoreTimeout, unsent). A store that batches concurrent calls
 	// itself (a CoalescesCalls method that returns true) gets each call
-	// alone. 1 sends every call alone, as a store without batches does;
-	// 0 means DefaultCoalesce (1: off). It is off by default because a
-	// batch costs more allocations than a call (store/idemredis: 31
-	// instead of 19 per message at 8 workers), a stalled call holds up
-	// the others, and a MariaDB server whose max_prepared_stmt_count is
-	// reached refuses the batch statements (one per batch size) where
-	// the single calls get by; on Redis with many requests in flight it
-	// cuts the round trips 8-fold (64 is a good value). At most
-	// idemdriver.MaxLeaseBatch; negative is an error matching
-	// ErrInvalidConfig.
+	// alone. 1 sends every call alone, as a store without batches does
+	// (no head-of-line wait behind a stalled call); 0 means
+	// DefaultCoalesce (64). With many requests in flight on Redis it cuts
+	// the store round trips of a new key 8-fold; one goroutine's calls
+	// always go alone. At most idemdriver.MaxLeaseBatch; negative is an
+	// error matching ErrInvalidConfig.
 	Coalesce int
 }
 

@@ -58,8 +58,9 @@
 // trip instead of one each. A call made when none is in flight goes out
 // at once, alone, as without coalescing. Each delivery keeps its own
 // outcome, fencing token and recovery point; see Config.Coalesce for
-// errors, deadlines, cancellation and why it is off by default
-// ([DefaultCoalesce] 1).
+// errors, deadlines, cancellation and the head-of-line wait behind a
+// stalled call. It is on by default ([DefaultCoalesce] 64); 1 turns it
+// off.
 //
 // # Deadlines
 //

@@ -191,13 +191,12 @@ func TestCoalesceBatchTimeout(t *testing.T) {
 	})
 }
 
-// TestCoalesceOff: by default (Config.Coalesce 0, DefaultCoalesce 1)
-// every call goes alone, at once; out of 0..MaxLeaseBatch Coalesce is an
-// error matching ErrInvalidConfig.
+// TestCoalesceOff: with Config.Coalesce 1 every call goes alone, at once;
+// out of 0..MaxLeaseBatch Coalesce is an error matching ErrInvalidConfig.
 func TestCoalesceOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: []time.Duration{time.Second, time.Second, time.Second}}
-		c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1})
+		c, err := idem.NewLeaseConsumer(s, idem.Config{Name: "c", Lease: time.Minute, PurgeInterval: -1, Coalesce: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
