@@ -47,6 +47,21 @@
 // idemdriver (idemdriver.TxStore, idemdriver.LeaseStore) and pass the
 // idemtest conformance suite.
 //
+// # Coalesced store calls
+//
+// A LeaseConsumer over a store with batches (idemdriver.LeaseBatcher:
+// MemoryStore, store/idemredis, store/idempgxv5, store/idemsql) can
+// coalesce the Acquire and Complete calls of its concurrent deliveries,
+// as a group commit does: a call made while another is in the store waits for it to
+// return and then goes with the others that waited, up to
+// [Config.Coalesce], in one AcquireBatch or CompleteBatch: one round
+// trip instead of one each. A call made when none is in flight goes out
+// at once, alone, as without coalescing. Each delivery keeps its own
+// outcome, fencing token and recovery point; see Config.Coalesce for
+// errors, deadlines, cancellation and the head-of-line wait behind a
+// stalled call. It is on by default ([DefaultCoalesce] 64); 1 turns it
+// off.
+//
 // # Deadlines
 //
 // Every store call the core makes is bounded by [Config.StoreTimeout] (10s

@@ -122,16 +122,23 @@ func (c *LeaseConsumer) acquire(ctx context.Context, t *track, msg Message, opt 
 		var acq idemdriver.AcquireResult
 		var err error
 		if c.renewals.startCall(&ap.bound) {
-			acq, err = c.store.Acquire(&ap.bound, &ap.p)
+			acq, err = c.storeAcquire(&ap.bound, &ap.p)
 			err = timedOut(&ap.bound, err)
 			c.renewals.endCall(&ap.bound)
 		} else {
 			actx, cancel := callCtx(ctx, c.storeTimeout())
-			acq, err = c.store.Acquire(actx, &ap.p)
+			acq, err = c.storeAcquire(actx, &ap.p)
 			err = timedOut(actx, err)
 			cancel()
 		}
 		held, out, err := c.judgeAcquire(ctx, t, a, msg, fp, acq, err, leaseFrom, since, opt.StepPrefix, atomicStep)
+		if held != nil && c.coAcquire != nil && ctx.Err() != nil {
+			// The caller left while its acquisition was in a coalesced
+			// batch, which it could not leave: the lease is released
+			// at once rather than held by nobody until it runs out.
+			out, err := held.releaseLeft(ctx)
+			return nil, out, err
+		}
 		if held != nil || out.Status != InProgress || opt.Wait <= 0 {
 			return held, out, err
 		}
@@ -789,13 +796,13 @@ func (a *Attempt) complete(ctx context.Context, res Result, bound *callBound) (O
 	var err error
 	if a.c.renewals.startCall(bound) {
 		bound.cp = a.completeParams(res) // no allocation of its own
-		err = timedOut(bound, a.c.store.Complete(bound, &bound.cp))
+		err = timedOut(bound, a.c.storeComplete(bound, &bound.cp))
 		bound.cp = idemdriver.CompleteParams{}
 		a.c.renewals.endCall(bound)
 	} else {
 		p := a.completeParams(res)
 		cctx, cancel := callCtx(ctx, a.c.storeTimeout())
-		err = timedOut(cctx, a.c.store.Complete(cctx, &p))
+		err = timedOut(cctx, a.c.storeComplete(cctx, &p))
 		cancel()
 	}
 	return a.completed(ctx, res, since, err)

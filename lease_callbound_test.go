@@ -71,7 +71,7 @@ func (s *slowBatcher) AcquireBatch(ctx context.Context, ps []*idemdriver.Acquire
 // failing after a second), and the deliveries are processed.
 func TestLeaseStoreTimeoutPastUnixNano(t *testing.T) {
 	s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil)}
-	c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute,
+	c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute, Coalesce: 1,
 		StoreTimeout: math.MaxInt64, PurgeInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +210,7 @@ func TestLeaseBatchLateCaller(t *testing.T) {
 				if st == 0 {
 					st = T
 				}
-				c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute,
+				c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute, Coalesce: 1,
 					StoreTimeout: st, PurgeInterval: -1})
 				if err != nil {
 					t.Fatal(err)
@@ -254,7 +254,7 @@ func TestLeaseBatchLateCaller(t *testing.T) {
 func TestLeaseBatchRunnerCancelled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: []time.Duration{time.Second, 500 * time.Millisecond}}
-		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute,
+		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 8), idem.Config{Name: "c", Lease: time.Minute, Coalesce: 1,
 			StoreTimeout: 2 * time.Second, PurgeInterval: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -429,7 +429,7 @@ func TestLeaseBatchManyStalled(t *testing.T) {
 			delays[i] = time.Hour // a stall: each call ends with its context
 		}
 		s := &slowBatcher{MemoryStore: idem.NewMemoryStore(nil), delays: delays}
-		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 4), idem.Config{Name: "c", Lease: time.Minute,
+		c, err := idem.NewLeaseConsumer(leasebatch.New(s, 4), idem.Config{Name: "c", Lease: time.Minute, Coalesce: 1,
 			StoreTimeout: T, PurgeInterval: -1})
 		if err != nil {
 			t.Fatal(err)

@@ -47,11 +47,19 @@ type Result struct {
 // attempt takes over when the lease expires; an external call may then be
 // made again, which is why it must carry Attempt.Key.
 //
-// A LeaseConsumer is safe for concurrent use. Close it to stop its purge loop.
+// A LeaseConsumer is safe for concurrent use; over an
+// idemdriver.LeaseBatcher the Acquire and Complete calls its goroutines
+// make at the same time can go to the store together (Config.Coalesce,
+// off by default). Close it to stop its purge loop.
 type LeaseConsumer struct {
 	core
 	store    idemdriver.LeaseStore
 	renewals renewals
+	// coAcquire and coComplete coalesce the concurrent Acquire and
+	// Complete calls (Config.Coalesce); nil when the store's calls go
+	// alone.
+	coAcquire  *acquireGroup
+	coComplete *completeGroup
 }
 
 // NewLeaseConsumer returns a LeaseConsumer over store. It returns an error
@@ -67,6 +75,7 @@ func NewLeaseConsumer(store idemdriver.LeaseStore, cfg Config) (*LeaseConsumer, 
 	c := &LeaseConsumer{store: store}
 	c.renewals.batch, _ = idemdriver.BatchRenewer(store)
 	c.start(cfg.withDefaults(), ModeLease, store)
+	c.initCoalesce()
 	return c, nil
 }
 

@@ -65,10 +65,15 @@ type PurgeParams struct {
 	// means DefaultPurgeDutyCycle; a negative value, NaN or one above 1
 	// returns an error matching ErrInvalidConfig. A consumer's own purges
 	// use its Config.PurgeDutyCycle. The purge lock is held through the
-	// pauses: on PostgreSQL its transaction sits idle for about d/DutyCycle
-	// between batches, which idle_in_transaction_session_timeout must
-	// exceed (past it the server ends the lock and the purge stops with
-	// ErrStore, the batches run so far deleted).
+	// pauses: on PostgreSQL by a transaction that sits idle for about
+	// d/DutyCycle between batches (a batch's own transaction runs on
+	// another connection). That transaction sets its own
+	// idle_in_transaction_session_timeout, one hour (SET LOCAL), so the
+	// server's or the session's setting, however short, does not end it
+	// during a pause; only a batch and its pause lasting longer than the
+	// hour would (the server then ends the lock, and the purge stops with
+	// an error matching ErrStore before its next batch, the batches run so
+	// far deleted).
 	DutyCycle float64
 }
 

@@ -150,6 +150,7 @@ func New(store idemdriver.LeaseStore, opts Options) (*Middleware, error) {
 		Hooks:           core,
 		Lease:           o.Lease,
 		StoreTimeout:    o.StoreTimeout,
+		Coalesce:        o.Coalesce,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)

@@ -14,6 +14,7 @@ import (
 func leaseBatchCases() []leaseCase {
 	return []leaseCase{
 		{"AcquireAndCompleteBatch", testLeaseBatch},
+		{"ExpiredMismatchAndReleased", testLeaseBatchExpiredMismatchAndReleased},
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 func leaseConsumerBatchCases() []leaseCase {
 	return []leaseCase{
 		{"AcquireAndCompleteBatch", testLeaseConsumerBatch},
+		{"ExpiredMismatchAndReleased", testLeaseConsumerBatchExpiredMismatchAndReleased},
 	}
 }
 

@@ -256,15 +256,17 @@ func leaseStallCase(k stallKind, batched bool) func(t *testing.T, b *leaseBundle
 	return func(t *testing.T, b *leaseBundle) {
 		w := &stallStore{inner: b.s.Store, out: newOutside(t), ctx: b.ctx, kind: k, batches: k == stallRenewBatch}
 		var store idemdriver.LeaseStore = w
-		n := 1
+		n, coalesce := 1, 0
 		if batched {
-			store, n = leasebatch.New(w, 8), 3
+			// leasebatch batches the calls: the consumer sends each
+			// alone (Config.Coalesce 1).
+			store, n, coalesce = leasebatch.New(w, 8), 3, 1
 		}
 		ms := msgs("m-", n)
 		name := b.name("c")
 		var calls atomic.Int64
 		synctest.Test(t, func(t *testing.T) {
-			c, err := idem.NewLeaseConsumer(store, idem.Config{Name: name, Lease: 30 * time.Second, StoreTimeout: leaseStallTimeout,
+			c, err := idem.NewLeaseConsumer(store, idem.Config{Name: name, Lease: 30 * time.Second, StoreTimeout: leaseStallTimeout, Coalesce: coalesce,
 				PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)

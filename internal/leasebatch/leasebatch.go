@@ -63,6 +63,12 @@ func New(b idemdriver.LeaseBatcher, size int) *Store {
 	return s
 }
 
+// CoalescesCalls reports that the Store batches the concurrent Acquire
+// and Complete calls itself: a LeaseConsumer over it sends each call
+// alone (idem.Config.Coalesce does not apply), so that its calls reach
+// this layer as they are made.
+func (s *Store) CoalescesCalls() bool { return true }
+
 // RecordsSteps implements idemdriver.StepRecorder: the store's answer.
 func (s *Store) RecordsSteps() bool { return idemdriver.RecordsSteps(s.LeaseBatcher) }
 

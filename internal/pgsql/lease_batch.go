@@ -191,20 +191,25 @@ func (b *batchTexts) get(q *Queries) string {
 // CompleteBatch then read the whole table (measured at 30,000 records:
 // ~100 µs of server time a row instead of ~25). So the batch statements
 // carry a comment naming a plan generation, which changes as the records
-// this process acquired in batches double from 1,024 up to
+// the table is known to hold double from 1,024 up to
 // 1,024 << (maxPlanGeneration-1): a new text is a new prepared statement
 // (for pgx's statement cache, and for PgBouncer's), planned afresh for
-// the table's size then. A long-lived table, large when the process
-// starts, is planned well from the first generation and is not planned
-// again past the last one; PostgreSQL's own statistics of statements
-// (pg_stat_statements' queryid ignores comments) see one statement.
+// the table's size then. The records known are those the table's
+// statistics counted when this process first found its shape (the
+// planner's own estimate) plus those this process acquired in batches
+// since: a table already large when the process starts is not planned
+// again until it doubles (every new generation costs each connection a
+// parse and six plans of each statement, the first five custom), and
+// not past the last generation; PostgreSQL's own statistics of
+// statements (pg_stat_statements' queryid ignores comments) see one
+// statement.
 const maxPlanGeneration = 12
 
-// planGeneration is q's plan generation: 0 until q's batches acquired
-// 1,024 records, then one more at each doubling, at most
-// maxPlanGeneration.
+// planGeneration is q's plan generation: 0 while the records known
+// (batchBase + batchWrites) are fewer than 1,024, then one more at each
+// doubling, at most maxPlanGeneration.
 func (q *Queries) planGeneration() int {
-	return min(bits.Len64(q.batchWrites.Load()>>10), maxPlanGeneration)
+	return min(bits.Len64((q.batchBase.Load()+q.batchWrites.Load())>>10), maxPlanGeneration)
 }
 
 // planComment is the comment that ends a batch statement of plan

@@ -39,3 +39,21 @@ func TestPlanGeneration(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanGenerationCountsTableRows: the records a table's statistics
+// counted when its shape was found (batchBase) count towards the plan
+// generation like those acquired since: a table of 3,000 records is in
+// generation 2 from the start, and moves to 3 when the two reach 4,096.
+func TestPlanGenerationCountsTableRows(t *testing.T) {
+	q := NewV2("t")
+	q.batchBase.Store(3000)
+	for _, c := range []struct {
+		writes uint64
+		gen    int
+	}{{0, 2}, {1095, 2}, {1, 3}, {4096, 4}} {
+		q.batchWrites.Add(c.writes)
+		if g := q.planGeneration(); g != c.gen {
+			t.Fatalf("table of 3,000 records, %d writes: generation %d, want %d", q.batchWrites.Load(), g, c.gen)
+		}
+	}
+}

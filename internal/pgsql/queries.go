@@ -236,6 +236,11 @@ type Queries struct {
 	// batchWrites counts the records acquired through the batch acquire
 	// statement (planGeneration); shared by copies of the Queries.
 	batchWrites *atomic.Uint64
+	// batchBase is the table's row count as its statistics estimated it
+	// (pg_class.reltuples, 0 when never estimated) when its shape was
+	// last found (Table.Shape), from which planGeneration counts the
+	// records; shared by copies of the Queries.
+	batchBase *atomic.Uint64
 	// renew: lease (µs), consumer, message ID, token.
 	renew string
 	// complete: result, content type, consumer, message ID, token.
@@ -327,6 +332,7 @@ LEFT JOIN ` + t + ` AS r ON ` + pk,
 		acquireBatchTexts:     newBatchTexts(acquireBatch(l, "", false), acquireBatch(l, "", true)),
 		acquireBatchStepTexts: newBatchTexts(acquireBatch(l, steps, false), acquireBatch(l, steps, true)),
 		batchWrites:           new(atomic.Uint64),
+		batchBase:             new(atomic.Uint64),
 		completeBatchTexts:    newBatchTexts(completeBatch(l, false), completeBatch(l, true)),
 		// The steps table has no index but its key.
 		steps: l.stepsRead(steps),

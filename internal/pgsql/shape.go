@@ -266,9 +266,11 @@ func NewTable(t string, native bool) *Table {
 	tb.ops1 = sync.OnceValue(func() *sqlstore.Ops { return Ops(t) })
 	tb.ops2 = sync.OnceValue(func() *sqlstore.Ops { return opsV2(layout{t: t, v2: true}) })
 	tb.ops2p = sync.OnceValue(func() *sqlstore.Ops { return OpsV2(t) })
-	// Whether the table has each of the three columns; a table that does
-	// not exist has none.
-	tb.detect = `SELECT count(*) FILTER (WHERE attname = 'consumer'), count(*) FILTER (WHERE attname = 'consumer_key'), count(*) FILTER (WHERE attname = 'point')
+	// Whether the table has each of the three columns (a table that does
+	// not exist has none), and its row count as its statistics estimate
+	// it (0 when never estimated: reltuples -1).
+	tb.detect = `SELECT count(*) FILTER (WHERE attname = 'consumer'), count(*) FILTER (WHERE attname = 'consumer_key'), count(*) FILTER (WHERE attname = 'point'),
+	COALESCE((SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1::text)), 0)
 FROM pg_attribute WHERE attrelid = to_regclass($1::text) AND attname IN ('consumer', 'consumer_key', 'point') AND NOT attisdropped`
 	// name -> (key, committed): the name's row, or a new one whose key
 	// is the largest plus one (no sequence, so a transaction that rolls
@@ -316,26 +318,30 @@ func (tb *Table) Reset() {
 
 // Shape returns the statements of the table's shape, found with one
 // catalog read on db when not known yet. A table that has neither
-// column (it does not exist yet) gets v1's statements, unremembered.
+// column (it does not exist yet) gets v1's statements, unremembered. The
+// same read takes the table's row estimate (pg_class.reltuples) into the
+// statements' batchBase, from which the batch statements' plan
+// generation counts (planGeneration).
 func (tb *Table) Shape(ctx context.Context, db sqlstore.Querier) (*Queries, error) {
 	if q := tb.cur.Load(); q != nil {
 		return q, nil
 	}
-	var name, key, point int64
-	if err := db.QueryRow(ctx, tb.detect, tb.name).Scan(&name, &key, &point); err != nil {
+	var name, key, point, rows int64
+	if err := db.QueryRow(ctx, tb.detect, tb.name).Scan(&name, &key, &point, &rows); err != nil {
 		return nil, fmt.Errorf("table shape: %w", err)
 	}
+	q := tb.v1
 	switch {
 	case name == 0 && key == 1 && point == 1:
-		tb.cur.Store(tb.v2p)
-		return tb.v2p, nil
+		q = tb.v2p
 	case name == 0 && key == 1:
-		tb.cur.Store(tb.v2)
-		return tb.v2, nil
-	case name == 1:
-		tb.cur.Store(tb.v1)
+		q = tb.v2
+	case name != 1:
+		return q, nil
 	}
-	return tb.v1, nil
+	q.batchBase.Store(uint64(max(rows, 0)))
+	tb.cur.Store(q)
+	return q, nil
 }
 
 // Refresh finds the table's shape again with one catalog read on db,

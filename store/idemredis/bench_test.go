@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -79,7 +80,8 @@ type leaseKind struct {
 func benchLeaseVsSET(b *testing.B, workers int) {
 	tb := setup(b, nil)
 	ctx := context.Background()
-	c, err := idem.NewLeaseConsumer(tb.store, idem.Config{Name: "bench", PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler)})
+	c, err := idem.NewLeaseConsumer(tb.store, idem.Config{Name: "bench", PurgeInterval: -1, Logger: slog.New(slog.DiscardHandler),
+		Coalesce: benchCoalesce()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -322,4 +324,11 @@ func BenchmarkLeaseRunPoint(b *testing.B) {
 //	go test -run '^$' -bench BenchmarkHeldAttempts -benchtime 1x
 func BenchmarkHeldAttempts(b *testing.B) {
 	idemtest.BenchmarkHeldAttempts(b, setup(b, nil).store, "bench-held", 10000, 30*time.Second, 12*time.Second)
+}
+
+// benchCoalesce is the lease consumer's Config.Coalesce in the benchmark:
+// IDEM_BENCH_COALESCE (e.g. 64), 0 (the default, off) when unset.
+func benchCoalesce() int {
+	n, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_COALESCE"))
+	return n
 }

@@ -2,6 +2,7 @@ package idemredis
 
 import (
 	"context"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,18 +29,25 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 		return nil, nil, err
 	}
 	res := make([]idemdriver.AcquireResult, len(ps))
-	errs := s.pipeline(ctx, acquireScript, len(ps), 2, 3, func(i int, w []any) error {
-		p := ps[i]
-		if err := idemdriver.ValidateAcquireParams(p); err != nil {
-			return err
+	errs := make([]error, len(ps))
+	b := getBatch(ctx, len(ps), acquireEval, 2, 3)
+	for i, p := range ps {
+		if errs[i] = idemdriver.ValidateAcquireParams(p); errs[i] != nil {
+			continue
 		}
-		rk, sk := s.recordAndStepsKeys(p.Consumer, p.MessageID)
-		w[0], w[1], w[2], w[3], w[4] = rk, sk, p.Fingerprint, s.leaseArg(p.Lease), p.StepPrefix
-		return nil
-	}, func(i int, v any, err error) error {
-		res[i], err = s.acquired(ctx, ps[i], v, err)
-		return err
-	})
+		f, rk := s.keyFrame(b, i, p.Consumer, p.MessageID)
+		sk := f.buf()
+		sk.b = append(append(sk.b, rk.b...), stepsSuffix...)
+		b.set(i, rk, sk, f.bytes(p.Fingerprint), s.leaseArg(p.Lease), p.StepPrefix)
+	}
+	s.sendBatch(ctx, b)
+	for i, cmd := range b.cmds {
+		if cmd != nil {
+			v, err := cmd.Result()
+			res[i], errs[i] = s.acquired(ctx, ps[i], v, err)
+		}
+	}
+	b.release()
 	return res, errs, nil
 }
 
@@ -55,104 +63,175 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	if err := ctx.Err(); err != nil || len(ps) == 0 {
 		return nil, err
 	}
+	errs := make([]error, len(ps))
 	if !s.single {
-		errs := make([]error, len(ps))
 		for i, p := range ps {
 			errs[i] = s.Complete(ctx, p)
 		}
 		return errs, nil
 	}
-	return s.pipeline(ctx, completeIndexScript, len(ps), 2, 4, func(i int, w []any) error {
-		p := ps[i]
-		if err := idemdriver.ValidateCompleteParams(p); err != nil {
-			return err
+	b := getBatch(ctx, len(ps), completeIndexEval, 2, 4)
+	for i, p := range ps {
+		if errs[i] = idemdriver.ValidateCompleteParams(p); errs[i] != nil {
+			continue
 		}
-		w[0], w[1] = s.recordKey(p.Consumer, p.MessageID), s.consumerKey(p.Consumer, doneSuffix)
-		w[2], w[3], w[4], w[5] = p.Token, p.Result, p.ContentType, p.MessageID
-		return nil
-	}, func(i int, v any, err error) error {
-		p := ps[i]
-		return s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
-	}), nil
+		f, rk := s.keyFrame(b, i, p.Consumer, p.MessageID)
+		b.set(i, rk, s.doneKeyArg(p.Consumer), p.Token, f.bytes(p.Result), f.str(p.ContentType), f.str(p.MessageID))
+	}
+	s.sendBatch(ctx, b)
+	for i, cmd := range b.cmds {
+		if cmd != nil {
+			p := ps[i]
+			v, err := cmd.Result()
+			errs[i] = s.fenced("complete", p.Consumer, p.MessageID, p.Token, v, err)
+		}
+	}
+	b.release()
+	return errs, nil
 }
 
-// pipeline runs script for elements 0..n-1 in one pipeline: args writes
-// an element's nkeys keys (strings) then its nargs arguments into w, or
-// returns its error (and the element is left out), and read turns its
-// reply into its error. An element whose script the server did not know
-// is run again on its own.
-//
-// The commands' words are written into one slice for the whole batch,
-// not each into slices of its own (Script.EvalSha copies its keys and
-// arguments into a new one, and boxes the hash again, per element):
-// go-redis keeps no reference to a command's arguments once the
-// pipeline's replies were read.
-func (s *Store) pipeline(ctx context.Context, script *redis.Script, n, nkeys, nargs int,
-	args func(i int, w []any) error, read func(i int, v any, err error) error) []error {
-	errs := make([]error, n)
-	m := 3 + nkeys + nargs
-	words := make([]any, n*m)
-	// element is element i's command words (EVALSHA, the hash, nkeys,
-	// the keys, the arguments), keys and arguments written by args.
-	sha := any(script.Hash())
-	element := func(i int) ([]any, error) {
-		w := words[i*m : (i+1)*m : (i+1)*m]
-		w[0], w[1], w[2] = "evalsha", sha, nkeys
-		return w, args(i, w[3:])
+// batch is the scratch of one batch call: the words of its commands (one
+// slice for the whole batch; go-redis keeps no reference to a command's
+// arguments once its reply was read), the evalFrame of each element's
+// keys and arguments, and its commands (nil for an element left out).
+// Taken with getBatch and given back by release, so that a batch
+// allocates per element only what a single call does (its command, and
+// the boxing of an integer or a string argument).
+type batch struct {
+	ctx    context.Context // the commands'
+	sc     *evalScript
+	nkeys  int
+	m      int // words per element: EVALSHA, the hash, nkeys, keys, arguments
+	words  []any
+	frames []*evalFrame
+	cmds   []*redis.Cmd
+	queue  []redis.Cmder
+}
+
+var batches = sync.Pool{New: func() any { return new(batch) }}
+
+// getBatch returns a batch of n elements of sc, each with nkeys keys and
+// nargs arguments, for commands on ctx.
+func getBatch(ctx context.Context, n int, sc *evalScript, nkeys, nargs int) *batch {
+	b := batches.Get().(*batch)
+	b.ctx, b.sc, b.nkeys, b.m = ctx, sc, nkeys, 3+nkeys+nargs
+	b.words = grow(b.words, n*b.m)
+	b.frames = grow(b.frames, n)
+	b.cmds = grow(b.cmds, n)
+	return b
+}
+
+// grow returns s resliced to n elements (zero: a batch clears what it
+// used), reallocated when too short.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
 	}
-	// runAlone runs element i's script on its own (Store.run: EVALSHA,
-	// EVAL when the server does not know it).
-	runAlone := func(i int, w []any) (any, error) {
-		keys := make([]string, nkeys)
-		for j := range keys {
-			keys[j], _ = w[3+j].(string)
+	return s[:n]
+}
+
+// keyFrame returns element i's evalFrame and its first argument, the
+// record key of (consumer, id).
+func (s *Store) keyFrame(b *batch, i int, consumer, id string) (*evalFrame, *evalArg) {
+	f := getFrame()
+	b.frames[i] = f
+	rk := f.buf()
+	rk.b = s.appendRecordKey(rk.b, consumer, id, "")
+	return f, rk
+}
+
+// set writes element i's command: EVALSHA of the batch's script, its keys
+// and arguments (keysAndArgs, nkeys keys first).
+func (b *batch) set(i int, keysAndArgs ...any) {
+	w := b.element(i)
+	w[0], w[1], w[2] = "evalsha", b.sc.sha, b.nkeys
+	copy(w[3:], keysAndArgs)
+	cmd := redis.NewCmd(b.ctx, w...)
+	cmd.SetFirstKeyPos(3)
+	b.cmds[i] = cmd
+}
+
+// element returns element i's words.
+func (b *batch) element(i int) []any {
+	return b.words[i*b.m : (i+1)*b.m : (i+1)*b.m]
+}
+
+// release gives the batch's frames back and the batch to the pool,
+// without references to its callers' keys, arguments and replies.
+func (b *batch) release() {
+	for _, f := range b.frames {
+		if f != nil {
+			f.release()
 		}
-		return s.run(ctx, script, keys, w[3+nkeys:]...).Result()
 	}
+	clear(b.words)
+	clear(b.frames)
+	clear(b.cmds)
+	clear(b.queue[:cap(b.queue)])
+	b.ctx, b.sc, b.queue = nil, nil, b.queue[:0]
+	batches.Put(b)
+}
+
+// sendBatch sends b's commands in one pipeline, followed by one WAIT with
+// Config.WaitReplicas (a write whose WAIT falls short gets an error
+// matching ErrNotReplicated, its reply kept), or, through a Cluster client
+// with Config.WaitReplicas, each with its own WAIT (evalCmd), in order. A
+// command whose script the server did not know is sent again as EVAL, on
+// its own. Each command's reply is in b.cmds when it returns.
+func (s *Store) sendBatch(ctx context.Context, b *batch) {
 	if s.cluster != nil && s.wait > 0 {
-		for i := range n {
-			w, err := element(i)
-			if errs[i] = err; err == nil {
-				v, err := runAlone(i, w)
-				errs[i] = read(i, v, err)
+		for i, cmd := range b.cmds {
+			if cmd != nil {
+				b.cmds[i] = s.evalAgain(ctx, b, i, s.evalCmd(ctx, b.nkeys, b.element(i)))
 			}
 		}
-		return errs
+		return
 	}
-	cmds := make([]*redis.Cmd, n)
+	for _, cmd := range b.cmds {
+		if cmd != nil {
+			b.queue = append(b.queue, cmd)
+		}
+	}
+	if len(b.queue) == 0 {
+		return
+	}
+	pl, _ := s.pipes.Get().(redis.Pipeliner)
+	if pl == nil {
+		pl = s.client.Pipeline()
+	}
+	_ = pl.BatchProcess(ctx, b.queue...)
 	var wait *redis.Cmd
-	_, _ = s.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		for i := range n {
-			w, err := element(i)
-			if errs[i] = err; err == nil {
-				// What Script.EvalSha queues: the keys from word 3 on.
-				cmds[i] = redis.NewCmd(ctx, w...)
-				cmds[i].SetFirstKeyPos(3)
-				_ = pl.Process(ctx, cmds[i])
-			}
-		}
-		if s.wait > 0 {
-			// One WAIT after every write of the pipeline's connection.
-			wait = pl.Do(ctx, "WAIT", s.wait, s.waitMS)
-		}
-		return nil
-	})
+	if s.wait > 0 {
+		// One WAIT after every write of the pipeline's connection.
+		wait = pl.Do(ctx, "WAIT", s.wait, s.waitMS)
+	}
+	_, _ = pl.Exec(ctx)
+	s.pipes.Put(pl)
 	var waitErr error
 	if wait != nil {
 		waitErr = s.waited(wait)
 	}
-	for i, c := range cmds {
-		if c == nil {
+	for i, cmd := range b.cmds {
+		if cmd == nil {
 			continue
 		}
-		v, err := c.Result()
-		// HasErrorPrefix allocates even for a nil error: ask only on an error.
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			v, err = runAlone(i, words[i*m:(i+1)*m])
-		} else if err == nil && waitErr != nil {
-			err = waitErr
+		if again := s.evalAgain(ctx, b, i, cmd); again != cmd {
+			b.cmds[i] = again
+		} else if waitErr != nil && cmd.Err() == nil {
+			cmd.SetErr(waitErr) // its reply kept: the lease it issued is given back
 		}
-		errs[i] = read(i, v, err)
 	}
-	return errs
+}
+
+// evalAgain returns cmd, or, when cmd's script was not known to the
+// server (NOSCRIPT), element i sent again as EVAL with the script's
+// source, on its own (evalCmd).
+func (s *Store) evalAgain(ctx context.Context, b *batch, i int, cmd *redis.Cmd) *redis.Cmd {
+	// HasErrorPrefix allocates even for a nil error: ask only on an error.
+	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return cmd
+	}
+	w := b.element(i)
+	w[0], w[1] = "eval", b.sc.src
+	return s.evalCmd(ctx, b.nkeys, w)
 }

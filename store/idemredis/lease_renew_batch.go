@@ -26,17 +26,26 @@ func (s *Store) RenewBatch(ctx context.Context, ps []idemdriver.RenewParams) ([]
 	if err := ctx.Err(); err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return s.pipeline(ctx, renewScript, len(ps), 1, 2, func(i int, w []any) error {
+	errs := make([]error, len(ps))
+	b := getBatch(ctx, len(ps), renewEval, 1, 2)
+	for i := range ps {
 		p := &ps[i]
-		if err := idemdriver.ValidateRenewParams(p); err != nil {
-			return err
+		if errs[i] = idemdriver.ValidateRenewParams(p); errs[i] != nil {
+			continue
 		}
-		w[0], w[1], w[2] = s.recordKey(p.Consumer, p.MessageID), p.Token, s.leaseArg(p.Lease)
-		return nil
-	}, func(i int, v any, err error) error {
-		p := &ps[i]
-		return s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
-	}), nil
+		_, rk := s.keyFrame(b, i, p.Consumer, p.MessageID)
+		b.set(i, rk, p.Token, s.leaseArg(p.Lease))
+	}
+	s.sendBatch(ctx, b)
+	for i, cmd := range b.cmds {
+		if cmd != nil {
+			p := &ps[i]
+			v, err := cmd.Result()
+			errs[i] = s.fenced("renew", p.Consumer, p.MessageID, p.Token, v, err)
+		}
+	}
+	b.release()
+	return errs, nil
 }
 
 // RenewsBatches implements [idemdriver.LeaseBatchRenewer]: true.

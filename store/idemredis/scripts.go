@@ -181,12 +181,14 @@ return 1
 
 // renewScript: KEYS record; ARGV token, lease (ms). The lease ends lease
 // after now.
-var renewScript = redis.NewScript(luaPrelude + `
+var renewScript = redis.NewScript(renewLua)
+
+var renewLua = luaPrelude + `
 local ok, lost = owns(KEYS[1], tonumber(ARGV[1]))
 if not ok then return lost end
 redis.call('HSET', KEYS[1], 'lease_until_ms', now_ms() + tonumber(ARGV[2]))
 return {1}
-`)
+`
 
 // completeScript: KEYS record; ARGV token, result, content type. Updates
 // fields (the fingerprint, attempt and steps stay): 1, a plain integer.
@@ -204,10 +206,12 @@ var completeIndexScript = redis.NewScript(completeIndexLua)
 var completeIndexLua = completeLua(`redis.call('ZADD', KEYS[2], now, ARGV[4])`)
 
 // acquireEval and completeIndexEval are acquireScript and
-// completeIndexScript for Store.eval: one call of each per message.
+// completeIndexScript for Store.eval and the batches: one call of each
+// per message; renewEval is renewScript for RenewBatch.
 var (
 	acquireEval       = newEvalScript(acquireScript, acquireLua)
 	completeIndexEval = newEvalScript(completeIndexScript, completeIndexLua)
+	renewEval         = newEvalScript(renewScript, renewLua)
 )
 
 // millisDigitsLua is Lua for the three digits of the milliseconds of t,

@@ -3,6 +3,7 @@ package idemredis
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -97,6 +98,10 @@ type Store struct {
 	cluster *redis.ClusterClient
 	wait    int // Config.WaitReplicas
 	waitMS  int64
+	// pipes holds the client's pipelines that batch calls sent
+	// (Store.sendBatch), for the next ones: a pipeline keeps nothing of
+	// its commands once it has run them.
+	pipes sync.Pool
 
 	// The arguments every lease-mode call of a consumer repeats, kept
 	// from the last call so that a call does not build them again: the

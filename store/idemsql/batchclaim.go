@@ -93,24 +93,19 @@ func (s *Store) batchText(kind uint8, n int, lock string) string {
 	return q.(string)
 }
 
-// returningServers records, per *sql.DB of the MySQL dialect, whether
-// its server has INSERT ... RETURNING (MariaDB 10.5 and later; MySQL has
-// none), asked once.
-var returningServers sync.Map // *sql.DB -> bool
-
 // mysqlReturning reports whether s's MySQL server has INSERT ...
-// RETURNING, asking it (SELECT VERSION(), in tx) the first time.
+// RETURNING (MariaDB 10.5 and later; MySQL has none), asking it (SELECT
+// VERSION(), in tx) until one call gets an answer, which s keeps
+// (Store.returning).
 func (s *Store) mysqlReturning(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if v, ok := returningServers.Load(s.db); ok {
-		return v.(bool), nil
+	if v, known := s.returning.get(); known {
+		return v, nil
 	}
 	var version string
 	if err := tx.QueryRowContext(ctx, `SELECT VERSION()`).Scan(&version); err != nil {
 		return false, err
 	}
-	ok := mariaDBReturning(version)
-	returningServers.Store(s.db, ok)
-	return ok, nil
+	return s.returning.set(mariaDBReturning(version)), nil
 }
 
 // mariaDBReturning reports whether the server of version string v (SELECT

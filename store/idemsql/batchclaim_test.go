@@ -16,7 +16,7 @@ func TestConformanceMySQLWithoutReturning(t *testing.T) {
 	serverOf(t, idemsql.MySQL)
 	idemtest.Run(t, idemtest.Harness[*sql.Tx]{New: func(t *testing.T) *idemtest.Setup[*sql.Tx] {
 		e := newEnv(t, idemsql.MySQL, envOptions{})
-		idemsql.WithoutReturning(e.db)
+		idemsql.WithoutReturning(e.store)
 		return e.setup()
 	}})
 }

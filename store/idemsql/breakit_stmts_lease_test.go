@@ -22,8 +22,11 @@ import (
 // (error 1461) runs again from its text, once. Proved by the attempt
 // numbers: the first call of each message's handler must be its attempt
 // 1 (a claim run twice would make it 2), every message is completed once
-// (one record each, a duplicate at its redelivery), the cache gives up,
-// and the server never holds more statements than its limit.
+// (one record each, a duplicate at its redelivery), the cache gives up
+// once a delivery failed for a refused prepare (a refusal of a statement
+// the driver prepared from its text included: the cache's statements
+// must not keep the budget from the others), and the server never holds
+// more statements than its limit.
 func TestBreakStmtCacheLeaseRefused(t *testing.T) {
 	svc := ownMariaDB(t)
 	const messages, workers, limit, lease = 120, 4, 2, time.Second
@@ -101,8 +104,13 @@ func TestBreakStmtCacheLeaseRefused(t *testing.T) {
 				more += len(c) - 1
 			}
 			t.Logf("interpolateParams=%s: %d failed deliveries retried, %d handler calls beyond the first; server prepared %d; cached %d", interpolate, failed, more, serverPrepared(t, svc), idemsql.PreparedStatements(e.store))
-			if n := idemsql.PreparedStatements(e.store); n != 0 {
-				t.Errorf("%d statements still cached after the server refused a prepare: want the cache given up", n)
+			// A delivery fails here only for a refused prepare. The
+			// coalesced calls (Config.Coalesce) may run on fewer
+			// connections than the workers, where the cache's statements
+			// fit in the limit and nothing is refused: the cache may then
+			// keep them, but not after a refusal.
+			if n := idemsql.PreparedStatements(e.store); n != 0 && failed > 0 {
+				t.Errorf("%d statements still cached after the server refused a prepare (%d deliveries failed): want the cache given up", n, failed)
 			}
 			if n := serverPrepared(t, svc); n > limit {
 				t.Errorf("Prepared_stmt_count %d over max_prepared_stmt_count %d", n, limit)

@@ -2,7 +2,6 @@ package idemsql
 
 import (
 	"context"
-	"database/sql"
 
 	"github.com/idem-go/idem/internal/sqlstore"
 )
@@ -21,15 +20,16 @@ func OpsReads(s *Store) map[string]string {
 	return o.Reads()
 }
 
-// WithoutReturning makes the MySQL batch claims of stores over db take
-// the path of a server without INSERT ... RETURNING (MySQL's), for tests
-// on MariaDB.
-func WithoutReturning(db *sql.DB) { returningServers.Store(db, false) }
+// WithoutReturning makes the MySQL batch claims of s take the path of a
+// server without INSERT ... RETURNING (MySQL's), for tests on MariaDB.
+// Call it before s claims a batch.
+func WithoutReturning(s *Store) { s.returning.set(false) }
 
-// WithoutSQLiteBatchStatement makes the SQLite batch claims of stores over
-// db take the path of an SQLite without the batch claim's statement (the
-// single claim's statements, element by element).
-func WithoutSQLiteBatchStatement(db *sql.DB) { sqliteBatchStatements.Store(db, false) }
+// WithoutSQLiteBatchStatement makes the SQLite batch claims of s take the
+// path of an SQLite without the batch claim's statement (the single
+// claim's statements, element by element). Call it before s claims a
+// batch.
+func WithoutSQLiteBatchStatement(s *Store) { s.batchStatement.set(false) }
 
 // NativeArrays reports whether s's PostgreSQL batch statements send
 // native arrays (the driver is pgx's stdlib).

@@ -81,6 +81,7 @@ func (s *Store) Acquire(ctx context.Context, p *idemdriver.AcquireParams) (idemd
 		)
 		if s.dialect == MySQL {
 			res, rec, err = s.acquireMySQL(ctx, p)
+			s.stmts.noteRefused(err)
 		} else {
 			res, rec, err = s.acquireSQLite(ctx, p)
 		}

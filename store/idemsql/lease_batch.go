@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/idem-go/idem/idemdriver"
@@ -107,28 +106,23 @@ func (s *Store) CompleteBatch(ctx context.Context, ps []*idemdriver.CompletePara
 	return errs, nil
 }
 
-// sqliteBatchStatements records, per *sql.DB of the SQLite dialect,
-// whether its SQLite has what the batch claim's statement (acquireMany)
-// uses: the ->> operator (3.38) and unhex (3.41), asked once. modernc.org/
-// sqlite has both; another driver's older SQLite claims a batch with the
-// single claim's statements, element by element.
-var sqliteBatchStatements sync.Map // *sql.DB -> bool
-
-// sqliteBatchStatement reports whether s's SQLite runs the batch claim's
-// statement, asking it in tx the first time (a statement that fails to
-// prepare changes nothing in the transaction). An error is ctx's.
+// sqliteBatchStatement reports whether s's SQLite has what the batch
+// claim's statement (acquireMany) uses: the ->> operator (3.38) and unhex
+// (3.41). modernc.org/sqlite has both; another driver's older SQLite
+// claims a batch with the single claim's statements, element by element.
+// It asks in tx until one call gets an answer, which s keeps
+// (Store.batchStatement); a statement that fails to prepare changes
+// nothing in the transaction. An error is ctx's.
 func (s *Store) sqliteBatchStatement(ctx context.Context, tx *sql.Tx) (bool, error) {
-	if v, ok := sqliteBatchStatements.Load(s.db); ok {
-		return v.(bool), nil
+	if v, known := s.batchStatement.get(); known {
+		return v, nil
 	}
 	var ok bool
 	err := tx.QueryRowContext(ctx, `SELECT unhex('00') = X'00' AND ('["x"]' ->> 0) = 'x'`).Scan(&ok)
 	if err != nil && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
-	ok = ok && err == nil
-	sqliteBatchStatements.Store(s.db, ok)
-	return ok, nil
+	return s.batchStatement.set(ok && err == nil), nil
 }
 
 // manyEligible reports whether p's claim can go in SQLite's statement

@@ -28,8 +28,9 @@ const maxCachedStatements = 64
 // for the life of the *sql.DB: the Store has no Close, and at most
 // maxCachedStatements are kept (MySQL counts them per connection against
 // max_prepared_stmt_count, 16,382 by default, for the whole server). When
-// the server refuses to prepare one more (MySQL error 1461), the cache
-// stops for good: it closes the statements it holds, giving the server's
+// the server refuses to prepare one more (MySQL error 1461), one of the
+// cache's or one the driver prepares for a statement run from its text
+// (the MySQL Acquire's among them), the cache stops for good: it closes the statements it holds, giving the server's
 // budget back to the application's own statements, and every statement
 // runs from its text from then on; the statement refused is run again
 // from its text, once (a refused prepare ran nothing).
@@ -73,6 +74,19 @@ func (c *stmtCache) refused(err error) bool {
 		}
 	}
 	return true
+}
+
+// noteRefused is refused for the error of a statement run from its text
+// (nil: nothing to note). A driver that prepares such a statement itself
+// (go-sql-driver/mysql without interpolateParams) is refused too once
+// the server holds its limit, which the cache's own statements may fill
+// on the connections in use: the cache gives its statements back then as
+// well, or a store running on fewer connections than it prepared on
+// would keep the budget, and every other statement would be refused.
+func (c *stmtCache) noteRefused(err error) {
+	if err != nil {
+		c.refused(err)
+	}
 }
 
 // prepare prepares those of queries not prepared yet. It must run outside
@@ -218,7 +232,9 @@ func (p preparedTx) ExecContext(ctx context.Context, query string, args ...any) 
 		}
 	}
 	p.c.want(query)
-	return p.tx.ExecContext(ctx, query, args...)
+	res, err := p.tx.ExecContext(ctx, query, args...)
+	p.c.noteRefused(err)
+	return res, err
 }
 
 func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -229,7 +245,9 @@ func (p preparedTx) QueryContext(ctx context.Context, query string, args ...any)
 		}
 	}
 	p.c.want(query)
-	return p.tx.QueryContext(ctx, query, args...)
+	rows, err := p.tx.QueryContext(ctx, query, args...)
+	p.c.noteRefused(err)
+	return rows, err
 }
 
 func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
@@ -240,7 +258,9 @@ func (p preparedTx) QueryRowContext(ctx context.Context, query string, args ...a
 		}
 	}
 	p.c.want(query)
-	return p.tx.QueryRowContext(ctx, query, args...)
+	row := p.tx.QueryRowContext(ctx, query, args...)
+	p.c.noteRefused(row.Err())
+	return row
 }
 
 // preparedDB runs statements outside any transaction through the cache's
@@ -266,7 +286,9 @@ func (p preparedDB) ExecContext(ctx context.Context, query string, args ...any) 
 			return res, err
 		}
 	}
-	return p.db.ExecContext(ctx, query, args...)
+	res, err := p.db.ExecContext(ctx, query, args...)
+	p.c.noteRefused(err)
+	return res, err
 }
 
 func (p preparedDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
@@ -276,7 +298,9 @@ func (p preparedDB) QueryContext(ctx context.Context, query string, args ...any)
 			return rows, err
 		}
 	}
-	return p.db.QueryContext(ctx, query, args...)
+	rows, err := p.db.QueryContext(ctx, query, args...)
+	p.c.noteRefused(err)
+	return rows, err
 }
 
 func (p preparedDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
@@ -286,7 +310,9 @@ func (p preparedDB) QueryRowContext(ctx context.Context, query string, args ...a
 			return row
 		}
 	}
-	return p.db.QueryRowContext(ctx, query, args...)
+	row := p.db.QueryRowContext(ctx, query, args...)
+	p.c.noteRefused(row.Err())
+	return row
 }
 
 // prepareSQLiteLease prepares SQLite's lease statements (the claim, its

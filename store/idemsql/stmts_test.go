@@ -81,7 +81,7 @@ func TestSQLiteBatchClaimRecoveryPoints(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, idemsql.SQLite, envOptions{})
 			if path == "element by element" {
-				idemsql.WithoutSQLiteBatchStatement(e.db)
+				idemsql.WithoutSQLiteBatchStatement(e.store)
 			}
 			testSQLiteBatchClaimRecoveryPoints(t, e)
 		})

@@ -97,6 +97,46 @@ type Store struct {
 	// adaptive Store found a duplicate: the next runs ClaimRead.
 	claimMode   uint8
 	pgClaimRead atomic.Bool
+	// returning is whether the MySQL server has INSERT ... RETURNING
+	// (mysqlReturning), batchStatement whether SQLite runs the batch
+	// claim's statement (sqliteBatchStatement): asked of the database by
+	// the first batch that needs the answer, then kept for the Store's
+	// life.
+	returning, batchStatement capability
+}
+
+// capability is what a Store learned of its database server, once: unknown
+// until set, then the value set first. Concurrent first callers may each
+// ask the server; they get the same answer, and the first one set stays.
+type capability struct {
+	v atomic.Uint32 // 0: unknown; capNo or capYes
+}
+
+const (
+	capNo  = 1
+	capYes = 2
+)
+
+// get returns the value and whether it is known.
+func (c *capability) get() (v, known bool) {
+	switch c.v.Load() {
+	case capYes:
+		return true, true
+	case capNo:
+		return false, true
+	}
+	return false, false
+}
+
+// set records v unless a value is known already, and returns the value
+// known afterwards.
+func (c *capability) set(v bool) bool {
+	n := uint32(capNo)
+	if v {
+		n = capYes
+	}
+	c.v.CompareAndSwap(0, n)
+	return c.v.Load() == capYes
 }
 
 // Interface checks.

@@ -360,7 +360,9 @@ func runConsume(ctx context.Context, stdout, stderr io.Writer, f *consumeFlags) 
 	if f.hold != 0 {
 		hold = f.hold
 	}
-	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts,
+	// The store's calls are batched by --store-batch (leasebatch), not
+	// by the consumer (Config.Coalesce 1).
+	lc, err := idem.NewLeaseConsumer(store, idem.Config{Name: f.consumer, Lease: f.lease, MaxAttempts: f.maxAttempts, Coalesce: 1,
 		Hooks: metrics.hooks(), Logger: logger})
 	if err != nil {
 		return usageError{err}

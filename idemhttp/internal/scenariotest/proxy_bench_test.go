@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/idemhttp"
 	"github.com/idem-go/idem/idemtest"
 )
@@ -86,11 +89,25 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 	// The store's calls are counted: store-calls/req is the store round
 	// trips of a request (new key: Acquire with its recovery point and
 	// Complete; replay: Acquire), as the lease engine makes them.
+	// Over a store with batches (idemdriver.LeaseBatcher) the counter is
+	// one too, so that the consumer coalesces its calls (idem.Config.
+	// Coalesce) as over the store itself; a batch call is one trip.
 	counter := idemtest.CountCalls(env.store, false)
-	p, err := idemhttp.NewProxy(u, counter, &idemhttp.ProxyOptions{Options: idemhttp.Options{
+	var store idemdriver.LeaseStore = counter
+	trips := func() int64 { return counter.Calls().Total() }
+	if lb, ok := env.store.(idemdriver.LeaseBatcher); ok {
+		bc := idemtest.CountBatches(lb, false)
+		store = bc
+		trips = func() int64 {
+			a, c := bc.Batches()
+			return bc.Calls().Total() + a + c
+		}
+	}
+	p, err := idemhttp.NewProxy(u, store, &idemhttp.ProxyOptions{Options: idemhttp.Options{
 		Namespace:     testRandName("bench-"),
 		PurgeInterval: -1,
 		Logger:        scQuietLogger(),
+		Coalesce:      benchCoalesce(),
 	}})
 	if err != nil {
 		b.Fatal(err)
@@ -129,7 +146,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 	run := func(b *testing.B, target string, key func() string) {
 		var next, waited atomic.Int64
 		var wg sync.WaitGroup
-		cpu0, calls0 := processCPU(), counter.Calls()
+		cpu0, calls0 := processCPU(), trips()
 		var srv0 time.Duration
 		if env.serverCPU != nil {
 			srv0 = env.serverCPU()
@@ -154,7 +171,7 @@ func benchProxy(b *testing.B, env testStoreEnv, work time.Duration, clients int)
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "req/s")
 		b.ReportMetric(float64(waited.Load())/float64(b.N)/1e3, "µs/req")
 		b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/req")
-		b.ReportMetric(float64(counter.Calls().Sub(calls0).Total())/float64(b.N), "store-calls/req")
+		b.ReportMetric(float64(trips()-calls0)/float64(b.N), "store-calls/req")
 		if env.serverCPU != nil {
 			b.ReportMetric(float64(env.serverCPU()-srv0)/float64(b.N)/1e3, "server-cpu-µs/req")
 		}
@@ -217,4 +234,11 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchCoalesce is the lease consumer's Config.Coalesce in the benchmark:
+// IDEM_BENCH_COALESCE (e.g. 64), 0 (the default, off) when unset.
+func benchCoalesce() int {
+	n, _ := strconv.Atoi(os.Getenv("IDEM_BENCH_COALESCE"))
+	return n
 }
