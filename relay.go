@@ -405,13 +405,17 @@ func (r *Relay) runHeld(ctx context.Context, sc idemdriver.OutboxSentClaimer, he
 		cancel()
 		if err != nil {
 			err = storeError("mark outgoing sent and claim", err)
-		} else {
-			h.res.Sent = len(h.sent.IDs)
-		}
-		r.report(ctx, h.res, h.oldest, h.start, err)
-		if err != nil {
+			// The call's transaction rolled back (a deadlock between
+			// two workers' calls on MariaDB, a timeout): the held rows
+			// were still confirmed by the broker. They are ended alone
+			// now, not dropped: dropped, they would be published again
+			// once their lease ended. Ending them twice, if the call
+			// committed after all, finds no row to end.
+			r.endHeld(ctx, h)
 			return res, err
 		}
+		h.res.Sent = len(h.sent.IDs)
+		r.report(ctx, h.res, h.oldest, h.start, nil)
 	} else {
 		cctx, cancel := callCtx(ctx, finishTimeout)
 		recs, err = r.cfg.Store.ClaimOutgoing(cctx, r.claimParams())

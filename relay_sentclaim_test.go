@@ -2,10 +2,12 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/idem-go/idem"
 	"github.com/idem-go/idem/idemdriver"
@@ -18,6 +20,7 @@ type sentClaimer struct {
 	mu                  sync.Mutex
 	claims, marks, both int
 	ended               []string // the IDs MarkSentClaim ended, in order
+	failEnding          int      // MarkSentClaims ending rows to fail, changing nothing
 }
 
 func (s *sentClaimer) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
@@ -37,6 +40,11 @@ func (s *sentClaimer) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams
 func (s *sentClaimer) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentParams, claim *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
 	s.mu.Lock()
 	s.both++
+	if len(sent.IDs) > 0 && s.failEnding > 0 {
+		s.failEnding--
+		s.mu.Unlock()
+		return nil, errDeadlock
+	}
 	s.ended = append(s.ended, sent.IDs...)
 	s.mu.Unlock()
 	if err := s.MemoryStore.MarkSent(ctx, sent); err != nil {
@@ -155,3 +163,68 @@ func TestRelayRunEndsRowsWithTheNextClaim(t *testing.T) {
 type relayEvents func(idem.RelayEvent)
 
 func (f relayEvents) OnRelay(_ context.Context, e idem.RelayEvent) { f(e) }
+
+// errDeadlock stands for a store's refused transaction (MariaDB's error
+// 1213): nothing it wrote stays.
+var errDeadlock = errors.New("deadlock found when trying to get lock")
+
+// When the call that ends a round's confirmed rows with the next claim
+// fails (its transaction rolled back), the rows are ended alone, not
+// dropped: none is published again once its lease ends.
+func TestRelayRunEndsHeldRowsWhenTheirClaimFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		store := &sentClaimer{MemoryStore: idem.NewMemoryStore(nil), failEnding: 1}
+		tx, err := store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows []idemdriver.OutgoingRecord
+		for _, id := range []string{"a1", "b1", "c1"} {
+			rows = append(rows, idemdriver.OutgoingRecord{ID: id, Destination: "d", Key: id[:1], Payload: []byte(id)})
+		}
+		if err := store.EmitTx(ctx, tx, &idemdriver.EmitParams{Consumer: "c", Messages: rows}); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Commit(ctx, tx); err != nil {
+			t.Fatal(err)
+		}
+		var (
+			mu   sync.Mutex
+			sent = map[string]int{}
+		)
+		pub := idem.PublisherFunc(func(_ context.Context, m []idem.Outgoing) []error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, o := range m {
+				sent[o.ID]++
+			}
+			return make([]error, len(m))
+		})
+		r, err := idem.NewRelay(idem.RelayConfig{Store: store, Publisher: pub, Workers: 1, Retention: -1, BatchSize: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(rctx) }()
+		synctest.Wait()
+		time.Sleep(3 * idem.DefaultRelayLease) // past every lease: a dropped row would go out again
+		synctest.Wait()
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range []string{"a1", "b1", "c1"} {
+			if sent[id] != 1 {
+				t.Errorf("%s published %d times, want once", id, sent[id])
+			}
+		}
+		if _, marks, _ := store.calls(); marks == 0 {
+			t.Errorf("no MarkSent after the failed MarkSentClaim: the held row was not ended alone")
+		}
+		if st, err := store.OutboxStats(ctx); err != nil || st.Pending != 0 {
+			t.Errorf("OutboxStats = %+v, %v; want none pending", st, err)
+		}
+	})
+}
