@@ -1,9 +1,13 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -126,12 +130,35 @@ type OutboxDialect struct {
 	// for every row. (MySQL takes a literal default on a text column
 	// only in some versions and modes: its LONGTEXT column may lack one.)
 	HeadersDefault bool
-	// DeleteSeqs, required with NoUpdateReturning, deletes the rows whose
-	// seq is in parameter 1, a JSON array of numbers, visiting no other
-	// row: the purge's DELETE of the rows its SELECT ... FOR UPDATE SKIP
-	// LOCKED locked. (InnoDB's DELETE ... WHERE seq IN (...) may scan the
-	// table instead, and wait for every row another transaction locked.)
-	DeleteSeqs string
+	// SeqsJoin, required with NoUpdateReturning, is a table expression
+	// that joins the rows whose seq is in parameter 1, a JSON array of
+	// numbers, to the outbox table as o, one lookup of the primary key per
+	// element in the array's order, visiting no other row: the rows the
+	// claim's UPDATE and the purge's DELETE write, which their SELECT ...
+	// FOR UPDATE SKIP LOCKED locked, are named through it. InnoDB runs
+	// "WHERE seq IN (...)" of many seqs on a table not much larger than
+	// the list as a scan of the whole table, locking every row it reads,
+	// other relays' too (MariaDB 10.11): the claims' UPDATEs of two relay
+	// workers each waited for a row the other had read, and deadlocked
+	// (error 1213); a purge's DELETE waited for every row another
+	// transaction locked.
+	SeqsJoin string
+	// SentJoin, with SeqsJoin, is the same for MarkSent's rows named by
+	// seq and ID: parameter 1 a JSON array of [seq, ID in hexadecimal]
+	// pairs, each row joined only while its ID is the one given. MarkSent
+	// then runs one statement (a DELETE, or with Keep an UPDATE) whatever
+	// the number of rows, in seq order, locking no row but its own.
+	SentJoin string
+	// MarkFailedJSON, if set (and MarkFailedArrays not), is the statement
+	// that marks failed rows given as parameter 1, a JSON array of [ID in
+	// hexadecimal, attempt, permanent (0 or 1), retry delay in
+	// microseconds, error text, seq (0 for none)] arrays, each row looked
+	// up by its ID alone, in the array's order: MarkFailed then runs one
+	// statement whatever the number of rows, locking no other row (its
+	// written-out form, an OR of the rows' conditions, ran on MariaDB as a
+	// scan of a small table under REPEATABLE READ, locking every row, and
+	// deadlocked with a relay's claim).
+	MarkFailedJSON string
 }
 
 // Outbox is the outbox statements of one dialect, and the logic that runs
@@ -145,6 +172,7 @@ type Outbox struct {
 	markSentArray, deleteSentArray                         string
 	lockedClaim                                            string
 	markSentSeqArrays, deleteSentSeqArrays                 string
+	claimUpdate, purgeDelete, markSentJoin, deleteSentJoin string // SeqsJoin's and SentJoin's
 	// emitSQL caches the INSERT of 1 to len(emitSQL) rows, built on first
 	// use: most processings emit one or a few rows, and building the text
 	// (a placeholder string per column) cost an emit 15 allocations;
@@ -225,6 +253,14 @@ ORDER BY o.seq LIMIT ` + d.Param(1, "bigint") + d.SkipLocked
 	` + done + `) AS done)`
 	o.purgeSelect = `SELECT seq FROM ` + t + ` ` + done
 	o.lockedClaim = o.lockedClaimSQL()
+	if d.SeqsJoin != "" {
+		o.claimUpdate = `UPDATE ` + d.SeqsJoin + ` SET o.lease_until = ` + leaseEnd(d.Param(2, "bigint")) + `, o.attempts = o.attempts + 1`
+		o.purgeDelete = `DELETE o FROM ` + d.SeqsJoin
+	}
+	if d.SentJoin != "" {
+		o.deleteSentJoin = `DELETE o FROM ` + d.SentJoin
+		o.markSentJoin = `UPDATE ` + d.SentJoin + ` SET o.sent_at = ` + d.Now + `, o.lease_until = NULL WHERE o.sent_at IS NULL`
+	}
 	// The backlog through the indexes of the pending and the failed rows
 	// (their partial indexes where the dialect has them), not a scan of
 	// the table: the oldest pending row is the first by seq.
@@ -404,12 +440,11 @@ func (o *Outbox) claimIn(ctx context.Context, q Querier, p *idemdriver.ClaimOutg
 	if err != nil || len(recs) == 0 {
 		return nil, err
 	}
-	args := []any{lease}
-	for _, r := range recs {
-		args = append(args, r.Seq)
+	seqs := make([]int64, len(recs))
+	for i, r := range recs {
+		seqs[i] = r.Seq // in seq order, as the SELECT locked them
 	}
-	up := `UPDATE ` + o.d.Table + ` SET lease_until = ` + o.d.Plus(o.d.Param(1, "bigint")) + `, attempts = attempts + 1 WHERE seq IN (` + o.list(2, len(recs), "bigint") + `)`
-	if _, err := q.Exec(ctx, up, args...); err != nil {
+	if _, err := q.Exec(ctx, o.claimUpdate, seqsJSON(seqs), lease); err != nil {
 		return nil, err
 	}
 	return recs, nil
@@ -457,6 +492,63 @@ func (o *Outbox) markSentArrays(p *idemdriver.MarkSentParams) (string, []any) {
 		}
 	}
 	return q, args
+}
+
+// seqsJSON is the JSON array of seqs, SeqsJoin's parameter.
+func seqsJSON(seqs []int64) string {
+	b := make([]byte, 0, 2+12*len(seqs))
+	b = append(b, '[')
+	for i, seq := range seqs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, seq, 10)
+	}
+	return string(append(b, ']'))
+}
+
+// sentJSON is SentJoin's parameter for p's rows (p.Seqs set): the [seq,
+// hex of ID] pairs in seq order, so that the rows are locked in the order
+// of the primary key, as every other statement that locks several rows
+// of the table locks them. Hexadecimal, as an ID is any bytes and a JSON
+// string holds UTF-8 only.
+func sentJSON(p *idemdriver.MarkSentParams) string {
+	order := make([]int, len(p.IDs))
+	n := 2
+	for i := range order {
+		order[i] = i
+		n += 26 + 2*len(p.IDs[i])
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(p.Seqs[a], p.Seqs[b]) })
+	b := make([]byte, 0, n)
+	b = append(b, '[')
+	for k, i := range order {
+		if k > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, p.Seqs[i], 10)
+		b = append(b, ',', '"')
+		b = hex.AppendEncode(b, []byte(p.IDs[i]))
+		b = append(b, '"', ']')
+	}
+	return string(append(b, ']'))
+}
+
+// failedJSON is MarkFailedJSON's parameter for rows, in seq order.
+func failedJSON(rows []idemdriver.FailedRow) (string, error) {
+	rows = slices.Clone(rows)
+	slices.SortStableFunc(rows, func(a, b idemdriver.FailedRow) int { return cmp.Compare(a.Seq, b.Seq) })
+	list := make([][6]any, len(rows))
+	for i, r := range rows {
+		permanent := 0
+		if r.Permanent {
+			permanent = 1
+		}
+		list[i] = [6]any{hex.EncodeToString([]byte(r.ID)), r.Attempt, permanent, DurationMicros(r.RetryAfter), ErrorText(r.Error), r.Seq}
+	}
+	b, err := json.Marshal(list)
+	return string(b), err
 }
 
 // rollback ends tx, which a commit may have ended already, even when ctx
@@ -528,6 +620,14 @@ func (o *Outbox) MarkSent(ctx context.Context, db Querier, p *idemdriver.MarkSen
 		_, err := db.Exec(ctx, q, args...)
 		return err
 	}
+	if o.d.SentJoin != "" && withSeqs {
+		q := o.deleteSentJoin
+		if p.Keep {
+			q = o.markSentJoin
+		}
+		_, err := db.Exec(ctx, q, sentJSON(p))
+		return err
+	}
 	for from := 0; from < len(p.IDs); from += MaxInList {
 		n := min(len(p.IDs)-from, MaxInList)
 		args := make([]any, 0, 3*n)
@@ -584,6 +684,14 @@ func (o *Outbox) MarkFailed(ctx context.Context, db Querier, p *idemdriver.MarkF
 	}
 	if o.d.MarkFailedArrays != "" {
 		_, err := db.Exec(ctx, o.d.MarkFailedArrays, failedArrays(p.Rows)...)
+		return err
+	}
+	if o.d.MarkFailedJSON != "" {
+		list, err := failedJSON(p.Rows)
+		if err != nil {
+			return err
+		}
+		_, err = db.Exec(ctx, o.d.MarkFailedJSON, list)
 		return err
 	}
 	for rows := p.Rows; len(rows) > 0; {
@@ -686,11 +794,7 @@ func (o *Outbox) Purge(ctx context.Context, db Querier, begin func(context.Conte
 	}); err != nil || len(seqs) == 0 {
 		return 0, err
 	}
-	list, err := json.Marshal(seqs)
-	if err != nil {
-		return 0, err
-	}
-	n, err := tx.Exec(ctx, o.d.DeleteSeqs, string(list))
+	n, err := tx.Exec(ctx, o.purgeDelete, seqsJSON(seqs))
 	if err != nil {
 		return 0, err
 	}

@@ -43,8 +43,30 @@ func (s *Store) outbox() *sqlstore.Outbox {
 			IgnoreDuplicate:   ` ON DUPLICATE KEY UPDATE id = id`,
 			SkipLocked:        ` FOR UPDATE SKIP LOCKED`,
 			NoUpdateReturning: true,
-			DeleteSeqs: `DELETE o FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS s
+			SeqsJoin: `JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS s
 	STRAIGHT_JOIN ` + t + ` AS o ON o.seq = s.seq`,
+			// Two relay workers deadlocked on MariaDB 10.11 (error 1213)
+			// when the table held little more than the rows they ended:
+			// InnoDB ran MarkSent's DELETE ... WHERE seq IN (...) AND id =
+			// CASE seq ... as a scan of the whole table, which took an X
+			// record lock (not gap; READ COMMITTED) on the PRIMARY index
+			// record of each row it read, so one worker's DELETE, holding
+			// its own deleted rows, waited for a row the other worker had
+			// deleted in the same kind of transaction, whose claim (SELECT
+			// ... FOR UPDATE SKIP LOCKED) waited for an X record lock on
+			// a PRIMARY record the first had deleted. The join reads
+			// only the rows named, in seq order: a worker's DELETE locks
+			// no row but its own, which no other worker's statement
+			// writes, so it never waits on another worker.
+			MarkFailedJSON: `UPDATE JSON_TABLE(?, '$[*]' COLUMNS (id VARCHAR(510) PATH '$[0]', attempt BIGINT PATH '$[1]',
+	permanent INT PATH '$[2]', retry BIGINT PATH '$[3]', err LONGTEXT PATH '$[4]', seq BIGINT PATH '$[5]')) AS f
+	STRAIGHT_JOIN ` + t + ` AS o ON o.id = UNHEX(f.id)
+SET o.lease_until = NULL, o.last_error = f.err,
+	o.failed_at = IF(f.permanent = 1, UTC_TIMESTAMP(6), o.failed_at),
+	o.available_at = IF(f.permanent = 1, o.available_at, UTC_TIMESTAMP(6) + INTERVAL f.retry MICROSECOND)
+WHERE o.attempts = f.attempt AND (f.seq = 0 OR o.seq = f.seq) AND o.sent_at IS NULL`,
+			SentJoin: `JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$[0]', id VARCHAR(510) PATH '$[1]')) AS s
+	STRAIGHT_JOIN ` + t + ` AS o ON o.seq = s.seq AND o.id = UNHEX(s.id)`,
 		})
 	default:
 		o = sqlstore.NewOutbox(sqlstore.OutboxDialect{
@@ -129,7 +151,9 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 // MarkSent implements [idemdriver.OutboxStore]: one DELETE per 500 IDs
 // of p (id IN (...)); with p.Keep, one UPDATE per 500 IDs that marks them
-// sent instead.
+// sent instead. On MySQL with p.Seqs (as the relay calls it), one DELETE
+// (or UPDATE) of every row, joined to a JSON array of the rows' seqs and
+// IDs in seq order, which locks no other row.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
 	return s.outbox().MarkSent(ctx, querier{s.db}, p)
 }
@@ -156,8 +180,9 @@ func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentPara
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE per 100
-// rows of p, each column a CASE on the row's ID. p is checked with
-// idemdriver.ValidateMarkFailedParams.
+// rows of p, each column a CASE on the row's ID; on MySQL one UPDATE of
+// every row, joined to a JSON array of the rows by ID, which locks no
+// other row. p is checked with idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
 	return s.outbox().MarkFailed(ctx, querier{s.db}, p)
 }
