@@ -20,11 +20,13 @@ var sqliteFiles sync.Map
 type sqliteFile struct {
 	// gate queues the store's writers (see writeGate).
 	gate writeGate
-	// begun holds the transactions of Store.Begin that hold the gate,
-	// until they end (endGated): *sql.Tx -> the stop function of the
-	// context.AfterFunc that gives the gate back when the context of
-	// Begin ends.
-	begun sync.Map
+	// mu guards begun and stop: the transaction of Store.Begin that holds
+	// the gate (one at most, since the gate has one holder), until it ends
+	// (endGated), and the stop function of the context.AfterFunc that
+	// gives the gate back when the context of Begin ends.
+	mu    sync.Mutex
+	begun *sql.Tx
+	stop  func() bool
 	// purging holds the purge locks: table + "\x00" + consumer ->
 	// struct{}.
 	purging sync.Map
@@ -187,8 +189,11 @@ func (s *Store) beginGated(ctx context.Context) (*sql.Tx, error) {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { s.endGated(tx) })
-	s.sqlite.begun.Store(tx, stop)
-	if ctx.Err() != nil { // ended before the entry was there for stop's call
+	f := s.sqlite
+	f.mu.Lock()
+	f.begun, f.stop = tx, stop
+	f.mu.Unlock()
+	if ctx.Err() != nil { // ended before begun was set for the AfterFunc's call
 		s.endGated(tx)
 	}
 	return tx, nil
@@ -201,10 +206,17 @@ func (s *Store) endGated(tx *sql.Tx) {
 	if s.sqlite == nil {
 		return
 	}
-	if stop, ok := s.sqlite.begun.LoadAndDelete(tx); ok {
-		stop.(func() bool)()
-		s.sqlite.gate.unlock()
+	f := s.sqlite
+	f.mu.Lock()
+	if f.begun != tx {
+		f.mu.Unlock()
+		return
 	}
+	stop := f.stop
+	f.begun, f.stop = nil, nil
+	f.mu.Unlock()
+	stop()
+	f.gate.unlock()
 }
 
 // gatedQuerier runs each statement on s.db holding s's write gate, from
