@@ -180,39 +180,6 @@
 //   - WAL journal mode for a file database, so readers do not block the
 //     writer.
 //
-// The writers of one process take turns at a write gate, in the order
-// they came: every write transaction and write statement of the store
-// (claims in the transactions of [Store.Begin], Acquire, Renew, Complete,
-// Release, SaveStep and their batches, the outbox's and the relay's
-// writes, purges, MarkRunning, the operator's actions, Migrate) holds it
-// from before its BEGIN IMMEDIATE (or its statement) until it commits or
-// rolls back, and every Store on the same database file in the process
-// shares it. Without it, a writer finding the write lock taken waits in
-// SQLite's busy handler, which sleeps (growing to 100 ms) between tries
-// while the other connections keep taking the lock: under load a writer
-// could lose every try for the whole busy timeout and fail with
-// SQLITE_BUSY, though the database was never stuck. A wait for the gate
-// ends with the caller's context (an error wrapping ctx.Err()), not with
-// the busy timeout. A transaction of Store.Begin holds the gate until
-// [Store.Commit] or [Store.Rollback], or until the context given to Begin
-// ends: end it with them, not with tx.Commit or tx.Rollback, or the
-// store's other writes wait until that context ends. Inside such a transaction, do not call the
-// store's other writes on the same database from the same goroutine (a
-// lease-mode Acquire, an outbox write): they would wait for the gate the
-// transaction holds; before the gate they waited as long for SQLite's
-// write lock, and failed after the busy timeout.
-//
-// The gate is in-process only. Writers of other processes on the same
-// file, and transactions the application begins itself on the *sql.DB
-// (db.BeginTx, for ProcessTx, say), do not queue at it: they meet the
-// store's writers in SQLite's busy handler as before, and may still fail
-// with SQLITE_BUSY after the busy timeout (10 s with [SQLiteDSN]); while
-// the store's writers keep the gate busy, the lock passes from one of
-// them to the next at once, so such a writer finds it free less often
-// than before. Begin the application's write transactions with
-// [Store.Begin] (and end them with Store.Commit or Store.Rollback): they
-// then queue with the store's.
-//
 // An in-memory database (":memory:") is private to its connection, so it
 // needs db.SetMaxOpenConns(1), which New checks. With a file, a few open
 // connections are plenty: writers take turns anyway. SQLite's default

@@ -45,12 +45,3 @@ func ClaimRead(s *Store) { s.claimMode = claimRead; s.pgClaimRead.Store(true) }
 // NextClaimReads reports whether s's next PostgreSQL claim runs the
 // claim that reads the record in the same statement.
 func NextClaimReads(s *Store) bool { return s.pgClaimRead.Load() }
-
-// SQLiteWriteGate reports whether the write gate of s's SQLite database
-// is held, and how many writers wait for it.
-func SQLiteWriteGate(s *Store) (held bool, waiting int) {
-	g := &s.sqlite.gate
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.held, len(g.waiters)
-}

@@ -162,28 +162,16 @@ func (s *Store) insertMySQL(ctx context.Context, p *idemdriver.AcquireParams, le
 }
 
 // inTx runs fn in a transaction, committed when fn returns nil and rolled
-// back otherwise (also when fn panics), holding the write gate on SQLite
-// from before BEGIN to after the transaction's end. fn must not call
-// anything that takes the gate.
+// back otherwise.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	if err := s.lockWrite(ctx); err != nil {
-		return err
-	}
-	defer s.unlockWrite()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
 	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
 		return err
 	}
-	committed = true
 	return tx.Commit()
 }
 
@@ -307,10 +295,8 @@ func (s *Store) Renew(ctx context.Context, p *idemdriver.RenewParams) error {
 	if s.dialect == Postgres {
 		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Renew(ctx, querier{s.db}, p) })
 	}
-	return s.gatedErr(ctx, func() error {
-		return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew,
-			sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
-	})
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "renew", p.Consumer, p.MessageID, p.Token, s.lq.renew,
+		sqlstore.DurationMicros(p.Lease), p.Consumer, p.MessageID, p.Token)
 }
 
 // Complete implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
@@ -335,10 +321,8 @@ func (s *Store) Complete(ctx context.Context, p *idemdriver.CompleteParams) erro
 	if s.dialect == Postgres {
 		return s.pgRetry(ctx, p.Consumer, func(q *pgsql.Queries) error { return q.Complete(ctx, querier{s.db}, p) })
 	}
-	return s.gatedErr(ctx, func() error {
-		return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
-			sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
-	})
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "complete", p.Consumer, p.MessageID, p.Token, s.lq.complete,
+		sqlstore.NonNil(p.Result), p.ContentType, p.Consumer, p.MessageID, p.Token)
 }
 
 // Release implements [idemdriver.LeaseStore]: one UPDATE, fenced by p.Token,
@@ -372,9 +356,7 @@ func (s *Store) Release(ctx context.Context, p *idemdriver.ReleaseParams) error 
 	}
 	args := []any{sqlstore.ErrorText(p.Error), terminal, p.Consumer, p.MessageID, p.Token}
 	if p.Step == "" {
-		return s.gatedErr(ctx, func() error {
-			return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...)
-		})
+		return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...)
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := sqlstore.Fenced(ctx, querier{tx}, "release", p.Consumer, p.MessageID, p.Token, s.lq.release, args...); err != nil {
@@ -413,10 +395,8 @@ func (s *Store) SaveStep(ctx context.Context, p *idemdriver.StepParams) error {
 	case MySQL:
 		return s.saveStepMySQL(ctx, p, sqlstore.NonNil(p.Result))
 	}
-	return s.gatedErr(ctx, func() error {
-		return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "save step", p.Consumer, p.MessageID, p.Token, s.lq.saveStep,
-			p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result))
-	})
+	return sqlstore.Fenced(ctx, querier{s.preparedOnDB()}, "save step", p.Consumer, p.MessageID, p.Token, s.lq.saveStep,
+		p.Consumer, p.MessageID, p.Token, p.Step, sqlstore.NonNil(p.Result))
 }
 
 func (s *Store) saveStepMySQL(ctx context.Context, p *idemdriver.StepParams, result []byte) error {

@@ -59,7 +59,7 @@ func (s *Store) migrate(ctx context.Context, migs []sqlschema.Migration) error {
 	case MySQL:
 		return s.migrateMySQL(ctx, migs)
 	default:
-		return s.gatedErr(ctx, func() error { return s.migrateSQLite(ctx, migs) })
+		return s.migrateSQLite(ctx, migs)
 	}
 }
 

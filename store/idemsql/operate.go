@@ -62,16 +62,14 @@ func (s *Store) ListRecords(ctx context.Context, p *idemdriver.ListRecordsParams
 // key, then a read of the record.
 func (s *Store) RetryRecord(ctx context.Context, consumer, messageID string) (idemdriver.ActionResult, error) {
 	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
-		return gated(ctx, s, func() (idemdriver.ActionResult, error) { return o.RetryRecord(ctx, querier{s.db}, consumer, messageID) })
+		return o.RetryRecord(ctx, querier{s.db}, consumer, messageID)
 	})
 }
 
 // ReleaseLease implements [idemdriver.Operator]: one UPDATE by primary
 // key fenced by the token, then a read of the record.
 func (s *Store) ReleaseLease(ctx context.Context, p *idemdriver.ReleaseLeaseParams) (idemdriver.ActionResult, error) {
-	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
-		return gated(ctx, s, func() (idemdriver.ActionResult, error) { return o.ReleaseLease(ctx, querier{s.db}, p) })
-	})
+	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) { return o.ReleaseLease(ctx, querier{s.db}, p) })
 }
 
 // OutboxFailures implements [idemdriver.OutboxOperator]: one GROUP BY
@@ -93,9 +91,7 @@ func (s *Store) ListFailedOutgoing(ctx context.Context, p *idemdriver.ListOutgoi
 // RetryOutgoing implements [idemdriver.OutboxOperator]: one UPDATE by
 // primary key, then a read of the row's state.
 func (s *Store) RetryOutgoing(ctx context.Context, id string) (idemdriver.ActionResult, error) {
-	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) {
-		return gated(ctx, s, func() (idemdriver.ActionResult, error) { return o.RetryOutgoing(ctx, querier{s.db}, id) })
-	})
+	return withOps(ctx, s, func(o *sqlstore.Ops) (idemdriver.ActionResult, error) { return o.RetryOutgoing(ctx, querier{s.db}, id) })
 }
 
 // Consumers implements [idemdriver.ConsumerLister]: one statement, a skip

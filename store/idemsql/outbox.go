@@ -121,9 +121,7 @@ func (s *Store) EmitTx(ctx context.Context, tx *sql.Tx, p *idemdriver.EmitParams
 // Errors: idemdriver.ErrInvalidConfig for p out of range, else the
 // driver's.
 func (s *Store) ClaimOutgoing(ctx context.Context, p *idemdriver.ClaimOutgoingParams) ([]idemdriver.OutgoingRecord, error) {
-	return gated(ctx, s, func() ([]idemdriver.OutgoingRecord, error) {
-		return s.outbox().Claim(ctx, querier{s.db}, s.beginReadCommitted, p)
-	})
+	return s.outbox().Claim(ctx, querier{s.db}, s.beginReadCommitted, p)
 }
 
 func (s *Store) beginReadCommitted(ctx context.Context) (sqlstore.Tx, error) {
@@ -134,8 +132,6 @@ func (s *Store) beginReadCommitted(ctx context.Context) (sqlstore.Tx, error) {
 // as the DSN says).
 func (s *Store) beginDefault(ctx context.Context) (sqlstore.Tx, error) { return s.beginTx(ctx, nil) }
 
-// beginTx begins a transaction of one of the outbox's writes, which holds
-// the write gate on SQLite already (gated).
 func (s *Store) beginTx(ctx context.Context, opts *sql.TxOptions) (sqlstore.Tx, error) {
 	tx, err := s.db.BeginTx(ctx, opts)
 	if err != nil {
@@ -159,7 +155,7 @@ func (t sqlTx) Rollback(context.Context) error { return t.tx.Rollback() }
 // (or UPDATE) of every row, joined to a JSON array of the rows' seqs and
 // IDs in seq order, which locks no other row.
 func (s *Store) MarkSent(ctx context.Context, p *idemdriver.MarkSentParams) error {
-	return s.gatedErr(ctx, func() error { return s.outbox().MarkSent(ctx, querier{s.db}, p) })
+	return s.outbox().MarkSent(ctx, querier{s.db}, p)
 }
 
 // MarkSentClaim implements [idemdriver.OutboxSentClaimer]: MarkSent's
@@ -180,9 +176,7 @@ func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentPara
 	if s.dialect == SQLite {
 		begin = s.beginDefault
 	}
-	return gated(ctx, s, func() ([]idemdriver.OutgoingRecord, error) {
-		return s.outbox().MarkSentClaim(ctx, querier{s.db}, begin, sent, claim)
-	})
+	return s.outbox().MarkSentClaim(ctx, querier{s.db}, begin, sent, claim)
 }
 
 // MarkFailed implements [idemdriver.OutboxStore]: one UPDATE per 100
@@ -190,7 +184,7 @@ func (s *Store) MarkSentClaim(ctx context.Context, sent *idemdriver.MarkSentPara
 // every row, joined to a JSON array of the rows by ID, which locks no
 // other row. p is checked with idemdriver.ValidateMarkFailedParams.
 func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) error {
-	return s.gatedErr(ctx, func() error { return s.outbox().MarkFailed(ctx, querier{s.db}, p) })
+	return s.outbox().MarkFailed(ctx, querier{s.db}, p)
 }
 
 // PurgeOutbox implements [idemdriver.OutboxStore]. PostgreSQL: one
@@ -201,7 +195,7 @@ func (s *Store) MarkFailed(ctx context.Context, p *idemdriver.MarkFailedParams) 
 // writers are serialised. p is checked with
 // idemdriver.ValidatePurgeOutboxParams.
 func (s *Store) PurgeOutbox(ctx context.Context, p *idemdriver.PurgeOutboxParams) (int64, error) {
-	return gated(ctx, s, func() (int64, error) { return s.outbox().Purge(ctx, querier{s.db}, s.beginReadCommitted, p) })
+	return s.outbox().Purge(ctx, querier{s.db}, s.beginReadCommitted, p)
 }
 
 // OutboxStats implements [idemdriver.OutboxStore].

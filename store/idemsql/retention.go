@@ -5,11 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/idem-go/idem/idemdriver"
 	"github.com/idem-go/idem/internal/pgsql"
 	"github.com/idem-go/idem/internal/sqlstore"
 )
+
+// sqlitePurging holds the in-process purge locks of SQLite stores, keyed
+// by database file, table and consumer.
+var sqlitePurging sync.Map
 
 // MarkRunning implements [idemdriver.Retainer] on the runs table (Table +
 // "_runs"), by the server's clock: the consumer's newest run is extended
@@ -24,7 +29,7 @@ func (s *Store) MarkRunning(ctx context.Context, p *idemdriver.MarkRunningParams
 	if s.dialect == Postgres {
 		q = &s.pg.V1().Runs // the runs table is the same in both shapes
 	}
-	return s.gatedErr(ctx, func() error { return sqlstore.MarkRunning(ctx, querier{s.db}, q, p) })
+	return sqlstore.MarkRunning(ctx, querier{s.db}, q, p)
 }
 
 // BeginPurge implements [idemdriver.Retainer]: it takes the purge lock of
@@ -79,15 +84,15 @@ func (s *Store) BeginPurge(ctx context.Context, p *idemdriver.BeginPurgeParams) 
 	case MySQL:
 		return s.beginPurgeMySQL(ctx, p.Consumer)
 	}
-	key := s.table.Qualified + "\x00" + p.Consumer
-	if _, held := s.sqlite.purging.LoadOrStore(key, struct{}{}); held {
+	key := s.lockScope + "\x00" + s.table.Qualified + "\x00" + p.Consumer
+	if _, held := sqlitePurging.LoadOrStore(key, struct{}{}); held {
 		return nil, idemdriver.ErrPurgeInProgress
 	}
 	batch := func(ctx context.Context, consumer string, horizon int64, limit int) (int64, error) {
-		return gated(ctx, s, func() (int64, error) { return s.purgeBatchSQLite(ctx, s.db, consumer, horizon, limit) })
+		return s.purgeBatchSQLite(ctx, s.db, consumer, horizon, limit)
 	}
-	return sqlstore.NewSession(gatedQuerier{s}, &s.q.runs, p.Consumer, batch, func(context.Context) error {
-		s.sqlite.purging.Delete(key)
+	return sqlstore.NewSession(querier{s.db}, &s.q.runs, p.Consumer, batch, func(context.Context) error {
+		sqlitePurging.Delete(key)
 		return nil
 	}), nil
 }

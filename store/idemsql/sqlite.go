@@ -14,10 +14,7 @@ import (
 
 // SQLiteBusyTimeoutMS is the busy timeout [SQLiteDSN] sets, in
 // milliseconds: how long a writer waits for another connection's write
-// lock before failing with SQLITE_BUSY. The store's writers of one
-// process take turns at its write gate before they ask for the lock, so
-// this bounds waits on writers of other processes (and on transactions
-// the application begins on the *sql.DB itself), not on each other.
+// lock before failing with SQLITE_BUSY.
 const SQLiteBusyTimeoutMS = 10000
 
 // SQLiteDSN returns the data source name that opens the SQLite database
@@ -36,12 +33,7 @@ const SQLiteBusyTimeoutMS = 10000
 //     writer committed since its read).
 //   - busy_timeout makes a writer wait up to SQLiteBusyTimeoutMS for the
 //     lock instead of failing at once; modernc.org/sqlite also ends the
-//     wait when the context of the call is done. The store's own writers
-//     in this process do not wait there: they queue at the store's write
-//     gate first, in order, and take the lock as the previous one gives
-//     it back (see the package documentation, "SQLite"). The busy timeout
-//     is what writers of other processes, and the application's own
-//     transactions on the *sql.DB, wait for the store's.
+//     wait when the context of the call is done.
 //   - journal_mode(WAL) lets readers run while one writer writes; the mode
 //     is stored in the file.
 //
@@ -89,55 +81,47 @@ func (e *SQLiteSettingError) Error() string {
 // Is reports whether target is idemdriver.ErrInvalidConfig.
 func (e *SQLiteSettingError) Is(target error) bool { return target == idemdriver.ErrInvalidConfig }
 
-// checkSQLite checks db's settings and returns what the SQLite Stores of
-// this process share for its database (sqliteFileOf): that of the main
-// database file, or of the *sql.DB for an in-memory one.
-func checkSQLite(ctx context.Context, db *sql.DB) (*sqliteFile, error) {
+// checkSQLite checks db's settings and returns the scope of the in-process
+// purge lock: the main database file, or the *sql.DB for an in-memory one.
+func checkSQLite(ctx context.Context, db *sql.DB) (scope string, err error) {
 	var timeout int64
 	if err := db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&timeout); err != nil {
-		return nil, fmt.Errorf("idemsql: reading PRAGMA busy_timeout: %w", err)
+		return "", fmt.Errorf("idemsql: reading PRAGMA busy_timeout: %w", err)
 	}
 	if timeout <= 0 {
-		return nil, &SQLiteSettingError{Setting: "busy_timeout", Got: strconv.FormatInt(timeout, 10),
+		return "", &SQLiteSettingError{Setting: "busy_timeout", Got: strconv.FormatInt(timeout, 10),
 			Want: "> 0 ms, e.g. _pragma=busy_timeout(10000) in the DSN"}
 	}
 	file, err := sqliteMainFile(ctx, db)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	maxOpen := db.Stats().MaxOpenConnections
 	if file == "" {
 		if maxOpen != 1 {
-			return nil, &SQLiteSettingError{Setting: "max open connections", Got: maxOpenString(maxOpen),
+			return "", &SQLiteSettingError{Setting: "max open connections", Got: maxOpenString(maxOpen),
 				Want: "1 for an in-memory database, whose every connection opens a database of its own (db.SetMaxOpenConns(1))"}
 		}
-		return sqliteFileOf(fmt.Sprintf("memory:%p", db)), nil
+		return fmt.Sprintf("memory:%p", db), nil
 	}
 	var mode string
 	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
-		return nil, fmt.Errorf("idemsql: reading PRAGMA journal_mode: %w", err)
+		return "", fmt.Errorf("idemsql: reading PRAGMA journal_mode: %w", err)
 	}
 	if !strings.EqualFold(mode, "wal") {
-		return nil, &SQLiteSettingError{Setting: "journal_mode", Got: mode, Want: "wal, e.g. _pragma=journal_mode(WAL) in the DSN"}
+		return "", &SQLiteSettingError{Setting: "journal_mode", Got: mode, Want: "wal, e.g. _pragma=journal_mode(WAL) in the DSN"}
 	}
-	f := sqliteFileOf("file:" + file)
 	if maxOpen != 1 { // with one connection there is no second one to probe from
-		// The probe's transaction is a writer like any other: it queues
-		// at the gate.
-		if err := f.gate.lock(ctx); err != nil {
-			return nil, fmt.Errorf("idemsql: checking the SQLite transaction mode: waiting for the SQLite write gate: %w", err)
-		}
 		immediate, err := probeImmediate(ctx, db)
-		f.gate.unlock()
 		if err != nil {
-			return nil, fmt.Errorf("idemsql: checking the SQLite transaction mode: %w", err)
+			return "", fmt.Errorf("idemsql: checking the SQLite transaction mode: %w", err)
 		}
 		if !immediate {
-			return nil, &SQLiteSettingError{Setting: "_txlock", Got: "deferred (transactions start without the write lock)",
+			return "", &SQLiteSettingError{Setting: "_txlock", Got: "deferred (transactions start without the write lock)",
 				Want: "immediate, e.g. _txlock=immediate in the DSN"}
 		}
 	}
-	return f, nil
+	return "file:" + file, nil
 }
 
 func maxOpenString(n int) string {

@@ -85,9 +85,9 @@ type Store struct {
 	pg *pgsql.Table
 	q  queries
 	lq leaseQueries
-	// sqlite is what the SQLite Stores of this process share per database
-	// (the write gate, the purge locks); nil on the other dialects.
-	sqlite *sqliteFile
+	// lockScope names the database file for SQLite's in-process purge
+	// lock, so two Stores over one file share it.
+	lockScope string
 	// stmts are MySQL's and SQLite's hot statements, prepared once.
 	stmts stmtCache
 	// mysqlClaim is the last MySQL claim text built, by lock timeout.
@@ -188,7 +188,7 @@ func New(db *sql.DB, dialect Dialect, cfg *Config) (*Store, error) {
 		s.lq = sqliteLeaseQueries(table.Qualified)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if s.sqlite, err = checkSQLite(ctx, db); err != nil {
+		if s.lockScope, err = checkSQLite(ctx, db); err != nil {
 			return nil, err
 		}
 	default:
@@ -232,15 +232,6 @@ func (s *Store) Table() string { return s.table.Qualified }
 // (BEGIN IMMEDIATE with [SQLiteDSN]). As with any *sql.Tx, cancelling ctx
 // rolls the transaction back.
 //
-// On SQLite the transaction first takes the store's write gate, in the
-// order of the callers (see the package documentation, "SQLite"), and
-// holds it until [Store.Commit] or [Store.Rollback], or until ctx ends
-// (database/sql then rolls the transaction back): end a transaction of
-// Begin with Store.Commit or Store.Rollback, not with tx.Commit or
-// tx.Rollback, or the gate stays held until ctx ends and the store's
-// other writes in this process wait for it. A wait for the gate cut short
-// by ctx returns an error wrapping ctx.Err().
-//
 // On MySQL and SQLite it first prepares, once, the claim statements that
 // earlier claims ran from their text (see ClaimTx), outside the
 // transaction: a pool of one connection has none to spare inside it.
@@ -248,28 +239,21 @@ func (s *Store) Begin(ctx context.Context) (*sql.Tx, error) {
 	if s.dialect != Postgres {
 		s.stmts.prepareWanted(ctx, s.db)
 	}
-	return s.beginGated(ctx)
+	return s.db.BeginTx(ctx, nil)
 }
 
 // Commit implements [idemdriver.TxStore]: tx.Commit. An error means the claims
 // did not commit, or that the outcome is unknown (a connection lost during
-// COMMIT). On SQLite it then gives back the write gate a transaction of
-// [Store.Begin] holds, whatever the outcome (tx has ended either way).
+// COMMIT).
 func (s *Store) Commit(ctx context.Context, tx *sql.Tx) error {
-	err := tx.Commit()
-	s.endGated(tx)
-	return err
+	return tx.Commit()
 }
 
 // Rollback implements [idemdriver.TxStore]: tx.Rollback. Rolling back a
 // transaction that already ended (after Commit, even a failed one, or after
 // its context was cancelled) returns nil: sql.ErrTxDone is not an error here.
-// On SQLite it then gives back the write gate a transaction of
-// [Store.Begin] holds (see Commit).
 func (s *Store) Rollback(ctx context.Context, tx *sql.Tx) error {
-	err := tx.Rollback()
-	s.endGated(tx)
-	if err != nil && !errors.Is(err, sql.ErrTxDone) {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return err
 	}
 	return nil

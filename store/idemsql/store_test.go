@@ -210,7 +210,7 @@ func TestInvalidClaimKeepsTxUsable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = e.store.Rollback(ctx, tx) }()
+		defer func() { _ = tx.Rollback() }()
 		if err := e.writeEffect(ctx, tx, "before"); err != nil {
 			t.Fatal(err)
 		}
@@ -224,7 +224,7 @@ func TestInvalidClaimKeepsTxUsable(t *testing.T) {
 		if res, err := e.store.ClaimTx(ctx, tx, &idemdriver.ClaimParams{Consumer: "c", MessageID: "m", Fingerprint: fp("p")}); err != nil || !res.Claimed {
 			t.Fatalf("valid ClaimTx after the invalid ones = %+v, %v", res, err)
 		}
-		if err := e.store.Commit(ctx, tx); err != nil {
+		if err := tx.Commit(); err != nil {
 			t.Fatalf("Commit: %v", err)
 		}
 		e.wantEffects("before", 1)
