@@ -43,6 +43,10 @@ func TestHandlerTimeout(t *testing.T) {
 				attempts int
 				firstErr error
 				second   = make(chan struct{})
+				// firstDone is closed once the first attempt has
+				// recorded firstErr: the second attempt can be
+				// acknowledged before the first one's context ends.
+				firstDone = make(chan struct{})
 			)
 			p := idem.ProcessorFunc(func(ctx context.Context, msg idem.Message) (idem.Outcome, error) {
 				mu.Lock()
@@ -70,6 +74,7 @@ func TestHandlerTimeout(t *testing.T) {
 				mu.Lock()
 				firstErr = ctx.Err()
 				mu.Unlock()
+				close(firstDone)
 				err := errors.New("stuck")
 				return idem.Outcome{Status: idem.Failed, MessageID: msg.ID, Err: err}, err
 			})
@@ -92,6 +97,11 @@ func TestHandlerTimeout(t *testing.T) {
 			testenv.Eventually(t, 30*time.Second, "the entry acknowledged", func() bool {
 				return pendingCount(t, rdb, stream, "g") == 0
 			}, nil)
+			select {
+			case <-firstDone:
+			case <-time.After(60 * time.Second):
+				t.Fatal("the first attempt did not return within 60s")
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if !errors.Is(firstErr, context.DeadlineExceeded) {
