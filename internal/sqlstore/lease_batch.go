@@ -82,6 +82,27 @@ func AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams, acquire f
 	return res, errs, ctx.Err()
 }
 
+// AcquireEach is AcquireBatch for a store whose Acquire commits on its
+// own (MySQL's short transactions, one or two per element): it runs
+// acquire for each valid element of ps in key order and an error is that
+// element's alone, in errs. The elements before it stay acquired, and
+// reporting its error as the batch's would leave them held by nobody
+// until their leases ran out (each a wasted attempt); the elements after
+// it are tried, as a single Acquire of each would be (one whose ctx has
+// ended fails with ctx's error without a statement). err is only the
+// batch's size.
+func AcquireEach(ps []*idemdriver.AcquireParams, acquire func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error)) ([]idemdriver.AcquireResult, []error, error) {
+	order, errs, err := AcquireOrder(ps)
+	if err != nil {
+		return nil, nil, err
+	}
+	res := make([]idemdriver.AcquireResult, len(ps))
+	for _, i := range order {
+		res[i], errs[i] = acquire(ps[i])
+	}
+	return res, errs, nil
+}
+
 // CompleteBatch runs complete (one fenced Complete on the batch's
 // transaction, p validated) for each element of ps in key order and
 // returns one error per element of ps: its validation error, or

@@ -31,7 +31,11 @@ var _ idemdriver.LeaseBatcher = (*Store)(nil)
 // An element that fails validation has its error in errs; a statement
 // that fails rolls the whole batch back (err). On MySQL, whose Acquire
 // runs its own short transactions, the batch is one Acquire per element,
-// in order, with no saving.
+// in key order, with no saving, and every error is an element's
+// (sqlstore.AcquireEach): an element whose Acquire fails (a refused
+// prepare, a lost connection) has its error in errs, and the elements
+// acquired before it keep their results, as on Redis, instead of being
+// held by nobody until their leases run out.
 func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams) (res []idemdriver.AcquireResult, errs []error, err error) {
 	if err := ctx.Err(); err != nil || len(ps) == 0 {
 		return nil, nil, err
@@ -39,7 +43,7 @@ func (s *Store) AcquireBatch(ctx context.Context, ps []*idemdriver.AcquireParams
 	acquire := func(p *idemdriver.AcquireParams) (idemdriver.AcquireResult, error) { return s.Acquire(ctx, p) }
 	switch s.dialect {
 	case MySQL:
-		return sqlstore.AcquireBatch(ctx, ps, acquire)
+		return sqlstore.AcquireEach(ps, acquire)
 	case Postgres:
 		return s.pg.AcquireBatch(ctx, querier{s.db}, ps)
 	}
