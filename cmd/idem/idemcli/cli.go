@@ -122,7 +122,10 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 	root.SetOut(sec.Writer(stdout))
 	root.SetErr(sec.Writer(stderr))
 	routeLibraryLogs(nil)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		// pflag says which flag is wrong, not where the right ones are.
+		return usageError{fmt.Errorf("%w (%s --help lists its flags)", err, cmd.CommandPath())}
+	})
 	root.AddCommand(newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newConsumeCmd(), newPublishCmd(), newRelayCmd(), newVersionCmd())
 	for _, extra := range extraCommands {
 		root.AddCommand(extra())
