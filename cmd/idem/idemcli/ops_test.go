@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -151,5 +152,37 @@ func testOperatingCommands(t *testing.T, url string) {
 	}
 	if code, _, _ = cmd("inspect", "--consumer", "orders", "--id", "m-9"); code != 0 {
 		t.Errorf("the newest record was purged")
+	}
+}
+
+// TestWrongCredentials: a server that refuses the URL's password or
+// database is named as refusing, with what to check, and the password is
+// not printed back.
+func TestWrongCredentials(t *testing.T) {
+	t.Parallel()
+	const pw = "Wr0ngPassw0rdQ"
+	for name, raw := range storeURLs(t) {
+		if name == "sqlite" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		badPassword, badDatabase := *u, *u
+		badPassword.User = url.UserPassword(u.User.Username(), pw)
+		badDatabase.Path = "/idem_no_such_database"
+		for what, store := range map[string]string{"password": badPassword.String(), "database": badDatabase.String()} {
+			t.Run(name+"/"+what, func(t *testing.T) {
+				t.Parallel()
+				code, _, errOut := run(t, "stats", "--store", store)
+				if code != 1 || !strings.Contains(errOut, " refused the connection (check the user, password and database in the URL): ") {
+					t.Errorf("exit %d, %q", code, errOut)
+				}
+				if strings.Contains(errOut, pw) {
+					t.Errorf("the password is printed: %q", errOut)
+				}
+			})
+		}
 	}
 }
