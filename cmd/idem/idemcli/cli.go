@@ -42,6 +42,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
@@ -283,6 +284,9 @@ func (libraryLogger) Printf(_ context.Context, format string, v ...any) {
 func (libraryLogger) Print(v ...any) { libraryLogger{}.write("mysql: " + fmt.Sprint(v...)) }
 
 func (libraryLogger) write(line string) {
+	if connect.DriverLogsQuiet() {
+		return // a first ping's retries: its error says the same
+	}
 	libraryLogs.mu.Lock()
 	defer libraryLogs.mu.Unlock()
 	if libraryLogs.w != nil {
