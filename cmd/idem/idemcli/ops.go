@@ -288,6 +288,9 @@ func newStatsCmd() *cobra.Command {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			if len(stats) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no records in this table yet")
+			}
 			return printOutboxStats(cmd, outbox)
 		},
 	}

@@ -60,6 +60,10 @@ func testOperatingCommands(t *testing.T, url string) {
 	if code, _, errOut := cmd("migrate"); code != 0 {
 		t.Fatalf("second migrate: exit %d, %q", code, errOut)
 	}
+	// A table with no records says so under the header.
+	if code, out, errOut := cmd("stats"); code != 0 || !strings.HasPrefix(out, "CONSUMER  RECORDS  OLDEST  NEWEST\nno records in this table yet\n") {
+		t.Errorf("stats of an empty table: exit %d, %q %q", code, out, errOut)
+	}
 
 	c, err := idem.NewConsumer(st.store, idem.Config{Name: "orders", PurgeInterval: -1})
 	if err != nil {
