@@ -42,6 +42,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/console"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 )
@@ -122,7 +123,10 @@ flag name in upper case, dashes as underscores (--store is IDEM_STORE).`,
 	root.SetOut(sec.Writer(stdout))
 	root.SetErr(sec.Writer(stderr))
 	routeLibraryLogs(nil)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		// pflag says which flag is wrong, not where the right ones are.
+		return usageError{fmt.Errorf("%w (%s --help lists its flags)", err, cmd.CommandPath())}
+	})
 	root.AddCommand(newMigrateCmd(), newPurgeCmd(), newInspectCmd(), newStatsCmd(), newProxyCmd(), newConsumeCmd(), newPublishCmd(), newRelayCmd(), newVersionCmd())
 	for _, extra := range extraCommands {
 		root.AddCommand(extra())
@@ -280,6 +284,9 @@ func (libraryLogger) Printf(_ context.Context, format string, v ...any) {
 func (libraryLogger) Print(v ...any) { libraryLogger{}.write("mysql: " + fmt.Sprint(v...)) }
 
 func (libraryLogger) write(line string) {
+	if connect.DriverLogsQuiet() {
+		return // a first ping's retries: its error says the same
+	}
 	libraryLogs.mu.Lock()
 	defer libraryLogs.mu.Unlock()
 	if libraryLogs.w != nil {

@@ -28,6 +28,8 @@ func TestErrorsAreOneLineWithExitStatus(t *testing.T) {
 		want string
 	}{
 		{"unknown flag", []string{"demo", "--nope"}, 2, "unknown flag"},
+		{"misspelt flag", []string{"stats", "--stroe", "sqlite:x.db"}, 2, "unknown flag: --stroe (idem stats --help lists its flags)"},
+		{"flag without its value", []string{"purge", "--older-than"}, 2, "flag needs an argument: --older-than (idem purge --help lists its flags)"},
 		{"bad fraction", []string{"demo", "--duplicates", "2"}, 2, "--duplicates"},
 		{"bad store scheme", []string{"stats", "--store", "oracle://x"}, 1, "unknown scheme"},
 		{"missing store", []string{"stats"}, 2, "--store is required"},

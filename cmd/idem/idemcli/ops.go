@@ -154,16 +154,25 @@ rate in records/s and the time it paused.`,
 			if dryRun {
 				verb = "would delete"
 			}
-			fmt.Fprintf(out, "%s %d records of consumer %q outrun by %s of running time (horizon %s)",
-				verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon))
-			if took := time.Since(start); !dryRun {
-				fmt.Fprintf(out, " in %d batch(es)", res.Batches)
-				if res.Deleted > 0 {
+			switch {
+			case res.Horizon.IsZero():
+				// No horizon: the runs the consumer recorded add up to
+				// less than the window (a run is recorded at its start,
+				// then at each heartbeat), so no record is due.
+				fmt.Fprintf(out, "%s 0 records of consumer %q: its recorded running time is under %s, so none is due yet\n",
+					verb, consumer, olderThan)
+			case dryRun:
+				fmt.Fprintf(out, "%s %d records of consumer %q outrun by %s of running time (horizon %s)\n",
+					verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon))
+			default:
+				fmt.Fprintf(out, "%s %d records of consumer %q outrun by %s of running time (horizon %s) in %d batch(es)",
+					verb, res.Deleted, consumer, olderThan, fmtTime(res.Horizon), res.Batches)
+				if took := time.Since(start); res.Deleted > 0 {
 					fmt.Fprintf(out, ", %s (%.0f records/s, paused %s)", took.Round(time.Millisecond),
 						float64(res.Deleted)/took.Seconds(), res.Paused.Round(time.Millisecond))
 				}
+				fmt.Fprintln(out)
 			}
-			fmt.Fprintln(out)
 			if res.Deleted == 0 {
 				// Purged clean before, or a typo: say which consumers there are.
 				if err := console.KnownConsumer(cmd.Context(), st.store, consumer); err != nil {
@@ -278,6 +287,9 @@ func newStatsCmd() *cobra.Command {
 			}
 			if err := tw.Flush(); err != nil {
 				return err
+			}
+			if len(stats) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no records in this table yet")
 			}
 			return printOutboxStats(cmd, outbox)
 		},

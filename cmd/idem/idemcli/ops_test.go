@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -58,6 +59,10 @@ func testOperatingCommands(t *testing.T, url string) {
 	})
 	if code, _, errOut := cmd("migrate"); code != 0 {
 		t.Fatalf("second migrate: exit %d, %q", code, errOut)
+	}
+	// A table with no records says so under the header.
+	if code, out, errOut := cmd("stats"); code != 0 || !strings.HasPrefix(out, "CONSUMER  RECORDS  OLDEST  NEWEST\nno records in this table yet\n") {
+		t.Errorf("stats of an empty table: exit %d, %q %q", code, out, errOut)
 	}
 
 	c, err := idem.NewConsumer(st.store, idem.Config{Name: "orders", PurgeInterval: -1})
@@ -132,6 +137,11 @@ func testOperatingCommands(t *testing.T, url string) {
 	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--dry-run"); code != 0 || !strings.Contains(out, "would delete 9 records") || strings.Contains(errOut, "deleted so far") {
 		t.Errorf("purge --dry-run: exit %d, %q %q", code, out, errOut)
 	}
+	// The consumer has run for two hours: a window of three has no
+	// horizon yet, and the purge says so rather than print an empty one.
+	if code, out, errOut = cmd("purge", "--consumer", "orders", "--older-than", "3h"); code != 0 || out != `deleted 0 records of consumer "orders": its recorded running time is under 3h0m0s, so none is due yet`+"\n" {
+		t.Errorf("purge before the window: exit %d, %q %q", code, out, errOut)
+	}
 	for _, bad := range []string{"0", "-0.5", "1.5", "NaN"} {
 		if code, _, errOut = cmd("purge", "--consumer", "orders", "--older-than", "1h", "--duty-cycle", bad); code != 2 || !strings.Contains(errOut, "--duty-cycle must be in (0, 1]") {
 			t.Errorf("purge --duty-cycle %s: exit %d, %q", bad, code, errOut)
@@ -146,5 +156,37 @@ func testOperatingCommands(t *testing.T, url string) {
 	}
 	if code, _, _ = cmd("inspect", "--consumer", "orders", "--id", "m-9"); code != 0 {
 		t.Errorf("the newest record was purged")
+	}
+}
+
+// TestWrongCredentials: a server that refuses the URL's password or
+// database is named as refusing, with what to check, and the password is
+// not printed back.
+func TestWrongCredentials(t *testing.T) {
+	t.Parallel()
+	const pw = "Wr0ngPassw0rdQ"
+	for name, raw := range storeURLs(t) {
+		if name == "sqlite" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		badPassword, badDatabase := *u, *u
+		badPassword.User = url.UserPassword(u.User.Username(), pw)
+		badDatabase.Path = "/idem_no_such_database"
+		for what, store := range map[string]string{"password": badPassword.String(), "database": badDatabase.String()} {
+			t.Run(name+"/"+what, func(t *testing.T) {
+				t.Parallel()
+				code, _, errOut := run(t, "stats", "--store", store)
+				if code != 1 || !strings.Contains(errOut, " refused the connection (check the user, password and database in the URL): ") {
+					t.Errorf("exit %d, %q", code, errOut)
+				}
+				if strings.Contains(errOut, pw) {
+					t.Errorf("the password is printed: %q", errOut)
+				}
+			})
+		}
 	}
 }

@@ -43,7 +43,9 @@ that inserted rows), so it sends at once without polling tightly; it still
 polls every --max-poll for rows whose retry time came. LISTEN needs a session
 of its own: through PgBouncer in transaction pooling, point --store at the
 server. MariaDB and SQLite are polled (from --min-poll, doubling to
---max-poll while idle).
+--max-poll while idle). Messages the broker did not take are logged at warn
+(one line per destination and round, with the error) and retried with
+backoff; one refused for good is marked failed (idem failed --outbox).
 
 Metrics (idemotel's outbox metrics: idem.outbox.sent, idem.outbox.send_failures,
 idem.outbox.relay.duration, idem.outbox.relay.lag, and the backlog gauges
@@ -81,8 +83,8 @@ idem-relay).
 				return err
 			}
 			defer closeMetrics()
-			cfg.Store, cfg.Publisher, cfg.Hooks = store, pub, hooks
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			cfg.Store, cfg.Publisher, cfg.Hooks = store, loggedPublisher{pub, cfg.Logger}, hooks
 			r, err := idem.NewRelay(cfg)
 			if err != nil {
 				return usageError{err}
@@ -248,4 +250,48 @@ func openPublisher(ctx context.Context, url, exchange string) (idem.Publisher, f
 		return idemredisstream.NewPublisher(client, idemredisstream.ProducerConfig{}), func() { _ = client.Close() }, nil
 	}
 	return nil, nil, usageError{fmt.Errorf("%w: --broker %q: want nats://HOST:PORT, kafka://HOST:PORT, amqp://USER:PASS@HOST:PORT/ or redis://HOST:PORT/DB", errBadURL, redact(url))}
+}
+
+// loggedPublisher is a Publisher that logs, at warn, the messages of each
+// batch that it could not send: one line per destination, with their count
+// and the first error. The relay itself only retries them (or marks them
+// failed, for a permanent error), so without it `idem relay` said nothing
+// while a row waited for, say, a NATS subject that no stream captures.
+type loggedPublisher struct {
+	idem.Publisher
+	log *slog.Logger
+}
+
+func (p loggedPublisher) Publish(ctx context.Context, msgs []idem.Outgoing) []error {
+	errs := p.Publisher.Publish(ctx, msgs)
+	if len(errs) != len(msgs) {
+		return errs // the relay retries the whole batch and says why
+	}
+	type failure struct {
+		n     int
+		first error
+	}
+	var order []string
+	failed := map[string]*failure{}
+	for i, err := range errs {
+		if err == nil {
+			continue
+		}
+		f := failed[msgs[i].Destination]
+		if f == nil {
+			f = &failure{first: err}
+			failed[msgs[i].Destination] = f
+			order = append(order, msgs[i].Destination)
+		}
+		f.n++
+	}
+	for _, dest := range order {
+		f := failed[dest]
+		then := "retried with backoff"
+		if idem.IsPermanent(f.first) {
+			then = "failed for good: idem failed --outbox lists them, idem retry --outbox-id sends one again"
+		}
+		p.log.Warn("idem relay: messages not sent", "destination", dest, "messages", f.n, "then", then, "error", f.first)
+	}
+	return errs
 }

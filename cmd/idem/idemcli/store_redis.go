@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idem-go/idem/cmd/idem/internal/connect"
 	"github.com/idem-go/idem/cmd/idem/internal/secret"
 	"github.com/idem-go/idem/store/idemredis"
 )
@@ -202,7 +203,7 @@ func openRedisStore(ctx context.Context, rawURL, prefix string) (_ *redisStore, 
 	client, where := r.client()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
+	if err := connect.QuietPing(func() error { return client.Ping(pctx).Err() }); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("cannot reach %s: %w", where, err)
 	}

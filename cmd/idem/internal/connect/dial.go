@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -87,9 +88,35 @@ func dialRedis(ctx context.Context, url, what string) (_ *redis.Client, _ *redis
 	client := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
+	if err := QuietPing(func() error { return client.Ping(pctx).Err() }); err != nil {
 		client.Close()
 		return nil, nil, fmt.Errorf("cannot reach Redis at %s: %w", opts.Addr, err)
 	}
 	return client, opts, nil
 }
+
+// quietPings counts the first pings under way, or failed, whose drivers'
+// package-level log lines are dropped (QuietPing).
+var quietPings atomic.Int32
+
+// QuietPing runs ping, the first ping of a client the command just made,
+// with the lines the drivers log through their package-level loggers
+// dropped (DriverLogsQuiet): go-redis logs "connection pool: failed to
+// dial after 5 attempts" for each retry of a ping, from dial goroutines
+// detached from the ping's context, and the ping's error, which the
+// command prints as "cannot reach ...", says the same. When ping fails
+// the lines stay dropped, since the command is ending with its error and
+// the client's dials may go on logging until it exits; when it succeeds
+// they are logged again.
+func QuietPing(ping func() error) error {
+	quietPings.Add(1)
+	err := ping()
+	if err == nil {
+		quietPings.Add(-1)
+	}
+	return err
+}
+
+// DriverLogsQuiet reports whether a QuietPing is under way or has failed,
+// so that the drivers' package-level log lines are to be dropped.
+func DriverLogsQuiet() bool { return quietPings.Load() > 0 }

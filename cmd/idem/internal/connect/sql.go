@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
@@ -116,7 +117,7 @@ func OpenSQL(ctx context.Context, rawURL, table string) (st *SQLStore, err error
 	}
 	if err != nil {
 		s.DB.Close()
-		return nil, fmt.Errorf("cannot reach %s: %w", s.Where, err)
+		return nil, pingFailure(s.Where, err)
 	}
 	s.Store, err = idemsql.New(s.DB, s.Dialect, &idemsql.Config{Table: table})
 	if err != nil {
@@ -189,4 +190,20 @@ func Rebind(d idemsql.Dialect, q string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// pingFailure is the error of a first ping of the database at where that
+// failed with err: "refused" when the server answered that it will not
+// take the connection as the URL asks for it (PostgreSQL's SQLSTATE class
+// 28, a wrong password or user, or 3D000, a database that does not exist;
+// MySQL's errors 1044, 1045 and 1049), since the server was reached;
+// "cannot reach" for anything else (a refused dial, a timeout, TLS).
+func pingFailure(where string, err error) error {
+	var pe *pgconn.PgError
+	var me *mysql.MySQLError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "28") || pe.Code == "3D000") ||
+		errors.As(err, &me) && (me.Number == 1044 || me.Number == 1045 || me.Number == 1049) {
+		return fmt.Errorf("%s refused the connection (check the user, password and database in the URL): %w", where, err)
+	}
+	return fmt.Errorf("cannot reach %s: %w", where, err)
 }

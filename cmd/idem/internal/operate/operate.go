@@ -238,7 +238,11 @@ func printRecords(w io.Writer, v console.RecordPageView) error {
 		return err
 	}
 	if len(v.Records) == 0 {
-		fmt.Fprintf(w, "no %s records of consumer %q on this page\n", v.State, v.Consumer)
+		if v.State == "failed" {
+			fmt.Fprintf(w, "no failed records of consumer %q on this page\n", v.Consumer)
+		} else {
+			fmt.Fprintf(w, "no records of consumer %q in progress on this page\n", v.Consumer)
+		}
 	}
 	if v.Next != "" {
 		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
@@ -260,6 +264,9 @@ func printDeadLetters(w io.Writer, v console.DeadLettersView) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if len(v.Letters) == 0 {
+		fmt.Fprintln(w, "no dead letters on this page")
+	}
 	if v.Next != "" {
 		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)
 	}
@@ -279,6 +286,9 @@ func printOutbox(w io.Writer, v console.OutboxView) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(v.Rows) == 0 {
+		fmt.Fprintln(w, "no outbox rows failed for good on this page")
 	}
 	if v.Next != "" {
 		fmt.Fprintf(w, "next page: --cursor %s\n", v.Next)

@@ -164,3 +164,51 @@ func TestUnbrowsableBrokerNamedOnce(t *testing.T) {
 		t.Errorf("failed --dead-letter on RabbitMQ: %v, want ErrNoDeadLetters naming the broker once and why", err)
 	}
 }
+
+// TestEmptyPagesSaySo: a page with nothing on it says so in words under
+// its table's header, rather than leave the header alone.
+func TestEmptyPagesSaySo(t *testing.T) {
+	store := idem.NewMemoryStore(nil)
+	c := payments(t, store)
+	if _, err := c.Process(t.Context(), idem.Message{ID: "pay-1", Payload: []byte("x")}, func(context.Context, *idem.Attempt) (idem.Result, error) {
+		return idem.Result{}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--consumer", "payments"}, `no failed records of consumer "payments" on this page`},
+		{[]string{"--consumer", "payments", "--in-progress"}, `no records of consumer "payments" in progress on this page`},
+		{[]string{"--outbox"}, "no outbox rows failed for good on this page"},
+	} {
+		out, err := run(t, store, append([]string{"failed", "--store", "mem:"}, tt.args...)...)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if err != nil || lines[len(lines)-1] != tt.want {
+			t.Errorf("failed %s: %v, output %q, want its last line %q", strings.Join(tt.args, " "), err, out, tt.want)
+		}
+	}
+
+	openBroker := func(context.Context, string) (console.DeadLetters, func(), error) {
+		return noDeadLetters{}, func() {}, nil
+	}
+	root := &cobra.Command{Use: "idem", SilenceErrors: true, SilenceUsage: true}
+	root.AddCommand(operate.Commands(nil, openBroker, time.Now)...)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"failed", "--broker", "nats://127.0.0.1:4222", "--dead-letter", "payments.dead"})
+	err := root.ExecuteContext(t.Context())
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); err != nil || lines[len(lines)-1] != "no dead letters on this page" {
+		t.Errorf("failed --dead-letter: %v, output %q, want its last line to say there are none", err, out.String())
+	}
+}
+
+// noDeadLetters is a broker whose dead-letter destinations are empty.
+type noDeadLetters struct{ console.DeadLetters }
+
+func (noDeadLetters) Where() string { return "NATS at nats://127.0.0.1:4222" }
+
+func (noDeadLetters) Newest(context.Context, string, string, int) ([]console.DeadLetter, string, error) {
+	return nil, "", nil
+}
