@@ -49,9 +49,13 @@ type Harness[TTx any] struct {
 // The lease cases need no injected clock: a store whose lease clock is the
 // database or Redis server's ends a lease on demand with ExpireLease, by
 // rewriting the record's expiry, so expiry and takeover are deterministic.
-// The cases that depend on real time (renewal keeping a lease alive, a 1ms
-// lease running out) use margins of hundreds of milliseconds and bounded
-// waits.
+// The renewal cases (Expiry/RenewalKeepsClaim, RenewBatch/ConsumerTakenOver,
+// Locked/RenewalsBesideIt) run the LeaseConsumer in a testing/synctest
+// bubble and send its store calls from outside it; in the first two, Shift
+// moves the store's times back before each call by the bubble's time since
+// the previous one, so the store's clock follows the bubble's. The cases
+// that still depend on real time (a 1ms lease running out, the units of a
+// 1.5s lease) use margins of hundreds of milliseconds and bounded waits.
 type LeaseSetup struct {
 	// Store is a migrated lease store whose records no other Setup shares.
 	Store idemdriver.LeaseStore

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -138,68 +139,76 @@ func testLeaseStaleHandlerLoses(t *testing.T, b *leaseBundle) {
 	b.wantRecords("after the takeover", c.Name(), 1)
 }
 
-// renewalLease is the lease of the renewal case: short enough for three
-// renewals (every Lease/3) to take 2s, long enough that a renewal slowed
-// by a loaded machine (a -race run on 2 cores) still lands within the
-// lease; the LeaseConsumer cancels a handler whose renewals do not.
+// renewalLease is the lease of the renewal case: three renewals (every
+// Lease/3) take it.
 const renewalLease = 2 * time.Second
 
 // A handler that runs for longer than its lease keeps the message: the
 // LeaseConsumer renews every Lease/3, and a copy delivered meanwhile (also
 // after the first lease would have run out) is InProgress, never a
 // takeover. The handler then completes: Processed, one run.
+//
+// The consumers run in a testing/synctest bubble and the store's clock
+// follows the bubble's (bubbleStore.followClock): a loaded machine that
+// runs a renewal late cannot end the lease, while a store whose Renew
+// does not extend it lets the copy after the third renewal take over.
 func testLeaseRenewalKeepsClaim(t *testing.T, b *leaseBundle) {
-	spy := newSpyStore(b.s.Store, nil)
-	c := b.consumerOn(spy, "c", idem.Config{Lease: renewalLease})
-	other := b.consumer("c", idem.Config{Lease: renewalLease})
-	msg := idem.Message{ID: "m-long", Payload: []byte("p")}
-	var runs atomic.Int64
-	tokens := make(chan int64, 1)
-	release := make(chan struct{})
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
+	w := newBubbleStore(t, b)
+	synctest.Test(t, func(t *testing.T) {
+		b := b.inBubble(t, w)
+		w.followClock(b.name("c"))
+		spy := newSpyStore(w, nil)
+		c := b.consumerOn(spy, "c", idem.Config{Lease: renewalLease})
+		other := b.consumer("c", idem.Config{Lease: renewalLease})
+		msg := idem.Message{ID: "m-long", Payload: []byte("p")}
+		var runs atomic.Int64
+		tokens := make(chan int64, 1)
+		release := make(chan struct{})
+		defer func() {
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		}()
+		want := idem.Result{Body: []byte("long result")}
+		done := b.goProcess(c, msg, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
+			runs.Add(1)
+			tokens <- a.Token
+			if !hold(ctx, release) {
+				return idem.Result{}, fmt.Errorf("handler context ended while waiting: %w", context.Cause(ctx))
+			}
+			return want, nil
+		})
+		token, ok := await(t, tokens, "the long handler starting")
+		if !ok {
+			return
 		}
-	}()
-	want := idem.Result{Body: []byte("long result")}
-	done := b.goProcess(c, msg, func(ctx context.Context, a *idem.Attempt) (idem.Result, error) {
-		runs.Add(1)
-		tokens <- a.Token
-		if !hold(ctx, release) {
-			return idem.Result{}, fmt.Errorf("handler context ended while waiting: %w", context.Cause(ctx))
+		var copies atomic.Int64
+		for k := 1; k <= 3; k++ {
+			if !spy.waitRenewals(t, token, k) {
+				break
+			}
+			what := fmt.Sprintf("copy delivered after renewal %d", k)
+			out := b.process(what, other, msg, result(&copies, idem.Result{Body: []byte("copy")}), idem.InProgress, idem.ErrInProgress)
+			if out.RetryAfter > renewalLease {
+				t.Errorf("%s: RetryAfter = %v, want at most the lease %v", what, out.RetryAfter, renewalLease)
+			}
 		}
-		return want, nil
+		b.wantCalls("copies delivered while the long handler ran (a takeover)", &copies, 0)
+		close(release)
+		r, ok := await(t, done, "the long handler's Process")
+		if !ok {
+			return
+		}
+		b.wantOutcome("long handler", msg.ID, r.out, r.err, idem.Processed, nil)
+		b.wantAttempt("long handler", r.out, 1)
+		b.wantResult("long handler", r.out.Result, r.out.ContentType, want)
+		if n := runs.Load(); n != 1 {
+			t.Errorf("long handler runs = %d, want 1", n)
+		}
+		b.process("redelivery", other, msg, result(&copies, idem.Result{}), idem.Duplicate, nil)
 	})
-	token, ok := await(t, tokens, "the long handler starting")
-	if !ok {
-		return
-	}
-	var copies atomic.Int64
-	for k := 1; k <= 3; k++ {
-		if !spy.waitRenewals(t, token, k) {
-			break
-		}
-		what := fmt.Sprintf("copy delivered after renewal %d", k)
-		out := b.process(what, other, msg, result(&copies, idem.Result{Body: []byte("copy")}), idem.InProgress, idem.ErrInProgress)
-		if out.RetryAfter > renewalLease {
-			t.Errorf("%s: RetryAfter = %v, want at most the lease %v", what, out.RetryAfter, renewalLease)
-		}
-	}
-	b.wantCalls("copies delivered while the long handler ran (a takeover)", &copies, 0)
-	close(release)
-	r, ok := await(t, done, "the long handler's Process")
-	if !ok {
-		return
-	}
-	b.wantOutcome("long handler", msg.ID, r.out, r.err, idem.Processed, nil)
-	b.wantAttempt("long handler", r.out, 1)
-	b.wantResult("long handler", r.out.Result, r.out.ContentType, want)
-	if n := runs.Load(); n != 1 {
-		t.Errorf("long handler runs = %d, want 1", n)
-	}
-	b.process("redelivery", other, msg, result(&copies, idem.Result{}), idem.Duplicate, nil)
 }
 
 // lostLease is the lease of the lost-lease case: renewals every 50ms.

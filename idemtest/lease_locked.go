@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -147,7 +146,7 @@ func (r *renewCounter) OnLeaseRenewed(_ context.Context, e idem.LeaseEvent) {
 // Complete succeeds. A renewal batch that waited on the one locked row
 // would cost every lease in it.
 //
-// The consumer runs in a testing/synctest bubble (lockedStore): its
+// The consumer runs in a testing/synctest bubble (bubbleStore): its
 // clock, which runs the renewal ticks and the local deadlines, stands
 // still while a store call is in flight, so a machine too loaded to
 // answer within the lease cannot end a lease here; the store's own
@@ -162,7 +161,7 @@ func testRenewalsBesideLocked(t *testing.T, b *leaseBundle) {
 	b.needLock()
 	const n, lease = 40, 1500 * time.Millisecond
 	name := b.name("c")
-	w := &lockedStore{LeaseStore: b.s.Store, out: newOutside(t), ctx: b.ctx}
+	w := newBubbleStore(t, b)
 	lock := &heldLock{}
 	t.Cleanup(func() { _ = lock.end() })
 	ids := make([]string, n)
@@ -243,98 +242,4 @@ func (l *heldLock) end() error {
 		return nil
 	}
 	return unlock()
-}
-
-// batchGuard bounds, in real time, a store call that lockedStore sends
-// from outside its bubble: a call that waited for the locked record
-// (which it must not) fails then instead of hanging the case.
-const batchGuard = 30 * time.Second
-
-// lockedStore is the Setup's store for a LeaseConsumer in a synctest
-// bubble: Acquire, Renew, RenewBatch, Complete and Release (Close after a
-// failure) go to it from outside the bubble (w.out), each bounded by
-// batchGuard, under ctx; MarkRunning does nothing. A Renew of the held
-// record (hold) waits in the bubble until release, as the store would
-// wait for its lock. The other methods are never called (no purge, no
-// step).
-type lockedStore struct {
-	idemdriver.LeaseStore
-	out *outside
-	ctx context.Context
-
-	mu       sync.Mutex
-	held     string
-	released chan struct{} // made in the bubble, by hold
-
-	batchFailures atomic.Int64
-}
-
-// hold makes the Renew calls of record id wait until release; called in
-// the bubble.
-func (s *lockedStore) hold(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.held, s.released = id, make(chan struct{})
-}
-
-// release lets the held record's Renew calls go on.
-func (s *lockedStore) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.held = ""
-	close(s.released)
-}
-
-// call runs f outside the bubble on a context bounded by batchGuard.
-func (s *lockedStore) call(f func(ctx context.Context)) {
-	s.out.do(func() {
-		ctx, cancel := context.WithTimeout(s.ctx, batchGuard)
-		defer cancel()
-		f(ctx)
-	})
-}
-
-func (s *lockedStore) Acquire(_ context.Context, p *idemdriver.AcquireParams) (res idemdriver.AcquireResult, err error) {
-	s.call(func(ctx context.Context) { res, err = s.LeaseStore.Acquire(ctx, p) })
-	return res, err
-}
-
-func (s *lockedStore) Complete(_ context.Context, p *idemdriver.CompleteParams) (err error) {
-	s.call(func(ctx context.Context) { err = s.LeaseStore.Complete(ctx, p) })
-	return err
-}
-
-// MarkRunning does nothing: retention is not under test here.
-func (s *lockedStore) MarkRunning(context.Context, *idemdriver.MarkRunningParams) error { return nil }
-
-func (s *lockedStore) Release(_ context.Context, p *idemdriver.ReleaseParams) (err error) {
-	s.call(func(ctx context.Context) { err = s.LeaseStore.Release(ctx, p) })
-	return err
-}
-
-func (s *lockedStore) Renew(_ context.Context, p *idemdriver.RenewParams) (err error) {
-	s.mu.Lock()
-	held, released := s.held, s.released
-	s.mu.Unlock()
-	if held == p.MessageID {
-		<-released
-	}
-	s.call(func(ctx context.Context) { err = s.LeaseStore.Renew(ctx, p) })
-	return err
-}
-
-// RenewsBatches is the Setup's store's.
-func (s *lockedStore) RenewsBatches() bool {
-	r, ok := s.LeaseStore.(idemdriver.LeaseBatchRenewer)
-	return ok && r.RenewsBatches()
-}
-
-func (s *lockedStore) RenewBatch(_ context.Context, ps []idemdriver.RenewParams) (errs []error, err error) {
-	s.call(func(ctx context.Context) {
-		errs, err = s.LeaseStore.(idemdriver.LeaseBatchRenewer).RenewBatch(ctx, ps)
-	})
-	if err != nil {
-		s.batchFailures.Add(1)
-	}
-	return errs, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idem-go/idem"
@@ -124,55 +125,64 @@ func testRenewBatchPerLease(t *testing.T, b *leaseBundle) {
 // attempt learns it (its context ends with ErrLeaseLost, its Complete is
 // refused), the 19 others are renewed past their first lease and
 // complete, and the new owner's result is the one stored.
+//
+// The consumer runs in a testing/synctest bubble and the store's clock
+// follows the bubble's (bubbleStore.followClock): a loaded machine that
+// runs a renewal batch late cannot end the leases.
 func testRenewBatchConsumer(t *testing.T, b *leaseBundle) {
 	b.batchRenewer()
 	const lease, n, over = 2 * time.Second, 20, 7
-	c := b.consumer("c", idem.Config{Lease: lease})
-	consumer := c.Name()
-	held := make([]*idem.Attempt, n)
-	for i := range held {
-		a, out, err := c.Acquire(b.ctx, idem.Message{ID: "m-" + string(rune('a'+i)), Payload: []byte("p")}, idem.AcquireOptions{})
-		if a == nil {
-			t.Fatalf("Acquire %d: %v %v", i, out, err)
+	w := newBubbleStore(t, b)
+	synctest.Test(t, func(t *testing.T) {
+		b := b.inBubble(t, w)
+		w.followClock(b.name("c"))
+		c := b.consumer("c", idem.Config{Lease: lease})
+		consumer := c.Name()
+		held := make([]*idem.Attempt, n)
+		for i := range held {
+			a, out, err := c.Acquire(b.ctx, idem.Message{ID: "m-" + string(rune('a'+i)), Payload: []byte("p")}, idem.AcquireOptions{})
+			if a == nil {
+				t.Fatalf("Acquire %d: %v %v", i, out, err)
+			}
+			held[i] = a
 		}
-		held[i] = a
-	}
-	id := held[over].Message.ID
-	var newOwner idemdriver.AcquireResult
-	for try := 0; !newOwner.Acquired; try++ {
-		if try == 5 {
-			t.Fatalf("the takeover of %s: not acquired in 5 tries (a renewal landed after each expiry)", id)
+		id := held[over].Message.ID
+		var newOwner idemdriver.AcquireResult
+		for try := 0; !newOwner.Acquired; try++ {
+			if try == 5 {
+				t.Fatalf("the takeover of %s: not acquired in 5 tries (a renewal landed after each expiry)", id)
+			}
+			b.expire(consumer, id)
+			newOwner = b.acquire("the takeover", consumer, idem.Message{ID: id, Payload: []byte("p")}, longLease)
 		}
-		b.expire(consumer, id)
-		newOwner = b.acquire("the takeover", consumer, idem.Message{ID: id, Payload: []byte("p")}, longLease)
-	}
-	select {
-	case <-held[over].Context().Done():
-	case <-time.After(5 * lease):
-		t.Fatalf("the taken-over attempt still holds its lease %v after the takeover", 5*lease)
-	}
-	if cause := context.Cause(held[over].Context()); !errors.Is(cause, idem.ErrLeaseLost) {
-		t.Errorf("taken-over attempt: context cause %v, want ErrLeaseLost", cause)
-	}
-	// Past the first lease of the others: only renewals keep them.
-	time.Sleep(lease + lease/3)
-	for i, a := range held {
-		if i == over {
-			continue
+		select {
+		case <-held[over].Context().Done():
+		case <-time.After(5 * lease):
+			t.Fatalf("the taken-over attempt still holds its lease %v after the takeover", 5*lease)
 		}
-		if err := a.Context().Err(); err != nil {
-			t.Errorf("attempt %d: context ended (%v) beside a taken-over one", i, context.Cause(a.Context()))
+		if cause := context.Cause(held[over].Context()); !errors.Is(cause, idem.ErrLeaseLost) {
+			t.Errorf("taken-over attempt: context cause %v, want ErrLeaseLost", cause)
 		}
-		if _, err := a.Complete(b.ctx, idem.Result{Body: []byte("ok")}); err != nil {
-			t.Errorf("Complete %d: %v", i, err)
+		// Past the first lease of the others: only renewals keep them.
+		time.Sleep(lease + lease/3)
+		for i, a := range held {
+			if i == over {
+				continue
+			}
+			if err := a.Context().Err(); err != nil {
+				t.Errorf("attempt %d: context ended (%v) beside a taken-over one", i, context.Cause(a.Context()))
+			}
+			if _, err := a.Complete(b.ctx, idem.Result{Body: []byte("ok")}); err != nil {
+				t.Errorf("Complete %d: %v", i, err)
+			}
 		}
-	}
-	if _, err := held[over].Complete(b.ctx, idem.Result{Body: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
-		t.Errorf("Complete of the taken-over attempt: %v, want ErrLeaseLost", err)
-	}
-	if err := b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: newOwner.Token, Result: []byte("new owner")}); err != nil {
-		t.Fatalf("Complete by the new owner: %v", err)
-	}
-	res := b.acquire("after", consumer, idem.Message{ID: id, Payload: []byte("p")}, longLease)
-	b.wantResult("the taken-over message", res.Result, res.ContentType, idem.Result{Body: []byte("new owner")})
+		if _, err := held[over].Complete(b.ctx, idem.Result{Body: []byte("stale")}); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Complete of the taken-over attempt: %v, want ErrLeaseLost", err)
+		}
+		if err := b.s.Store.Complete(b.ctx, &idemdriver.CompleteParams{Consumer: consumer, MessageID: id, Token: newOwner.Token, Result: []byte("new owner")}); err != nil {
+			t.Fatalf("Complete by the new owner: %v", err)
+		}
+		res := b.acquire("after", consumer, idem.Message{ID: id, Payload: []byte("p")}, longLease)
+		b.wantResult("the taken-over message", res.Result, res.ContentType, idem.Result{Body: []byte("new owner")})
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -65,6 +66,28 @@ func quiet() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// reclaimSlack is how much sooner than its idle time allows an entry may
+// look reclaimed: Redis counts idle time in milliseconds, on its own clock.
+const reclaimSlack = 50 * time.Millisecond
+
+// minPendingIdle is the smallest idle time, by Redis's clock, of group's
+// entries in flight (XPENDING); it fails the test if there are none.
+func minPendingIdle(tb testing.TB, rdb *redis.Client, stream, group string) time.Duration {
+	tb.Helper()
+	ps, err := rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: stream, Group: group, Start: "-", End: "+", Count: 1 << 20}).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(ps) == 0 {
+		tb.Fatalf("no entry of group %q in flight", group)
+	}
+	least := ps[0].Idle
+	for _, p := range ps[1:] {
+		least = min(least, p.Idle)
+	}
+	return least
 }
 
 // pendingCount returns the number of pending entries of the group.
