@@ -96,6 +96,12 @@ func (s *Store) evalCmd(ctx context.Context, nkeys int, args []any) *redis.Cmd {
 type evalArg struct {
 	b        []byte
 	borrowed bool // b is a caller's (evalFrame.bytes), not the frame's buffer
+	// own is the frame's buffer of this argument, kept from call to call
+	// while a call borrows b: Acquire and Complete take the same frames
+	// and borrow different arguments of them (the fingerprint, the
+	// result), so a buffer dropped by one call would be made again by
+	// the next call of the other.
+	own []byte
 }
 
 // MarshalBinary returns the argument's bytes, not a copy: go-redis only
@@ -130,7 +136,7 @@ func getFrame() *evalFrame { return evalFrames.Get().(*evalFrame) }
 func (f *evalFrame) buf() *evalArg {
 	a := &f.args[f.n]
 	f.n++
-	a.b = a.b[:0]
+	a.b, a.borrowed = a.own[:0], false
 	return a
 }
 
@@ -149,15 +155,26 @@ func (f *evalFrame) bytes(b []byte) *evalArg {
 	return a
 }
 
-// release drops the frame's references to its callers' byte slices,
-// keeps its own buffers (those of up to maxFrameBuf bytes) and puts it
-// back in the pool.
+// release readies the frame for its next call (reset) and puts it back
+// in the pool.
 func (f *evalFrame) release() {
+	f.reset()
+	evalFrames.Put(f)
+}
+
+// reset drops the frame's references to its callers' byte slices and
+// keeps its own buffers (those of up to maxFrameBuf bytes, also of the
+// arguments this call borrowed).
+func (f *evalFrame) reset() {
 	for i := range f.n {
-		if a := &f.args[i]; a.borrowed || cap(a.b) > maxFrameBuf {
-			a.b, a.borrowed = nil, false
+		a := &f.args[i]
+		if !a.borrowed {
+			a.own = a.b // grown by the call's appends, perhaps
 		}
+		if cap(a.own) > maxFrameBuf {
+			a.own = nil
+		}
+		a.b, a.borrowed = nil, false
 	}
 	f.n = 0
-	evalFrames.Put(f)
 }
