@@ -66,16 +66,18 @@ func startCluster(t *testing.T, replicas bool) *redis.ClusterClient {
 			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d: %v", lo, hi, err)
 		}
 	}
+	var notOK string // the first node not ready, and what it said
 	testenv.Eventually(t, time.Minute, "cluster_state:ok on every node", func() bool {
-		for _, n := range nodes {
+		for i, n := range nodes {
 			info, err := n.ClusterInfo(ctx).Result()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") ||
 				!strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(total)) {
+				notOK = fmt.Sprintf("%s: %v %q", addrs[i], err, info)
 				return false
 			}
 		}
 		return true
-	}, nil)
+	}, func() string { return notOK })
 	for i := clusterNodes; i < total; i++ {
 		master, err := nodes[i-clusterNodes].ClusterMyID(ctx).Result()
 		if err != nil {
@@ -141,16 +143,28 @@ func startServer(t *testing.T, dir string, port int, extra ...string) *redis.Cli
 
 // freeClusterPorts returns n loopback ports that are free, as are their
 // cluster bus ports (port + 10000).
+// clusterPorts are the ports this test process has given to cluster
+// nodes: never given twice. A test that stops a node leaves the other
+// nodes of its cluster calling that address; a node of another test's
+// cluster started there would be met by them and join their cluster
+// (cluster_known_nodes then never matches).
+var clusterPorts = struct {
+	mu   sync.Mutex
+	used map[int]bool
+}{used: map[int]bool{}}
+
 func freeClusterPorts(t *testing.T, n int) []int {
 	t.Helper()
 	var ports []int
+	clusterPorts.mu.Lock()
+	defer clusterPorts.mu.Unlock()
 	for tries := 0; len(ports) < n && tries < 100; tries++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		port := l.Addr().(*net.TCPAddr).Port
-		if port+10000 > 65535 {
+		if port+10000 > 65535 || clusterPorts.used[port] {
 			l.Close()
 			continue
 		}
@@ -160,6 +174,7 @@ func freeClusterPorts(t *testing.T, n int) []int {
 			continue
 		}
 		bus.Close()
+		clusterPorts.used[port] = true
 		ports = append(ports, port)
 	}
 	if len(ports) < n {
